@@ -1,0 +1,1 @@
+"""The per-node agent: sources, job mapping and the HTTP endpoints."""

@@ -1,0 +1,314 @@
+"""The record types that flow from a source to the exporter, the collector, storage and the UI.
+
+Units are converted once, at the source: bytes, seconds, watts, degrees Celsius, hertz and 0-1 ratios.
+A value that could not be read is ``None`` and its series is omitted downstream; never NaN or -1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+SNAPSHOT_SCHEMA: Final = 1
+
+# Clock-event ("throttle") reason bits, as NVML defines them (nvmlClocksEventReason*).
+THROTTLE_REASONS: Final[tuple[tuple[str, int], ...]] = (
+    ("idle", 0x1),
+    ("applications_clocks", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal", 0x20),
+    ("hw_thermal", 0x40),
+    ("hw_power_brake", 0x80),
+    ("display_clocks", 0x100),
+)
+THROTTLE_MASK: Final = sum(bit for _, bit in THROTTLE_REASONS)
+
+
+def throttle_reason_names(mask: int) -> list[str]:
+    """The names of the reasons set in an NVML clock-event bitmask."""
+    return [name for name, bit in THROTTLE_REASONS if mask & bit]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU at one instant. Every optional field is ``None`` when the source cannot read it."""
+
+    node: str
+    gpu: int
+    uuid: str
+    model: str
+    timestamp: float
+    up: bool = True
+    pci_bus_id: str | None = None
+    driver_version: str | None = None
+    mig_enabled: bool | None = None
+    utilization_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    temperature_celsius: float | None = None
+    memory_temperature_celsius: float | None = None
+    slowdown_temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules_total: float | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    max_sm_clock_hertz: float | None = None
+    max_memory_clock_hertz: float | None = None
+    throttle_reasons: int | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    pcie_link_generation: int | None = None
+    pcie_link_generation_max: int | None = None
+    pcie_link_width: int | None = None
+    pcie_link_width_max: int | None = None
+    pcie_replays_total: int | None = None
+    nvlink_tx_bytes_per_second: float | None = None
+    nvlink_rx_bytes_per_second: float | None = None
+    nvlink_links_active: int | None = None
+    nvlink_crc_flit_errors_total: int | None = None
+    nvlink_replay_errors_total: int | None = None
+    nvlink_recovery_errors_total: int | None = None
+    ecc_corrected_errors_total: int | None = None
+    ecc_uncorrected_errors_total: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    sm_active_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    # XID code -> number of events seen since the source started (a counter per code).
+    xid_errors: Mapping[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkReading:
+    """One NVLink of one GPU."""
+
+    node: str
+    gpu: int
+    uuid: str
+    link: int
+    active: bool
+    tx_bytes_per_second: float | None = None
+    rx_bytes_per_second: float | None = None
+    remote_pci_bus_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessReading:
+    """A compute process on a GPU, with the job and user it belongs to when known."""
+
+    node: str
+    gpu: int
+    uuid: str
+    pid: int
+    used_memory_bytes: int | None = None
+    command: str | None = None
+    user: str | None = None
+    job_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuJob:
+    """A job (Slurm job, Kubernetes pod, container, ...) that holds a GPU."""
+
+    node: str
+    gpu: int
+    uuid: str
+    job_id: str
+    user: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigReading:
+    """One MIG device (GPU instance) of a MIG-enabled GPU."""
+
+    node: str
+    gpu: int
+    uuid: str
+    mig_uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int | None = None
+    profile: str | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """Everything one source read from one node in one collection."""
+
+    node: str
+    timestamp: float
+    source: str
+    gpus: tuple[GpuReading, ...] = ()
+    links: tuple[LinkReading, ...] = ()
+    processes: tuple[ProcessReading, ...] = ()
+    jobs: tuple[GpuJob, ...] = ()
+    migs: tuple[MigReading, ...] = ()
+    driver_version: str | None = None
+    # Cumulative counts of the source's own failures by reason (e.g. "nvml_not_supported").
+    errors: Mapping[str, int] = field(default_factory=dict)
+
+    def replace(self, **changes: Any) -> NodeSnapshot:
+        return dataclasses.replace(self, **changes)
+
+
+class GpuSource(Protocol):
+    """What every source (NVML, dcgm-exporter, simulator) implements."""
+
+    def read(self) -> NodeSnapshot:
+        """Read the node now. Raises ``SourceError`` only when nothing at all can be read."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class MultiNodeSource(Protocol):
+    """A source that stands in for many nodes (the simulator's ``--all-nodes``)."""
+
+    def node_names(self) -> list[str]: ...
+
+    def read_node(self, node: str) -> NodeSnapshot: ...
+
+    def close(self) -> None: ...
+
+
+class SourceError(Exception):
+    """A source failed as a whole (NVML missing, dcgm-exporter unreachable, ...)."""
+
+
+class SnapshotFormatError(ValueError):
+    """A snapshot document does not follow schema 1."""
+
+
+# --- JSON (de)serialisation of a snapshot: the /api/v1/snapshot document ------------------------------------------
+
+
+def _record_to_json(record: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if f.name == "xid_errors":
+            value = {str(k): v for k, v in value.items()}
+        out[f.name] = value
+    return out
+
+
+def snapshot_to_json(snapshot: NodeSnapshot, health: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``/api/v1/snapshot`` document (schema 1). ``health`` is the exporter's own state."""
+    doc: dict[str, Any] = {
+        "schema": SNAPSHOT_SCHEMA,
+        "node": snapshot.node,
+        "time": snapshot.timestamp,
+        "source": snapshot.source,
+        "driver_version": snapshot.driver_version,
+        "gpus": [_record_to_json(g) for g in snapshot.gpus],
+        "links": [_record_to_json(link) for link in snapshot.links],
+        "processes": [_record_to_json(p) for p in snapshot.processes],
+        "jobs": [_record_to_json(j) for j in snapshot.jobs],
+        "migs": [_record_to_json(m) for m in snapshot.migs],
+        "errors": dict(snapshot.errors),
+    }
+    if health is not None:
+        doc["exporter"] = dict(health)
+    return doc
+
+
+_INT_TYPES: Final = ("int", "int | None")
+_FLOAT_TYPES: Final = ("float", "float | None")
+_BOOL_TYPES: Final = ("bool", "bool | None")
+_STR_TYPES: Final = ("str", "str | None")
+
+
+def _coerce(cls_name: str, name: str, annotation: str, value: Any) -> Any:
+    optional = annotation.endswith("| None")
+    if value is None:
+        if optional:
+            return None
+        raise SnapshotFormatError(f"{cls_name}.{name}: null is not allowed")
+    if annotation in _BOOL_TYPES:
+        if not isinstance(value, bool):
+            raise SnapshotFormatError(f"{cls_name}.{name}: expected a boolean, got {value!r:.40}")
+        return value
+    if annotation in _INT_TYPES:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise SnapshotFormatError(f"{cls_name}.{name}: expected an integer, got {value!r:.40}")
+        if value != int(value):
+            raise SnapshotFormatError(f"{cls_name}.{name}: expected an integer, got {value!r:.40}")
+        return int(value)
+    if annotation in _FLOAT_TYPES:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise SnapshotFormatError(f"{cls_name}.{name}: expected a finite number, got {value!r:.40}")
+        return float(value)
+    if annotation in _STR_TYPES:
+        if not isinstance(value, str):
+            raise SnapshotFormatError(f"{cls_name}.{name}: expected a string, got {value!r:.40}")
+        return value
+    if name == "xid_errors":
+        if not isinstance(value, dict):
+            raise SnapshotFormatError(f"{cls_name}.xid_errors: expected an object")
+        try:
+            return {int(k): int(v) for k, v in value.items()}
+        except (TypeError, ValueError) as exc:
+            raise SnapshotFormatError(f"{cls_name}.xid_errors: {exc}") from None
+    raise SnapshotFormatError(f"{cls_name}.{name}: unsupported field type {annotation}")  # pragma: no cover
+
+
+def _record_from_json(cls: Any, data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise SnapshotFormatError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        annotation = str(f.type)
+        if f.name not in data:
+            has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+            if has_default:
+                continue
+            raise SnapshotFormatError(f"{cls.__name__}: missing field {f.name!r}")
+        if annotation.startswith("Mapping"):
+            annotation = "Mapping"
+        kwargs[f.name] = _coerce(cls.__name__, f.name, annotation, data[f.name])
+    return cls(**kwargs)
+
+
+def _records(cls: Any, doc: Mapping[str, Any], key: str) -> tuple[Any, ...]:
+    items = doc.get(key, [])
+    if not isinstance(items, list):
+        raise SnapshotFormatError(f"{key}: expected an array")
+    return tuple(_record_from_json(cls, item) for item in items)
+
+
+def snapshot_from_json(doc: Any) -> NodeSnapshot:
+    """Parse and type-check a schema-1 snapshot document. Raises ``SnapshotFormatError``."""
+    if not isinstance(doc, dict):
+        raise SnapshotFormatError("snapshot: expected a JSON object")
+    if doc.get("schema") != SNAPSHOT_SCHEMA:
+        raise SnapshotFormatError(f"snapshot: unsupported schema {doc.get('schema')!r:.20}")
+    node = _coerce("snapshot", "node", "str", doc.get("node"))
+    timestamp = _coerce("snapshot", "time", "float", doc.get("time"))
+    errors = doc.get("errors", {})
+    if not isinstance(errors, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in errors.items()
+    ):
+        raise SnapshotFormatError("snapshot.errors: expected an object of integer counts")
+    return NodeSnapshot(
+        node=node,
+        timestamp=timestamp,
+        source=_coerce("snapshot", "source", "str", doc.get("source", "unknown")),
+        driver_version=_coerce("snapshot", "driver_version", "str | None", doc.get("driver_version")),
+        gpus=_records(GpuReading, doc, "gpus"),
+        links=_records(LinkReading, doc, "links"),
+        processes=_records(ProcessReading, doc, "processes"),
+        jobs=_records(GpuJob, doc, "jobs"),
+        migs=_records(MigReading, doc, "migs"),
+        errors=dict(errors),
+    )

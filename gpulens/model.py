@@ -312,3 +312,7 @@ def snapshot_from_json(doc: Any) -> NodeSnapshot:
         migs=_records(MigReading, doc, "migs"),
         errors=dict(errors),
     )
+
+
+class NodeUnavailableError(SourceError):
+    """The node's exporter cannot answer at all (the simulator's ``exporter_down`` fault); served as HTTP 503."""

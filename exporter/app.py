@@ -1,0 +1,131 @@
+"""Wiring of ``gpulens exporter``: build the source, the job mapper, the poller and the server, then serve."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+
+from exporter.poller import OnDemandNode, Poller
+from exporter.server import ExporterServer, Routes, parse_listen
+from exporter.webconfig import WebConfig, load_web_config
+from gpulens.clock import ScaledClock
+from gpulens.config import ConfigError
+from gpulens.model import GpuSource, SourceError
+
+NO_NVML_HINT = (
+    "use --source sim --scenario FILE for a simulated cluster, "
+    "or --source dcgm --dcgm-url URL to read a running dcgm-exporter"
+)
+
+
+@dataclass(frozen=True)
+class ExporterOptions:
+    source: str = "auto"
+    listen: str = "0.0.0.0:9410"
+    interval_s: float = 1.0
+    node: str = "localhost"
+    node_given: bool = False
+    dcgm_url: str = "http://127.0.0.1:9400/metrics"
+    dcgm_compat: bool = False
+    job_map_dir: str | None = None
+    proc_root: str = "/proc"
+    web_config: str | None = None
+    scenario: str | None = None
+    speed: float = 1.0
+    all_nodes: bool = False
+
+
+def _nvml_source(options: ExporterOptions) -> GpuSource:
+    from exporter.nvml import NvmlSource
+
+    try:
+        return NvmlSource(options.node)
+    except SourceError as exc:
+        if options.source == "auto":
+            raise SourceError(f"no NVML on this machine ({exc}); {NO_NVML_HINT}") from None
+        raise
+
+
+def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Callable[[], None]]:
+    """The endpoints to serve, the poller to start (None for --all-nodes) and a function that releases the source."""
+    if options.all_nodes and options.source != "sim":
+        raise ConfigError("--all-nodes needs --source sim", key="--all-nodes")
+    if options.source == "sim":
+        from exporter.sim import SimAllNodes, SimCluster, SimSource, load_scenario
+
+        if not options.scenario:
+            raise ConfigError("--source sim needs --scenario FILE", key="--scenario")
+        scenario = load_scenario(options.scenario)
+        cluster = SimCluster(scenario)
+        clock = ScaledClock(start=scenario.start, speed=options.speed)
+        if options.all_nodes:
+            multi = SimAllNodes(cluster, clock)
+            nodes = {name: OnDemandNode(multi, name, dcgm_compat=options.dcgm_compat) for name in multi.node_names()}
+            return Routes(nodes=nodes), None, multi.close
+        names = cluster.node_names()
+        node = options.node if options.node_given else names[0]
+        if node not in names:
+            raise ConfigError(f"node {node!r} is not in the scenario (it has {', '.join(names[:5])}...)", key="--node")
+        source: GpuSource = SimSource(cluster, node, clock)
+        enrich = None
+    else:
+        if options.source == "dcgm":
+            from exporter.dcgm import DcgmSource
+
+            source = DcgmSource(options.dcgm_url, node=options.node if options.node_given else None)
+        else:
+            source = _nvml_source(options)
+        from exporter.jobs import JobMapper
+
+        enrich = JobMapper(proc_root=options.proc_root, job_map_dir=options.job_map_dir).enrich
+    poller = Poller(source, interval_s=options.interval_s, enrich=enrich, dcgm_compat=options.dcgm_compat)
+    return Routes(single=poller), poller, source.close
+
+
+def run_exporter(options: ExporterOptions, announce: Callable[[str], None]) -> int:
+    """Serve until SIGINT or SIGTERM. Raises ConfigError / SourceError / OSError on a bad start."""
+    host, port = _listen(options.listen)
+    web = load_web_config(options.web_config) if options.web_config else WebConfig()
+    routes, poller, close_source = build_routes(options)
+    try:
+        try:
+            server = ExporterServer(routes, host=host, port=port, web=web)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {options.listen}: {exc.strerror or exc}") from None
+        if poller is not None:
+            poller.collect_once()  # the first scrape already has data
+            poller.start()
+        stop = threading.Event()
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        server.start()
+        where = f"{server.scheme}://{host}:{server.port}"
+        if poller is None:
+            announce(f"gpulens exporter serving {len(routes.nodes)} simulated nodes at {where}/node/<name>/metrics")
+        else:
+            announce(f"gpulens exporter ({options.source}) serving {where}/metrics")
+        try:
+            while not stop.wait(1.0):
+                pass
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            server.close()
+            if poller is not None:
+                poller.stop()
+    finally:
+        close_source()
+    return 0
+
+
+def _listen(value: str) -> tuple[str, int]:
+    try:
+        return parse_listen(value)
+    except ValueError as exc:
+        raise ConfigError(str(exc), key="--listen") from None

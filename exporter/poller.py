@@ -1,0 +1,268 @@
+"""Collect in the background, serve the snapshot: a scrape never waits for hardware.
+
+A ``Poller`` reads its source every interval on its own thread, enriches the snapshot with jobs, renders the
+/metrics text and the snapshot JSON once, and publishes them. An ``OnDemandNode`` serves one node of a
+``MultiNodeSource`` (the simulator's ``--all-nodes``), computing and caching per snapshot time instead.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from exporter.metrics import ExporterHealth, LastXidTracker, render_metrics
+from gpulens.clock import Clock, SystemClock
+from gpulens.logutil import ErrorCounter
+from gpulens.model import GpuSource, MultiNodeSource, NodeSnapshot, NodeUnavailableError, snapshot_to_json
+
+log = logging.getLogger(__name__)
+
+Enricher = Callable[[NodeSnapshot], NodeSnapshot]
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What the HTTP endpoints serve, rendered once per collection."""
+
+    metrics: bytes
+    metrics_gzip: bytes
+    snapshot_json: bytes
+    healthy: bool
+    health_doc: Mapping[str, Any]
+    unavailable: bool = False  # the node answers nothing (HTTP 503 on every endpoint)
+
+
+class NodeEndpoint(Protocol):
+    """One node as the HTTP server sees it."""
+
+    def published(self) -> Published: ...
+
+
+def _publish(
+    snapshot: NodeSnapshot | None,
+    health: ExporterHealth,
+    *,
+    healthy: bool,
+    health_doc: Mapping[str, Any],
+    dcgm_compat: bool,
+    last_xid: Mapping[str, int] | None,
+    unavailable: bool = False,
+) -> Published:
+    metrics = render_metrics(snapshot, health, dcgm_compat=dcgm_compat, last_xid=last_xid)
+    if snapshot is None:
+        snapshot_doc: dict[str, Any] = {"schema": 1, "node": None, "time": None, "gpus": [], "exporter": health_doc}
+    else:
+        snapshot_doc = snapshot_to_json(snapshot, health_doc)
+    return Published(
+        metrics=metrics,
+        metrics_gzip=gzip.compress(metrics, compresslevel=5),
+        snapshot_json=json.dumps(snapshot_doc, separators=(",", ":"), allow_nan=False).encode(),
+        healthy=healthy,
+        health_doc=health_doc,
+        unavailable=unavailable,
+    )
+
+
+class Poller:
+    """Reads a source every ``interval_s`` on a background thread and publishes the rendered result."""
+
+    def __init__(
+        self,
+        source: GpuSource,
+        *,
+        interval_s: float = 1.0,
+        clock: Clock | None = None,
+        enrich: Enricher | None = None,
+        dcgm_compat: bool = False,
+        stale_after_s: float | None = None,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError("interval must be positive")
+        self._source = source
+        self._interval = interval_s
+        self._clock = clock or SystemClock()
+        self._enrich = enrich
+        self._dcgm_compat = dcgm_compat
+        self._stale_after = stale_after_s if stale_after_s is not None else 3 * interval_s
+        self._errors = ErrorCounter(log)
+        self._xids = LastXidTracker()
+        self._snapshot: NodeSnapshot | None = None
+        self._last_ok_monotonic: float | None = None
+        self._last_ok_time: float | None = None
+        self._last_duration: float | None = None
+        self._last_error: str | None = None
+        self._unavailable = False
+        self._collections = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._published = self._render()
+
+    # -- collection ---------------------------------------------------------------------------------------------
+
+    def collect_once(self) -> None:
+        """Run one collection now (the thread calls this; tests may call it directly)."""
+        started = time.perf_counter()
+        try:
+            snapshot = self._source.read()
+            if self._enrich is not None:
+                snapshot = self._enrich(snapshot)
+        except NodeUnavailableError as exc:
+            with self._lock:
+                self._unavailable = True
+                self._last_error = str(exc)
+            self._errors.count("node_unavailable", "node unavailable: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - a failed collection must never kill the exporter
+            with self._lock:
+                self._last_error = f"{type(exc).__name__}: {exc}"
+                self._unavailable = False
+            self._errors.count("source_failed", "collection failed: %s (further failures are counted)", exc)
+        else:
+            with self._lock:
+                self._snapshot = snapshot
+                self._last_ok_monotonic = self._clock.monotonic()
+                self._last_ok_time = self._clock.now()
+                self._last_error = None
+                self._unavailable = False
+                self._collections += 1
+        self._last_duration = time.perf_counter() - started
+        published = self._render()
+        with self._lock:
+            self._published = published
+
+    def _health(self) -> tuple[bool, dict[str, Any]]:
+        with self._lock:
+            last = self._last_ok_monotonic
+            doc: dict[str, Any] = {
+                "interval_seconds": self._interval,
+                "collections": self._collections,
+                "last_collect_timestamp_seconds": self._last_ok_time,
+                "collect_duration_seconds": self._last_duration,
+                "last_error": self._last_error,
+            }
+        if last is None:
+            doc["reason"] = "no collection has succeeded yet"
+            return False, doc
+        age = self._clock.monotonic() - last
+        doc["age_seconds"] = round(age, 3)
+        if age > self._stale_after:
+            doc["reason"] = f"last successful collection {age:.1f}s ago (limit {self._stale_after:.1f}s)"
+            return False, doc
+        doc["reason"] = "ok"
+        return True, doc
+
+    def _render(self) -> Published:
+        healthy, doc = self._health()
+        with self._lock:
+            snapshot = self._snapshot
+            unavailable = self._unavailable
+        errors = dict(self._errors.snapshot())
+        if snapshot is not None:
+            for reason, count in snapshot.errors.items():
+                errors[reason] = errors.get(reason, 0) + count
+        health = ExporterHealth(
+            collect_duration_seconds=self._last_duration,
+            last_collect_timestamp_seconds=doc["last_collect_timestamp_seconds"],
+            collect_errors=errors,
+        )
+        # A stale snapshot is not served as if it were current: its GPU series disappear until collection recovers.
+        served = snapshot if healthy else None
+        last_xid = self._xids.update(snapshot) if snapshot is not None else None
+        return _publish(
+            served,
+            health,
+            healthy=healthy,
+            health_doc=doc,
+            dcgm_compat=self._dcgm_compat,
+            last_xid=last_xid,
+            unavailable=unavailable,
+        )
+
+    def published(self) -> Published:
+        with self._lock:
+            published = self._published
+            last = self._last_ok_monotonic
+        # Health is judged at request time, so a stalled collector turns /healthz red without a new collection.
+        if published.healthy and last is not None and self._clock.monotonic() - last > self._stale_after:
+            published = self._render()
+        return published
+
+    # -- thread ---------------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="gpulens-collect", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            self.collect_once()
+            next_at += self._interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind: skip the missed ticks rather than bursting
+                next_at = time.monotonic()
+                delay = 0.0
+            self._stop.wait(delay)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+
+class OnDemandNode:
+    """One node of a multi-node source, computed when asked and cached for as long as its snapshot is current."""
+
+    def __init__(self, source: MultiNodeSource, node: str, *, dcgm_compat: bool = False) -> None:
+        self._source = source
+        self._node = node
+        self._dcgm_compat = dcgm_compat
+        self._xids = LastXidTracker()
+        self._cache: tuple[float, Published] | None = None
+        self._lock = threading.Lock()
+
+    def published(self) -> Published:
+        started = time.perf_counter()
+        try:
+            snapshot = self._source.read_node(self._node)
+        except NodeUnavailableError as exc:
+            doc: dict[str, Any] = {"reason": str(exc)}
+            return _publish(
+                None,
+                ExporterHealth(),
+                healthy=False,
+                health_doc=doc,
+                dcgm_compat=False,
+                last_xid=None,
+                unavailable=True,
+            )
+        with self._lock:
+            if self._cache is not None and self._cache[0] == snapshot.timestamp:
+                return self._cache[1]
+            last_xid = self._xids.update(snapshot)
+        duration = time.perf_counter() - started
+        health = ExporterHealth(
+            collect_duration_seconds=duration,
+            last_collect_timestamp_seconds=snapshot.timestamp,
+            collect_errors=snapshot.errors,
+        )
+        ok_doc: dict[str, Any] = {
+            "reason": "ok",
+            "last_collect_timestamp_seconds": snapshot.timestamp,
+            "collect_duration_seconds": duration,
+        }
+        published = _publish(
+            snapshot, health, healthy=True, health_doc=ok_doc, dcgm_compat=self._dcgm_compat, last_xid=last_xid
+        )
+        with self._lock:
+            self._cache = (snapshot.timestamp, published)
+        return published

@@ -1,0 +1,219 @@
+"""The exporter's HTTP endpoints: /metrics, /api/v1/snapshot and /healthz, for one node or for many.
+
+Every response is pre-rendered by the poller; a request only picks bytes and writes them, so a scrape never touches
+NVML. TLS and basic auth come from a ``--web-config`` file (exporter-toolkit format).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import socket
+import ssl
+import threading
+from collections.abc import Mapping
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Final
+from urllib.parse import unquote, urlsplit
+
+from exporter.poller import NodeEndpoint, Published
+from exporter.webconfig import WebConfig
+
+log = logging.getLogger(__name__)
+
+METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+JSON_CONTENT_TYPE: Final = "application/json"
+
+
+class Routes:
+    """Which endpoints answer: one node at the root, or many under ``/node/<name>/``."""
+
+    def __init__(self, single: NodeEndpoint | None = None, nodes: Mapping[str, NodeEndpoint] | None = None) -> None:
+        if (single is None) == (nodes is None):
+            raise ValueError("give exactly one of single or nodes")
+        self.single = single
+        self.nodes = dict(nodes or {})
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], routes: Routes, web: WebConfig) -> None:
+        self.routes = routes
+        self.web = web
+        self.tls_context = web.tls.context() if web.tls else None
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.address_family = family
+        super().__init__(address, _Handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, addr = super().get_request()
+        if self.tls_context is not None:
+            # The handshake happens on the handler's thread, so a slow client cannot stall the accept loop.
+            sock = self.tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "gpulens-exporter"
+    sys_version = ""
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(30)
+        if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.do_handshake()
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
+            log.debug("connection from %s ended: %s", self.client_address[0], exc)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.client_address[0], format % args)
+
+    # -- responses ------------------------------------------------------------------------------------------------
+
+    def _send(self, status: int, body: bytes, content_type: str, headers: Mapping[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, doc: Any) -> None:
+        self._send(status, json.dumps(doc, separators=(",", ":")).encode(), JSON_CONTENT_TYPE)
+
+    def _authorized(self) -> bool:
+        auth = self.server.web.basic_auth
+        if auth is None or auth.check(self.headers.get("Authorization")) is not None:
+            return True
+        self._send(
+            HTTPStatus.UNAUTHORIZED,
+            b"Unauthorized\n",
+            "text/plain; charset=utf-8",
+            {"WWW-Authenticate": 'Basic realm="gpulens"'},
+        )
+        return False
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        if not self._authorized():
+            return
+        path = unquote(urlsplit(self.path).path).rstrip("/") or "/"
+        routes = self.server.routes
+        if routes.single is not None:
+            self._node_path(routes.single, path)
+            return
+        if path == "/":
+            self._index(sorted(routes.nodes))
+            return
+        if path == "/api/v1/nodes":
+            self._json(HTTPStatus.OK, sorted(routes.nodes))
+            return
+        if path == "/healthz":
+            self._json(HTTPStatus.OK, {"status": "ok", "nodes": len(routes.nodes)})
+            return
+        if path.startswith("/node/"):
+            name, _, rest = path[len("/node/") :].partition("/")
+            endpoint = routes.nodes.get(name)
+            if endpoint is None:
+                self._json(HTTPStatus.NOT_FOUND, {"error": f"unknown node {name!r}"})
+                return
+            self._node_path(endpoint, "/" + rest if rest else "/")
+            return
+        self._json(HTTPStatus.NOT_FOUND, {"error": "not found; see /node/<name>/metrics", "path": path})
+
+    def _node_path(self, endpoint: NodeEndpoint, path: str) -> None:
+        if path == "/":
+            self._index(None)
+            return
+        if path not in ("/metrics", "/api/v1/snapshot", "/healthz"):
+            self._json(HTTPStatus.NOT_FOUND, {"error": "not found", "path": path})
+            return
+        published = endpoint.published()
+        if published.unavailable:
+            self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"status": "unavailable", **published.health_doc})
+        elif path == "/metrics":
+            self._metrics(published)
+        elif path == "/api/v1/snapshot":
+            self._send(HTTPStatus.OK, published.snapshot_json, JSON_CONTENT_TYPE)
+        elif published.healthy:
+            self._json(HTTPStatus.OK, {"status": "ok", **published.health_doc})
+        else:
+            self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"status": "unhealthy", **published.health_doc})
+
+    def _metrics(self, published: Published) -> None:
+        accept = self.headers.get("Accept-Encoding", "")
+        if "gzip" in accept:
+            self._send(HTTPStatus.OK, published.metrics_gzip, METRICS_CONTENT_TYPE, {"Content-Encoding": "gzip"})
+        else:
+            self._send(HTTPStatus.OK, published.metrics, METRICS_CONTENT_TYPE)
+
+    def _index(self, nodes: list[str] | None) -> None:
+        if nodes is None:
+            links = (
+                '<a href="metrics">metrics</a> · <a href="api/v1/snapshot">snapshot</a> · <a href="healthz">healthz</a>'
+            )
+        else:
+            links = "<br>".join(
+                f'<a href="/node/{h}/metrics">{h}</a> (<a href="/node/{h}/api/v1/snapshot">snapshot</a>)'
+                for h in map(html.escape, nodes)
+            )
+        body = f"<!doctype html><title>gpulens exporter</title><h1>gpulens exporter</h1><p>{links}</p>\n"
+        self._send(HTTPStatus.OK, body.encode(), "text/html; charset=utf-8")
+
+
+class ExporterServer:
+    """An HTTP(S) server for the exporter's endpoints, run on a background thread or in the foreground."""
+
+    def __init__(self, routes: Routes, *, host: str = "0.0.0.0", port: int = 9410, web: WebConfig | None = None):
+        self._server = _Server((host, port), routes, web or WebConfig())
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self._server.tls_context is not None else "http"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._server.serve_forever, name="gpulens-http", daemon=True)
+        self._thread.start()
+
+    def serve_forever(self) -> None:
+        self._server.serve_forever()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(timeout=10)
+            self._thread = None
+        self._server.server_close()
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``host:port``, ``:port`` or ``[v6]:port`` -> (host, port). Raises ``ValueError``."""
+    text = value.strip()
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+    else:
+        host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected host:port, got {value!r}")
+    return host or "0.0.0.0", int(port)

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gpulens.catalogue import GPU_FIELDS, parse_catalogue
+from gpulens.config import ConfigError
+from gpulens.model import GpuReading
+
+# Exported by dedicated code rather than the catalogue: identity, state, bitmask and per-code counters.
+SPECIAL = {"node", "gpu", "uuid", "model", "timestamp", "up", "pci_bus_id", "driver_version", "mig_enabled"}
+SPECIAL |= {"throttle_reasons", "xid_errors"}
+
+
+def test_every_numeric_reading_field_is_in_the_catalogue() -> None:
+    fields = {f.name for f in dataclasses.fields(GpuReading)} - SPECIAL
+    assert fields == {spec.field for spec in GPU_FIELDS}
+
+
+def test_units_are_in_the_names() -> None:
+    units = ("_bytes", "_ratio", "_celsius", "_watts", "_hertz", "_total", "_second", "_generation", "_width")
+    for spec in GPU_FIELDS:
+        if spec.family.endswith(("_active", "_rows", "_pending", "_failure")):
+            continue
+        assert spec.family.endswith(units), spec.family
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        ("bogus, gpulens_gpu_bogus, gauge, , help", "field"),
+        ("node, gpulens_gpu_node, gauge, , help", "field"),
+        ("power_watts, power, gauge, , help", "family"),
+        ("power_watts, gpulens_gpu_power_watts, histogram, , help", "type"),
+        ("power_watts, gpulens_gpu_power_watts_total, gauge, , help", "family"),
+        ("power_watts, gpulens_gpu_power_watts, gauge, gpu=1, help", "labels"),
+        ("power_watts, gpulens_gpu_power_watts, gauge, , ", "help"),
+        ("power_watts, gpulens_gpu_power_watts, gauge", None),
+    ],
+)
+def test_bad_catalogue_rows_name_the_line(line, key) -> None:
+    text = "# comment\nutilization_ratio, gpulens_gpu_utilization_ratio, gauge, , ok\n" + line + "\n"
+    with pytest.raises(ConfigError) as info:
+        parse_catalogue(text, "cat.csv")
+    assert info.value.line == 3
+    assert info.value.file == "cat.csv"
+    assert info.value.key == key

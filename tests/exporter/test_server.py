@@ -1,0 +1,270 @@
+"""The exporter's HTTP endpoints over real sockets on 127.0.0.1: metrics, snapshot, healthz, auth and TLS."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import bcrypt
+import pytest
+import trustme
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.poller import OnDemandNode, Poller
+from exporter.server import ExporterServer, Routes, parse_listen
+from exporter.webconfig import load_web_config
+from gpulens.clock import ManualClock
+from gpulens.config import ConfigError
+from gpulens.model import NodeUnavailableError, SourceError, snapshot_from_json
+from tests.conftest import http_get
+from tests.fakes.static_source import StaticSource, node_snapshot
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(1_700_000_000.0)
+
+
+@pytest.fixture
+def source(clock: ManualClock) -> StaticSource:
+    return StaticSource(node_snapshot(gpus=8), clock)
+
+
+@pytest.fixture
+def poller(source: StaticSource, clock: ManualClock) -> Poller:
+    p = Poller(source, interval_s=1.0, clock=clock)
+    p.collect_once()
+    return p
+
+
+def serve(routes: Routes, **kwargs) -> ExporterServer:
+    server = ExporterServer(routes, host="127.0.0.1", port=0, **kwargs)
+    server.start()
+    return server
+
+
+@pytest.fixture
+def server(poller: Poller) -> Iterator[ExporterServer]:
+    s = serve(Routes(single=poller))
+    yield s
+    s.close()
+
+
+def url(server: ExporterServer, path: str) -> str:
+    return f"{server.scheme}://127.0.0.1:{server.port}{path}"
+
+
+def test_metrics_are_served_plain_and_gzipped(server: ExporterServer) -> None:
+    status, headers, body = http_get(url(server, "/metrics"))
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert len(families["gpulens_gpu_up"].samples) == 8
+    status, headers, zipped = http_get(url(server, "/metrics"), headers={"Accept-Encoding": "gzip"})
+    assert headers["Content-Encoding"] == "gzip"
+    assert gzip.decompress(zipped) == body
+
+
+def test_snapshot_is_schema_1_and_parses_back(server: ExporterServer, source: StaticSource) -> None:
+    status, headers, body = http_get(url(server, "/api/v1/snapshot"))
+    assert status == 200
+    assert headers["Content-Type"] == "application/json"
+    doc = json.loads(body)
+    assert doc["schema"] == 1
+    assert doc["exporter"]["reason"] == "ok"
+    snap = snapshot_from_json(doc)
+    assert snap.gpus == source.snapshot.replace(timestamp=snap.timestamp).gpus
+    assert len(snap.processes) == 8
+
+
+def test_healthz_turns_503_when_collection_stalls(server: ExporterServer, poller: Poller, clock: ManualClock) -> None:
+    status, _, body = http_get(url(server, "/healthz"))
+    assert status == 200
+    assert json.loads(body)["status"] == "ok"
+    clock.advance(2.5)  # within 3 intervals
+    assert http_get(url(server, "/healthz"))[0] == 200
+    clock.advance(1.0)  # 3.5 s without a collection
+    status, _, body = http_get(url(server, "/healthz"))
+    assert status == 503
+    assert "ago" in json.loads(body)["reason"]
+    # Stale GPU series are withdrawn rather than served as current.
+    metrics = http_get(url(server, "/metrics"))[2].decode()
+    assert "gpulens_gpu_up{" not in metrics
+    poller.collect_once()
+    assert http_get(url(server, "/healthz"))[0] == 200
+
+
+def test_a_failing_source_is_counted_and_survived(server: ExporterServer, poller: Poller, source, clock) -> None:
+    source.fail = SourceError("dcgm-exporter unreachable")
+    for _ in range(3):
+        clock.advance(1.0)
+        poller.collect_once()
+    families = {f.name: f for f in text_string_to_metric_families(http_get(url(server, "/metrics"))[2].decode())}
+    errors = {
+        s.labels["reason"]: s.value
+        for s in families["gpulens_exporter_collect_errors"].samples
+        if s.name.endswith("_total")
+    }
+    assert errors["source_failed"] == 3
+    doc = json.loads(http_get(url(server, "/healthz"))[2])
+    assert "unreachable" in doc["last_error"]
+    source.fail = None
+    poller.collect_once()
+    assert http_get(url(server, "/healthz"))[0] == 200
+
+
+def test_background_thread_collects_every_interval(source: StaticSource) -> None:
+    p = Poller(source, interval_s=0.05)
+    p.start()
+    try:
+        deadline = __import__("time").monotonic() + 10
+        while source.reads < 3 and __import__("time").monotonic() < deadline:
+            __import__("time").sleep(0.02)
+    finally:
+        p.stop()
+    assert source.reads >= 3
+    assert p.published().healthy
+
+
+def test_unknown_paths_are_404(server: ExporterServer) -> None:
+    assert http_get(url(server, "/nope"))[0] == 404
+
+
+# -- many nodes from one process -------------------------------------------------------------------------------
+
+
+class TwoNodes:
+    def __init__(self) -> None:
+        self.down = False
+
+    def node_names(self) -> list[str]:
+        return ["node-00", "node-01"]
+
+    def read_node(self, node: str):
+        if self.down and node == "node-01":
+            raise NodeUnavailableError("exporter_down fault on node-01")
+        return node_snapshot(node, gpus=2)
+
+    def close(self) -> None:
+        pass
+
+
+def test_all_nodes_routes_and_an_unavailable_node() -> None:
+    multi = TwoNodes()
+    routes = Routes(nodes={n: OnDemandNode(multi, n) for n in multi.node_names()})
+    server = serve(routes)
+    try:
+        assert json.loads(http_get(url(server, "/api/v1/nodes"))[2]) == ["node-00", "node-01"]
+        body = http_get(url(server, "/node/node-01/metrics"))[2].decode()
+        nodes = {
+            s.labels["node"] for f in text_string_to_metric_families(body) for s in f.samples if "node" in s.labels
+        }
+        assert nodes == {"node-01"}
+        assert (
+            snapshot_from_json(json.loads(http_get(url(server, "/node/node-00/api/v1/snapshot"))[2])).node == "node-00"
+        )
+        multi.down = True
+        assert http_get(url(server, "/node/node-01/metrics"))[0] == 503
+        assert http_get(url(server, "/node/node-01/healthz"))[0] == 503
+        assert http_get(url(server, "/node/node-00/metrics"))[0] == 200
+        assert http_get(url(server, "/node/node-99/metrics"))[0] == 404
+    finally:
+        server.close()
+
+
+# -- web config: basic auth and TLS ----------------------------------------------------------------------------
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+@pytest.fixture
+def auth_config(tmp_path: Path) -> Path:
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$")
+    path = tmp_path / "web.yml"
+    path.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    return path
+
+
+def test_basic_auth_rejects_wrong_passwords(poller: Poller, auth_config: Path) -> None:
+    server = serve(Routes(single=poller), web=load_web_config(auth_config))
+    try:
+        status, headers, _ = http_get(url(server, "/metrics"))
+        assert status == 401
+        assert headers["WWW-Authenticate"].startswith("Basic")
+        assert http_get(url(server, "/metrics"), headers=basic("prometheus", "wrong"))[0] == 401
+        assert http_get(url(server, "/metrics"), headers=basic("nobody", "s3cret"))[0] == 401
+        assert http_get(url(server, "/metrics"), headers={"Authorization": "Basic !!!"})[0] == 401
+        for _ in range(2):  # the second success comes from the cache
+            assert http_get(url(server, "/metrics"), headers=basic("prometheus", "s3cret"))[0] == 200
+    finally:
+        server.close()
+
+
+def test_tls_with_a_test_certificate(poller: Poller, tmp_path: Path, auth_config: Path) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "server.key"))
+    config = tmp_path / "tls.yml"
+    auth = auth_config.read_text()
+    config.write_text(f"tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n{auth}")
+    server = serve(Routes(single=poller), web=load_web_config(config))
+    try:
+        assert server.scheme == "https"
+        client = ssl.create_default_context()
+        ca.configure_trust(client)
+        status, _, body = http_get(url(server, "/metrics"), headers=basic("prometheus", "s3cret"), context=client)
+        assert status == 200
+        assert b"gpulens_gpu_up" in body
+        untrusting = ssl.create_default_context()
+        with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
+            http_get(url(server, "/metrics"), context=untrusting)
+        # The server survives a failed handshake and keeps serving.
+        assert http_get(url(server, "/healthz"), headers=basic("prometheus", "s3cret"), context=client)[0] == 200
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "line"),
+    [
+        ("tls_server_config:\n  cert_file: missing.pem\n  key_file: missing.key\n", "tls_server_config.cert_file", 2),
+        ("tls_server_config:\n  bogus: 1\n", "tls_server_config.bogus", 2),
+        ("basic_auth_users:\n  alice: plaintext-password\n", "basic_auth_users.alice", 2),
+        ("# web\nunknown_section: {}\n", "unknown_section", 2),
+    ],
+)
+def test_bad_web_configs_name_file_key_and_line(tmp_path: Path, text: str, key: str, line: int) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_web_config(path)
+    assert (info.value.file, info.value.key, info.value.line) == (str(path), key, line)
+    assert "plaintext-password" not in str(info.value)
+
+
+def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text("basic_auth_users:\n  a: [unclosed\n")
+    with pytest.raises(ConfigError) as info:
+        load_web_config(path)
+    assert info.value.line == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("0.0.0.0:9410", ("0.0.0.0", 9410)), (":9410", ("0.0.0.0", 9410)), ("[::1]:80", ("::1", 80))]
+)
+def test_parse_listen(text, expected) -> None:
+    assert parse_listen(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9410", "host:", "host:99999", "host:http"])
+def test_parse_listen_rejects(text) -> None:
+    with pytest.raises(ValueError, match="host:port"):
+        parse_listen(text)

@@ -316,3 +316,19 @@ def snapshot_from_json(doc: Any) -> NodeSnapshot:
 
 class NodeUnavailableError(SourceError):
     """The node's exporter cannot answer at all (the simulator's ``exporter_down`` fault); served as HTTP 503."""
+
+
+@dataclass(frozen=True, slots=True)
+class TargetHealth:
+    """The outcome of one scrape of one target by the collector."""
+
+    target: str  # the target's name (its base URL unless configured otherwise)
+    url: str  # the URL scraped, with any credentials redacted
+    kind: str  # "gpulens" | "dcgm"
+    timestamp: float
+    up: bool
+    node: str | None = None
+    scrape_duration_seconds: float | None = None
+    samples: int = 0  # GPU readings accepted from this scrape
+    rejected: int = 0  # readings or lines rejected from this scrape
+    last_error: str | None = None

@@ -13,12 +13,7 @@ from exporter.server import ExporterServer, Routes, parse_listen
 from exporter.webconfig import WebConfig, load_web_config
 from gpulens.clock import ScaledClock
 from gpulens.config import ConfigError
-from gpulens.model import GpuSource, SourceError
-
-NO_NVML_HINT = (
-    "use --source sim --scenario FILE for a simulated cluster, "
-    "or --source dcgm --dcgm-url URL to read a running dcgm-exporter"
-)
+from gpulens.model import GpuSource
 
 
 @dataclass(frozen=True)
@@ -41,12 +36,7 @@ class ExporterOptions:
 def _nvml_source(options: ExporterOptions) -> GpuSource:
     from exporter.nvml import NvmlSource
 
-    try:
-        return NvmlSource(options.node)
-    except SourceError as exc:
-        if options.source == "auto":
-            raise SourceError(f"no NVML on this machine ({exc}); {NO_NVML_HINT}") from None
-        raise
+    return NvmlSource(options.node)
 
 
 def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Callable[[], None]]:

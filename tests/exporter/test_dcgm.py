@@ -17,17 +17,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.dcgm import (
+from exporter.dcgm import DcgmSource
+from gpulens.clock import ManualClock
+from gpulens.dcgm import (
     DCGM_FP64_BLANK,
     DCGM_INT32_BLANK,
     DCGM_INT64_BLANK,
     DcgmParse,
-    DcgmSource,
-    fetch_url,
     parse_dcgm_metrics,
-    redact_url,
 )
-from gpulens.clock import ManualClock
+from gpulens.httpfetch import fetch_url, redact_url
 from gpulens.model import GpuReading, MigReading, SourceError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "dcgm"

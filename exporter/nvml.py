@@ -33,6 +33,8 @@ ALL_LINKS: Final = 0xFFFFFFFF  # the scopeId that asks a per-link field for the 
 XID_WAIT_MS: Final = 500
 XID_RETRY_S: Final = 1.0
 MAX_WORKERS: Final = 32
+LINK_STATE_REFRESH_S: Final = 10.0  # 18 calls per H100 per read otherwise; a link that drops still shows at once as
+# a fall in its throughput and a rise in its error counters
 
 _SUCCESS: Final[int] = pynvml.NVML_SUCCESS
 _INVALID_ARGUMENT: Final[int] = pynvml.NVML_ERROR_INVALID_ARGUMENT
@@ -167,6 +169,8 @@ class _Gpu:
     fields: tuple[tuple[int, int], ...] = ()
     lost: bool = False
     rates: _CounterRates = field(default_factory=_CounterRates)
+    # link -> (when read, NVML state); link states change rarely and cost one call per link, so they are cached.
+    link_states: dict[int, tuple[float, Any]] = field(default_factory=dict)
 
 
 def _field_ids(links: int) -> tuple[tuple[int, int], ...]:
@@ -662,7 +666,12 @@ class NvmlSource:
         """One NVLink, or None when its state cannot be read."""
         tx = gpu.rates.rate((_FI_NVLINK_TX, link), fields.get((_FI_NVLINK_TX, link)), now)
         rx = gpu.rates.rate((_FI_NVLINK_RX, link), fields.get((_FI_NVLINK_RX, link)), now)
-        state = self._calls.call(gpu, "nvmlDeviceGetNvLinkState", gpu.handle, link)
+        cached = gpu.link_states.get(link)
+        if cached is not None and 0 <= now - cached[0] < LINK_STATE_REFRESH_S:
+            state = cached[1]
+        else:
+            state = self._calls.call(gpu, "nvmlDeviceGetNvLinkState", gpu.handle, link)
+            gpu.link_states[link] = (now, state)
         if state is None:
             return None
         return LinkReading(

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import pynvml
 import pytest
 
-from exporter.nvml import NvmlSource
+from exporter.nvml import LINK_STATE_REFRESH_S, NvmlSource
 from gpulens.clock import ManualClock
 from gpulens.model import THROTTLE_MASK, SourceError
 from tests.fakes.fake_nvml import GIB, MIB, FakeNvml, h100_gpu, l40s_gpu
@@ -167,6 +167,24 @@ def test_nvlink_rate_is_delta_bytes_over_delta_seconds(make_source: MakeSource) 
     clock.advance(2)
     third = source.read()
     assert third.gpus[1].nvlink_tx_bytes_per_second == pytest.approx(18 * 1024 * 1024)
+
+
+def test_link_states_are_cached_for_the_refresh_interval(make_source: MakeSource) -> None:
+    fake = FakeNvml.h100_node(gpus=1)
+    source = make_source(fake)
+    clock = _clock(fake)
+    source.read()
+    calls = fake.calls["nvmlDeviceGetNvLinkState"]
+    clock.advance(1)
+    fake.gpus[0].nvlink_inactive = {4}
+    cached = source.read()
+    assert fake.calls["nvmlDeviceGetNvLinkState"] == calls  # no state calls within the interval
+    assert cached.gpus[0].nvlink_links_active == 18
+    clock.advance(LINK_STATE_REFRESH_S)
+    fresh = source.read()
+    assert fake.calls["nvmlDeviceGetNvLinkState"] == calls + 18
+    assert fresh.gpus[0].nvlink_links_active == 17
+    assert [k.link for k in fresh.links if not k.active] == [4]
 
 
 def test_nvlink_counter_going_backwards_restarts_the_rate(make_source: MakeSource) -> None:

@@ -11,7 +11,6 @@ from types import FrameType
 from exporter.poller import OnDemandNode, Poller
 from exporter.server import ExporterServer, Routes, parse_listen
 from exporter.webconfig import WebConfig, load_web_config
-from gpulens.clock import ScaledClock
 from gpulens.config import ConfigError
 from gpulens.model import GpuSource
 
@@ -44,13 +43,13 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
     if options.all_nodes and options.source != "sim":
         raise ConfigError("--all-nodes needs --source sim", key="--all-nodes")
     if options.source == "sim":
-        from exporter.sim import SimAllNodes, SimCluster, SimSource, load_scenario
+        from exporter.sim import LiveTime, SimAllNodes, SimCluster, SimSource, load_scenario
 
         if not options.scenario:
             raise ConfigError("--source sim needs --scenario FILE", key="--scenario")
         scenario = load_scenario(options.scenario)
-        cluster = SimCluster(scenario)
-        clock = ScaledClock(start=scenario.start, speed=options.speed)
+        clock = LiveTime(scenario.start, options.speed)
+        cluster = SimCluster(scenario, stamp=clock.to_real)
         if options.all_nodes:
             multi = SimAllNodes(cluster, clock)
             nodes = {name: OnDemandNode(multi, name, dcgm_compat=options.dcgm_compat) for name in multi.node_names()}

@@ -7,14 +7,15 @@ A ``Poller`` reads its source every interval on its own thread, enriches the sna
 
 from __future__ import annotations
 
+import functools
 import gzip
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
+
+import orjson
 
 from exporter.metrics import ExporterHealth, LastXidTracker, render_metrics
 from gpulens.clock import Clock, SystemClock
@@ -24,49 +25,56 @@ from gpulens.model import GpuSource, MultiNodeSource, NodeSnapshot, NodeUnavaila
 log = logging.getLogger(__name__)
 
 Enricher = Callable[[NodeSnapshot], NodeSnapshot]
+GZIP_LEVEL = 1  # fast: the text compresses ~8x even so, and the CPU goes to serving
 
 
-@dataclass(frozen=True, slots=True)
 class Published:
-    """What the HTTP endpoints serve, rendered once per collection."""
+    """What the HTTP endpoints serve for one collection. Each representation is rendered on first use and then
+    reused until the next collection; two threads racing to render produce identical bytes."""
 
-    metrics: bytes
-    metrics_gzip: bytes
-    snapshot_json: bytes
-    healthy: bool
-    health_doc: Mapping[str, Any]
-    unavailable: bool = False  # the node answers nothing (HTTP 503 on every endpoint)
+    def __init__(
+        self,
+        snapshot: NodeSnapshot | None,
+        health: ExporterHealth,
+        *,
+        healthy: bool,
+        health_doc: Mapping[str, Any],
+        dcgm_compat: bool = False,
+        last_xid: Mapping[str, int] | None = None,
+        unavailable: bool = False,
+    ) -> None:
+        self.snapshot = snapshot
+        self.health = health
+        self.healthy = healthy
+        self.health_doc = health_doc
+        self.unavailable = unavailable  # the node answers nothing (HTTP 503 on every endpoint)
+        self._dcgm_compat = dcgm_compat
+        self._last_xid = last_xid
+
+    @functools.cached_property
+    def metrics(self) -> bytes:
+        return render_metrics(self.snapshot, self.health, dcgm_compat=self._dcgm_compat, last_xid=self._last_xid)
+
+    @functools.cached_property
+    def metrics_gzip(self) -> bytes:
+        return gzip.compress(self.metrics, compresslevel=GZIP_LEVEL)
+
+    @functools.cached_property
+    def snapshot_json(self) -> bytes:
+        if self.snapshot is None:
+            raise ValueError("no current snapshot")
+        # orjson: 6x faster than json.dumps here, which matters when one process serves 1,000 simulated nodes.
+        return orjson.dumps(snapshot_to_json(self.snapshot, self.health_doc))
+
+    @functools.cached_property
+    def snapshot_json_gzip(self) -> bytes:
+        return gzip.compress(self.snapshot_json, compresslevel=GZIP_LEVEL)
 
 
 class NodeEndpoint(Protocol):
     """One node as the HTTP server sees it."""
 
     def published(self) -> Published: ...
-
-
-def _publish(
-    snapshot: NodeSnapshot | None,
-    health: ExporterHealth,
-    *,
-    healthy: bool,
-    health_doc: Mapping[str, Any],
-    dcgm_compat: bool,
-    last_xid: Mapping[str, int] | None,
-    unavailable: bool = False,
-) -> Published:
-    metrics = render_metrics(snapshot, health, dcgm_compat=dcgm_compat, last_xid=last_xid)
-    if snapshot is None:
-        snapshot_doc: dict[str, Any] = {"schema": 1, "node": None, "time": None, "gpus": [], "exporter": health_doc}
-    else:
-        snapshot_doc = snapshot_to_json(snapshot, health_doc)
-    return Published(
-        metrics=metrics,
-        metrics_gzip=gzip.compress(metrics, compresslevel=5),
-        snapshot_json=json.dumps(snapshot_doc, separators=(",", ":"), allow_nan=False).encode(),
-        healthy=healthy,
-        health_doc=health_doc,
-        unavailable=unavailable,
-    )
 
 
 class Poller:
@@ -133,6 +141,7 @@ class Poller:
                 self._collections += 1
         self._last_duration = time.perf_counter() - started
         published = self._render()
+        published.metrics_gzip  # noqa: B018 - render in the collection thread, so scrapes only copy bytes
         with self._lock:
             self._published = published
 
@@ -174,7 +183,7 @@ class Poller:
         # A stale snapshot is not served as if it were current: its GPU series disappear until collection recovers.
         served = snapshot if healthy else None
         last_xid = self._xids.update(snapshot) if snapshot is not None else None
-        return _publish(
+        return Published(
             served,
             health,
             healthy=healthy,
@@ -236,7 +245,7 @@ class OnDemandNode:
             snapshot = self._source.read_node(self._node)
         except NodeUnavailableError as exc:
             doc: dict[str, Any] = {"reason": str(exc)}
-            return _publish(
+            return Published(
                 None,
                 ExporterHealth(),
                 healthy=False,
@@ -260,7 +269,7 @@ class OnDemandNode:
             "last_collect_timestamp_seconds": snapshot.timestamp,
             "collect_duration_seconds": duration,
         }
-        published = _publish(
+        published = Published(
             snapshot, health, healthy=True, health_doc=ok_doc, dcgm_compat=self._dcgm_compat, last_xid=last_xid
         )
         with self._lock:

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
-from exporter.poller import NodeEndpoint, Published
+from exporter.poller import NodeEndpoint
 from exporter.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,9 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; with Nagle's algorithm on, a keep-alive client waits ~40 ms for the
+    # body (delayed ACK). Measured: a 1,000-node --all-nodes round took 2.8 s with it, and see bench_sim_serve now.
+    disable_nagle_algorithm = True
     server_version = "gpulens-exporter"
     sys_version = ""
     server: _Server
@@ -148,20 +151,25 @@ class _Handler(BaseHTTPRequestHandler):
         if published.unavailable:
             self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"status": "unavailable", **published.health_doc})
         elif path == "/metrics":
-            self._metrics(published)
+            if self._gzip_accepted():
+                self._send(HTTPStatus.OK, published.metrics_gzip, METRICS_CONTENT_TYPE, {"Content-Encoding": "gzip"})
+            else:
+                self._send(HTTPStatus.OK, published.metrics, METRICS_CONTENT_TYPE)
         elif path == "/api/v1/snapshot":
-            self._send(HTTPStatus.OK, published.snapshot_json, JSON_CONTENT_TYPE)
+            if published.snapshot is None:
+                # No current snapshot (collection failing or stale): say so rather than serve old data as new.
+                self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"status": "unhealthy", **published.health_doc})
+            elif self._gzip_accepted():
+                self._send(HTTPStatus.OK, published.snapshot_json_gzip, JSON_CONTENT_TYPE, {"Content-Encoding": "gzip"})
+            else:
+                self._send(HTTPStatus.OK, published.snapshot_json, JSON_CONTENT_TYPE)
         elif published.healthy:
             self._json(HTTPStatus.OK, {"status": "ok", **published.health_doc})
         else:
             self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"status": "unhealthy", **published.health_doc})
 
-    def _metrics(self, published: Published) -> None:
-        accept = self.headers.get("Accept-Encoding", "")
-        if "gzip" in accept:
-            self._send(HTTPStatus.OK, published.metrics_gzip, METRICS_CONTENT_TYPE, {"Content-Encoding": "gzip"})
-        else:
-            self._send(HTTPStatus.OK, published.metrics, METRICS_CONTENT_TYPE)
+    def _gzip_accepted(self) -> bool:
+        return "gzip" in self.headers.get("Accept-Encoding", "")
 
     def _index(self, nodes: list[str] | None) -> None:
         if nodes is None:

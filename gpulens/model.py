@@ -193,13 +193,32 @@ class SnapshotFormatError(ValueError):
 # --- JSON (de)serialisation of a snapshot: the /api/v1/snapshot document ------------------------------------------
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+# Links are many (18 per H100) and alike, so the document carries them as rows of these columns; a link's node and
+# uuid are those of its GPU (the row's ``gpu`` index).
+LINK_COLUMNS: Final = ("gpu", "link", "active", "tx_bytes_per_second", "rx_bytes_per_second", "remote_pci_bus_id")
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
 def _record_to_json(record: Any) -> dict[str, Any]:
+    """A record as a JSON object; ``None`` values are left out (absent and null both mean "not read")."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(record):
-        value = getattr(record, f.name)
-        if f.name == "xid_errors":
+    for name in _names(type(record)):
+        value = getattr(record, name)
+        if value is None:
+            continue
+        if name == "xid_errors":
+            if not value:
+                continue
             value = {str(k): v for k, v in value.items()}
-        out[f.name] = value
+        out[name] = value
     return out
 
 
@@ -212,7 +231,8 @@ def snapshot_to_json(snapshot: NodeSnapshot, health: Mapping[str, Any] | None = 
         "source": snapshot.source,
         "driver_version": snapshot.driver_version,
         "gpus": [_record_to_json(g) for g in snapshot.gpus],
-        "links": [_record_to_json(link) for link in snapshot.links],
+        "link_columns": list(LINK_COLUMNS),
+        "links": [[getattr(link, c) for c in LINK_COLUMNS] for link in snapshot.links],
         "processes": [_record_to_json(p) for p in snapshot.processes],
         "jobs": [_record_to_json(j) for j in snapshot.jobs],
         "migs": [_record_to_json(m) for m in snapshot.migs],
@@ -287,6 +307,40 @@ def _records(cls: Any, doc: Mapping[str, Any], key: str) -> tuple[Any, ...]:
     return tuple(_record_from_json(cls, item) for item in items)
 
 
+def _links(doc: Mapping[str, Any], node: str) -> tuple[LinkReading, ...]:
+    rows = doc.get("links", [])
+    if not isinstance(rows, list):
+        raise SnapshotFormatError("links: expected an array")
+    if rows and doc.get("link_columns") != list(LINK_COLUMNS):
+        raise SnapshotFormatError(f"link_columns: expected {list(LINK_COLUMNS)}")
+    uuids: dict[int, str] = {}
+    for g in doc.get("gpus", []):
+        if isinstance(g, dict) and isinstance(g.get("gpu"), int) and isinstance(g.get("uuid"), str):
+            uuids[g["gpu"]] = g["uuid"]
+    links = []
+    for row in rows:
+        if not isinstance(row, list) or len(row) != len(LINK_COLUMNS):
+            raise SnapshotFormatError(f"links: expected rows of {len(LINK_COLUMNS)} values")
+        values = dict(zip(LINK_COLUMNS, row, strict=True))
+        gpu = _coerce("LinkReading", "gpu", "int", values["gpu"])
+        uuid = uuids.get(gpu)
+        if uuid is None:
+            raise SnapshotFormatError(f"links: GPU {gpu} is not among the snapshot's GPUs")
+        links.append(
+            LinkReading(
+                node=node,
+                gpu=gpu,
+                uuid=uuid,
+                link=_coerce("LinkReading", "link", "int", values["link"]),
+                active=_coerce("LinkReading", "active", "bool", values["active"]),
+                tx_bytes_per_second=_coerce("LinkReading", "tx", "float | None", values["tx_bytes_per_second"]),
+                rx_bytes_per_second=_coerce("LinkReading", "rx", "float | None", values["rx_bytes_per_second"]),
+                remote_pci_bus_id=_coerce("LinkReading", "remote", "str | None", values["remote_pci_bus_id"]),
+            )
+        )
+    return tuple(links)
+
+
 def snapshot_from_json(doc: Any) -> NodeSnapshot:
     """Parse and type-check a schema-1 snapshot document. Raises ``SnapshotFormatError``."""
     if not isinstance(doc, dict):
@@ -306,7 +360,7 @@ def snapshot_from_json(doc: Any) -> NodeSnapshot:
         source=_coerce("snapshot", "source", "str", doc.get("source", "unknown")),
         driver_version=_coerce("snapshot", "driver_version", "str | None", doc.get("driver_version")),
         gpus=_records(GpuReading, doc, "gpus"),
-        links=_records(LinkReading, doc, "links"),
+        links=_links(doc, node),
         processes=_records(ProcessReading, doc, "processes"),
         jobs=_records(GpuJob, doc, "jobs"),
         migs=_records(MigReading, doc, "migs"),

@@ -79,6 +79,9 @@ def test_snapshot_is_schema_1_and_parses_back(server: ExporterServer, source: St
     snap = snapshot_from_json(doc)
     assert snap.gpus == source.snapshot.replace(timestamp=snap.timestamp).gpus
     assert len(snap.processes) == 8
+    status, headers, zipped = http_get(url(server, "/api/v1/snapshot"), headers={"Accept-Encoding": "gzip"})
+    assert headers["Content-Encoding"] == "gzip"
+    assert json.loads(gzip.decompress(zipped)) == doc
 
 
 def test_healthz_turns_503_when_collection_stalls(server: ExporterServer, poller: Poller, clock: ManualClock) -> None:
@@ -94,6 +97,7 @@ def test_healthz_turns_503_when_collection_stalls(server: ExporterServer, poller
     # Stale GPU series are withdrawn rather than served as current.
     metrics = http_get(url(server, "/metrics"))[2].decode()
     assert "gpulens_gpu_up{" not in metrics
+    assert http_get(url(server, "/api/v1/snapshot"))[0] == 503
     poller.collect_once()
     assert http_get(url(server, "/healthz"))[0] == 200
 

@@ -1,0 +1,237 @@
+"""How jobs behave, step by step, before per-GPU noise: a job's phase at each step, and what that phase does to a GPU.
+
+Figures are step averages. A training job alternates compute and all-reduce within an iteration of a few seconds;
+a step of 10 s averages several iterations, so NVLink traffic stays well above zero, while a 1 s step shows the
+alternation itself.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+from . import noise
+from .scenario import FaultSpec, JobSpec
+
+RUN: Final = "run"
+DATA_WAIT: Final = "data_wait"
+CHECKPOINT: Final = "checkpoint"
+STALL: Final = "stall"
+IDLE: Final = "idle"
+SERVE: Final = "serve"
+BURST: Final = "burst"
+QUIET: Final = "quiet"
+
+DATA_WAIT_PROBABILITY: Final = 0.04  # per step, training only, all ranks together
+NOTEBOOK_BURST_PROBABILITY: Final = 0.35
+NOTEBOOK_BLOCK_S: Final = 60.0  # a notebook is busy or quiet for a minute at a time
+SATURATED_COMM_FRACTION: Final = 0.96
+STRAGGLER_SLOWDOWN: Final = 0.7  # the straggler's speed relative to a healthy rank
+
+
+@dataclass(slots=True)
+class JobPhase:
+    """What a job is doing during one step."""
+
+    mode: str
+    comm_fraction: float = 0.0  # training: the part of the step spent in all-reduce
+    intensity: float = 0.0  # inference and notebook: the load level
+    saturating: bool = False  # nvlink_saturation: back-to-back all-reduce near the link ceiling
+
+
+@dataclass(slots=True)
+class Activity:
+    """What one GPU is doing during one step, as ratios; the engine turns them into readings and adds noise."""
+
+    utilization: float
+    sm_active: float
+    tensor_active: float
+    dram_active: float
+    load: float  # share of the dynamic power range, idle (0) to board power (1)
+    nvlink: float  # share of the NVLink ceiling, per direction
+    pcie_tx: float  # share of the current PCIe link ceiling
+    pcie_rx: float
+    memory_fraction: float
+    busy: bool  # clocks up; False sets the idle throttle reason
+    memory_jitter: bool  # allocator churn; False keeps memory exactly flat
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a job sits, as seen from one of its GPUs."""
+
+    job: JobSpec
+    local_gpus: int  # the job's GPUs on this GPU's node
+    nodes: int  # nodes the job spans
+    nvlink: bool  # this GPU's node has NVLink
+
+    @property
+    def nvlink_peers(self) -> bool:
+        return self.nvlink and self.local_gpus >= 2
+
+
+def idle_activity(memory_fraction: float = 0.0) -> Activity:
+    return Activity(0.0, 0.0, 0.0, 0.0, 0.01, 0.0, 2e-5, 2e-5, memory_fraction, False, False)
+
+
+class JobBehaviour:
+    """The phases of one job. ``faults`` are the job-bound faults acting on it (job-scoped ones and stragglers)."""
+
+    def __init__(self, job: JobSpec, faults: tuple[FaultSpec, ...], seed: int, origin: float, step_s: float) -> None:
+        self.job = job
+        self.faults = faults
+        self._origin = origin
+        self._step = step_s
+        self._key = noise.key(seed, "job", job.id)
+        self._checkpoint_key = noise.key(seed, "checkpoint", job.id)
+        self.multi_gpu = len(job.gpus) >= 2
+        self.period_s = 2.0 + 4.0 * noise.unit(seed, "period", job.id)
+        self.comm_share = 0.25 + 0.10 * noise.unit(seed, "comm", job.id)
+        self.offset_s = self.period_s * noise.unit(seed, "offset", job.id)
+        self.load_period_s = 1200.0 + 2400.0 * noise.unit(seed, "load", job.id)
+
+    def phase(self, k: int) -> JobPhase | None:
+        """The job's phase at step ``k``, or ``None`` when it does not run then."""
+        t = self._origin + k * self._step
+        if not self.job.running(t):
+            return None
+        active = {f.kind for f in self.faults if f.active(t)} if self.faults else set()
+        if "comm_stall" in active:
+            return JobPhase(STALL)
+        if "idle_allocated" in active or self.job.kind == "idle":
+            return JobPhase(IDLE)
+        kind = self.job.kind
+        if kind == "inference":
+            return JobPhase(SERVE, intensity=self._serving_load(t))
+        if kind == "notebook":
+            return self._notebook(t)
+        if "nvlink_saturation" in active:
+            return JobPhase(RUN, comm_fraction=SATURATED_COMM_FRACTION, saturating=True)
+        if not active:
+            if self._checkpointing(k, t):
+                return JobPhase(CHECKPOINT)
+            if k > self._first_step() and noise.value(self._key, k) < DATA_WAIT_PROBABILITY:
+                return JobPhase(DATA_WAIT)
+        return JobPhase(RUN, comm_fraction=self._comm_fraction(t) if self.multi_gpu else 0.0)
+
+    def _first_step(self) -> int:
+        return math.ceil((self.job.start - self._origin) / self._step - 1e-9)
+
+    def _checkpointing(self, k: int, t: float) -> bool:
+        every = self.job.checkpoint_every_s
+        if every is None:
+            return False
+        n = math.floor((t - self.job.start) / every + 1e-9)
+        if n < 1:
+            return False
+        first = math.ceil((self.job.start + n * every - self._origin) / self._step - 1e-9)
+        length = 1 + int(3 * noise.value(self._checkpoint_key, n))  # 1-3 steps, fixed per checkpoint
+        return first <= k < first + length
+
+    def _comm_fraction(self, t: float) -> float:
+        """The share of [t, t + step) spent in all-reduce: a square wave of period ``period_s`` averaged."""
+        a = t - self.job.start + self.offset_s
+        return (self._comm_time(a + self._step) - self._comm_time(a)) / self._step
+
+    def _comm_time(self, x: float) -> float:
+        """All-reduce time in [0, x) when each iteration computes first and communicates for its last share."""
+        period, share = self.period_s, self.comm_share
+        full, rest = divmod(x, period)
+        return full * share * period + max(0.0, rest - (1.0 - share) * period)
+
+    def _serving_load(self, t: float) -> float:
+        return 0.9 + 0.06 * math.sin(2.0 * math.pi * (t - self.job.start) / self.load_period_s + self.offset_s)
+
+    def _notebook(self, t: float) -> JobPhase:
+        block = math.floor((t - self.job.start) / max(NOTEBOOK_BLOCK_S, self._step))
+        u = noise.value(self._key, block)
+        if u < NOTEBOOK_BURST_PROBABILITY:
+            return JobPhase(BURST, intensity=0.3 + 0.6 * u / NOTEBOOK_BURST_PROBABILITY)
+        return JobPhase(QUIET)
+
+
+def activity(phase: JobPhase, place: Placement, role: str | None) -> Activity:
+    """What ``phase`` does to one GPU of the job. ``role`` is "straggler" or "peer" while a straggler acts."""
+    memory = place.job.memory_fraction
+    mode = phase.mode
+    if mode == RUN:
+        return _training(phase, place, role)
+    if mode == DATA_WAIT:
+        return Activity(0.08, 0.05, 0.01, 0.03, 0.10, 0.0, 0.005, 0.06, memory, True, True)
+    if mode == CHECKPOINT:
+        return Activity(0.04, 0.03, 0.0, 0.08, 0.08, 0.0, 0.55, 0.01, memory, True, True)
+    if mode == STALL:
+        # A spinning NCCL kernel: "100% utilization", no traffic, power toward idle, memory flat.
+        trickle = 1e-4 if place.nvlink_peers else 0.0
+        return Activity(1.0, 0.03, 0.0, 0.01, 0.12, trickle, 2e-4, 2e-4, memory, True, False)
+    if mode == SERVE:
+        i = phase.intensity
+        return Activity(i, 0.78 * i, 0.45 * i, 0.65 * i, 0.78 * i, 0.0, 0.012 * i, 0.015 * i, memory, True, False)
+    if mode == BURST:
+        i = phase.intensity
+        return Activity(i, 0.7 * i, 0.4 * i, 0.35 * i, 0.7 * i, 0.0, 0.01 * i, 0.03 * i, memory, True, True)
+    return idle_activity(memory)  # IDLE, QUIET
+
+
+# Signal levels of the three things a training rank does within a step: compute, all-reduce, and spinning in a
+# collective while it waits for a slower rank: (sm_active, tensor_active, dram_active, power load).
+_COMPUTE: Final = (0.86, 0.62, 0.45, 0.92)
+_ALL_REDUCE: Final = (0.12, 0.02, 0.25, 0.45)
+_SATURATED_ALL_REDUCE: Final = (0.12, 0.02, 0.25, 0.50)
+_SPIN: Final = (0.03, 0.0, 0.01, 0.12)
+PEER_WAIT_SHARE: Final = 0.3  # of each step, while a straggler holds the job back
+
+
+def _training(phase: JobPhase, place: Placement, role: str | None) -> Activity:
+    f = phase.comm_fraction
+    if role == "straggler":
+        compute, comm, spin = 0.97, 0.03, 0.0  # the slow rank never waits: the others wait for it
+    elif role == "peer":
+        comm = f * STRAGGLER_SLOWDOWN
+        compute, spin = 1.0 - comm - PEER_WAIT_SHARE, PEER_WAIT_SHARE
+    else:
+        compute, comm, spin = 1.0 - f, f, 0.0
+    reduce_levels = _SATURATED_ALL_REDUCE if phase.saturating else _ALL_REDUCE
+    sm, tensor, dram, load = (
+        compute * c + comm * r + spin * w for c, r, w in zip(_COMPUTE, reduce_levels, _SPIN, strict=True)
+    )
+    if role == "straggler":
+        load *= 0.8  # computing all the time, at a lower clock
+    pace = STRAGGLER_SLOWDOWN if role is not None else 1.0  # a straggler stretches every iteration
+    link_level = 0.98 if phase.saturating else 0.70
+    nvlink = (link_level * f + 0.02 * (1.0 - f)) * pace if place.nvlink_peers else 0.0
+    inter_node = 0.30 * f * pace if place.nodes > 1 else 0.0
+    intra_pcie = 0.45 * f * pace if place.local_gpus >= 2 and not place.nvlink else 0.0
+    return Activity(
+        utilization=0.97,
+        sm_active=sm,
+        tensor_active=tensor,
+        dram_active=dram,
+        load=load,
+        nvlink=nvlink,
+        pcie_tx=0.01 + inter_node + intra_pcie,
+        pcie_rx=0.02 + inter_node + intra_pcie,
+        memory_fraction=place.job.memory_fraction,
+        busy=True,
+        memory_jitter=True,
+    )
+
+
+def combine(activities: list[Activity]) -> Activity:
+    """Jobs sharing one GPU (notebooks): their work adds up, within the GPU's limits."""
+    if len(activities) == 1:
+        return activities[0]
+    return Activity(
+        utilization=min(1.0, sum(a.utilization for a in activities)),
+        sm_active=min(1.0, sum(a.sm_active for a in activities)),
+        tensor_active=min(1.0, sum(a.tensor_active for a in activities)),
+        dram_active=min(1.0, sum(a.dram_active for a in activities)),
+        load=min(1.0, sum(a.load for a in activities)),
+        nvlink=min(1.0, sum(a.nvlink for a in activities)),
+        pcie_tx=min(1.0, sum(a.pcie_tx for a in activities)),
+        pcie_rx=min(1.0, sum(a.pcie_rx for a in activities)),
+        memory_fraction=min(1.0, sum(a.memory_fraction for a in activities)),
+        busy=any(a.busy for a in activities),
+        memory_jitter=any(a.memory_jitter for a in activities),
+    )

@@ -7,6 +7,7 @@ is ``GPULENS_EXPORTER_LISTEN``); a flag on the command line wins over its twin.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import socket
@@ -155,12 +156,202 @@ def _run_exporter(args: argparse.Namespace) -> int:
     return run_exporter(options, announce=lambda line: print(line, file=sys.stderr, flush=True))
 
 
+COLLECTOR_EXAMPLES = """\
+examples:
+  # everything from a config file (docs/configuration.md)
+  gpulens collector --config gpulens.toml
+  # a quick start: two exporters into the default SQLite file, every 5 seconds
+  gpulens collector --target http://gpu-node-07:9410 --target http://gpu-node-08:9410 --interval 5s
+  # a dcgm-exporter is given by its /metrics URL
+  gpulens collector --target http://gpu-node-09:9400/metrics
+  # one of four collectors sharing a cluster, writing to PostgreSQL (password from the environment)
+  GPULENS_DB_URL=postgresql+psycopg://gpulens:secret@db/gpulens gpulens collector --config gpulens.toml --shard 1/4
+"""
+
+QUERY_EXAMPLES = """\
+examples:
+  gpulens query latest                               # the latest reading of every GPU
+  gpulens query latest --json | jq '.[] | select(.utilization_ratio < 0.1)'
+  gpulens query series --gpu GPU-1234 --field utilization_ratio --field power_watts --since 1h
+  gpulens query jobs --since 24h
+  gpulens query targets --config gpulens.toml
+"""
+
 MAIN_EXAMPLES = """\
 examples:
   gpulens exporter                       # run the node agent on a GPU node
   gpulens exporter --source sim --scenario examples/scenarios/healthy.toml --all-nodes
-  gpulens exporter --help                # every flag, with its GPULENS_EXPORTER_* twin
+  gpulens collector --target http://127.0.0.1:9410 --interval 5s
+  gpulens query latest
+  gpulens <command> --help               # every flag, with its GPULENS_<COMMAND>_* twin
 """
+
+
+def _add_db_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="gpulens.toml (docs/configuration.md)")
+    p.add_argument("--db", default=None, help="database URL (overrides the config; GPULENS_DB_URL also works)")
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from gpulens.settings import default_settings, load_settings
+
+    settings = load_settings(args.config) if args.config else default_settings()
+    if getattr(args, "db", None):
+        settings = dataclasses.replace(settings, db_url=args.db)
+    return settings
+
+
+def _add_collector(sub: Any) -> None:
+    p = sub.add_parser(
+        "collector",
+        help="scrape every node on a schedule and keep the history in SQL",
+        description="Scrapes gpulens exporters and dcgm-exporters concurrently, writes each round to SQLite or "
+        "PostgreSQL (spooling to disk while the database is unreachable) and serves its own /metrics.",
+        epilog=COLLECTOR_EXAMPLES,
+        formatter_class=_Formatter,
+    )
+    _add_db_flags(p)
+    p.add_argument("--target", action="append", default=[], help="exporter base URL or dcgm /metrics URL; repeatable")
+    p.add_argument("--interval", type=positive_duration, default=None, help="scrape interval (default 10s)")
+    p.add_argument("--shard", default=None, help="I/N: scrape the targets whose name hashes to I")
+    p.add_argument("--listen", default=None, help="where to serve the collector's /metrics (default 127.0.0.1:9411)")
+    p.add_argument("--spool-dir", default=None, help="where rounds wait while the database is down")
+    p.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], default="info", help="logging verbosity"
+    )
+    apply_env_twins(p, "GPULENS_COLLECTOR_")
+    p.set_defaults(func=_run_collector)
+
+
+def collector_settings(args: argparse.Namespace) -> Any:
+    from gpulens.settings import TargetSettings, parse_shard
+
+    settings = _settings(args)
+    changes: dict[str, Any] = {}
+    if args.target:
+        extra = []
+        for url in args.target:
+            if not url.startswith(("http://", "https://")):
+                raise UsageError(f"--target {url!r}: expected an http:// or https:// URL")
+            url = url.rstrip("/")
+            kind = "dcgm" if url.endswith("/metrics") else "gpulens"
+            extra.append(TargetSettings(url=url, name=url, kind=kind))
+        changes["targets"] = (*settings.targets, *extra)
+    if args.interval is not None:
+        changes["interval_s"] = args.interval
+        changes["timeout_s"] = min(settings.timeout_s, args.interval)
+    if args.shard is not None:
+        try:
+            changes["shard"] = parse_shard(args.shard)
+        except ValueError as exc:
+            raise UsageError(f"--shard: {exc}") from None
+    if args.listen is not None:
+        changes["listen"] = args.listen
+    if args.spool_dir is not None:
+        changes["spool_dir"] = args.spool_dir
+    return dataclasses.replace(settings, **changes)
+
+
+def _run_collector(args: argparse.Namespace) -> int:
+    from storage.app import run_collector
+
+    settings = collector_settings(args)
+    if not settings.targets and not settings.file_sd:
+        raise UsageError("no targets: give --target URL or a --config with [[targets]] or [[file_sd]]")
+    return run_collector(settings, announce=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def _add_check_config(sub: Any) -> None:
+    p = sub.add_parser(
+        "check-config",
+        help="validate a gpulens.toml",
+        description="Validates a config file; every error names the file, the key and the line.",
+        epilog="example:\n  gpulens check-config /etc/gpulens/gpulens.toml\n",
+        formatter_class=_Formatter,
+    )
+    p.add_argument("file", help="the config file")
+    p.set_defaults(func=_run_check_config)
+
+
+def _run_check_config(args: argparse.Namespace) -> int:
+    from gpulens.settings import load_settings
+
+    settings = load_settings(args.file)
+    from gpulens.httpfetch import redact_url
+
+    print(
+        f"{args.file}: OK ({len(settings.targets)} targets, {len(settings.file_sd)} file_sd, "
+        f"database {redact_url(settings.db_url)})"
+    )
+    return 0
+
+
+def _add_db(sub: Any) -> None:
+    p = sub.add_parser(
+        "db",
+        help="database maintenance",
+        description="Database maintenance.",
+        epilog="example:\n  gpulens db upgrade --db postgresql+psycopg://gpulens@db/gpulens\n",
+        formatter_class=_Formatter,
+    )
+    dbsub = p.add_subparsers(dest="db_command", metavar="ACTION", parser_class=_Parser)
+    dbsub.required = True
+    up = dbsub.add_parser("upgrade", help="apply the schema migrations (also done at collector start-up)")
+    _add_db_flags(up)
+    up.set_defaults(func=_run_db_upgrade)
+
+
+def _run_db_upgrade(args: argparse.Namespace) -> int:
+    from storage.app import open_database
+
+    db = open_database(_settings(args))
+    try:
+        print(f"{db.url_redacted}: schema up to date")
+    finally:
+        db.close()
+    return 0
+
+
+def _add_query(sub: Any) -> None:
+    p = sub.add_parser(
+        "query",
+        help="read the stored history from the command line",
+        description="Reads the store: a readable table, or with --json one JSON array whose field names are the "
+        "exporter's catalogue names (memory_used_bytes, utilization_ratio, node, uuid, job_id, ...).",
+        epilog=QUERY_EXAMPLES,
+        formatter_class=_Formatter,
+    )
+    qsub = p.add_subparsers(dest="what", metavar="WHAT", parser_class=_Parser)
+    qsub.required = True
+    for name, help_text in (
+        ("latest", "the latest reading of every GPU"),
+        ("series", "one or more fields of one or more GPUs over time"),
+        ("jobs", "per-job aggregates"),
+        ("targets", "the health of every scrape target"),
+    ):
+        q = qsub.add_parser(name, help=help_text, epilog=QUERY_EXAMPLES, formatter_class=_Formatter)
+        _add_db_flags(q)
+        q.add_argument("--json", action="store_true", help="print one JSON array")
+        if name in ("series", "jobs"):
+            q.add_argument("--since", type=positive_duration, default=3600.0, help="how far back (1h, 24h, 7d)")
+        if name == "series":
+            q.add_argument("--gpu", action="append", required=True, help="GPU UUID; repeatable")
+            q.add_argument("--field", action="append", required=True, help="field name; repeatable")
+            q.add_argument("--points", type=int, default=100, help="at most this many points per series")
+        q.set_defaults(func=_run_query)
+
+
+def _run_query(args: argparse.Namespace) -> int:
+    from storage.cliquery import run_query
+
+    from storage.app import open_database
+
+    db = open_database(_settings(args), upgrade=False)
+    try:
+        sys.stdout.write(run_query(db, args))
+    finally:
+        db.close()
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,6 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     _add_exporter(sub)
+    _add_collector(sub)
+    _add_check_config(sub)
+    _add_db(sub)
+    _add_query(sub)
     return parser
 
 
@@ -191,6 +386,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = f"gpulens {args.command}"
     try:
         result: int = args.func(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except (CliError, ConfigError, SourceError) as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return 1

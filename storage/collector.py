@@ -1,0 +1,302 @@
+"""The collector: scrape every target on a schedule, write each round to SQL, spool it while the database is down.
+
+One thread does all the writing (rounds, spool replay, rollups, retention), so SQLite always has a single writer;
+scrapes run concurrently on a thread pool and each costs at most its own timeout. After each round, hooks run
+(the alert engine is one) with what was scraped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gpulens.clock import Clock, SystemClock
+from gpulens.logutil import LogOnce
+from gpulens.model import NodeSnapshot, TargetHealth
+from gpulens.settings import Settings
+from storage.db import Database, DatabaseUnavailableError
+from storage.retention import Retention, apply_retention
+from storage.rollup import Rollups
+from storage.scrape import Scraper, ScrapeResult, merge_counts
+from storage.spool import Spool
+from storage.targets import TargetSet
+from storage.writer import Writer
+
+log = logging.getLogger(__name__)
+
+ROLLUP_EVERY_S = 60.0
+RETENTION_EVERY_S = 3600.0
+
+
+@dataclass
+class RoundResult:
+    """What one scrape round found and what became of it."""
+
+    time: float
+    snapshots: list[NodeSnapshot]
+    targets: list[TargetHealth]
+    rejected: dict[str, int] = field(default_factory=dict)
+    written: bool = False
+    spooled: bool = False
+    replayed: int = 0
+    duration_s: float = 0.0
+
+
+RoundHook = Callable[[RoundResult], None]
+
+
+class CollectorMetrics:
+    """The collector's own /metrics."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.scrape_duration = Gauge(
+            "gpulens_collector_scrape_duration_seconds",
+            "Duration of the last scrape of a target.",
+            ["target"],
+            registry=r,
+        )
+        self.target_up = Gauge(
+            "gpulens_collector_target_up", "1 if the last scrape of a target succeeded.", ["target"], registry=r
+        )
+        self.targets = Gauge(
+            "gpulens_collector_targets", "Targets by state after the last round.", ["state"], registry=r
+        )
+        self.round_duration = Histogram(
+            "gpulens_collector_round_duration_seconds",
+            "Duration of a scrape round (fetch, parse, write).",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=r,
+        )
+        self.rows = Counter("gpulens_collector_rows_written", "Rows written by table.", ["table"], registry=r)
+        self.rejected = Counter(
+            "gpulens_collector_rejected_samples", "Samples rejected by reason.", ["reason"], registry=r
+        )
+        self.scrape_failures = Counter(
+            "gpulens_collector_scrape_failures", "Failed scrapes by target.", ["target"], registry=r
+        )
+        self.spool_depth = Gauge("gpulens_collector_spool_rounds", "Rounds waiting in the spool.", registry=r)
+        self.spool_bytes = Gauge("gpulens_collector_spool_bytes", "Bytes waiting in the spool.", registry=r)
+        self.spool_dropped = Counter(
+            "gpulens_collector_spool_dropped_rounds", "Rounds dropped because the spool was full.", registry=r
+        )
+        self.db_up = Gauge("gpulens_collector_database_up", "1 if the last write reached the database.", registry=r)
+        self.last_round = Gauge("gpulens_collector_last_round_timestamp_seconds", "End of the last round.", registry=r)
+
+
+class Collector:
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        *,
+        clock: Clock | None = None,
+        scraper: Scraper | None = None,
+        hooks: Sequence[RoundHook] = (),
+    ) -> None:
+        self._settings = settings
+        self._db = db
+        self._clock = clock or SystemClock()
+        self._scraper = scraper or Scraper(
+            timeout_s=settings.timeout_s,
+            max_bytes=settings.max_response_bytes,
+            future_tolerance_s=settings.future_tolerance_s,
+            clock=self._clock,
+        )
+        self._targets = TargetSet(settings)
+        self._writer = Writer(db)
+        self._rollups = Rollups(db)
+        self._retention = Retention(
+            raw_s=settings.retention_raw_s, minute_s=settings.retention_minute_s, hour_s=settings.retention_hour_s
+        )
+        self._spool = Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes)
+        self._hooks = list(hooks)
+        self._pool = ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="gpulens-scrape")
+        self._log_once = LogOnce(log)
+        self._db_down_since: float | None = None
+        self._last_rollup = 0.0
+        self._last_retention = 0.0
+        self._lock = threading.Lock()  # one round at a time, whoever calls
+        self.metrics = CollectorMetrics()
+        self._reported_dropped = 0
+
+    def add_hook(self, hook: RoundHook) -> None:
+        self._hooks.append(hook)
+
+    @property
+    def spool(self) -> Spool:
+        return self._spool
+
+    # -- one round ------------------------------------------------------------------------------------------------
+
+    def run_round(self) -> RoundResult:
+        with self._lock:
+            started = time.perf_counter()
+            now = self._clock.now()
+            targets = self._targets.current()
+            results = list(self._pool.map(self._scraper.scrape, targets))
+            result = self._assemble(now, results)
+            self._store(result)
+            self._maintain(now)
+            result.duration_s = time.perf_counter() - started
+            self._observe(result)
+        for hook in self._hooks:
+            try:
+                hook(result)
+            except Exception:
+                log.exception("a post-round hook failed")
+        return result
+
+    def _assemble(self, now: float, results: list[ScrapeResult]) -> RoundResult:
+        round_ = RoundResult(time=now, snapshots=[], targets=[])
+        owners: dict[str, str] = {}
+        for r in results:
+            merge_counts(round_.rejected, r.rejected)
+            health = r.health
+            snapshot = r.snapshot
+            if snapshot is not None:
+                duplicates = [
+                    g.uuid for g in snapshot.gpus if owners.setdefault(g.uuid, r.target.name) != r.target.name
+                ]
+                if duplicates:
+                    # The same GPU from two targets (a mis-typed target list): the first target keeps it.
+                    merge_counts(round_.rejected, {"duplicate_gpu": len(duplicates)})
+                    dup = set(duplicates)
+                    snapshot = snapshot.replace(
+                        gpus=tuple(g for g in snapshot.gpus if g.uuid not in dup),
+                        links=tuple(x for x in snapshot.links if x.uuid not in dup),
+                        processes=tuple(x for x in snapshot.processes if x.uuid not in dup),
+                        jobs=tuple(x for x in snapshot.jobs if x.uuid not in dup),
+                        migs=tuple(x for x in snapshot.migs if x.uuid not in dup),
+                    )
+                round_.snapshots.append(snapshot)
+            else:
+                self._log_once(f"down:{r.target.name}", "target %s is down: %s", r.target.name, health.last_error)
+            round_.targets.append(health)
+        return round_
+
+    def _store(self, result: RoundResult) -> None:
+        try:
+            result.replayed = self._replay()
+            stats = self._writer.write(result.snapshots, result.targets)
+        except DatabaseUnavailableError as exc:
+            self._spool.append(result.snapshots, result.targets)
+            result.spooled = True
+            if self._db_down_since is None:
+                self._db_down_since = result.time
+                log.error("database unreachable (%s); spooling rounds to %s", exc, self._settings.spool_dir)
+            self.metrics.db_up.set(0)
+            return
+        if self._db_down_since is not None:
+            log.warning(
+                "database reachable again after %.0fs; spool replayed (%d rounds)",
+                result.time - self._db_down_since,
+                result.replayed,
+            )
+            self._db_down_since = None
+        result.written = True
+        self.metrics.db_up.set(1)
+        for table, rows in (
+            ("gpu_sample", stats.gpu_rows),
+            ("process", stats.process_rows),
+            ("link", stats.link_rows),
+            ("job", stats.job_rows),
+            ("target", stats.target_rows),
+        ):
+            if rows:
+                self.metrics.rows.labels(table).inc(rows)
+
+    def _replay(self) -> int:
+        """Write spooled rounds, oldest first. Raises DatabaseUnavailableError if the database goes away again."""
+        replayed = 0
+        for path in self._spool.pending():
+            try:
+                spooled = self._spool.load(path)
+            except ValueError as exc:
+                log.error("%s; set aside", exc)
+                self._spool.set_aside(path)
+                continue
+            self._writer.write(spooled.snapshots, spooled.targets)
+            self._spool.remove(path)
+            replayed += 1
+        return replayed
+
+    def _maintain(self, now: float) -> None:
+        if self._db_down_since is not None:
+            return
+        try:
+            if now - self._last_rollup >= ROLLUP_EVERY_S:
+                self._rollups.run(now)
+                self._last_rollup = now
+            if now - self._last_retention >= RETENTION_EVERY_S:
+                removed = apply_retention(self._db, now, self._retention)
+                self._last_retention = now
+                if any(removed.values()):
+                    log.info("retention removed %s", removed)
+        except DatabaseUnavailableError as exc:
+            self._log_once("maintenance-db-down", "rollups/retention postponed: %s", exc)
+
+    def _observe(self, result: RoundResult) -> None:
+        m = self.metrics
+        up = 0
+        for health in result.targets:
+            m.target_up.labels(health.target).set(1 if health.up else 0)
+            if health.scrape_duration_seconds is not None:
+                m.scrape_duration.labels(health.target).set(health.scrape_duration_seconds)
+            if health.up:
+                up += 1
+            else:
+                m.scrape_failures.labels(health.target).inc()
+        m.targets.labels("up").set(up)
+        m.targets.labels("down").set(len(result.targets) - up)
+        for reason, count in result.rejected.items():
+            m.rejected.labels(reason).inc(count)
+        m.round_duration.observe(result.duration_s)
+        m.spool_depth.set(self._spool.depth)
+        m.spool_bytes.set(self._spool.size_bytes)
+        if self._spool.dropped_rounds > self._reported_dropped:
+            m.spool_dropped.inc(self._spool.dropped_rounds - self._reported_dropped)
+            self._reported_dropped = self._spool.dropped_rounds
+        m.last_round.set(self._clock.now())
+
+    # -- schedule -------------------------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, *, on_round: RoundHook | None = None) -> None:
+        """Run rounds every interval until ``stop`` is set (APScheduler; a slow round delays, never overlaps)."""
+        scheduler = BackgroundScheduler(timezone="UTC")
+
+        def job() -> None:
+            result = self.run_round()
+            if on_round is not None:
+                on_round(result)
+
+        scheduler.add_job(
+            job,
+            IntervalTrigger(seconds=self._settings.interval_s),
+            id="scrape-round",
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=max(1, int(self._settings.interval_s)),
+            next_run_time=None,
+        )
+        scheduler.start()
+        try:
+            scheduler.modify_job("scrape-round", next_run_time=datetime.now(UTC))
+            while not stop.wait(0.5):
+                pass
+        finally:
+            scheduler.shutdown(wait=True)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._scraper.close()

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck unit bench install clean
+.PHONY: demo test lint typecheck unit bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,6 +13,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The whole stack on a simulated 4-node cluster: exporters, collector with alerts, dashboard (Ctrl-C stops it).
+demo: $(STAMP)
+	$(VENV)/bin/gpulens demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,126 @@
+"""The systemd unit for the exporter: systemd accepts it, and it starts the CLI with real flags and variables."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_tool
+from tests.deploy.support import DEPLOY, parse_with_env, unknown_twins
+
+SYSTEMD = DEPLOY / "systemd"
+UNIT = SYSTEMD / "gpulens-exporter.service"
+DROP_IN = SYSTEMD / "gpulens-exporter.service.d" / "slurm.conf"
+TMPFILES = SYSTEMD / "gpustat.tmpfiles.conf"
+INSTALLED_BINARY = "/opt/gpulens/bin/gpulens"
+
+
+def unit_entries(*paths: Path) -> dict[str, list[str]]:
+    """``{Section.Key: [values...]}`` over the unit and its drop-ins (systemd keys repeat, so values are lists)."""
+    entries: dict[str, list[str]] = {}
+    for path in paths:
+        section = None
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("["):
+                section = line.strip("[]")
+                continue
+            key, _, value = line.partition("=")
+            entries.setdefault(f"{section}.{key}", []).append(value)
+    return entries
+
+
+def test_systemd_analyze_verify_accepts_the_unit_and_drop_in(tmp_path: Path) -> None:
+    analyze = require_tool("systemd-analyze")
+    # verify checks that ExecStart's binary exists: point it at this checkout's gpulens, change nothing else
+    local_binary = Path(sys.executable).parent / "gpulens"
+    assert local_binary.exists()
+    text = UNIT.read_text()
+    assert f"ExecStart={INSTALLED_BINARY} " in text
+    unit = tmp_path / UNIT.name
+    unit.write_text(text.replace(f"ExecStart={INSTALLED_BINARY} ", f"ExecStart={local_binary} "))
+    shutil.copytree(DROP_IN.parent, tmp_path / DROP_IN.parent.name)
+    result = subprocess.run(
+        [analyze, "verify", "--man=no", f"./{unit.name}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    # verify exits 0 even on unknown keys and bad values; every complaint names the file
+    complaints = [line for line in (result.stdout + result.stderr).splitlines() if str(tmp_path) in line]
+    assert result.returncode == 0, result.stderr
+    assert complaints == []
+
+
+def test_systemd_analyze_verify_catches_a_bad_key(tmp_path: Path) -> None:
+    """The check above is real: a misspelt hardening key is reported."""
+    analyze = require_tool("systemd-analyze")
+    unit = tmp_path / "bad.service"
+    unit.write_text("[Service]\nExecStart=/bin/true\nProtectSystm=strict\n")
+    result = subprocess.run(
+        [analyze, "verify", "--man=no", f"./{unit.name}"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert "ProtectSystm" in result.stdout + result.stderr
+
+
+def test_exec_start_and_environment_use_real_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    entries = unit_entries(UNIT, DROP_IN)
+    (exec_start,) = entries["Service.ExecStart"]
+    argv = shlex.split(exec_start)
+    assert argv[0] == INSTALLED_BINARY
+    environment = dict(item.split("=", 1) for value in entries["Service.Environment"] for item in shlex.split(value))
+    assert not unknown_twins("exporter", environment)
+    args = parse_with_env(argv[1:], environment, monkeypatch)
+    assert args.command == "exporter"
+    assert args.job_map_dir == "/run/gpustat"  # from the Slurm drop-in
+    assert entries["Service.EnvironmentFile"] == ["-/etc/gpulens/exporter.env"]
+
+
+def test_unit_is_hardened() -> None:
+    entries = unit_entries(UNIT)
+    single = {key: values[-1] for key, values in entries.items()}
+    expected = {
+        "Service.DynamicUser": "yes",
+        "Service.NoNewPrivileges": "yes",
+        "Service.ProtectSystem": "strict",
+        "Service.ProtectHome": "yes",
+        "Service.CapabilityBoundingSet": "",
+        "Service.ProtectKernelTunables": "yes",
+        "Service.ProtectKernelModules": "yes",
+        "Service.ProtectControlGroups": "yes",
+        "Service.RestrictNamespaces": "yes",
+        "Service.SystemCallArchitectures": "native",
+    }
+    assert {key: single.get(key) for key in expected} == expected
+    # settings that would break the exporter: NVML needs /dev/nvidia*, job mapping needs other processes' /proc
+    for key in ("Service.PrivateDevices", "Service.ProtectProc", "Service.ProcSubset", "Service.DevicePolicy"):
+        assert key not in entries, key
+
+
+def test_slurm_pieces_agree_on_the_job_map_directory(tmp_path: Path) -> None:
+    tmpfiles = require_tool("systemd-tmpfiles")
+    entries = unit_entries(DROP_IN)
+    (setting,) = entries["Service.Environment"]
+    directory = setting.partition("=")[2]
+    prolog_default = re.search(r"dir=\$\{GPUSTAT_DIR:-([^}]+)\}", (DEPLOY / "slurm" / "prolog.sh").read_text())
+    assert prolog_default
+    assert prolog_default.group(1) == directory
+    config = tmp_path / "gpustat.conf"
+    config.write_text(TMPFILES.read_text())
+    result = subprocess.run(
+        [tmpfiles, f"--root={tmp_path}", "--create", str(config)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    created = tmp_path / directory.lstrip("/")
+    assert created.is_dir()
+    assert oct(created.stat().st_mode & 0o777) == "0o755"

@@ -28,8 +28,10 @@ RUN groupadd --system --gid 10001 gpulens \
  && useradd --system --uid 10001 --gid gpulens --home-dir /var/lib/gpulens --shell /usr/sbin/nologin gpulens \
  && install -d -o gpulens -g gpulens -m 0750 /var/lib/gpulens /var/lib/gpulens/spool
 COPY --from=build /opt/gpulens /opt/gpulens
-# Scenario files for `gpulens exporter --source sim` (the compose file's `sim` profile).
+# Scenario files for `gpulens exporter --source sim` (the compose file's `sim` profile). examples/scenarios/demo.toml
+# is a link to the copy bundled in the package, so that one is copied from the package source.
 COPY examples/scenarios /usr/share/gpulens/scenarios
+COPY gpulens/scenarios/demo.toml /usr/share/gpulens/scenarios/demo.toml
 USER 10001:10001
 WORKDIR /var/lib/gpulens
 # 9410: exporter, 9411: collector's own metrics, 8050: dashboard.

@@ -29,7 +29,7 @@ RUN groupadd --system --gid 10001 gpulens \
  && install -d -o gpulens -g gpulens -m 0750 /var/lib/gpulens /var/lib/gpulens/spool
 COPY --from=build /opt/gpulens /opt/gpulens
 # Scenario files for `gpulens exporter --source sim` (the compose file's `sim` profile). examples/scenarios/demo.toml
-# is a link to the copy bundled in the package, so that one is copied from the package source.
+# is a link to the copy bundled in the package (.dockerignore leaves the link out), so the file itself is copied.
 COPY examples/scenarios /usr/share/gpulens/scenarios
 COPY gpulens/scenarios/demo.toml /usr/share/gpulens/scenarios/demo.toml
 USER 10001:10001

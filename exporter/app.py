@@ -49,7 +49,7 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
             raise ConfigError("--source sim needs --scenario FILE", key="--scenario")
         scenario = load_scenario(options.scenario)
         clock = LiveTime(scenario.start, options.speed)
-        cluster = SimCluster(scenario, stamp=clock.to_real)
+        cluster = SimCluster(scenario, stamp=clock.to_real, counter_scale=1 / options.speed)
         if options.all_nodes:
             multi = SimAllNodes(cluster, clock)
             nodes = {name: OnDemandNode(multi, name, dcgm_compat=options.dcgm_compat) for name in multi.node_names()}

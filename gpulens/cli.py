@@ -342,11 +342,10 @@ def _add_query(sub: Any) -> None:
 
 
 def _run_query(args: argparse.Namespace) -> int:
+    from storage.app import open_existing_database
     from storage.cliquery import run_query
 
-    from storage.app import open_database
-
-    db = open_database(_settings(args), upgrade=False)
+    db = open_existing_database(_settings(args))
     try:
         sys.stdout.write(run_query(db, args))
     finally:
@@ -431,9 +430,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(
-        level=getattr(logging, str(getattr(args, "log_level", "info")).upper(), logging.INFO),
+        level=getattr(logging, str(getattr(args, "log_level", "warning")).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for noisy in ("apscheduler", "alembic"):  # a line per scheduled run / migration step is not news
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     command = f"gpulens {args.command}"
     try:
         result: int = args.func(args)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 
+import sqlalchemy as sa
 from prometheus_client import start_http_server
 
 from gpulens.config import ConfigError
@@ -31,6 +33,25 @@ def open_database(settings: Settings, *, upgrade: bool = True) -> Database:
         except BaseException:
             db.close()
             raise
+    return db
+
+
+def open_existing_database(settings: Settings) -> Database:
+    """Open a store for reading, refusing to create one: a mistyped URL must not look like an empty cluster."""
+    url = sa.engine.make_url(settings.db_url)
+    file = url.database if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") else None
+    if file is not None and not Path(file).exists():
+        raise ConfigError(f"no database at {file} (start the collector first, or give --db / --config)", key="--db")
+    db = Database(settings.db_url)
+    try:
+        with db.translate_errors():
+            present = sa.inspect(db.engine).has_table("gpu")
+    except BaseException:
+        db.close()
+        raise
+    if not present:
+        db.close()
+        raise ConfigError(f"{db.url_redacted} holds no gpulens data (start the collector, or run gpulens db upgrade)")
     return db
 
 

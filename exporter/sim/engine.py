@@ -154,11 +154,16 @@ class _Gpu:
 class SimCluster:
     """Every node of a scenario, readable at any virtual time."""
 
-    def __init__(self, scenario: Scenario, *, stamp: Callable[[float], float] | None = None) -> None:
+    def __init__(
+        self, scenario: Scenario, *, stamp: Callable[[float], float] | None = None, counter_scale: float = 1.0
+    ) -> None:
         """``stamp`` maps a step's virtual time to the timestamp its readings carry (default: the virtual time
-        itself); a live exporter passes ``LiveTime.to_real`` so that readings carry wall-clock times."""
+        itself); a live exporter passes ``LiveTime.to_real`` so that readings carry wall-clock times, and
+        ``counter_scale=1/speed`` so that counters (energy, link errors) grow at their real rate per real second:
+        otherwise a GPU drawing 500 W would show an energy rate of 500 W x speed."""
         self._scenario = scenario
         self._stamp = stamp
+        self._counter_scale = counter_scale
         self._step = scenario.step_s
         self._last_step = math.ceil(scenario.duration_s / scenario.step_s) + 1
         self._behaviours = {
@@ -434,7 +439,9 @@ class SimCluster:
             slowdown_temperature_celsius=model.slowdown_temperature_celsius,
             power_watts=round(power, 3),
             power_limit_watts=state.power_limit_watts,
-            energy_joules_total=round(max(0.0, gpu.base_energy_joules + gpu.context.ledger.joules(k)), 3),
+            energy_joules_total=round(
+                max(0.0, gpu.base_energy_joules + gpu.context.ledger.joules(k) * self._counter_scale), 3
+            ),
             sm_clock_hertz=sm_clock,
             memory_clock_hertz=memory_clock,
             max_sm_clock_hertz=model.max_sm_clock_hertz,
@@ -504,7 +511,7 @@ class SimCluster:
         for fault, role in gpu.context.faults:
             if role != "self" or ts < fault.start:
                 continue
-            elapsed = min(ts, fault.end) - fault.start
+            elapsed = (min(ts, fault.end) - fault.start) * self._counter_scale
             if fault.kind == "nvlink_errors":
                 crc += int(NVLINK_CRC_PER_S * elapsed)
                 replay += int(NVLINK_REPLAY_PER_S * elapsed)

@@ -1,0 +1,118 @@
+"""``gpulens query``: the store read from a terminal (tables) or a script (``--json``, catalogue field names)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Any
+
+from gpulens.table import render_table
+from storage import queries
+from storage.db import Database
+
+_LATEST_COLUMNS = (
+    "node",
+    "gpu",
+    "uuid",
+    "model",
+    "up",
+    "utilization_ratio",
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "temperature_celsius",
+    "power_watts",
+    "job_id",
+    "user",
+    "timestamp",
+)
+
+
+def _latest(db: Database) -> list[dict[str, Any]]:
+    jobs, _ = queries.latest_snapshot_parts(db)
+    by_gpu: dict[str, list[tuple[str, str | None]]] = {}
+    for job in jobs:
+        by_gpu.setdefault(job.uuid, []).append((job.job_id, job.user))
+    rows = []
+    for reading in queries.latest_readings(db):
+        row = dataclasses.asdict(reading)
+        row["xid_errors"] = {str(k): v for k, v in reading.xid_errors.items()}
+        held = by_gpu.get(reading.uuid, [])
+        row["job_id"] = ",".join(j for j, _ in held) or None
+        row["user"] = ",".join(sorted({u for _, u in held if u})) or None
+        rows.append(row)
+    return rows
+
+
+def _series(db: Database, args: argparse.Namespace, now: float) -> list[dict[str, Any]]:
+    try:
+        data = queries.series(db, args.gpu, args.field, now - args.since, now, max_points=max(2, args.points))
+    except ValueError as exc:
+        from gpulens.cli import UsageError
+
+        raise UsageError(f"query series: {exc}") from None
+    rows = []
+    for uuid, s in data.items():
+        for i, t in enumerate(s.timestamps):
+            row: dict[str, Any] = {"uuid": uuid, "time": t, "resolution": s.resolution}
+            for field in args.field:
+                row[field] = s.values[field][i]
+            rows.append(row)
+    return rows
+
+
+def _jobs(db: Database, args: argparse.Namespace, now: float) -> list[dict[str, Any]]:
+    return [
+        {
+            "job_id": j.job_id,
+            "user": j.user,
+            "gpus": len(j.gpus),
+            "nodes": len(j.nodes),
+            "first_seen": j.first_seen,
+            "last_seen": j.last_seen,
+            "gpu_hours": round(j.gpu_hours, 3),
+            "utilization_ratio_mean": j.utilization_mean,
+            "utilization_ratio_stddev": j.utilization_stddev,
+            "memory_used_bytes_mean": j.memory_used_mean_bytes,
+            "memory_used_bytes_max": j.memory_used_max_bytes,
+            "uuids": list(j.gpus),
+            "node_names": list(j.nodes),
+        }
+        for j in queries.jobs(db, now - args.since, now)
+    ]
+
+
+def _targets(db: Database) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(t) for t in queries.target_health(db)]
+
+
+def run_query(db: Database, args: argparse.Namespace, now: float | None = None) -> str:
+    """The text ``gpulens query`` prints for ``args``."""
+    import time
+
+    now = time.time() if now is None else now
+    columns: tuple[str, ...] | None = None
+    if args.what == "latest":
+        rows = _latest(db)
+        columns = _LATEST_COLUMNS
+    elif args.what == "series":
+        rows = _series(db, args, now)
+    elif args.what == "jobs":
+        rows = _jobs(db, args, now)
+        columns = (
+            "job_id",
+            "user",
+            "gpus",
+            "nodes",
+            "first_seen",
+            "last_seen",
+            "gpu_hours",
+            "utilization_ratio_mean",
+            "memory_used_bytes_max",
+        )
+    else:
+        rows = _targets(db)
+        columns = ("target", "up", "node", "samples", "rejected", "scrape_duration_seconds", "timestamp", "last_error")
+    if args.json:
+        return json.dumps(rows, indent=None, separators=(",", ":")) + "\n"
+    return render_table(rows, columns)

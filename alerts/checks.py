@@ -1,0 +1,386 @@
+"""The per-GPU and per-node builtin rules: saturation, throttling, hardware errors, lost GPUs and exporters.
+
+Each check is a pure function of a rule, the history and ``now`` that returns the candidates whose condition holds in
+the latest round. Link maxima come from each reading's own fields (maximum PCIe generation and width, active NVLink
+links), so no GPU model table is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Final
+
+from gpulens.config import format_duration
+from gpulens.httpfetch import redact_url
+from gpulens.model import THROTTLE_REASONS, GpuJob, GpuReading, throttle_reason_names
+
+from .base import AlertRule, Candidate, gpu_name, gpu_subject, job_suffix, percent, rate_text, rule_labels
+from .catalogue import XID_MEANINGS
+from .history import History
+
+_BIT: Final = dict(THROTTLE_REASONS)
+THERMAL_BITS: Final = _BIT["sw_thermal"] | _BIT["hw_thermal"]
+HW_SLOWDOWN: Final = _BIT["hw_slowdown"]
+HW_POWER_BRAKE_BIT: Final = _BIT["hw_power_brake"]
+SW_POWER_CAP: Final = _BIT["sw_power_cap"]
+_GIB: Final = float(1 << 30)
+
+# PCIe payload rate per lane per direction (bytes/s), by generation (DOMAIN.md section 1).
+PCIE_LANE_BYTES_PER_SECOND: Final[Mapping[int, float]] = {
+    1: 0.25e9,
+    2: 0.5e9,
+    3: 0.985e9,
+    4: 1.969e9,
+    5: 3.938e9,
+    6: 7.563e9,
+}
+
+
+def pcie_max_bytes_per_second(generation: int | None, width: int | None) -> float | None:
+    """The payload ceiling of a PCIe link in one direction, when its generation is known."""
+    if generation is None or width is None or width <= 0:
+        return None
+    rate = PCIE_LANE_BYTES_PER_SECOND.get(generation)
+    return None if rate is None else rate * width
+
+
+def _gpus(history: History) -> Iterator[tuple[GpuReading, Sequence[GpuJob]]]:
+    """The latest round's GPUs that are up, with the jobs holding each."""
+    latest = history.latest
+    if latest is None:
+        return
+    for uuid, reading in latest.gpus.items():
+        if reading.up:
+            yield reading, latest.gpu_jobs.get(uuid, ())
+
+
+def _candidate(
+    rule: AlertRule,
+    reading: GpuReading,
+    jobs: Sequence[GpuJob],
+    value: float | None,
+    what: str,
+    description: str,
+    extra: Mapping[str, str] | None = None,
+) -> Candidate:
+    labels = rule_labels(rule, {**gpu_subject(reading, jobs), **(extra or {})})
+    summary = f"GPU {gpu_name(labels)}{job_suffix(labels)}: {what}"
+    return Candidate(rule.name, labels, value, summary, description)
+
+
+def _clock_text(reading: GpuReading) -> str:
+    if reading.sm_clock_hertz and reading.max_sm_clock_hertz:
+        return f", SM clock {percent(reading.sm_clock_hertz / reading.max_sm_clock_hertz)} of max"
+    return ""
+
+
+# ------------------------------------------------------------------------------------------------ saturation
+
+
+def memory_saturated(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    limit = rule.threshold("used_ratio")
+    out = []
+    for reading, jobs in _gpus(history):
+        used, total = reading.memory_used_bytes, reading.memory_total_bytes
+        if used is None or not total:
+            continue
+        ratio = used / total
+        if ratio >= limit:
+            what = f"memory {percent(ratio)} full ({used / _GIB:.1f} of {total / _GIB:.1f} GiB)"
+            description = (
+                f"{used / _GIB:.1f} GiB of {total / _GIB:.1f} GiB in use, at or above {percent(limit)}; the next "
+                "allocation may fail with out-of-memory, or a process leaks memory."
+            )
+            out.append(_candidate(rule, reading, jobs, ratio, what, description))
+    return out
+
+
+def thermal_throttling(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    margin = rule.threshold("margin_celsius")
+    out = []
+    for reading, jobs in _gpus(history):
+        bits = reading.throttle_reasons or 0
+        temp, slowdown = reading.temperature_celsius, reading.slowdown_temperature_celsius
+        hot = temp is not None and slowdown is not None and temp >= slowdown - margin
+        slowed = bool(bits & THERMAL_BITS) or bool(bits & HW_SLOWDOWN and not bits & HW_POWER_BRAKE_BIT)
+        if not (hot or slowed):
+            continue
+        reasons = [n for n in throttle_reason_names(bits) if n in ("sw_thermal", "hw_thermal", "hw_slowdown")]
+        at = f"{temp:.0f} °C" if temp is not None else "an unknown temperature"
+        limit = f" (slowdown {slowdown:.0f} °C)" if slowdown is not None else ""
+        what = f"thermal throttling at {at}{limit}" + (f": {', '.join(reasons)}" if reasons else "")
+        what += _clock_text(reading)
+        description = (
+            f"Temperature {at}{limit}; clock reasons: {', '.join(throttle_reason_names(bits)) or 'none'}. The GPU "
+            "lowers its clocks to cool down."
+        )
+        out.append(_candidate(rule, reading, jobs, temp, what, description))
+    return out
+
+
+def power_capped(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    share = rule.threshold("power_ratio")
+    busy = rule.threshold("busy_utilization")
+    out = []
+    for reading, jobs in _gpus(history):
+        power, limit = reading.power_watts, reading.power_limit_watts
+        if power is None or not limit:
+            continue
+        if (reading.throttle_reasons or 0) & SW_POWER_CAP and power >= share * limit:
+            what = f"held at its {limit:.0f} W power limit (sw_power_cap){_clock_text(reading)}"
+            description = f"Drawing {power:.0f} W of an enforced limit of {limit:.0f} W with SW_POWER_CAP set."
+            out.append(_candidate(rule, reading, jobs, power, what, description))
+        elif reading.utilization_ratio is not None and reading.utilization_ratio < busy:
+            out.append(_hold(rule, reading))  # a pause in the work: the cap cannot show, nothing to judge
+    return out
+
+
+def _hold(rule: AlertRule, reading: GpuReading) -> Candidate:
+    """Keep any alert of ``rule`` on this GPU as it is this round (see ``Candidate.hold``)."""
+    return Candidate(rule.name, {"uuid": reading.uuid}, None, "", "", hold=True)
+
+
+def hw_power_brake(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    out = []
+    for reading, jobs in _gpus(history):
+        if (reading.throttle_reasons or 0) & HW_POWER_BRAKE_BIT:
+            what = f"hardware power brake engaged{_clock_text(reading)}"
+            description = "HW_POWER_BRAKE is set: an external power signal (power supply, chassis) slows the GPU."
+            out.append(_candidate(rule, reading, jobs, reading.power_watts, what, description))
+    return out
+
+
+def pcie_saturated(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    share = rule.threshold("utilization_ratio")
+    out = []
+    for reading, jobs in _gpus(history):
+        gen, width = reading.pcie_link_generation_max, reading.pcie_link_width_max
+        ceiling = pcie_max_bytes_per_second(gen, width)
+        directions = (("TX", reading.pcie_tx_bytes_per_second), ("RX", reading.pcie_rx_bytes_per_second))
+        present = [(name, v) for name, v in directions if v is not None]
+        if ceiling is None or not present:
+            continue
+        name, rate = max(present, key=lambda d: d[1])
+        if rate >= share * ceiling:
+            what = f"PCIe {name} at {rate_text(rate)}, {percent(rate / ceiling)} of the Gen{gen} x{width} maximum"
+            description = (
+                f"PCIe {name} throughput {rate_text(rate)} against a link maximum of {rate_text(ceiling)} "
+                f"per direction (Gen{gen} x{width})."
+            )
+            out.append(_candidate(rule, reading, jobs, rate / ceiling, what, description))
+    return out
+
+
+def nvlink_saturated(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    share = rule.threshold("utilization_ratio")
+    per_link = rule.threshold("link_bytes_per_second")
+    out = []
+    for reading, jobs in _gpus(history):
+        links = reading.nvlink_links_active
+        directions = (("TX", reading.nvlink_tx_bytes_per_second), ("RX", reading.nvlink_rx_bytes_per_second))
+        present = [(name, v) for name, v in directions if v is not None]
+        if not links or not present:
+            continue
+        ceiling = links * per_link
+        name, rate = max(present, key=lambda d: d[1])
+        if rate >= share * ceiling:
+            what = (
+                f"NVLink {name} at {rate_text(rate)}, {percent(rate / ceiling)} of {links} links x "
+                f"{rate_text(per_link)}"
+            )
+            description = f"NVLink {name} throughput {rate_text(rate)} against {rate_text(ceiling)} per direction."
+            out.append(_candidate(rule, reading, jobs, rate / ceiling, what, description))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ links and errors
+
+
+def _increase(
+    history: History, uuid: str, now: float, window_s: float, value: Callable[[GpuReading], float | None]
+) -> tuple[float, float] | None:
+    """(increase, seconds) of a counter over the window: latest minus the oldest reading in it, resets ignored."""
+    oldest = history.reading_since(uuid, now - window_s)
+    series = history.series(uuid)
+    if oldest is None or not series:
+        return None
+    t_last, last = series[-1]
+    start, end = value(oldest[1]), value(last)
+    if start is None or end is None or t_last <= oldest[0]:
+        return None
+    return max(0.0, end - start), t_last - oldest[0]
+
+
+def pcie_degraded(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    busy_util = rule.threshold("busy_utilization")
+    busy_traffic = rule.threshold("busy_traffic_ratio")
+    replay_limit = rule.threshold("replays_per_minute")
+    window = rule.threshold("window_s")
+    out = []
+    for reading, jobs in _gpus(history):
+        gen, gen_max = reading.pcie_link_generation, reading.pcie_link_generation_max
+        width, width_max = reading.pcie_link_width, reading.pcie_link_width_max
+        problems = []
+        narrow = width is not None and width_max is not None and width < width_max
+        slow = gen is not None and gen_max is not None and gen < gen_max
+        if narrow:
+            problems.append(f"x{width} instead of x{width_max}")
+        busy = _busy(reading, busy_util, busy_traffic)
+        if slow and (narrow or busy):
+            problems.append(f"Gen{gen} instead of Gen{gen_max}" + (" while busy" if busy else ""))
+        replays = _increase(history, reading.uuid, now, window, lambda r: r.pcie_replays_total)
+        per_minute = replays[0] / replays[1] * 60.0 if replays else 0.0
+        if per_minute > replay_limit:
+            problems.append(f"{per_minute:.0f} replays/min")
+        if not problems:
+            continue
+        best = pcie_max_bytes_per_second(gen_max, width_max)
+        now_max = pcie_max_bytes_per_second(gen, width)
+        value = now_max / best if best and now_max else None
+        what = f"PCIe link degraded: {'; '.join(problems)}"
+        description = f"The link runs at Gen{gen} x{width}; its maximum is Gen{gen_max} x{width_max}." + (
+            f" PCIe replays: {per_minute:.0f} per minute (health limit {replay_limit:g})." if replays else ""
+        )
+        out.append(_candidate(rule, reading, jobs, value, what, description))
+    return out
+
+
+def _busy(reading: GpuReading, busy_util: float, busy_traffic: float) -> bool:
+    """Doing real work: busy enough that a healthy link would run at its maximum generation."""
+    if reading.utilization_ratio is not None and reading.utilization_ratio >= busy_util:
+        return True
+    ceiling = pcie_max_bytes_per_second(reading.pcie_link_generation, reading.pcie_link_width)
+    rates = [v for v in (reading.pcie_tx_bytes_per_second, reading.pcie_rx_bytes_per_second) if v is not None]
+    return bool(ceiling and rates and max(rates) >= busy_traffic * ceiling)
+
+
+def nvlink_errors(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    crc_limit = rule.threshold("crc_per_second")
+    window = rule.threshold("window_s")
+    out = []
+    for reading, jobs in _gpus(history):
+        if not reading.nvlink_links_active:
+            continue
+        rates = {}
+        for name, get in (
+            ("CRC flits", lambda r: r.nvlink_crc_flit_errors_total),
+            ("replays", lambda r: r.nvlink_replay_errors_total),
+            ("recoveries", lambda r: r.nvlink_recovery_errors_total),
+        ):
+            inc = _increase(history, reading.uuid, now, window, get)
+            if inc is not None:
+                rates[name] = inc[0] / inc[1]
+        crc = rates.get("CRC flits", 0.0)
+        if not (crc > crc_limit or rates.get("replays", 0.0) > 0 or rates.get("recoveries", 0.0) > 0):
+            continue
+        parts = [f"{rate:.3g} {name}/s" for name, rate in rates.items() if rate > 0]
+        what = f"NVLink errors: {', '.join(parts)}"
+        description = (
+            f"NVLink error rates over the last {format_duration(window)}: {', '.join(parts)} (CRC limit "
+            f"{crc_limit:g}/s; any replay or recovery counts)."
+        )
+        out.append(_candidate(rule, reading, jobs, crc, what, description))
+    return out
+
+
+def xid_error(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    codes = rule.codes("codes")
+    window = rule.threshold("window_s")
+    out = []
+    for reading, jobs in _gpus(history):
+        if not any(code in codes for code in reading.xid_errors):
+            continue
+        oldest = history.reading_since(reading.uuid, now - window)
+        if oldest is None or oldest[1] is reading:
+            continue  # no earlier reading to compare with: the count may be old
+        before = oldest[1].xid_errors if oldest[1].up else {}
+        for code, count in sorted(reading.xid_errors.items()):
+            increase = count - before.get(code, 0)
+            if code in codes and increase > 0:
+                meaning = XID_MEANINGS.get(code, "see NVIDIA's XID catalogue")
+                events = "1 event" if increase == 1 else f"{increase} events"
+                what = f"XID {code} ({meaning}), {events} in the last {format_duration(window)}"
+                description = f"The driver reported XID {code}: {meaning}. Count since the exporter started: {count}."
+                out.append(_candidate(rule, reading, jobs, float(increase), what, description, {"xid": str(code)}))
+    return out
+
+
+def ecc_uncorrectable(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    window = rule.threshold("window_s")
+    out = []
+    for reading, jobs in _gpus(history):
+        increase = _increase(history, reading.uuid, now, window, lambda r: r.ecc_uncorrected_errors_total)
+        errors = increase[0] if increase else 0.0
+        failed = bool(reading.remapped_rows_failure)
+        if not errors and not failed:
+            continue
+        parts = []
+        if errors:
+            parts.append(f"{errors:.0f} uncorrectable ECC errors in the last {format_duration(window)}")
+        if failed:
+            parts.append("row remapping failed")
+        what = "; ".join(parts)
+        description = "The GPU's memory returned uncorrectable data. " + (
+            "A failed row remapping means the GPU needs service." if failed else ""
+        )
+        out.append(_candidate(rule, reading, jobs, errors, what, description.strip()))
+    return out
+
+
+def gpu_lost(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    latest = history.latest
+    if latest is None:
+        return []
+    out = []
+    for uuid, reading in latest.gpus.items():
+        if reading.up:
+            continue
+        jobs = latest.gpu_jobs.get(uuid, ())
+        what = "lost: the GPU no longer answers"
+        description = "NVML reports the GPU lost (XID 79, fallen off the bus); only its identity can be read."
+        out.append(_candidate(rule, reading, jobs, None, what, description))
+    return out
+
+
+def idle_allocated(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    limit = rule.threshold("utilization_max")
+    out = []
+    for reading, jobs in _gpus(history):
+        util = reading.utilization_ratio
+        if not jobs or util is None or util >= limit:
+            continue
+        since = now
+        for t, r in reversed(history.series(reading.uuid)):
+            if not r.up or r.utilization_ratio is None or r.utilization_ratio >= limit:
+                break
+            since = t
+        what = f"allocated but idle, {percent(util)} utilization" + (
+            f" for {format_duration(now - since)}" if now > since else ""
+        )
+        description = (
+            f"The GPU is held by job {', '.join(sorted({j.job_id for j in jobs}))} but its utilization stays "
+            f"below {percent(limit)}."
+        )
+        out.append(_candidate(rule, reading, jobs, util, what, description))
+    return out
+
+
+def exporter_down(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    latest = history.latest
+    if latest is None:
+        return []
+    out = []
+    for target in latest.targets:
+        if target.up:
+            continue
+        name = redact_url(target.target)
+        subject = {"node": target.node or "", "target": name}
+        labels = rule_labels(rule, subject)
+        since = history.target_down_since(target.target)
+        duration = f" for {format_duration(now - since)}" if since is not None and now > since else ""
+        who = target.node or name
+        error = f": {target.last_error}" if target.last_error else ""
+        summary = f"node {who}: exporter not answering{duration}{error}"
+        description = f"Scrapes of {redact_url(target.url)} fail{error}. The node's other alerts are muted."
+        out.append(Candidate(rule.name, labels, None, summary, description))
+    return out

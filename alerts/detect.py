@@ -1,0 +1,272 @@
+"""The job detectors: ``CommunicationStall`` (a hung collective) and ``JobStraggler`` (one slow rank).
+
+Both compare a job with its own *reference*: its recent rounds of normal, communicating work, which ``History``
+keeps per job (every GPU busy, data moving, clocks even). Neither uses a fixed traffic or power level, so they work
+the same on 2 GPUs or 512, on NVLink or PCIe-only nodes, on any GPU model. See docs/alerts.md for the reasoning and
+the known limits.
+
+A stall is every GPU of a multi-GPU job at ~full utilization (a spinning NCCL kernel counts as a running kernel),
+its NVLink + PCIe traffic below ``quiet_ratio`` of the reference, and its power below ``power_ratio`` of the
+reference. Power is the corroboration that tells a hang from a phase of pure compute; when the source reads no power,
+DCGM's SM activity stands in, but only when it is alive (it was clearly above zero in the reference), because dead
+profiling counters read 0 for weeks.
+
+A straggler is one GPU (at most half of the job) whose SM clock is below ``clock_ratio`` of its peers' median or
+that alone has a slowdown reason, whose power differs from its peers' median, while the peers wait: their power fell
+below ``peer_power_ratio`` of the reference. While the job is not busy on every GPU (a data-loader pause or a
+checkpoint), a pending or firing straggler alert is held as it is rather than reset.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from gpulens.config import format_duration
+from gpulens.model import THROTTLE_REASONS, GpuReading, throttle_reason_names
+
+from .base import AlertRule, Candidate, gpu_name, percent, rate_text, rule_labels
+from .checks import HW_POWER_BRAKE_BIT, HW_SLOWDOWN, SW_POWER_CAP, THERMAL_BITS
+from .history import History, JobRound, JobView, Round
+
+# Clock reasons that make a rank slow (idle, sync boost and application clocks do not).
+SLOWDOWN_BITS: Final = THERMAL_BITS | HW_SLOWDOWN | SW_POWER_CAP | HW_POWER_BRAKE_BIT
+# Profiling counters read below this in the reference are taken for dead (or a job that never used the SMs).
+ALIVE_PROFILING_RATIO: Final = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """A job's reference, as medians over its reference rounds."""
+
+    rounds: int
+    traffic: float  # bytes/s per GPU, NVLink + PCIe both directions
+    nvlink: float | None
+    power: float | None
+    sm_active: float | None
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def baseline(reference: Sequence[JobRound], min_rounds: float) -> Baseline | None:
+    """The job's baseline from its reference rounds, or ``None`` while it has fewer than ``min_rounds``."""
+    if len(reference) < max(1, min_rounds):
+        return None
+    traffic = _median([r.traffic_median for r in reference])
+    if traffic is None:
+        return None
+    return Baseline(
+        rounds=len(reference),
+        traffic=traffic,
+        nvlink=_median([r.nvlink_median for r in reference]),
+        power=_median([r.power_median for r in reference]),
+        sm_active=_median([r.sm_active_median for r in reference]),
+    )
+
+
+def _alive(value: float | None) -> bool:
+    return value is not None and value >= ALIVE_PROFILING_RATIO
+
+
+def _up_readings(latest: Round, view: JobView) -> list[GpuReading]:
+    return [r for uuid in view.gpus if (r := latest.gpus.get(uuid)) is not None and r.up]
+
+
+def _hold(rule: AlertRule, job_id: str) -> Candidate:
+    """Nothing can be judged about the job this round: its alerts of ``rule`` keep their state."""
+    return Candidate(rule.name, {"job_id": job_id}, None, "", "", hold=True)
+
+
+def _current(history: History, latest: Round, job_id: str) -> JobRound | None:
+    """The job's summary of the latest round (``None`` when none of its GPUs answered)."""
+    rounds = history.job_rounds(job_id)
+    return rounds[-1] if rounds and rounds[-1].time == latest.time else None
+
+
+# ------------------------------------------------------------------------------------------------ CommunicationStall
+
+
+def _looks_stalled(summary: JobRound, base: Baseline, rule: AlertRule) -> bool:
+    if summary.gpus < 2 or summary.utilization_min is None or summary.traffic_max is None:
+        return False
+    if summary.utilization_min < rule.threshold("utilization_min"):
+        return False
+    if summary.traffic_max > rule.threshold("quiet_ratio") * base.traffic:
+        return False
+    if summary.power_max is not None and base.power is not None:
+        return summary.power_max <= rule.threshold("power_ratio") * base.power
+    if _alive(base.sm_active) and summary.sm_active_median is not None:
+        assert base.sm_active is not None
+        return summary.sm_active_median <= rule.threshold("sm_active_ratio") * base.sm_active
+    return False  # nothing corroborates a hang: a phase of pure compute looks the same
+
+
+def communication_stall(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    latest = history.latest
+    if latest is None:
+        return []
+    out = []
+    for job_id, view in latest.jobs.items():
+        if len(view.gpus) < 2:
+            continue  # a single-GPU job has nobody to talk to
+        summary = _current(history, latest, job_id)
+        if summary is None:
+            continue
+        base = baseline(history.job_reference(job_id), rule.threshold("baseline_rounds_min"))
+        if base is None:
+            out.append(_hold(rule, job_id))  # too new to have a baseline (or the history restarted): no judgement
+            continue
+        if base.traffic < rule.threshold("baseline_traffic_min_bytes_per_second"):
+            continue  # it never communicated
+        if not _looks_stalled(summary, base, rule):
+            continue
+        out.append(_stall_candidate(rule, history, view, summary, base, now))
+    return out
+
+
+def _stall_candidate(
+    rule: AlertRule, history: History, view: JobView, summary: JobRound, base: Baseline, now: float
+) -> Candidate:
+    since = now
+    for past in reversed(history.job_rounds(view.job_id)):
+        if not _looks_stalled(past, base, rule):
+            break
+        since = past.time
+    link = "NVLink" if base.nvlink is not None and base.nvlink >= 0.5 * base.traffic else "PCIe"
+    util = summary.utilization_median or 0.0
+    duration = f" for {format_duration(now - since)}" if now > since else ""
+    summary_text = f"job {view.job_id}: {summary.gpus} GPUs at {percent(util)} with no {link} traffic{duration}"
+    traffic_now = summary.traffic_max or 0.0
+    power = (
+        f" and power from {base.power:.0f} W to {summary.power_median:.0f} W"
+        if base.power is not None and summary.power_median is not None
+        else ""
+    )
+    description = (
+        f"Every GPU of the job shows {percent(util)} utilization, but traffic per GPU fell from "
+        f"{rate_text(base.traffic)} (the job's baseline over {base.rounds} rounds) to {rate_text(traffic_now)}"
+        f"{power}: its GPUs spin in a collective that does not complete (an NCCL hang)."
+        + (f" User {view.user}." if view.user else "")
+    )
+    labels = rule_labels(rule, {"job_id": view.job_id, "user": view.user or ""})
+    return Candidate(rule.name, labels, traffic_now / base.traffic, summary_text, description)
+
+
+# ------------------------------------------------------------------------------------------------ JobStraggler
+
+
+@dataclass(frozen=True, slots=True)
+class _Rank:
+    reading: GpuReading
+    clock_ratio: float | None
+    power_ratio: float  # its power over the peers' median power
+    peer_power: float
+    reasons: list[str]
+
+
+def _median_without(ordered: list[float], value: float) -> float | None:
+    """The median of the sorted list ``ordered`` less one occurrence of ``value`` (which it holds)."""
+    n = len(ordered) - 1
+    if n <= 0:
+        return None
+    i = bisect.bisect_left(ordered, value)
+
+    def at(k: int) -> float:
+        return ordered[k] if k < i else ordered[k + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2.0
+
+
+class _Job:
+    """A busy job's GPUs this round, arranged so each GPU's peers (the others) are cheap to summarise."""
+
+    def __init__(self, readings: list[GpuReading]) -> None:
+        self.size = len(readings)
+        self.powers = sorted(r.power_watts for r in readings if r.power_watts is not None)
+        self.clocks = sorted(r.sm_clock_hertz for r in readings if r.sm_clock_hertz)
+        self.reasons = {bit: sum(1 for r in readings if (r.throttle_reasons or 0) & bit) for _, bit in THROTTLE_REASONS}
+
+    def lone_reasons(self, reading: GpuReading) -> list[str]:
+        """Slowdown reasons set on ``reading`` and on fewer than half of its peers."""
+        bits = (reading.throttle_reasons or 0) & SLOWDOWN_BITS
+        peers = self.size - 1
+        lone = 0
+        for _, bit in THROTTLE_REASONS:
+            if bits & bit and (self.reasons[bit] - 1) * 2 < peers:
+                lone |= bit
+        return throttle_reason_names(lone)
+
+
+def job_straggler(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    latest = history.latest
+    if latest is None:
+        return []
+    out: list[Candidate] = []
+    for job_id, view in latest.jobs.items():
+        if len(view.gpus) < 2:
+            continue
+        base = baseline(history.job_reference(job_id), rule.threshold("baseline_rounds_min"))
+        readings = _up_readings(latest, view)
+        if len(readings) < 2:
+            continue
+        busy = rule.threshold("busy_utilization")
+        if base is None or any(r.utilization_ratio is None or r.utilization_ratio < busy for r in readings):
+            # No baseline yet, or a data-loader pause or a checkpoint: keep any straggler alert as it is.
+            out.append(_hold(rule, job_id))
+            continue
+        if base.power is None:
+            continue  # without power, peers waiting cannot be told from peers working
+        job = _Job(readings)
+        slow = [rank for r in readings if (rank := _straggling(rule, r, job, base.power)) is not None]
+        if slow and len(slow) * 2 <= len(readings):
+            out.extend(_straggler_candidate(rule, view, rank, len(readings)) for rank in slow)
+    return out
+
+
+def _straggling(rule: AlertRule, reading: GpuReading, job: _Job, base_power: float) -> _Rank | None:
+    """The rank's evidence when ``reading`` is a straggler in ``job``, else ``None``."""
+    if reading.power_watts is None:
+        return None
+    peer_power = _median_without(job.powers, reading.power_watts)
+    if not peer_power:
+        return None
+    power_ratio = reading.power_watts / peer_power
+    if abs(power_ratio - 1.0) < rule.threshold("power_difference"):
+        return None
+    peer_clock = _median_without(job.clocks, reading.sm_clock_hertz) if reading.sm_clock_hertz else None
+    clock_ratio = reading.sm_clock_hertz / peer_clock if reading.sm_clock_hertz and peer_clock else None
+    reasons = job.lone_reasons(reading)
+    if not reasons and (clock_ratio is None or clock_ratio > rule.threshold("clock_ratio")):
+        return None
+    if peer_power > rule.threshold("peer_power_ratio") * base_power:
+        return None  # the peers do not wait for it
+    return _Rank(reading, clock_ratio, power_ratio, peer_power, reasons)
+
+
+def _straggler_candidate(rule: AlertRule, view: JobView, rank: _Rank, gpus: int) -> Candidate:
+    reading = rank.reading
+    subject = {
+        "node": reading.node,
+        "gpu": str(reading.gpu),
+        "uuid": reading.uuid,
+        "job_id": view.job_id,
+        "user": view.user or "",
+    }
+    labels = rule_labels(rule, subject)
+    slower = f"at {percent(rank.clock_ratio)} of its peers' SM clock" if rank.clock_ratio is not None else "slow"
+    reasons = f" ({', '.join(rank.reasons)})" if rank.reasons else ""
+    summary = f"job {view.job_id}: GPU {gpu_name(labels)} {slower}{reasons} holds back {gpus - 1} GPUs"
+    power = reading.power_watts or 0.0
+    description = (
+        f"GPU {gpu_name(labels)} draws {power:.0f} W against its peers' median {rank.peer_power:.0f} W, and the "
+        "peers' power fell below the job's baseline: they wait for it in every collective, so the whole job runs "
+        "at its pace." + (f" User {view.user}." if view.user else "")
+    )
+    value = rank.clock_ratio if rank.clock_ratio is not None else rank.power_ratio
+    return Candidate(rule.name, labels, value, summary, description)

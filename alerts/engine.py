@@ -1,0 +1,91 @@
+"""The alert engine: after each scrape round, evaluate the rules, advance the alerts, group and queue notifications.
+
+``AlertEngine`` holds everything in memory. In the collector, storage loads ``states`` and ``groups`` when it starts
+and saves what ``process`` returns after each round (so a restart neither forgets a firing alert nor notifies it
+again), and the outbox is the SQL one; ``gpulens simulate`` and the tests use it as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gpulens.model import NodeSnapshot, TargetHealth
+
+from .base import AlertRule, Candidate
+from .grouping import Grouper, GroupState, Notification, Route
+from .history import History
+from .notify.delivery import OutboxStore
+from .rules import data_missing, evaluate, required_window_s
+from .state import DEFAULT_INHIBITIONS, AlertState, Inhibition, Silence, StepResult, silencer, step
+
+
+@dataclass(frozen=True)
+class EngineRound:
+    """What one round of the engine decided."""
+
+    time: float
+    candidates: list[Candidate]
+    result: StepResult
+    groups: dict[str, GroupState]
+    notifications: list[Notification]
+    outbox_ids: list[int]
+
+
+def _no_silences() -> Sequence[Silence]:
+    return ()
+
+
+class AlertEngine:
+    """Rules, history, alert states, grouping and the outbox, driven one scrape round at a time."""
+
+    def __init__(
+        self,
+        rules: Sequence[AlertRule],
+        *,
+        routes: Sequence[Route] = (),
+        outbox: OutboxStore | None = None,
+        silences: Callable[[], Sequence[Silence]] = _no_silences,
+        states: Mapping[str, AlertState] | None = None,
+        groups: Mapping[str, GroupState] | None = None,
+        history: History | None = None,
+        dashboard_url: str | None = None,
+        inhibitions: Sequence[Inhibition] = DEFAULT_INHIBITIONS,
+    ) -> None:
+        names = [r.name for r in rules]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"rules defined twice: {', '.join(duplicates)}")
+        self.rules = tuple(rules)
+        self.rules_by_name = {r.name: r for r in rules}
+        self.history = history or History(required_window_s(rules))
+        self.grouper = Grouper(routes)
+        self.outbox = outbox
+        self.states: dict[str, AlertState] = dict(states or {})
+        self.groups: dict[str, GroupState] = dict(groups or {})
+        self._silences = silences
+        self._dashboard_url = dashboard_url
+        self._inhibitions = tuple(inhibitions)
+
+    def process(self, now: float, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth]) -> EngineRound:
+        """Take one scrape round: add it to the history, evaluate, step the alerts, group and enqueue."""
+        self.history.add(now, snapshots, targets)
+        candidates = evaluate(self.rules, self.history, now)
+        history = self.history
+        result = step(
+            self.states,
+            candidates,
+            self.rules_by_name,
+            now,
+            silenced=silencer(self._silences(), now),
+            held=lambda rule, labels: data_missing(history, rule, labels),
+            inhibitions=self._inhibitions,
+            dashboard_url=self._dashboard_url,
+        )
+        self.states = result.states
+        grouping = self.grouper.step(self.groups, result.states.values(), now)
+        self.groups = grouping.groups
+        ids = []
+        if self.outbox is not None:
+            ids = [self.outbox.enqueue(n.receiver, n.payload(), now) for n in grouping.notifications]
+        return EngineRound(now, candidates, result, grouping.groups, grouping.notifications, ids)

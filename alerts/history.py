@@ -1,0 +1,297 @@
+"""A rolling in-memory window of recent scrape rounds: what the rules look at.
+
+``History.add`` takes one round (every node's snapshot and every target's health) after each scrape. It keeps, for
+the last ``window_s`` seconds, each GPU's readings, the jobs holding each GPU, and per job a summary of the round
+(``JobRound``). A job also keeps its *reference*: its most recent rounds of normal, communicating work (every GPU
+busy, data moving, clocks even), kept for ``window_s`` back from the newest such round however long ago that was.
+The stall and straggler detectors compare the present with it, so a stall that lasts longer than the window still
+has a baseline.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from gpulens.model import GpuJob, GpuReading, NodeSnapshot, TargetHealth
+
+# A round is part of a job's reference when the job's median GPU is at least this busy and moves at least this much
+# data (NVLink + PCIe, both directions), and its slowest SM clock is within this share of the median clock. Once the
+# reference holds REFERENCE_SETTLED_ROUNDS rounds, a round must also move at least REFERENCE_MIN_SHARE of the
+# reference's median traffic: a round that moves far less is not normal work (a stall's trickle is not a baseline).
+REFERENCE_MIN_UTILIZATION: Final = 0.5
+REFERENCE_MIN_TRAFFIC_BYTES_PER_SECOND: Final = 500e6
+REFERENCE_MIN_CLOCK_RATIO: Final = 0.9
+REFERENCE_MIN_SHARE: Final = 0.2
+REFERENCE_SETTLED_ROUNDS: Final = 6
+
+
+def traffic_bytes_per_second(reading: GpuReading) -> float | None:
+    """NVLink plus PCIe throughput, both directions; ``None`` when the source reads none of them."""
+    values = (
+        reading.nvlink_tx_bytes_per_second,
+        reading.nvlink_rx_bytes_per_second,
+        reading.pcie_tx_bytes_per_second,
+        reading.pcie_rx_bytes_per_second,
+    )
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def nvlink_bytes_per_second(reading: GpuReading) -> float | None:
+    values = [v for v in (reading.nvlink_tx_bytes_per_second, reading.nvlink_rx_bytes_per_second) if v is not None]
+    return sum(values) if values else None
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _max(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A job as one round saw it: its user and the UUIDs of its GPUs (ordered by node and index)."""
+
+    job_id: str
+    user: str | None
+    gpus: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class JobRound:
+    """One job in one round, summarised over its GPUs that answered and are up."""
+
+    time: float
+    gpus: int  # GPUs read (up) this round
+    utilization_min: float | None
+    utilization_median: float | None
+    traffic_max: float | None  # bytes/s, NVLink + PCIe both directions, the busiest GPU
+    traffic_median: float | None
+    nvlink_median: float | None
+    power_max: float | None
+    power_median: float | None
+    sm_active_median: float | None
+    clock_ratio_min: float | None  # slowest SM clock / median SM clock
+
+    @property
+    def is_reference(self) -> bool:
+        """Normal, communicating work: busy, moving data, no GPU's clock far below the others'."""
+        return (
+            self.gpus >= 2
+            and self.utilization_median is not None
+            and self.utilization_median >= REFERENCE_MIN_UTILIZATION
+            and self.traffic_median is not None
+            and self.traffic_median >= REFERENCE_MIN_TRAFFIC_BYTES_PER_SECOND
+            and (self.clock_ratio_min is None or self.clock_ratio_min >= REFERENCE_MIN_CLOCK_RATIO)
+        )
+
+
+def summarise_job(time: float, readings: Sequence[GpuReading]) -> JobRound:
+    """The ``JobRound`` of a job's up GPUs' readings."""
+    clocks = [r.sm_clock_hertz for r in readings if r.sm_clock_hertz]
+    clock_median = _median(clocks)
+    traffic = [traffic_bytes_per_second(r) for r in readings]
+    return JobRound(
+        time=time,
+        gpus=len(readings),
+        utilization_min=min((r.utilization_ratio for r in readings if r.utilization_ratio is not None), default=None),
+        utilization_median=_median(r.utilization_ratio for r in readings),
+        traffic_max=_max(traffic),
+        traffic_median=_median(traffic),
+        nvlink_median=_median(nvlink_bytes_per_second(r) for r in readings),
+        power_max=_max(r.power_watts for r in readings),
+        power_median=_median(r.power_watts for r in readings),
+        sm_active_median=_median(r.sm_active_ratio for r in readings),
+        clock_ratio_min=min(clocks) / clock_median if clocks and clock_median else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One scrape round: the readings of every node that answered, and the health of every target."""
+
+    time: float
+    gpus: Mapping[str, GpuReading]  # by UUID
+    gpu_jobs: Mapping[str, tuple[GpuJob, ...]]  # UUID -> the jobs holding it
+    jobs: Mapping[str, JobView]
+    nodes: frozenset[str]  # nodes whose snapshot arrived
+    targets: tuple[TargetHealth, ...]
+
+
+def _fits(reference: Sequence[JobRound], summary: JobRound) -> bool:
+    """Whether a busy, communicating round moves as much data as the job's settled reference does."""
+    if len(reference) < REFERENCE_SETTLED_ROUNDS or summary.traffic_median is None:
+        return True
+    usual = _median(r.traffic_median for r in reference)
+    return usual is None or summary.traffic_median >= REFERENCE_MIN_SHARE * usual
+
+
+class _Track:
+    """One job's summaries: the rounds of the window, and its reference rounds."""
+
+    __slots__ = ("reference", "rounds")
+
+    def __init__(self) -> None:
+        self.rounds: deque[JobRound] = deque()
+        self.reference: deque[JobRound] = deque()
+
+
+class History:
+    """Rolling window of recent scrape rounds, enough for baselines (default 30 minutes)."""
+
+    def __init__(self, window_s: float = 1800.0) -> None:
+        if window_s <= 0:
+            raise ValueError("window_s must be positive")
+        self.window_s = window_s
+        self._rounds: deque[Round] = deque()
+        self._series: dict[str, deque[tuple[float, GpuReading]]] = {}
+        self._tracks: dict[str, _Track] = {}
+        self._node_seen: dict[str, float] = {}
+        self._target_down_since: dict[str, float] = {}
+        self._since: dict[tuple[str, float], tuple[float, GpuReading] | None] = {}  # reading_since, this round
+
+    # ------------------------------------------------------------------------------------------ adding
+
+    def add(self, now: float, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth] = ()) -> None:
+        """Add one scrape round taken at ``now``; rounds must come in time order."""
+        if self._rounds and now < self._rounds[-1].time:
+            raise ValueError(f"round at {now} is older than the last one at {self._rounds[-1].time}")
+        gpus: dict[str, GpuReading] = {}
+        gpu_jobs: dict[str, list[GpuJob]] = {}
+        for snap in snapshots:
+            self._node_seen[snap.node] = now
+            for reading in snap.gpus:
+                gpus[reading.uuid] = reading
+            for job in snap.jobs:
+                gpu_jobs.setdefault(job.uuid, []).append(job)
+        jobs = self._job_views(gpu_jobs)
+        for target in targets:
+            if target.up:
+                self._target_down_since.pop(target.target, None)
+            else:
+                self._target_down_since.setdefault(target.target, now)
+        round_ = Round(
+            time=now,
+            gpus=gpus,
+            gpu_jobs={uuid: tuple(js) for uuid, js in gpu_jobs.items()},
+            jobs=jobs,
+            nodes=frozenset(s.node for s in snapshots),
+            targets=tuple(targets),
+        )
+        self._rounds.append(round_)
+        self._since.clear()
+        for uuid, reading in gpus.items():
+            self._series.setdefault(uuid, deque()).append((now, reading))
+        self._summarise_jobs(round_)
+        self._expire(now)
+
+    @staticmethod
+    def _job_views(gpu_jobs: Mapping[str, list[GpuJob]]) -> dict[str, JobView]:
+        members: dict[str, list[GpuJob]] = {}
+        for held in gpu_jobs.values():
+            for job in held:
+                members.setdefault(job.job_id, []).append(job)
+        views = {}
+        for job_id, held in members.items():
+            ordered = sorted(held, key=lambda j: (j.node, j.gpu))
+            user = next((j.user for j in ordered if j.user), None)
+            views[job_id] = JobView(job_id, user, tuple(j.uuid for j in ordered))
+        return views
+
+    def _summarise_jobs(self, round_: Round) -> None:
+        for job_id, view in round_.jobs.items():
+            readings = [r for uuid in view.gpus if (r := round_.gpus.get(uuid)) is not None and r.up]
+            if not readings:
+                continue
+            summary = summarise_job(round_.time, readings)
+            track = self._tracks.setdefault(job_id, _Track())
+            track.rounds.append(summary)
+            if summary.is_reference and _fits(track.reference, summary):
+                track.reference.append(summary)
+                while track.reference[0].time < summary.time - self.window_s:
+                    track.reference.popleft()
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.window_s
+        while self._rounds and self._rounds[0].time < horizon:
+            self._rounds.popleft()
+        for uuid in [u for u, s in self._series.items() if s[-1][0] < horizon]:
+            del self._series[uuid]
+        for series in self._series.values():
+            while series[0][0] < horizon:
+                series.popleft()
+        for job_id in [j for j, t in self._tracks.items() if not t.rounds or t.rounds[-1].time < horizon]:
+            del self._tracks[job_id]
+        for track in self._tracks.values():
+            while track.rounds[0].time < horizon:
+                track.rounds.popleft()
+        for node in [n for n, seen in self._node_seen.items() if seen < horizon]:
+            del self._node_seen[node]
+
+    # ------------------------------------------------------------------------------------------ reading
+
+    @property
+    def latest(self) -> Round | None:
+        return self._rounds[-1] if self._rounds else None
+
+    @property
+    def rounds(self) -> Sequence[Round]:
+        return self._rounds
+
+    def series(self, uuid: str) -> Sequence[tuple[float, GpuReading]]:
+        """A GPU's ``(round time, reading)`` pairs in the window, oldest first."""
+        return self._series.get(uuid, ())
+
+    def reading_since(self, uuid: str, since: float) -> tuple[float, GpuReading] | None:
+        """The GPU's oldest reading taken at or after ``since`` (several rules ask the same in one round)."""
+        key = (uuid, since)
+        if key in self._since:
+            return self._since[key]
+        series = self._series.get(uuid)
+        found = None
+        if series:
+            i = bisect.bisect_left(series, since, key=lambda entry: entry[0])
+            found = series[i] if i < len(series) else None
+        self._since[key] = found
+        return found
+
+    def first_seen(self, uuid: str) -> float | None:
+        series = self._series.get(uuid)
+        return series[0][0] if series else None
+
+    def job_rounds(self, job_id: str) -> Sequence[JobRound]:
+        """The job's summaries over the window, oldest first."""
+        track = self._tracks.get(job_id)
+        return track.rounds if track else ()
+
+    def job_reference(self, job_id: str) -> Sequence[JobRound]:
+        """The job's recent rounds of normal, communicating work (see ``JobRound.is_reference``)."""
+        track = self._tracks.get(job_id)
+        return track.reference if track else ()
+
+    def target_down_since(self, target: str) -> float | None:
+        """When the target's current run of failed scrapes began, or ``None`` while it answers."""
+        return self._target_down_since.get(target)
+
+    def missing_nodes(self) -> frozenset[str]:
+        """Nodes seen within the window whose snapshot did not arrive in the latest round."""
+        latest = self.latest
+        if latest is None:
+            return frozenset()
+        return frozenset(node for node in self._node_seen if node not in latest.nodes)
+
+    def lost_gpus(self) -> frozenset[str]:
+        """UUIDs of the GPUs that read ``up = false`` in the latest round."""
+        latest = self.latest
+        if latest is None:
+            return frozenset()
+        return frozenset(uuid for uuid, r in latest.gpus.items() if not r.up)

@@ -1,0 +1,178 @@
+"""Rule evaluation: pure functions of the rules, the history and ``now``.
+
+``evaluate`` runs every rule on the latest round and returns the conditions that hold now (``Candidate``); the state
+machine (``alerts.state.step``) turns them into pending, firing and resolved alerts. ``builtin_rules`` is the
+catalogue with the config's overrides applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Final
+
+from gpulens.config import ConfigError, parse_duration
+
+from . import checks, detect
+from .base import SEVERITIES, AlertRule, Candidate, Threshold
+from .catalogue import (
+    BUILTIN_RULES,
+    COMMUNICATION_STALL,
+    ECC_UNCORRECTABLE,
+    EXPORTER_DOWN,
+    GPU_LOST,
+    HW_POWER_BRAKE,
+    IDLE_ALLOCATED,
+    JOB_STRAGGLER,
+    MEMORY_SATURATED,
+    NVLINK_ERRORS,
+    NVLINK_SATURATED,
+    PCIE_DEGRADED,
+    PCIE_SATURATED,
+    POWER_CAPPED,
+    THERMAL_THROTTLING,
+    XID_ERROR,
+)
+from .history import History
+from .userrules import THRESHOLD_CHECK, threshold_check
+
+__all__ = ["CHECKS", "AlertRule", "Candidate", "builtin_rules", "data_missing", "evaluate", "required_window_s"]
+
+Check = Callable[[AlertRule, History, float], list[Candidate]]
+
+CHECKS: Final[Mapping[str, Check]] = {
+    MEMORY_SATURATED: checks.memory_saturated,
+    THERMAL_THROTTLING: checks.thermal_throttling,
+    POWER_CAPPED: checks.power_capped,
+    HW_POWER_BRAKE: checks.hw_power_brake,
+    PCIE_SATURATED: checks.pcie_saturated,
+    NVLINK_SATURATED: checks.nvlink_saturated,
+    PCIE_DEGRADED: checks.pcie_degraded,
+    NVLINK_ERRORS: checks.nvlink_errors,
+    COMMUNICATION_STALL: detect.communication_stall,
+    JOB_STRAGGLER: detect.job_straggler,
+    IDLE_ALLOCATED: checks.idle_allocated,
+    XID_ERROR: checks.xid_error,
+    ECC_UNCORRECTABLE: checks.ecc_uncorrectable,
+    GPU_LOST: checks.gpu_lost,
+    EXPORTER_DOWN: checks.exporter_down,
+    THRESHOLD_CHECK: threshold_check,
+}
+
+
+def evaluate(rules: Sequence[AlertRule], history: History, now: float) -> list[Candidate]:
+    """Every rule's candidates on the history's latest round (pure: reads ``history``, changes nothing)."""
+    out: list[Candidate] = []
+    for rule in rules:
+        out.extend(CHECKS[rule.check or rule.name](rule, history, now))
+    return out
+
+
+def data_missing(history: History, rule: str, labels: Mapping[str, str]) -> bool:
+    """No data this round to judge an alert on: its node did not answer, its GPU is lost, or the history holds a
+    single reading of its GPU (just started or restarted: counters have nothing to compare with).
+
+    The state machine keeps such alerts as they are instead of resolving them. ``ExporterDown`` is judged from the
+    scrape itself and is never held; ``GpuLost`` is held only while its node does not answer.
+    """
+    if rule == EXPORTER_DOWN:
+        return False
+    node = labels.get("node")
+    if node is not None and node in history.missing_nodes():
+        return True
+    uuid = labels.get("uuid")
+    if uuid is None or rule == GPU_LOST:
+        return False
+    latest = history.latest
+    return uuid in history.lost_gpus() or (latest is not None and history.first_seen(uuid) == latest.time)
+
+
+def required_window_s(rules: Sequence[AlertRule], minimum: float = 1800.0) -> float:
+    """A history window long enough for every rule's lookback (``window_s`` thresholds)."""
+    lookbacks = [float(v) for r in rules for k, v in r.thresholds.items() if k == "window_s" and isinstance(v, float)]
+    return max([minimum, *lookbacks])
+
+
+# ------------------------------------------------------------------------------------------------ overrides
+
+_RULE_KEYS: Final = ("for", "keep_firing_for", "severity", "enabled", "labels")
+
+
+def builtin_rules(overrides: Mapping[str, Mapping[str, Any]] | None = None) -> list[AlertRule]:
+    """The builtin catalogue with ``overrides`` (``[alerts.builtin.<Name>]`` tables) applied.
+
+    An override may set ``for``, ``keep_firing_for``, ``severity``, ``enabled = false``, extra ``labels``, and any of
+    the rule's thresholds. Raises ``ConfigError`` with the dotted key of the first bad entry.
+    """
+    overrides = overrides or {}
+    known = {rule.name: rule for rule in BUILTIN_RULES}
+    for name in overrides:
+        if name not in known:
+            raise ConfigError(f"unknown builtin rule (the catalogue has {', '.join(known)})", key=_key(name))
+    rules = []
+    for rule in BUILTIN_RULES:
+        table = overrides.get(rule.name)
+        if table is None:
+            rules.append(rule)
+            continue
+        if not isinstance(table, Mapping):
+            raise ConfigError("expected a table", key=_key(rule.name))
+        if table.get("enabled", True) is False:
+            continue
+        rules.append(_override(rule, table))
+    return rules
+
+
+def _key(name: str, key: str | None = None) -> str:
+    return f"alerts.builtin.{name}" + (f".{key}" if key else "")
+
+
+def _override(rule: AlertRule, table: Mapping[str, Any]) -> AlertRule:
+    changes: dict[str, Any] = {}
+    thresholds: dict[str, Threshold] = dict(rule.thresholds)
+    for key, value in table.items():
+        where = _key(rule.name, key)
+        if key in ("for", "keep_firing_for"):
+            changes[f"{key}_s"] = _duration(value, where)
+        elif key == "severity":
+            if value not in SEVERITIES:
+                raise ConfigError(f"expected one of {', '.join(SEVERITIES)}, got {value!r:.40}", key=where)
+            changes["severity"] = value
+        elif key == "enabled":
+            if not isinstance(value, bool):
+                raise ConfigError(f"expected true or false, got {value!r:.40}", key=where)
+        elif key == "labels":
+            changes["labels"] = _labels(value, where)
+        elif key in rule.thresholds:
+            thresholds[key] = _threshold(key, value, where)
+        else:
+            allowed = ", ".join([*_RULE_KEYS, *rule.thresholds])
+            raise ConfigError(f"unknown key (expected one of: {allowed})", key=where)
+    return replace(rule, thresholds=thresholds, **changes)
+
+
+def _duration(value: Any, where: str) -> float:
+    try:
+        return parse_duration(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc), key=where) from None
+
+
+def _threshold(key: str, value: Any, where: str) -> Threshold:
+    if key == "codes":
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ConfigError("expected a list of integers (XID codes)", key=where)
+        return tuple(float(v) for v in value)
+    if key.endswith("_s"):
+        return _duration(value, where)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(f"expected a non-negative number, got {value!r:.40}", key=where)
+    return float(value)
+
+
+def _labels(value: Any, where: str) -> dict[str, str]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ConfigError('expected a table of strings, e.g. { team = "infra" }', key=where)
+    if "alertname" in value or "severity" in value:
+        raise ConfigError("alertname and severity are set by the rule", key=where)
+    return dict(value)

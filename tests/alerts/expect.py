@@ -1,0 +1,228 @@
+"""What a scenario's faults call for, and how the alerts that fired compare with it.
+
+``expected_alerts`` reads a scenario's faults (and its ``idle`` jobs) and says which alert each must raise, on which
+GPU, node or job, and when; ``score`` matches the alerts a replay fired against them: detected faults, time to
+detect, missed faults and false alerts. The tests assert on it and ``bench/bench_alerts.py`` reports it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from alerts.base import AlertRule
+from alerts.catalogue import (
+    COMMUNICATION_STALL,
+    EXPORTER_DOWN,
+    GPU_LOST,
+    IDLE_ALLOCATED,
+    JOB_STRAGGLER,
+    MEMORY_SATURATED,
+    NVLINK_ERRORS,
+    NVLINK_SATURATED,
+    PAGING_XIDS,
+    PCIE_DEGRADED,
+    PCIE_SATURATED,
+    POWER_CAPPED,
+    THERMAL_THROTTLING,
+    XID_ERROR,
+)
+from alerts.replay import FiredAlert, replay
+from alerts.rules import builtin_rules
+from exporter.sim import FaultSpec, GpuRef, Scenario, SimCluster, parse_scenario
+from exporter.sim.engine import LEAK_TARGET_SHARE
+
+# Detectors held to "fire within `for` plus two scrape intervals" on a real fault.
+BOUNDED = (COMMUNICATION_STALL, JOB_STRAGGLER)
+MEMORY_RATIO = 0.95
+
+
+@dataclass(frozen=True)
+class Expected:
+    """An alert a cause calls for: ``alertname`` on the subject whose labels include ``match``, from ``start``."""
+
+    alertname: str
+    match: Mapping[str, str]
+    start: float
+    end: float
+    required: bool = True  # False: the alert may fire, but need not (a cause too short or too faint)
+    cause: str = ""
+
+    def accepts(self, alert: FiredAlert, slack_s: float) -> bool:
+        return (
+            alert.alertname == self.alertname
+            and all(alert.labels.get(k) == v for k, v in self.match.items())
+            and self.start - 1e-6 <= alert.starts_at <= self.end + slack_s
+        )
+
+
+@dataclass
+class Outcome:
+    """A replay's alerts scored against its causes."""
+
+    name: str
+    expected: list[Expected]
+    fired: list[FiredAlert]
+    detected: dict[int, FiredAlert] = field(default_factory=dict)  # index into expected -> first match
+    false_alerts: list[FiredAlert] = field(default_factory=list)
+    refired: list[FiredAlert] = field(default_factory=list)  # a second firing for one cause (flapping)
+    seconds: float = 0.0
+    rounds: int = 0
+
+    @property
+    def missed(self) -> list[Expected]:
+        return [e for i, e in enumerate(self.expected) if e.required and i not in self.detected]
+
+    @property
+    def required(self) -> int:
+        return sum(1 for e in self.expected if e.required)
+
+    def delays(self, alertname: str | None = None) -> list[float]:
+        """Seconds from each detected cause's start to its alert firing."""
+        return [
+            a.starts_at - self.expected[i].start
+            for i, a in self.detected.items()
+            if alertname is None or a.alertname == alertname
+        ]
+
+    def describe(self) -> str:
+        lines = [f"{self.name}:"]
+        lines += [f"  missed {e.alertname} {dict(e.match)} ({e.cause})" for e in self.missed]
+        lines += [f"  false {a.alertname} {a.labels} at {a.starts_at}: {a.summary}" for a in self.false_alerts]
+        lines += [f"  refired {a.alertname} {a.labels} at {a.starts_at}" for a in self.refired]
+        return "\n".join(lines)
+
+
+def _gpu(ref: GpuRef | None) -> dict[str, str]:
+    assert ref is not None
+    return {"node": ref.node, "gpu": str(ref.index)}
+
+
+class _Expectations:
+    def __init__(self, scenario: Scenario, rules: Mapping[str, AlertRule]) -> None:
+        self.scenario = scenario
+        self.rules = rules
+        self.step = scenario.step_s
+        self.nodes = {n.name: n for n in scenario.nodes}
+        self.jobs = {j.id: j for j in scenario.jobs}
+        self.out: list[Expected] = []
+
+    def long_enough(self, alertname: str, start: float, end: float) -> bool:
+        return end - start >= self.rules[alertname].for_s + 2 * self.step
+
+    def add(self, alertname: str, match: Mapping[str, str], start: float, end: float, cause: str) -> None:
+        required = self.long_enough(alertname, start, end)
+        self.out.append(Expected(alertname, dict(match), start, end, required, cause))
+
+    def jobs_on(self, ref: GpuRef, t: float) -> list[str]:
+        return [j.kind for j in self.scenario.jobs if ref in j.gpus and j.running(t)]
+
+    def fault(self, f: FaultSpec) -> None:
+        cause = f"{f.kind} #{f.index}"
+        s, e = f.start, f.end
+        simple = {
+            "thermal_throttle": THERMAL_THROTTLING,
+            "pcie_degraded": PCIE_DEGRADED,
+            "pcie_saturation": PCIE_SATURATED,
+            "nvlink_errors": NVLINK_ERRORS,
+        }
+        if f.kind in simple:
+            self.add(simple[f.kind], _gpu(f.gpu), s, e, cause)
+        elif f.kind == "comm_stall":
+            self.add(COMMUNICATION_STALL, {"job_id": str(f.job)}, s, e, cause)
+        elif f.kind == "straggler":
+            self.add(JOB_STRAGGLER, {**_gpu(f.gpu), "job_id": str(f.job)}, s, e, cause)
+            self.add(THERMAL_THROTTLING, _gpu(f.gpu), s, e, cause + " (sw_thermal)")
+        elif f.kind == "memory_leak":
+            self.memory_leak(f, cause)
+        elif f.kind == "power_cap":
+            self.power_cap(f, cause)
+        elif f.kind == "xid" and f.xid in PAGING_XIDS:
+            self.add(XID_ERROR, {**_gpu(f.gpu), "xid": str(f.xid)}, s, self.scenario.end, cause)
+        elif f.kind == "gpu_lost":
+            self.add(GPU_LOST, _gpu(f.gpu), s, math.inf, cause)
+        elif f.kind == "idle_allocated":
+            for ref in self.jobs[str(f.job)].gpus:
+                self.add(IDLE_ALLOCATED, {**_gpu(ref), "job_id": str(f.job)}, s, e, cause)
+        elif f.kind == "exporter_down":
+            self.add(EXPORTER_DOWN, {"node": str(f.node)}, s, e, cause)
+        elif f.kind == "nvlink_saturation":
+            job = self.jobs[str(f.job)]
+            for ref in job.gpus:
+                local = sum(1 for g in job.gpus if g.node == ref.node)
+                if self.nodes[ref.node].model.has_nvlink and local >= 2:
+                    self.add(NVLINK_SATURATED, {**_gpu(ref), "job_id": job.id}, s, e, cause)
+
+    def memory_leak(self, f: FaultSpec, cause: str) -> None:
+        """The leak climbs linearly to LEAK_TARGET_SHARE over 90% of its window; it saturates once it passes 95%."""
+        assert f.gpu is not None
+        model = self.nodes[f.gpu.node].model
+        base = max((j.memory_fraction for j in self.scenario.jobs if f.gpu in j.gpus and j.running(f.start)), default=0)
+        usable = (model.memory_total_bytes - model.memory_reserved_bytes) / model.memory_total_bytes - 0.002
+        target = max(base, min(LEAK_TARGET_SHARE, usable))
+        if target < MEMORY_RATIO:
+            return
+        share = (MEMORY_RATIO - base) / (target - base) if target > base else 0.0
+        crossing = f.start + max(0.0, share) * 0.9 * (f.end - f.start)
+        self.add(MEMORY_SATURATED, _gpu(f.gpu), crossing - 2 * self.step, f.end, cause)
+
+    def power_cap(self, f: FaultSpec, cause: str) -> None:
+        """A capped GPU shows the cap only while its work asks for more than the lower limit."""
+        assert f.gpu is not None
+        kinds = self.jobs_on(f.gpu, f.start)
+        if not kinds:
+            return  # an idle GPU only shows the lower limit
+        self.add(POWER_CAPPED, _gpu(f.gpu), f.start, f.end, cause)
+        if not all(k in ("training", "inference") for k in kinds):
+            self.out[-1] = Expected(POWER_CAPPED, _gpu(f.gpu), f.start, f.end, False, cause)
+
+    def idle_jobs(self) -> None:
+        for job in self.scenario.jobs:
+            if job.kind == "idle":
+                for ref in job.gpus:
+                    self.add(IDLE_ALLOCATED, {**_gpu(ref), "job_id": job.id}, job.start, job.end, f"idle job {job.id}")
+
+
+def expected_alerts(scenario: Scenario, rules: Sequence[AlertRule]) -> list[Expected]:
+    """The alerts the scenario's faults (and idle jobs) call for."""
+    ex = _Expectations(scenario, {r.name: r for r in rules})
+    for fault in scenario.faults:
+        ex.fault(fault)
+    ex.idle_jobs()
+    return ex.out
+
+
+def score(name: str, expected: list[Expected], fired: list[FiredAlert], step_s: float) -> Outcome:
+    outcome = Outcome(name, expected, fired)
+    for alert in sorted(fired, key=lambda a: a.starts_at):
+        matches = [i for i, e in enumerate(expected) if e.accepts(alert, 2 * step_s)]
+        if not matches:
+            outcome.false_alerts.append(alert)
+            continue
+        fresh = [i for i in matches if i not in outcome.detected]
+        for i in fresh:
+            outcome.detected[i] = alert
+        if not fresh:
+            outcome.refired.append(alert)
+    return outcome
+
+
+def run(text: str, name: str, rules: Sequence[AlertRule] | None = None) -> Outcome:
+    """Replay a scenario through the builtin rules (or ``rules``) and score it."""
+    scenario = parse_scenario(text, source=name)
+    rules = list(rules) if rules is not None else builtin_rules()
+    began = time.perf_counter()
+    report = replay(SimCluster(scenario), start=scenario.start, end=scenario.end, step_s=scenario.step_s, rules=rules)
+    seconds = time.perf_counter() - began
+    outcome = score(name, expected_alerts(scenario, rules), report.alerts, scenario.step_s)
+    outcome.seconds = seconds
+    outcome.rounds = report.rounds
+    return outcome
+
+
+def bound_s(alertname: str, rules: Sequence[AlertRule], step_s: float) -> float:
+    """The detection bound: the rule's ``for`` plus two scrape intervals."""
+    rule = next(r for r in rules if r.name == alertname)
+    return rule.for_s + 2 * step_s

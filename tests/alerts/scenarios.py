@@ -1,0 +1,161 @@
+"""Scenario files for detection tests: every fault kind and every confounder, at any cluster size, model and seed.
+
+``job_faults`` puts one training job of a chosen shape (``TOPOLOGIES``) through a communication stall, a straggler
+and (on NVLink models) an NVLink saturation, on a cluster whose other GPUs hold the confounders. ``gpu_faults`` puts
+each GPU-, node- and job-scoped hardware fault on its own target in its own window. ``healthy`` holds only
+confounders: training with data-loader pauses and checkpoints, jobs that start and end mid-run, single- and multi-GPU
+inference, notebooks, idle GPUs, a node with dead profiling counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Final
+
+from exporter.sim import CATALOGUE
+
+MODELS: Final = ("H100-SXM5-80GB", "A100-SXM4-80GB", "H200-SXM-141GB", "L40S")
+TOPOLOGIES: Final = ("pair", "node", "two-node", "wide", "spread", "all")
+GPUS_PER_NODE: Final = 8
+
+
+def node(i: int, nodes: int) -> str:
+    width = max(2, len(str(nodes - 1)))
+    return f"node-{i:0{width}d}"
+
+
+def _header(nodes: int, model: str, seed: int, duration: str, step: str = "10s") -> list[str]:
+    return [
+        "[cluster]",
+        f"nodes = {nodes}",
+        f"gpus_per_node = {GPUS_PER_NODE}",
+        f'gpu_model = "{model}"',
+        f"seed = {seed}",
+        'start = "2026-01-01T00:00:00Z"',
+        f'duration = "{duration}"',
+        f'step = "{step}"',
+    ]
+
+
+def _job(job_id: str, kind: str, gpus: list[str], user: str = "u", **extra: str) -> list[str]:
+    quoted = ", ".join(f'"{g}"' for g in gpus)
+    lines = ["", "[[jobs]]", f'id = "{job_id}"', f'user = "{user}"', f'kind = "{kind}"', f"gpus = [{quoted}]"]
+    lines += [f'{key} = "{value}"' for key, value in extra.items()]
+    return lines
+
+
+def _fault(kind: str, target_key: str, target: str, at: str, duration: str | None = None, **extra: int) -> list[str]:
+    lines = ["", "[[faults]]", f'kind = "{kind}"', f'{target_key} = "{target}"', f'at = "{at}"']
+    if duration is not None:
+        lines.append(f'duration = "{duration}"')
+    lines += [f"{key} = {value}" for key, value in extra.items()]
+    return lines
+
+
+def _topology_gpus(topology: str, nodes: int) -> dict[str, list[int]]:
+    """The target job's GPUs by node."""
+    all_gpus = list(range(GPUS_PER_NODE))
+    if topology == "pair":
+        return {node(0, nodes): [0, 1]}
+    if topology == "node":
+        return {node(0, nodes): all_gpus}
+    if topology == "two-node":
+        return {node(0, nodes): all_gpus, node(1, nodes): all_gpus}
+    if topology == "wide":
+        return {node(i, nodes): [0, 1, 2, 3] for i in range(min(4, nodes))}
+    if topology == "spread":
+        return {node(i, nodes): [0] for i in range(min(4, nodes))}
+    if topology == "all":
+        return {node(i, nodes): all_gpus for i in range(nodes)}
+    raise ValueError(f"unknown topology {topology!r}")
+
+
+def _background(
+    nodes: int, used: dict[str, list[int]], start_node: int = 0, end_node: int | None = None
+) -> Iterator[list[str]]:
+    """Confounder jobs on every GPU of nodes ``start_node`` up to ``end_node`` that ``used`` does not hold."""
+    for i in range(start_node, nodes if end_node is None else end_node):
+        name = node(i, nodes)
+        free = [g for g in range(GPUS_PER_NODE) if g not in used.get(name, [])]
+        if not free:
+            continue
+        if len(free) < GPUS_PER_NODE:  # the target's node: single-GPU inference on what is left
+            for g in free:
+                yield _job(f"serve-{name}-{g}", "inference", [f"{name}:{g}"], user="svc")
+            continue
+        template = i % 4
+        if template == 0:
+            yield _job(
+                f"train-{name}", "training", [f"{name}:0-7"], start="3m", end="38m", checkpoint_every="5m"
+            )  # starts and ends mid-run, checkpoints often
+        elif template == 1:
+            for g in range(6):
+                yield _job(f"serve-{name}-{g}", "inference", [f"{name}:{g}"], user="svc")
+            yield _job(f"multi-serve-{name}", "inference", [f"{name}:6-7"], user="svc")  # multi-GPU inference
+        elif template == 2:
+            yield _job(f"nb-{name}", "notebook", [f"{name}:0"], user="carol")
+            yield _job(f"nb2-{name}", "notebook", [f"{name}:0"], user="dan")  # two notebooks share a GPU
+            yield _job(f"late-{name}", "training", [f"{name}:2-5"], start="20m")  # starts mid-run
+        else:
+            yield _job(f"dp-{name}", "training", [f"{name}:0-7"], checkpoint_every="6m")
+            yield _fault("dead_profiling", "node", name, "5m")
+
+
+def job_faults(nodes: int, model: str, seed: int, topology: str, step: str = "10s") -> str:
+    """A training job of shape ``topology`` stalls (10m-18m), straggles (22m-30m) and saturates NVLink (34m-40m)."""
+    gpus = _topology_gpus(topology, nodes)
+    lines = _header(nodes, model, seed, "45m", step)
+    specs = [f"{n}:{','.join(map(str, g))}" for n, g in gpus.items()]
+    lines += _job("target", "training", specs, user="alice", checkpoint_every="7m")
+    for chunk in _background(nodes, gpus):
+        lines += chunk
+    first_node = next(iter(gpus))
+    straggler = f"{first_node}:{gpus[first_node][-1]}"
+    lines += _fault("comm_stall", "job", "target", "10m", "8m")
+    lines += _fault("straggler", "gpu", straggler, "22m", "8m")
+    if CATALOGUE[model].has_nvlink and max(len(g) for g in gpus.values()) >= 2:
+        lines += _fault("nvlink_saturation", "job", "target", "34m", "6m")
+    return "\n".join(lines) + "\n"
+
+
+def gpu_faults(nodes: int, model: str, seed: int) -> str:
+    """Every GPU-, node- and job-scoped hardware fault, each on its own target in its own window (50 minutes)."""
+    n0, n1, last = node(0, nodes), node(1, nodes), node(nodes - 1, nodes)
+    lines = _header(nodes, model, seed, "50m")
+    for g in (0, 1, 2, 4, 5, 6):
+        lines += _job(f"serve-{g}", "inference", [f"{n0}:{g}"], user="svc")
+    lines += _job("train", "training", [f"{n1}:0-5"], user="alice", checkpoint_every="10m")
+    lines += _job("forgotten", "inference", [f"{n1}:6-7"], user="dave")
+    for chunk in _background(nodes, {}, start_node=2):
+        lines += chunk
+    lines += _fault("memory_leak", "gpu", f"{n0}:0", "5m", "20m")
+    lines += _fault("thermal_throttle", "gpu", f"{n0}:1", "10m", "10m")
+    lines += _fault("power_cap", "gpu", f"{n0}:2", "15m", "15m")
+    lines += _fault("pcie_degraded", "gpu", f"{n0}:3", "5m")  # an idle GPU: its width gives it away
+    lines += _fault("pcie_saturation", "gpu", f"{n0}:4", "20m", "10m")
+    lines += _fault("xid", "gpu", f"{n0}:5", "12m", xid=79)
+    lines += _fault("xid", "gpu", f"{n0}:6", "14m", xid=13)  # an application error: not paged on
+    lines += _fault("gpu_lost", "gpu", f"{n0}:7", "30m")
+    lines += _fault("power_cap", "gpu", f"{n1}:3", "32m", "10m")  # a capped rank among training peers
+    if CATALOGUE[model].has_nvlink:
+        lines += _fault("nvlink_errors", "gpu", f"{n1}:2", "20m", "5m")
+    lines += _fault("dead_profiling", "node", n1, "25m")
+    lines += _fault("idle_allocated", "job", "forgotten", "5m")
+    lines += _fault("exporter_down", "node", last, "36m", "5m")
+    return "\n".join(lines) + "\n"
+
+
+def healthy(nodes: int, model: str, seed: int, pcie_node: bool = True) -> str:
+    """Only confounders (45 minutes); with ``pcie_node`` the last node is an L40S box with PCIe-only training."""
+    lines = _header(nodes, model, seed, "45m")
+    last = node(nodes - 1, nodes)
+    if pcie_node and nodes > 1:
+        lines += ["", "[[nodes]]", f'name = "{last}"', 'gpu_model = "L40S"']
+    lines += _job("train", "training", [f"{node(0, nodes)}:0-7"], user="alice", checkpoint_every="5m")
+    end = nodes - 1 if pcie_node and nodes > 1 else nodes
+    for chunk in _background(nodes, {node(0, nodes): list(range(8))}, start_node=1, end_node=end):
+        lines += chunk
+    if pcie_node and nodes > 1:
+        lines += _job("pcie-train", "training", [f"{last}:0-5"], user="erin", checkpoint_every="8m")
+        lines += _job("pcie-serve", "inference", [f"{last}:6"], user="svc")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,169 @@
+"""Detection quality over the simulator: every fault raises its alert, at the right GPU or job, in time; nothing else.
+
+Each scenario is replayed end to end (History -> evaluate -> step) at its own step, and the alerts that fired are
+matched against what its faults call for (``expect.py``). The example scenarios are also checked against lists
+written out by hand, so that the expectation logic cannot hide a mistake it shares with the rules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from alerts.rules import builtin_rules
+
+from . import scenarios
+from .expect import BOUNDED, Outcome, bound_s, run
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
+RULES = builtin_rules()
+
+
+def subjects(outcome: Outcome) -> list[tuple[str, str]]:
+    """(alertname, subject) of every fired alert, in firing order."""
+    out = []
+    for a in outcome.fired:
+        labels = a.labels
+        if "gpu" in labels:
+            subject = f"{labels['node']}:{labels['gpu']}"
+        else:
+            subject = labels.get("job_id") or labels.get("node", "")
+        out.append((a.alertname, subject))
+    return out
+
+
+def assert_clean(outcome: Outcome) -> None:
+    assert not outcome.missed, outcome.describe()
+    assert not outcome.false_alerts, outcome.describe()
+    assert not outcome.refired, outcome.describe()
+
+
+def assert_in_time(outcome: Outcome, step_s: float) -> None:
+    for name in BOUNDED:
+        for delay in outcome.delays(name):
+            assert 0 <= delay <= bound_s(name, RULES, step_s), (name, delay)
+
+
+# ------------------------------------------------------------------------------------------------ the examples
+
+
+def test_stall_example_raises_only_the_stall() -> None:
+    outcome = run((EXAMPLES / "stall.toml").read_text(), "stall.toml")
+    assert_clean(outcome)
+    assert subjects(outcome) == [("CommunicationStall", "llm-pretrain")]
+    [stall] = outcome.fired
+    assert stall.starts_at - outcome.expected[0].start == 300.0
+    assert stall.summary == "job llm-pretrain: 16 GPUs at 100% with no NVLink traffic for 5m"
+    assert stall.ends_at is not None
+
+
+def test_healthy_example_raises_nothing() -> None:
+    outcome = run((EXAMPLES / "healthy.toml").read_text(), "healthy.toml")
+    assert outcome.fired == []
+
+
+def test_demo_example() -> None:
+    outcome = run((EXAMPLES / "demo.toml").read_text(), "demo.toml")
+    assert_clean(outcome)
+    assert sorted(subjects(outcome)) == [
+        ("CommunicationStall", "llm-pretrain"),
+        ("GpuIdleAllocated", "node-03:4"),
+        ("GpuIdleAllocated", "node-03:5"),
+        ("GpuThermalThrottling", "node-03:2"),
+    ]
+
+
+def test_faults_example_raises_each_faults_alert() -> None:
+    outcome = run((EXAMPLES / "faults.toml").read_text(), "faults.toml")
+    assert_clean(outcome)
+    assert_in_time(outcome, 10.0)
+    expected = {
+        ("CommunicationStall", "pretrain"),
+        ("JobStraggler", "node-02:5"),
+        ("GpuThermalThrottling", "node-02:5"),  # the straggler is thermally slowed (sw_thermal)
+        ("GpuMemorySaturated", "node-03:0"),
+        ("GpuThermalThrottling", "node-03:1"),
+        ("GpuPowerCapped", "node-05:2"),
+        ("PcieLinkDegraded", "node-03:2"),
+        ("PcieBandwidthSaturated", "node-03:3"),
+        ("NvlinkErrors", "node-05:6"),
+        ("XidError", "node-05:1"),
+        ("GpuLost", "node-04:7"),
+        ("GpuIdleAllocated", "node-03:4"),
+        ("GpuIdleAllocated", "node-03:5"),
+        ("ExporterDown", "node-04"),
+        *(("NvlinkBandwidthSaturated", f"node-02:{i}") for i in range(8)),
+    }
+    assert set(subjects(outcome)) == expected
+    assert len(outcome.fired) == len(expected)  # each once
+
+
+# ------------------------------------------------------------------------------------------------ own scenarios
+
+JOB_CASES = [
+    (2, "H100-SXM5-80GB", 1, "pair", "10s"),
+    (2, "H200-SXM-141GB", 2, "two-node", "10s"),
+    (2, "L40S", 3, "two-node", "10s"),
+    (2, "A100-SXM4-80GB", 4, "node", "10s"),
+    (2, "H100-SXM5-80GB", 11, "two-node", "30s"),
+    (2, "L40S", 12, "pair", "5s"),
+    (8, "A100-SXM4-80GB", 5, "wide", "10s"),
+    (8, "L40S", 6, "spread", "10s"),
+    (8, "H100-SXM5-80GB", 7, "all", "10s"),
+    (8, "H200-SXM-141GB", 8, "spread", "15s"),
+    (32, "H100-SXM5-80GB", 9, "wide", "10s"),
+]
+
+
+@pytest.mark.parametrize(("nodes", "model", "seed", "topology", "step"), JOB_CASES)
+def test_job_faults(nodes: int, model: str, seed: int, topology: str, step: str) -> None:
+    text = scenarios.job_faults(nodes, model, seed, topology, step=step)
+    outcome = run(text, f"job-{nodes}-{model}-{topology}")
+    assert_clean(outcome)
+    found = {a.alertname for a in outcome.fired}
+    assert {"CommunicationStall", "JobStraggler"} <= found
+    assert ("NvlinkBandwidthSaturated" in found) == (model != "L40S" and topology != "spread")
+    assert_in_time(outcome, float(step.removesuffix("s")))
+
+
+@pytest.mark.parametrize(
+    ("nodes", "model", "seed"),
+    [(2, "H100-SXM5-80GB", 1), (2, "L40S", 2), (8, "A100-SXM4-80GB", 3), (8, "H200-SXM-141GB", 4)],
+)
+def test_gpu_faults(nodes: int, model: str, seed: int) -> None:
+    outcome = run(scenarios.gpu_faults(nodes, model, seed), f"gpu-{nodes}-{model}")
+    assert_clean(outcome)
+    found = {a.alertname for a in outcome.fired}
+    expected = {
+        "GpuMemorySaturated",
+        "GpuThermalThrottling",
+        "GpuPowerCapped",
+        "PcieLinkDegraded",
+        "PcieBandwidthSaturated",
+        "XidError",
+        "GpuLost",
+        "GpuIdleAllocated",
+        "ExporterDown",
+    }
+    assert found == expected | ({"NvlinkErrors"} if model != "L40S" else set())
+    xids = [a.labels["xid"] for a in outcome.fired if a.alertname == "XidError"]
+    assert xids == ["79"]  # XID 13 is an application error
+    capped = sorted(a.labels["gpu"] for a in outcome.fired if a.alertname == "GpuPowerCapped")
+    assert len(capped) == 2  # the inference GPU and the training rank, and no straggler for the rank
+    assert "JobStraggler" not in found
+
+
+@pytest.mark.parametrize(
+    ("nodes", "model", "seed", "pcie_node"),
+    [
+        (2, "L40S", 1, False),
+        (8, "H100-SXM5-80GB", 2, True),
+        (8, "A100-SXM4-80GB", 3, True),
+        (32, "H200-SXM-141GB", 4, True),
+    ],
+)
+def test_confounders_raise_nothing(nodes: int, model: str, seed: int, pcie_node: bool) -> None:
+    outcome = run(scenarios.healthy(nodes, model, seed, pcie_node), f"healthy-{nodes}-{model}")
+    assert outcome.fired == [], outcome.describe()
+    assert outcome.rounds == 270

@@ -47,12 +47,13 @@ from .catalogue import BUILTIN_NAMES
 from .grouping import ALL_LABELS, Route
 from .matchers import Matcher, MatcherError, parse_matcher
 from .notify import HttpPost, Notifier, SecretSource, env_secret, file_secret, urllib_post
+from .notify.logfile import LogNotifier
 from .notify.slack import SlackNotifier
 from .notify.webhook import WebhookNotifier
 from .rules import builtin_rules
 from .userrules import parse_user_rules
 
-RECEIVER_KINDS: Final = ("slack", "webhook")
+RECEIVER_KINDS: Final = ("slack", "webhook", "log")
 _SECTION_KEYS: Final = frozenset({"dashboard_url", "builtin", "rules", "receivers", "routes"})
 _RECEIVER_KEYS: Final = frozenset(
     {
@@ -66,6 +67,7 @@ _RECEIVER_KEYS: Final = frozenset(
         "password_file",
         "bearer_token_env",
         "bearer_token_file",
+        "path",
     }
 )
 _ROUTE_KEYS: Final = frozenset(
@@ -88,6 +90,7 @@ class ReceiverConfig:
     password_file: str | None = None
     bearer_token_env: str | None = None
     bearer_token_file: str | None = None
+    path: str | None = None  # kind = "log": the file that receives one JSON line per notification
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,10 @@ def build_notifiers(
     """A notifier for each configured receiver, by name."""
     notifiers: dict[str, Notifier] = {}
     for r in receivers:
+        if r.kind == "log":
+            assert r.path is not None
+            notifiers[r.name] = LogNotifier(r.path, name=r.name, external_url=dashboard_url or "")
+            continue
         url = _secret(r.url_env, r.url_file, environ)
         assert url is not None
         if r.kind == "slack":
@@ -235,6 +242,14 @@ class _Parser:
             if any(r.name == name for r in out):
                 raise table.fail("name", f"receiver {name!r} is defined twice")
             kind = table.choice("kind", RECEIVER_KINDS)
+            path = table.optional_text("path")
+            if kind == "log":
+                if path is None:
+                    raise table.fail("path", "missing required key (the file that receives the notifications)")
+                out.append(ReceiverConfig(name=name, kind=kind, path=path))
+                continue
+            if path is not None:
+                raise table.fail("path", "only log receivers take a path")
             url_env, url_file = table.one_of("url_env", "url_file", required=True)
             password_env, password_file = table.one_of("password_env", "password_file")
             token_env, token_file = table.one_of("bearer_token_env", "bearer_token_file")

@@ -116,6 +116,8 @@ SCHEMA: Final[tuple[Section, ...]] = (
     ),
 )
 SECTIONS: Final = {s.name: s for s in SCHEMA}
+# Sections validated by the component that owns them (the core cannot import it): their text and locator are kept.
+DELEGATED: Final = {"alerts": "alert rules, receivers and routes: see docs/alerts.md (validated by the alerts package)"}
 
 
 # --- typed settings -------------------------------------------------------------------------------------------------
@@ -178,7 +180,12 @@ class Settings:
     retention_hour_s: float
     targets: tuple[TargetSettings, ...] = ()
     file_sd: tuple[FileSdSettings, ...] = ()
-    raw: Mapping[str, Any] = field(default_factory=dict)  # the validated sections, for later consumers
+    raw: Mapping[str, Any] = field(default_factory=dict)  # the validated sections, and the delegated ones as parsed
+    text: str = ""  # the file's text, for the line numbers of errors found by delegated validators
+
+    @property
+    def locator(self) -> TomlLocator:
+        return TomlLocator(self.text)
 
 
 # --- validation -----------------------------------------------------------------------------------------------------
@@ -279,9 +286,15 @@ def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, st
         raise fail(f"invalid TOML: {exc}", None, int(m.group(1)) if m else None) from None
     validated: dict[str, Any] = {}
     for name, value in data.items():
+        if name in DELEGATED:
+            if not isinstance(value, dict):
+                raise fail(f"[{name}] must be a table", name, locator.line_of(None, None, name))
+            validated[name] = value
+            continue
         section = SECTIONS.get(name)
         if section is None:
-            raise fail(f"unknown section (expected one of {', '.join(SECTIONS)})", name, locator.line_of(name))
+            expected = ", ".join([*SECTIONS, *DELEGATED])
+            raise fail(f"unknown section (expected one of {expected})", name, locator.line_of(name))
         if section.array:
             if not isinstance(value, list):
                 raise fail(f"use [[{name}]] tables", name, locator.line_of(None, None, name))
@@ -352,6 +365,7 @@ def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, st
         targets=tuple(targets),
         file_sd=tuple(file_sd),
         raw=validated,
+        text=text,
     )
 
 
@@ -409,6 +423,8 @@ def configuration_reference() -> str:
                 meaning += f" Environment: `{key.env}`."
             lines.append(f"| `{key.name}` | {key.kind} | {_default_text(key)} | {meaning} |")
         lines.append("")
+    for name, text in DELEGATED.items():
+        lines += [f"## `[{name}]`", "", f"The {text}.", ""]
     lines += [
         "## Example",
         "",

@@ -1,0 +1,158 @@
+"""The alert engine inside the collector: rules after each scrape round, state and outbox in SQL, delivery.
+
+``AlertService`` loads the engine's states and notification groups from the database when it starts (so a
+restarted collector neither forgets a firing alert nor notifies it again), refills the rules' history from the last
+stored readings, runs after every round as a collector hook, saves what changed, and delivers due notifications
+from the durable outbox.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from alerts.config import AlertingConfig, build_notifiers, parse_alerting
+from alerts.engine import AlertEngine, EngineRound
+from alerts.grouping import GroupState
+from alerts.matchers import matchers_from_json
+from alerts.notify import Notifier
+from alerts.notify.delivery import Delivery, DeliveryCounts, OutboxItem
+from alerts.state import AlertState, Silence
+from gpulens.clock import Clock, SystemClock
+from gpulens.model import NodeSnapshot, TargetHealth
+from gpulens.settings import Settings
+from storage import alertstore
+from storage.collector import RoundResult
+from storage.db import Database, DatabaseUnavailableError
+
+log = logging.getLogger(__name__)
+
+
+class SqlOutbox:
+    """The ``OutboxStore`` protocol over the notification_outbox table."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def enqueue(self, receiver: str, payload: Mapping[str, Any], now: float) -> int:
+        return alertstore.outbox_enqueue(self._db, receiver, payload, now)
+
+    def due(self, now: float, limit: int) -> list[OutboxItem]:
+        return [
+            OutboxItem(
+                id=r.id,
+                receiver=r.receiver,
+                payload=r.payload,
+                attempts=r.attempts,
+                created_at=r.created_at,
+                next_attempt_at=r.next_attempt_at,
+                status=r.status,
+                last_error=r.last_error,
+            )
+            for r in alertstore.outbox_due(self._db, now, limit)
+        ]
+
+    def mark_sent(self, item_id: int, now: float) -> None:
+        alertstore.outbox_mark(self._db, item_id, status="sent")
+
+    def mark_retry(self, item_id: int, next_attempt_at: float, error: str) -> None:
+        alertstore.outbox_mark(self._db, item_id, status="pending", next_attempt_at=next_attempt_at, error=error)
+
+    def mark_failed(self, item_id: int, error: str) -> None:
+        alertstore.outbox_mark(self._db, item_id, status="failed", error=error)
+
+
+def silences_from_rows(rows: Sequence[alertstore.SilenceRow]) -> list[Silence]:
+    return [
+        Silence(
+            id=str(r.id),
+            matchers=matchers_from_json(r.matchers),
+            starts_at=r.starts_at,
+            ends_at=r.ends_at,
+            comment=r.comment,
+            created_by=r.created_by,
+        )
+        for r in rows
+    ]
+
+
+def alerting_config(settings: Settings) -> AlertingConfig:
+    """The ``[alerts]`` section of the settings, validated (errors name the file, the key and the line)."""
+    return parse_alerting(settings.raw.get("alerts"), source=settings.source, locator=settings.locator)
+
+
+class AlertService:
+    def __init__(
+        self,
+        db: Database,
+        config: AlertingConfig,
+        *,
+        clock: Clock | None = None,
+        notifiers: Mapping[str, Notifier] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self._db = db
+        self._clock = clock or SystemClock()
+        self.outbox = SqlOutbox(db)
+        states = {doc["fingerprint"]: AlertState.from_json(doc) for doc in alertstore.load_alert_states(db)}
+        groups = {key: GroupState.from_json(doc) for key, doc in alertstore.load_alert_groups(db).items()}
+        self.engine = AlertEngine(
+            config.rules,
+            routes=config.routes,
+            outbox=self.outbox,
+            silences=self._silences,
+            states=states,
+            groups=groups,
+            dashboard_url=config.dashboard_url,
+        )
+        self._notifiers = dict(
+            notifiers
+            if notifiers is not None
+            else build_notifiers(config.receivers, dashboard_url=config.dashboard_url, environ=environ)
+        )
+        self.delivery = Delivery(self.outbox, self._notifiers, clock=self._clock)
+        if states:
+            firing = sum(1 for s in states.values() if s.state == "firing")
+            log.info("alert engine resumed with %d stored alerts (%d firing)", len(states), firing)
+
+    def _silences(self) -> list[Silence]:
+        return silences_from_rows(alertstore.list_silences(self._db, now=self._clock.now()))
+
+    def process(self, now: float, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth]) -> EngineRound:
+        """One engine round: evaluate, save the new states, history and groups, enqueue notifications."""
+        result = self.engine.process(now, snapshots, targets)
+        alertstore.save_alert_round(
+            self._db,
+            states=[s.to_json() for s in result.result.states.values()],
+            removed=result.result.removed,
+            transitions=[
+                {
+                    "fingerprint": t.fingerprint,
+                    "rule": t.rule,
+                    "state": t.state,
+                    "labels": dict(t.labels),
+                    "value": t.value,
+                }
+                for t in result.result.transitions
+            ],
+            groups={key: g.to_json() for key, g in result.groups.items()},
+            now=now,
+        )
+        return result
+
+    def deliver(self, now: float | None = None) -> DeliveryCounts:
+        return self.delivery.run_due(self._clock.now() if now is None else now)
+
+    def hook(self, result: RoundResult) -> None:
+        """The collector's post-round hook. A database outage postpones the round's alerts, it does not crash."""
+        if not result.written:
+            return  # the round is spooled: judge it when it is stored, not from a partial view
+        try:
+            started = time.perf_counter()
+            self.process(result.time, result.snapshots, result.targets)
+            self.deliver()
+            log.debug("alert round took %.3fs", time.perf_counter() - started)
+        except DatabaseUnavailableError as exc:
+            log.warning("alert round postponed: %s", exc)

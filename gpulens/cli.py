@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import gpulens
-from gpulens.config import ConfigError, parse_duration
+from gpulens.config import ConfigError, format_timestamp, parse_duration
 from gpulens.model import SourceError
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -461,6 +461,153 @@ def _run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_rules(sub: Any) -> None:
+    p = sub.add_parser(
+        "rules",
+        help="the built-in alert rules",
+        description="The built-in alert rules, as the collector evaluates them or as a Prometheus rules file.",
+        epilog="examples:\n  gpulens rules export --format prometheus > gpulens-rules.yml\n"
+        "  gpulens rules export --format prometheus --config gpulens.toml   # with your threshold overrides\n",
+        formatter_class=_Formatter,
+    )
+    rsub = p.add_subparsers(dest="rules_command", metavar="ACTION", parser_class=_Parser)
+    rsub.required = True
+    export = rsub.add_parser("export", help="print the rules in another system's format")
+    export.add_argument("--format", choices=["prometheus"], default="prometheus", help="output format")
+    export.add_argument("--config", default=None, help="gpulens.toml whose [alerts] overrides apply")
+    export.set_defaults(func=_run_rules_export)
+
+
+def _run_rules_export(args: argparse.Namespace) -> int:
+    from alerts.promexport import prometheus_rules_yaml
+    from alerts.service import alerting_config
+    from gpulens.settings import default_settings, load_settings
+
+    settings = load_settings(args.config) if args.config else default_settings()
+    sys.stdout.write(prometheus_rules_yaml(alerting_config(settings).rules))
+    return 0
+
+
+def _add_silence(sub: Any) -> None:
+    p = sub.add_parser(
+        "silence",
+        help="mute alerts for a while",
+        description="Silences mute the notifications of matching alerts (they keep their state and stay on the "
+        "dashboard). Matchers are label=value, label!=value, label=~regex or label!~regex.",
+        epilog='examples:\n  gpulens silence add --match node=node-01 --duration 2h --comment "draining for repairs"\n'
+        "  gpulens silence list\n  gpulens silence expire 3\n",
+        formatter_class=_Formatter,
+    )
+    ssub = p.add_subparsers(dest="silence_command", metavar="ACTION", parser_class=_Parser)
+    ssub.required = True
+    add = ssub.add_parser("add", help="add a silence")
+    _add_db_flags(add)
+    add.add_argument("--match", action="append", required=True, help="label matcher; repeatable (all must match)")
+    add.add_argument("--duration", type=positive_duration, required=True, help="how long (30m, 2h, 1d)")
+    add.add_argument("--comment", required=True, help="why (shown with the silence)")
+    add.add_argument("--author", default=None, help="who (default: the login name)")
+    add.set_defaults(func=_run_silence)
+    lst = ssub.add_parser("list", help="list active silences")
+    _add_db_flags(lst)
+    lst.add_argument("--all", action="store_true", help="include expired silences")
+    lst.add_argument("--json", action="store_true", help="print one JSON array")
+    lst.set_defaults(func=_run_silence)
+    exp = ssub.add_parser("expire", help="end a silence now")
+    _add_db_flags(exp)
+    exp.add_argument("id", type=int, help="the silence's id (from silence list)")
+    exp.set_defaults(func=_run_silence)
+
+
+def _run_silence(args: argparse.Namespace) -> int:
+    import getpass
+    import json
+    import time
+
+    from alerts.matchers import MatcherError, parse_matcher
+    from gpulens.table import render_table
+    from storage import alertstore
+    from storage.app import open_database
+
+    now = time.time()
+    if args.silence_command == "add":
+        try:
+            matchers = [parse_matcher(m) for m in args.match]
+        except MatcherError as exc:
+            raise UsageError(f"--match: {exc}") from None
+    db = open_database(_settings(args))
+    try:
+        if args.silence_command == "add":
+            author = args.author or getpass.getuser()
+            silence_id = alertstore.add_silence(
+                db,
+                matchers=[m.to_json() for m in matchers],
+                starts_at=now,
+                ends_at=now + args.duration,
+                comment=args.comment,
+                created_by=author,
+                now=now,
+            )
+            print(f"silence {silence_id} added until {format_timestamp(now + args.duration)}")
+        elif args.silence_command == "expire":
+            if not alertstore.expire_silence(db, args.id, now):
+                raise CliError(f"no active silence {args.id}")
+            print(f"silence {args.id} expired")
+        else:
+            rows = [
+                {
+                    "id": r.id,
+                    "matchers": " ".join(f"{m['name']}{m['op']}{m['value']}" for m in r.matchers),
+                    "starts_at": r.starts_at,
+                    "ends_at": r.ends_at,
+                    "created_by": r.created_by,
+                    "comment": r.comment,
+                }
+                for r in alertstore.list_silences(db, now=now, include_expired=args.all)
+            ]
+            print(json.dumps(rows) if args.json else render_table(rows), end="" if not args.json else "\n")
+    finally:
+        db.close()
+    return 0
+
+
+def _add_alerts(sub: Any) -> None:
+    p = sub.add_parser(
+        "alerts",
+        help="alerting tools",
+        description="Alerting tools.",
+        epilog="example:\n  gpulens alerts test-notify ops-slack --config gpulens.toml\n",
+        formatter_class=_Formatter,
+    )
+    asub = p.add_subparsers(dest="alerts_command", metavar="ACTION", parser_class=_Parser)
+    asub.required = True
+    test = asub.add_parser("test-notify", help="send a test notification to a receiver now")
+    test.add_argument("receiver", help="a receiver name from [[alerts.receivers]]")
+    test.add_argument("--config", required=True, help="gpulens.toml with the receiver")
+    test.set_defaults(func=_run_test_notify)
+
+
+def _run_test_notify(args: argparse.Namespace) -> int:
+    import time
+
+    from alerts.config import build_notifiers
+    from alerts.notify import DeliveryError, probe_notification
+    from alerts.service import alerting_config
+    from gpulens.settings import load_settings
+
+    config = alerting_config(load_settings(args.config))
+    notifiers = build_notifiers(config.receivers, dashboard_url=config.dashboard_url)
+    notifier = notifiers.get(args.receiver)
+    if notifier is None:
+        raise CliError(f"no receiver {args.receiver!r} (the config has: {', '.join(notifiers) or 'none'})")
+    note = probe_notification(args.receiver, time.time())
+    try:
+        notifier.send(note.alerts, group_labels=note.group_labels, status=note.status, group_key=note.group_key)
+    except DeliveryError as exc:
+        raise CliError(exc.message) from None
+    print(f"test notification delivered to {args.receiver}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpulens",
@@ -478,6 +625,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_query(sub)
     _add_demo(sub)
     _add_simulate(sub)
+    _add_rules(sub)
+    _add_silence(sub)
+    _add_alerts(sub)
     return parser
 
 

@@ -1,0 +1,177 @@
+"""``gpulens rules export --format prometheus``: the builtin rules as a Prometheus rules file over gpulens metrics.
+
+For operators who alert with Prometheus and Alertmanager rather than (or next to) the collector. The threshold rules
+translate one to one, with the thresholds and ``for`` durations of the given rules (so config overrides carry over).
+``CommunicationStall`` and ``JobStraggler`` compare a job with its own baseline and its peers; PromQL can express
+approximations of both, given here, but the collector's detectors are more careful (baseline lengths, pauses, dead
+profiling counters); docs/alerts.md explains the difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from .base import AlertRule
+from .catalogue import (
+    COMMUNICATION_STALL,
+    ECC_UNCORRECTABLE,
+    EXPORTER_DOWN,
+    GPU_LOST,
+    HW_POWER_BRAKE,
+    IDLE_ALLOCATED,
+    JOB_STRAGGLER,
+    MEMORY_SATURATED,
+    NVLINK_ERRORS,
+    NVLINK_SATURATED,
+    PCIE_DEGRADED,
+    PCIE_SATURATED,
+    POWER_CAPPED,
+    THERMAL_THROTTLING,
+    XID_ERROR,
+)
+
+# The PCIe payload rate per lane per direction, bytes/s, by generation (DOMAIN.md section 1).
+_PCIE_LANE = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
+_JOB = "max by (node, gpu, uuid, job_id, user) (gpulens_gpu_job_info)"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds % 3600 == 0 and seconds:
+        return f"{seconds // 3600}h"
+    if seconds % 60 == 0 and seconds:
+        return f"{seconds // 60}m"
+    return f"{seconds}s"
+
+
+def _pcie_max() -> str:
+    """The link's maximum bytes/s per direction, from its max generation and width."""
+    cases = " or ".join(
+        f'(gpulens_gpu_pcie_link_generation{{state="max"}} == {gen}) * 0 + {rate:g}' for gen, rate in _PCIE_LANE.items()
+    )
+    return f'(({cases}) * on(node, gpu, uuid, model) gpulens_gpu_pcie_link_width{{state="max"}})'
+
+
+def _expr(rule: AlertRule) -> str | None:
+    t = rule.threshold
+    name = rule.name
+    if name == MEMORY_SATURATED:
+        return f"gpulens_gpu_memory_used_bytes / gpulens_gpu_memory_total_bytes >= {t('used_ratio'):g}"
+    if name == THERMAL_THROTTLING:
+        margin = t("margin_celsius")
+        return (
+            'max by (node, gpu, uuid, model) (gpulens_gpu_throttle_active{reason=~"sw_thermal|hw_thermal"}) == 1 '
+            f'or gpulens_gpu_temperature_celsius{{sensor="gpu"}} >= on(node, gpu, uuid, model) '
+            f"(gpulens_gpu_slowdown_temperature_celsius - {margin:g})"
+        )
+    if name == POWER_CAPPED:
+        return (
+            f"gpulens_gpu_power_watts >= {t('power_ratio'):g} * gpulens_gpu_power_limit_watts "
+            'and on(node, gpu, uuid, model) gpulens_gpu_throttle_active{reason="sw_power_cap"} == 1 '
+            f"and on(node, gpu, uuid, model) gpulens_gpu_utilization_ratio >= {t('busy_utilization'):g}"
+        )
+    if name == HW_POWER_BRAKE:
+        return 'gpulens_gpu_throttle_active{reason="hw_power_brake"} == 1'
+    if name == PCIE_SATURATED:
+        return (
+            "max by (node, gpu, uuid, model) (gpulens_gpu_pcie_throughput_bytes_per_second) "
+            f">= {t('utilization_ratio'):g} * {_pcie_max()}"
+        )
+    if name == NVLINK_SATURATED:
+        return (
+            "max by (node, gpu, uuid, model) (gpulens_gpu_nvlink_throughput_bytes_per_second) "
+            f">= {t('utilization_ratio'):g} * {t('link_bytes_per_second'):g} * gpulens_gpu_nvlink_links_active "
+            "and gpulens_gpu_nvlink_links_active > 0"
+        )
+    if name == PCIE_DEGRADED:
+        window = _duration(t("window_s"))
+        return (
+            '(gpulens_gpu_pcie_link_generation{state="current"} < ignoring(state) '
+            'gpulens_gpu_pcie_link_generation{state="max"} '
+            'or gpulens_gpu_pcie_link_width{state="current"} < ignoring(state) '
+            'gpulens_gpu_pcie_link_width{state="max"}) '
+            f"and on(node, gpu, uuid, model) gpulens_gpu_utilization_ratio >= {t('busy_utilization'):g} "
+            f"or increase(gpulens_gpu_pcie_replays_total[{window}]) * 60 / {t('window_s'):g} "
+            f"> {t('replays_per_minute'):g}"
+        )
+    if name == NVLINK_ERRORS:
+        window = _duration(t("window_s"))
+        return (
+            f'rate(gpulens_gpu_nvlink_errors_total{{type="crc_flit"}}[{window}]) > {t("crc_per_second"):g} '
+            f'or increase(gpulens_gpu_nvlink_errors_total{{type=~"replay|recovery"}}[{window}]) > 0'
+        )
+    if name == COMMUNICATION_STALL:
+        baseline = t("baseline_traffic_min_bytes_per_second")
+        quiet = baseline * t("quiet_ratio")
+        traffic = (
+            "(sum by (node, gpu, uuid) (gpulens_gpu_nvlink_throughput_bytes_per_second) "
+            "+ on(node, gpu, uuid) sum by (node, gpu, uuid) (gpulens_gpu_pcie_throughput_bytes_per_second))"
+        )
+        per_gpu = (
+            f"(max by (node, gpu, uuid) (gpulens_gpu_utilization_ratio) >= {t('utilization_min'):g}) "
+            f"and on(node, gpu, uuid) ({traffic} < {quiet:g}) "
+            f"and on(node, gpu, uuid) (max_over_time({traffic}[30m:1m]) >= {baseline:g})"
+        )
+        stalled = f"count by (job_id, user) (({per_gpu}) * on(node, gpu, uuid) group_left(job_id, user) {_JOB})"
+        total = f"count by (job_id, user) ({_JOB})"
+        return f"{stalled} == {total} and {total} >= 2"
+    if name == JOB_STRAGGLER:
+        clock = 'max by (node, gpu, uuid) (gpulens_gpu_clock_hertz{clock="sm"})'
+        with_job = f"{clock} * on(node, gpu, uuid) group_left(job_id, user) {_JOB}"
+        peers = f"quantile by (job_id) (0.5, {with_job})"
+        return (
+            f"({with_job}) < on(job_id) group_left() ({t('clock_ratio'):g} * {peers}) "
+            f"and on(job_id) (count by (job_id) ({_JOB}) >= 2)"
+        )
+    if name == IDLE_ALLOCATED:
+        return (
+            f"max by (node, gpu, uuid) (gpulens_gpu_utilization_ratio) < {t('utilization_max'):g} "
+            f"and on(node, gpu, uuid) {_JOB}"
+        )
+    if name == XID_ERROR:
+        codes = "|".join(str(int(c)) for c in rule.thresholds["codes"])  # type: ignore[union-attr]
+        return f'increase(gpulens_gpu_xid_errors_total{{xid=~"{codes}"}}[{_duration(t("window_s"))}]) > 0'
+    if name == ECC_UNCORRECTABLE:
+        window = _duration(t("window_s"))
+        return (
+            f'increase(gpulens_gpu_ecc_errors_total{{type="uncorrected"}}[{window}]) > 0 '
+            "or gpulens_gpu_remapped_rows_failure == 1"
+        )
+    if name == GPU_LOST:
+        return "gpulens_gpu_up == 0"
+    if name == EXPORTER_DOWN:
+        return 'up{job=~".*gpulens.*"} == 0'
+    return None
+
+
+def prometheus_rules(rules: Sequence[AlertRule], *, group: str = "gpulens") -> dict[str, Any]:
+    """A Prometheus rules document for the builtin rules among ``rules`` (user rules are skipped)."""
+    out = []
+    for rule in rules:
+        expr = _expr(rule)
+        if expr is None:
+            continue
+        entry: dict[str, Any] = {
+            "alert": rule.name,
+            "expr": expr,
+            "labels": {"severity": rule.severity, **dict(rule.labels)},
+            "annotations": {
+                "summary": f"{rule.name} on {{{{ $labels.node }}}} {{{{ $labels.gpu }}}} {{{{ $labels.job_id }}}}",
+                "description": rule.meaning,
+                "runbook": rule.action,
+            },
+        }
+        if rule.for_s:
+            entry["for"] = _duration(rule.for_s)
+        if rule.keep_firing_for_s:
+            entry["keep_firing_for"] = _duration(rule.keep_firing_for_s)
+        out.append(entry)
+    return {"groups": [{"name": group, "rules": out}]}
+
+
+def prometheus_rules_yaml(rules: Sequence[AlertRule]) -> str:
+    header = "# Generated by `gpulens rules export --format prometheus`; see docs/alerts.md.\n"
+    return header + yaml.safe_dump(prometheus_rules(rules), sort_keys=False, width=1000)

@@ -1,0 +1,51 @@
+"""The Prometheus export of the builtin rules: promtool accepts it, and the shipped file is current."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from alerts.catalogue import BUILTIN_NAMES
+from alerts.promexport import prometheus_rules_yaml
+from alerts.rules import builtin_rules
+
+SHIPPED = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "rules" / "gpulens.yml"
+
+
+def test_promtool_checks_the_exported_rules(promtool: str, tmp_path: Path) -> None:
+    path = tmp_path / "rules.yml"
+    path.write_text(prometheus_rules_yaml(builtin_rules()))
+    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(BUILTIN_NAMES)} rules found" in result.stdout
+
+
+def test_every_builtin_is_exported_with_its_severity_and_for() -> None:
+    doc = yaml.safe_load(prometheus_rules_yaml(builtin_rules()))
+    exported = {r["alert"]: r for r in doc["groups"][0]["rules"]}
+    assert set(exported) == set(BUILTIN_NAMES)
+    assert exported["CommunicationStall"]["labels"]["severity"] == "critical"
+    assert exported["CommunicationStall"]["for"] == "5m"
+    assert "gpulens_gpu_job_info" in exported["CommunicationStall"]["expr"]
+
+
+def test_overrides_reach_the_export() -> None:
+    doc = yaml.safe_load(
+        prometheus_rules_yaml(builtin_rules({"GpuMemorySaturated": {"used_ratio": 0.9, "for": "10m"}}))
+    )
+    rule = next(r for r in doc["groups"][0]["rules"] if r["alert"] == "GpuMemorySaturated")
+    assert rule["expr"].endswith(">= 0.9")
+    assert rule["for"] == "10m"
+
+
+def test_the_shipped_rules_file_is_current() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpulens.cli", "rules", "export", "--format", "prometheus"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert SHIPPED.read_text() == result.stdout, "regenerate deploy/prometheus/rules/gpulens.yml"

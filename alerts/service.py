@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from alerts.config import AlertingConfig, build_notifiers, parse_alerting
@@ -156,3 +157,50 @@ class AlertService:
             log.debug("alert round took %.3fs", time.perf_counter() - started)
         except DatabaseUnavailableError as exc:
             log.warning("alert round postponed: %s", exc)
+
+
+class SqlAlertReader:
+    """What the dashboard reads about alerts (``dashboard.alertdata.AlertReader``), from the engine's SQL tables."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def active(self) -> list[AlertState]:
+        states = [AlertState.from_json(doc) for doc in alertstore.load_alert_states(self._db)]
+        return [s for s in states if s.state in ("pending", "firing")]
+
+    def history(self, start: float, end: float) -> list[AlertState]:
+        """Alert episodes overlapping [start, end], rebuilt from the stored transitions, newest first."""
+        events = sorted(alertstore.alert_history(self._db, start - 86400.0, end, limit=5000), key=lambda e: e.at)
+        current = {doc["fingerprint"]: doc for doc in alertstore.load_alert_states(self._db)}
+        open_: dict[str, AlertState] = {}
+        episodes: list[AlertState] = []
+        for e in events:
+            episode = open_.get(e.fingerprint)
+            if e.state == "pending" or (e.state == "firing" and episode is None):
+                doc = current.get(e.fingerprint)
+                annotations = dict(doc["annotations"]) if doc else {}
+                episode = AlertState(
+                    fingerprint=e.fingerprint,
+                    rule=e.rule,
+                    labels=dict(e.labels),
+                    annotations=annotations,
+                    state=e.state,
+                    active_since=e.at,
+                    fired_at=e.at if e.state == "firing" else None,
+                    last_seen=e.at,
+                    value=e.value,
+                )
+                open_[e.fingerprint] = episode
+            elif e.state == "firing" and episode is not None:
+                open_[e.fingerprint] = replace(episode, state="firing", fired_at=e.at, last_seen=e.at, value=e.value)
+            elif e.state in ("resolved", "inactive") and episode is not None:
+                closed = replace(episode, state="resolved", resolved_at=e.at, last_seen=e.at)
+                del open_[e.fingerprint]
+                if closed.fired_at is not None and closed.resolved_at is not None and closed.resolved_at >= start:
+                    episodes.append(closed)
+        episodes.extend(s for s in open_.values() if s.fired_at is not None or s.state == "pending")
+        return sorted((s for s in episodes if s.active_since <= end), key=lambda s: s.active_since, reverse=True)
+
+    def silences(self, now: float) -> list[Silence]:
+        return silences_from_rows(alertstore.list_silences(self._db, now=now))

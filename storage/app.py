@@ -59,12 +59,18 @@ def run_collector(
     settings: Settings,
     announce: Callable[[str], None],
     *,
-    hooks: Sequence[RoundHook] = (),
+    hooks: Callable[[Database], Sequence[RoundHook]] | None = None,
     stop: threading.Event | None = None,
 ) -> int:
-    """Scrape until SIGINT/SIGTERM (or ``stop``). Raises on a bad start (ConfigError, OSError, database errors)."""
+    """Scrape until SIGINT/SIGTERM (or ``stop``). ``hooks`` builds the post-round hooks (the alert engine) once the
+    database is open. Raises on a bad start (ConfigError, OSError, database errors)."""
     db = open_database(settings)
-    collector = Collector(settings, db, hooks=hooks)
+    try:
+        round_hooks = hooks(db) if hooks is not None else ()
+    except BaseException:
+        db.close()
+        raise
+    collector = Collector(settings, db, hooks=round_hooks)
     host, port = _listen(settings.listen)
     try:
         try:

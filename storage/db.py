@@ -1,0 +1,231 @@
+"""The database handle: engine and sessions, migrations, error translation, URL redaction."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import event, exc
+from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import StaticPool
+
+from gpulens.clock import Clock, SystemClock
+from storage import schema
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
+SQLITE_BUSY_TIMEOUT_S: Final = 15.0
+PG_CONNECT_TIMEOUT_S: Final = 10
+_SQLITE_UNAVAILABLE: Final = ("locked", "busy", "unable to open", "disk i/o", "readonly", "full")
+_PASSWORD_IN_URL: Final = re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)")
+_PASSWORD_IN_QUERY: Final = re.compile(r"(?i)(password=)([^&\s]*)")
+_LOCK_KEYS: Final = {"1m": 0x6770756C656E7301, "1h": 0x6770756C656E7302}  # "gpulens" + tier number
+
+
+class DatabaseUnavailableError(Exception):
+    """The database cannot be reached now (refused, down, locked too long): the caller spools and retries."""
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``; safe for logs and error messages even if ``url`` is malformed."""
+    try:
+        parsed = sa.make_url(url)
+    except (exc.ArgumentError, ValueError):
+        return _PASSWORD_IN_QUERY.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***\3", url))
+    if "password" in parsed.query:
+        parsed = parsed.update_query_dict({"password": "***"})
+    return parsed.render_as_string(hide_password=True)
+
+
+def _normalise(url: str) -> URL:
+    try:
+        parsed = sa.make_url(url)
+    except (exc.ArgumentError, ValueError):
+        # Not echoed: a URL that does not parse cannot be redacted reliably.
+        raise ValueError("invalid database URL: use sqlite:///FILE or postgresql+psycopg://USER@HOST/DB") from None
+    backend = parsed.get_backend_name()
+    if backend == "postgres" or parsed.drivername == "postgresql":
+        return parsed.set(drivername="postgresql+psycopg")
+    if backend not in ("sqlite", "postgresql"):
+        raise ValueError(f"unsupported database {redact_url(url)!r}: use sqlite:///FILE or postgresql+psycopg://...")
+    if backend == "postgresql" and parsed.get_driver_name() != "psycopg":
+        raise ValueError(f"unsupported PostgreSQL driver in {redact_url(url)!r}: use postgresql+psycopg://")
+    return parsed
+
+
+class Database:
+    """One SQLite file or PostgreSQL database: one engine and one sessionmaker per instance.
+
+    Sessions are for one thread at a time; the caller owns each session it opens.
+    """
+
+    def __init__(self, url: str = "sqlite:///gpulens.db", *, clock: Clock | None = None) -> None:
+        parsed = _normalise(url)
+        self.url_redacted: str = redact_url(url)
+        self.dialect: str = parsed.get_backend_name()
+        self.clock: Clock = clock or SystemClock()
+        self._password = parsed.password if isinstance(parsed.password, str) and parsed.password else None
+        self.engine: Engine = self._create_engine(parsed)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._partitions: dict[str, set[int]] = {}
+
+    def _create_engine(self, url: URL) -> Engine:
+        if self.dialect == "postgresql":
+            return sa.create_engine(
+                url, pool_pre_ping=True, connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S}, hide_parameters=True
+            )
+        memory = url.database in (None, "", ":memory:")
+        connect_args: dict[str, Any] = {"check_same_thread": False}
+        if "timeout" not in url.query:  # sqlite:///FILE?timeout=SECONDS overrides the busy timeout
+            connect_args["timeout"] = SQLITE_BUSY_TIMEOUT_S
+        engine = sa.create_engine(
+            url, connect_args=connect_args, poolclass=StaticPool if memory else None, hide_parameters=True
+        )
+        event.listen(engine, "connect", _sqlite_on_connect)
+        event.listen(engine, "begin", _sqlite_on_begin)
+        return engine
+
+    # --- transactions -------------------------------------------------------------------------------------------
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session inside a transaction: committed when the block ends, rolled back if it raises.
+
+        Connection failures raise ``DatabaseUnavailableError``.
+        """
+        with self.translate_errors(), self._sessions() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def write_transaction(self) -> Iterator[Connection]:
+        """A connection in a write transaction (SQLite: BEGIN IMMEDIATE, so writers queue instead of failing)."""
+        with (
+            self.translate_errors(),
+            self.engine.connect().execution_options(gpulens_write=True) as conn,
+            conn.begin(),
+        ):
+            yield conn
+
+    @contextmanager
+    def translate_errors(self) -> Iterator[None]:
+        """Turn connection-level failures into ``DatabaseUnavailableError`` with a message free of the password."""
+        try:
+            yield
+        except (exc.OperationalError, exc.InterfaceError, exc.TimeoutError) as err:
+            if self._is_unavailable(err):
+                raise DatabaseUnavailableError(self._message(err)) from None
+            raise
+        except exc.DBAPIError as err:
+            if err.connection_invalidated:
+                raise DatabaseUnavailableError(self._message(err)) from None
+            raise
+
+    def _is_unavailable(self, err: exc.SQLAlchemyError) -> bool:
+        if self.dialect == "postgresql" or not isinstance(err, exc.OperationalError):
+            return True
+        text = str(err.orig).lower()
+        return any(marker in text for marker in _SQLITE_UNAVAILABLE)
+
+    def _message(self, err: exc.SQLAlchemyError) -> str:
+        cause = getattr(err, "orig", None) or err
+        detail = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        return self.scrub(f"database {self.url_redacted} unavailable: {type(cause).__name__}: {detail}")
+
+    def scrub(self, text: str) -> str:
+        """``text`` with this database's password replaced by ``***``."""
+        return text.replace(self._password, "***") if self._password else text
+
+    # --- lifecycle ----------------------------------------------------------------------------------------------
+
+    def upgrade(self) -> None:
+        """Apply every Alembic migration up to head. Idempotent."""
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+        with self.translate_errors(), self.engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.upgrade(config, "head")
+        log.info("database %s is at the latest schema", self.url_redacted)
+
+    def size_bytes(self) -> int:
+        """Bytes on disk: the SQLite file with its WAL, or pg_database_size."""
+        if self.dialect == "postgresql":
+            with self.session() as session:
+                return int(session.execute(sa.text("SELECT pg_database_size(current_database())")).scalar_one())
+        database = self.engine.url.database
+        if not database or database == ":memory:":
+            return 0
+        return sum(p.stat().st_size for p in (Path(database), Path(database + "-wal")) if p.exists())
+
+    def ensure_partitions(self, table: str, ts_values: Iterable[int]) -> None:
+        """PostgreSQL: create the partitions of ``table`` that hold ``ts_values``, and the one after the newest.
+
+        Each partition is created in its own short transaction, so collectors racing to create it do not fail.
+        """
+        if self.dialect != "postgresql":
+            return
+        width = schema.PARTITION_WIDTH_MS[table]
+        starts = {schema.partition_start(table, ts) for ts in ts_values}
+        starts |= {max(starts) + width} if starts else set()
+        for start in sorted(starts - self._partitions.setdefault(table, set())):
+            self._create_partition(table, start)
+            self._partitions[table].add(start)
+
+    def forget_partition(self, table: str, start: int) -> None:
+        """Retention dropped a partition: create it again if data for it arrives."""
+        self._partitions.get(table, set()).discard(start)
+
+    def _create_partition(self, table: str, start: int) -> None:
+        try:
+            with self.translate_errors(), self.engine.begin() as conn:
+                schema.create_partition(conn, table, start)
+        except (exc.IntegrityError, exc.ProgrammingError) as err:
+            # Another collector created it between our IF NOT EXISTS check and the CREATE.
+            with self.translate_errors(), self.engine.connect() as conn:
+                if start not in schema.existing_partitions(conn, table).values():
+                    raise err from None
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"Database({self.url_redacted!r})"
+
+
+def lock_tier(conn: Connection, tier: str, *, exclusive: bool) -> None:
+    """Serialise a rollup tier's builder (exclusive) with the writers of its source (shared), until commit.
+
+    PostgreSQL uses transaction-level advisory locks; on SQLite, BEGIN IMMEDIATE already serialises all writers.
+    """
+    if conn.dialect.name != "postgresql":
+        return
+    key = _LOCK_KEYS[tier]
+    function = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+    conn.exec_driver_sql(f"SELECT {function}(%(key)s)", {"key": key})
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy's "begin" event emit BEGIN itself (pysqlite's implicit transactions are off).
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA page_size=8192")  # takes effect only when the file is created
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA cache_size=-65536")
+        cursor.execute("PRAGMA temp_store=MEMORY")
+    finally:
+        cursor.close()
+
+
+def _sqlite_on_begin(conn: Connection) -> None:
+    immediate = conn.get_execution_options().get("gpulens_write", False)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")

@@ -1,0 +1,405 @@
+"""The SQL schema: tables, the integer encodings of GpuReading fields, and PostgreSQL day partitions.
+
+Time-series tables key rows by ``(gpu_id, ts_ms)``: ``gpu_id`` is the small integer id of the ``gpu`` table, where
+static GPU and node info is kept once, and ``ts_ms`` is integer milliseconds since the epoch. Low-volume tables (target
+health, alerts) store float seconds in ``*_at`` columns. See docs/storage.md for the reasoning and the measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass
+from typing import Final
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
+
+from gpulens.catalogue import GPU_FIELDS
+from gpulens.model import GpuReading
+
+metadata: Final = sa.MetaData()
+
+MINUTE_MS: Final = 60_000
+HOUR_MS: Final = 3_600_000
+DAY_MS: Final = 86_400_000
+
+# The SQL integer types used for encoded values, with the range each can hold.
+_INT_RANGES: Final[dict[type[sa.types.TypeEngine[int]], int]] = {
+    sa.SmallInteger: 2**15 - 1,
+    sa.Integer: 2**31 - 1,
+    sa.BigInteger: 2**63 - 1,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StoredField:
+    """One numeric GpuReading field as a column: SI value = stored * unit / per_unit.
+
+    ``kind`` decides how the field is aggregated: gauges get min/avg/max, counters an increase (rates are derived at
+    query time, counter resets handled), bitmasks a bitwise OR.
+    """
+
+    name: str
+    kind: str  # "gauge" | "counter" | "bitmask"
+    sql_type: type[sa.types.TypeEngine[int]]
+    unit: int = 1
+    per_unit: int = 1
+    is_bool: bool = False
+    is_int: bool = False  # the GpuReading field is an int (decode to int)
+
+    @property
+    def limit(self) -> int:
+        return _INT_RANGES[self.sql_type]
+
+    def sql_encode(self, value: str, dialect: str) -> str:
+        """SQL turning the SI value ``value`` (a parameter or column) into the stored integer; NULL if it won't fit.
+
+        Encoding in SQL keeps the writer's Python work per reading to building one tuple.
+        """
+        if self.is_bool:
+            # sqlite3 binds Python booleans as 1 and 0; PostgreSQL stages them as booleans.
+            return f"CASE WHEN {value} THEN 1 WHEN NOT {value} THEN 0 END" if dialect == "postgresql" else value
+        scaled = value if self.unit == self.per_unit else f"({value} * {self.per_unit / self.unit!r})"
+        rounded = value if self.is_int and self.unit == self.per_unit else f"round({scaled})"
+        cast = "bigint" if dialect == "postgresql" else "INTEGER"
+        return f"CASE WHEN {scaled} BETWEEN {-self.limit} AND {self.limit} THEN CAST({rounded} AS {cast}) END"
+
+    def sql_decode(self, column: str, dialect: str) -> str:
+        """SQL turning the stored ``column`` back into the SI value (booleans stay 0/1: SQL has no portable bool)."""
+        if self.is_bool or (self.unit == 1 and self.per_unit == 1):
+            return column
+        if self.is_int:
+            return f"{column} * {self.unit}"
+        real = f"CAST({column} AS {'DOUBLE PRECISION' if dialect == 'postgresql' else 'REAL'})"
+        return f"{real} / {self.per_unit}" if self.per_unit != 1 else f"{real} * {self.unit}"
+
+    def to_si(self, stored: float) -> float:
+        """A stored-unit quantity (an average, a rate, a spread) in SI units, as a float."""
+        return stored * self.unit / self.per_unit
+
+
+# Encodings by unit suffix, for float fields: (suffix, sql type, unit, per_unit).
+_FLOAT_ENCODINGS: Final = (
+    ("_ratio", sa.SmallInteger, 1, 10_000),  # 1/10000
+    ("_celsius", sa.SmallInteger, 1, 10),  # 0.1 degree
+    ("_watts", sa.Integer, 1, 10),  # deciwatts
+    ("_joules_total", sa.BigInteger, 1, 1000),  # millijoules
+    ("_hertz", sa.Integer, 1_000_000, 1),  # MHz, NVML's own resolution
+    ("_bytes_per_second", sa.BigInteger, 1000, 1),  # kB/s, NVML's own resolution
+)
+
+
+def _stored_field(name: str, annotation: str, kind: str) -> StoredField:
+    if annotation == "bool | None":
+        return StoredField(name, kind, sa.SmallInteger, is_bool=True)
+    if annotation == "int | None":
+        if name.endswith("_bytes"):
+            return StoredField(name, kind, sa.BigInteger, unit=1024, is_int=True)  # KiB
+        sql_type = sa.BigInteger if kind == "counter" else sa.Integer
+        return StoredField(name, kind, sql_type, is_int=True)
+    for suffix, sql_type, unit, per_unit in _FLOAT_ENCODINGS:
+        if annotation == "float | None" and name.endswith(suffix):
+            return StoredField(name, kind, sql_type, unit=unit, per_unit=per_unit)
+    raise TypeError(f"no storage encoding for GpuReading.{name} ({annotation}): add one in storage/schema.py")
+
+
+def _sample_fields() -> tuple[StoredField, ...]:
+    annotations = {f.name: str(f.type) for f in dataclasses.fields(GpuReading)}
+    fields = [StoredField("up", "gauge", sa.SmallInteger, is_bool=True)]
+    fields += [_stored_field(spec.field, annotations[spec.field], spec.type) for spec in GPU_FIELDS]
+    fields.append(StoredField("throttle_reasons", "bitmask", sa.Integer, is_int=True))
+    fields.append(StoredField("xid_total", "counter", sa.BigInteger, is_int=True))
+    return tuple(fields)
+
+
+# Every numeric column of a sample row, in column order. ``xid_total`` is the sum of the per-code XID counters; the
+# per-code counts themselves are kept as compact JSON in ``xid_errors`` (NULL when there are none).
+SAMPLE_FIELDS: Final[tuple[StoredField, ...]] = _sample_fields()
+FIELD_BY_NAME: Final[dict[str, StoredField]] = {f.name: f for f in SAMPLE_FIELDS}
+
+# --- static info --------------------------------------------------------------------------------------------------
+
+gpu: Final = sa.Table(
+    "gpu",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("uuid", sa.Text, nullable=False, unique=True),
+    sa.Column("node", sa.Text, nullable=False),
+    sa.Column("gpu_index", sa.SmallInteger, nullable=False),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("pci_bus_id", sa.Text),
+    sa.Column("driver_version", sa.Text),
+    sa.Column("mig_enabled", sa.Boolean(create_constraint=False)),
+    sa.Column("first_seen_ms", sa.BigInteger, nullable=False),
+    sa.Column("last_seen_ms", sa.BigInteger, nullable=False),
+)
+
+# --- time series --------------------------------------------------------------------------------------------------
+
+
+def _sample_table() -> sa.Table:
+    """The raw samples: a heap that each scrape round appends to, with a unique index for idempotent inserts.
+
+    SQLite's unique index leads with the minute, ``(ts_ms / 60000, gpu_id, ts_ms)``: a round then touches the index
+    pages of one minute instead of one page per GPU, which keeps inserts fast when the table is large (measured in
+    docs/storage.md). One GPU's range is read with one index seek per minute. PostgreSQL indexes ``(gpu_id, ts_ms)``
+    within each day partition.
+    """
+    table = sa.Table(
+        "gpu_sample",
+        metadata,
+        sa.Column("gpu_id", sa.Integer, nullable=False),
+        sa.Column("ts_ms", sa.BigInteger, nullable=False),
+        *_sample_columns(),
+        postgresql_partition_by="RANGE (ts_ms)",
+    )
+    minute = table.c.ts_ms // MINUTE_MS
+    sa.Index("ux_gpu_sample_minute_gpu_ts", minute, table.c.gpu_id, table.c.ts_ms, unique=True).ddl_if(dialect="sqlite")
+    sa.Index("ux_gpu_sample_gpu_ts", table.c.gpu_id, table.c.ts_ms, unique=True).ddl_if(dialect="postgresql")
+    return table
+
+
+def _rollup_table(name: str) -> sa.Table:
+    # Written in batches once a minute or hour and read one GPU at a time: clustered by (gpu_id, ts_ms).
+    return sa.Table(
+        name,
+        metadata,
+        sa.Column("gpu_id", sa.Integer, nullable=False),
+        sa.Column("ts_ms", sa.BigInteger, nullable=False),
+        *_rollup_columns(),
+        sa.PrimaryKeyConstraint("gpu_id", "ts_ms"),
+        sqlite_with_rowid=False,
+        postgresql_partition_by="RANGE (ts_ms)",
+    )
+
+
+def _sample_columns() -> list[sa.Column[object]]:
+    columns: list[sa.Column[object]] = [sa.Column(f.name, f.sql_type(), nullable=f.name != "up") for f in SAMPLE_FIELDS]
+    columns.append(sa.Column("xid_errors", sa.Text))
+    return columns
+
+
+def _rollup_columns() -> list[sa.Column[object]]:
+    columns: list[sa.Column[object]] = [
+        sa.Column("n", sa.Integer, nullable=False),  # samples in the bucket
+        sa.Column("elapsed_ms", sa.BigInteger),  # sum of the gaps to each sample's predecessor (rate denominator)
+    ]
+    for f in SAMPLE_FIELDS:
+        if f.kind == "gauge":
+            columns.append(sa.Column(f"{f.name}_min", f.sql_type()))
+            columns.append(sa.Column(f"{f.name}_avg", sa.Double()))
+            columns.append(sa.Column(f"{f.name}_max", f.sql_type()))
+        elif f.kind == "counter":
+            columns.append(sa.Column(f"{f.name}_inc", sa.BigInteger()))
+        else:
+            columns.append(sa.Column(f"{f.name}_or", f.sql_type()))
+    return columns
+
+
+gpu_sample: Final = _sample_table()
+
+
+def newest_sample_ms(dialect: str) -> sa.ScalarSelect[int]:
+    """A correlated subquery: the ts_ms of the newest sample of the ``gpu`` row in the enclosing query.
+
+    The writer moves ``gpu.last_seen_ms`` when a sample is a minute or more newer than it, so the newest sample always
+    lies in ``[last_seen_ms, last_seen_ms + 1 minute)``: a bounded seek on either backend.
+    """
+    g, s = gpu, gpu_sample
+    width = sa.literal_column(
+        str(MINUTE_MS), sa.BigInteger
+    )  # a literal, not a parameter: SQLite matches it to the index expression
+    conditions = [s.c.gpu_id == g.c.id, s.c.ts_ms >= g.c.last_seen_ms, s.c.ts_ms < g.c.last_seen_ms + width]
+    if dialect == "sqlite":
+        minute = g.c.last_seen_ms // width
+        conditions.append((s.c.ts_ms // width).in_([minute, minute + sa.literal_column("1", sa.BigInteger)]))
+    return sa.select(sa.func.max(s.c.ts_ms)).where(*conditions).scalar_subquery()
+
+
+gpu_rollup_1m: Final = _rollup_table("gpu_rollup_1m")
+gpu_rollup_1h: Final = _rollup_table("gpu_rollup_1h")
+
+# PostgreSQL range partitions: their width, aligned to the epoch (1-day partitions start at midnight UTC).
+PARTITION_WIDTH_MS: Final = {"gpu_sample": DAY_MS, "gpu_rollup_1m": DAY_MS, "gpu_rollup_1h": 30 * DAY_MS}
+
+# Rollup bookkeeping: per tier, everything below position_ms is rolled up; horizon_ms is the retention cutoff last
+# applied (data older than it may be gone). Late writes below a position leave a rollup_dirty mark.
+tier_state: Final = sa.Table(
+    "tier_state",
+    metadata,
+    sa.Column("tier", sa.Text, primary_key=True),
+    sa.Column("position_ms", sa.BigInteger),
+    sa.Column("horizon_ms", sa.BigInteger),
+)
+rollup_dirty: Final = sa.Table(
+    "rollup_dirty",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("tier", sa.Text, nullable=False),
+    sa.Column("from_ms", sa.BigInteger, nullable=False),
+)
+TIERS: Final = ("raw", "1m", "1h")
+
+# --- jobs, processes, links (written when they change, not every scrape) ------------------------------------------
+
+job_allocation: Final = sa.Table(
+    "job_allocation",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.Text, nullable=False),
+    sa.Column("gpu_id", sa.Integer, sa.ForeignKey("gpu.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("user_name", sa.Text),
+    sa.Column("start_ms", sa.BigInteger, nullable=False),  # first reading that showed the job on the GPU
+    sa.Column("end_ms", sa.BigInteger),  # last reading that showed it; NULL while it is still there
+    sa.UniqueConstraint("gpu_id", "job_id", "start_ms"),
+    sa.Index("ix_job_allocation_job_id", "job_id"),
+    sa.Index("ix_job_allocation_start_ms", "start_ms"),
+)
+process_latest: Final = sa.Table(
+    "process_latest",
+    metadata,
+    sa.Column("gpu_id", sa.Integer, sa.ForeignKey("gpu.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("pid", sa.Integer, primary_key=True),
+    sa.Column("seen_ms", sa.BigInteger, nullable=False),
+    sa.Column("used_memory_bytes", sa.BigInteger),
+    sa.Column("command", sa.Text),
+    sa.Column("user_name", sa.Text),
+    sa.Column("job_id", sa.Text),
+)
+nvlink_down: Final = sa.Table(
+    "nvlink_down",
+    metadata,
+    sa.Column("gpu_id", sa.Integer, sa.ForeignKey("gpu.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("link", sa.SmallInteger, primary_key=True),
+    sa.Column("start_ms", sa.BigInteger, primary_key=True),  # first reading that showed the link inactive
+    sa.Column("end_ms", sa.BigInteger),  # last reading that showed it inactive; NULL while it still is
+    sa.Column("remote_pci_bus_id", sa.Text),
+)
+
+# --- collector ----------------------------------------------------------------------------------------------------
+
+target_health: Final = sa.Table(
+    "target_health",
+    metadata,
+    sa.Column("target", sa.Text, primary_key=True),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("node", sa.Text),
+    sa.Column("up", sa.Boolean(create_constraint=False), nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Column("scrape_duration_seconds", sa.Double),
+    sa.Column("samples", sa.Integer, nullable=False),
+    sa.Column("rejected", sa.Integer, nullable=False),
+    sa.Column("last_error", sa.Text),
+)
+
+# --- alerts (used by the alerts issue) ----------------------------------------------------------------------------
+
+_JSON: Final = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+alert_state: Final = sa.Table(
+    "alert_state",
+    metadata,
+    sa.Column("fingerprint", sa.Text, primary_key=True),
+    sa.Column("rule", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),  # "pending" | "firing" | "resolved"
+    sa.Column("labels", _JSON, nullable=False),
+    sa.Column("annotations", _JSON, nullable=False),
+    sa.Column("value", sa.Double),
+    sa.Column("active_at", sa.Double, nullable=False),
+    sa.Column("fired_at", sa.Double),
+    sa.Column("resolved_at", sa.Double),
+    sa.Column("last_eval_at", sa.Double, nullable=False),
+    sa.Column("last_notified_at", sa.Double),
+    # v0002: the engine's whole AlertState as JSON (what a restarted collector resumes from), and why it is muted
+    sa.Column("muted", sa.Text),
+    sa.Column("document", _JSON),
+    sa.Index("ix_alert_state_state", "state"),
+)
+# v0002: Alertmanager-like notification groups (group_wait / group_interval / repeat_interval bookkeeping)
+alert_group: Final = sa.Table(
+    "alert_group",
+    metadata,
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("state", _JSON, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+)
+alert_history: Final = sa.Table(
+    "alert_history",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("fingerprint", sa.Text, nullable=False),
+    sa.Column("rule", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("labels", _JSON, nullable=False),
+    sa.Column("value", sa.Double),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Index("ix_alert_history_fingerprint_at", "fingerprint", "at"),
+    sa.Index("ix_alert_history_at", "at"),
+)
+notification_outbox: Final = sa.Table(
+    "notification_outbox",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("receiver", sa.Text, nullable=False),
+    sa.Column("payload", _JSON, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),  # "pending" | "sent" | "failed"
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("next_attempt_at", sa.Double, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("last_error", sa.Text),
+    sa.Index("ix_notification_outbox_status_next", "status", "next_attempt_at"),
+)
+silence: Final = sa.Table(
+    "silence",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("matchers", _JSON, nullable=False),
+    sa.Column("starts_at", sa.Double, nullable=False),
+    sa.Column("ends_at", sa.Double, nullable=False),
+    sa.Column("comment", sa.Text, nullable=False),
+    sa.Column("created_by", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Index("ix_silence_ends_at", "ends_at"),
+)
+
+# --- PostgreSQL partitions ----------------------------------------------------------------------------------------
+
+
+def partition_name(table: str, start_ms: int) -> str:
+    """``gpu_sample_p20240131``: the partition of ``table`` that starts at ``start_ms`` (UTC date)."""
+    day = dt.datetime.fromtimestamp(start_ms / 1000, tz=dt.UTC)
+    return f"{table}_p{day:%Y%m%d}"
+
+
+def partition_start(table: str, ts_ms: int) -> int:
+    width = PARTITION_WIDTH_MS[table]
+    return ts_ms - ts_ms % width
+
+
+def existing_partitions(conn: Connection, table: str) -> dict[str, int]:
+    """The partitions of ``table`` on PostgreSQL: name -> start_ms, read from the catalogue's partition bounds."""
+    rows = conn.exec_driver_sql(
+        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+        "JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent "
+        "WHERE p.relname = %(table)s AND p.relnamespace = to_regnamespace(current_schema())::oid",
+        {"table": table},
+    ).all()
+    out: dict[str, int] = {}
+    for name, bound in rows:
+        # "FOR VALUES FROM ('1700006400000') TO ('1700092800000')"
+        start = str(bound).split("(", 1)[1].split(")", 1)[0].strip("'")
+        out[str(name)] = int(start)
+    return out
+
+
+def create_partition(conn: Connection, table: str, start_ms: int) -> None:
+    """Create the partition of ``table`` that starts at ``start_ms`` unless it exists."""
+    width = PARTITION_WIDTH_MS[table]
+    name = partition_name(table, start_ms)
+    conn.exec_driver_sql(
+        f'CREATE TABLE IF NOT EXISTS "{name}" PARTITION OF "{table}" '
+        f"FOR VALUES FROM ({int(start_ms)}) TO ({int(start_ms + width)})"
+    )

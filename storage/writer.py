@@ -1,0 +1,461 @@
+"""The single write path: one transaction per scrape round, idempotent, batched.
+
+Each GPU reading becomes one wide row of ``gpu_sample``: ``INSERT OR IGNORE`` executemany on SQLite; ``COPY`` into a
+temporary table then ``INSERT ... SELECT ... ON CONFLICT DO NOTHING`` on PostgreSQL. Values travel in SI units and
+the SQL statement encodes them (``StoredField.sql_encode``), which keeps the Python work per reading to one tuple.
+
+Jobs, processes and inactive NVLinks are written only when they change. The writer keeps what it has stored per GPU
+in memory, compares each node's snapshot with the node's previous one, and reloads its state from the database after
+any failure, so a failed transaction never leaves memory and database apart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from gpulens.model import GpuReading, NodeSnapshot, TargetHealth
+from storage import schema
+from storage.db import Database, lock_tier
+
+# gpu.last_seen_ms moves at most once a minute per GPU, not every scrape (see schema.newest_sample_ms).
+LAST_SEEN_RESOLUTION_MS: Final = schema.MINUTE_MS
+
+_ENCODED_FIELDS: Final = schema.SAMPLE_FIELDS[:-1]  # every field but xid_total (the last), derived from xid_errors
+_READING_VALUES: Final[Callable[[GpuReading], tuple[Any, ...]]] = attrgetter(*(f.name for f in _ENCODED_FIELDS))
+# The order of a row tuple: the reading's values first, so one tuple concatenation builds a row.
+_ROW_COLUMNS: Final = (*(f.name for f in _ENCODED_FIELDS), "gpu_id", "ts_ms", "xid_total", "xid_errors")
+_XID_TOTAL_LIMIT: Final = schema.FIELD_BY_NAME["xid_total"].limit
+_NO_XIDS: Final = (0, None)
+_PG_STAGE: Final = "gpulens_sample_in"
+
+Static = tuple[str, int, str, str | None, str | None, bool | None]
+ProcessRow = tuple[int, int | None, str | None, str | None, str | None]
+_static: Final[Callable[[GpuReading], Static]] = attrgetter(
+    "node", "gpu", "model", "pci_bus_id", "driver_version", "mig_enabled"
+)
+
+
+def _sqlite_insert() -> str:
+    encoded = [f.sql_encode(f"?{i}", "sqlite") for i, f in enumerate(_ENCODED_FIELDS, start=1)]
+    rest = [f"?{i}" for i in range(len(_ENCODED_FIELDS) + 1, len(_ROW_COLUMNS) + 1)]
+    columns = ", ".join(_ROW_COLUMNS)
+    return f"INSERT OR IGNORE INTO gpu_sample ({columns}) VALUES ({', '.join(encoded + rest)})"  # noqa: S608
+
+
+def _pg_stage_ddl() -> str:
+    types = ["boolean" if f.is_bool else "numeric" if f.is_int else "double precision" for f in _ENCODED_FIELDS]
+    types += ["integer", "bigint", "bigint", "text"]
+    columns = ", ".join(f"{name} {kind}" for name, kind in zip(_ROW_COLUMNS, types, strict=True))
+    return f"CREATE TEMP TABLE IF NOT EXISTS {_PG_STAGE} ({columns}) ON COMMIT DELETE ROWS"
+
+
+def _pg_insert() -> str:
+    encoded = [f.sql_encode(f.name, "postgresql") for f in _ENCODED_FIELDS]
+    values = ", ".join([*encoded, "gpu_id", "ts_ms", "xid_total", "xid_errors"])
+    columns = ", ".join(_ROW_COLUMNS)
+    return f"INSERT INTO gpu_sample ({columns}) SELECT {values} FROM {_PG_STAGE} ON CONFLICT DO NOTHING"  # noqa: S608
+
+
+_SQLITE_INSERT: Final = _sqlite_insert()
+_PG_STAGE_DDL: Final = _pg_stage_ddl()
+_PG_INSERT: Final = _pg_insert()
+_PG_COPY: Final = f"COPY {_PG_STAGE} ({', '.join(_ROW_COLUMNS)}) FROM STDIN"
+
+
+@dataclass
+class WriteStats:
+    """Rows written by one ``Writer.write`` call (rows already stored are not counted again)."""
+
+    gpu_rows: int = 0
+    process_rows: int = 0
+    link_rows: int = 0
+    job_rows: int = 0
+    target_rows: int = 0
+
+
+@dataclass(slots=True)
+class _GpuState:
+    """What is stored for one GPU."""
+
+    id: int
+    static: Static
+    last_ms: int  # the newest reading written
+    stored_last_seen_ms: int  # gpu.last_seen_ms in the database
+    jobs: dict[str, str | None] = field(default_factory=dict)  # open allocations: job_id -> user
+    links_down: set[int] = field(default_factory=set)  # links with an open nvlink_down row
+    processes: tuple[ProcessRow, ...] | None = None  # None: unknown, rewritten on the next reading
+
+
+@dataclass(slots=True)
+class _Parts:
+    """What one snapshot says about one GPU besides its reading."""
+
+    jobs: dict[str, str | None] = field(default_factory=dict)
+    processes: list[ProcessRow] = field(default_factory=list)
+    links_down: dict[int, str | None] | None = None  # None when the source reports no links for the GPU
+
+
+@dataclass(slots=True)
+class _Changes:
+    """The job, link and process rows one write inserts or closes."""
+
+    opened_jobs: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
+    finished_jobs: list[dict[str, Any]] = field(default_factory=list)  # opened and closed within the round
+    closed_jobs: list[dict[str, Any]] = field(default_factory=list)
+    opened_links: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    finished_links: list[dict[str, Any]] = field(default_factory=list)
+    closed_links: list[dict[str, Any]] = field(default_factory=list)
+    process_gpus: list[int] = field(default_factory=list)
+    process_rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def _xid_columns(xids: Mapping[int, int]) -> tuple[int | None, str | None]:
+    total = sum(xids.values())
+    text = json.dumps({str(code): xids[code] for code in sorted(xids)}, separators=(",", ":"))
+    return (total if 0 <= total <= _XID_TOTAL_LIMIT else None), text
+
+
+def _signature(snapshot: NodeSnapshot) -> tuple[Any, ...]:
+    """Everything about a snapshot that the job, process and link tables depend on, as plain tuples."""
+    return (
+        tuple(reading.uuid for reading in snapshot.gpus),
+        tuple((j.uuid, j.job_id, j.user) for j in snapshot.jobs),
+        tuple((p.uuid, p.pid, p.used_memory_bytes, p.command, p.user, p.job_id) for p in snapshot.processes),
+        bool(snapshot.links),
+        tuple((link.uuid, link.link, link.remote_pci_bus_id) for link in snapshot.links if not link.active),
+    )
+
+
+def _parts(snapshot: NodeSnapshot) -> dict[str, _Parts]:
+    parts = {reading.uuid: _Parts() for reading in snapshot.gpus}
+    for p in snapshot.processes:
+        part = parts.get(p.uuid)
+        if part is not None:
+            part.processes.append((p.pid, p.used_memory_bytes, p.command, p.user, p.job_id))
+            if p.job_id is not None:
+                part.jobs.setdefault(p.job_id, p.user)
+    for job in snapshot.jobs:
+        part = parts.get(job.uuid)
+        if part is not None:
+            part.jobs[job.job_id] = job.user or part.jobs.get(job.job_id)
+    for link in snapshot.links:
+        part = parts.get(link.uuid)
+        if part is not None:
+            part.links_down = {} if part.links_down is None else part.links_down
+            if not link.active:
+                part.links_down[link.link] = link.remote_pci_bus_id
+    return parts
+
+
+class Writer:
+    """Writes scrape rounds. One writer per process, used from one thread (the collector's write loop).
+
+    A GPU is written by one collector at a time: shards split targets, so no two collectors share a GPU.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._gpus: dict[str, _GpuState] | None = None
+        self._signatures: dict[str, tuple[Any, ...] | None] = {}
+
+    def write(self, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth] = ()) -> WriteStats:
+        """Store a scrape round in one transaction. Raises ``DatabaseUnavailableError`` (nothing written)."""
+        readings = self._readings(snapshots)
+        stats = WriteStats()
+        try:
+            self._db.ensure_partitions("gpu_sample", (_ms(r.timestamp) for r in readings))
+            with self._db.write_transaction() as conn:
+                gpus = self._gpus = self._gpus if self._gpus is not None else self._load(conn)
+                lock_tier(conn, "1m", exclusive=False)
+                self._resolve_gpus(conn, readings, gpus)
+                stats.gpu_rows = self._insert_samples(conn, readings, gpus)
+                self._mark_late(conn, readings)
+                self._update_last_seen(conn, readings, gpus)
+                changes = self._changes(snapshots, gpus)
+                stats.job_rows, stats.link_rows, stats.process_rows = self._write_changes(conn, changes)
+                stats.target_rows = self._write_targets(conn, targets)
+        except BaseException:
+            # The state was updated as the round went; the commit may or may not have happened. Reload it.
+            self._gpus = None
+            self._signatures = {}
+            raise
+        return stats
+
+    # --- readings and static GPU info ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _readings(snapshots: Sequence[NodeSnapshot]) -> list[GpuReading]:
+        """Every reading once per (uuid, ms); a later duplicate in the round wins."""
+        readings = [reading for snapshot in snapshots for reading in snapshot.gpus]
+        if len({reading.uuid for reading in readings}) == len(readings):
+            return readings
+        unique = {(reading.uuid, _ms(reading.timestamp)): reading for reading in readings}
+        return list(unique.values())
+
+    def _load(self, conn: Connection) -> dict[str, _GpuState]:
+        g = schema.gpu
+        newest = schema.newest_sample_ms(self._db.dialect)
+        columns = (g.c.id, g.c.uuid, g.c.node, g.c.gpu_index, g.c.model, g.c.pci_bus_id, g.c.driver_version)
+        gpus: dict[str, _GpuState] = {}
+        by_id: dict[int, _GpuState] = {}
+        for row in conn.execute(sa.select(*columns, g.c.mig_enabled, g.c.last_seen_ms, newest.label("newest"))):
+            static = (row.node, row.gpu_index, row.model, row.pci_bus_id, row.driver_version, row.mig_enabled)
+            last_ms = row.newest if row.newest is not None else row.last_seen_ms
+            gpus[row.uuid] = by_id[row.id] = _GpuState(row.id, static, last_ms, row.last_seen_ms)
+        a = schema.job_allocation
+        for row in conn.execute(sa.select(a.c.gpu_id, a.c.job_id, a.c.user_name).where(a.c.end_ms.is_(None))):
+            by_id[row.gpu_id].jobs[row.job_id] = row.user_name
+        n = schema.nvlink_down
+        for row in conn.execute(sa.select(n.c.gpu_id, n.c.link).where(n.c.end_ms.is_(None))):
+            by_id[row.gpu_id].links_down.add(row.link)
+        return gpus
+
+    def _resolve_gpus(self, conn: Connection, readings: Sequence[GpuReading], gpus: dict[str, _GpuState]) -> None:
+        """Insert GPUs seen for the first time and update static info that changed."""
+        for reading in readings:
+            known = gpus.get(reading.uuid)
+            static = _static(reading)
+            if known is not None and known.static == static:
+                continue
+            ts_ms = _ms(reading.timestamp)
+            gpu_id = self._upsert_gpu(conn, reading.uuid, static, ts_ms)
+            if known is None:
+                gpus[reading.uuid] = _GpuState(gpu_id, static, -1, ts_ms)
+            else:
+                known.static = static
+
+    def _upsert_gpu(self, conn: Connection, uuid: str, static: Static, ts_ms: int) -> int:
+        names = ("node", "gpu_index", "model", "pci_bus_id", "driver_version", "mig_enabled")
+        values = dict(zip(names, static, strict=True))
+        dialect_insert = postgresql.insert if self._db.dialect == "postgresql" else sqlite.insert
+        insert = dialect_insert(schema.gpu).values(uuid=uuid, first_seen_ms=ts_ms, last_seen_ms=ts_ms, **values)
+        upsert = insert.on_conflict_do_update(index_elements=["uuid"], set_=values).returning(schema.gpu.c.id)
+        return int(conn.execute(upsert).scalar_one())
+
+    # --- samples ------------------------------------------------------------------------------------------------
+
+    def _insert_samples(self, conn: Connection, readings: Sequence[GpuReading], gpus: Mapping[str, _GpuState]) -> int:
+        if not readings:
+            return 0
+        rows = [
+            _READING_VALUES(r)
+            + (gpus[r.uuid].id, _ms(r.timestamp))
+            + (_xid_columns(r.xid_errors) if r.xid_errors else _NO_XIDS)
+            for r in readings
+        ]
+        if self._db.dialect == "sqlite":
+            return int(conn.exec_driver_sql(_SQLITE_INSERT, rows).rowcount)
+        conn.exec_driver_sql(_PG_STAGE_DDL)
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        with cursor.copy(_PG_COPY) as copy:
+            for row in rows:
+                copy.write_row(row)
+        return int(conn.exec_driver_sql(_PG_INSERT).rowcount)
+
+    @staticmethod
+    def _mark_late(conn: Connection, readings: Sequence[GpuReading]) -> None:
+        """Samples older than the 1-minute rollup position make the rollup recompute their buckets."""
+        if not readings:
+            return
+        earliest = _ms(min(reading.timestamp for reading in readings))
+        t = schema.tier_state
+        position = conn.execute(sa.select(t.c.position_ms).where(t.c.tier == "1m")).scalar_one_or_none()
+        if position is not None and earliest < position:
+            conn.execute(sa.insert(schema.rollup_dirty).values(tier="1m", from_ms=earliest))
+
+    def _update_last_seen(
+        self, conn: Connection, readings: Sequence[GpuReading], gpus: Mapping[str, _GpuState]
+    ) -> None:
+        due: dict[int, int] = {}
+        for reading in readings:
+            state = gpus[reading.uuid]
+            ts_ms = _ms(reading.timestamp)
+            if ts_ms - state.stored_last_seen_ms >= LAST_SEEN_RESOLUTION_MS:
+                state.stored_last_seen_ms = ts_ms
+                due[state.id] = ts_ms
+        if not due:
+            return
+        if self._db.dialect == "postgresql":
+            conn.exec_driver_sql(
+                "UPDATE gpu SET last_seen_ms = v.ts FROM "
+                "(SELECT unnest(%(ids)s::integer[]) AS id, unnest(%(ts)s::bigint[]) AS ts) AS v "
+                "WHERE gpu.id = v.id AND gpu.last_seen_ms < v.ts",
+                {"ids": list(due), "ts": list(due.values())},
+            )
+        else:
+            conn.exec_driver_sql(
+                "UPDATE gpu SET last_seen_ms = ? WHERE id = ? AND last_seen_ms < ?",
+                [(ts, gpu_id, ts) for gpu_id, ts in due.items()],
+            )
+
+    # --- jobs, processes, links ---------------------------------------------------------------------------------
+
+    def _changes(self, snapshots: Sequence[NodeSnapshot], gpus: Mapping[str, _GpuState]) -> _Changes:
+        """Compare each GPU's jobs, processes and inactive links with what is stored, oldest snapshot first.
+
+        A node whose snapshot says the same as its previous one (the common case) costs one tuple comparison.
+        """
+        changes = _Changes()
+        for snapshot in sorted(snapshots, key=attrgetter("timestamp")):
+            fresh = [
+                (reading, gpus[reading.uuid], _ms(reading.timestamp))
+                for reading in snapshot.gpus
+                if _ms(reading.timestamp) > gpus[reading.uuid].last_ms
+            ]  # an older reading replayed is stored as a sample but must not rewind jobs or links
+            signature = _signature(snapshot)
+            if len(fresh) == len(snapshot.gpus) and signature == self._signatures.get(snapshot.node):
+                for _, state, ts_ms in fresh:
+                    state.last_ms = ts_ms
+                continue
+            parts = _parts(snapshot)
+            for reading, state, ts_ms in fresh:
+                part = parts[reading.uuid]
+                if part.jobs != state.jobs:
+                    self._job_changes(changes, state, part.jobs, ts_ms)
+                if part.links_down is not None and part.links_down.keys() != state.links_down:
+                    self._link_changes(changes, state, part.links_down, ts_ms)
+                processes = tuple(sorted(part.processes))
+                if processes != state.processes:
+                    self._process_changes(changes, state, processes, ts_ms)
+                state.last_ms = ts_ms
+            self._signatures[snapshot.node] = signature if len(fresh) == len(snapshot.gpus) else None
+        return changes
+
+    @staticmethod
+    def _job_changes(changes: _Changes, state: _GpuState, current: Mapping[str, str | None], ts_ms: int) -> None:
+        for job_id in sorted(state.jobs.keys() - current.keys()):
+            del state.jobs[job_id]
+            opened = changes.opened_jobs.pop((state.id, job_id), None)
+            if opened is not None:  # opened earlier in this round: insert it closed
+                changes.finished_jobs.append({**opened, "end_ms": state.last_ms})
+            else:
+                changes.closed_jobs.append({"b_gpu": state.id, "b_key": job_id, "b_end": state.last_ms})
+        for job_id in sorted(current.keys() - state.jobs.keys()):
+            state.jobs[job_id] = current[job_id]
+            changes.opened_jobs[(state.id, job_id)] = {
+                "gpu_id": state.id,
+                "job_id": job_id,
+                "user_name": current[job_id],
+                "start_ms": ts_ms,
+                "end_ms": None,
+            }
+
+    @staticmethod
+    def _link_changes(changes: _Changes, state: _GpuState, down: Mapping[int, str | None], ts_ms: int) -> None:
+        for link in sorted(state.links_down - down.keys()):
+            state.links_down.discard(link)
+            opened = changes.opened_links.pop((state.id, link), None)
+            if opened is not None:
+                changes.finished_links.append({**opened, "end_ms": state.last_ms})
+            else:
+                changes.closed_links.append({"b_gpu": state.id, "b_key": link, "b_end": state.last_ms})
+        for link in sorted(down.keys() - state.links_down):
+            state.links_down.add(link)
+            changes.opened_links[(state.id, link)] = {
+                "gpu_id": state.id,
+                "link": link,
+                "start_ms": ts_ms,
+                "end_ms": None,
+                "remote_pci_bus_id": down[link],
+            }
+
+    @staticmethod
+    def _process_changes(changes: _Changes, state: _GpuState, processes: tuple[ProcessRow, ...], ts_ms: int) -> None:
+        state.processes = processes
+        changes.process_gpus.append(state.id)
+        changes.process_rows += [
+            {
+                "gpu_id": state.id,
+                "pid": pid,
+                "seen_ms": ts_ms,
+                "used_memory_bytes": memory,
+                "command": command,
+                "user_name": user,
+                "job_id": job_id,
+            }
+            for pid, memory, command, user, job_id in processes
+        ]
+
+    def _write_changes(self, conn: Connection, changes: _Changes) -> tuple[int, int, int]:
+        """Close, then insert, job allocations and link outages; replace the processes of GPUs whose set changed."""
+        a, n, p = schema.job_allocation, schema.nvlink_down, schema.process_latest
+        jobs = self._close_and_open(
+            conn, a, a.c.job_id, changes.closed_jobs, [*changes.finished_jobs, *changes.opened_jobs.values()]
+        )
+        links = self._close_and_open(
+            conn, n, n.c.link, changes.closed_links, [*changes.finished_links, *changes.opened_links.values()]
+        )
+        if changes.process_gpus:
+            conn.execute(
+                sa.delete(p).where(p.c.gpu_id == sa.bindparam("b_gpu")), [{"b_gpu": g} for g in changes.process_gpus]
+            )
+        if changes.process_rows:
+            conn.execute(sa.insert(p), changes.process_rows)
+        return jobs, links, len(changes.process_rows)
+
+    def _close_and_open(
+        self,
+        conn: Connection,
+        table: sa.Table,
+        key: sa.Column[Any],
+        closed: list[dict[str, Any]],
+        opened: list[dict[str, Any]],
+    ) -> int:
+        if closed:
+            conn.execute(
+                sa.update(table)
+                .where(table.c.gpu_id == sa.bindparam("b_gpu"), key == sa.bindparam("b_key"), table.c.end_ms.is_(None))
+                .values(end_ms=sa.bindparam("b_end")),
+                closed,
+            )
+        if opened:
+            dialect_insert = postgresql.insert if self._db.dialect == "postgresql" else sqlite.insert
+            conn.execute(dialect_insert(table).on_conflict_do_nothing(), opened)
+        return len(closed) + len(opened)
+
+    # --- targets ------------------------------------------------------------------------------------------------
+
+    def _write_targets(self, conn: Connection, targets: Sequence[TargetHealth]) -> int:
+        """Upsert the latest health of each target (an older report never overwrites a newer one)."""
+        if not targets:
+            return 0
+        latest: dict[str, TargetHealth] = {}
+        for target in sorted(targets, key=attrgetter("timestamp")):
+            latest[target.target] = target
+        rows = [
+            {
+                "target": t.target,
+                "url": t.url,
+                "kind": t.kind,
+                "node": t.node,
+                "up": t.up,
+                "at": t.timestamp,
+                "scrape_duration_seconds": t.scrape_duration_seconds,
+                "samples": t.samples,
+                "rejected": t.rejected,
+                "last_error": t.last_error,
+            }
+            for t in latest.values()
+        ]
+        table = schema.target_health
+        dialect_insert = postgresql.insert if self._db.dialect == "postgresql" else sqlite.insert
+        stmt = dialect_insert(table)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["target"],
+            set_={c.name: stmt.excluded[c.name] for c in table.columns if c.name != "target"},
+            where=table.c.at <= stmt.excluded.at,
+        )
+        conn.execute(stmt, rows)
+        return len(rows)

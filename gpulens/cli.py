@@ -608,6 +608,49 @@ def _run_test_notify(args: argparse.Namespace) -> int:
     return 0
 
 
+DASHBOARD_EXAMPLES = """\
+examples:
+  gpulens dashboard --config gpulens.toml                 # http://127.0.0.1:8050
+  gpulens dashboard --db sqlite:///gpulens.db --listen 0.0.0.0:8050 --basic-auth-file /etc/gpulens/htpasswd
+"""
+
+
+def _add_dashboard(sub: Any) -> None:
+    p = sub.add_parser(
+        "dashboard",
+        help="serve the web UI over the stored history",
+        description="The web UI: cluster overview, nodes and GPUs, jobs, interconnect and alerts. It reads the store "
+        "the collector writes; bound to 127.0.0.1 unless told otherwise.",
+        epilog=DASHBOARD_EXAMPLES,
+        formatter_class=_Formatter,
+    )
+    _add_db_flags(p)
+    p.add_argument("--listen", default="127.0.0.1:8050", help="where to serve, host:port")
+    p.add_argument("--basic-auth-file", default=None, help="htpasswd-style file of user:bcrypt-hash lines")
+    p.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], default="info", help="logging verbosity"
+    )
+    apply_env_twins(p, "GPULENS_DASHBOARD_")
+    p.set_defaults(func=_run_dashboard)
+
+
+def _run_dashboard(args: argparse.Namespace) -> int:
+    from dashboard.server import run_dashboard
+    from exporter.server import parse_listen
+
+    try:
+        host, port = parse_listen(args.listen)
+    except ValueError as exc:
+        raise UsageError(f"--listen: {exc}") from None
+    return run_dashboard(
+        _settings(args),
+        host=host,
+        port=port,
+        basic_auth_file=args.basic_auth_file,
+        announce=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpulens",
@@ -628,6 +671,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rules(sub)
     _add_silence(sub)
     _add_alerts(sub)
+    _add_dashboard(sub)
     return parser
 
 

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -104,9 +104,14 @@ def _node_names(scenario: Path) -> list[str]:
     raise ConfigError("cluster.nodes must be a count or a list of names", file=scenario, key="cluster.nodes")
 
 
-def _config_text(options: DemoOptions, db_url: str, targets: Sequence[str], interval_s: float) -> str:
+WEBHOOK_ENV = "GPULENS_DEMO_WEBHOOK_URL"  # the collector reads an extra webhook receiver's URL from here
+
+
+def _config_text(
+    options: DemoOptions, db_url: str, targets: Sequence[str], interval_s: float, for_overrides: Mapping[str, float]
+) -> str:
     lines = [
-        "# Written by `gpulens demo`; see docs/configuration.md.",
+        "# Written by `gpulens demo`; see docs/configuration.md and docs/alerts.md.",
         "[database]",
         f'url = "{db_url}"',
         "",
@@ -115,28 +120,44 @@ def _config_text(options: DemoOptions, db_url: str, targets: Sequence[str], inte
         f'timeout = "{min(interval_s, 5.0):g}s"',
         f'listen = "{options.host}:{_free_port(options.host)}"',
         f'spool_dir = "{options.workdir / "spool"}"',
-        # Simulated time runs faster than the wall clock only in what the readings show, not in their timestamps.
         "",
         "[alerts]",
         f'dashboard_url = "http://{options.host}:{options.port}"',
         "",
     ]
+    # --speed N runs the scenario N times faster, so the rules' `for` durations shrink with it.
+    for name, seconds in sorted(for_overrides.items()):
+        lines += [f"[alerts.builtin.{name}]", f'for = "{seconds:g}s"', ""]
     receivers = []
     if os.environ.get("GPULENS_SLACK_WEBHOOK_URL"):
-        lines += ["[[receivers]]", 'name = "slack"', 'type = "slack"', 'url_env = "GPULENS_SLACK_WEBHOOK_URL"', ""]
+        lines += [
+            "[[alerts.receivers]]",
+            'name = "slack"',
+            'kind = "slack"',
+            'url_env = "GPULENS_SLACK_WEBHOOK_URL"',
+            "",
+        ]
         receivers.append("slack")
     else:
         log_file = options.workdir / "alerts.log"
-        lines += ["[[receivers]]", 'name = "log"', 'type = "log"', f'path = "{log_file}"', ""]
+        lines += ["[[alerts.receivers]]", 'name = "log"', 'kind = "log"', f'path = "{log_file}"', ""]
         receivers.append("log")
     if options.webhook_url:
-        lines += ["[[receivers]]", 'name = "webhook"', 'type = "webhook"', f'url = "{options.webhook_url}"', ""]
+        lines += ["[[alerts.receivers]]", 'name = "webhook"', 'kind = "webhook"', f'url_env = "{WEBHOOK_ENV}"', ""]
         receivers.append("webhook")
     for name in receivers:
-        lines += ["[[routes]]", f'receiver = "{name}"', 'group_wait = "0s"', 'group_interval = "30s"', ""]
+        lines += ["[[alerts.routes]]", f'receiver = "{name}"', 'group_wait = "0s"', 'group_interval = "30s"']
+        lines += ["continue = true", ""]  # every receiver gets every alert
     for url in targets:
         lines += ["[[targets]]", f'url = "{url}"', ""]
     return "\n".join(lines)
+
+
+def _scaled_for(speed: float) -> dict[str, float]:
+    """Each builtin rule's `for`, divided by the speed (at least one second)."""
+    from alerts.rules import builtin_rules
+
+    return {r.name: max(1.0, round(r.for_s / speed, 1)) for r in builtin_rules() if r.for_s > 0 and speed != 1}
 
 
 def _wait_ready(demo: Demo, process: _Process, deadline: float) -> None:
@@ -193,7 +214,8 @@ def start_demo(options: DemoOptions, announce: Announce) -> Demo:
         )
     interval = options.interval_s or max(1.0, 10.0 / options.speed)
     config = options.workdir / "gpulens.toml"
-    config.write_text(_config_text(options, db_url, demo.exporter_urls, interval), encoding="utf-8")
+    overrides = _scaled_for(options.speed)
+    config.write_text(_config_text(options, db_url, demo.exporter_urls, interval, overrides), encoding="utf-8")
     collector = _Process("collector", [*gpulens, "collector", "--config", str(config)], None)
     dashboard_url = f"http://{options.host}:{options.port}"
     dashboard = _Process(
@@ -208,11 +230,16 @@ def start_demo(options: DemoOptions, announce: Announce) -> Demo:
         for n, process in enumerate(demo.processes, start=1):
             process.log_path = options.workdir / f"{process.name.replace(' ', '-')}.log"
             log = process.log_path.open("wb")
-            process.popen = subprocess.Popen(process.command, stdout=log, stderr=subprocess.STDOUT)
+            env = dict(os.environ)
+            if options.webhook_url:
+                env[WEBHOOK_ENV] = options.webhook_url
+            process.popen = subprocess.Popen(process.command, stdout=log, stderr=subprocess.STDOUT, env=env)
             log.close()
-            if process is collector or process is dashboard:
+            if n == len(exporters):
+                announce(f"[{n}/{total}] {len(exporters)} simulated exporters started ({', '.join(nodes)})")
+            elif n > len(exporters):
                 announce(f"[{n}/{total}] starting the {process.name}")
-        announce(f"[{len(exporters)}/{total}] {len(exporters)} simulated exporters started ({', '.join(nodes)})")
+        (options.workdir / "pids").write_text("".join(f"{pid}\n" for pid in demo.pids()), encoding="utf-8")
         deadline = time.monotonic() + 90
         for process in demo.processes:
             _wait_ready(demo, process, deadline)

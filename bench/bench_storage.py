@@ -1,12 +1,13 @@
 """Storage benchmarks on SQLite and PostgreSQL (a throwaway server, when its binaries are installed).
 
 For each backend: build a store holding HOURS of NODES x GPUS readings every INTERVAL seconds (the history is
-generated inside the database with INSERT ... SELECT, in time order, as scrapes would append it), roll it up with
-``Rollups.run``, add 29 earlier days of hourly rollups for the 30-day job query, then measure:
+generated inside the database with INSERT ... SELECT, in time order, as scrapes would append it), then measure:
 
 - the sustained insert rate of ``Writer.write`` on top of that store, with rounds of full snapshots (jobs,
   processes, 18 NVLink states per GPU) from the exporter tests' H100 readings;
 - bytes on disk per GPU row (the sample table and its index) and the store's size;
+- the rate of ``Rollups.run`` over the history's last hour (rollup rows for the hours before it, and for 29
+  earlier days of hourly rows, are generated like the raw rows);
 - query latency (median of 5, warm): the latest reading of every GPU, one GPU's 24 hours at 1,000 points,
   and 30 days of one 16-GPU job (series of 2 fields for its 16 GPUs, plus its job summary).
 
@@ -105,15 +106,15 @@ def _history_sql(dialect: str, interval_ms: int) -> str:
         else "(WITH RECURSIVE r(k) AS (SELECT :k0 UNION ALL SELECT k + 1 FROM r WHERE k + 1 < :k1) SELECT k FROM r)"
     )
     return (
-        f"INSERT INTO gpu_sample ({', '.join(columns)}) SELECT {', '.join(values)} "  # noqa: S608
+        f"INSERT INTO gpu_sample ({', '.join(columns)}) SELECT {', '.join(values)} "
         f"FROM {rounds} CROSS JOIN gpu AS g ORDER BY k, g.id"
     )
 
 
-def _old_hours_sql(dialect: str, days: int) -> str:
-    """Hourly rollups for the days before the history (up to the hour before it, which the first round fills)."""
+def _rollup_history_sql(dialect: str, table: str, width_ms: int, first_ms: int, buckets: int, samples: int) -> str:
+    """``buckets`` rollup rows per GPU from ``first_ms``, as if ``samples`` samples fell in each."""
     columns = ["gpu_id", "ts_ms", "n", "elapsed_ms"]
-    values = ["g.id", f"{round((START - days * DAY_S) * 1000)} + CAST(h AS BIGINT) * 3600000", "360", "3600000"]
+    values = ["g.id", f"{first_ms} + CAST(h AS BIGINT) * {width_ms}", str(samples), str(width_ms)]
     for f in schema.SAMPLE_FIELDS:
         expression = _value_sql(f, "h")
         if f.kind == "gauge":
@@ -121,19 +122,42 @@ def _old_hours_sql(dialect: str, days: int) -> str:
             values += [f"({expression}) / 2", f"({expression}) * 1.0", f"({expression})"]
         elif f.kind == "counter":
             columns.append(f"{f.name}_inc")
-            values.append("36000000" if f.name == "energy_joules_total" else "0")
+            values.append(f"{samples * 6_000_000}" if f.name == "energy_joules_total" else "0")
         else:
             columns.append(f"{f.name}_or")
             values.append(expression)
-    hours = (
-        f"generate_series(0, {days * 24 - 2}) AS h"
-        if dialect == "postgresql"
-        else f"(WITH RECURSIVE r(h) AS (SELECT 0 UNION ALL SELECT h + 1 FROM r WHERE h + 1 < {days * 24 - 1}) SELECT h FROM r)"
-    )
+    recursive = f"WITH RECURSIVE r(h) AS (SELECT 0 UNION ALL SELECT h + 1 FROM r WHERE h + 1 < {buckets})"
+    series = f"generate_series(0, {buckets - 1}) AS h" if dialect == "postgresql" else f"({recursive} SELECT h FROM r)"
     return (
-        f"INSERT INTO gpu_rollup_1h ({', '.join(columns)}) SELECT {', '.join(values)} "  # noqa: S608
-        f"FROM {hours} CROSS JOIN gpu AS g ORDER BY g.id, h"
+        f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(values)} "
+        f"FROM {series} CROSS JOIN gpu AS g ORDER BY g.id, h"
     )
+
+
+def _generate_rollups(db: Database, end: float, interval: float) -> float:
+    """Rollup rows for the history up to its last hour (29 more days of hours); returns where they stop."""
+    rolled = end - 3600
+    per_minute = max(1, round(60 / interval))
+    hours_from = START - 29 * DAY_S
+    db.ensure_partitions("gpu_rollup_1m", range(round(START * 1000), round(end * 1000), schema.DAY_MS))
+    db.ensure_partitions("gpu_rollup_1h", range(round(hours_from * 1000), round(end * 1000), schema.DAY_MS))
+    minutes = _rollup_history_sql(
+        db.dialect, "gpu_rollup_1m", 60_000, round(START * 1000), round((rolled - START) / 60), per_minute
+    )
+    hours = _rollup_history_sql(
+        db.dialect,
+        "gpu_rollup_1h",
+        3_600_000,
+        round(hours_from * 1000),
+        round((rolled - hours_from) / 3600),
+        60 * per_minute,
+    )
+    with db.write_transaction() as conn:
+        conn.execute(sa.text(minutes))
+        conn.execute(sa.text(hours))
+        t = schema.tier_state
+        conn.execute(sa.update(t).where(t.c.tier.in_(["1m", "1h"])).values(position_ms=round(rolled * 1000)))
+    return rolled
 
 
 # --- live rounds -----------------------------------------------------------------------------------------------------
@@ -231,14 +255,13 @@ def run_backend(prefix: str, url: str, args: argparse.Namespace) -> None:
     with db.write_transaction() as conn:  # the writer bounds its newest-sample search with last_seen_ms
         conn.execute(sa.update(schema.gpu).values(last_seen_ms=round((end - args.interval) * 1000)))
 
-    log(f"{prefix}: rolling up")
+    log(f"{prefix}: generating rollup rows up to the last hour, and 29 earlier days of hourly rows")
+    rolled = _generate_rollups(db, end, args.interval)
+    log(f"{prefix}: rolling up the last hour with Rollups.run")
     started = time.perf_counter()
     Rollups(db, settle_s=0).run(end)
     rollup_s = time.perf_counter() - started
-    emit(f"{prefix}_rollup_rate", rounds * args.nodes * args.gpus / rollup_s, "raw rows/s")
-    db.ensure_partitions("gpu_rollup_1h", range(round((START - 29 * DAY_S) * 1000), round(START * 1000), schema.DAY_MS))
-    with db.write_transaction() as conn:
-        conn.execute(sa.text(_old_hours_sql(db.dialect, 29)))
+    emit(f"{prefix}_rollup_rate", (end - rolled) / args.interval * args.nodes * args.gpus / rollup_s, "raw rows/s")
 
     writer = Writer(db)  # a restarted collector: loads its state from the store
     log(f"{prefix}: sustained writes, {args.write_rounds} rounds of {args.nodes * args.gpus} GPUs")

@@ -635,6 +635,7 @@ def _add_dashboard(sub: Any) -> None:
 
 
 def _run_dashboard(args: argparse.Namespace) -> int:
+    from alerts.service import SqlAlertReader
     from dashboard.server import run_dashboard
     from exporter.server import parse_listen
 
@@ -647,6 +648,7 @@ def _run_dashboard(args: argparse.Namespace) -> int:
         host=host,
         port=port,
         basic_auth_file=args.basic_auth_file,
+        alerts=SqlAlertReader,
         announce=lambda line: print(line, file=sys.stderr, flush=True),
     )
 

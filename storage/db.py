@@ -212,16 +212,30 @@ def lock_tier(conn: Connection, tier: str, *, exclusive: bool) -> None:
     conn.exec_driver_sql(f"SELECT {function}(%(key)s)", {"key": key})
 
 
+class _BitOr:
+    """SQLite's missing bit_or() aggregate (PostgreSQL has it): rollups and series OR throttle-reason bitmasks."""
+
+    def __init__(self) -> None:
+        self.value: int | None = None
+
+    def step(self, value: int | None) -> None:
+        if value is not None:
+            self.value = value if self.value is None else self.value | value
+
+    def finalize(self) -> int | None:
+        return self.value
+
+
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     # Let SQLAlchemy's "begin" event emit BEGIN itself (pysqlite's implicit transactions are off).
     dbapi_connection.isolation_level = None
+    dbapi_connection.create_aggregate("bit_or", 1, _BitOr)
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute("PRAGMA page_size=8192")  # takes effect only when the file is created
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA cache_size=-65536")
-        cursor.execute("PRAGMA temp_store=MEMORY")
     finally:
         cursor.close()
 

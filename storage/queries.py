@@ -155,11 +155,12 @@ def _latest_sql(dialect: str, max_age: bool) -> str:
             f"AND x.ts_ms < g.last_seen_ms + 60000 ORDER BY x.ts_ms DESC LIMIT 1) AS s {fresh}"
         )
     return (
-        "WITH latest AS (SELECT g.id AS gpu_id, (SELECT max(x.ts_ms) FROM gpu_sample AS x "  # noqa: S608
+        # MATERIALIZED and CROSS JOIN keep SQLite's plan: one index seek per GPU, then one row fetch.
+        "WITH latest AS MATERIALIZED (SELECT g.id AS gpu_id, (SELECT max(x.ts_ms) FROM gpu_sample AS x "  # noqa: S608
         "WHERE x.gpu_id = g.id AND x.ts_ms / 60000 IN (g.last_seen_ms / 60000, g.last_seen_ms / 60000 + 1) "
         f"AND x.ts_ms >= g.last_seen_ms) AS ts_ms FROM gpu AS g {fresh}) "
-        f"SELECT {columns} FROM latest AS l JOIN gpu AS g ON g.id = l.gpu_id JOIN gpu_sample AS s "
-        "ON s.ts_ms / 60000 = l.ts_ms / 60000 AND s.gpu_id = l.gpu_id AND s.ts_ms = l.ts_ms"
+        f"SELECT {columns} FROM latest AS l CROSS JOIN gpu AS g CROSS JOIN gpu_sample AS s "
+        "WHERE g.id = l.gpu_id AND s.ts_ms / 60000 = l.ts_ms / 60000 AND s.gpu_id = l.gpu_id AND s.ts_ms = l.ts_ms"
     )
 
 
@@ -258,10 +259,6 @@ def _minutes_cte(dialect: str, read_from: str, hi: str) -> tuple[str, str]:
     return cte, "AND ts_ms / 60000 IN (SELECT m FROM minutes)"
 
 
-def _bit_or(expression: str) -> str:
-    return " + ".join(f"max({expression} & {1 << bit})" for bit in range(16))
-
-
 def _partials(tier: str, fields: Sequence[schema.StoredField]) -> list[str]:
     """Per field, the partial aggregates that merge across tiers: gauges count, sum, min, max; counters increase and
     elapsed milliseconds; bitmasks an OR. Column p{j}_{k} is part k of field j."""
@@ -277,14 +274,14 @@ def _partials(tier: str, fields: Sequence[schema.StoredField]) -> list[str]:
                     f"sum(CASE WHEN d_{name} IS NOT NULL THEN dt END)",
                 ]
             else:
-                parts = [_bit_or(name)]
+                parts = [f"bit_or({name})"]
         elif f.kind == "gauge":
             weight = f"CASE WHEN {name}_avg IS NOT NULL THEN n END"
             parts = [f"sum({weight})", f"sum({name}_avg * n)", f"min({name}_min)", f"max({name}_max)"]
         elif f.kind == "counter":
             parts = [f"sum({name}_inc)", f"sum(CASE WHEN {name}_inc IS NOT NULL THEN elapsed_ms END)"]
         else:
-            parts = [_bit_or(f"{name}_or")]
+            parts = [f"bit_or({name}_or)"]
         out += [f"{part} AS p{j}_{k}" for k, part in enumerate(parts)]
     return out
 
@@ -328,7 +325,7 @@ def _series_sql(dialect: str, plan: Sequence[_Segment], fields: Sequence[schema.
         elif f.kind == "counter":
             finals.append(f"CASE WHEN sum(p{j}_1) > 0 THEN CAST(sum(p{j}_0) AS {real}) * 1000 / sum(p{j}_1) END")
         else:
-            finals.append(_bit_or(f"p{j}_0"))
+            finals.append(f"bit_or(p{j}_0)")
     return (
         f"{cte}SELECT gpu_id, b, {', '.join(finals)} FROM ({union}) AS u "  # noqa: S608 (constant identifiers)
         "GROUP BY gpu_id, b ORDER BY gpu_id, b"

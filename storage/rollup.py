@@ -22,8 +22,8 @@ from storage.db import Database, lock_tier
 log = logging.getLogger(__name__)
 
 # A counter's increase in a bucket counts from the sample before the bucket's first; look this far back for it.
-COUNTER_LOOKBACK_MS: Final = 15 * schema.MINUTE_MS
-_BITMASK_BITS: Final = 16
+# Every read of a range reads this much more, so it is kept to twice a slow (60 s) scrape interval.
+COUNTER_LOOKBACK_MS: Final = 2 * schema.MINUTE_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +40,6 @@ _TIERS: Final = (
     _Tier("1m", "gpu_rollup_1m", "gpu_sample", schema.MINUTE_MS, 10, "1h"),
     _Tier("1h", "gpu_rollup_1h", "gpu_rollup_1m", schema.HOUR_MS, 1, None),
 )
-
-
-def _bit_or(expression: str) -> str:
-    """A bitwise OR aggregate that SQLite and PostgreSQL both run: the sum of each bit's max."""
-    return " + ".join(f"max({expression} & {1 << bit})" for bit in range(_BITMASK_BITS))
 
 
 def _rollup_columns() -> list[str]:
@@ -65,27 +60,58 @@ def _upsert_tail(columns: list[str]) -> str:
 
 
 def _from_samples_sql(dialect: str) -> str:
-    """1-minute buckets from raw samples; counters' increases use the previous sample (resets counted from zero)."""
+    """1-minute buckets from raw samples.
+
+    Gauges and bitmasks are aggregated straight off the rows of the range; counters' increases need each sample's
+    predecessor (a window over a narrow projection: sorting wide rows for it measured twice as slow).
+    A counter that went down was reset (an exporter restart) and counts from zero.
+    """
+    minute = f"ts_ms / {schema.MINUTE_MS}"
+    gauges: list[str] = []
+    counters: list[str] = []
     inner = ["gpu_id", "ts_ms", "ts_ms - LAG(ts_ms) OVER w AS dt"]
-    outer = ["gpu_id", f"(ts_ms / {schema.MINUTE_MS}) * {schema.MINUTE_MS}", "count(*)", "sum(dt)"]
     for f in schema.SAMPLE_FIELDS:
-        inner.append(f.name)
         if f.kind == "gauge":
-            outer += [f"min({f.name})", f"avg({f.name})", f"max({f.name})"]
+            # PostgreSQL averages integers as numeric, several times slower than double precision.
+            average = f"CAST({f.name} AS DOUBLE PRECISION)" if dialect == "postgresql" else f.name
+            gauges += [
+                f"min({f.name}) AS {f.name}_min",
+                f"avg({average}) AS {f.name}_avg",
+                f"max({f.name}) AS {f.name}_max",
+            ]
         elif f.kind == "counter":
             inner.append(f"{f.name} - LAG({f.name}) OVER w AS d_{f.name}")
-            outer.append(f"sum(CASE WHEN d_{f.name} >= 0 THEN d_{f.name} ELSE {f.name} END)")
+            inner.append(f.name)
+            counters.append(f"sum(CASE WHEN d_{f.name} >= 0 THEN d_{f.name} ELSE {f.name} END) AS {f.name}_inc")
         else:
-            outer.append(_bit_or(f.name))
-    where = "ts_ms >= :read_from AND ts_ms < :hi"
-    if dialect == "sqlite":  # use the minute-leading unique index
-        where += f" AND ts_ms / {schema.MINUTE_MS} BETWEEN :read_from / {schema.MINUTE_MS} AND :hi / {schema.MINUTE_MS}"
+            gauges.append(f"bit_or({f.name}) AS {f.name}_or")
+    where, read_where = "ts_ms >= :lo AND ts_ms < :hi", "ts_ms >= :read_from AND ts_ms < :hi"
+    if dialect == "sqlite":  # read through the minute-leading unique index
+        where += f" AND {minute} BETWEEN :lo / {schema.MINUTE_MS} AND :hi / {schema.MINUTE_MS}"
+        read_where += f" AND {minute} BETWEEN :read_from / {schema.MINUTE_MS} AND :hi / {schema.MINUTE_MS}"
+    aggregated = (
+        f"SELECT gpu_id, {minute} AS minute, count(*) AS n, {', '.join(gauges)} "  # noqa: S608
+        f"FROM gpu_sample WHERE {where} GROUP BY {minute}, gpu_id"
+    )
+    increases = (
+        f"SELECT gpu_id, {minute} AS minute, sum(dt) AS elapsed_ms, {', '.join(counters)} "  # noqa: S608
+        f"FROM (SELECT {', '.join(inner)} FROM gpu_sample WHERE {read_where} "
+        "WINDOW w AS (PARTITION BY gpu_id ORDER BY ts_ms)) AS x "
+        f"WHERE ts_ms >= :lo GROUP BY gpu_id, {minute}"
+    )
     columns = _rollup_columns()
+    values = [
+        f"a.minute * {schema.MINUTE_MS}"
+        if c == "ts_ms"
+        else f"c.{c}"
+        if c == "elapsed_ms" or c.endswith("_inc")
+        else f"a.{c}"
+        for c in columns
+    ]
     return (
         f"INSERT INTO gpu_rollup_1m ({', '.join(columns)}) "  # noqa: S608 (identifiers are constants)
-        f"SELECT {', '.join(outer)} FROM (SELECT {', '.join(inner)} FROM gpu_sample WHERE {where} "
-        "WINDOW w AS (PARTITION BY gpu_id ORDER BY ts_ms)) AS x "
-        f"WHERE ts_ms >= :lo GROUP BY gpu_id, (ts_ms / {schema.MINUTE_MS}) {_upsert_tail(columns)}"
+        f"SELECT {', '.join(values)} FROM ({aggregated}) AS a LEFT JOIN ({increases}) AS c "
+        f"ON c.gpu_id = a.gpu_id AND c.minute = a.minute WHERE true {_upsert_tail(columns)}"
     )
 
 
@@ -99,7 +125,7 @@ def _from_minutes_sql(dialect: str) -> str:
         elif f.kind == "counter":
             outer.append(f"sum(r.{f.name}_inc)")
         else:
-            outer.append(_bit_or(f"r.{f.name}_or"))
+            outer.append(f"bit_or(r.{f.name}_or)")
     # The 1-minute table is clustered by GPU: drive the read GPU by GPU (SQLite's CROSS JOIN keeps this order).
     join = (
         "gpu AS g CROSS JOIN gpu_rollup_1m AS r" if dialect == "sqlite" else "gpu AS g JOIN gpu_rollup_1m AS r ON true"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import filterfalse
 from operator import attrgetter
 from typing import Any, Final
 
@@ -94,6 +95,9 @@ class _GpuState:
     processes: tuple[ProcessRow, ...] | None = None  # None: unknown, rewritten on the next reading
 
 
+_Resolved = tuple[GpuReading, _GpuState, int]  # a reading, its GPU's state, its time in ms
+
+
 @dataclass(slots=True)
 class _Parts:
     """What one snapshot says about one GPU besides its reading."""
@@ -127,14 +131,24 @@ def _xid_columns(xids: Mapping[int, int]) -> tuple[int | None, str | None]:
     return (total if 0 <= total <= _XID_TOTAL_LIMIT else None), text
 
 
+_UUIDS: Final = attrgetter("uuid")
+_JOB_KEY: Final = attrgetter("uuid", "job_id", "user")
+_PROCESS_KEY: Final = attrgetter("uuid", "pid", "used_memory_bytes", "command", "user", "job_id")
+_LINK_KEY: Final = attrgetter("uuid", "link", "remote_pci_bus_id")
+_ACTIVE: Final = attrgetter("active")
+
+
 def _signature(snapshot: NodeSnapshot) -> tuple[Any, ...]:
-    """Everything about a snapshot that the job, process and link tables depend on, as plain tuples."""
+    """Everything about a snapshot that the job, process and link tables depend on, as plain tuples.
+
+    Built with C-level maps: a node reports ~150 NVLink states a scrape.
+    """
     return (
-        tuple(reading.uuid for reading in snapshot.gpus),
-        tuple((j.uuid, j.job_id, j.user) for j in snapshot.jobs),
-        tuple((p.uuid, p.pid, p.used_memory_bytes, p.command, p.user, p.job_id) for p in snapshot.processes),
+        tuple(map(_UUIDS, snapshot.gpus)),
+        tuple(map(_JOB_KEY, snapshot.jobs)),
+        tuple(map(_PROCESS_KEY, snapshot.processes)),
         bool(snapshot.links),
-        tuple((link.uuid, link.link, link.remote_pci_bus_id) for link in snapshot.links if not link.active),
+        tuple(map(_LINK_KEY, filterfalse(_ACTIVE, snapshot.links))),
     )
 
 
@@ -179,10 +193,10 @@ class Writer:
             with self._db.write_transaction() as conn:
                 gpus = self._gpus = self._gpus if self._gpus is not None else self._load(conn)
                 lock_tier(conn, "1m", exclusive=False)
-                self._resolve_gpus(conn, readings, gpus)
-                stats.gpu_rows = self._insert_samples(conn, readings, gpus)
-                self._mark_late(conn, readings)
-                self._update_last_seen(conn, readings, gpus)
+                resolved = self._resolve_gpus(conn, readings, gpus)
+                stats.gpu_rows = self._insert_samples(conn, resolved)
+                self._mark_late(conn, resolved)
+                self._update_last_seen(conn, resolved)
                 changes = self._changes(snapshots, gpus)
                 stats.job_rows, stats.link_rows, stats.process_rows = self._write_changes(conn, changes)
                 stats.target_rows = self._write_targets(conn, targets)
@@ -222,66 +236,65 @@ class Writer:
             by_id[row.gpu_id].links_down.add(row.link)
         return gpus
 
-    def _resolve_gpus(self, conn: Connection, readings: Sequence[GpuReading], gpus: dict[str, _GpuState]) -> None:
-        """Insert GPUs seen for the first time and update static info that changed."""
+    def _resolve_gpus(
+        self, conn: Connection, readings: Sequence[GpuReading], gpus: dict[str, _GpuState]
+    ) -> list[_Resolved]:
+        """Each reading with its GPU's state and its time in ms; inserts new GPUs and updates changed static info."""
+        resolved: list[_Resolved] = []
         for reading in readings:
             known = gpus.get(reading.uuid)
             static = _static(reading)
-            if known is not None and known.static == static:
-                continue
-            ts_ms = _ms(reading.timestamp)
-            gpu_id = self._upsert_gpu(conn, reading.uuid, static, ts_ms)
-            if known is None:
-                gpus[reading.uuid] = _GpuState(gpu_id, static, -1, ts_ms)
-            else:
+            ts_ms = round(reading.timestamp * 1000)
+            if known is None or known.static != static:
+                gpu_id, last_seen_ms = self._upsert_gpu(conn, reading.uuid, static, ts_ms)
+                if known is None:
+                    known = gpus[reading.uuid] = _GpuState(gpu_id, static, -1, last_seen_ms)
                 known.static = static
+            resolved.append((reading, known, ts_ms))
+        return resolved
 
-    def _upsert_gpu(self, conn: Connection, uuid: str, static: Static, ts_ms: int) -> int:
+    def _upsert_gpu(self, conn: Connection, uuid: str, static: Static, ts_ms: int) -> tuple[int, int]:
+        """The GPU's id and stored last_seen_ms, inserting it or updating its static info."""
         names = ("node", "gpu_index", "model", "pci_bus_id", "driver_version", "mig_enabled")
         values = dict(zip(names, static, strict=True))
         dialect_insert = postgresql.insert if self._db.dialect == "postgresql" else sqlite.insert
         insert = dialect_insert(schema.gpu).values(uuid=uuid, first_seen_ms=ts_ms, last_seen_ms=ts_ms, **values)
-        upsert = insert.on_conflict_do_update(index_elements=["uuid"], set_=values).returning(schema.gpu.c.id)
-        return int(conn.execute(upsert).scalar_one())
+        g = schema.gpu
+        upsert = insert.on_conflict_do_update(index_elements=["uuid"], set_=values).returning(g.c.id, g.c.last_seen_ms)
+        gpu_id, last_seen_ms = conn.execute(upsert).one()
+        return int(gpu_id), int(last_seen_ms)
 
     # --- samples ------------------------------------------------------------------------------------------------
 
-    def _insert_samples(self, conn: Connection, readings: Sequence[GpuReading], gpus: Mapping[str, _GpuState]) -> int:
-        if not readings:
+    def _insert_samples(self, conn: Connection, resolved: Sequence[_Resolved]) -> int:
+        if not resolved:
             return 0
         rows = [
-            _READING_VALUES(r)
-            + (gpus[r.uuid].id, _ms(r.timestamp))
-            + (_xid_columns(r.xid_errors) if r.xid_errors else _NO_XIDS)
-            for r in readings
+            _READING_VALUES(r) + (state.id, ts_ms) + (_xid_columns(r.xid_errors) if r.xid_errors else _NO_XIDS)
+            for r, state, ts_ms in resolved
         ]
         if self._db.dialect == "sqlite":
             return int(conn.exec_driver_sql(_SQLITE_INSERT, rows).rowcount)
         conn.exec_driver_sql(_PG_STAGE_DDL)
-        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        with cursor.copy(_PG_COPY) as copy:
+        with conn.connection.driver_connection.cursor() as cursor, cursor.copy(_PG_COPY) as copy:  # type: ignore[union-attr]
             for row in rows:
                 copy.write_row(row)
         return int(conn.exec_driver_sql(_PG_INSERT).rowcount)
 
     @staticmethod
-    def _mark_late(conn: Connection, readings: Sequence[GpuReading]) -> None:
+    def _mark_late(conn: Connection, resolved: Sequence[_Resolved]) -> None:
         """Samples older than the 1-minute rollup position make the rollup recompute their buckets."""
-        if not readings:
+        if not resolved:
             return
-        earliest = _ms(min(reading.timestamp for reading in readings))
+        earliest = min(ts_ms for _, _, ts_ms in resolved)
         t = schema.tier_state
         position = conn.execute(sa.select(t.c.position_ms).where(t.c.tier == "1m")).scalar_one_or_none()
         if position is not None and earliest < position:
             conn.execute(sa.insert(schema.rollup_dirty).values(tier="1m", from_ms=earliest))
 
-    def _update_last_seen(
-        self, conn: Connection, readings: Sequence[GpuReading], gpus: Mapping[str, _GpuState]
-    ) -> None:
+    def _update_last_seen(self, conn: Connection, resolved: Sequence[_Resolved]) -> None:
         due: dict[int, int] = {}
-        for reading in readings:
-            state = gpus[reading.uuid]
-            ts_ms = _ms(reading.timestamp)
+        for _, state, ts_ms in resolved:
             if ts_ms - state.stored_last_seen_ms >= LAST_SEEN_RESOLUTION_MS:
                 state.stored_last_seen_ms = ts_ms
                 due[state.id] = ts_ms
@@ -309,11 +322,9 @@ class Writer:
         """
         changes = _Changes()
         for snapshot in sorted(snapshots, key=attrgetter("timestamp")):
-            fresh = [
-                (reading, gpus[reading.uuid], _ms(reading.timestamp))
-                for reading in snapshot.gpus
-                if _ms(reading.timestamp) > gpus[reading.uuid].last_ms
-            ]  # an older reading replayed is stored as a sample but must not rewind jobs or links
+            # An older reading replayed is stored as a sample but must not rewind jobs or links.
+            current = ((reading, gpus[reading.uuid], round(reading.timestamp * 1000)) for reading in snapshot.gpus)
+            fresh = [(reading, state, ts_ms) for reading, state, ts_ms in current if ts_ms > state.last_ms]
             signature = _signature(snapshot)
             if len(fresh) == len(snapshot.gpus) and signature == self._signatures.get(snapshot.node):
                 for _, state, ts_ms in fresh:

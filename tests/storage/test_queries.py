@@ -77,6 +77,20 @@ def test_counters_are_rates_and_resets_count_from_zero(db: Database) -> None:
     assert rates == pytest.approx([70.0] * 59)
 
 
+def test_counter_resets_inside_rolled_up_minutes(db: Database, clock: ManualClock) -> None:
+    start = T0 - T0 % 60
+    energy = [1e6 + 700.0 * k for k in range(90)] + [700.0 * (k + 1) for k in range(90)]  # restart after 15 min
+    Writer(db).write([_one_gpu(start + 10 * k, energy_joules_total=e) for k, e in enumerate(energy)])
+    end = start + 1800
+    clock.set(end)
+    Rollups(db, settle_s=0).run(end)
+    data = queries.series(db, [UUID], ["energy_joules_total"], start, end, max_points=16)[UUID]
+    assert data.resolution == "1m"
+    rates = data.values["energy_joules_total"]
+    assert len(rates) == 15
+    assert rates == pytest.approx([70.0] * 15)
+
+
 def test_series_from_rollups_when_the_range_is_long(db: Database, clock: ManualClock) -> None:
     writer = Writer(db)
     hours = 30

@@ -1,0 +1,27 @@
+"""Where the dashboard reads alerts from: anything with these three methods, returning the alert engine's records.
+
+Storage keeps the engine's alert states, their history and the silences in SQL; its reader is passed to
+``create_app(db, alerts=...)``. Without one the pages say that no alert store is connected instead of showing
+nothing and implying that nothing fires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from alerts.state import AlertState, Silence
+
+
+class AlertReader(Protocol):
+    def active(self) -> Sequence[AlertState]:
+        """The alerts pending or firing now."""
+        ...
+
+    def history(self, start: float, end: float) -> Sequence[AlertState]:
+        """Every alert episode that was pending or firing at some time in [start, end], resolved or not."""
+        ...
+
+    def silences(self, now: float) -> Sequence[Silence]:
+        """The silences active at ``now`` or scheduled after it."""
+        ...

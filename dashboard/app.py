@@ -1,0 +1,111 @@
+"""``create_app``: the Dash application, thin. Pages are modules under ``dashboard/pages``; this wires them up.
+
+Each page module has ``PATH`` (or ``PATH_TEMPLATE``), ``TITLE``, ``layout(**query)`` (built from the URL, reading no
+data) and ``register(app, context)``, which adds the page's callbacks to *this* app with the database and clock
+closed over. That keeps several apps in one process (tests) independent; ``dash.callback``'s global registry would
+hand every callback to the first app only.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Final
+
+import dash
+from dash import ClientsideFunction, Dash, Input, Output, dcc, html
+from flask import Response, request
+
+from dashboard.alertdata import AlertReader
+from dashboard.components import clientside
+from dashboard.context import Context
+from dashboard.ids import SHELL_NAV, SHELL_THEME_TOGGLE
+from dashboard.pages import PAGES
+from gpulens.clock import Clock
+from gpulens.webauth import BasicAuth
+from storage.db import Database
+
+log = logging.getLogger(__name__)
+
+ASSETS: Final = Path(__file__).parent / "assets"
+NAV: Final = (("Overview", "/"), ("Jobs", "/jobs"), ("Interconnect", "/interconnect"), ("Alerts", "/alerts"))
+_UNAUTHORIZED: Final = "authentication required\n"
+
+
+def create_app(
+    db: Database,
+    *,
+    clock: Clock | None = None,
+    alerts: AlertReader | None = None,
+    basic_auth: BasicAuth | None = None,
+    stale_after_s: float = 120.0,
+    title: str = "gpulens",
+) -> Dash:
+    """The dashboard over ``db``. ``clock`` says what "now" is (default: the database's clock); ``alerts`` reads
+    the alert engine's alerts (without it the pages say that no alert store is connected).
+
+    ``stale_after_s``: a GPU whose newest reading is older than this shows as stale (its exporter or the collector
+    is down). With ``basic_auth`` every request but ``/healthz`` needs a user and password.
+    """
+    context = Context(db=db, clock=clock or db.clock, alerts=alerts, stale_after_s=stale_after_s)
+    app = Dash(
+        __name__,
+        use_pages=True,
+        pages_folder="",
+        assets_folder=str(ASSETS),
+        title=title,
+        update_title="",  # keep the page title while callbacks run
+        serve_locally=True,
+    )
+    for page in PAGES:
+        page.register(app, context)
+    app.layout = _shell(db)
+    clientside(
+        app,
+        ClientsideFunction("gpulens", "toggleTheme"),
+        Output(SHELL_THEME_TOGGLE, "children"),
+        Input(SHELL_THEME_TOGGLE, "n_clicks"),
+    )
+    _install_health(app)
+    if basic_auth is not None:
+        _install_basic_auth(app, basic_auth)
+    return app
+
+
+def _shell(db: Database) -> html.Div:
+    return html.Div(
+        [
+            html.Header(
+                className="gl-topbar",
+                children=[
+                    dcc.Link(html.Span(["gpu", html.Span("lens")]), href="/", className="gl-brand"),
+                    html.Nav(
+                        id=SHELL_NAV, className="gl-nav", children=[dcc.Link(text, href=path) for text, path in NAV]
+                    ),
+                    html.Span(db.url_redacted, className="gl-hint mono", title="the database this dashboard reads"),
+                    html.Button("Theme", id=SHELL_THEME_TOGGLE, className="gl-theme-toggle", n_clicks=0),
+                ],
+            ),
+            html.Main(dash.page_container, className="gl-page"),
+        ]
+    )
+
+
+def _install_health(app: Dash) -> None:
+    def healthz() -> Response:
+        return Response("ok\n", mimetype="text/plain")
+
+    app.server.add_url_rule("/healthz", "gpulens_healthz", healthz)
+
+
+def _install_basic_auth(app: Dash, auth: BasicAuth) -> None:
+    def require_auth() -> Response | None:
+        if request.path == "/healthz":
+            return None
+        if auth.check(request.headers.get("Authorization")) is not None:
+            return None
+        return Response(
+            _UNAUTHORIZED, status=401, mimetype="text/plain", headers={"WWW-Authenticate": 'Basic realm="gpulens"'}
+        )
+
+    app.server.before_request(require_auth)

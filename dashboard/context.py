@@ -1,0 +1,57 @@
+"""What every page's callbacks share: the database, the clock, and an honest account of what went wrong."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from dash import html
+
+from dashboard.alertdata import AlertReader
+from dashboard.components import banner
+from dashboard.timerange import RangeError, minute_text
+from gpulens.clock import Clock
+from storage.db import Database, DatabaseUnavailableError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Context:
+    db: Database
+    clock: Clock
+    alerts: AlertReader | None = None
+    stale_after_s: float = 120.0
+
+
+class PageError(Exception):
+    """A page cannot show its data; ``banner`` says why in words an operator can act on, ``as_of`` when."""
+
+    def __init__(self, banner: html.Div, as_of: str) -> None:
+        super().__init__("page problem")
+        self.banner = banner
+        self.as_of = as_of
+
+
+def guarded(context: Context, load: Callable[[], T]) -> T:
+    """Run a page's data loading; turn each failure into a ``PageError`` with a banner.
+
+    The database being down is expected and said plainly (its message carries the URL without the password); any
+    other failure is logged with its traceback here and shown only by type, so no detail (or secret) reaches the page.
+    """
+    as_of = f"as of {minute_text(context.clock.now())}"
+    try:
+        return load()
+    except RangeError as exc:
+        raise PageError(banner("warn", "Bad time range.", str(exc)), as_of) from None
+    except DatabaseUnavailableError as exc:
+        detail = context.db.scrub(str(exc)) + ". Showing nothing until it is back."
+        raise PageError(banner("bad", "Database unreachable.", detail), as_of) from None
+    except Exception as exc:
+        log.exception("reading the dashboard data failed")
+        detail = f"{type(exc).__name__}; the dashboard's log has the details."
+        raise PageError(banner("bad", "Could not read the data.", detail), as_of) from None

@@ -1,0 +1,17 @@
+"""The dashboard's pages, one module each; ``create_app`` registers them in this order (the navigation's order)."""
+
+from __future__ import annotations
+
+from typing import Final, Protocol
+
+from dash import Dash
+
+from dashboard.context import Context
+from dashboard.pages import alerts, gpu, interconnect, job, jobs, node, overview
+
+
+class Page(Protocol):
+    def register(self, app: Dash, context: Context) -> None: ...
+
+
+PAGES: Final[tuple[Page, ...]] = (overview, jobs, job, node, gpu, interconnect, alerts)

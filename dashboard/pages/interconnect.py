@@ -1,0 +1,264 @@
+"""Interconnect (``/interconnect``): PCIe and NVLink throughput of every GPU against its link maximum, degraded links,
+link error counters, and one node's GPU-to-GPU topology with its link errors over the range.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from dash import Dash, Input, Output, State, dcc, html
+
+from dashboard import figures, ids
+from dashboard.components import (
+    GRAPH_CONFIG,
+    Cell,
+    ViewState,
+    banner,
+    flag,
+    graph,
+    link,
+    page_header,
+    panel,
+    register_click_through,
+    register_page,
+    register_toolbar,
+    table,
+    toolbar_inputs,
+    view_state,
+)
+from dashboard.context import Context, PageError, guarded
+from dashboard.grid import natural_key
+from dashboard.panels import ERROR_FIELDS
+from dashboard.paths import gpu_path, node_path
+from dashboard.timerange import minute_text, resolve_range
+from gpulens.model import GpuReading
+from storage import queries
+from storage.queries import LinkOutage, SeriesData
+
+PATH: Final = "/interconnect"
+IDS: Final = ids.INTERCONNECT
+LINK_ERROR_FIELDS: Final = (
+    "pcie_replays_total",
+    "nvlink_crc_flit_errors_total",
+    "nvlink_replay_errors_total",
+    "nvlink_recovery_errors_total",
+)
+TOP: Final = 25
+
+
+def layout(**query: Any) -> html.Div:
+    state = ViewState.from_query(query)
+    node = str(query.get("node") or "")[:200]
+    return html.Div(
+        [
+            page_header("Interconnect", "PCIe and NVLink: load, degraded links, errors, topology", IDS, state),
+            html.Div(id=IDS.status),
+            html.Div(
+                className="gl-two",
+                children=[
+                    panel(
+                        "Every GPU against its link maximum (now)",
+                        html.Div("Top-right is saturated; click a point for its GPU.", className="gl-hint"),
+                        graph(ids.IC_THROUGHPUT),
+                    ),
+                    panel(
+                        "Node topology",
+                        graph(ids.IC_TOPOLOGY),
+                        controls=dcc.Dropdown(
+                            id=ids.IC_NODE,
+                            # The URL's node is an option from the start: a value outside the options is dropped.
+                            options=[{"label": node, "value": node}] if node else [],
+                            value=node or None,
+                            placeholder="choose a node",
+                            style={"width": "220px"},
+                        ),
+                    ),
+                ],
+            ),
+            html.Div(
+                className="gl-two",
+                children=[
+                    panel("Degraded links (now)", html.Div(id=ids.IC_DEGRADED)),
+                    panel("Link errors", html.Div(id=ids.IC_ERRORS)),
+                ],
+            ),
+        ]
+    )
+
+
+def register(app: Dash, context: Context) -> None:
+    register_page(__name__, path=PATH, title="Interconnect · gpulens", name="Interconnect", layout=layout)
+    register_toolbar(app, IDS, [(ids.IC_NODE, "value", "node")])
+    register_click_through(app, IDS, ids.IC_THROUGHPUT)
+    register_click_through(app, IDS, ids.IC_TOPOLOGY)
+
+    @app.callback(
+        Output(IDS.status, "children"),
+        Output(ids.IC_THROUGHPUT, "figure"),
+        Output(ids.IC_NODE, "options"),
+        Output(ids.IC_NODE, "value"),
+        Output(ids.IC_TOPOLOGY, "figure"),
+        Output(ids.IC_DEGRADED, "children"),
+        Output(ids.IC_ERRORS, "children"),
+        Output(IDS.updated, "children"),
+        *toolbar_inputs(IDS),
+        Input(ids.IC_NODE, "value"),
+        State(IDS.refresh, "value"),
+    )
+    def update(range_: str, start: str, end: str, _tick: int | None, node: str | None, refresh: str) -> tuple[Any, ...]:
+        state = view_state(range_, start, end, refresh)
+        try:
+            return render(context, state, node)
+        except PageError as problem:
+            blank = figures.empty_figure("no data")
+            return problem.banner, blank, [], node, blank, None, None, problem.as_of
+
+
+def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, ...]:
+    now = context.clock.now()
+
+    def load() -> tuple[Any, ...]:
+        span = resolve_range(state.range, state.start, state.end, now)
+        readings = queries.latest_readings(context.db)
+        nodes = sorted({r.node for r in readings}, key=natural_key)
+        chosen = node if node in nodes else (nodes[0] if nodes else None)
+        mine = [r for r in readings if r.node == chosen]
+        series = queries.series(context.db, [r.uuid for r in mine], LINK_ERROR_FIELDS, span.start, span.end, 240)
+        outages = queries.link_outages(context.db, span.start, span.end)
+        return span, readings, nodes, chosen, series, outages
+
+    span, readings, nodes, chosen, series, outages = guarded(context, load)
+    fresh = [r for r in readings if now - r.timestamp <= context.stale_after_s]
+    status = None
+    if not readings:
+        status = banner("info", "No data yet.", " The collector has stored no reading in this database.")
+    node_readings = [r for r in readings if r.node == chosen]
+    down_now: dict[str, int] = defaultdict(int)
+    for outage in outages:
+        if outage.until is None:
+            down_now[outage.uuid] += 1
+    topology = (
+        figures.node_topology(node_readings, down_now) if node_readings else figures.empty_figure("no node chosen", 380)
+    )
+    errors = html.Div(
+        [
+            html.Div(f"{chosen}: error rates over the range" if chosen else "", className="gl-hint"),
+            error_chart(node_readings, series, span.start, span.end),
+            html.Div("Highest error counts on the cluster (since each exporter started)", className="gl-hint"),
+            error_totals(fresh, state),
+        ]
+    )
+    return (
+        status,
+        figures.link_scatter(fresh),
+        [{"label": n, "value": n} for n in nodes],
+        chosen,
+        topology,
+        degraded_table(fresh, outages, state),
+        errors,
+        f"as of {minute_text(now)} · {span.label}",
+    )
+
+
+def degraded_links(readings: Sequence[GpuReading]) -> list[tuple[GpuReading, str]]:
+    """GPUs whose PCIe link trained below its maximum, or with fewer active NVLinks than their model's best."""
+    best: dict[str, int] = defaultdict(int)
+    for r in readings:
+        best[r.model] = max(best[r.model], r.nvlink_links_active or 0)
+    found = []
+    for r in readings:
+        if not r.up:
+            continue
+        if figures.pcie_degraded(r):
+            found.append(
+                (
+                    r,
+                    f"PCIe Gen{r.pcie_link_generation} x{r.pcie_link_width} "
+                    f"(max Gen{r.pcie_link_generation_max} x{r.pcie_link_width_max})",
+                )
+            )
+        active = r.nvlink_links_active
+        if active is not None and active < best[r.model]:
+            found.append((r, f"NVLink {active} of {best[r.model]} links active"))
+    return found
+
+
+def degraded_table(readings: Sequence[GpuReading], outages: Sequence[LinkOutage], state: ViewState) -> html.Div:
+    """Links below their maximum now, and the NVLinks reported down in the range (with the link number)."""
+    rows: list[list[Cell]] = [
+        [
+            link(figures.gpu_label(r.node, r.gpu), gpu_path(r.uuid), state),
+            link(r.node, node_path(r.node), state),
+            flag(what, "down"),
+            "now",
+        ]
+        for r, what in degraded_links(readings)
+    ]
+    for o in outages:
+        until = "still down" if o.until is None else f"to {minute_text(o.until)}"
+        remote = f" (to {o.remote_pci_bus_id})" if o.remote_pci_bus_id else ""
+        rows.append(
+            [
+                link(figures.gpu_label(o.node, o.gpu), gpu_path(o.uuid), state),
+                link(o.node, node_path(o.node), state),
+                flag(f"NVLink {o.link} inactive{remote}", "down" if o.until is None else "resolved"),
+                f"{minute_text(o.since)} {until}",
+            ]
+        )
+    return table(["GPU", "node", "link", "when"], rows, empty="every link at its maximum in this range")
+
+
+def error_totals(readings: Sequence[GpuReading], state: ViewState) -> html.Div:
+    scored = []
+    for r in readings:
+        counts = {
+            "PCIe replays": r.pcie_replays_total,
+            "NVLink CRC": r.nvlink_crc_flit_errors_total,
+            "NVLink replay": r.nvlink_replay_errors_total,
+            "NVLink recovery": r.nvlink_recovery_errors_total,
+        }
+        total = sum(v or 0 for v in counts.values())
+        if total:
+            scored.append((total, r, counts))
+    scored.sort(key=lambda s: -s[0])
+    rows: list[list[Cell]] = [
+        [
+            link(figures.gpu_label(r.node, r.gpu), gpu_path(r.uuid), state),
+            *(f"{v:,}" if v else "0" for v in counts.values()),
+        ]
+        for _, r, counts in scored[:TOP]
+    ]
+    return table(
+        ["GPU", "PCIe replays", "NVLink CRC", "NVLink replay", "NVLink recovery"],
+        rows,
+        numeric=["PCIe replays", "NVLink CRC", "NVLink replay", "NVLink recovery"],
+        empty="no link error counted",
+    )
+
+
+def error_chart(
+    readings: Sequence[GpuReading], series: Mapping[str, SeriesData], start: float, end: float
+) -> dcc.Graph:
+    lines = []
+    for r in sorted(readings, key=lambda r: r.gpu):
+        data = series.get(r.uuid)
+        if data is None:
+            continue
+        for i, name in enumerate(LINK_ERROR_FIELDS):
+            values = data.values.get(name, ())
+            if any(values):
+                lines.append(
+                    figures.Line(
+                        f"GPU {r.gpu} {ERROR_FIELDS[name]}",
+                        data.timestamps,
+                        values,
+                        color=figures.palette_color(r.gpu),
+                        dash=None if i == 0 else "dot",
+                    )
+                )
+    figure = figures.time_series(
+        lines, figures.PER_SECOND, start=start, end=end, height=220, empty="no link errors in this range"
+    )
+    return dcc.Graph(id=ids.IC_ERROR_CHART, figure=figure, config=GRAPH_CONFIG)

@@ -1,0 +1,217 @@
+"""Job (``/jobs/<job_id>``): the job's GPUs over time (utilization, NVLink traffic, power: one row per GPU, so a
+512-GPU job reads as well as a 2-GPU one), with the periods its stall, straggler and idle alerts fired marked.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any, Final
+from urllib.parse import unquote
+
+from dash import Dash, Output, State, html
+
+from dashboard import figures, ids
+from dashboard.components import (
+    Cell,
+    ViewState,
+    banner,
+    flag,
+    graph_panel,
+    link,
+    page_header,
+    panel,
+    register_page,
+    register_toolbar,
+    table,
+    toolbar_inputs,
+    view_state,
+)
+from dashboard.context import Context, PageError, guarded
+from dashboard.flags import FLAG_ORDER, JOB_FLAGS, alert_jobs, job_flags, job_periods
+from dashboard.grid import natural_key
+from dashboard.pages.alerts import alerts_table, fired_newest_first
+from dashboard.paths import gpu_path, node_path
+from dashboard.timerange import minute_text, resolve_range
+from storage import queries
+from storage.queries import SeriesData
+
+PATH_TEMPLATE: Final = "/jobs/<job_id>"
+IDS: Final = ids.JOB
+FIELDS: Final = (
+    "utilization_ratio",
+    "nvlink_tx_bytes_per_second",
+    "nvlink_rx_bytes_per_second",
+    "nvlink_links_active",
+    "power_watts",
+    "power_limit_watts",
+)
+POINT_BUDGET: Final = 60_000  # series points per page, shared by the job's GPUs
+BINS: Final = 160
+
+_NVLINK: Final = figures.Metric(
+    "nvlink", "NVLink (of link max)", figures.nvlink_ratio, figures.percent_text, 0, 1, "Viridis", ((0.0, "0%"),)
+)
+_POWER: Final = figures.METRICS["power"]
+_UTIL: Final = figures.METRICS["utilization"]
+
+
+def title(job_id: str = "") -> str:
+    return f"Job {unquote(job_id)} · gpulens" if job_id else "Job · gpulens"
+
+
+def layout(job_id: str = "", **query: Any) -> html.Div:
+    name = unquote(job_id)
+    state = ViewState.from_query(query)
+    return html.Div(
+        [
+            page_header(f"Job {name}", html.Span(id=ids.JOB_INFO), IDS, state),
+            html.Div(id=IDS.status),
+            html.Div(id=ids.JOB_CHARTS),
+            panel("Alerts about this job", html.Div(id=ids.JOB_ALERTS)),
+            panel("GPUs", html.Div(id=ids.JOB_GPUS)),
+            html.Div(name, id=ids.JOB_ID, hidden=True),
+        ]
+    )
+
+
+def register(app: Dash, context: Context) -> None:
+    register_page(__name__, path_template=PATH_TEMPLATE, title=title, name="Job", layout=layout)
+    register_toolbar(app, IDS)
+
+    @app.callback(
+        Output(IDS.status, "children"),
+        Output(ids.JOB_INFO, "children"),
+        Output(ids.JOB_CHARTS, "children"),
+        Output(ids.JOB_GPUS, "children"),
+        Output(ids.JOB_ALERTS, "children"),
+        Output(IDS.updated, "children"),
+        *toolbar_inputs(IDS),
+        State(ids.JOB_ID, "children"),
+        State(IDS.refresh, "value"),
+    )
+    def update(range_: str, start: str, end: str, _tick: int | None, job_id: str, refresh: str) -> tuple[Any, ...]:
+        state = view_state(range_, start, end, refresh)
+        try:
+            return render(context, state, job_id)
+        except PageError as problem:
+            return problem.banner, "", [], None, None, problem.as_of
+
+
+def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
+    now = context.clock.now()
+    reader = context.alerts
+
+    def load() -> tuple[Any, ...]:
+        span = resolve_range(state.range, state.start, state.end, now)
+        found = queries.jobs(context.db, span.start, span.end, job_id=job_id)
+        summary = found[0] if found else None
+        if summary is None:
+            return span, None, [], {}, [], []
+        places = {g.uuid: g for g in queries.gpu_info(context.db) if g.uuid in set(summary.gpus)}
+        points = max(60, min(600, POINT_BUDGET // max(1, len(summary.gpus))))
+        series = queries.series(context.db, summary.gpus, FIELDS, span.start, span.end, points)
+        active = reader.active() if reader is not None else []
+        history = reader.history(span.start, span.end) if reader is not None else []
+        return span, summary, list(places.values()), series, active, history
+
+    span, summary, places, series, active, history = guarded(context, load)
+    updated = f"as of {minute_text(now)} · {span.label}"
+    if summary is None:
+        note = " It may have run outside the range: try a longer one."
+        return banner("info", f"No GPU held by job {job_id!r} in this range.", note), "", [], None, None, updated
+    gpus = sorted(places, key=lambda g: (natural_key(g.node), g.gpu))
+    periods = job_periods(history, job_id, now=now)
+    rows = [_row(g.node, g.gpu, series.get(g.uuid)) for g in gpus]
+    charts = [
+        graph_panel(
+            ids.JOB_UTILIZATION,
+            "Utilization of each GPU",
+            figures.gpu_time_heatmap(
+                [r[0] for r in rows], _UTIL, start=span.start, end=span.end, bins=BINS, periods=periods
+            ),
+        ),
+        graph_panel(
+            ids.JOB_NVLINK,
+            "NVLink traffic of each GPU (busier direction, of the link maximum)",
+            figures.gpu_time_heatmap(
+                [r[1] for r in rows],
+                _NVLINK,
+                start=span.start,
+                end=span.end,
+                bins=BINS,
+                periods=periods,
+                autoscale=True,
+            ),
+        ),
+        graph_panel(
+            ids.JOB_POWER,
+            "Power of each GPU (of its limit)",
+            figures.gpu_time_heatmap(
+                [r[2] for r in rows], _POWER, start=span.start, end=span.end, bins=BINS, periods=periods
+            ),
+        ),
+    ]
+    mine = [a for a in active if job_id in alert_jobs(a.labels)]
+    marks = [flag(f) for f in FLAG_ORDER if f in job_flags(mine).get(job_id, set())]
+    info = html.Span(
+        [
+            f"{summary.user or 'unknown user'} · {len(summary.gpus)} GPUs on {len(summary.nodes)} node(s) · "
+            f"{minute_text(summary.first_seen)} to {minute_text(summary.last_seen)} · "
+            f"{summary.gpu_hours:.1f} GPU-hours · mean utilization {figures.percent_text(summary.utilization_mean)} ",
+            *marks,
+        ]
+    )
+    gpu_rows: list[list[Cell]] = [
+        [
+            link(figures.gpu_label(g.node, g.gpu), gpu_path(g.uuid), state),
+            link(g.node, node_path(g.node), state),
+            figures.percent_text(_mean(util.values)),
+            figures.percent_text(_mean(nvlink.values)),
+            figures.percent_text(_mean(power.values)),
+        ]
+        for g, (util, nvlink, power) in zip(gpus, rows, strict=True)
+    ]
+    numeric = ["mean util", "mean NVLink", "mean power"]
+    gpu_table = table(["GPU", "node", *numeric], gpu_rows, numeric=numeric)
+    episodes = fired_newest_first([e for e in history if job_id in alert_jobs(e.labels)])
+    status = None
+    if reader is None:
+        status = banner("info", "No alert store connected:", " stall and straggler periods cannot be marked.")
+    elif marks:
+        summaries = [a.summary or a.rule for a in mine if a.state == "firing" and a.rule in JOB_FLAGS]
+        status = banner("bad", "The alert engine flags this job.", None, summaries)
+    alerts = alerts_table(episodes, state, empty="no alert about this job fired in this range")
+    return status, info, charts, gpu_table, alerts, updated
+
+
+def _row(node: str, index: int, data: SeriesData | None) -> tuple[figures.Row, figures.Row, figures.Row]:
+    label = figures.gpu_label(node, index)
+    if data is None:
+        empty = figures.Row(label, [], [])
+        return empty, empty, empty
+    v = data.values
+    nvlink = [
+        _ratio(
+            max((x for x in (tx, rx) if x is not None), default=None),
+            figures.nvlink_max_bytes_per_second(int(n) if n else None),
+        )
+        for tx, rx, n in zip(
+            v["nvlink_tx_bytes_per_second"], v["nvlink_rx_bytes_per_second"], v["nvlink_links_active"], strict=True
+        )
+    ]
+    power = [_ratio(p, lim) for p, lim in zip(v["power_watts"], v["power_limit_watts"], strict=True)]
+    return (
+        figures.Row(label, data.timestamps, v["utilization_ratio"]),
+        figures.Row(label, data.timestamps, nvlink),
+        figures.Row(label, data.timestamps, power),
+    )
+
+
+def _ratio(value: float | None, ceiling: float | None) -> float | None:
+    return value / ceiling if value is not None and ceiling else None
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None

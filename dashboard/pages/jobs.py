@@ -1,0 +1,257 @@
+"""Jobs (``/jobs``): which job runs on which GPUs (the node x GPU grid coloured by job), and a table of the jobs seen
+in the range with their size, duration, GPU-hours, utilization, balance and flags (stalled, straggling, idle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from dash import Dash, Input, Output, State, ctx, dcc, html
+
+from dashboard import figures, ids
+from dashboard.components import (
+    Cell,
+    ViewState,
+    banner,
+    flag,
+    graph,
+    link,
+    page_header,
+    panel,
+    register_click_through,
+    register_page,
+    register_toolbar,
+    table,
+    toolbar_inputs,
+    view_state,
+)
+from dashboard.context import Context, PageError, guarded
+from dashboard.figures import MISSING
+from dashboard.flags import FLAG_ORDER, job_flags
+from dashboard.grid import grid_cells, parse_page, select_page
+from dashboard.paths import job_path
+from dashboard.timerange import minute_text, resolve_range
+from storage import queries
+from storage.queries import JobSummary
+
+PATH: Final = "/jobs"
+IDS: Final = ids.JOBS
+FLAG_FILTERS: Final = {
+    "all": "all jobs",
+    "flagged": "flagged",
+    "stalled": "stalled",
+    "straggling": "straggling",
+    "idle": "idle",
+}
+MAX_ROWS: Final = 200
+
+
+def layout(**query: Any) -> html.Div:
+    state = ViewState.from_query(query)
+    flag_filter = query.get("flag") if query.get("flag") in FLAG_FILTERS else "all"
+    grid_controls = html.Div(
+        className="gl-controls",
+        children=[
+            html.Button("← previous", id=ids.JOBS_PREV, className="gl-button", title="previous nodes"),
+            html.Span(id=ids.JOBS_PAGE_INFO, className="gl-hint"),
+            html.Button("next →", id=ids.JOBS_NEXT, className="gl-button", title="next nodes"),
+        ],
+    )
+    table_controls = html.Div(
+        className="gl-controls",
+        children=[
+            dcc.RadioItems(
+                id=ids.JOBS_FLAG,
+                className="gl-seg",
+                options=[{"label": text, "value": key} for key, text in FLAG_FILTERS.items()],
+                value=flag_filter,
+                inline=True,
+            ),
+            dcc.Input(
+                id=ids.JOBS_FILTER,
+                className="gl-input gl-filter",
+                placeholder="filter job or user",
+                value=str(query.get("q") or "")[:100],
+                debounce=True,
+                type="text",
+            ),
+        ],
+    )
+    return html.Div(
+        [
+            page_header("Jobs", "task distribution: who runs where, and how well", IDS, state),
+            html.Div(id=IDS.status),
+            panel("Jobs in the range", html.Div(id=ids.JOBS_TABLE), controls=table_controls),
+            panel("GPUs by job (now)", graph(ids.JOBS_GRID), controls=grid_controls),
+            dcc.Store(id=ids.JOBS_PAGE, data=parse_page(query.get("page")) + 1),
+            dcc.Store(id=ids.JOBS_PAGES, data=1),
+        ]
+    )
+
+
+def register(app: Dash, context: Context) -> None:
+    register_page(__name__, path=PATH, title="Jobs · gpulens", name="Jobs", layout=layout)
+    register_toolbar(
+        app, IDS, [(ids.JOBS_FLAG, "value", "flag"), (ids.JOBS_FILTER, "value", "q"), (ids.JOBS_PAGE, "data", "page")]
+    )
+    register_click_through(app, IDS, ids.JOBS_GRID)
+
+    @app.callback(
+        Output(ids.JOBS_PAGE, "data"),
+        Input(ids.JOBS_PREV, "n_clicks"),
+        Input(ids.JOBS_NEXT, "n_clicks"),
+        State(ids.JOBS_PAGE, "data"),
+        State(ids.JOBS_PAGES, "data"),
+        prevent_initial_call=True,
+    )
+    def turn_page(_prev: int | None, _next: int | None, page: int, count: int) -> int:
+        return max(1, page - 1) if ctx.triggered_id == ids.JOBS_PREV else min(count, page + 1)
+
+    @app.callback(
+        Output(IDS.status, "children"),
+        Output(ids.JOBS_TABLE, "children"),
+        Output(ids.JOBS_GRID, "figure"),
+        Output(ids.JOBS_PAGE_INFO, "children"),
+        Output(ids.JOBS_PREV, "disabled"),
+        Output(ids.JOBS_NEXT, "disabled"),
+        Output(ids.JOBS_PAGES, "data"),
+        Output(IDS.updated, "children"),
+        *toolbar_inputs(IDS),
+        Input(ids.JOBS_FLAG, "value"),
+        Input(ids.JOBS_FILTER, "value"),
+        Input(ids.JOBS_PAGE, "data"),
+        State(IDS.refresh, "value"),
+    )
+    def update(
+        range_: str,
+        start: str,
+        end: str,
+        _tick: int | None,
+        flag_filter: str,
+        text: str | None,
+        page: int,
+        refresh: str,
+    ) -> tuple[Any, ...]:
+        state = view_state(range_, start, end, refresh)
+        try:
+            return render(context, state, flag_filter, text or "", page)
+        except PageError as problem:
+            blank = figures.empty_figure("no data")
+            return problem.banner, None, blank, "", True, True, 1, problem.as_of
+
+
+def render(context: Context, state: ViewState, flag_filter: str, text: str, page: int) -> tuple[Any, ...]:
+    now = context.clock.now()
+
+    def load() -> tuple[Any, ...]:
+        span = resolve_range(state.range, state.start, state.end, now)
+        summaries = queries.jobs(context.db, span.start, span.end)
+        readings = queries.latest_readings(context.db)
+        jobs, _processes = queries.latest_snapshot_parts(context.db)
+        alerts = context.alerts.active() if context.alerts is not None else None
+        return span, summaries, readings, jobs, alerts
+
+    span, summaries, readings, jobs, alerts = guarded(context, load)
+    flags = job_flags(alerts or [])
+    cells = grid_cells(readings, jobs, now=now, stale_after_s=context.stale_after_s)
+    held = [c for c in cells if c.jobs]
+    grid = select_page(held, figures.METRICS["utilization"], page=page - 1)
+    figure = (
+        figures.job_grid(grid.cells, grid.nodes, show_text=len(grid.nodes) <= 40)
+        if grid.rows
+        else figures.empty_figure("no GPU is held by a job now")
+    )
+    first = grid.page * grid.per_page + 1
+    info = (
+        f"nodes {first} to {min(len(grid.rows), first + grid.per_page - 1)} of {len(grid.rows)} with jobs"
+        if grid.rows
+        else ""
+    )
+    status = None
+    if not summaries and not readings:
+        status = banner("info", "No data yet.", " The collector has stored no reading in this database.")
+    elif alerts is None:
+        status = banner("info", "No alert store connected:", " jobs cannot be flagged as stalled, straggling or idle.")
+    return (
+        status,
+        jobs_table(summaries, flags, flag_filter, text, state),
+        figure,
+        info,
+        grid.page == 0,
+        grid.page >= grid.pages - 1,
+        grid.pages,
+        f"as of {minute_text(now)} · {span.label}",
+    )
+
+
+def jobs_table(
+    summaries: Sequence[JobSummary], flags: Mapping[str, set[str]], flag_filter: str, text: str, state: ViewState
+) -> html.Div:
+    """Flagged jobs first, then by GPU-hours; at most ``MAX_ROWS`` rows."""
+    needle = text.strip().lower()
+
+    def keep(s: JobSummary) -> bool:
+        job_flags_ = flags.get(s.job_id, set())
+        if needle and needle not in s.job_id.lower() and needle not in (s.user or "").lower():
+            return False
+        if flag_filter == "flagged":
+            return bool(job_flags_)
+        return flag_filter not in FLAG_ORDER or flag_filter in job_flags_
+
+    chosen = sorted(
+        (s for s in summaries if keep(s)), key=lambda s: (not flags.get(s.job_id), -(s.gpu_hours or 0.0), s.job_id)
+    )
+    rows: list[list[Cell]] = []
+    classes = []
+    for s in chosen[:MAX_ROWS]:
+        marks = [flag(f) for f in FLAG_ORDER if f in flags.get(s.job_id, set())]
+        rows.append(
+            [
+                link(s.job_id, job_path(s.job_id), state),
+                s.user or MISSING,
+                str(len(s.gpus)),
+                str(len(s.nodes)),
+                minute_text(s.first_seen),
+                figures.duration_text(s.last_seen - s.first_seen),
+                f"{s.gpu_hours:.1f}",
+                figures.percent_text(s.utilization_mean),
+                figures.bytes_text(s.memory_used_mean_bytes),
+                balance_text(s.utilization_mean, s.utilization_stddev),
+                html.Span(marks) if marks else "",
+            ]
+        )
+        classes.append("flagged" if marks else "")
+    more = f"showing {MAX_ROWS} of {len(chosen)}" if len(chosen) > MAX_ROWS else f"{len(chosen)} jobs"
+    return html.Div(
+        [
+            html.Div(more, className="gl-hint"),
+            table(
+                [
+                    "job",
+                    "user",
+                    "GPUs",
+                    "nodes",
+                    "start",
+                    "duration",
+                    "GPU-hours",
+                    "mean util",
+                    "memory",
+                    "balance",
+                    "flags",
+                ],
+                rows,
+                numeric=["GPUs", "nodes", "GPU-hours", "mean util", "memory", "balance"],
+                row_classes=classes,
+                empty="no job in this range" if not needle and flag_filter == "all" else "no job matches",
+                table_id=ids.JOBS_ROWS,
+            ),
+        ]
+    )
+
+
+def balance_text(mean: float | None, stddev: float | None) -> str:
+    """How evenly a job loads its GPUs: the spread of utilization across them (± percentage points)."""
+    if mean is None or stddev is None:
+        return MISSING
+    return f"±{stddev * 100:.0f} pp"

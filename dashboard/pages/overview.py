@@ -1,0 +1,319 @@
+"""Overview (``/``): headline figures, the node x GPU heatmap by a chosen metric, scrape-target health.
+
+At 1,000 nodes the heatmap pages through the nodes (filtered by name, sorted by name, value or problems) and a
+cluster map above it shows every node as one cell; a click on the map jumps to the node's page of the heatmap, a
+click on a heatmap cell opens the GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from dash import Dash, Input, Output, State, ctx, dcc, html
+
+from dashboard import figures, ids
+from dashboard.components import (
+    Cell,
+    ViewState,
+    banner,
+    card,
+    graph,
+    link,
+    page_header,
+    panel,
+    register_click_through,
+    register_page,
+    register_toolbar,
+    table,
+    toolbar_inputs,
+    view_state,
+)
+from dashboard.context import Context, PageError, guarded
+from dashboard.figures import MISSING
+from dashboard.grid import DEFAULT_SORT, NODES_PER_PAGE, SORTS, GridPage, grid_cells, parse_page, select_page
+from dashboard.paths import node_path
+from dashboard.summary import IDLE_BELOW, Headline, headline
+from dashboard.timerange import minute_text, resolve_range
+from gpulens.model import TargetHealth
+from storage import queries
+
+PATH: Final = "/"
+TITLE: Final = "Overview · gpulens"
+IDS: Final = ids.OVERVIEW
+MAP_COLUMNS: Final = 50
+
+
+def layout(**query: Any) -> html.Div:
+    state = ViewState.from_query(query)
+    metric = query.get("metric") if query.get("metric") in figures.METRICS else figures.DEFAULT_METRIC
+    sort = query.get("sort") if query.get("sort") in SORTS else DEFAULT_SORT
+    controls = html.Div(
+        className="gl-controls",
+        children=[
+            dcc.RadioItems(
+                id=ids.OVERVIEW_METRIC,
+                className="gl-seg",
+                options=[{"label": m.label.split(" (")[0], "value": m.key} for m in figures.METRICS.values()],
+                value=metric,
+                inline=True,
+            ),
+            dcc.Dropdown(
+                id=ids.OVERVIEW_SORT,
+                options=[{"label": f"sort: {text}", "value": key} for key, text in SORTS.items()],
+                value=sort,
+                clearable=False,
+                searchable=False,
+                style={"width": "200px"},
+            ),
+            dcc.Input(
+                id=ids.OVERVIEW_FILTER,
+                className="gl-input gl-filter",
+                placeholder="filter nodes",
+                value=str(query.get("q") or "")[:100],
+                debounce=True,
+                type="text",
+            ),
+            html.Button("← previous", id=ids.OVERVIEW_PREV, className="gl-button", title="previous nodes"),
+            html.Span(id=ids.OVERVIEW_PAGE_INFO, className="gl-hint"),
+            html.Button("next →", id=ids.OVERVIEW_NEXT, className="gl-button", title="next nodes"),
+        ],
+    )
+    return html.Div(
+        [
+            page_header("Cluster overview", None, IDS, state),
+            html.Div(id=IDS.status),
+            html.Div(id=ids.OVERVIEW_CARDS, className="gl-cards"),
+            html.Div(
+                id=ids.OVERVIEW_MAP_PANEL,
+                style={"display": "none"},
+                children=panel(
+                    "All nodes",
+                    html.Div("One cell per node, mean over its GPUs; click to jump to it.", className="gl-hint"),
+                    graph(ids.OVERVIEW_MAP),
+                ),
+            ),
+            panel("GPUs by node", graph(ids.OVERVIEW_HEATMAP), controls=controls),
+            panel("Scrape targets", html.Div(id=ids.OVERVIEW_TARGETS)),
+            dcc.Store(id=ids.OVERVIEW_PAGE, data=parse_page(query.get("page")) + 1),
+            dcc.Store(id=ids.OVERVIEW_PAGES, data=1),
+        ]
+    )
+
+
+def register(app: Dash, context: Context) -> None:
+    register_page(__name__, path=PATH, title=TITLE, name="Overview", layout=layout)
+    register_toolbar(
+        app,
+        IDS,
+        [
+            (ids.OVERVIEW_METRIC, "value", "metric"),
+            (ids.OVERVIEW_SORT, "value", "sort"),
+            (ids.OVERVIEW_FILTER, "value", "q"),
+            (ids.OVERVIEW_PAGE, "data", "page"),
+        ],
+    )
+    register_click_through(app, IDS, ids.OVERVIEW_HEATMAP)
+
+    @app.callback(
+        Output(ids.OVERVIEW_PAGE, "data"),
+        Input(ids.OVERVIEW_PREV, "n_clicks"),
+        Input(ids.OVERVIEW_NEXT, "n_clicks"),
+        Input(ids.OVERVIEW_MAP, "clickData"),
+        Input(ids.OVERVIEW_SORT, "value"),
+        Input(ids.OVERVIEW_FILTER, "value"),
+        State(ids.OVERVIEW_PAGE, "data"),
+        State(ids.OVERVIEW_PAGES, "data"),
+        prevent_initial_call=True,
+    )
+    def turn_page(
+        _prev: int | None, _next: int | None, click: dict[str, Any] | None, _sort: str, _q: str, page: int, count: int
+    ) -> int:
+        return next_page(ctx.triggered_id, page, count, click)
+
+    @app.callback(
+        Output(IDS.status, "children"),
+        Output(ids.OVERVIEW_CARDS, "children"),
+        Output(ids.OVERVIEW_MAP, "figure"),
+        Output(ids.OVERVIEW_MAP_PANEL, "style"),
+        Output(ids.OVERVIEW_HEATMAP, "figure"),
+        Output(ids.OVERVIEW_PAGE_INFO, "children"),
+        Output(ids.OVERVIEW_PREV, "disabled"),
+        Output(ids.OVERVIEW_NEXT, "disabled"),
+        Output(ids.OVERVIEW_PAGES, "data"),
+        Output(ids.OVERVIEW_TARGETS, "children"),
+        Output(IDS.updated, "children"),
+        *toolbar_inputs(IDS),
+        Input(ids.OVERVIEW_METRIC, "value"),
+        Input(ids.OVERVIEW_SORT, "value"),
+        Input(ids.OVERVIEW_FILTER, "value"),
+        Input(ids.OVERVIEW_PAGE, "data"),
+        State(IDS.refresh, "value"),
+    )
+    def update(
+        range_: str,
+        start: str,
+        end: str,
+        _tick: int | None,
+        metric_key: str,
+        sort: str,
+        text: str | None,
+        page: int,
+        refresh: str,
+    ) -> tuple[Any, ...]:
+        state = view_state(range_, start, end, refresh)
+        try:
+            return render(context, state, metric_key, sort, text or "", page)
+        except PageError as problem:
+            blank = figures.empty_figure("no data")
+            return (problem.banner, [], blank, {"display": "none"}, blank, "", True, True, 1, None, problem.as_of)
+
+
+def next_page(trigger: object, page: int, count: int, click: dict[str, Any] | None) -> int:
+    """The 1-based page after a pager click, a map click (the clicked node's page) or a filter change (page 1)."""
+    if trigger == ids.OVERVIEW_PREV:
+        return max(1, page - 1)
+    if trigger == ids.OVERVIEW_NEXT:
+        return min(count, page + 1)
+    if trigger == ids.OVERVIEW_MAP and click:
+        point = click["points"][0]
+        index = int(point["y"]) * MAP_COLUMNS + int(point["x"])
+        return min(count, index // NODES_PER_PAGE + 1)
+    return 1
+
+
+def render(context: Context, state: ViewState, metric_key: str, sort: str, text: str, page: int) -> tuple[Any, ...]:
+    metric = figures.METRICS.get(metric_key, figures.METRICS[figures.DEFAULT_METRIC])
+    now = context.clock.now()
+
+    def load() -> tuple[Any, ...]:
+        span = resolve_range(state.range, state.start, state.end, now)
+        readings = queries.latest_readings(context.db)
+        jobs, _processes = queries.latest_snapshot_parts(context.db)
+        targets = queries.target_health(context.db)
+        firing = context.alerts.active() if context.alerts is not None else None
+        return span, readings, jobs, targets, firing
+
+    span, readings, jobs, targets, firing = guarded(context, load)
+    cells = grid_cells(readings, jobs, now=now, stale_after_s=context.stale_after_s)
+    grid = select_page(cells, metric, text=text, sort=sort, page=page - 1)
+    head = headline(cells)
+    alerts_firing = None if firing is None else sum(1 for a in firing if a.state == "firing")
+    show_map = len(grid.rows) > grid.per_page
+    map_figure = node_map(grid, metric) if show_map else figures.empty_figure("")
+    heatmap = (
+        figures.gpu_heatmap(grid.cells, grid.nodes, metric, show_text=len(grid.nodes) <= 40)
+        if grid.rows
+        else figures.empty_figure("no node matches the filter" if text else "no GPUs yet")
+    )
+    first = grid.page * grid.per_page + 1
+    last = min(len(grid.rows), (grid.page + 1) * grid.per_page)
+    info = f"nodes {first} to {last} of {len(grid.rows)} · page {grid.page + 1}/{grid.pages}" if grid.rows else ""
+    return (
+        status_banner(head, targets, now),
+        headline_cards(head, alerts_firing),
+        map_figure,
+        {"display": "block" if show_map else "none"},
+        heatmap,
+        info,
+        grid.page == 0,
+        grid.page >= grid.pages - 1,
+        grid.pages,
+        targets_table(targets, state),
+        f"as of {minute_text(now)} · {span.label}",
+    )
+
+
+def node_map(grid: GridPage, metric: figures.Metric) -> Any:
+    values = []
+    for row in grid.rows:
+        state = f"{row.problems} GPU(s) down or stale" if row.problems else f"{len(row.cells)} GPUs"
+        value = metric.text(row.value) if row.value is not None else MISSING
+        hover = f"<b>{row.node}</b><br>{metric.label}: {value}<br>{state}"
+        values.append((row.node, row.value, hover))
+    return figures.cluster_map(values, metric, columns=MAP_COLUMNS)
+
+
+def headline_cards(h: Headline, alerts_firing: int | None) -> list[html.Div]:
+    mem = h.memory_used_bytes / h.memory_total_bytes if h.memory_total_bytes else None
+    power = h.power_watts / h.power_limit_watts if h.power_limit_watts else None
+    not_up = h.down + h.stale
+    return [
+        card("GPUs", f"{h.gpus:,}", f"{h.nodes:,} nodes"),
+        card(
+            "Up",
+            f"{h.up:,}",
+            f"{h.down} down · {h.stale} stale" if not_up else "all reporting",
+            "bad" if not_up else "ok",
+        ),
+        card("Busy", f"{h.busy:,}", f"utilization ≥ {IDLE_BELOW:.0%}"),
+        card("Idle", f"{h.idle:,}", f"utilization < {IDLE_BELOW:.0%}"),
+        card(
+            "Allocated but idle", f"{h.allocated_idle:,}", "held by a job, idle", "warn" if h.allocated_idle else None
+        ),
+        card("Mean utilization", figures.percent_text(h.mean_utilization), "over GPUs up"),
+        card(
+            "Memory used",
+            figures.percent_text(mem),
+            f"{figures.bytes_text(h.memory_used_bytes)} of {figures.bytes_text(h.memory_total_bytes)}",
+        ),
+        card("Power drawn", figures.watts_text(h.power_watts), f"{figures.percent_text(power)} of limits"),
+        card("Alerts firing", MISSING, "no alert store connected")
+        if alerts_firing is None
+        else card("Alerts firing", f"{alerts_firing}", "see Alerts", "bad" if alerts_firing else "ok"),
+    ]
+
+
+def status_banner(h: Headline, targets: list[TargetHealth], now: float) -> html.Div | None:
+    """No data yet, or targets down: said at the top of the page, plainly."""
+    down = [t for t in targets if not t.up]
+    if h.gpus == 0:
+        detail = (
+            f" {len(targets)} scrape target(s) known, {len(down)} down."
+            if targets
+            else " No scrape target has reported."
+        )
+        return banner(
+            "info",
+            "No data yet.",
+            "The collector has stored no GPU reading in this database." + detail + " Start `gpulens collector`.",
+        )
+    if down:
+        items = [f"{t.target}: {t.last_error or 'down'} (since {minute_text(t.timestamp)})" for t in down[:5]]
+        if len(down) > 5:
+            items.append(f"... and {len(down) - 5} more (table below)")
+        return banner("warn", f"{len(down)} of {len(targets)} scrape targets down.", None, items)
+    if h.stale:
+        return banner("warn", f"{h.stale} GPU(s) have not reported for a while.", " They show grey in the heatmap.")
+    return None
+
+
+def targets_table(targets: list[TargetHealth], state: ViewState) -> html.Div:
+    down_first = sorted(targets, key=lambda t: (t.up, t.target))
+    rows: list[list[Cell]] = [
+        [
+            html.Span("up" if t.up else "down", className=f"gl-flag {'up' if t.up else 'down'}"),
+            t.target,
+            link(t.node, node_path(t.node), state) if t.node else MISSING,
+            t.kind,
+            minute_text(t.timestamp),
+            f"{t.scrape_duration_seconds * 1000:.0f} ms" if t.scrape_duration_seconds is not None else MISSING,
+            f"{t.samples}",
+            t.last_error or "",
+        ]
+        for t in down_first[:50]
+    ]
+    up = sum(1 for t in targets if t.up)
+    summary = html.Div(
+        f"{up} of {len(targets)} up" + (" · showing 50, down first" if len(targets) > 50 else ""), className="gl-hint"
+    )
+    return html.Div(
+        [
+            summary,
+            table(
+                ["state", "target", "node", "kind", "last scrape", "duration", "GPUs", "last error"],
+                rows,
+                numeric=["duration", "GPUs"],
+                empty="no scrape target has reported yet",
+            ),
+        ]
+    )

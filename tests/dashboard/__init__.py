@@ -1,0 +1,1 @@
+"""Dashboard tests: pure figure builders on records, server-side pages, and a real headless Chromium."""

@@ -1,0 +1,72 @@
+"""Regenerate docs/screenshots: ``python -m tests.dashboard.screenshots [DIR]``.
+
+Fills a temporary database from the test scenario (a stall, a straggler, saturated GPUs, a lost GPU, an exporter
+down), serves the dashboard at the scenario's end, and photographs every page with headless Debian Chromium.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import Final
+
+from playwright.sync_api import Browser, Page
+
+from dashboard.app import create_app
+from gpulens.clock import ManualClock
+from storage.db import Database
+from storage.queries import gpu_info
+from tests.dashboard.browser import chromium, serving, wait_rendered
+from tests.dashboard.cluster import STALLED_JOB, fill
+
+WIDTH: Final = 1440
+
+
+def themed_page(browser: Browser, theme: str) -> Page:
+    """A page whose stored theme preference is ``theme`` (what the theme button leaves in local storage)."""
+    context = browser.new_context(viewport={"width": WIDTH, "height": 900})
+    context.add_init_script(f"window.localStorage.setItem('gpulens-theme', '{theme}')")
+    return context.new_page()
+
+
+def shoot(page: Page, url: str, path: Path) -> None:
+    page.goto(url)
+    wait_rendered(page)
+    page.wait_for_timeout(300)  # let Plotly finish its transitions
+    page.screenshot(path=str(path), full_page=True)
+    print(path, file=sys.stderr)
+
+
+def main(out: Path) -> int:
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        clock = ManualClock(0.0)
+        db = Database(f"sqlite:///{Path(tmp) / 'gpulens.db'}", clock=clock)
+        filled = fill(db)
+        clock.set(filled.end)
+        straggler = next(g.uuid for g in gpu_info(db) if (g.node, g.gpu) == ("node-02", 2))
+        pages = {
+            "overview": "/",
+            "jobs": "/jobs",
+            "job": f"/jobs/{STALLED_JOB}",
+            "node": "/nodes/node-02",
+            "gpu": f"/gpus/{straggler}",
+            "interconnect": "/interconnect?node=node-01",
+            "alerts": "/alerts",
+        }
+        with serving(create_app(db, alerts=filled.alerts)) as base, chromium() as browser:
+            light = themed_page(browser, "light")
+            for name, path in pages.items():
+                shoot(light, base + path, out / f"{name}.png")
+            dark = themed_page(browser, "dark")
+            shoot(dark, base + "/", out / "overview-dark.png")
+            shoot(dark, base + f"/jobs/{STALLED_JOB}", out / "job-dark.png")
+        db.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/screenshots")))

@@ -1,0 +1,271 @@
+"""The figure builders are pure: records in, Plotly figures out. These tests read the figures back as JSON data."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import plotly.io as pio
+import pytest
+
+from dashboard import figures
+from dashboard.figures import GridCell, Line, MaskSeries, Period, Row
+from gpulens.model import GpuJob, GpuReading
+
+T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+GIB = 1024**3
+
+
+def reading(node: str = "node-00", gpu: int = 0, **values: Any) -> GpuReading:
+    defaults: dict[str, Any] = {
+        "utilization_ratio": 0.5,
+        "memory_used_bytes": 40 * GIB,
+        "memory_total_bytes": 80 * GIB,
+        "temperature_celsius": 60.0,
+        "power_watts": 350.0,
+        "power_limit_watts": 700.0,
+        "pcie_link_generation": 5,
+        "pcie_link_generation_max": 5,
+        "pcie_link_width": 16,
+        "pcie_link_width_max": 16,
+        "pcie_tx_bytes_per_second": 6.3e9,
+        "pcie_rx_bytes_per_second": 3.0e9,
+        "nvlink_links_active": 18,
+        "nvlink_tx_bytes_per_second": 45e9,
+        "nvlink_rx_bytes_per_second": 90e9,
+    }
+    defaults.update(values)
+    return GpuReading(
+        node=node, gpu=gpu, uuid=f"GPU-{node}-{gpu}", model="NVIDIA H100 80GB HBM3", timestamp=T0, **defaults
+    )
+
+
+def as_data(figure: Any) -> dict[str, Any]:
+    """The figure as the browser receives it."""
+    return json.loads(pio.to_json(figure))
+
+
+# --- formatting and link ceilings -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "digits", "expected"),
+    [(0.123456, 4, 0.1235), (123456.0, 2, 120000.0), (0.0, 4, 0.0), (-0.0098765, 3, -0.00988), (None, 4, None)],
+)
+def test_round_sig(value: float | None, digits: int, expected: float | None) -> None:
+    assert figures.round_sig(value, digits) == expected
+
+
+def test_round_sig_drops_non_finite() -> None:
+    assert figures.round_sig(float("nan")) is None
+    assert figures.round_sig(float("inf")) is None
+
+
+def test_texts() -> None:
+    assert figures.bytes_text(79.6 * GIB) == "79.6 GiB"
+    assert figures.rate_text(62.4e9) == "62.4 GB/s"
+    assert figures.percent_text(0.987) == "99%"
+    assert figures.percent_text(None) == figures.MISSING
+    assert figures.watts_text(12_500) == "12.5 kW"
+    assert figures.duration_text(3 * 86400 + 4 * 3600 + 5) == "3d 4h"
+    assert figures.duration_text(2 * 3600 + 5 * 60) == "2h 05m"
+    assert figures.duration_text(40) == "40s"
+
+
+def test_link_ceilings() -> None:
+    assert figures.pcie_max_bytes_per_second(5, 16) == pytest.approx(63.0e9, rel=1e-3)
+    assert figures.pcie_max_bytes_per_second(3, 8) == pytest.approx(7.88e9)
+    assert figures.pcie_max_bytes_per_second(None, 16) is None
+    assert figures.nvlink_max_bytes_per_second(18) == 450e9
+    assert figures.nvlink_max_bytes_per_second(0) is None
+
+
+def test_ratios_use_the_busier_direction_and_the_current_link() -> None:
+    r = reading(pcie_link_generation=3, pcie_link_width=8, pcie_tx_bytes_per_second=7.0e9, pcie_rx_bytes_per_second=1e9)
+    assert figures.pcie_ratio(r) == pytest.approx(7.0e9 / 7.88e9)
+    assert figures.nvlink_ratio(reading()) == pytest.approx(90e9 / 450e9)
+    assert figures.nvlink_ratio(reading(nvlink_links_active=0)) is None
+    assert figures.memory_ratio(reading(memory_total_bytes=None)) is None
+    assert figures.pcie_degraded(r)
+    assert not figures.pcie_degraded(reading())
+
+
+# --- node x GPU grids -----------------------------------------------------------------------------------------------
+
+
+def test_heatmap_places_each_gpu_and_links_to_it() -> None:
+    cells = [GridCell(reading("node-00", i, utilization_ratio=i / 10)) for i in range(4)]
+    cells.append(GridCell(reading("node-01", 0, utilization_ratio=1.0)))
+    data = as_data(figures.gpu_heatmap(cells, ["node-01", "node-00"], figures.METRICS["utilization"]))
+    values = data["data"][0]
+    assert values["y"] == ["node-01", "node-00"]
+    assert values["x"] == [0, 1, 2, 3]
+    assert values["z"][0] == [1.0, None, None, None]  # node-01 has one GPU
+    assert values["z"][1] == [0.0, 0.1, 0.2, 0.3]
+    assert values["hovertext"][1][2] == "/gpus/GPU-node-00-2"  # a click carries hovertext, not customdata
+    assert values["customdata"][1][2].startswith("<b>node-00:2</b>")
+    assert values["text"][1][3] == "30%"
+    assert len(data["data"]) == 1  # nothing down or stale: no overlay
+
+
+def test_heatmap_marks_down_and_stale_gpus_apart_from_values() -> None:
+    cells = [
+        GridCell(reading(gpu=0)),
+        GridCell(reading(gpu=1, up=False, utilization_ratio=None)),
+        GridCell(reading(gpu=2), stale=True),
+    ]
+    data = as_data(figures.gpu_heatmap(cells, ["node-00"], figures.METRICS["memory"]))
+    values, overlay = data["data"]
+    assert values["z"] == [[0.5, None, None]]  # a stale reading is not shown as if current
+    assert overlay["z"] == [[None, 1.0, 0.0]]  # 1: down (red), 0: stale (grey)
+    assert "GPU down" in overlay["customdata"][0][1]
+    assert "no recent reading" in overlay["customdata"][0][2]
+    assert overlay["hovertext"] == values["hovertext"]  # a click on a grey or red cell opens the GPU too
+
+
+def test_heatmap_hover_names_jobs_and_throttling() -> None:
+    cell = GridCell(reading(throttle_reasons=0x20 | 0x1), (GpuJob("node-00", 0, "GPU-node-00-0", "train", "alice"),))
+    hover = as_data(figures.gpu_heatmap([cell], ["node-00"], figures.METRICS["utilization"]))["data"][0]["customdata"]
+    text = hover[0][0]
+    assert "job train (alice)" in text
+    assert "throttle: sw_thermal" in text  # the idle reason is not news
+    assert "idle" not in text.split("throttle:")[1]
+
+
+def test_every_metric_reads_a_full_reading() -> None:
+    r = reading()
+    assert {key: m.value(r) is not None for key, m in figures.METRICS.items()} == dict.fromkeys(figures.METRICS, True)
+
+
+def test_job_grid_colours_jobs_apart_and_leaves_free_gpus_blank() -> None:
+    def held(gpu: int, job: str) -> GridCell:
+        return GridCell(reading(gpu=gpu), (GpuJob("node-00", gpu, f"GPU-node-00-{gpu}", job, "alice"),))
+
+    cells = [held(0, "b-job"), held(1, "a-job"), held(2, "b-job"), GridCell(reading(gpu=3))]
+    trace = as_data(figures.job_grid(cells, ["node-00"]))["data"][0]
+    assert trace["z"] == [[1.0, 0.0, 1.0, None]]  # colours by job id order: a-job first
+    assert trace["hovertext"] == [["/jobs/b-job", "/jobs/a-job", "/jobs/b-job", "/gpus/GPU-node-00-3"]]
+    assert trace["text"] == [["b-job", "a-job", "b-job", ""]]
+
+
+def test_cluster_map_wraps_nodes_into_rows() -> None:
+    nodes = [(f"node-{i:03d}", i / 120, f"node {i}") for i in range(120)]
+    trace = as_data(figures.cluster_map(nodes, figures.METRICS["utilization"], columns=50))["data"][0]
+    assert [len(row) for row in trace["z"]] == [50, 50, 50]
+    assert trace["z"][2][19] == pytest.approx(119 / 120, rel=1e-2)
+    assert trace["z"][2][20] is None  # past the last node
+    assert trace["customdata"][1][14] == "node 64"
+
+
+def test_empty_inputs_give_a_figure_that_says_so() -> None:
+    data = as_data(figures.gpu_heatmap([], [], figures.METRICS["utilization"]))
+    assert data["layout"]["annotations"][0]["text"] == "no GPUs to show"
+    assert data["data"] == []
+
+
+# --- time series ----------------------------------------------------------------------------------------------------
+
+
+def test_time_series_sends_millisecond_times_rounded_values_and_marks_periods() -> None:
+    line = Line("GPU 0", [T0, T0 + 10, T0 + 20], [0.123456, None, 0.5])
+    empty = Line("GPU 1", [T0], [None])
+    period = Period(T0 + 5, T0 + 15, "stall", "stall")
+    data = as_data(figures.time_series([line, empty], figures.PERCENT, start=T0, end=T0 + 30, periods=[period]))
+    assert len(data["data"]) == 1  # a line with no value at all is left out
+    trace = data["data"][0]
+    assert trace["x"] == [1_767_225_600_000, 1_767_225_610_000, 1_767_225_620_000]
+    assert trace["y"] == [0.1235, None, 0.5]
+    assert data["layout"]["xaxis"]["range"] == [1_767_225_600_000, 1_767_225_630_000]
+    shape = data["layout"]["shapes"][0]
+    assert (shape["x0"], shape["x1"]) == (1_767_225_605_000, 1_767_225_615_000)
+    assert data["layout"]["annotations"][0]["text"] == "stall"
+
+
+def test_time_series_scales_memory_to_gib() -> None:
+    data = as_data(figures.time_series([Line("m", [T0], [40 * GIB])], figures.GIB, start=T0, end=T0 + 1))
+    assert data["data"][0]["y"] == [40.0]
+    assert data["layout"]["yaxis"]["ticksuffix"] == " GiB"
+
+
+def test_time_series_without_data_says_so() -> None:
+    data = as_data(figures.time_series([], figures.RATE, start=T0, end=T0 + 1, empty="no NVLink"))
+    assert data["layout"]["annotations"][0]["text"] == "no NVLink"
+
+
+def test_throttle_timeline_has_a_row_per_reason_that_occurred() -> None:
+    masks = MaskSeries("GPU 2", [T0, T0 + 10, T0 + 20], [0x0, 0x20, 0x20 | 0x4])
+    data = as_data(figures.throttle_timeline([masks], start=T0, end=T0 + 30))
+    rows = {trace["name"]: trace["y"] for trace in data["data"]}
+    assert rows == {
+        "sw_power_cap": [None, None, "GPU 2 sw_power_cap"],
+        "sw_thermal": [None, "GPU 2 sw_thermal", "GPU 2 sw_thermal"],
+    }
+
+
+def test_throttle_timeline_without_throttling_says_so() -> None:
+    data = as_data(figures.throttle_timeline([MaskSeries("GPU 0", [T0], [0])], start=T0, end=T0 + 1))
+    assert data["layout"]["annotations"][0]["text"] == "no throttling in this range"
+
+
+def test_bin_values_averages_each_span() -> None:
+    times = [T0 + 1, T0 + 2, T0 + 11, T0 + 25]
+    assert figures.bin_values(times, [1.0, 3.0, None, 5.0], T0, T0 + 30, 3) == [2.0, None, 5.0]
+
+
+def test_gpu_time_heatmap_rows_and_autoscale() -> None:
+    rows = [
+        Row("node-00:0", [T0 + 1, T0 + 11], [0.1, 0.2]),
+        Row("node-00:1", [T0 + 1], [0.0]),
+    ]
+    metric = figures.METRICS["nvlink"]
+    fixed = as_data(figures.gpu_time_heatmap(rows, metric, start=T0, end=T0 + 20, bins=2))["data"][0]
+    assert fixed["y"] == ["node-00:0", "node-00:1"]
+    assert fixed["z"] == [[0.1, 0.2], [0.0, None]]
+    assert fixed["zmax"] == 1
+    scaled = as_data(figures.gpu_time_heatmap(rows, metric, start=T0, end=T0 + 20, bins=2, autoscale=True))["data"][0]
+    assert scaled["zmax"] == pytest.approx(0.2)
+    assert scaled["colorbar"]["ticktext"] == ["0%", "10%", "20%"]
+
+
+# --- interconnect ---------------------------------------------------------------------------------------------------
+
+
+def test_link_scatter_splits_nvlink_and_pcie_only_gpus() -> None:
+    readings = [
+        reading(gpu=0),
+        reading(node="node-03", gpu=0, nvlink_links_active=0, nvlink_tx_bytes_per_second=None),
+        reading(gpu=1, up=False),
+    ]
+    data = as_data(figures.link_scatter(readings))
+    by_name = {t["name"]: t for t in data["data"]}
+    assert set(by_name) == {"NVLink GPUs", "PCIe-only GPUs"}
+    assert by_name["NVLink GPUs"]["type"] == "scatter"  # few points: SVG, not WebGL
+    assert by_name["NVLink GPUs"]["y"] == [0.2]
+    assert by_name["NVLink GPUs"]["customdata"] == ["/gpus/GPU-node-00-0"]
+    assert by_name["PCIe-only GPUs"]["y"] == [0.0]
+
+
+def test_link_scatter_uses_webgl_for_big_clusters() -> None:
+    readings = [reading(node=f"node-{i}", gpu=0) for i in range(figures.WEBGL_ABOVE + 1)]
+    assert as_data(figures.link_scatter(readings))["data"][0]["type"] == "scattergl"
+
+
+def test_topology_marks_degraded_and_down_links() -> None:
+    gpus = [
+        reading(gpu=0),
+        reading(gpu=1, pcie_link_generation=3, pcie_link_width=8),
+        reading(gpu=2),
+    ]
+    data = as_data(figures.node_topology(gpus, {"GPU-node-00-2": 2}))
+    markers = next(t for t in data["data"] if t.get("customdata"))
+    assert markers["marker"]["color"] == [figures.PALETTE[0], figures.DOWN_COLOR, figures.DOWN_COLOR]
+    assert "2 down" in markers["hovertext"][2]
+    assert "Gen3 x8" in markers["text"][1]
+    assert any(t.get("text") == ["NVSwitch"] for t in data["data"])
+
+
+def test_topology_of_a_pcie_only_node_has_no_fabric() -> None:
+    gpus = [reading(gpu=i, nvlink_links_active=0) for i in range(2)]
+    data = as_data(figures.node_topology(gpus))
+    assert not any(t.get("text") == ["NVSwitch"] for t in data["data"])
+    assert [t["mode"] for t in data["data"]] == ["markers+text"]

@@ -47,7 +47,6 @@ PCIE_LANE_BYTES_PER_SECOND: Final = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9
 NVLINK_LINK_BYTES_PER_SECOND: Final = 25e9
 
 MISSING: Final = "\u2013"  # what a table or card shows for a value that was not read
-WEBGL_ABOVE: Final = 2000  # points beyond which a scatter draws with WebGL (SVG slows down, WebGL starts slower)
 _HOVER_LABEL: Final = {"bgcolor": "#1d2330", "bordercolor": "#1d2330", "font": {"color": "#f2f4f8", "size": 12}}
 
 
@@ -753,60 +752,58 @@ def _period_outline(p: Period) -> dict[str, Any]:
 # --- interconnect ---------------------------------------------------------------------------------------------------
 
 
-def link_scatter(readings: Sequence[GpuReading]) -> go.Figure:
-    """Every GPU as a point: its busier PCIe direction (x) and NVLink direction (y) as shares of the link ceilings.
+LOAD_BIN: Final = 0.05  # the density's cell: 5% of the link maximum on each axis
+LOAD_TOP: Final = 200  # the busiest GPUs drawn as their own (clickable) points
 
-    Saturated links sit at the right or top edge. GPUs without NVLink sit on the x axis (y = 0) in a second colour.
+
+def link_load(readings: Sequence[GpuReading], *, top: int = LOAD_TOP) -> go.Figure:
+    """Every GPU up against its link maximums: its busier PCIe direction (x) and NVLink direction (y) as shares of the
+    links' ceilings. A density counts every GPU in 5% cells (any cluster size, a few kB); the ``top`` busiest GPUs are
+    drawn as points with their names, a click opening the GPU. Saturated links sit at the right or top edge; GPUs
+    without NVLink sit at 0 on the y axis.
     """
-    points: dict[bool, tuple[list[float], list[float], list[str], list[str]]] = {
-        True: ([], [], [], []),
-        False: ([], [], [], []),
-    }
+    loads = []
     for r in readings:
-        if not r.up:
+        if not r.up or (r.pcie_link_generation is None and r.nvlink_links_active is None):
             continue
-        pcie = pcie_ratio(r)
-        if pcie is None and r.nvlink_links_active is None:
-            continue
-        has_nvlink = bool(r.nvlink_links_active)
-        nvlink = nvlink_ratio(r) if has_nvlink else 0.0
-        xs, ys, paths, labels = points[has_nvlink]
-        xs.append(round_sig(pcie or 0.0, 3) or 0.0)
-        ys.append(round_sig(nvlink or 0.0, 3) or 0.0)
-        paths.append(gpu_path(r.uuid))
-        labels.append(gpu_label(r.node, r.gpu))
-    if not points[True][0] and not points[False][0]:
-        return empty_figure("no PCIe or NVLink readings")
-    traces = []
-    for has_nvlink, (xs, ys, paths, labels) in points.items():
-        if not xs:
-            continue
-        kind = go.Scattergl if len(xs) > WEBGL_ABOVE else go.Scatter
-        traces.append(
-            kind(
-                x=xs,
-                y=ys,
-                customdata=paths,
-                text=labels,
-                mode="markers",
-                name="NVLink GPUs" if has_nvlink else "PCIe-only GPUs",
-                marker={"size": 7, "color": PALETTE[0] if has_nvlink else PALETTE[1], "opacity": 0.75},
-                hovertemplate="%{text}<br>PCIe %{x:.0%} · NVLink %{y:.0%}<extra></extra>",
-            )
-        )
+        loads.append((pcie_ratio(r) or 0.0, (nvlink_ratio(r) or 0.0) if r.nvlink_links_active else 0.0, r))
+    if not loads:
+        return empty_figure("no PCIe or NVLink readings", 380)
+    cells = math.ceil(1 / LOAD_BIN) + 1  # the last cell holds 100% and above
+    counts: list[list[int | None]] = [[None] * cells for _ in range(cells)]
+    for x, y, _ in loads:
+        row, col = min(cells - 1, int(y / LOAD_BIN)), min(cells - 1, int(x / LOAD_BIN))
+        counts[row][col] = (counts[row][col] or 0) + 1
+    centres = [round((i + 0.5) * LOAD_BIN, 3) for i in range(cells)]
+    density = go.Heatmap(
+        z=counts,
+        x=centres,
+        y=centres,
+        colorscale="Blues",
+        showscale=False,
+        hovertemplate="%{z} GPUs at PCIe ~%{x:.0%}, NVLink ~%{y:.0%}<extra></extra>",
+        name="all GPUs",
+    )
+    busiest = sorted(loads, key=lambda load: -max(load[0], load[1]))[:top]
+    points = go.Scatter(
+        x=[round_sig(x, 3) for x, _, _ in busiest],
+        y=[round_sig(y, 3) for _, y, _ in busiest],
+        customdata=[gpu_path(r.uuid) for _, _, r in busiest],
+        text=[gpu_label(r.node, r.gpu) for _, _, r in busiest],
+        mode="markers",
+        name=f"the {len(busiest)} busiest GPUs",
+        marker={"size": 7, "color": PALETTE[1], "opacity": 0.85, "line": {"width": 0.5, "color": "#ffffff"}},
+        hovertemplate="%{text}<br>PCIe %{x:.0%} · NVLink %{y:.0%}<extra></extra>",
+    )
     line = {"color": LIMIT_COLOR, "dash": "dash", "width": 1}
     return go.Figure(
-        data=traces,
+        data=[density, points],
         layout=_base_layout(
-            height=360,
+            height=380,
             showlegend=True,
             legend={"orientation": "h", "y": -0.18},
-            xaxis={
-                "title": {"text": "PCIe, busier direction, of link max"},
-                "tickformat": ".0%",
-                "range": [-0.03, 1.08],
-            },
-            yaxis={"title": {"text": "NVLink, of link max"}, "tickformat": ".0%", "range": [-0.05, 1.08]},
+            xaxis={"title": {"text": "PCIe, busier direction, of link max"}, "tickformat": ".0%", "range": [0, 1.05]},
+            yaxis={"title": {"text": "NVLink, of link max"}, "tickformat": ".0%", "range": [0, 1.05]},
             shapes=[
                 {"type": "line", "xref": "x", "yref": "paper", "x0": 1, "x1": 1, "y0": 0, "y1": 1, "line": line},
                 {"type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": 1, "y1": 1, "line": line},

@@ -59,8 +59,12 @@ def layout(**query: Any) -> html.Div:
                 className="gl-two",
                 children=[
                     panel(
-                        "Every GPU against its link maximum (now)",
-                        html.Div("Top-right is saturated; click a point for its GPU.", className="gl-hint"),
+                        "Every GPU against its link maximums (now)",
+                        html.Div(
+                            "Shaded: how many GPUs in each cell. Points: the busiest GPUs (click for one). "
+                            "The right and top edges are saturated.",
+                            className="gl-hint",
+                        ),
                         graph(ids.IC_THROUGHPUT),
                     ),
                     panel(
@@ -152,7 +156,7 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
     )
     return (
         status,
-        figures.link_scatter(fresh),
+        figures.link_load(fresh),
         [{"label": n, "value": n} for n in nodes],
         chosen,
         topology,

@@ -270,7 +270,7 @@ def _partials(tier: str, fields: Sequence[schema.StoredField]) -> list[str]:
                 parts = [f"count({name})", f"sum({name})", f"min({name})", f"max({name})"]
             elif f.kind == "counter":
                 parts = [
-                    f"sum(CASE WHEN d_{name} >= 0 THEN d_{name} ELSE {name} END)",
+                    f"sum(CASE WHEN d_{name} < 0 THEN {name} ELSE d_{name} END)",
                     f"sum(CASE WHEN d_{name} IS NOT NULL THEN dt END)",
                 ]
             else:

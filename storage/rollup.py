@@ -82,7 +82,7 @@ def _from_samples_sql(dialect: str) -> str:
         elif f.kind == "counter":
             inner.append(f"{f.name} - LAG({f.name}) OVER w AS d_{f.name}")
             inner.append(f.name)
-            counters.append(f"sum(CASE WHEN d_{f.name} >= 0 THEN d_{f.name} ELSE {f.name} END) AS {f.name}_inc")
+            counters.append(f"sum(CASE WHEN d_{f.name} < 0 THEN {f.name} ELSE d_{f.name} END) AS {f.name}_inc")
         else:
             gauges.append(f"bit_or({f.name}) AS {f.name}_or")
     where, read_where = "ts_ms >= :lo AND ts_ms < :hi", "ts_ms >= :read_from AND ts_ms < :hi"

@@ -34,7 +34,7 @@ from storage import queries
 
 PATH_TEMPLATE: Final = "/nodes/<node>"
 IDS: Final = ids.NODE
-MAX_POINTS: Final = 200  # per series: 8 GPUs x ~30 lines stays well under 1 MB
+MAX_POINTS: Final = 120  # per series: 8 GPUs x ~30 lines in ~400 kB; the GPU page has the detail
 
 
 def title(node: str = "") -> str:

@@ -230,24 +230,27 @@ def test_gpu_time_heatmap_rows_and_autoscale() -> None:
 # --- interconnect ---------------------------------------------------------------------------------------------------
 
 
-def test_link_scatter_splits_nvlink_and_pcie_only_gpus() -> None:
+def test_link_load_counts_every_gpu_and_names_the_busiest() -> None:
     readings = [
-        reading(gpu=0),
+        reading(gpu=0),  # PCIe 6.3/63 = 10%, NVLink 90/450 = 20%
+        reading(gpu=1, pcie_tx_bytes_per_second=62.0e9),  # PCIe saturated
         reading(node="node-03", gpu=0, nvlink_links_active=0, nvlink_tx_bytes_per_second=None),
-        reading(gpu=1, up=False),
+        reading(gpu=2, up=False),
     ]
-    data = as_data(figures.link_scatter(readings))
-    by_name = {t["name"]: t for t in data["data"]}
-    assert set(by_name) == {"NVLink GPUs", "PCIe-only GPUs"}
-    assert by_name["NVLink GPUs"]["type"] == "scatter"  # few points: SVG, not WebGL
-    assert by_name["NVLink GPUs"]["y"] == [0.2]
-    assert by_name["NVLink GPUs"]["customdata"] == ["/gpus/GPU-node-00-0"]
-    assert by_name["PCIe-only GPUs"]["y"] == [0.0]
+    data = as_data(figures.link_load(readings, top=1))
+    density, points = data["data"]
+    counts = {(r, c): n for r, row in enumerate(density["z"]) for c, n in enumerate(row) if n}
+    # Rows are NVLink, columns PCIe, 5% each: 20% NVLink and just under 10% PCIe; the same PCIe without NVLink;
+    # saturated PCIe. The GPU down is left out.
+    assert counts == {(4, 1): 1, (0, 1): 1, (4, 19): 1}
+    assert points["text"] == ["node-00:1"]  # the busiest only
+    assert points["customdata"] == ["/gpus/GPU-node-00-1"]
+    assert points["x"][0] == pytest.approx(0.984, abs=1e-3)
 
 
-def test_link_scatter_uses_webgl_for_big_clusters() -> None:
-    readings = [reading(node=f"node-{i}", gpu=0) for i in range(figures.WEBGL_ABOVE + 1)]
-    assert as_data(figures.link_scatter(readings))["data"][0]["type"] == "scattergl"
+def test_link_load_without_link_readings_says_so() -> None:
+    bare = [reading(pcie_link_generation=None, nvlink_links_active=None)]
+    assert as_data(figures.link_load(bare))["layout"]["annotations"][0]["text"] == "no PCIe or NVLink readings"
 
 
 def test_topology_marks_degraded_and_down_links() -> None:

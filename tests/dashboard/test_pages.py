@@ -153,7 +153,7 @@ def test_node_and_gpu_pages_chart_every_metric(store: Store) -> None:
 
 
 def test_interconnect_shows_degraded_links_and_errors(store: Store) -> None:
-    _status, scatter, options, chosen, _topology, degraded, errors, _ = interconnect.render(
+    _status, load, options, chosen, _topology, degraded, errors, _ = interconnect.render(
         context_of(store), ViewState(), None
     )
     assert chosen == "node-00"
@@ -161,7 +161,8 @@ def test_interconnect_shows_degraded_links_and_errors(store: Store) -> None:
     assert "PCIe Gen3 x8 (max Gen5 x16)" in text_of(degraded)
     assert "node-01:6" in text_of(degraded)
     assert "node-00:5" in text_of(errors)  # the NVLink error burst
-    assert sum(len(t["x"]) for t in scatter.to_plotly_json()["data"]) == 27  # the GPUs up and fresh
+    density = load.to_plotly_json()["data"][0]
+    assert sum(n for row in density["z"] for n in row if n) == 27  # every GPU up and fresh is counted
 
 
 def test_alerts_page_lists_firing_alerts_history_and_silences(store: Store) -> None:

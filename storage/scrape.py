@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import http.client
-import json
 import logging
 import math
 import socket
@@ -21,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 from urllib.parse import urlsplit
+
+import orjson
 
 from gpulens.clock import Clock, SystemClock
 from gpulens.config import ConfigError
@@ -187,8 +188,8 @@ class Scraper:
                 rejected[reason] = rejected.get(reason, 0) + count
             return snapshot, rejected
         try:
-            snapshot = snapshot_from_json(json.loads(text))
-        except json.JSONDecodeError as exc:
+            snapshot = snapshot_from_json(orjson.loads(body))
+        except orjson.JSONDecodeError as exc:
             raise ScrapeError(f"the response is not JSON ({exc.msg} at line {exc.lineno})") from None
         except SnapshotFormatError as exc:
             raise ScrapeError(f"the snapshot is malformed: {exc}") from None

@@ -335,7 +335,13 @@ def upgrade() -> None:
     )
     if op.get_context().dialect.name == "postgresql":
         op.create_index("ux_gpu_sample_gpu_ts", "gpu_sample", ["gpu_id", "ts_ms"], unique=True)
-        op.create_index("ix_gpu_sample_ts_brin", "gpu_sample", ["ts_ms"], postgresql_using="brin")
+        op.create_index(
+            "ix_gpu_sample_ts_brin",
+            "gpu_sample",
+            ["ts_ms"],
+            postgresql_using="brin",
+            postgresql_with={"autosummarize": "on"},
+        )
     else:
         op.create_index(
             "ux_gpu_sample_minute_gpu_ts", "gpu_sample", [sa.text("(ts_ms / 60000)"), "gpu_id", "ts_ms"], unique=True

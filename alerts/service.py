@@ -23,9 +23,9 @@ from alerts.notify.delivery import Delivery, DeliveryCounts, OutboxItem
 from alerts.state import AlertState, Silence
 from gpulens.clock import Clock, SystemClock
 from gpulens.model import NodeSnapshot, TargetHealth
+from gpulens.rounds import RoundResult
 from gpulens.settings import Settings
 from storage import alertstore
-from storage.collector import RoundResult
 from storage.db import Database, DatabaseUnavailableError
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from bench.bench_sim import scenario_text
 from bench.bench_sim_serve import free_port, wait_ready
+from collector.loop import Collector
 from gpulens.settings import TargetSettings, default_settings
-from storage.collector import Collector
 from storage.db import Database
 
 ROUNDS = 3

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
 from werkzeug.serving import make_server
 
@@ -59,9 +57,9 @@ def run_dashboard(
     alerts: Callable[[Database], AlertReader] | None = None,
     clock: Clock | None = None,
     announce: Callable[[str], None] | None = None,
-    stop: threading.Event | None = None,
+    stop: threading.Event,
 ) -> int:
-    """Serve the dashboard until SIGINT/SIGTERM (or ``stop``). ``db`` is a database URL or the loaded settings;
+    """Serve the dashboard until ``stop`` is set. ``db`` is a database URL or the loaded settings;
     ``alerts`` makes the alert store's reader over the opened database.
 
     Call it from the main thread, or from a thread running in a copy of its context: Dash registers pages in a
@@ -79,14 +77,6 @@ def run_dashboard(
             server = make_server(host, port, app.server, threaded=True)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-        stop = stop or threading.Event()
-        previous = {}
-        if threading.current_thread() is threading.main_thread():
-
-            def on_signal(signum: int, frame: FrameType | None) -> None:
-                stop.set()
-
-            previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         thread = threading.Thread(target=server.serve_forever, name="dashboard-http", daemon=True)
         thread.start()
         shown = f"[{host}]" if ":" in host else host
@@ -97,8 +87,6 @@ def run_dashboard(
         try:
             stop.wait()
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             server.shutdown()
             server.server_close()
             thread.join(timeout=5)

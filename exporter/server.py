@@ -213,15 +213,3 @@ class ExporterServer:
             self._thread.join(timeout=10)
             self._thread = None
         self._server.server_close()
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """``host:port``, ``:port`` or ``[v6]:port`` -> (host, port). Raises ``ValueError``."""
-    text = value.strip()
-    if text.startswith("["):
-        host, sep, port = text[1:].partition("]:")
-    else:
-        host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected host:port, got {value!r}")
-    return host or "0.0.0.0", int(port)

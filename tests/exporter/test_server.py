@@ -15,7 +15,7 @@ import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.poller import OnDemandNode, Poller
-from exporter.server import ExporterServer, Routes, parse_listen
+from exporter.server import ExporterServer, Routes
 from exporter.webconfig import load_web_config
 from gpulens.clock import ManualClock
 from gpulens.config import ConfigError
@@ -259,16 +259,3 @@ def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_web_config(path)
     assert info.value.line == 3
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"), [("0.0.0.0:9410", ("0.0.0.0", 9410)), (":9410", ("0.0.0.0", 9410)), ("[::1]:80", ("::1", 80))]
-)
-def test_parse_listen(text, expected) -> None:
-    assert parse_listen(text) == expected
-
-
-@pytest.mark.parametrize("text", ["9410", "host:", "host:99999", "host:http"])
-def test_parse_listen_rejects(text) -> None:
-    with pytest.raises(ValueError, match="host:port"):
-        parse_listen(text)

@@ -10,48 +10,30 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from collector.scrape import Scraper, ScrapeResult, merge_counts
+from collector.spool import Spool
+from collector.targets import TargetSet
 from gpulens.clock import Clock, SystemClock
 from gpulens.logutil import LogOnce
-from gpulens.model import NodeSnapshot, TargetHealth
+from gpulens.rounds import RoundHook, RoundResult
 from gpulens.settings import Settings
 from storage.db import Database, DatabaseUnavailableError
 from storage.retention import Retention, apply_retention
 from storage.rollup import Rollups
-from storage.scrape import Scraper, ScrapeResult, merge_counts
-from storage.spool import Spool
-from storage.targets import TargetSet
 from storage.writer import Writer
 
 log = logging.getLogger(__name__)
 
 ROLLUP_EVERY_S = 60.0
 RETENTION_EVERY_S = 3600.0
-
-
-@dataclass
-class RoundResult:
-    """What one scrape round found and what became of it."""
-
-    time: float
-    snapshots: list[NodeSnapshot]
-    targets: list[TargetHealth]
-    rejected: dict[str, int] = field(default_factory=dict)
-    written: bool = False
-    spooled: bool = False
-    replayed: int = 0
-    duration_s: float = 0.0
-
-
-RoundHook = Callable[[RoundResult], None]
 
 
 class CollectorMetrics:

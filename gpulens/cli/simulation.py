@@ -39,9 +39,9 @@ def simulate(
     from alerts.replay import AlertTimeline, read_round, table
     from alerts.rules import builtin_rules
     from alerts.service import AlertService
+    from collector.scrape import sanitize
     from exporter.sim import SimCluster, load_scenario
     from storage.db import Database
-    from storage.scrape import sanitize
     from storage.writer import Writer
 
     scenario = load_scenario(scenario_path)

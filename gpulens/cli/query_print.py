@@ -7,7 +7,8 @@ import dataclasses
 import json
 from typing import Any
 
-from gpulens.table import render_table
+from gpulens.cli.base import UsageError
+from gpulens.cli.table import render_table
 from storage import queries
 from storage.db import Database
 
@@ -48,8 +49,6 @@ def _series(db: Database, args: argparse.Namespace, now: float) -> list[dict[str
     try:
         data = queries.series(db, args.gpu, args.field, now - args.since, now, max_points=max(2, args.points))
     except ValueError as exc:
-        from gpulens.cli import UsageError
-
         raise UsageError(f"query series: {exc}") from None
     rows = []
     for uuid, s in data.items():

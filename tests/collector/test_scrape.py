@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from collector.scrape import Scraper, sanitize
+from collector.spool import Spool
+from collector.targets import FileSd, Target, TargetSet, in_shard, shard_of
 from exporter.poller import Poller
 from exporter.server import ExporterServer, Routes
 from gpulens.model import snapshot_to_json
 from gpulens.settings import FileSdSettings, TlsAuth, parse_settings
-from storage.scrape import Scraper, sanitize
-from storage.spool import Spool
-from storage.targets import FileSd, Target, TargetSet, in_shard, shard_of
 from tests.conftest import free_port
 from tests.fakes.static_source import StaticSource, h100, node_snapshot
 

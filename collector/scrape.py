@@ -23,12 +23,12 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from collector.targets import Target
 from gpulens.clock import Clock, SystemClock
 from gpulens.config import ConfigError
 from gpulens.dcgm import parse_dcgm_metrics
 from gpulens.httpfetch import redact_url
 from gpulens.model import GpuReading, NodeSnapshot, SnapshotFormatError, TargetHealth, snapshot_from_json
-from storage.targets import Target
 
 log = logging.getLogger(__name__)
 

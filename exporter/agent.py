@@ -1,18 +1,17 @@
-"""Wiring of ``gpulens exporter``: build the source, the job mapper, the poller and the server, then serve."""
+"""The node agent: build the source, the job mapper, the poller and the server, then serve until told to stop."""
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import FrameType
 
 from exporter.poller import OnDemandNode, Poller
-from exporter.server import ExporterServer, Routes, parse_listen
+from exporter.server import ExporterServer, Routes
 from exporter.webconfig import WebConfig, load_web_config
 from gpulens.config import ConfigError
 from gpulens.model import GpuSource
+from gpulens.netaddr import parse_listen
 
 
 @dataclass(frozen=True)
@@ -74,8 +73,8 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
     return Routes(single=poller), poller, source.close
 
 
-def run_exporter(options: ExporterOptions, announce: Callable[[str], None]) -> int:
-    """Serve until SIGINT or SIGTERM. Raises ConfigError / SourceError / OSError on a bad start."""
+def run_exporter(options: ExporterOptions, announce: Callable[[str], None], stop: threading.Event) -> int:
+    """Serve until ``stop`` is set. Raises ConfigError / SourceError / OSError on a bad start."""
     host, port = _listen(options.listen)
     web = load_web_config(options.web_config) if options.web_config else WebConfig()
     routes, poller, close_source = build_routes(options)
@@ -87,12 +86,6 @@ def run_exporter(options: ExporterOptions, announce: Callable[[str], None]) -> i
         if poller is not None:
             poller.collect_once()  # the first scrape already has data
             poller.start()
-        stop = threading.Event()
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            stop.set()
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         server.start()
         where = f"{server.scheme}://{host}:{server.port}"
         if poller is None:
@@ -100,11 +93,8 @@ def run_exporter(options: ExporterOptions, announce: Callable[[str], None]) -> i
         else:
             announce(f"gpulens exporter ({options.source}) serving {where}/metrics")
         try:
-            while not stop.wait(1.0):
-                pass
+            stop.wait()
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             server.close()
             if poller is not None:
                 poller.stop()

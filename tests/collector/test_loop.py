@@ -17,13 +17,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from alerts.config import AlertingConfig
 from alerts.rules import builtin_rules
 from alerts.service import AlertService
+from collector.loop import Collector
 from exporter.poller import OnDemandNode
 from exporter.server import ExporterServer, Routes
 from exporter.sim import LiveTime, SimAllNodes, SimCluster, parse_scenario
 from gpulens.clock import ManualClock
 from gpulens.settings import TargetSettings, default_settings
 from storage import queries
-from storage.collector import Collector
 from storage.db import Database
 from tests.conftest import free_port
 from tests.storage.conftest import PgServer

@@ -253,35 +253,25 @@ def start_demo(options: DemoOptions, announce: Announce) -> Demo:
     return demo
 
 
-def run_demo(options: DemoOptions, announce: Announce) -> int:
-    """Start the demo, print where to look, and run until Ctrl-C or SIGTERM; then stop every process."""
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+def run_demo(options: DemoOptions, announce: Announce, stop: threading.Event) -> int:
+    """Start the demo, print where to look, and run until ``stop`` is set; then stop every process."""
+    announce(f"gpulens demo: {options.scenario or 'the bundled scenario'} at {options.speed:g}x speed")
+    demo = start_demo(options, announce)
+    announce("")
+    announce(f"  dashboard   {demo.dashboard_url}")
+    announce(f"  exporters   {demo.exporter_urls[0]}/metrics ... ({len(demo.exporter_urls)} nodes)")
+    announce(f"  logs        {options.workdir}/")
+    announce("")
+    announce("Live data appears within a minute; the stalled training job raises CommunicationStall within a few.")
+    announce("Press Ctrl-C to stop.")
     try:
-        announce(f"gpulens demo: {options.scenario or 'the bundled scenario'} at {options.speed:g}x speed")
-        demo = start_demo(options, announce)
-        announce("")
-        announce(f"  dashboard   {demo.dashboard_url}")
-        announce(f"  exporters   {demo.exporter_urls[0]}/metrics ... ({len(demo.exporter_urls)} nodes)")
-        announce(f"  logs        {options.workdir}/")
-        announce("")
-        announce("Live data appears within a minute; the stalled training job raises CommunicationStall within a few.")
-        announce("Press Ctrl-C to stop.")
-        try:
-            while not stop.wait(1.0):
-                failed = demo.failed()
-                if failed is not None:
-                    announce(f"{failed.name} exited unexpectedly (see {failed.log_path}); stopping the demo")
-                    return 1
-        finally:
-            announce("stopping...")
-            demo.stop()
-            announce("stopped.")
+        while not stop.wait(1.0):
+            failed = demo.failed()
+            if failed is not None:
+                announce(f"{failed.name} exited unexpectedly (see {failed.log_path}); stopping the demo")
+                return 1
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        announce("stopping...")
+        demo.stop()
+        announce("stopped.")
     return 0

@@ -1,0 +1,78 @@
+"""``gpulens exporter``: the per-node agent's flags, and starting it."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from typing import Any
+
+from gpulens.cli.base import Formatter, positive_duration, positive_float
+from gpulens.cli.envtwins import apply_env_twins
+from gpulens.cli.lifecycle import stop_on_signals
+
+EXPORTER_EXAMPLES = """\
+examples:
+  # on a GPU node (reads NVML), Prometheus scrapes :9410/metrics
+  gpulens exporter
+  # map GPU processes to Slurm jobs through prolog files, and add dcgm-exporter-named series for old dashboards
+  gpulens exporter --job-map-dir /run/gpustat --dcgm-compat
+  # re-export a local dcgm-exporter with gpulens names (and its profiling fields)
+  gpulens exporter --source dcgm --dcgm-url http://127.0.0.1:9400/metrics
+  # one node of a simulated cluster, 10x faster than real time
+  gpulens exporter --source sim --scenario examples/scenarios/stall.toml --node node-01 --speed 10
+  # every node of a simulated cluster from one process: /node/<name>/metrics
+  gpulens exporter --source sim --scenario examples/scenarios/healthy.toml --all-nodes --listen 127.0.0.1:9410
+  # TLS and basic auth (Prometheus exporter-toolkit format)
+  gpulens exporter --web-config /etc/gpulens/web.yml
+"""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "exporter",
+        help="run the per-node agent: /metrics, /api/v1/snapshot, /healthz",
+        description="The per-node agent. Reads NVML, a dcgm-exporter or a simulated cluster in the background and "
+        "serves Prometheus /metrics, a JSON snapshot at /api/v1/snapshot and /healthz.",
+        epilog=EXPORTER_EXAMPLES,
+        formatter_class=Formatter,
+    )
+    p.add_argument("--source", choices=["auto", "nvml", "dcgm", "sim"], default="auto", help="where readings come from")
+    p.add_argument("--listen", default="0.0.0.0:9410", help="address to serve on, host:port")
+    p.add_argument("--interval", type=positive_duration, default=1.0, help="collection interval (1s, 500ms, ...)")
+    p.add_argument("--node", default=None, help="node name in every series (default: the host name)")
+    p.add_argument("--dcgm-url", default="http://127.0.0.1:9400/metrics", help="dcgm-exporter /metrics URL")
+    p.add_argument("--dcgm-compat", action="store_true", help="also export dcgm-exporter-named families")
+    p.add_argument("--job-map-dir", default=None, help="Slurm prolog files named by GPU UUID or index")
+    p.add_argument("--proc-root", default="/proc", help="where to read processes' cgroup, status and comm")
+    p.add_argument("--web-config", default=None, help="TLS and basic-auth config (exporter-toolkit YAML)")
+    p.add_argument("--scenario", default=None, help="scenario TOML for --source sim")
+    p.add_argument("--speed", type=positive_float, default=1.0, help="virtual time speed-up for --source sim")
+    p.add_argument("--all-nodes", action="store_true", help="--source sim: serve every node at /node/<name>/")
+    p.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], default="info", help="logging verbosity"
+    )
+    apply_env_twins(p, "GPULENS_EXPORTER_")
+    p.set_defaults(func=_run_exporter)
+
+
+def _run_exporter(args: argparse.Namespace) -> int:
+    from exporter.agent import ExporterOptions, run_exporter
+
+    options = ExporterOptions(
+        source=args.source,
+        listen=args.listen,
+        interval_s=args.interval,
+        node=args.node or socket.gethostname(),
+        node_given=args.node is not None,
+        dcgm_url=args.dcgm_url,
+        dcgm_compat=args.dcgm_compat,
+        job_map_dir=args.job_map_dir,
+        proc_root=args.proc_root,
+        web_config=args.web_config,
+        scenario=args.scenario,
+        speed=args.speed,
+        all_nodes=args.all_nodes,
+    )
+    with stop_on_signals() as stop:
+        return run_exporter(options, lambda line: print(line, file=sys.stderr, flush=True), stop)

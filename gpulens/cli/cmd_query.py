@@ -1,0 +1,59 @@
+"""``gpulens query``: the stored history from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from gpulens.cli.base import Formatter, Parser, add_db_flags, positive_duration, settings_from
+
+QUERY_EXAMPLES = """\
+examples:
+  gpulens query latest                               # the latest reading of every GPU
+  gpulens query latest --json | jq '.[] | select(.utilization_ratio < 0.1)'
+  gpulens query series --gpu GPU-1234 --field utilization_ratio --field power_watts --since 1h
+  gpulens query jobs --since 24h
+  gpulens query targets --config gpulens.toml
+"""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "query",
+        help="read the stored history from the command line",
+        description="Reads the store: a readable table, or with --json one JSON array whose field names are the "
+        "exporter's catalogue names (memory_used_bytes, utilization_ratio, node, uuid, job_id, ...).",
+        epilog=QUERY_EXAMPLES,
+        formatter_class=Formatter,
+    )
+    qsub = p.add_subparsers(dest="what", metavar="WHAT", parser_class=Parser)
+    qsub.required = True
+    for name, help_text in (
+        ("latest", "the latest reading of every GPU"),
+        ("series", "one or more fields of one or more GPUs over time"),
+        ("jobs", "per-job aggregates"),
+        ("targets", "the health of every scrape target"),
+    ):
+        q = qsub.add_parser(name, help=help_text, epilog=QUERY_EXAMPLES, formatter_class=Formatter)
+        add_db_flags(q)
+        q.add_argument("--json", action="store_true", help="print one JSON array")
+        if name in ("series", "jobs"):
+            q.add_argument("--since", type=positive_duration, default=3600.0, help="how far back (1h, 24h, 7d)")
+        if name == "series":
+            q.add_argument("--gpu", action="append", required=True, help="GPU UUID; repeatable")
+            q.add_argument("--field", action="append", required=True, help="field name; repeatable")
+            q.add_argument("--points", type=int, default=100, help="at most this many points per series")
+        q.set_defaults(func=_run_query)
+
+
+def _run_query(args: argparse.Namespace) -> int:
+    from gpulens.cli.query_print import run_query
+    from storage.connect import open_existing_database
+
+    db = open_existing_database(settings_from(args).db_url)
+    try:
+        sys.stdout.write(run_query(db, args))
+    finally:
+        db.close()
+    return 0

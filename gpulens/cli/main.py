@@ -1,0 +1,89 @@
+"""The ``gpulens`` command line: every command's parser, and the one place that prints errors and picks exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+import gpulens
+from gpulens.cli import (
+    cmd_alerts,
+    cmd_check_config,
+    cmd_collector,
+    cmd_dashboard,
+    cmd_db,
+    cmd_demo,
+    cmd_exporter,
+    cmd_query,
+    cmd_rules,
+    cmd_silence,
+    cmd_simulate,
+)
+from gpulens.cli.base import CliError, Parser, UsageError
+from gpulens.config import ConfigError
+from gpulens.model import SourceError
+
+MAIN_EXAMPLES = """\
+examples:
+  gpulens exporter                       # run the node agent on a GPU node
+  gpulens exporter --source sim --scenario examples/scenarios/healthy.toml --all-nodes
+  gpulens collector --target http://127.0.0.1:9410 --interval 5s
+  gpulens query latest
+  gpulens <command> --help               # every flag, with its GPULENS_<COMMAND>_* twin
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="gpulens",
+        description="gpulens: monitoring and observability for NVIDIA GPU clusters.",
+        epilog=MAIN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"gpulens {gpulens.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+    cmd_exporter.register(sub)
+    cmd_collector.register(sub)
+    cmd_check_config.register(sub)
+    cmd_db.register(sub)
+    cmd_query.register(sub)
+    cmd_demo.register(sub)
+    cmd_simulate.register(sub)
+    cmd_rules.register(sub)
+    cmd_silence.register(sub)
+    cmd_alerts.register(sub)
+    cmd_dashboard.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=getattr(logging, str(getattr(args, "log_level", "warning")).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("apscheduler", "alembic"):  # a line per scheduled run / migration step is not news
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    command = f"gpulens {args.command}"
+    try:
+        result: int = args.func(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (CliError, ConfigError, SourceError) as exc:
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"{command}: error: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return result

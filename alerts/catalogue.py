@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from gpulens.hardware import NVLINK_DEFAULT_LINK_BYTES_PER_SECOND
+
 from .base import AlertRule
 
 MEMORY_SATURATED: Final = "GpuMemorySaturated"
@@ -101,7 +103,7 @@ BUILTIN_RULES: Final[tuple[AlertRule, ...]] = (
         severity="warning",
         for_s=2 * MINUTE,
         keep_firing_for_s=MINUTE,
-        thresholds={"utilization_ratio": 0.85, "link_bytes_per_second": 25e9},
+        thresholds={"utilization_ratio": 0.85, "link_bytes_per_second": NVLINK_DEFAULT_LINK_BYTES_PER_SECOND},
         meaning="NVLink throughput in one direction is at least `utilization_ratio` of the active links' maximum "
         "(active links x `link_bytes_per_second`, 25 GB/s per link and direction on A100, H100 and H200; use 50e9 "
         "for NVLink 5), sustained: the job's collectives are bandwidth-bound.",

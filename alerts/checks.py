@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Final
 
 from gpulens.config import format_duration
+from gpulens.hardware import pcie_max_bytes_per_second
 from gpulens.httpfetch import redact_url
 from gpulens.model import THROTTLE_REASONS, GpuJob, GpuReading, throttle_reason_names
 
@@ -24,24 +25,6 @@ HW_SLOWDOWN: Final = _BIT["hw_slowdown"]
 HW_POWER_BRAKE_BIT: Final = _BIT["hw_power_brake"]
 SW_POWER_CAP: Final = _BIT["sw_power_cap"]
 _GIB: Final = float(1 << 30)
-
-# PCIe payload rate per lane per direction (bytes/s), by generation (DOMAIN.md section 1).
-PCIE_LANE_BYTES_PER_SECOND: Final[Mapping[int, float]] = {
-    1: 0.25e9,
-    2: 0.5e9,
-    3: 0.985e9,
-    4: 1.969e9,
-    5: 3.938e9,
-    6: 7.563e9,
-}
-
-
-def pcie_max_bytes_per_second(generation: int | None, width: int | None) -> float | None:
-    """The payload ceiling of a PCIe link in one direction, when its generation is known."""
-    if generation is None or width is None or width <= 0:
-        return None
-    rate = PCIE_LANE_BYTES_PER_SECOND.get(generation)
-    return None if rate is None else rate * width
 
 
 def _gpus(history: History) -> Iterator[tuple[GpuReading, Sequence[GpuJob]]]:

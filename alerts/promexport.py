@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from gpulens.hardware import PCIE_LANE_BYTES_PER_SECOND
+
 from .base import AlertRule
 from .catalogue import (
     COMMUNICATION_STALL,
@@ -33,8 +35,6 @@ from .catalogue import (
     XID_ERROR,
 )
 
-# The PCIe payload rate per lane per direction, bytes/s, by generation (DOMAIN.md section 1).
-_PCIE_LANE = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
 _JOB = "max by (node, gpu, uuid, job_id, user) (gpulens_gpu_job_info)"
 
 
@@ -50,7 +50,8 @@ def _duration(seconds: float) -> str:
 def _pcie_max() -> str:
     """The link's maximum bytes/s per direction, from its max generation and width."""
     cases = " or ".join(
-        f'(gpulens_gpu_pcie_link_generation{{state="max"}} == {gen}) * 0 + {rate:g}' for gen, rate in _PCIE_LANE.items()
+        f'(gpulens_gpu_pcie_link_generation{{state="max"}} == {gen}) * 0 + {rate:g}'
+        for gen, rate in PCIE_LANE_BYTES_PER_SECOND.items()
     )
     return f'(({cases}) * on(node, gpu, uuid, model) gpulens_gpu_pcie_link_width{{state="max"}})'
 

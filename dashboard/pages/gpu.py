@@ -7,7 +7,7 @@ from urllib.parse import unquote
 
 from dash import Dash, Output, State, html
 
-from dashboard import figures, ids
+from dashboard import ids
 from dashboard.components import (
     ViewState,
     banner,
@@ -22,7 +22,9 @@ from dashboard.components import (
     view_state,
 )
 from dashboard.context import Context, PageError, guarded
-from dashboard.figures import MISSING
+from dashboard.figures.links import pcie_degraded
+from dashboard.figures.style import palette_color
+from dashboard.formatting import MISSING, bytes_text, celsius_text, gpu_label, percent_text, watts_text
 from dashboard.pages.alerts import about_alerts
 from dashboard.panels import FIELDS, gpu_charts, gpu_series
 from dashboard.paths import job_path, node_path
@@ -103,12 +105,12 @@ def render(context: Context, state: ViewState, uuid: str) -> tuple[Any, ...]:
         status = banner(
             "warn", "No recent reading from this GPU.", f" The newest is from {minute_text(reading.timestamp)}."
         )
-    gpus = [gpu_series(series.get(uuid), f"GPU {reading.gpu}", figures.palette_color(0))]
+    gpus = [gpu_series(series.get(uuid), f"GPU {reading.gpu}", palette_color(0))]
     charts = [
         graph_panel(ids.GPU_CHART.format(c.key), c.title, c.figure)
         for c in gpu_charts(gpus, start=span.start, end=span.end)
     ]
-    heading = f"GPU {figures.gpu_label(reading.node, reading.gpu)}"
+    heading = f"GPU {gpu_label(reading.node, reading.gpu)}"
     own = [p for p in processes if p.uuid == uuid]
     alerts = about_alerts(active, lambda a: a.labels.get("uuid") == uuid, state, now)
     return status, heading, info_list(reading, held, state), charts, processes_table(own, state), alerts, updated
@@ -125,19 +127,18 @@ def info_list(r: GpuReading, jobs: list[GpuJob], state: ViewState) -> html.Dl:
         ("jobs", html.Span([link(j.job_id, job_path(j.job_id), state) for j in jobs]) if jobs else "none"),
         ("users", ", ".join(sorted({j.user for j in jobs if j.user})) or MISSING),
         ("newest reading", minute_text(r.timestamp)),
-        ("utilization", figures.percent_text(r.utilization_ratio)),
-        ("memory", f"{figures.bytes_text(r.memory_used_bytes)} of {figures.bytes_text(r.memory_total_bytes)}"),
+        ("utilization", percent_text(r.utilization_ratio)),
+        ("memory", f"{bytes_text(r.memory_used_bytes)} of {bytes_text(r.memory_total_bytes)}"),
         (
             "temperature",
-            f"{figures.celsius_text(r.temperature_celsius)} (slowdown at "
-            f"{figures.celsius_text(r.slowdown_temperature_celsius)})",
+            f"{celsius_text(r.temperature_celsius)} (slowdown at {celsius_text(r.slowdown_temperature_celsius)})",
         ),
-        ("power", f"{figures.watts_text(r.power_watts)} of {figures.watts_text(r.power_limit_watts)}"),
+        ("power", f"{watts_text(r.power_watts)} of {watts_text(r.power_limit_watts)}"),
         (
             "PCIe link",
             f"Gen{r.pcie_link_generation or '?'} x{r.pcie_link_width or '?'} of "
             f"Gen{r.pcie_link_generation_max or '?'} x{r.pcie_link_width_max or '?'}"
-            + (" (degraded)" if figures.pcie_degraded(r) else ""),
+            + (" (degraded)" if pcie_degraded(r) else ""),
         ),
         ("NVLink", "none" if not r.nvlink_links_active else f"{r.nvlink_links_active} links active"),
         ("throttle", ", ".join(throttle_reason_names(r.throttle_reasons or 0)) or "none"),

@@ -7,7 +7,7 @@ from urllib.parse import unquote
 
 from dash import Dash, Output, State, html
 
-from dashboard import figures, ids
+from dashboard import ids
 from dashboard.components import (
     Cell,
     ViewState,
@@ -25,11 +25,13 @@ from dashboard.components import (
     view_state,
 )
 from dashboard.context import Context, PageError, guarded
-from dashboard.figures import MISSING
+from dashboard.figures.style import palette_color
+from dashboard.formatting import MISSING, celsius_text, percent_text, watts_text
 from dashboard.pages.alerts import about_alerts
 from dashboard.panels import FIELDS, gpu_charts, gpu_series
 from dashboard.paths import gpu_path, job_path
 from dashboard.timerange import minute_text, resolve_range
+from gpulens.ratios import memory_used_ratio_of
 from storage import queries
 
 PATH_TEMPLATE: Final = "/nodes/<node>"
@@ -121,7 +123,7 @@ def render(context: Context, state: ViewState, node: str) -> tuple[Any, ...]:
     models = sorted({r.model for r in readings})
     driver = next((r.driver_version for r in readings if r.driver_version), None)
     info = f"{len(readings)} x {', '.join(models)}" + (f" · driver {driver}" if driver else "")
-    gpus = [gpu_series(series.get(r.uuid), f"GPU {r.gpu}", figures.palette_color(r.gpu)) for r in readings]
+    gpus = [gpu_series(series.get(r.uuid), f"GPU {r.gpu}", palette_color(r.gpu)) for r in readings]
     charts = [
         graph_panel(ids.NODE_CHART.format(c.key), c.title, c.figure)
         for c in gpu_charts(gpus, start=span.start, end=span.end, legend=False)
@@ -135,10 +137,10 @@ def render(context: Context, state: ViewState, node: str) -> tuple[Any, ...]:
                 link(f"GPU {r.gpu}", gpu_path(r.uuid), state),
                 html.Span(r.uuid, className="mono"),
                 html.Span("up" if r.up else "down", className=f"gl-flag {'up' if r.up else 'down'}"),
-                figures.percent_text(r.utilization_ratio),
-                figures.percent_text(figures.memory_ratio(r)),
-                figures.celsius_text(r.temperature_celsius),
-                figures.watts_text(r.power_watts),
+                percent_text(r.utilization_ratio),
+                percent_text(memory_used_ratio_of(r)),
+                celsius_text(r.temperature_celsius),
+                watts_text(r.power_watts),
                 html.Span([link(j.job_id, job_path(j.job_id), state) for j in held]) if held else MISSING,
                 ", ".join(sorted({j.user for j in held if j.user})) or MISSING,
             ]

@@ -1,6 +1,6 @@
 """Job flags (stalled, straggling, idle) and marked periods, read from the alert engine's alerts (pure).
 
-The alert engine decides what a stall or a straggler is (DOMAIN.md section 4); the dashboard only shows its verdict,
+The alert engine decides what a stall or a straggler is (docs/domain.md); the dashboard only shows its verdict,
 so the Jobs page and the alerts never disagree.
 """
 

@@ -11,7 +11,7 @@ import dash
 from dash import ClientsideFunction, Dash, Input, Output, State, dcc, html
 from dash.development.base_component import Component
 
-from dashboard.figures import MISSING, bytes_text
+from dashboard.formatting import MISSING, bytes_text
 from dashboard.ids import Toolbar
 from dashboard.paths import gpu_path, job_path
 from dashboard.timerange import CUSTOM, DEFAULT_RANGE, DEFAULT_REFRESH, PRESETS, RANGE_OPTIONS, REFRESH

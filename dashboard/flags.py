@@ -1,6 +1,6 @@
 """Job flags (stalled, straggling, idle) and marked periods, read from the alert engine's alerts (pure).
 
-The alert engine decides what a stall or a straggler is (DOMAIN.md section 4); the dashboard only shows its verdict,
+The alert engine decides what a stall or a straggler is (docs/domain.md); the dashboard only shows its verdict,
 so the Jobs page and the alerts never disagree.
 """
 
@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Final, Protocol
 
-from dashboard.figures import Period
+from dashboard.figures.periods import Period
 
 # Alert name -> the flag it raises on its job, and the kind of period it marks on the job's charts.
 JOB_FLAGS: Final = {"CommunicationStall": "stalled", "JobStraggler": "straggling", "GpuIdleAllocated": "idle"}

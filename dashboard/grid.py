@@ -9,7 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from dashboard.figures import GridCell, Metric
+from dashboard.figures.grids import GridCell
+from dashboard.heatmaps import Metric
 from gpulens.model import GpuJob, GpuReading
 
 NODES_PER_PAGE: Final = 32

@@ -11,8 +11,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from dashboard import figures
-from dashboard.figures import Axis, Line, MaskSeries, Period
+from dashboard.figures.periods import Period
+from dashboard.figures.style import LIMIT_COLOR
+from dashboard.figures.throttle import MaskSeries, throttle_timeline
+from dashboard.figures.timeseries import CELSIUS, GIB, HERTZ, PER_SECOND, PERCENT, RATE, WATTS, Axis, Line, time_series
+from gpulens.hardware import nvlink_max_bytes_per_second, pcie_max_bytes_per_second
 from storage.queries import SeriesData
 
 # Every field the charts read, in one list, so a page asks storage for all of them in one query.
@@ -99,7 +102,7 @@ def _limit_lines(
     if len(present) == 1:  # a constant: two points carry it
         value = present.pop()
         span = [min(g.times[0] for g in gpus if g.times), max(g.times[-1] for g in gpus if g.times)]
-        return [Line(label, span, [value, value], color=figures.LIMIT_COLOR, dash=dash, width=1.2)]
+        return [Line(label, span, [value, value], color=LIMIT_COLOR, dash=dash, width=1.2)]
     return [
         Line(f"{g.label} {label}", g.times, values, color=g.color, dash=dash, group=g.label, width=1.0)
         for g, values in series
@@ -111,11 +114,11 @@ def _pcie_limit(g: GpuSeries) -> Values:
 
 
 def _pcie_max(gen: float | None, width: float | None) -> float | None:
-    return figures.pcie_max_bytes_per_second(int(gen) if gen else None, int(width) if width else None)
+    return pcie_max_bytes_per_second(int(gen) if gen else None, int(width) if width else None)
 
 
 def _nvlink_limit(g: GpuSeries) -> Values:
-    return [figures.nvlink_max_bytes_per_second(int(n)) if n else None for n in g.get("nvlink_links_active")]
+    return [nvlink_max_bytes_per_second(int(n)) if n else None for n in g.get("nvlink_links_active")]
 
 
 def gpu_charts(
@@ -127,7 +130,7 @@ def gpu_charts(
         return Chart(
             key,
             title,
-            figures.time_series(lines, axis, start=start, end=end, periods=periods, legend=legend, empty=empty),
+            time_series(lines, axis, start=start, end=end, periods=periods, legend=legend, empty=empty),
         )
 
     error_lines = [
@@ -138,7 +141,7 @@ def gpu_charts(
         for g in gpus
         if any(v for v in g.get(name))
     ]
-    throttle = figures.throttle_timeline(
+    throttle = throttle_timeline(
         [
             MaskSeries(g.label, g.times, [None if m is None else int(m) for m in g.get("throttle_reasons")])
             for g in gpus
@@ -148,19 +151,19 @@ def gpu_charts(
         periods=periods,
     )
     return [
-        chart("utilization", "Utilization", _lines(gpus, "utilization_ratio"), figures.PERCENT),
+        chart("utilization", "Utilization", _lines(gpus, "utilization_ratio"), PERCENT),
         chart(
             "activity",
             "SM activity (solid) and tensor activity (dotted)",
             _lines(gpus, "sm_active_ratio", " SM") + _lines(gpus, "tensor_active_ratio", " tensor", "dot"),
-            figures.PERCENT,
+            PERCENT,
             "no profiling data (DCGM sources only)",
         ),
         chart(
             "memory",
             "Memory used against total",
             _lines(gpus, "memory_used_bytes") + _limit_lines(gpus, "total", lambda g: g.get("memory_total_bytes")),
-            figures.GIB,
+            GIB,
         ),
         chart(
             "temperature",
@@ -168,13 +171,13 @@ def gpu_charts(
             _lines(gpus, "temperature_celsius")
             + _lines(gpus, "memory_temperature_celsius", " memory", "dot")
             + _limit_lines(gpus, "slowdown", lambda g: g.get("slowdown_temperature_celsius")),
-            figures.CELSIUS,
+            CELSIUS,
         ),
         chart(
             "power",
             "Power against its limit",
             _lines(gpus, "power_watts") + _limit_lines(gpus, "limit", lambda g: g.get("power_limit_watts")),
-            figures.WATTS,
+            WATTS,
         ),
         chart(
             "clocks",
@@ -183,7 +186,7 @@ def gpu_charts(
             + _lines(gpus, "memory_clock_hertz", " memory", "dot")
             + _limit_lines(gpus, "max SM", lambda g: g.get("max_sm_clock_hertz"))
             + _limit_lines(gpus, "max memory", lambda g: g.get("max_memory_clock_hertz"), "dot"),
-            figures.HERTZ,
+            HERTZ,
         ),
         Chart("throttle", "Throttle reasons", throttle),
         chart(
@@ -192,7 +195,7 @@ def gpu_charts(
             _lines(gpus, "pcie_tx_bytes_per_second", " TX")
             + _lines(gpus, "pcie_rx_bytes_per_second", " RX", "dot")
             + _limit_lines(gpus, "link max", _pcie_limit),
-            figures.RATE,
+            RATE,
         ),
         chart(
             "nvlink",
@@ -200,10 +203,10 @@ def gpu_charts(
             _lines(gpus, "nvlink_tx_bytes_per_second", " TX")
             + _lines(gpus, "nvlink_rx_bytes_per_second", " RX", "dot")
             + _limit_lines(gpus, "link max", _nvlink_limit),
-            figures.RATE,
+            RATE,
             "no NVLink on these GPUs",
         ),
-        chart("errors", "Error counters (per second)", error_lines, figures.PER_SECOND, "no errors in this range"),
+        chart("errors", "Error counters (per second)", error_lines, PER_SECOND, "no errors in this range"),
     ]
 
 

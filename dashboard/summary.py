@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from dashboard.figures import GridCell
+from dashboard.figures.grids import GridCell
 from storage.queries import IDLE_UTILIZATION
 
 # A GPU under this utilization is idle (the definition ``gpulens query`` and the cluster summary use).

@@ -26,8 +26,8 @@ from dashboard.components import (
     view_state,
 )
 from dashboard.context import Context, PageError, guarded
-from dashboard.figures import MISSING, duration_text
 from dashboard.flags import alert_jobs
+from dashboard.formatting import MISSING, duration_text
 from dashboard.paths import gpu_path, job_path, node_path
 from dashboard.timerange import minute_text, resolve_range
 

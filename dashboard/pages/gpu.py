@@ -5,30 +5,29 @@ from __future__ import annotations
 from typing import Any, Final
 from urllib.parse import unquote
 
-from dash import Dash, Output, State, html
+from dash import Dash, html
 
-from dashboard import figures, ids
+from dashboard import ids
 from dashboard.components import (
     ViewState,
     banner,
-    graph_panel,
     link,
     page_header,
     panel,
     processes_table,
     register_page,
     register_toolbar,
-    toolbar_inputs,
-    view_state,
 )
-from dashboard.context import Context, PageError, guarded
-from dashboard.figures import MISSING
+from dashboard.context import Context
+from dashboard.figures.links import pcie_degraded
+from dashboard.figures.style import palette_color
+from dashboard.formatting import MISSING, bytes_text, celsius_text, gpu_label, percent_text, watts_text
+from dashboard.gpuview import chart_panels, load_gpu_view, register_gpu_view
 from dashboard.pages.alerts import about_alerts
-from dashboard.panels import FIELDS, gpu_charts, gpu_series
+from dashboard.panels import gpu_series
 from dashboard.paths import job_path, node_path
-from dashboard.timerange import minute_text, resolve_range
+from dashboard.timerange import minute_text
 from gpulens.model import GpuJob, GpuReading, throttle_reason_names
-from storage import queries
 
 PATH_TEMPLATE: Final = "/gpus/<uuid>"
 IDS: Final = ids.GPU
@@ -58,60 +57,30 @@ def layout(uuid: str = "", **query: Any) -> html.Div:
 def register(app: Dash, context: Context) -> None:
     register_page(__name__, path_template=PATH_TEMPLATE, title=title, name="GPU", layout=layout)
     register_toolbar(app, IDS)
-
-    @app.callback(
-        Output(IDS.status, "children"),
-        Output(ids.GPU_TITLE, "children"),
-        Output(ids.GPU_INFO, "children"),
-        Output(ids.GPU_CHARTS, "children"),
-        Output(ids.GPU_PROCESSES, "children"),
-        Output(ids.GPU_ALERTS, "children"),
-        Output(IDS.updated, "children"),
-        *toolbar_inputs(IDS),
-        State(ids.GPU_UUID, "children"),
-        State(IDS.refresh, "value"),
-    )
-    def update(range_: str, start: str, end: str, _tick: int | None, uuid: str, refresh: str) -> tuple[Any, ...]:
-        state = view_state(range_, start, end, refresh)
-        try:
-            return render(context, state, uuid)
-        except PageError as problem:
-            return problem.banner, "GPU", None, [], None, None, problem.as_of
+    outputs = (ids.GPU_TITLE, ids.GPU_INFO, ids.GPU_CHARTS, ids.GPU_PROCESSES, ids.GPU_ALERTS)
+    register_gpu_view(app, context, IDS, outputs, ids.GPU_UUID, render, ("GPU", None, [], None, None))
 
 
 def render(context: Context, state: ViewState, uuid: str) -> tuple[Any, ...]:
-    now = context.clock.now()
-
-    def load() -> tuple[Any, ...]:
-        span = resolve_range(state.range, state.start, state.end, now)
-        reading = next((r for r in queries.latest_readings(context.db) if r.uuid == uuid), None)
-        jobs, processes = queries.latest_snapshot_parts(context.db)
-        series = queries.series(context.db, [uuid], FIELDS, span.start, span.end, MAX_POINTS) if reading else {}
-        active = context.alerts.active() if context.alerts is not None else None
-        return span, reading, jobs, processes, series, active
-
-    span, reading, jobs, processes, series, active = guarded(context, load)
-    updated = f"as of {minute_text(now)} · {span.label}"
+    view = load_gpu_view(context, state, lambda r: r.uuid == uuid, MAX_POINTS)
+    reading = next(iter(view.readings), None)
     if reading is None:
         missing = banner("info", "This GPU is not in the database.", " Check the UUID.")
-        return missing, "GPU", None, [], None, None, updated
-    held = [j for j in jobs if j.uuid == uuid]
+        return missing, "GPU", None, [], None, None, view.updated
+    held = [j for j in view.jobs if j.uuid == uuid]
     status = None
     if not reading.up:
         status = banner("bad", "This GPU reads as down.", " Lost or unreadable (see XID 79 and the node's log).")
-    elif now - reading.timestamp > context.stale_after_s:
+    elif view.now - reading.timestamp > context.stale_after_s:
         status = banner(
             "warn", "No recent reading from this GPU.", f" The newest is from {minute_text(reading.timestamp)}."
         )
-    gpus = [gpu_series(series.get(uuid), f"GPU {reading.gpu}", figures.palette_color(0))]
-    charts = [
-        graph_panel(ids.GPU_CHART.format(c.key), c.title, c.figure)
-        for c in gpu_charts(gpus, start=span.start, end=span.end)
-    ]
-    heading = f"GPU {figures.gpu_label(reading.node, reading.gpu)}"
-    own = [p for p in processes if p.uuid == uuid]
-    alerts = about_alerts(active, lambda a: a.labels.get("uuid") == uuid, state, now)
-    return status, heading, info_list(reading, held, state), charts, processes_table(own, state), alerts, updated
+    gpus = [gpu_series(view.series.get(uuid), f"GPU {reading.gpu}", palette_color(0))]
+    charts = chart_panels(view, gpus, ids.GPU_CHART)
+    heading = f"GPU {gpu_label(reading.node, reading.gpu)}"
+    own = [p for p in view.processes if p.uuid == uuid]
+    alerts = about_alerts(view.active, lambda a: a.labels.get("uuid") == uuid, state, view.now)
+    return status, heading, info_list(reading, held, state), charts, processes_table(own, state), alerts, view.updated
 
 
 def info_list(r: GpuReading, jobs: list[GpuJob], state: ViewState) -> html.Dl:
@@ -125,19 +94,18 @@ def info_list(r: GpuReading, jobs: list[GpuJob], state: ViewState) -> html.Dl:
         ("jobs", html.Span([link(j.job_id, job_path(j.job_id), state) for j in jobs]) if jobs else "none"),
         ("users", ", ".join(sorted({j.user for j in jobs if j.user})) or MISSING),
         ("newest reading", minute_text(r.timestamp)),
-        ("utilization", figures.percent_text(r.utilization_ratio)),
-        ("memory", f"{figures.bytes_text(r.memory_used_bytes)} of {figures.bytes_text(r.memory_total_bytes)}"),
+        ("utilization", percent_text(r.utilization_ratio)),
+        ("memory", f"{bytes_text(r.memory_used_bytes)} of {bytes_text(r.memory_total_bytes)}"),
         (
             "temperature",
-            f"{figures.celsius_text(r.temperature_celsius)} (slowdown at "
-            f"{figures.celsius_text(r.slowdown_temperature_celsius)})",
+            f"{celsius_text(r.temperature_celsius)} (slowdown at {celsius_text(r.slowdown_temperature_celsius)})",
         ),
-        ("power", f"{figures.watts_text(r.power_watts)} of {figures.watts_text(r.power_limit_watts)}"),
+        ("power", f"{watts_text(r.power_watts)} of {watts_text(r.power_limit_watts)}"),
         (
             "PCIe link",
             f"Gen{r.pcie_link_generation or '?'} x{r.pcie_link_width or '?'} of "
             f"Gen{r.pcie_link_generation_max or '?'} x{r.pcie_link_width_max or '?'}"
-            + (" (degraded)" if figures.pcie_degraded(r) else ""),
+            + (" (degraded)" if pcie_degraded(r) else ""),
         ),
         ("NVLink", "none" if not r.nvlink_links_active else f"{r.nvlink_links_active} links active"),
         ("throttle", ", ".join(throttle_reason_names(r.throttle_reasons or 0)) or "none"),

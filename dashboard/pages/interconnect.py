@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from dash import Dash, Input, Output, State, dcc, html
 
-from dashboard import figures, ids
+from dashboard import ids
 from dashboard.components import (
     GRAPH_CONFIG,
     Cell,
@@ -29,6 +29,10 @@ from dashboard.components import (
     view_state,
 )
 from dashboard.context import Context, PageError, guarded
+from dashboard.figures.links import link_load, node_topology, pcie_degraded
+from dashboard.figures.style import empty_figure, palette_color
+from dashboard.figures.timeseries import PER_SECOND, Line, time_series
+from dashboard.formatting import gpu_label
 from dashboard.grid import natural_key
 from dashboard.panels import ERROR_FIELDS
 from dashboard.paths import gpu_path, node_path
@@ -116,7 +120,7 @@ def register(app: Dash, context: Context) -> None:
         try:
             return render(context, state, node)
         except PageError as problem:
-            blank = figures.empty_figure("no data")
+            blank = empty_figure("no data")
             return problem.banner, blank, [], node, blank, None, None, problem.as_of
 
 
@@ -143,9 +147,7 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
     for outage in outages:
         if outage.until is None:
             down_now[outage.uuid] += 1
-    topology = (
-        figures.node_topology(node_readings, down_now) if node_readings else figures.empty_figure("no node chosen", 380)
-    )
+    topology = node_topology(node_readings, down_now) if node_readings else empty_figure("no node chosen", 380)
     errors = html.Div(
         [
             html.Div(f"{chosen}: error rates over the range" if chosen else "", className="gl-hint"),
@@ -156,7 +158,7 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
     )
     return (
         status,
-        figures.link_load(fresh),
+        link_load(fresh),
         [{"label": n, "value": n} for n in nodes],
         chosen,
         topology,
@@ -175,7 +177,7 @@ def degraded_links(readings: Sequence[GpuReading]) -> list[tuple[GpuReading, str
     for r in readings:
         if not r.up:
             continue
-        if figures.pcie_degraded(r):
+        if pcie_degraded(r):
             found.append(
                 (
                     r,
@@ -193,7 +195,7 @@ def degraded_table(readings: Sequence[GpuReading], outages: Sequence[LinkOutage]
     """Links below their maximum now, and the NVLinks reported down in the range (with the link number)."""
     rows: list[list[Cell]] = [
         [
-            link(figures.gpu_label(r.node, r.gpu), gpu_path(r.uuid), state),
+            link(gpu_label(r.node, r.gpu), gpu_path(r.uuid), state),
             link(r.node, node_path(r.node), state),
             flag(what, "down"),
             "now",
@@ -205,7 +207,7 @@ def degraded_table(readings: Sequence[GpuReading], outages: Sequence[LinkOutage]
         remote = f" (to {o.remote_pci_bus_id})" if o.remote_pci_bus_id else ""
         rows.append(
             [
-                link(figures.gpu_label(o.node, o.gpu), gpu_path(o.uuid), state),
+                link(gpu_label(o.node, o.gpu), gpu_path(o.uuid), state),
                 link(o.node, node_path(o.node), state),
                 flag(f"NVLink {o.link} inactive{remote}", "down" if o.until is None else "resolved"),
                 f"{minute_text(o.since)} {until}",
@@ -229,7 +231,7 @@ def error_totals(readings: Sequence[GpuReading], state: ViewState) -> html.Div:
     scored.sort(key=lambda s: -s[0])
     rows: list[list[Cell]] = [
         [
-            link(figures.gpu_label(r.node, r.gpu), gpu_path(r.uuid), state),
+            link(gpu_label(r.node, r.gpu), gpu_path(r.uuid), state),
             *(f"{v:,}" if v else "0" for v in counts.values()),
         ]
         for _, r, counts in scored[:TOP]
@@ -254,15 +256,13 @@ def error_chart(
             values = data.values.get(name, ())
             if any(values):
                 lines.append(
-                    figures.Line(
+                    Line(
                         f"GPU {r.gpu} {ERROR_FIELDS[name]}",
                         data.timestamps,
                         values,
-                        color=figures.palette_color(r.gpu),
+                        color=palette_color(r.gpu),
                         dash=None if i == 0 else "dot",
                     )
                 )
-    figure = figures.time_series(
-        lines, figures.PER_SECOND, start=start, end=end, height=220, empty="no link errors in this range"
-    )
+    figure = time_series(lines, PER_SECOND, start=start, end=end, height=220, empty="no link errors in this range")
     return dcc.Graph(id=ids.IC_ERROR_CHART, figure=figure, config=GRAPH_CONFIG)

@@ -11,7 +11,7 @@ from urllib.parse import unquote
 
 from dash import Dash, Output, State, html
 
-from dashboard import figures, ids
+from dashboard import ids
 from dashboard.components import (
     Cell,
     ViewState,
@@ -28,11 +28,16 @@ from dashboard.components import (
     view_state,
 )
 from dashboard.context import Context, PageError, guarded
+from dashboard.figures.gputime import Row, gpu_time_heatmap
 from dashboard.flags import FLAG_ORDER, JOB_FLAGS, alert_jobs, job_flags, job_periods
+from dashboard.formatting import gpu_label, percent_text
 from dashboard.grid import natural_key
+from dashboard.heatmaps import METRICS, Metric
 from dashboard.pages.alerts import alerts_table, fired_newest_first
 from dashboard.paths import gpu_path, node_path
 from dashboard.timerange import minute_text, resolve_range
+from gpulens.hardware import nvlink_max_bytes_per_second
+from gpulens.ratios import busiest_direction, nvlink_utilization_ratio, power_limit_ratio, share
 from storage import queries
 from storage.queries import SeriesData
 
@@ -49,11 +54,11 @@ FIELDS: Final = (
 POINT_BUDGET: Final = 60_000  # series points per page, shared by the job's GPUs
 BINS: Final = 160
 
-_NVLINK: Final = figures.Metric(
-    "nvlink", "NVLink (of link max)", figures.nvlink_ratio, figures.percent_text, 0, 1, "Viridis", ((0.0, "0%"),)
+_NVLINK: Final = Metric(
+    "nvlink", "NVLink (of link max)", nvlink_utilization_ratio, percent_text, 0, 1, "Viridis", ((0.0, "0%"),)
 )
-_POWER: Final = figures.METRICS["power"]
-_UTIL: Final = figures.METRICS["utilization"]
+_POWER: Final = METRICS["power"]
+_UTIL: Final = METRICS["utilization"]
 
 
 def title(job_id: str = "") -> str:
@@ -127,14 +132,12 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         graph_panel(
             ids.JOB_UTILIZATION,
             "Utilization of each GPU",
-            figures.gpu_time_heatmap(
-                [r[0] for r in rows], _UTIL, start=span.start, end=span.end, bins=BINS, periods=periods
-            ),
+            gpu_time_heatmap([r[0] for r in rows], _UTIL, start=span.start, end=span.end, bins=BINS, periods=periods),
         ),
         graph_panel(
             ids.JOB_NVLINK,
             "NVLink traffic of each GPU (busier direction, of the link maximum)",
-            figures.gpu_time_heatmap(
+            gpu_time_heatmap(
                 [r[1] for r in rows],
                 _NVLINK,
                 start=span.start,
@@ -147,9 +150,7 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         graph_panel(
             ids.JOB_POWER,
             "Power of each GPU (of its limit)",
-            figures.gpu_time_heatmap(
-                [r[2] for r in rows], _POWER, start=span.start, end=span.end, bins=BINS, periods=periods
-            ),
+            gpu_time_heatmap([r[2] for r in rows], _POWER, start=span.start, end=span.end, bins=BINS, periods=periods),
         ),
     ]
     mine = [a for a in active if job_id in alert_jobs(a.labels)]
@@ -158,17 +159,17 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         [
             f"{summary.user or 'unknown user'} · {len(summary.gpus)} GPUs on {len(summary.nodes)} node(s) · "
             f"{minute_text(summary.first_seen)} to {minute_text(summary.last_seen)} · "
-            f"{summary.gpu_hours:.1f} GPU-hours · mean utilization {figures.percent_text(summary.utilization_mean)} ",
+            f"{summary.gpu_hours:.1f} GPU-hours · mean utilization {percent_text(summary.utilization_mean)} ",
             *marks,
         ]
     )
     gpu_rows: list[list[Cell]] = [
         [
-            link(figures.gpu_label(g.node, g.gpu), gpu_path(g.uuid), state),
+            link(gpu_label(g.node, g.gpu), gpu_path(g.uuid), state),
             link(g.node, node_path(g.node), state),
-            figures.percent_text(_mean(util.values)),
-            figures.percent_text(_mean(nvlink.values)),
-            figures.percent_text(_mean(power.values)),
+            percent_text(_mean(util.values)),
+            percent_text(_mean(nvlink.values)),
+            percent_text(_mean(power.values)),
         ]
         for g, (util, nvlink, power) in zip(gpus, rows, strict=True)
     ]
@@ -185,31 +186,24 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
     return status, info, charts, gpu_table, alerts, updated
 
 
-def _row(node: str, index: int, data: SeriesData | None) -> tuple[figures.Row, figures.Row, figures.Row]:
-    label = figures.gpu_label(node, index)
+def _row(node: str, index: int, data: SeriesData | None) -> tuple[Row, Row, Row]:
+    label = gpu_label(node, index)
     if data is None:
-        empty = figures.Row(label, [], [])
+        empty = Row(label, [], [])
         return empty, empty, empty
     v = data.values
     nvlink = [
-        _ratio(
-            max((x for x in (tx, rx) if x is not None), default=None),
-            figures.nvlink_max_bytes_per_second(int(n) if n else None),
-        )
+        share(busiest_direction(tx, rx), nvlink_max_bytes_per_second(int(n) if n else None))
         for tx, rx, n in zip(
             v["nvlink_tx_bytes_per_second"], v["nvlink_rx_bytes_per_second"], v["nvlink_links_active"], strict=True
         )
     ]
-    power = [_ratio(p, lim) for p, lim in zip(v["power_watts"], v["power_limit_watts"], strict=True)]
+    power = [power_limit_ratio(p, lim) for p, lim in zip(v["power_watts"], v["power_limit_watts"], strict=True)]
     return (
-        figures.Row(label, data.timestamps, v["utilization_ratio"]),
-        figures.Row(label, data.timestamps, nvlink),
-        figures.Row(label, data.timestamps, power),
+        Row(label, data.timestamps, v["utilization_ratio"]),
+        Row(label, data.timestamps, nvlink),
+        Row(label, data.timestamps, power),
     )
-
-
-def _ratio(value: float | None, ceiling: float | None) -> float | None:
-    return value / ceiling if value is not None and ceiling else None
 
 
 def _mean(values: Sequence[float | None]) -> float | None:

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 from dash import Dash, Input, Output, State, ctx, dcc, html
 
-from dashboard import figures, ids
+from dashboard import ids
 from dashboard.components import (
     Cell,
     ViewState,
@@ -27,9 +27,12 @@ from dashboard.components import (
     view_state,
 )
 from dashboard.context import Context, PageError, guarded
-from dashboard.figures import MISSING
+from dashboard.figures.grids import job_grid
+from dashboard.figures.style import empty_figure
 from dashboard.flags import FLAG_ORDER, job_flags
+from dashboard.formatting import MISSING, bytes_text, duration_text, percent_text
 from dashboard.grid import grid_cells, parse_page, select_page
+from dashboard.heatmaps import METRICS
 from dashboard.paths import job_path
 from dashboard.timerange import minute_text, resolve_range
 from storage import queries
@@ -137,7 +140,7 @@ def register(app: Dash, context: Context) -> None:
         try:
             return render(context, state, flag_filter, text or "", page)
         except PageError as problem:
-            blank = figures.empty_figure("no data")
+            blank = empty_figure("no data")
             return problem.banner, None, blank, "", True, True, 1, problem.as_of
 
 
@@ -156,11 +159,11 @@ def render(context: Context, state: ViewState, flag_filter: str, text: str, page
     flags = job_flags(alerts or [])
     cells = grid_cells(readings, jobs, now=now, stale_after_s=context.stale_after_s)
     held = [c for c in cells if c.jobs]
-    grid = select_page(held, figures.METRICS["utilization"], page=page - 1)
+    grid = select_page(held, METRICS["utilization"], page=page - 1)
     figure = (
-        figures.job_grid(grid.cells, grid.nodes, show_text=len(grid.nodes) <= 40)
+        job_grid(grid.cells, grid.nodes, show_text=len(grid.nodes) <= 40)
         if grid.rows
-        else figures.empty_figure("no GPU is held by a job now")
+        else empty_figure("no GPU is held by a job now")
     )
     first = grid.page * grid.per_page + 1
     info = (
@@ -213,10 +216,10 @@ def jobs_table(
                 str(len(s.gpus)),
                 str(len(s.nodes)),
                 minute_text(s.first_seen),
-                figures.duration_text(s.last_seen - s.first_seen),
+                duration_text(s.last_seen - s.first_seen),
                 f"{s.gpu_hours:.1f}",
-                figures.percent_text(s.utilization_mean),
-                figures.bytes_text(s.memory_used_mean_bytes),
+                percent_text(s.utilization_mean),
+                bytes_text(s.memory_used_mean_bytes),
                 balance_text(s.utilization_mean, s.utilization_stddev),
                 html.Span(marks) if marks else "",
             ]

@@ -5,15 +5,14 @@ from __future__ import annotations
 from typing import Any, Final
 from urllib.parse import unquote
 
-from dash import Dash, Output, State, html
+from dash import Dash, html
 
-from dashboard import figures, ids
+from dashboard import ids
 from dashboard.components import (
     Cell,
     ViewState,
     banner,
     color_key,
-    graph_panel,
     link,
     page_header,
     panel,
@@ -21,16 +20,16 @@ from dashboard.components import (
     register_page,
     register_toolbar,
     table,
-    toolbar_inputs,
-    view_state,
 )
-from dashboard.context import Context, PageError, guarded
-from dashboard.figures import MISSING
+from dashboard.context import Context
+from dashboard.figures.style import palette_color
+from dashboard.formatting import MISSING, celsius_text, percent_text, watts_text
+from dashboard.gpuview import chart_panels, load_gpu_view, register_gpu_view
 from dashboard.pages.alerts import about_alerts
-from dashboard.panels import FIELDS, gpu_charts, gpu_series
+from dashboard.panels import gpu_series
 from dashboard.paths import gpu_path, job_path
-from dashboard.timerange import minute_text, resolve_range
-from storage import queries
+from dashboard.timerange import minute_text
+from gpulens.ratios import memory_used_ratio_of
 
 PATH_TEMPLATE: Final = "/nodes/<node>"
 IDS: Final = ids.NODE
@@ -60,55 +59,20 @@ def layout(node: str = "", **query: Any) -> html.Div:
 def register(app: Dash, context: Context) -> None:
     register_page(__name__, path_template=PATH_TEMPLATE, title=title, name="Node", layout=layout)
     register_toolbar(app, IDS)
-
-    @app.callback(
-        Output(IDS.status, "children"),
-        Output(ids.NODE_INFO, "children"),
-        Output(ids.NODE_GPUS, "children"),
-        Output(ids.NODE_CHARTS, "children"),
-        Output(ids.NODE_PROCESSES, "children"),
-        Output(ids.NODE_ALERTS, "children"),
-        Output(IDS.updated, "children"),
-        *toolbar_inputs(IDS),
-        State(ids.NODE_NAME, "children"),
-        State(IDS.refresh, "value"),
-    )
-    def update(range_: str, start: str, end: str, _tick: int | None, node: str, refresh: str) -> tuple[Any, ...]:
-        state = view_state(range_, start, end, refresh)
-        try:
-            return render(context, state, node)
-        except PageError as problem:
-            return problem.banner, "", None, [], None, None, problem.as_of
+    outputs = (ids.NODE_INFO, ids.NODE_GPUS, ids.NODE_CHARTS, ids.NODE_PROCESSES, ids.NODE_ALERTS)
+    register_gpu_view(app, context, IDS, outputs, ids.NODE_NAME, render, ("", None, [], None, None))
 
 
 def render(context: Context, state: ViewState, node: str) -> tuple[Any, ...]:
-    now = context.clock.now()
-
-    def load() -> tuple[Any, ...]:
-        span = resolve_range(state.range, state.start, state.end, now)
-        readings = [r for r in queries.latest_readings(context.db) if r.node == node]
-        jobs, processes = queries.latest_snapshot_parts(context.db)
-        series = queries.series(context.db, [r.uuid for r in readings], FIELDS, span.start, span.end, MAX_POINTS)
-        active = context.alerts.active() if context.alerts is not None else None
-        return span, readings, jobs, processes, series, active
-
-    span, readings, jobs, processes, series, active = guarded(context, load)
-    updated = f"as of {minute_text(now)} · {span.label}"
+    view = load_gpu_view(context, state, lambda r: r.node == node, MAX_POINTS)
+    readings = sorted(view.readings, key=lambda r: r.gpu)
     if not readings:
-        return (
-            banner(
-                "info", f"No GPU of node {node!r} is in the database.", " Check the name, or wait for the collector."
-            ),
-            "",
-            None,
-            [],
-            None,
-            None,
-            updated,
+        missing = banner(
+            "info", f"No GPU of node {node!r} is in the database.", " Check the name, or wait for the collector."
         )
-    readings.sort(key=lambda r: r.gpu)
-    node_jobs = [j for j in jobs if j.node == node]
-    stale = [r for r in readings if now - r.timestamp > context.stale_after_s]
+        return missing, "", None, [], None, None, view.updated
+    node_jobs = [j for j in view.jobs if j.node == node]
+    stale = [r for r in readings if view.now - r.timestamp > context.stale_after_s]
     status = (
         banner(
             "warn",
@@ -121,11 +85,8 @@ def render(context: Context, state: ViewState, node: str) -> tuple[Any, ...]:
     models = sorted({r.model for r in readings})
     driver = next((r.driver_version for r in readings if r.driver_version), None)
     info = f"{len(readings)} x {', '.join(models)}" + (f" · driver {driver}" if driver else "")
-    gpus = [gpu_series(series.get(r.uuid), f"GPU {r.gpu}", figures.palette_color(r.gpu)) for r in readings]
-    charts = [
-        graph_panel(ids.NODE_CHART.format(c.key), c.title, c.figure)
-        for c in gpu_charts(gpus, start=span.start, end=span.end, legend=False)
-    ]
+    gpus = [gpu_series(view.series.get(r.uuid), f"GPU {r.gpu}", palette_color(r.gpu)) for r in readings]
+    charts = chart_panels(view, gpus, ids.NODE_CHART, legend=False)
     key = color_key([(g.label, g.color) for g in gpus], ["red dashed: the limit", "times in UTC"])
     rows: list[list[Cell]] = []
     for r in readings:
@@ -135,10 +96,10 @@ def render(context: Context, state: ViewState, node: str) -> tuple[Any, ...]:
                 link(f"GPU {r.gpu}", gpu_path(r.uuid), state),
                 html.Span(r.uuid, className="mono"),
                 html.Span("up" if r.up else "down", className=f"gl-flag {'up' if r.up else 'down'}"),
-                figures.percent_text(r.utilization_ratio),
-                figures.percent_text(figures.memory_ratio(r)),
-                figures.celsius_text(r.temperature_celsius),
-                figures.watts_text(r.power_watts),
+                percent_text(r.utilization_ratio),
+                percent_text(memory_used_ratio_of(r)),
+                celsius_text(r.temperature_celsius),
+                watts_text(r.power_watts),
                 html.Span([link(j.job_id, job_path(j.job_id), state) for j in held]) if held else MISSING,
                 ", ".join(sorted({j.user for j in held if j.user})) or MISSING,
             ]
@@ -148,7 +109,7 @@ def render(context: Context, state: ViewState, node: str) -> tuple[Any, ...]:
         rows,
         numeric=["util", "memory", "temp", "power"],
     )
-    node_processes = [p for p in processes if p.node == node]
+    node_processes = [p for p in view.processes if p.node == node]
     charts_grid = [key, html.Div(charts, className="gl-charts")]
-    alerts = about_alerts(active, lambda a: a.labels.get("node") == node, state, now)
-    return status, info, gpu_table, charts_grid, processes_table(node_processes, state), alerts, updated
+    alerts = about_alerts(view.active, lambda a: a.labels.get("node") == node, state, view.now)
+    return status, info, gpu_table, charts_grid, processes_table(node_processes, state), alerts, view.updated

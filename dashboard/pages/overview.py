@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from dash import Dash, Input, Output, State, ctx, dcc, html
 
-from dashboard import figures, ids
+from dashboard import ids
 from dashboard.components import (
     Cell,
     ViewState,
@@ -29,12 +29,16 @@ from dashboard.components import (
     view_state,
 )
 from dashboard.context import Context, PageError, guarded
-from dashboard.figures import MISSING
+from dashboard.figures.grids import cluster_map, gpu_heatmap
+from dashboard.figures.style import empty_figure
+from dashboard.formatting import MISSING, bytes_text, percent_text, watts_text
 from dashboard.grid import DEFAULT_SORT, NODES_PER_PAGE, SORTS, GridPage, grid_cells, parse_page, select_page
+from dashboard.heatmaps import DEFAULT_METRIC, METRICS, Metric
 from dashboard.paths import node_path
 from dashboard.summary import IDLE_BELOW, Headline, headline
 from dashboard.timerange import minute_text, resolve_range
 from gpulens.model import TargetHealth
+from gpulens.ratios import memory_used_ratio, power_limit_ratio
 from storage import queries
 
 PATH: Final = "/"
@@ -45,7 +49,7 @@ MAP_COLUMNS: Final = 50
 
 def layout(**query: Any) -> html.Div:
     state = ViewState.from_query(query)
-    metric = query.get("metric") if query.get("metric") in figures.METRICS else figures.DEFAULT_METRIC
+    metric = query.get("metric") if query.get("metric") in METRICS else DEFAULT_METRIC
     sort = query.get("sort") if query.get("sort") in SORTS else DEFAULT_SORT
     controls = html.Div(
         className="gl-controls",
@@ -53,7 +57,7 @@ def layout(**query: Any) -> html.Div:
             dcc.RadioItems(
                 id=ids.OVERVIEW_METRIC,
                 className="gl-seg",
-                options=[{"label": m.label.split(" (")[0], "value": m.key} for m in figures.METRICS.values()],
+                options=[{"label": m.label.split(" (")[0], "value": m.key} for m in METRICS.values()],
                 value=metric,
                 inline=True,
             ),
@@ -164,7 +168,7 @@ def register(app: Dash, context: Context) -> None:
         try:
             return render(context, state, metric_key, sort, text or "", page)
         except PageError as problem:
-            blank = figures.empty_figure("no data")
+            blank = empty_figure("no data")
             return (problem.banner, [], blank, {"display": "none"}, blank, "", True, True, 1, None, problem.as_of)
 
 
@@ -182,7 +186,7 @@ def next_page(trigger: object, page: int, count: int, click: dict[str, Any] | No
 
 
 def render(context: Context, state: ViewState, metric_key: str, sort: str, text: str, page: int) -> tuple[Any, ...]:
-    metric = figures.METRICS.get(metric_key, figures.METRICS[figures.DEFAULT_METRIC])
+    metric = METRICS.get(metric_key, METRICS[DEFAULT_METRIC])
     now = context.clock.now()
 
     def load() -> tuple[Any, ...]:
@@ -199,11 +203,11 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
     head = headline(cells)
     alerts_firing = None if firing is None else sum(1 for a in firing if a.state == "firing")
     show_map = len(grid.rows) > grid.per_page
-    map_figure = node_map(grid, metric) if show_map else figures.empty_figure("")
+    map_figure = node_map(grid, metric) if show_map else empty_figure("")
     heatmap = (
-        figures.gpu_heatmap(grid.cells, grid.nodes, metric, show_text=len(grid.nodes) <= 40)
+        gpu_heatmap(grid.cells, grid.nodes, metric, show_text=len(grid.nodes) <= 40)
         if grid.rows
-        else figures.empty_figure("no node matches the filter" if text else "no GPUs yet")
+        else empty_figure("no node matches the filter" if text else "no GPUs yet")
     )
     first = grid.page * grid.per_page + 1
     last = min(len(grid.rows), (grid.page + 1) * grid.per_page)
@@ -223,19 +227,19 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
     )
 
 
-def node_map(grid: GridPage, metric: figures.Metric) -> Any:
+def node_map(grid: GridPage, metric: Metric) -> Any:
     values = []
     for row in grid.rows:
         state = f"{row.problems} GPU(s) down or stale" if row.problems else f"{len(row.cells)} GPUs"
         value = metric.text(row.value) if row.value is not None else MISSING
         hover = f"<b>{row.node}</b><br>{metric.label}: {value}<br>{state}"
         values.append((row.node, row.value, hover))
-    return figures.cluster_map(values, metric, columns=MAP_COLUMNS)
+    return cluster_map(values, metric, columns=MAP_COLUMNS)
 
 
 def headline_cards(h: Headline, alerts_firing: int | None) -> list[html.Div]:
-    mem = h.memory_used_bytes / h.memory_total_bytes if h.memory_total_bytes else None
-    power = h.power_watts / h.power_limit_watts if h.power_limit_watts else None
+    mem = memory_used_ratio(h.memory_used_bytes, h.memory_total_bytes)
+    power = power_limit_ratio(h.power_watts, h.power_limit_watts)
     not_up = h.down + h.stale
     return [
         card("GPUs", f"{h.gpus:,}", f"{h.nodes:,} nodes"),
@@ -250,13 +254,13 @@ def headline_cards(h: Headline, alerts_firing: int | None) -> list[html.Div]:
         card(
             "Allocated but idle", f"{h.allocated_idle:,}", "held by a job, idle", "warn" if h.allocated_idle else None
         ),
-        card("Mean utilization", figures.percent_text(h.mean_utilization), "over GPUs up"),
+        card("Mean utilization", percent_text(h.mean_utilization), "over GPUs up"),
         card(
             "Memory used",
-            figures.percent_text(mem),
-            f"{figures.bytes_text(h.memory_used_bytes)} of {figures.bytes_text(h.memory_total_bytes)}",
+            percent_text(mem),
+            f"{bytes_text(h.memory_used_bytes)} of {bytes_text(h.memory_total_bytes)}",
         ),
-        card("Power drawn", figures.watts_text(h.power_watts), f"{figures.percent_text(power)} of limits"),
+        card("Power drawn", watts_text(h.power_watts), f"{percent_text(power)} of limits"),
         card("Alerts firing", MISSING, "no alert store connected")
         if alerts_firing is None
         else card("Alerts firing", f"{alerts_firing}", "see Alerts", "bad" if alerts_firing else "ok"),

@@ -8,9 +8,18 @@ from typing import Any
 import plotly.io as pio
 import pytest
 
-from dashboard import figures
-from dashboard.figures import GridCell, Line, MaskSeries, Period, Row
+from dashboard.figures.gputime import Row, bin_values, gpu_time_heatmap
+from dashboard.figures.grids import GridCell, cluster_map, gpu_heatmap, job_grid
+from dashboard.figures.links import link_load, node_topology, pcie_degraded
+from dashboard.figures.periods import Period
+from dashboard.figures.style import DOWN_COLOR, PALETTE
+from dashboard.figures.throttle import MaskSeries, throttle_timeline
+from dashboard.figures.timeseries import GIB as GIB_AXIS
+from dashboard.figures.timeseries import PERCENT, RATE, Line, time_series
+from dashboard.heatmaps import METRICS
+from gpulens.hardware import nvlink_max_bytes_per_second, pcie_max_bytes_per_second
 from gpulens.model import GpuJob, GpuReading
+from gpulens.ratios import memory_used_ratio_of, nvlink_utilization_ratio, pcie_utilization_ratio
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 GIB = 1024**3
@@ -45,49 +54,41 @@ def as_data(figure: Any) -> dict[str, Any]:
     return json.loads(pio.to_json(figure))
 
 
-# --- formatting and link ceilings -----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("value", "digits", "expected"),
-    [(0.123456, 4, 0.1235), (123456.0, 2, 120000.0), (0.0, 4, 0.0), (-0.0098765, 3, -0.00988), (None, 4, None)],
-)
-def test_round_sig(value: float | None, digits: int, expected: float | None) -> None:
-    assert figures.round_sig(value, digits) == expected
-
-
-def test_round_sig_drops_non_finite() -> None:
-    assert figures.round_sig(float("nan")) is None
-    assert figures.round_sig(float("inf")) is None
-
-
-def test_texts() -> None:
-    assert figures.bytes_text(79.6 * GIB) == "79.6 GiB"
-    assert figures.rate_text(62.4e9) == "62.4 GB/s"
-    assert figures.percent_text(0.987) == "99%"
-    assert figures.percent_text(None) == figures.MISSING
-    assert figures.watts_text(12_500) == "12.5 kW"
-    assert figures.duration_text(3 * 86400 + 4 * 3600 + 5) == "3d 4h"
-    assert figures.duration_text(2 * 3600 + 5 * 60) == "2h 05m"
-    assert figures.duration_text(40) == "40s"
+# --- link ceilings and ratios (the core's) ----------------------------------------------------------------------------
 
 
 def test_link_ceilings() -> None:
-    assert figures.pcie_max_bytes_per_second(5, 16) == pytest.approx(63.0e9, rel=1e-3)
-    assert figures.pcie_max_bytes_per_second(3, 8) == pytest.approx(7.88e9)
-    assert figures.pcie_max_bytes_per_second(None, 16) is None
-    assert figures.nvlink_max_bytes_per_second(18) == 450e9
-    assert figures.nvlink_max_bytes_per_second(0) is None
+    assert pcie_max_bytes_per_second(5, 16) == pytest.approx(63.0e9, rel=1e-3)
+    assert pcie_max_bytes_per_second(3, 8) == pytest.approx(7.88e9)
+    assert pcie_max_bytes_per_second(None, 16) is None
+    assert nvlink_max_bytes_per_second(18) == 450e9
+    assert nvlink_max_bytes_per_second(0) is None
 
 
 def test_ratios_use_the_busier_direction_and_the_current_link() -> None:
     r = reading(pcie_link_generation=3, pcie_link_width=8, pcie_tx_bytes_per_second=7.0e9, pcie_rx_bytes_per_second=1e9)
-    assert figures.pcie_ratio(r) == pytest.approx(7.0e9 / 7.88e9)
-    assert figures.nvlink_ratio(reading()) == pytest.approx(90e9 / 450e9)
-    assert figures.nvlink_ratio(reading(nvlink_links_active=0)) is None
-    assert figures.memory_ratio(reading(memory_total_bytes=None)) is None
-    assert figures.pcie_degraded(r)
-    assert not figures.pcie_degraded(reading())
+    assert pcie_utilization_ratio(r) == pytest.approx(7.0e9 / 7.88e9)
+    assert nvlink_utilization_ratio(reading()) == pytest.approx(90e9 / 450e9)
+    assert nvlink_utilization_ratio(reading(nvlink_links_active=0)) is None
+    assert memory_used_ratio_of(reading(memory_total_bytes=None)) is None
+    assert pcie_degraded(r)
+    assert not pcie_degraded(reading())
+
+
+def test_a_pcie_gen6_link_shows_its_ratio() -> None:
+    # Gen 6 x16 carries 16 x 7.563 GB/s = 121 GB/s per direction: 60.5 GB/s is half of it.
+    r = reading(
+        pcie_link_generation=6,
+        pcie_link_generation_max=6,
+        pcie_tx_bytes_per_second=60.5e9,
+        pcie_rx_bytes_per_second=1e9,
+    )
+    cell = as_data(gpu_heatmap([GridCell(r)], ["node-00"], METRICS["pcie"]))["data"][0]
+    assert cell["z"] == [[0.5]]
+    assert cell["text"] == [["50%"]]
+    assert "PCIe 50%" in cell["customdata"][0][0]
+    markers = next(t for t in as_data(node_topology([r]))["data"] if t.get("customdata"))
+    assert "Gen6 x16 (max Gen6 x16), load 50%" in markers["hovertext"][0]
 
 
 # --- node x GPU grids -----------------------------------------------------------------------------------------------
@@ -96,7 +97,7 @@ def test_ratios_use_the_busier_direction_and_the_current_link() -> None:
 def test_heatmap_places_each_gpu_and_links_to_it() -> None:
     cells = [GridCell(reading("node-00", i, utilization_ratio=i / 10)) for i in range(4)]
     cells.append(GridCell(reading("node-01", 0, utilization_ratio=1.0)))
-    data = as_data(figures.gpu_heatmap(cells, ["node-01", "node-00"], figures.METRICS["utilization"]))
+    data = as_data(gpu_heatmap(cells, ["node-01", "node-00"], METRICS["utilization"]))
     values = data["data"][0]
     assert values["y"] == ["node-01", "node-00"]
     assert values["x"] == [0, 1, 2, 3]
@@ -114,7 +115,7 @@ def test_heatmap_marks_down_and_stale_gpus_apart_from_values() -> None:
         GridCell(reading(gpu=1, up=False, utilization_ratio=None)),
         GridCell(reading(gpu=2), stale=True),
     ]
-    data = as_data(figures.gpu_heatmap(cells, ["node-00"], figures.METRICS["memory"]))
+    data = as_data(gpu_heatmap(cells, ["node-00"], METRICS["memory"]))
     values, overlay = data["data"]
     assert values["z"] == [[0.5, None, None]]  # a stale reading is not shown as if current
     assert overlay["z"] == [[None, 1.0, 0.0]]  # 1: down (red), 0: stale (grey)
@@ -125,7 +126,7 @@ def test_heatmap_marks_down_and_stale_gpus_apart_from_values() -> None:
 
 def test_heatmap_hover_names_jobs_and_throttling() -> None:
     cell = GridCell(reading(throttle_reasons=0x20 | 0x1), (GpuJob("node-00", 0, "GPU-node-00-0", "train", "alice"),))
-    hover = as_data(figures.gpu_heatmap([cell], ["node-00"], figures.METRICS["utilization"]))["data"][0]["customdata"]
+    hover = as_data(gpu_heatmap([cell], ["node-00"], METRICS["utilization"]))["data"][0]["customdata"]
     text = hover[0][0]
     assert "job train (alice)" in text
     assert "throttle: sw_thermal" in text  # the idle reason is not news
@@ -134,7 +135,7 @@ def test_heatmap_hover_names_jobs_and_throttling() -> None:
 
 def test_every_metric_reads_a_full_reading() -> None:
     r = reading()
-    assert {key: m.value(r) is not None for key, m in figures.METRICS.items()} == dict.fromkeys(figures.METRICS, True)
+    assert {key: m.value(r) is not None for key, m in METRICS.items()} == dict.fromkeys(METRICS, True)
 
 
 def test_job_grid_colours_jobs_apart_and_leaves_free_gpus_blank() -> None:
@@ -142,7 +143,7 @@ def test_job_grid_colours_jobs_apart_and_leaves_free_gpus_blank() -> None:
         return GridCell(reading(gpu=gpu), (GpuJob("node-00", gpu, f"GPU-node-00-{gpu}", job, "alice"),))
 
     cells = [held(0, "b-job"), held(1, "a-job"), held(2, "b-job"), GridCell(reading(gpu=3))]
-    trace = as_data(figures.job_grid(cells, ["node-00"]))["data"][0]
+    trace = as_data(job_grid(cells, ["node-00"]))["data"][0]
     assert trace["z"] == [[1.0, 0.0, 1.0, None]]  # colours by job id order: a-job first
     assert trace["hovertext"] == [["/jobs/b-job", "/jobs/a-job", "/jobs/b-job", "/gpus/GPU-node-00-3"]]
     assert trace["text"] == [["b-job", "a-job", "b-job", ""]]
@@ -150,7 +151,7 @@ def test_job_grid_colours_jobs_apart_and_leaves_free_gpus_blank() -> None:
 
 def test_cluster_map_wraps_nodes_into_rows() -> None:
     nodes = [(f"node-{i:03d}", i / 120, f"node {i}") for i in range(120)]
-    trace = as_data(figures.cluster_map(nodes, figures.METRICS["utilization"], columns=50))["data"][0]
+    trace = as_data(cluster_map(nodes, METRICS["utilization"], columns=50))["data"][0]
     assert [len(row) for row in trace["z"]] == [50, 50, 50]
     assert trace["z"][2][19] == pytest.approx(119 / 120, rel=1e-2)
     assert trace["z"][2][20] is None  # past the last node
@@ -158,7 +159,7 @@ def test_cluster_map_wraps_nodes_into_rows() -> None:
 
 
 def test_empty_inputs_give_a_figure_that_says_so() -> None:
-    data = as_data(figures.gpu_heatmap([], [], figures.METRICS["utilization"]))
+    data = as_data(gpu_heatmap([], [], METRICS["utilization"]))
     assert data["layout"]["annotations"][0]["text"] == "no GPUs to show"
     assert data["data"] == []
 
@@ -170,7 +171,7 @@ def test_time_series_sends_millisecond_times_rounded_values_and_marks_periods() 
     line = Line("GPU 0", [T0, T0 + 10, T0 + 20], [0.123456, None, 0.5])
     empty = Line("GPU 1", [T0], [None])
     period = Period(T0 + 5, T0 + 15, "stall", "stall")
-    data = as_data(figures.time_series([line, empty], figures.PERCENT, start=T0, end=T0 + 30, periods=[period]))
+    data = as_data(time_series([line, empty], PERCENT, start=T0, end=T0 + 30, periods=[period]))
     assert len(data["data"]) == 1  # a line with no value at all is left out
     trace = data["data"][0]
     assert trace["x"] == [1_767_225_600_000, 1_767_225_610_000, 1_767_225_620_000]
@@ -182,19 +183,19 @@ def test_time_series_sends_millisecond_times_rounded_values_and_marks_periods() 
 
 
 def test_time_series_scales_memory_to_gib() -> None:
-    data = as_data(figures.time_series([Line("m", [T0], [40 * GIB])], figures.GIB, start=T0, end=T0 + 1))
+    data = as_data(time_series([Line("m", [T0], [40 * GIB])], GIB_AXIS, start=T0, end=T0 + 1))
     assert data["data"][0]["y"] == [40.0]
     assert data["layout"]["yaxis"]["ticksuffix"] == " GiB"
 
 
 def test_time_series_without_data_says_so() -> None:
-    data = as_data(figures.time_series([], figures.RATE, start=T0, end=T0 + 1, empty="no NVLink"))
+    data = as_data(time_series([], RATE, start=T0, end=T0 + 1, empty="no NVLink"))
     assert data["layout"]["annotations"][0]["text"] == "no NVLink"
 
 
 def test_throttle_timeline_has_a_row_per_reason_that_occurred() -> None:
     masks = MaskSeries("GPU 2", [T0, T0 + 10, T0 + 20], [0x0, 0x20, 0x20 | 0x4])
-    data = as_data(figures.throttle_timeline([masks], start=T0, end=T0 + 30))
+    data = as_data(throttle_timeline([masks], start=T0, end=T0 + 30))
     rows = {trace["name"]: trace["y"] for trace in data["data"]}
     assert rows == {
         "sw_power_cap": [None, None, "GPU 2 sw_power_cap"],
@@ -203,13 +204,13 @@ def test_throttle_timeline_has_a_row_per_reason_that_occurred() -> None:
 
 
 def test_throttle_timeline_without_throttling_says_so() -> None:
-    data = as_data(figures.throttle_timeline([MaskSeries("GPU 0", [T0], [0])], start=T0, end=T0 + 1))
+    data = as_data(throttle_timeline([MaskSeries("GPU 0", [T0], [0])], start=T0, end=T0 + 1))
     assert data["layout"]["annotations"][0]["text"] == "no throttling in this range"
 
 
 def test_bin_values_averages_each_span() -> None:
     times = [T0 + 1, T0 + 2, T0 + 11, T0 + 25]
-    assert figures.bin_values(times, [1.0, 3.0, None, 5.0], T0, T0 + 30, 3) == [2.0, None, 5.0]
+    assert bin_values(times, [1.0, 3.0, None, 5.0], T0, T0 + 30, 3) == [2.0, None, 5.0]
 
 
 def test_gpu_time_heatmap_rows_and_autoscale() -> None:
@@ -217,12 +218,12 @@ def test_gpu_time_heatmap_rows_and_autoscale() -> None:
         Row("node-00:0", [T0 + 1, T0 + 11], [0.1, 0.2]),
         Row("node-00:1", [T0 + 1], [0.0]),
     ]
-    metric = figures.METRICS["nvlink"]
-    fixed = as_data(figures.gpu_time_heatmap(rows, metric, start=T0, end=T0 + 20, bins=2))["data"][0]
+    metric = METRICS["nvlink"]
+    fixed = as_data(gpu_time_heatmap(rows, metric, start=T0, end=T0 + 20, bins=2))["data"][0]
     assert fixed["y"] == ["node-00:0", "node-00:1"]
     assert fixed["z"] == [[0.1, 0.2], [0.0, None]]
     assert fixed["zmax"] == 1
-    scaled = as_data(figures.gpu_time_heatmap(rows, metric, start=T0, end=T0 + 20, bins=2, autoscale=True))["data"][0]
+    scaled = as_data(gpu_time_heatmap(rows, metric, start=T0, end=T0 + 20, bins=2, autoscale=True))["data"][0]
     assert scaled["zmax"] == pytest.approx(0.2)
     assert scaled["colorbar"]["ticktext"] == ["0%", "10%", "20%"]
 
@@ -237,7 +238,7 @@ def test_link_load_counts_every_gpu_and_names_the_busiest() -> None:
         reading(node="node-03", gpu=0, nvlink_links_active=0, nvlink_tx_bytes_per_second=None),
         reading(gpu=2, up=False),
     ]
-    data = as_data(figures.link_load(readings, top=1))
+    data = as_data(link_load(readings, top=1))
     density, points = data["data"]
     counts = {(r, c): n for r, row in enumerate(density["z"]) for c, n in enumerate(row) if n}
     # Rows are NVLink, columns PCIe, 5% each: 20% NVLink and just under 10% PCIe; the same PCIe without NVLink;
@@ -250,7 +251,7 @@ def test_link_load_counts_every_gpu_and_names_the_busiest() -> None:
 
 def test_link_load_without_link_readings_says_so() -> None:
     bare = [reading(pcie_link_generation=None, nvlink_links_active=None)]
-    assert as_data(figures.link_load(bare))["layout"]["annotations"][0]["text"] == "no PCIe or NVLink readings"
+    assert as_data(link_load(bare))["layout"]["annotations"][0]["text"] == "no PCIe or NVLink readings"
 
 
 def test_topology_marks_degraded_and_down_links() -> None:
@@ -259,9 +260,9 @@ def test_topology_marks_degraded_and_down_links() -> None:
         reading(gpu=1, pcie_link_generation=3, pcie_link_width=8),
         reading(gpu=2),
     ]
-    data = as_data(figures.node_topology(gpus, {"GPU-node-00-2": 2}))
+    data = as_data(node_topology(gpus, {"GPU-node-00-2": 2}))
     markers = next(t for t in data["data"] if t.get("customdata"))
-    assert markers["marker"]["color"] == [figures.PALETTE[0], figures.DOWN_COLOR, figures.DOWN_COLOR]
+    assert markers["marker"]["color"] == [PALETTE[0], DOWN_COLOR, DOWN_COLOR]
     assert "2 down" in markers["hovertext"][2]
     assert "Gen3 x8" in markers["text"][1]
     assert any(t.get("text") == ["NVSwitch"] for t in data["data"])
@@ -269,6 +270,6 @@ def test_topology_marks_degraded_and_down_links() -> None:
 
 def test_topology_of_a_pcie_only_node_has_no_fabric() -> None:
     gpus = [reading(gpu=i, nvlink_links_active=0) for i in range(2)]
-    data = as_data(figures.node_topology(gpus))
+    data = as_data(node_topology(gpus))
     assert not any(t.get("text") == ["NVSwitch"] for t in data["data"])
     assert [t["mode"] for t in data["data"]] == ["markers+text"]

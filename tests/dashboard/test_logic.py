@@ -11,11 +11,12 @@ import plotly.io as pio
 import pytest
 
 from alerts.state import AlertState
-from dashboard import figures, ids
+from dashboard import ids
 from dashboard.components import ViewState, href
-from dashboard.figures import GridCell
+from dashboard.figures.grids import GridCell
 from dashboard.flags import alert_jobs, job_flags, job_periods
 from dashboard.grid import grid_cells, natural_key, parse_page, select_page
+from dashboard.heatmaps import METRICS
 from dashboard.pages.overview import next_page
 from dashboard.panels import GpuSeries, gpu_charts
 from dashboard.summary import IDLE_BELOW, headline
@@ -23,7 +24,7 @@ from dashboard.timerange import RangeError, resolve_range
 from gpulens.model import GpuJob
 from tests.dashboard.test_figures import GIB, T0, reading
 
-UTIL = figures.METRICS["utilization"]
+UTIL = METRICS["utilization"]
 
 
 # --- time range and URL state ---------------------------------------------------------------------------------------
@@ -242,6 +243,19 @@ def test_charts_derive_link_ceilings_and_skip_quiet_error_counters() -> None:
     nvlink_max = next(t for t in charts["nvlink"]["data"] if t["name"] == "link max")
     assert nvlink_max["y"][0] == 450e9
     assert [t["name"] for t in charts["errors"]["data"]] == ["GPU 0 NVLink CRC"]
+
+
+def test_charts_draw_the_ceiling_of_a_pcie_gen6_link() -> None:
+    gpu = series(
+        "GPU 0",
+        "#111111",
+        pcie_tx_bytes_per_second=[60e9] * 3,
+        pcie_link_generation=[6.0] * 3,
+        pcie_link_width=[16.0] * 3,
+    )
+    pcie = figure_data(next(c for c in gpu_charts([gpu], start=T0, end=T0 + 30) if c.key == "pcie"))["data"]
+    pcie_max = next(t for t in pcie if t["name"] == "link max")
+    assert pcie_max["y"] == [pytest.approx(121.0e9, rel=1e-3)] * 2
 
 
 def test_charts_say_what_is_missing() -> None:

@@ -1,0 +1,261 @@
+"""Node x GPU grids: the heatmap of a metric (down and stale GPUs marked), the grid of which job holds which GPU,
+and the cluster map of one cell per node. A click on a cell carries the page it opens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import plotly.graph_objects as go
+
+from dashboard.figures.style import DOWN_COLOR, PALETTE, STALE_COLOR, base_layout, empty_figure
+from dashboard.formatting import celsius_text, gpu_label, percent_text, round_sig, watts_text
+from dashboard.heatmaps import Metric
+from dashboard.paths import gpu_path, job_path
+from gpulens.model import GpuJob, GpuReading, throttle_reason_names
+from gpulens.ratios import memory_used_ratio_of, nvlink_utilization_ratio, pcie_utilization_ratio
+
+
+@dataclass(frozen=True, slots=True)
+class GridCell:
+    """One GPU in a node x GPU grid."""
+
+    reading: GpuReading
+    jobs: tuple[GpuJob, ...] = ()
+    stale: bool = False  # no reading for a while: its node's exporter or the collector is down
+
+
+def gpu_hover(r: GpuReading, jobs: Sequence[GpuJob] = ()) -> str:
+    """The hover text of one GPU: where it is, what runs on it and its main readings."""
+    lines = [f"<b>{gpu_label(r.node, r.gpu)}</b> {r.model}", r.uuid]
+    if jobs:
+        lines.append("job " + ", ".join(f"{j.job_id} ({j.user or '?'})" for j in jobs))
+    if not r.up:
+        lines.append("<b>GPU down</b> (lost or unreadable)")
+        return "<br>".join(lines)
+    lines.append(f"util {percent_text(r.utilization_ratio)} · mem {percent_text(memory_used_ratio_of(r))}")
+    lines.append(
+        f"{celsius_text(r.temperature_celsius)} · {watts_text(r.power_watts)} of {watts_text(r.power_limit_watts)}"
+    )
+    pcie, nvlink = pcie_utilization_ratio(r), nvlink_utilization_ratio(r)
+    lines.append(f"PCIe {percent_text(pcie)} · NVLink {'none' if r.nvlink_links_active == 0 else percent_text(nvlink)}")
+    if r.throttle_reasons:
+        reasons = [n for n in throttle_reason_names(r.throttle_reasons) if n != "idle"]
+        if reasons:
+            lines.append("throttle: " + ", ".join(reasons))
+    return "<br>".join(lines)
+
+
+def _grid_axes(nodes: Sequence[str], columns: int, height_per_row: int) -> dict[str, Any]:
+    return {
+        "height": max(160, 70 + height_per_row * len(nodes)),
+        "xaxis": {
+            "title": {"text": "GPU"},
+            "tickmode": "array",
+            "tickvals": list(range(columns)),
+            "side": "top",
+            "showgrid": False,
+            "fixedrange": True,
+        },
+        "yaxis": {"autorange": "reversed", "showgrid": False, "fixedrange": True, "automargin": True},
+        "margin": {"l": 8, "r": 8, "t": 40, "b": 8},
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _Cell:
+    """What one grid cell shows: its colour value, hover text, the page a click opens, and the text inside it."""
+
+    z: float | None
+    hover: str
+    path: str
+    text: str = ""
+    overlay: float | None = None  # 1: down, 0: stale (drawn over the values in their own colours)
+
+
+_EMPTY_CELL: Final = _Cell(None, "", "")
+
+
+@dataclass(frozen=True, slots=True)
+class _Matrix:
+    """Rows of cells as the parallel 2-D lists a Plotly heatmap takes.
+
+    A click's point keeps ``hovertext`` (the path) but not ``customdata`` (Dash drops array fields from heatmap
+    points), so the path travels as hovertext and the hover text as customdata.
+    """
+
+    z: list[list[float | None]]
+    hover: list[list[str]]
+    path: list[list[str]]
+    text: list[list[str]]
+    overlay: list[list[float | None]]
+
+
+def _matrix(
+    cells: Sequence[GridCell], nodes: Sequence[str], describe: Callable[[GridCell], _Cell]
+) -> tuple[int, _Matrix]:
+    by_key = {(c.reading.node, c.reading.gpu): c for c in cells}
+    columns = max((c.reading.gpu for c in cells), default=-1) + 1
+    rows = [
+        [describe(cell) if (cell := by_key.get((node, i))) is not None else _EMPTY_CELL for i in range(columns)]
+        for node in nodes
+    ]
+    return columns, _Matrix(
+        z=[[c.z for c in row] for row in rows],
+        hover=[[c.hover for c in row] for row in rows],
+        path=[[c.path for c in row] for row in rows],
+        text=[[c.text for c in row] for row in rows],
+        overlay=[[c.overlay for c in row] for row in rows],
+    )
+
+
+def _cell_trace(m: _Matrix, nodes: Sequence[str], columns: int, **style: Any) -> go.Heatmap:
+    return go.Heatmap(
+        x=list(range(columns)),
+        y=list(nodes),
+        customdata=m.hover,
+        hovertext=m.path,
+        hovertemplate="%{customdata}<extra></extra>",
+        xgap=2,
+        ygap=2,
+        **style,
+    )
+
+
+def gpu_heatmap(
+    cells: Sequence[GridCell], nodes: Sequence[str], metric: Metric, *, show_text: bool = True
+) -> go.Figure:
+    """Nodes (rows, in the given order) x GPUs (columns) coloured by ``metric``; click a cell for its GPU page.
+
+    Down GPUs are red, stale ones (no recent reading) grey, both with their own hover text.
+    """
+    if not cells:
+        return empty_figure("no GPUs to show")
+
+    def describe(cell: GridCell) -> _Cell:
+        r = cell.reading
+        value = metric.value(r) if r.up and not cell.stale else None
+        hover = gpu_hover(r, cell.jobs)
+        if cell.stale:
+            hover += "<br><b>no recent reading</b> (exporter or collector down)"
+        overlay = 1.0 if not r.up else 0.0 if cell.stale else None
+        text = metric.text(value) if value is not None else ""
+        return _Cell(round_sig(value, 3), hover, gpu_path(r.uuid), text, overlay)
+
+    columns, m = _matrix(cells, nodes, describe)
+    colorbar: dict[str, Any] = {"title": {"text": metric.label, "side": "right"}, "thickness": 12}
+    if metric.ticks:
+        colorbar.update(tickvals=[v for v, _ in metric.ticks], ticktext=[t for _, t in metric.ticks])
+    traces = [
+        _cell_trace(
+            m,
+            nodes,
+            columns,
+            z=m.z,
+            zmin=metric.zmin,
+            zmax=metric.zmax,
+            colorscale=metric.colorscale,
+            colorbar=colorbar,
+            text=m.text if show_text else None,
+            texttemplate="%{text}" if show_text else None,
+            textfont={"size": 10},
+            name=metric.label,
+        )
+    ]
+    if any(v is not None for row in m.overlay for v in row):
+        traces.append(
+            _cell_trace(
+                m,
+                nodes,
+                columns,
+                z=m.overlay,
+                zmin=0,
+                zmax=1,
+                colorscale=[[0, STALE_COLOR], [0.5, STALE_COLOR], [0.5, DOWN_COLOR], [1, DOWN_COLOR]],
+                showscale=False,
+                name="down or stale",
+            )
+        )
+    return go.Figure(data=traces, layout=base_layout(**_grid_axes(nodes, columns, 22)))
+
+
+def job_grid(cells: Sequence[GridCell], nodes: Sequence[str], *, show_text: bool = True) -> go.Figure:
+    """Which job holds which GPU: nodes x GPUs coloured by job (free GPUs blank); click a cell for its job.
+
+    The jobs in the grid take the palette's colours in the order of their ids, so neighbours differ while there are
+    fewer jobs than colours, and a refresh keeps each job's colour.
+    """
+    if not cells:
+        return empty_figure("no GPUs to show")
+    slot = {job: i % len(PALETTE) for i, job in enumerate(sorted({c.jobs[0].job_id for c in cells if c.jobs}))}
+
+    def describe(cell: GridCell) -> _Cell:
+        r = cell.reading
+        hover = gpu_hover(r, cell.jobs)
+        if not cell.jobs:
+            return _Cell(None, hover + "<br>free", gpu_path(r.uuid))
+        job = cell.jobs[0].job_id
+        short = job if len(job) <= 12 else job[:11] + "\u2026"
+        return _Cell(float(slot[job]), hover, job_path(job), short)
+
+    columns, m = _matrix(cells, nodes, describe)
+    n = len(PALETTE)
+    scale: list[list[float | str]] = []
+    for i, color in enumerate(PALETTE):
+        scale += [[i / n, color], [(i + 1) / n, color]]
+    trace = _cell_trace(
+        m,
+        nodes,
+        columns,
+        z=m.z,
+        zmin=-0.5,
+        zmax=n - 0.5,
+        colorscale=scale,
+        showscale=False,
+        text=m.text if show_text else None,
+        texttemplate="%{text}" if show_text else None,
+        textfont={"size": 9},
+    )
+    return go.Figure(data=[trace], layout=base_layout(**_grid_axes(nodes, columns, 22)))
+
+
+def cluster_map(
+    node_values: Sequence[tuple[str, float | None, str]], metric: Metric, *, columns: int = 50
+) -> go.Figure:
+    """Every node as one cell (its mean of ``metric``), ``columns`` per row: the whole cluster at a glance.
+
+    ``node_values`` is (node, value, hover text) in display order; a click's x and y give the node's position.
+    """
+    if not node_values:
+        return empty_figure("no nodes")
+    columns = max(1, min(columns, len(node_values)))
+    rows = math.ceil(len(node_values) / columns)
+    z: list[list[float | None]] = [[None] * columns for _ in range(rows)]
+    hover: list[list[str]] = [[""] * columns for _ in range(rows)]
+    for i, (node, value, text) in enumerate(node_values):
+        row, col = divmod(i, columns)
+        z[row][col] = round_sig(value, 3)
+        hover[row][col] = text or node
+    trace = go.Heatmap(
+        z=z,
+        customdata=hover,
+        zmin=metric.zmin,
+        zmax=metric.zmax,
+        colorscale=metric.colorscale,
+        showscale=False,
+        hovertemplate="%{customdata}<extra></extra>",
+        xgap=1,
+        ygap=1,
+    )
+    return go.Figure(
+        data=[trace],
+        layout=base_layout(
+            height=40 + 16 * rows,
+            margin={"l": 4, "r": 4, "t": 4, "b": 4},
+            xaxis={"visible": False, "fixedrange": True},
+            yaxis={"visible": False, "autorange": "reversed", "fixedrange": True},
+        ),
+    )

@@ -1,0 +1,90 @@
+"""The GPU view the node and GPU pages share: their callback, loading a set of GPUs' newest readings, jobs, processes,
+series and alerts over the chosen range, and drawing the series as chart panels.
+
+The two pages differ only in which GPUs they show and what they say about them; this module is the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dash import Dash, Output, State, html
+
+from alerts.state import AlertState
+from dashboard.components import ViewState, graph_panel, toolbar_inputs, view_state
+from dashboard.context import Context, PageError, guarded
+from dashboard.ids import Toolbar
+from dashboard.panels import FIELDS, GpuSeries, gpu_charts
+from dashboard.timerange import TimeRange, minute_text, resolve_range
+from gpulens.model import GpuJob, GpuReading, ProcessReading
+from storage import queries
+from storage.queries import SeriesData
+
+Render = Callable[[Context, ViewState, str], tuple[Any, ...]]
+
+
+def register_gpu_view(
+    app: Dash, context: Context, ids: Toolbar, outputs: Sequence[str], key: str, render: Render, blank: tuple[Any, ...]
+) -> None:
+    """The page's one callback: the toolbar and the hidden ``key`` element (node name, GPU UUID) in; the status
+    banner, the ``outputs``' children and the "as of" line out. When loading fails the banner says why and the
+    outputs show ``blank``.
+    """
+
+    @app.callback(
+        Output(ids.status, "children"),
+        *(Output(output, "children") for output in outputs),
+        Output(ids.updated, "children"),
+        *toolbar_inputs(ids),
+        State(key, "children"),
+        State(ids.refresh, "value"),
+    )
+    def update(range_: str, start: str, end: str, _tick: int | None, value: str, refresh: str) -> tuple[Any, ...]:
+        state = view_state(range_, start, end, refresh)
+        try:
+            return render(context, state, value)
+        except PageError as problem:
+            return (problem.banner, *blank, problem.as_of)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """What the database holds about some GPUs now and over the chosen range."""
+
+    now: float
+    span: TimeRange
+    readings: list[GpuReading]  # the newest reading of each GPU shown
+    jobs: list[GpuJob]  # every job allocation now (the pages pick their GPUs')
+    processes: list[ProcessReading]
+    series: Mapping[str, SeriesData]  # by UUID
+    active: Sequence[AlertState] | None  # None: no alert store connected
+
+    @property
+    def updated(self) -> str:
+        return f"as of {minute_text(self.now)} · {self.span.label}"
+
+
+def load_gpu_view(context: Context, state: ViewState, shown: Callable[[GpuReading], bool], max_points: int) -> GpuView:
+    """The GPUs ``shown`` selects, read in one guarded step (a failure raises ``PageError``)."""
+    now = context.clock.now()
+
+    def load() -> GpuView:
+        span = resolve_range(state.range, state.start, state.end, now)
+        readings = [r for r in queries.latest_readings(context.db) if shown(r)]
+        jobs, processes = queries.latest_snapshot_parts(context.db)
+        uuids = [r.uuid for r in readings]
+        series = queries.series(context.db, uuids, FIELDS, span.start, span.end, max_points) if uuids else {}
+        active = context.alerts.active() if context.alerts is not None else None
+        return GpuView(now, span, readings, jobs, processes, series, active)
+
+    return guarded(context, load)
+
+
+def chart_panels(view: GpuView, gpus: Sequence[GpuSeries], chart_id: str, *, legend: bool = True) -> list[html.Div]:
+    """Every metric chart of ``gpus`` over the view's range, each in a panel with id ``chart_id.format(key)``."""
+    return [
+        graph_panel(chart_id.format(c.key), c.title, c.figure)
+        for c in gpu_charts(gpus, start=view.span.start, end=view.span.end, legend=legend)
+    ]

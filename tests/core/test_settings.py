@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from gpulens.config import ConfigError
-from gpulens.settings import configuration_reference, load_settings, parse_settings
+from gpulens.configdoc import configuration_reference
+from gpulens.settings import load_settings, parse_settings
 
 GOOD = """\
 [database]
@@ -95,5 +96,5 @@ def test_unreadable_file(tmp_path: Path) -> None:
 def test_the_configuration_reference_is_current() -> None:
     doc = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
     assert doc.read_text() == configuration_reference(), (
-        "regenerate: python -m gpulens.settings > docs/configuration.md"
+        "regenerate: python -m gpulens.configdoc > docs/configuration.md"
     )

@@ -98,15 +98,17 @@ def dotted(parts: Sequence[Part]) -> str | None:
 def toml_line(text: str, parts: Sequence[Part]) -> int | None:
     """The line of the key at ``parts`` in TOML text, found by :class:`TomlLocator` (tomllib keeps no positions)."""
     locator = TomlLocator(text)
-    if not any(isinstance(p, str) for p in parts):
+    # [[a.b]] arrays: the names before an index are the table, the name after it the key (the last index that
+    # names a [[table]] wins; other indexes are items of inline arrays, on their key's line).
+    for i in reversed([i for i, p in enumerate(parts) if isinstance(p, int) and i > 0]):
+        table = ".".join(p for p in parts[:i] if isinstance(p, str))
+        after = parts[i + 1] if len(parts) > i + 1 else None
+        line = locator.line_of(table, int(parts[i]), after if isinstance(after, str) else None)
+        if line is not None:
+            return line
+    names = [p for p in parts if isinstance(p, str)]
+    if not names:
         return None
-    # [[a.b]] arrays: the names before the last index are the table, the name after it the key.
-    last_index = max((i for i, p in enumerate(parts) if isinstance(p, int)), default=None)
-    if last_index is not None and last_index > 0:
-        table = ".".join(str(p) for p in parts[:last_index] if isinstance(p, str))
-        after = parts[last_index + 1] if len(parts) > last_index + 1 else None
-        return locator.line_of(table, int(parts[last_index]), after if isinstance(after, str) else None)
-    names = [str(p) for p in parts]
     if len(names) == 1:
         return locator.line_of(None, None, names[0]) or locator.line_of(names[0])
     # a nested table: the longest dotted table name that holds the key, then the table itself
@@ -114,7 +116,7 @@ def toml_line(text: str, parts: Sequence[Part]) -> int | None:
         line = locator.line_of(".".join(names[:cut]), None, names[cut])
         if line is not None:
             return line
-    return locator.line_of(names[0], None, names[1]) or locator.line_of(None, None, names[0])
+    return locator.line_of(None, None, names[0])  # an inline table: the line of its key
 
 
 def yaml_line(text: str, parts: Sequence[Part]) -> int | None:

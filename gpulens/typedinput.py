@@ -125,7 +125,7 @@ def yaml_line(text: str, parts: Sequence[Part]) -> int | None:
         node: Any = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError:
         return None
-    line = None
+    line = node.start_mark.line + 1 if node is not None and not parts else None  # the document itself
     for part in parts:
         if node is None:
             break

@@ -110,7 +110,7 @@ def toml_line(text: str, parts: Sequence[Part]) -> int | None:
     if not names:
         return None
     if len(names) == 1:
-        return locator.line_of(None, None, names[0]) or locator.line_of(names[0])
+        return locator.line_of(None, None, names[0]) or locator.line_of(names[0]) or locator.line_of(names[0], 0)
     # a nested table: the longest dotted table name that holds the key, then the table itself
     for cut in range(len(names) - 1, 0, -1):
         line = locator.line_of(".".join(names[:cut]), None, names[cut])

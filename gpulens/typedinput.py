@@ -180,7 +180,7 @@ def _type_at(type_: Any, parts: Sequence[Part]) -> Any:
 
 def _message(exc: Exception, type_: Any, at: Sequence[Part]) -> tuple[str, list[Part], list[Part] | None]:
     """msgspec's error -> (our message, the key's path, the path whose line to report, if not the key's)."""
-    cause = exc.__cause__ or exc.__context__
+    cause = exc.__cause__  # msgspec chains the ValueError raised by __post_init__ or from_input
     message = str(exc)
     path = ""
     m = _AT.search(message)

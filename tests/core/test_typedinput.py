@@ -95,3 +95,11 @@ def test_errors_found_after_conversion_are_located_too() -> None:
     assert str(err) == "g.toml:6: alerts.routes[1].receiver: no such receiver"
     assert toml_line(text, ["alerts", "routes", 1]) == 5
     assert toml_line('x = [1, "a"]\n', ["x", 1]) == 1
+
+
+def test_an_exception_being_handled_does_not_leak_into_the_message() -> None:
+    try:
+        raise KeyError("unrelated")
+    except KeyError:
+        err = toml_error("steps = 3\n")
+    assert (err.key, err.line, err.message) == ("steps", 1, "unknown key (expected one of: step, jobs)")

@@ -34,45 +34,36 @@ Every problem is a ``ConfigError`` naming the file, the dotted key and the line.
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
-from gpulens.config import ConfigError, TomlLocator, parse_duration
+import msgspec
+
+from gpulens.config import ConfigError, TomlLocator
+from gpulens.typedinput import (
+    Duration,
+    FieldError,
+    InputStruct,
+    convert,
+    input_error,
+    parse_toml,
+    read_text,
+)
 
 from .base import AlertRule
 from .catalogue import BUILTIN_NAMES
 from .grouping import ALL_LABELS, Route
-from .matchers import Matcher, MatcherError, parse_matcher
+from .matchers import MatcherError, parse_matcher
 from .notify import HttpPost, Notifier, SecretSource, env_secret, file_secret, urllib_post
 from .notify.logfile import LogNotifier
 from .notify.slack import SlackNotifier
 from .notify.webhook import WebhookNotifier
 from .rules import builtin_rules
-from .userrules import parse_user_rules
+from .userrules import RuleFile, build_user_rules, parse_user_rules
 
 RECEIVER_KINDS: Final = ("slack", "webhook", "log")
-_SECTION_KEYS: Final = frozenset({"dashboard_url", "builtin", "rules", "receivers", "routes"})
-_RECEIVER_KEYS: Final = frozenset(
-    {
-        "name",
-        "kind",
-        "url_env",
-        "url_file",
-        "timeout",
-        "username",
-        "password_env",
-        "password_file",
-        "bearer_token_env",
-        "bearer_token_file",
-        "path",
-    }
-)
-_ROUTE_KEYS: Final = frozenset(
-    {"receiver", "match", "group_by", "group_wait", "group_interval", "repeat_interval", "continue", "send_resolved"}
-)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -101,33 +92,191 @@ class AlertingConfig:
     dashboard_url: str | None = None
 
 
+# --- the [alerts] tables as written ---------------------------------------------------------------------------------
+
+
+def _name(key: str, value: str) -> None:
+    if not _NAME.match(value):
+        raise FieldError(key, f"{value!r} is not a name (letters, digits, '.', '_', '-')")
+
+
+def _one_of(first: str, a: str | None, second: str, b: str | None) -> None:
+    if a and b:
+        raise FieldError(second, f"give {first} or {second}, not both")
+
+
+class ReceiverFile(InputStruct, frozen=True, kw_only=True):
+    """One ``[[alerts.receivers]]`` table."""
+
+    name: str
+    kind: Literal["slack", "webhook", "log"]
+    url: str | None = None  # refused: the URL is a secret
+    url_env: str | None = None
+    url_file: str | None = None
+    timeout: Duration = Duration(10.0)
+    username: str | None = None
+    password_env: str | None = None
+    password_file: str | None = None
+    bearer_token_env: str | None = None
+    bearer_token_file: str | None = None
+    path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.url is not None:
+            raise FieldError(
+                "url", "put the URL in an environment variable (url_env) or a file (url_file): it is a secret"
+            )
+        _name("name", self.name)
+        if self.kind == "log":
+            if not self.path:
+                raise FieldError("path", "missing required key (the file that receives the notifications)")
+            return
+        if self.path is not None:
+            raise FieldError("path", "only log receivers take a path")
+        _one_of("url_env", self.url_env, "url_file", self.url_file)
+        if not (self.url_env or self.url_file):
+            raise FieldError("url_env", "missing: give url_env or url_file")
+        _one_of("password_env", self.password_env, "password_file", self.password_file)
+        _one_of("bearer_token_env", self.bearer_token_env, "bearer_token_file", self.bearer_token_file)
+        basic = self.password_env or self.password_file
+        bearer = self.bearer_token_env or self.bearer_token_file
+        if self.kind == "slack" and (basic or bearer or self.username):
+            raise FieldError("kind", "Slack receivers take no credentials besides their URL")
+        if basic and bearer:
+            raise FieldError("bearer_token_env", "give basic auth or a bearer token, not both")
+
+    def config(self) -> ReceiverConfig:
+        if self.kind == "log":
+            return ReceiverConfig(name=self.name, kind=self.kind, path=self.path)
+        return ReceiverConfig(
+            name=self.name,
+            kind=self.kind,
+            url_env=self.url_env or None,
+            url_file=self.url_file or None,
+            timeout_s=float(self.timeout),
+            username=self.username or None,
+            password_env=self.password_env or None,
+            password_file=self.password_file or None,
+            bearer_token_env=self.bearer_token_env or None,
+            bearer_token_file=self.bearer_token_file or None,
+        )
+
+
+class RouteFile(InputStruct, frozen=True, kw_only=True):
+    """One ``[[alerts.routes]]`` table."""
+
+    receiver: str
+    match: str | tuple[str, ...] = ()
+    group_by: tuple[str, ...] = ("alertname",)
+    group_wait: Duration = Duration(30.0)
+    group_interval: Duration = Duration(300.0)
+    repeat_interval: Duration = Duration(4 * 3600.0)
+    continue_: bool = msgspec.field(default=False, name="continue")
+    send_resolved: bool = True
+
+    def __post_init__(self) -> None:
+        _name("receiver", self.receiver)
+        self.route()  # the matchers parse
+        if not all(self.group_by):
+            raise FieldError("group_by", 'expected a list of label names, e.g. ["alertname", "job_id"] (or ["..."])')
+        if ALL_LABELS in self.group_by and len(self.group_by) > 1:
+            raise FieldError("group_by", '"..." (every label) stands alone')
+
+    def route(self) -> Route:
+        try:
+            matchers = tuple(parse_matcher(m) for m in ((self.match,) if isinstance(self.match, str) else self.match))
+        except MatcherError as exc:
+            raise FieldError("match", str(exc)) from None
+        return Route(
+            receiver=self.receiver,
+            matchers=matchers,
+            group_by=self.group_by,
+            group_wait_s=float(self.group_wait),
+            group_interval_s=float(self.group_interval),
+            repeat_interval_s=float(self.repeat_interval),
+            continue_=self.continue_,
+            send_resolved=self.send_resolved,
+        )
+
+
+class AlertsFile(InputStruct, frozen=True):
+    """The ``[alerts]`` table; ``builtin`` overrides are checked against the catalogue by ``builtin_rules``."""
+
+    dashboard_url: str | None = None
+    builtin: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    rules: tuple[RuleFile, ...] = ()
+    receivers: tuple[ReceiverFile, ...] = ()
+    routes: tuple[RouteFile, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.dashboard_url is not None and not self.dashboard_url.startswith(("http://", "https://")):
+            raise FieldError("dashboard_url", "expected an http:// or https:// URL")
+
+
+class RulesFile(InputStruct, frozen=True):
+    """A rules file (``gpulens simulate --rules``): ``[[rules]]`` tables."""
+
+    rules: tuple[RuleFile, ...] = ()
+
+
+# --- validation -----------------------------------------------------------------------------------------------------
+
+
 def parse_alerting(
     data: Mapping[str, Any] | None, *, source: str | None = None, locator: TomlLocator | None = None
 ) -> AlertingConfig:
     """Validate the ``[alerts]`` table of a parsed config (``None``: the defaults)."""
-    return _Parser(data or {}, source, locator).parse()
+    text = locator.text if locator is not None else ""
+    at = ["alerts"]
+    file = convert({} if data is None else data, AlertsFile, text=text, source=source, at=at)
+    rules = _builtin(file.builtin, source, locator) + build_user_rules(
+        file.rules, at=[*at, "rules"], text=text, source=source, reserved=BUILTIN_NAMES
+    )
+    receivers: list[ReceiverConfig] = []
+    for i, r in enumerate(file.receivers):
+        if any(other.name == r.name for other in receivers):
+            raise input_error(
+                f"receiver {r.name!r} is defined twice", [*at, "receivers", i, "name"], text=text, source=source
+            )
+        receivers.append(r.config())
+    routes: list[Route] = []
+    for i, route in enumerate(file.routes):
+        if not any(r.name == route.receiver for r in receivers):
+            raise input_error(
+                f"no receiver named {route.receiver!r} in [[alerts.receivers]]",
+                [*at, "routes", i, "receiver"],
+                text=text,
+                source=source,
+            )
+        routes.append(route.route())
+    if receivers and not routes:
+        routes = [Route(r.name, continue_=True) for r in receivers]  # no routes: every receiver gets every alert
+    return AlertingConfig(tuple(rules), tuple(receivers), tuple(routes), file.dashboard_url)
+
+
+def _builtin(overrides: Mapping[str, Any], source: str | None, locator: TomlLocator | None) -> list[AlertRule]:
+    try:
+        return builtin_rules(overrides)
+    except ConfigError as exc:
+        key = exc.key or "alerts.builtin"
+        table, _, name = key.rpartition(".")
+        located = locator.line_of(table, None, name) if locator and table else None
+        if located is None and locator:
+            located = locator.line_of(key)
+        raise ConfigError(exc.message, file=source, key=key, line=located) from None
 
 
 def load_rules_file(path: str | Path) -> list[AlertRule]:
     """User rules from a file of ``[[rules]]`` tables (or a whole config with ``[[alerts.rules]]``), for
     ``gpulens simulate --rules``. Raises ``ConfigError``."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read rules: {exc.strerror or exc}", file=path) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"TOML syntax error: {exc}", file=path) from None
-    locator = TomlLocator(text)
-    if "alerts" in data and isinstance(data["alerts"], dict):
-        table, items = "alerts.rules", data["alerts"].get("rules", [])
-    else:
-        unknown = sorted(set(data) - {"rules"})
-        if unknown:
-            raise ConfigError("unknown key (a rules file holds [[rules]] tables)", file=path, key=unknown[0])
-        table, items = "rules", data.get("rules", [])
-    return parse_user_rules(items, source=str(path), locator=locator, table=table, reserved=BUILTIN_NAMES)
+    source = str(path)
+    text = read_text(path)
+    data = parse_toml(text, source)
+    if isinstance(data.get("alerts"), dict):
+        items = data["alerts"].get("rules", [])
+        return parse_user_rules(items, source=source, locator=TomlLocator(text), reserved=BUILTIN_NAMES)
+    file = convert(data, RulesFile, text=text, source=source)
+    return build_user_rules(file.rules, at=["rules"], text=text, source=source, reserved=BUILTIN_NAMES)
 
 
 def build_notifiers(
@@ -170,212 +319,3 @@ def _secret(env: str | None, file: str | None, environ: Mapping[str, str] | None
     if file:
         return file_secret(file)
     return None
-
-
-class _Parser:
-    def __init__(self, data: Mapping[str, Any], source: str | None, locator: TomlLocator | None) -> None:
-        self.data = data
-        self.source = source
-        self.locator = locator
-
-    def fail(self, message: str, table: str, index: int | None = None, key: str | None = None) -> ConfigError:
-        line = self.locator.line_of(table, index, key) if self.locator else None
-        where = table + (f"[{index}]" if index is not None else "") + (f".{key}" if key else "")
-        return ConfigError(message, file=self.source, key=where, line=line)
-
-    def parse(self) -> AlertingConfig:
-        if not isinstance(self.data, Mapping):
-            raise self.fail("expected a table ([alerts])", "alerts")
-        for key in self.data:
-            if key not in _SECTION_KEYS:
-                raise self.fail(
-                    f"unknown key (expected one of: {', '.join(sorted(_SECTION_KEYS))})", "alerts", None, key
-                )
-        dashboard_url = self.data.get("dashboard_url")
-        if dashboard_url is not None and not (
-            isinstance(dashboard_url, str) and dashboard_url.startswith(("http://", "https://"))
-        ):
-            raise self.fail("expected an http:// or https:// URL", "alerts", None, "dashboard_url")
-        rules = self._builtin() + parse_user_rules(
-            self.data.get("rules", []),
-            source=self.source,
-            locator=self.locator,
-            table="alerts.rules",
-            reserved=BUILTIN_NAMES,
-        )
-        receivers = self._receivers()
-        routes = self._routes({r.name for r in receivers})
-        if receivers and not routes:
-            routes = [Route(r.name, continue_=True) for r in receivers]  # no routes: every receiver gets every alert
-        return AlertingConfig(tuple(rules), tuple(receivers), tuple(routes), dashboard_url)
-
-    def _builtin(self) -> list[AlertRule]:
-        overrides = self.data.get("builtin", {})
-        if not isinstance(overrides, Mapping):
-            raise self.fail("expected tables such as [alerts.builtin.GpuMemorySaturated]", "alerts", None, "builtin")
-        try:
-            return builtin_rules(overrides)
-        except ConfigError as exc:
-            key = exc.key or "alerts.builtin"
-            table, _, name = key.rpartition(".")
-            located = self.locator.line_of(table, None, name) if self.locator and table else None
-            if located is None and self.locator:
-                located = self.locator.line_of(key)
-            raise ConfigError(exc.message, file=self.source, key=key, line=located) from None
-
-    def _array(self, name: str) -> list[Mapping[str, Any]]:
-        items = self.data.get(name, [])
-        if not isinstance(items, list) or not all(isinstance(i, Mapping) for i in items):
-            raise self.fail(f"use [[alerts.{name}]] tables", "alerts", None, name)
-        return items
-
-    def _receivers(self) -> list[ReceiverConfig]:
-        out: list[ReceiverConfig] = []
-        for i, item in enumerate(self._array("receivers")):
-            table = _Table(self, "alerts.receivers", i, item)
-            table.reject_unknown(
-                _RECEIVER_KEYS,
-                "url",
-                "put the URL in an environment variable (url_env) or a file (url_file): it is a secret",
-            )
-            name = table.name("name")
-            if any(r.name == name for r in out):
-                raise table.fail("name", f"receiver {name!r} is defined twice")
-            kind = table.choice("kind", RECEIVER_KINDS)
-            path = table.optional_text("path")
-            if kind == "log":
-                if path is None:
-                    raise table.fail("path", "missing required key (the file that receives the notifications)")
-                out.append(ReceiverConfig(name=name, kind=kind, path=path))
-                continue
-            if path is not None:
-                raise table.fail("path", "only log receivers take a path")
-            url_env, url_file = table.one_of("url_env", "url_file", required=True)
-            password_env, password_file = table.one_of("password_env", "password_file")
-            token_env, token_file = table.one_of("bearer_token_env", "bearer_token_file")
-            if kind == "slack" and any((password_env, password_file, token_env, token_file, item.get("username"))):
-                raise table.fail("kind", "Slack receivers take no credentials besides their URL")
-            if (password_env or password_file) and (token_env or token_file):
-                raise table.fail("bearer_token_env", "give basic auth or a bearer token, not both")
-            out.append(
-                ReceiverConfig(
-                    name=name,
-                    kind=kind,
-                    url_env=url_env,
-                    url_file=url_file,
-                    timeout_s=table.duration("timeout", 10.0),
-                    username=table.optional_text("username"),
-                    password_env=password_env,
-                    password_file=password_file,
-                    bearer_token_env=token_env,
-                    bearer_token_file=token_file,
-                )
-            )
-        return out
-
-    def _routes(self, receivers: set[str]) -> list[Route]:
-        out = []
-        for i, item in enumerate(self._array("routes")):
-            table = _Table(self, "alerts.routes", i, item)
-            table.reject_unknown(_ROUTE_KEYS)
-            receiver = table.name("receiver")
-            if receiver not in receivers:
-                raise table.fail("receiver", f"no receiver named {receiver!r} in [[alerts.receivers]]")
-            out.append(
-                Route(
-                    receiver=receiver,
-                    matchers=table.matchers("match"),
-                    group_by=table.strings("group_by", ("alertname",)),
-                    group_wait_s=table.duration("group_wait", 30.0),
-                    group_interval_s=table.duration("group_interval", 300.0),
-                    repeat_interval_s=table.duration("repeat_interval", 4 * 3600.0),
-                    continue_=table.flag("continue", False),
-                    send_resolved=table.flag("send_resolved", True),
-                )
-            )
-        return out
-
-
-class _Table:
-    def __init__(self, parser: _Parser, name: str, index: int, data: Mapping[str, Any]) -> None:
-        self.parser = parser
-        self.table = name
-        self.index = index
-        self.data = data
-
-    def fail(self, key: str | None, message: str) -> ConfigError:
-        return self.parser.fail(message, self.table, self.index, key)
-
-    def reject_unknown(self, allowed: frozenset[str], special: str | None = None, hint: str = "") -> None:
-        for key in self.data:
-            if key == special:
-                raise self.fail(key, hint)
-            if key not in allowed:
-                raise self.fail(key, f"unknown key (expected one of: {', '.join(sorted(allowed))})")
-
-    def optional_text(self, key: str) -> str | None:
-        value = self.data.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(key, f"expected a non-empty string, got {value!r:.40}")
-        return value.strip()
-
-    def name(self, key: str) -> str:
-        value = self.optional_text(key)
-        if value is None:
-            raise self.fail(key, "missing required key")
-        if not _NAME.match(value):
-            raise self.fail(key, f"{value!r} is not a name (letters, digits, '.', '_', '-')")
-        return value
-
-    def choice(self, key: str, choices: Sequence[str]) -> str:
-        value = self.optional_text(key)
-        if value not in choices:
-            raise self.fail(key, f"expected one of: {', '.join(choices)}, got {value!r:.40}")
-        assert value is not None
-        return value
-
-    def one_of(self, first: str, second: str, *, required: bool = False) -> tuple[str | None, str | None]:
-        a, b = self.optional_text(first), self.optional_text(second)
-        if a and b:
-            raise self.fail(second, f"give {first} or {second}, not both")
-        if required and not (a or b):
-            raise self.fail(first, f"missing: give {first} or {second}")
-        return a, b
-
-    def duration(self, key: str, default: float) -> float:
-        value = self.data.get(key)
-        if value is None:
-            return default
-        try:
-            return parse_duration(value)
-        except (TypeError, ValueError) as exc:
-            raise self.fail(key, str(exc)) from None
-
-    def flag(self, key: str, default: bool) -> bool:
-        value = self.data.get(key, default)
-        if not isinstance(value, bool):
-            raise self.fail(key, f"expected true or false, got {value!r:.40}")
-        return value
-
-    def strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
-        value = self.data.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise self.fail(key, 'expected a list of label names, e.g. ["alertname", "job_id"] (or ["..."])')
-        if ALL_LABELS in value and len(value) > 1:
-            raise self.fail(key, '"..." (every label) stands alone')
-        return tuple(value)
-
-    def matchers(self, key: str) -> tuple[Matcher, ...]:
-        value = self.data.get(key, [])
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self.fail(key, 'expected a list of matchers, e.g. ["severity=critical", "node=~node-0[1-3]"]')
-        try:
-            return tuple(parse_matcher(v) for v in value)
-        except MatcherError as exc:
-            raise self.fail(key, str(exc)) from None

@@ -30,8 +30,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpulens.config import ConfigError, TomlLocator, parse_duration
+import msgspec
+
+from gpulens.config import TomlLocator
 from gpulens.model import GpuReading
+from gpulens.typedinput import Duration, FieldError, InputStruct, convert, input_error
 
 from .base import SCOPES, SEVERITIES, AlertRule, Candidate, gpu_subject, rule_labels
 from .history import History, nvlink_bytes_per_second
@@ -79,23 +82,6 @@ FIELDS: Final = (*READING_FIELDS, *DERIVED_FIELDS)
 
 _RULE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_KEYS: Final = frozenset(
-    {
-        "name",
-        "field",
-        "op",
-        "threshold",
-        "scope",
-        "aggregate",
-        "for",
-        "keep_firing_for",
-        "severity",
-        "labels",
-        "summary",
-        "description",
-        "annotations",
-    }
-)
 _TEMPLATE_FIELDS: Final = ("node", "gpu", "uuid", "job_id", "user", "value", "threshold", "field", "op", "rule")
 
 
@@ -189,6 +175,89 @@ def _default_summary(rule: AlertRule, context: Mapping[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------------ parsing
 
 
+def _choice(key: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        shown = ", ".join(choices) if len(choices) <= 8 else ", ".join(choices[:8]) + ", ... (see docs/alerts.md)"
+        raise FieldError(key, f"unknown {key} {value!r} (expected one of: {shown})")
+
+
+class RuleFile(InputStruct, frozen=True, kw_only=True):
+    """One ``[[alerts.rules]]`` table as written; :meth:`rule` turns it into an :class:`AlertRule`."""
+
+    name: str
+    field: str
+    op: str = ">"
+    threshold: float
+    scope: str = "gpu"
+    aggregate: str = "max"
+    for_: Duration = msgspec.field(default=Duration(0.0), name="for")
+    keep_firing_for: Duration = Duration(0.0)
+    severity: str = "warning"
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    summary: str = ""
+    description: str = ""
+    annotations: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not _RULE_NAME.match(self.name):
+            raise FieldError("name", f"{self.name!r} is not a rule name (letters, digits, _; a letter first)")
+        _choice("field", self.field, FIELDS)
+        _choice("scope", self.scope, SCOPES)
+        _choice("op", self.op, tuple(OPERATORS))
+        _choice("aggregate", self.aggregate, tuple(AGGREGATES))
+        _choice("severity", self.severity, SEVERITIES)
+        for key in self.labels:
+            if not _LABEL_NAME.match(key) or key in ("alertname", "severity"):
+                raise FieldError("labels", f"{key!r} cannot be a label name here")
+        self._check_template("summary", self.summary)
+        self._check_template("description", self.description)
+        for key, template in self.annotations.items():
+            if key in ("summary", "description", "dashboard"):
+                raise FieldError("annotations", f"set {key!r} with its own key, not in annotations")
+            self._check_template("annotations", template)
+
+    def _check_template(self, key: str, template: str) -> None:
+        """Only plain names the rule can fill; no attribute or index access (``{value.__class__}``)."""
+        known = set(_TEMPLATE_FIELDS) | set(self.labels)
+        try:
+            parts = list(string.Formatter().parse(template))
+        except ValueError as exc:
+            raise FieldError(key, f"bad template: {exc}") from None
+        for _, name, spec, _ in parts:
+            if name is None:
+                continue
+            if name not in known:
+                raise FieldError(key, f"unknown template field {{{name}}} (use: {', '.join(sorted(known))})")
+            sample: Any = 1.5 if name in ("value", "threshold") else "x"
+            try:
+                format(sample, spec or "")
+            except ValueError as exc:
+                raise FieldError(key, f"bad format for {{{name}}}: {exc}") from None
+
+    def rule(self) -> AlertRule:
+        condition = Condition(
+            field=self.field,
+            op=self.op,
+            threshold=float(self.threshold),
+            aggregate=self.aggregate,
+            summary=self.summary,
+            description=self.description,
+        )
+        per = f"{condition.aggregate} of " if self.scope != "gpu" else ""
+        return AlertRule(
+            name=self.name,
+            severity=self.severity,
+            for_s=float(self.for_),
+            keep_firing_for_s=float(self.keep_firing_for),
+            labels=dict(self.labels),
+            annotations=dict(self.annotations),
+            scope=self.scope,
+            check=THRESHOLD_CHECK,
+            condition=condition,
+            meaning=f"User rule: {per}{self.field} {condition.op} {condition.threshold:g} per {self.scope}.",
+        )
+
+
 def parse_user_rules(
     items: Any,
     *,
@@ -201,141 +270,25 @@ def parse_user_rules(
 
     ``reserved`` are names user rules may not take (the builtin catalogue's).
     """
-    if not isinstance(items, list):
-        raise ConfigError(f"use [[{table}]] tables", file=source, key=table)
+    text = locator.text if locator is not None else ""
+    at = table.split(".")
+    files = convert(items, tuple[RuleFile, ...], text=text, source=source, at=at)
+    return build_user_rules(files, at=at, text=text, source=source, reserved=reserved)
+
+
+def build_user_rules(
+    files: Sequence[RuleFile], *, at: Sequence[str], text: str, source: str | None, reserved: Sequence[str] = ()
+) -> list[AlertRule]:
+    """Rules from converted tables at ``at`` in the file ``text``; names must be unique and not ``reserved``."""
     rules: list[AlertRule] = []
-    for index, item in enumerate(items):
-        parser = _RuleParser(item, index, source, locator, table)
-        rule = parser.parse()
+    for index, item in enumerate(files):
+        rule = item.rule()
+        problem = None
         if rule.name in reserved:
-            raise parser.fail("name", f"{rule.name!r} is a builtin rule; override it in [alerts.builtin.{rule.name}]")
-        if any(r.name == rule.name for r in rules):
-            raise parser.fail("name", f"rule {rule.name!r} is defined twice")
+            problem = f"{rule.name!r} is a builtin rule; override it in [alerts.builtin.{rule.name}]"
+        elif any(r.name == rule.name for r in rules):
+            problem = f"rule {rule.name!r} is defined twice"
+        if problem:
+            raise input_error(problem, [*at, index, "name"], text=text, source=source)
         rules.append(rule)
     return rules
-
-
-class _RuleParser:
-    def __init__(self, data: Any, index: int, source: str | None, locator: TomlLocator | None, table: str) -> None:
-        self.data = data
-        self.index = index
-        self.source = source
-        self.locator = locator
-        self.table = table
-
-    def fail(self, key: str | None, message: str) -> ConfigError:
-        line = self.locator.line_of(self.table, self.index, key) if self.locator else None
-        where = f"{self.table}[{self.index}]" + (f".{key}" if key else "")
-        return ConfigError(message, file=self.source, key=where, line=line)
-
-    def parse(self) -> AlertRule:
-        if not isinstance(self.data, dict):
-            raise self.fail(None, f"expected a table ([[{self.table}]])")
-        for key in self.data:
-            if key not in _KEYS:
-                raise self.fail(key, f"unknown key (expected one of: {', '.join(sorted(_KEYS))})")
-        name = self._text("name")
-        if not _RULE_NAME.match(name):
-            raise self.fail("name", f"{name!r} is not a rule name (letters, digits, _; a letter first)")
-        field = self._choice("field", FIELDS, None)
-        scope = self._choice("scope", SCOPES, "gpu")
-        condition = Condition(
-            field=field,
-            op=self._choice("op", tuple(OPERATORS), ">"),
-            threshold=self._number("threshold"),
-            aggregate=self._choice("aggregate", tuple(AGGREGATES), "max"),
-            summary=self._template("summary"),
-            description=self._template("description"),
-        )
-        labels = self._labels()
-        annotations = self._annotations()
-        return AlertRule(
-            name=name,
-            severity=self._choice("severity", SEVERITIES, "warning"),
-            for_s=self._duration("for"),
-            keep_firing_for_s=self._duration("keep_firing_for"),
-            labels=labels,
-            annotations=annotations,
-            scope=scope,
-            check=THRESHOLD_CHECK,
-            condition=condition,
-            meaning=f"User rule: {condition.aggregate + ' of ' if scope != 'gpu' else ''}{field} {condition.op} "
-            f"{condition.threshold:g} per {scope}.",
-        )
-
-    def _text(self, key: str, default: str | None = None) -> str:
-        value = self.data.get(key, default)
-        if value is None:
-            raise self.fail(key, "missing required key")
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(key, f"expected a non-empty string, got {value!r:.40}")
-        return value.strip()
-
-    def _choice(self, key: str, choices: Sequence[str], default: str | None) -> str:
-        value = self._text(key, default)
-        if value not in choices:
-            shown = ", ".join(choices) if len(choices) <= 8 else ", ".join(choices[:8]) + ", ... (see docs/alerts.md)"
-            raise self.fail(key, f"unknown {key} {value!r} (expected one of: {shown})")
-        return value
-
-    def _number(self, key: str) -> float:
-        value = self.data.get(key)
-        if value is None:
-            raise self.fail(key, "missing required key")
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(key, f"expected a number, got {value!r:.40}")
-        return float(value)
-
-    def _duration(self, key: str) -> float:
-        value = self.data.get(key, 0)
-        try:
-            return parse_duration(value)
-        except (TypeError, ValueError) as exc:
-            raise self.fail(key, str(exc)) from None
-
-    def _labels(self) -> dict[str, str]:
-        value = self.data.get("labels", {})
-        if not isinstance(value, dict):
-            raise self.fail("labels", 'expected a table of strings, e.g. { team = "infra" }')
-        for key, item in value.items():
-            if not _LABEL_NAME.match(key) or key in ("alertname", "severity"):
-                raise self.fail("labels", f"{key!r} cannot be a label name here")
-            if not isinstance(item, str):
-                raise self.fail("labels", f"label {key!r} must be a string, got {item!r:.40}")
-        return dict(value)
-
-    def _annotations(self) -> dict[str, str]:
-        value = self.data.get("annotations", {})
-        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-            raise self.fail("annotations", "expected a table of strings")
-        for key in value:
-            if key in ("summary", "description", "dashboard"):
-                raise self.fail("annotations", f"set {key!r} with its own key, not in annotations")
-            self._check_template("annotations", value[key])
-        return dict(value)
-
-    def _template(self, key: str) -> str:
-        value = self.data.get(key, "")
-        if not isinstance(value, str):
-            raise self.fail(key, f"expected a string, got {value!r:.40}")
-        self._check_template(key, value)
-        return value
-
-    def _check_template(self, key: str, template: str) -> None:
-        """Only plain names the rule can fill; no attribute or index access (``{value.__class__}``)."""
-        labels = self.data.get("labels", {})
-        known = set(_TEMPLATE_FIELDS) | (set(labels) if isinstance(labels, dict) else set())
-        try:
-            parts = list(string.Formatter().parse(template))
-        except ValueError as exc:
-            raise self.fail(key, f"bad template: {exc}") from None
-        for _, name, spec, _ in parts:
-            if name is None:
-                continue
-            if name not in known:
-                raise self.fail(key, f"unknown template field {{{name}}} (use: {', '.join(sorted(known))})")
-            sample: Any = 1.5 if name in ("value", "threshold") else "x"
-            try:
-                format(sample, spec or "")
-            except ValueError as exc:
-                raise self.fail(key, f"bad format for {{{name}}}: {exc}") from None

@@ -19,16 +19,17 @@ import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
-
-import yaml
+from typing import Any, Final, Literal
 
 from gpulens.config import ConfigError
+from gpulens.typedinput import FieldError, InputStruct, decode_yaml, input_error, read_text
 from gpulens.webauth import BasicAuth
 
-_TLS_KEYS: Final = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version"}
-_TOP_KEYS: Final = {"tls_server_config", "basic_auth_users", "http_server_config"}
-_CLIENT_AUTH: Final = {
+ClientAuth = Literal[
+    "NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"
+]
+TlsVersion = Literal["TLS10", "TLS11", "TLS12", "TLS13"]
+_CLIENT_AUTH: Final[dict[str, ssl.VerifyMode]] = {
     "NoClientCert": ssl.CERT_NONE,
     "RequestClientCert": ssl.CERT_OPTIONAL,
     "RequireAnyClientCert": ssl.CERT_REQUIRED,
@@ -41,6 +42,7 @@ _TLS_VERSIONS: Final = {
     "TLS12": ssl.TLSVersion.TLSv1_2,
     "TLS13": ssl.TLSVersion.TLSv1_3,
 }
+_FILES: Final = ("cert_file", "key_file", "client_ca_file")
 
 
 @dataclass(frozen=True)
@@ -67,89 +69,70 @@ class WebConfig:
     basic_auth: BasicAuth | None = None
 
 
-def _line_of(root: yaml.Node | None, *path: str) -> int | None:
-    node = root
-    line = None
-    for key in path:
-        if not isinstance(node, yaml.MappingNode):
-            return line
-        for k, v in node.value:
-            if isinstance(k, yaml.ScalarNode) and k.value == key:
-                line = k.start_mark.line + 1
-                node = v
-                break
-        else:
-            return line
-    return line
+class TlsServerFile(InputStruct, frozen=True):
+    """``tls_server_config`` as written; the files are checked against the disk by :func:`load_web_config`."""
+
+    cert_file: str | None = None
+    key_file: str | None = None
+    client_auth_type: ClientAuth = "NoClientCert"
+    client_ca_file: str | None = None
+    min_version: TlsVersion = "TLS12"
+
+    def __post_init__(self) -> None:
+        for key in _FILES:
+            if getattr(self, key) == "":
+                raise FieldError(key, "expected a file path")
+        for key in ("cert_file", "key_file"):
+            if getattr(self, key) is None:
+                raise FieldError(key, "is required when tls_server_config is set")
+        if (
+            self.client_auth_type in ("RequireAndVerifyClientCert", "VerifyClientCertIfGiven")
+            and not self.client_ca_file
+        ):
+            raise FieldError("client_auth_type", f"client_ca_file is required with {self.client_auth_type}")
+
+
+class WebConfigFile(InputStruct, frozen=True):
+    """A whole web-config file (``http_server_config`` is accepted and ignored, as before)."""
+
+    tls_server_config: TlsServerFile | None = None
+    basic_auth_users: dict[str, Any] | None = None  # values checked without ever being echoed
+    http_server_config: dict[str, Any] | None = None
 
 
 def load_web_config(path: str | Path) -> WebConfig:
     """Read and validate a web config file; every error names the file, the key and the line."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read web config: {exc.strerror or exc}", file=path) from None
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data: Any = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise ConfigError(f"invalid YAML: {getattr(exc, 'problem', exc)}", file=path, line=line) from None
-    if data is None:
-        return WebConfig()
+        text = read_text(path)
+    except ConfigError as exc:
+        raise ConfigError(f"cannot read web config: {exc.message.removeprefix('cannot read: ')}", file=path) from None
+    file = decode_yaml(text, WebConfigFile, str(path))
 
     def fail(message: str, *keys: str) -> ConfigError:
-        return ConfigError(message, file=path, key=".".join(keys), line=_line_of(root, *keys))
+        return input_error(message, keys, text=text, source=str(path), kind="yaml")
 
-    if not isinstance(data, dict):
-        raise ConfigError("expected a mapping at the top level", file=path, line=1)
-    for key in data:
-        if key not in _TOP_KEYS:
-            raise fail(f"unknown key (expected one of {', '.join(sorted(_TOP_KEYS))})", str(key))
-    base = path.parent
-    tls = _tls(data.get("tls_server_config"), base, fail)
-    auth = _basic_auth(data.get("basic_auth_users"), fail)
+    tls = _tls(file.tls_server_config, path.parent, fail) if file.tls_server_config is not None else None
+    auth = _basic_auth(file.basic_auth_users, fail) if file.basic_auth_users is not None else None
     return WebConfig(tls=tls, basic_auth=auth)
 
 
-def _tls(section: Any, base: Path, fail: Any) -> TlsConfig | None:
-    if section is None:
-        return None
-    if not isinstance(section, dict):
-        raise fail("expected a mapping", "tls_server_config")
-    for key in section:
-        if key not in _TLS_KEYS:
-            raise fail("unknown key", "tls_server_config", str(key))
+def _tls(section: TlsServerFile, base: Path, fail: Any) -> TlsConfig:
     files: dict[str, Path] = {}
-    for key in ("cert_file", "key_file", "client_ca_file"):
-        value = section.get(key)
+    for key in _FILES:
+        value = getattr(section, key)
         if value is None:
             continue
-        if not isinstance(value, str) or not value:
-            raise fail("expected a file path", "tls_server_config", key)
         resolved = (base / value) if not os.path.isabs(value) else Path(value)
         if not resolved.is_file():
             raise fail(f"no such file: {resolved}", "tls_server_config", key)
         files[key] = resolved
-    for key in ("cert_file", "key_file"):
-        if key not in files:
-            raise fail("is required when tls_server_config is set", "tls_server_config", key)
-    client_auth = section.get("client_auth_type", "NoClientCert")
-    if client_auth not in _CLIENT_AUTH:
-        raise fail(f"expected one of {', '.join(_CLIENT_AUTH)}", "tls_server_config", "client_auth_type")
-    if client_auth in ("RequireAndVerifyClientCert", "VerifyClientCertIfGiven") and "client_ca_file" not in files:
-        raise fail(f"client_ca_file is required with {client_auth}", "tls_server_config", "client_auth_type")
-    min_version = section.get("min_version", "TLS12")
-    if min_version not in _TLS_VERSIONS:
-        raise fail(f"expected one of {', '.join(_TLS_VERSIONS)}", "tls_server_config", "min_version")
     config = TlsConfig(
         cert_file=files["cert_file"],
         key_file=files["key_file"],
-        client_auth_type=client_auth,
+        client_auth_type=section.client_auth_type,
         client_ca_file=files.get("client_ca_file"),
-        min_version=min_version,
+        min_version=section.min_version,
     )
     try:
         config.context()
@@ -158,15 +141,13 @@ def _tls(section: Any, base: Path, fail: Any) -> TlsConfig | None:
     return config
 
 
-def _basic_auth(section: Any, fail: Any) -> BasicAuth | None:
-    if section is None:
-        return None
-    if not isinstance(section, dict) or not section:
+def _basic_auth(section: dict[str, Any], fail: Any) -> BasicAuth:
+    if not section:
         raise fail("expected a mapping of user names to bcrypt hashes", "basic_auth_users")
     users: dict[str, bytes] = {}
     for user, hashed in section.items():
-        if not isinstance(user, str) or not user or ":" in user:
-            raise fail("user names must be non-empty strings without ':'", "basic_auth_users", str(user))
+        if not user or ":" in user:
+            raise fail("user names must be non-empty strings without ':'", "basic_auth_users", user)
         if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
             # Never echo the value: it may be a plaintext password pasted by mistake.
             raise fail("expected a bcrypt hash ($2a$/$2b$/$2y$...)", "basic_auth_users", user)

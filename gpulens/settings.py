@@ -1,8 +1,10 @@
-"""The gpulens TOML configuration file (``gpulens.toml``): its schema, validation and environment overrides.
+"""The gpulens TOML configuration file (``gpulens.toml``): its typed schema, validation and environment overrides.
 
-The schema below is the single source of truth: the loader validates against it (unknown keys, wrong types and bad
-values are errors naming the file, the key and the line) and ``docs/configuration.md`` is generated from it
-(``python -m gpulens.settings > docs/configuration.md``), so the reference cannot drift from the code.
+The input structs below are the single source of truth: the file is decoded into them by the typed reader
+(:mod:`gpulens.typedinput`: unknown keys, wrong types and bad values are errors naming the file, the key and the
+line), and ``docs/configuration.md`` is generated from them and their ``Meta`` help
+(``python -m gpulens.configdoc > docs/configuration.md``), so the reference cannot drift from the code. The
+validated file then becomes :class:`Settings`, the frozen value the rest of the code reads.
 
 Secrets never live in the file itself unless the operator insists: the database URL can come from
 ``GPULENS_DB_URL`` or ``url_file``, and a target's password from ``password_file`` or ``password_env``.
@@ -10,114 +12,158 @@ Secrets never live in the file itself unless the operator insists: the database 
 
 from __future__ import annotations
 
-import functools
 import os
 import re
-import sys
-import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Annotated, Any, Final, Literal
 
-from gpulens.config import ConfigError, TomlLocator, parse_duration
+import msgspec
 
-# --- the schema -----------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Key:
-    name: str
-    kind: str  # str | int | bool | duration | list[str] | shard | listen
-    default: Any
-    help: str
-    choices: tuple[str, ...] | None = None
-    env: str | None = None
-    minimum: float | None = None
-
-
-@dataclass(frozen=True)
-class Section:
-    name: str
-    help: str
-    keys: tuple[Key, ...]
-    array: bool = False  # [[name]] tables
-
-
-_TLS_KEYS: Final = (
-    Key("username", "str", None, "Basic-auth user name."),
-    Key("password_file", "str", None, "File holding the basic-auth password (first line)."),
-    Key("password_env", "str", None, "Environment variable holding the basic-auth password."),
-    Key("ca_file", "str", None, "CA bundle to verify the target's TLS certificate."),
-    Key("insecure_skip_verify", "bool", False, "Do not verify the target's TLS certificate (testing only)."),
+from gpulens.config import ConfigError, TomlLocator
+from gpulens.typedinput import (
+    Duration,
+    FieldError,
+    InputStruct,
+    convert,
+    input_error,
+    parse_toml,
 )
 
-SCHEMA: Final[tuple[Section, ...]] = (
-    Section(
-        "database",
-        "Where the history is stored.",
-        (
-            Key(
-                "url",
-                "str",
-                "sqlite:///gpulens.db",
-                "SQLAlchemy URL: `sqlite:///path.db` (embedded) or `postgresql+psycopg://user@host/db`.",
-                env="GPULENS_DB_URL",
-            ),
-            Key("url_file", "str", None, "File holding the URL (keeps the password out of the config)."),
+
+def doc(meaning: str, *, env: str | None = None, kind: str | None = None, **constraints: Any) -> msgspec.Meta:
+    """A key's reference entry: its help, the environment variable that overrides it, the type shown in the docs
+    when it is not the Python type's (``shard``, ``listen``), and msgspec constraints (``ge=1``)."""
+    extra = {name: value for name, value in (("env", env), ("kind", kind)) if value is not None}
+    return msgspec.Meta(description=meaning, extra=extra, **constraints)
+
+
+# --- the schema: one struct per table -------------------------------------------------------------------------------
+
+TargetKind = Literal["gpulens", "dcgm"]
+_SHARD = re.compile(r"^(\d+)/(\d+)$")
+_LISTEN = re.compile(r"^(\[[0-9a-fA-F:]+\]|[^:\s]*):(\d{1,5})$")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    m = _SHARD.match(text.strip())
+    if not m or not 0 <= int(m.group(1)) < int(m.group(2)):
+        raise ValueError(f"expected I/N with 0 <= I < N, got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+class DatabaseFile(InputStruct, frozen=True):
+    """Where the history is stored."""
+
+    url: Annotated[
+        str,
+        doc(
+            "SQLAlchemy URL: `sqlite:///path.db` (embedded) or `postgresql+psycopg://user@host/db`.",
+            env="GPULENS_DB_URL",
         ),
-    ),
-    Section(
-        "collector",
-        "The scrape loop.",
-        (
-            Key("interval", "duration", 10.0, "Time between scrape rounds.", minimum=0.1),
-            Key("timeout", "duration", 5.0, "Per-target scrape timeout (capped at the interval).", minimum=0.01),
-            Key("max_response_bytes", "int", 16 * 1024 * 1024, "Largest response accepted per target.", minimum=1024),
-            Key("concurrency", "int", 64, "Targets scraped at the same time.", minimum=1),
-            Key("listen", "listen", "127.0.0.1:9411", "Where the collector serves its own /metrics."),
-            Key("shard", "shard", "0/1", "`I/N`: scrape only the targets whose name hashes to I of N."),
-            Key("spool_dir", "str", "gpulens-spool", "Where rounds wait while the database is unreachable."),
-            Key("spool_max_bytes", "int", 1024**3, "Spool size limit; the oldest rounds go first.", minimum=1024),
-            Key("future_tolerance", "duration", 300.0, "Readings stamped further in the future are rejected."),
-        ),
-    ),
-    Section(
-        "retention",
-        "How long each resolution is kept.",
-        (
-            Key("raw", "duration", 7 * 86400.0, "Raw readings (one row per GPU per scrape)."),
-            Key("minute", "duration", 90 * 86400.0, "1-minute min/avg/max rollups."),
-            Key("hour", "duration", 730 * 86400.0, "1-hour min/avg/max rollups."),
-        ),
-    ),
-    Section(
-        "targets",
-        "Static scrape targets, one table each.",
-        (
-            Key("url", "str", None, "Base URL of a gpulens exporter, or the /metrics URL of a dcgm-exporter."),
-            Key("name", "str", None, "Target name (default: the URL); used for sharding and health."),
-            Key("kind", "str", "gpulens", "What answers at the URL.", choices=("gpulens", "dcgm")),
-            Key("node", "str", None, "Node name for a dcgm-exporter page without a hostname label."),
-            *_TLS_KEYS,
-        ),
-        array=True,
-    ),
-    Section(
-        "file_sd",
-        "Prometheus file-based service discovery: JSON or YAML files of `{targets: [...], labels: {...}}`, "
-        "re-read when they change. A target is `host:port` (scheme `http`, or `__scheme__` in labels) or a URL.",
-        (
-            Key("files", "list[str]", None, "Files or glob patterns."),
-            Key("kind", "str", "gpulens", "What answers at the targets.", choices=("gpulens", "dcgm")),
-            *_TLS_KEYS,
-        ),
-        array=True,
-    ),
-)
-SECTIONS: Final = {s.name: s for s in SCHEMA}
-# Sections validated by the component that owns them (the core cannot import it): their text and locator are kept.
-DELEGATED: Final = {"alerts": "alert rules, receivers and routes: see docs/alerts.md (validated by the alerts package)"}
+    ] = "sqlite:///gpulens.db"
+    url_file: Annotated[str | None, doc("File holding the URL (keeps the password out of the config).")] = None
+
+
+class CollectorFile(InputStruct, frozen=True):
+    """The scrape loop."""
+
+    interval: Annotated[Duration, doc("Time between scrape rounds.")] = Duration(10.0)
+    timeout: Annotated[Duration, doc("Per-target scrape timeout (capped at the interval).")] = Duration(5.0)
+    max_response_bytes: Annotated[int, doc("Largest response accepted per target.", ge=1024)] = 16 * 1024 * 1024
+    concurrency: Annotated[int, doc("Targets scraped at the same time.", ge=1)] = 64
+    listen: Annotated[str, doc("Where the collector serves its own /metrics.", kind="listen")] = "127.0.0.1:9411"
+    shard: Annotated[str, doc("`I/N`: scrape only the targets whose name hashes to I of N.", kind="shard")] = "0/1"
+    spool_dir: Annotated[str, doc("Where rounds wait while the database is unreachable.")] = "gpulens-spool"
+    spool_max_bytes: Annotated[int, doc("Spool size limit; the oldest rounds go first.", ge=1024)] = 1024**3
+    future_tolerance: Annotated[Duration, doc("Readings stamped further in the future are rejected.")] = Duration(300.0)
+
+    def __post_init__(self) -> None:
+        for key, minimum in (("interval", 0.1), ("timeout", 0.01)):
+            value = getattr(self, key)
+            if value < minimum:
+                raise FieldError(key, f"must be at least {minimum:g}, got {value:g}")
+        if not _LISTEN.match(self.listen):
+            raise FieldError("listen", f"expected host:port, got {self.listen!r}")
+        try:
+            parse_shard(self.shard)
+        except ValueError as exc:
+            raise FieldError("shard", str(exc)) from None
+
+
+class RetentionFile(InputStruct, frozen=True):
+    """How long each resolution is kept."""
+
+    raw: Annotated[Duration, doc("Raw readings (one row per GPU per scrape).")] = Duration(7 * 86400.0)
+    minute: Annotated[Duration, doc("1-minute min/avg/max rollups.")] = Duration(90 * 86400.0)
+    hour: Annotated[Duration, doc("1-hour min/avg/max rollups.")] = Duration(730 * 86400.0)
+
+
+class AuthFile(InputStruct, frozen=True):
+    """The credentials and TLS trust of a scrape (shared by ``[[targets]]`` and ``[[file_sd]]``)."""
+
+    username: Annotated[str | None, doc("Basic-auth user name.")] = None
+    password_file: Annotated[str | None, doc("File holding the basic-auth password (first line).")] = None
+    password_env: Annotated[str | None, doc("Environment variable holding the basic-auth password.")] = None
+    ca_file: Annotated[str | None, doc("CA bundle to verify the target's TLS certificate.")] = None
+    insecure_skip_verify: Annotated[bool, doc("Do not verify the target's TLS certificate (testing only).")] = False
+
+    def check_auth(self, line_key: str | None = None) -> None:
+        if self.password_file and self.password_env:
+            raise FieldError("password_env", "give password_file or password_env, not both", line_key=line_key)
+        if (self.password_file or self.password_env) and not self.username:
+            raise FieldError("username", "a password needs a username", line_key=line_key)
+
+    def auth(self) -> TlsAuth:
+        return TlsAuth(
+            username=self.username or None,
+            password_file=self.password_file or None,
+            password_env=self.password_env or None,
+            ca_file=self.ca_file or None,
+            insecure_skip_verify=self.insecure_skip_verify,
+        )
+
+
+class TargetFile(AuthFile, frozen=True, kw_only=True):
+    """Static scrape targets, one table each."""
+
+    url: Annotated[str, doc("Base URL of a gpulens exporter, or the /metrics URL of a dcgm-exporter.")]
+    name: Annotated[str | None, doc("Target name (default: the URL); used for sharding and health.")] = None
+    kind: Annotated[TargetKind, doc("What answers at the URL.")] = "gpulens"
+    node: Annotated[str | None, doc("Node name for a dcgm-exporter page without a hostname label.")] = None
+
+    def __post_init__(self) -> None:
+        if not re.match(r"^https?://[^/\s]+", self.url):
+            raise FieldError("url", f"expected an http:// or https:// URL, got {self.url!r}")
+        self.check_auth(line_key="url")
+
+
+class FileSdFile(AuthFile, frozen=True, kw_only=True):
+    """Prometheus file-based service discovery: JSON or YAML files of `{targets: [...], labels: {...}}`,
+    re-read when they change. A target is `host:port` (scheme `http`, or `__scheme__` in labels) or a URL."""
+
+    files: Annotated[tuple[str, ...], doc("Files or glob patterns.")]
+    kind: Annotated[TargetKind, doc("What answers at the targets.")] = "gpulens"
+
+    def __post_init__(self) -> None:
+        if not self.files or not all(self.files):
+            raise FieldError("files", "expected a non-empty list of strings")
+        self.check_auth()
+
+
+DELEGATED_HELP: Final = "alert rules, receivers and routes: see docs/alerts.md (validated by the alerts package)"
+
+
+class SettingsFile(InputStruct, frozen=True):
+    """A whole ``gpulens.toml``; ``[alerts]`` is kept as parsed and validated by the alerts package."""
+
+    database: DatabaseFile = msgspec.field(default_factory=DatabaseFile)
+    collector: CollectorFile = msgspec.field(default_factory=CollectorFile)
+    retention: RetentionFile = msgspec.field(default_factory=RetentionFile)
+    targets: tuple[TargetFile, ...] = ()
+    file_sd: tuple[FileSdFile, ...] = ()
+    alerts: Annotated[dict[str, Any], doc(DELEGATED_HELP, kind="delegated")] = msgspec.field(default_factory=dict)
 
 
 # --- typed settings -------------------------------------------------------------------------------------------------
@@ -180,7 +226,7 @@ class Settings:
     retention_hour_s: float
     targets: tuple[TargetSettings, ...] = ()
     file_sd: tuple[FileSdSettings, ...] = ()
-    raw: Mapping[str, Any] = field(default_factory=dict)  # the validated sections, and the delegated ones as parsed
+    raw: Mapping[str, Any] = field(default_factory=dict)  # the file's tables as parsed (``alerts`` among them)
     text: str = ""  # the file's text, for the line numbers of errors found by delegated validators
 
     @property
@@ -188,183 +234,55 @@ class Settings:
         return TomlLocator(self.text)
 
 
-# --- validation -----------------------------------------------------------------------------------------------------
-
-_SHARD = re.compile(r"^(\d+)/(\d+)$")
-_LISTEN = re.compile(r"^(\[[0-9a-fA-F:]+\]|[^:\s]*):(\d{1,5})$")
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    m = _SHARD.match(text.strip())
-    if not m or not 0 <= int(m.group(1)) < int(m.group(2)):
-        raise ValueError(f"expected I/N with 0 <= I < N, got {text!r}")
-    return int(m.group(1)), int(m.group(2))
-
-
-def _convert(key: Key, value: Any) -> Any:
-    kind = key.kind
-    if kind in ("str", "listen", "shard"):
-        if not isinstance(value, str):
-            raise ValueError(f"expected a string, got {type(value).__name__}")
-        if kind == "shard":
-            parse_shard(value)
-        if kind == "listen" and not _LISTEN.match(value):
-            raise ValueError(f"expected host:port, got {value!r}")
-        if key.choices and value not in key.choices:
-            raise ValueError(f"expected one of {', '.join(key.choices)}, got {value!r}")
-        return value
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise ValueError(f"expected true or false, got {value!r}")
-        return value
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"expected an integer, got {value!r}")
-        number: float = value
-    elif kind == "duration":
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise ValueError(f'expected a duration such as "30s", got {value!r}')
-        number = parse_duration(value)
-        value = number
-    elif kind == "list[str]":
-        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-            raise ValueError("expected a non-empty list of strings")
-        return tuple(value)
-    else:  # pragma: no cover - the schema only uses the kinds above
-        raise ValueError(f"unknown kind {kind}")
-    if key.minimum is not None and number < key.minimum:
-        raise ValueError(f"must be at least {key.minimum:g}, got {value!r}")
-    return value
-
-
-def _validate_table(
-    section: Section, table: Any, where: str, locate: Callable[[str | None], int | None], fail: Callable[..., Exception]
-) -> dict[str, Any]:
-    if not isinstance(table, dict):
-        raise fail(f"{where} must be a table", where, locate(None))
-    known = {k.name: k for k in section.keys}
-    out: dict[str, Any] = {}
-    for name, value in table.items():
-        key = known.get(name)
-        if key is None:
-            raise fail(f"unknown key (expected one of {', '.join(known)})", f"{where}.{name}", locate(name))
-        try:
-            out[name] = _convert(key, value)
-        except ValueError as exc:
-            raise fail(str(exc), f"{where}.{name}", locate(name)) from None
-    for key in section.keys:
-        out.setdefault(key.name, key.default)
-    return out
-
-
-def _auth(table: Mapping[str, Any], where: str, fail: Callable[..., Exception], line: int | None) -> TlsAuth:
-    if table.get("password_file") and table.get("password_env"):
-        raise fail("give password_file or password_env, not both", f"{where}.password_env", line)
-    if (table.get("password_file") or table.get("password_env")) and not table.get("username"):
-        raise fail("a password needs a username", f"{where}.username", line)
-    return TlsAuth(
-        username=table.get("username"),
-        password_file=table.get("password_file"),
-        password_env=table.get("password_env"),
-        ca_file=table.get("ca_file"),
-        insecure_skip_verify=bool(table.get("insecure_skip_verify")),
-    )
+# --- loading --------------------------------------------------------------------------------------------------------
 
 
 def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, str] | None = None) -> Settings:
     """Validate config text. Raises ``ConfigError`` naming the file, the key and the line."""
     env = os.environ if environ is None else environ
-    locator = TomlLocator(text)
+    data = parse_toml(text, source)
+    file = convert(data, SettingsFile, text=text, source=source)
 
-    def fail(message: str, key: str | None = None, line: int | None = None) -> ConfigError:
-        return ConfigError(message, file=source, key=key, line=line)
+    targets: list[TargetSettings] = []
+    for i, t in enumerate(file.targets):
+        url = t.url.rstrip("/")
+        name = t.name or url
+        if any(other.name == name for other in targets):
+            raise input_error(
+                f"duplicate target name {name!r}", ["targets", i, "name"], text=text, source=source,
+                line_parts=["targets", i],
+            )  # fmt: skip
+        targets.append(TargetSettings(url=url, name=name, kind=t.kind, node=t.node, auth=t.auth()))
+    file_sd = tuple(FileSdSettings(files=f.files, kind=f.kind, auth=f.auth()) for f in file.file_sd)
 
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        m = re.search(r"line (\d+)", str(exc))
-        raise fail(f"invalid TOML: {exc}", None, int(m.group(1)) if m else None) from None
-    validated: dict[str, Any] = {}
-    for name, value in data.items():
-        if name in DELEGATED:
-            if not isinstance(value, dict):
-                raise fail(f"[{name}] must be a table", name, locator.line_of(None, None, name))
-            validated[name] = value
-            continue
-        section = SECTIONS.get(name)
-        if section is None:
-            expected = ", ".join([*SECTIONS, *DELEGATED])
-            raise fail(f"unknown section (expected one of {expected})", name, locator.line_of(name))
-        if section.array:
-            if not isinstance(value, list):
-                raise fail(f"use [[{name}]] tables", name, locator.line_of(None, None, name))
-            validated[name] = [
-                _validate_table(section, item, f"{name}[{i}]", functools.partial(locator.line_of, name, i), fail)
-                for i, item in enumerate(value)
-            ]
-        else:
-            locate = functools.partial(locator.line_of, name, None)
-            validated[name] = _validate_table(section, value, name, locate, fail)
-    for section in SCHEMA:
-        if section.array:
-            validated.setdefault(section.name, [])
-        else:
-            validated.setdefault(section.name, _validate_table(section, {}, section.name, lambda k: None, fail))
-
-    targets = []
-    for i, t in enumerate(validated["targets"]):
-        line = locator.line_of("targets", i, "url")
-        if not t["url"]:
-            raise fail("is required", f"targets[{i}].url", locator.line_of("targets", i))
-        if not re.match(r"^https?://[^/\s]+", t["url"]):
-            raise fail(f"expected an http:// or https:// URL, got {t['url']!r}", f"targets[{i}].url", line)
-        targets.append(
-            TargetSettings(
-                url=t["url"].rstrip("/"),
-                name=t["name"] or t["url"].rstrip("/"),
-                kind=t["kind"],
-                node=t["node"],
-                auth=_auth(t, f"targets[{i}]", fail, line),
-            )
-        )
-    names = [t.name for t in targets]
-    for i, name in enumerate(names):
-        if name in names[:i]:
-            raise fail(f"duplicate target name {name!r}", f"targets[{i}].name", locator.line_of("targets", i))
-    file_sd = []
-    for i, f in enumerate(validated["file_sd"]):
-        if not f["files"]:
-            raise fail("is required", f"file_sd[{i}].files", locator.line_of("file_sd", i))
-        file_sd.append(FileSdSettings(files=f["files"], kind=f["kind"], auth=_auth(f, f"file_sd[{i}]", fail, None)))
-
-    db = validated["database"]
+    db = file.database
     db_url = env.get("GPULENS_DB_URL") or None
-    if db_url is None and db["url_file"]:
+    if db_url is None and db.url_file:
         try:
-            db_url = Path(db["url_file"]).read_text(encoding="utf-8").strip()
+            db_url = Path(db.url_file).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            line = locator.line_of("database", None, "url_file")
-            raise fail(f"cannot read: {exc.strerror}", "database.url_file", line) from None
-    col = validated["collector"]
-    ret = validated["retention"]
+            raise input_error(
+                f"cannot read: {exc.strerror}", ["database", "url_file"], text=text, source=source
+            ) from None
+    col, ret = file.collector, file.retention
     return Settings(
         source=source,
-        db_url=db_url or db["url"],
-        interval_s=col["interval"],
-        timeout_s=min(col["timeout"], col["interval"]),
-        max_response_bytes=col["max_response_bytes"],
-        concurrency=col["concurrency"],
-        listen=col["listen"],
-        shard=parse_shard(col["shard"]),
-        spool_dir=col["spool_dir"],
-        spool_max_bytes=col["spool_max_bytes"],
-        future_tolerance_s=col["future_tolerance"],
-        retention_raw_s=ret["raw"],
-        retention_minute_s=ret["minute"],
-        retention_hour_s=ret["hour"],
+        db_url=db_url or db.url,
+        interval_s=float(col.interval),
+        timeout_s=float(min(col.timeout, col.interval)),
+        max_response_bytes=col.max_response_bytes,
+        concurrency=col.concurrency,
+        listen=col.listen,
+        shard=parse_shard(col.shard),
+        spool_dir=col.spool_dir,
+        spool_max_bytes=col.spool_max_bytes,
+        future_tolerance_s=float(col.future_tolerance),
+        retention_raw_s=float(ret.raw),
+        retention_minute_s=float(ret.minute),
+        retention_hour_s=float(ret.hour),
         targets=tuple(targets),
-        file_sd=tuple(file_sd),
-        raw=validated,
+        file_sd=file_sd,
+        raw=data,
         text=text,
     )
 
@@ -381,77 +299,3 @@ def load_settings(path: str | Path, environ: Mapping[str, str] | None = None) ->
 def default_settings(environ: Mapping[str, str] | None = None) -> Settings:
     """The settings of an empty config file (command-line quick starts)."""
     return parse_settings("", "<defaults>", environ)
-
-
-# --- the reference --------------------------------------------------------------------------------------------------
-
-
-def _default_text(key: Key) -> str:
-    if key.default is None:
-        return "-"
-    if key.kind == "duration":
-        from gpulens.config import format_duration
-
-        return f'`"{format_duration(key.default)}"`'
-    if isinstance(key.default, bool):
-        return f"`{str(key.default).lower()}`"
-    if isinstance(key.default, str):
-        return f'`"{key.default}"`'
-    return f"`{key.default}`"
-
-
-def configuration_reference() -> str:
-    lines = [
-        "# Configuration reference (`gpulens.toml`)",
-        "",
-        "Generated from the schema in `gpulens/settings.py` (`python -m gpulens.settings > docs/configuration.md`);",
-        "a test keeps it current. `gpulens check-config FILE` validates a file: every error names the file, the key",
-        'and the line. Durations are strings like `"30s"`, `"5m"`, `"7d"`.',
-        "",
-        "Secrets stay out of the file: `GPULENS_DB_URL` overrides `database.url` (or use `database.url_file`), and a",
-        "target's password comes from `password_file` or `password_env`. Passwords never appear in logs or errors.",
-        "",
-    ]
-    for section in SCHEMA:
-        header = f"[[{section.name}]]" if section.array else f"[{section.name}]"
-        lines += [f"## `{header}`", "", section.help, "", "| key | type | default | meaning |", "|---|---|---|---|"]
-        for key in section.keys:
-            meaning = key.help
-            if key.choices:
-                meaning += f" One of {', '.join(f'`{c}`' for c in key.choices)}."
-            if key.env:
-                meaning += f" Environment: `{key.env}`."
-            lines.append(f"| `{key.name}` | {key.kind} | {_default_text(key)} | {meaning} |")
-        lines.append("")
-    for name, text in DELEGATED.items():
-        lines += [f"## `[{name}]`", "", f"The {text}.", ""]
-    lines += [
-        "## Example",
-        "",
-        "```toml",
-        "[database]",
-        'url_file = "/run/secrets/gpulens-db-url"   # postgresql+psycopg://gpulens:...@db/gpulens',
-        "",
-        "[collector]",
-        'interval = "10s"',
-        'shard = "0/2"                               # this collector scrapes half of the targets',
-        "",
-        "[[targets]]",
-        'url = "http://gpu-node-07:9410"',
-        "",
-        "[[targets]]",
-        'url = "http://gpu-node-08:9400/metrics"     # a dcgm-exporter',
-        'kind = "dcgm"',
-        "",
-        "[[file_sd]]",
-        'files = ["/etc/gpulens/targets/*.json"]',
-        'username = "prometheus"',
-        'password_file = "/etc/gpulens/scrape-password"',
-        "```",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.stdout.write(configuration_reference())

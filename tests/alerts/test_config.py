@@ -185,6 +185,18 @@ BAD = [
     (("[[alerts.routes]]", 'receiver = "nobody"'), "alerts.routes[0].receiver", 2, "no receiver"),
     ((*ROUTE, 'match = ["node=~("]'), "alerts.routes[0].match", 7, "regular expression"),
     ((*ROUTE, 'group_by = ["...", "node"]'), "alerts.routes[0].group_by", 7, "stands alone"),
+    ((*RULE, 'sevrity = "info"'), "alerts.rules[0].sevrity", 5, "unknown key (expected one of: name, field, op"),
+    ((*SLACK_ENV, "", 'tiemout = "5s"'), "alerts.receivers[0].tiemout", 6, "unknown key"),
+    ((*ROUTE, "contine = true"), "alerts.routes[0].contine", 7, "unknown key"),
+    (
+        ("[[alerts.rules]]", 'name = "X"', 'field = "power_watts"', 'threshold = "85"'),
+        "alerts.rules[0].threshold",
+        4,
+        "expected float, got str",
+    ),
+    ((*ROUTE, 'continue = "yes"'), "alerts.routes[0].continue", 7, "expected bool, got str"),
+    ((*ROUTE, "group_by = [1]"), "alerts.routes[0].group_by[0]", 7, "expected str, got int"),
+    (("[alerts]", "", "receivers = 1"), "alerts.receivers", 3, "expected array, got int"),
 ]
 
 
@@ -209,3 +221,36 @@ def test_rules_file(tmp_path: Path) -> None:
     assert (err.value.file, err.value.key, err.value.line) == (str(path), "rules[0].threshold", 1)
     with pytest.raises(ConfigError, match="cannot read"):
         load_rules_file(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "line", "message"),
+    [
+        (
+            '[[rules]]\nname = "Hot"\nfield = "temperature_celsius"\nthreshold = 80\nfour = "5m"\n',
+            "rules[0].four",
+            5,
+            "unknown key",
+        ),
+        ('[[rule]]\nname = "Hot"\n', "rule", 1, "unknown key (expected one of: rules)"),
+        (
+            '[[rules]]\nname = "Hot"\nfield = "temperature_celsius"\nthreshold = 80\nlabels = "x"\n',
+            "rules[0].labels",
+            5,
+            "expected object, got str",
+        ),
+        (
+            '[alerts]\n[[alerts.rules]]\nname = "Hot"\nfield = "temperature_celsius"\nthreshold = [80]\n',
+            "alerts.rules[0].threshold",
+            5,
+            "expected float, got array",
+        ),
+    ],
+)
+def test_rules_file_errors_name_the_key_and_line(tmp_path: Path, text: str, key: str, line: int, message: str) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_rules_file(path)
+    assert (err.value.file, err.value.key, err.value.line) == (str(path), key, line)
+    assert message in err.value.message

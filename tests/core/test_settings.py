@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from gpulens.config import ConfigError
-from gpulens.settings import configuration_reference, load_settings, parse_settings
+from gpulens.configdoc import configuration_reference
+from gpulens.settings import load_settings, parse_settings
 
 GOOD = """\
 [database]
@@ -72,6 +73,11 @@ def test_url_file_keeps_the_password_out_of_the_config(tmp_path: Path) -> None:
         ('[[targets]]\nurl = "http://a:1"\n[[targets]]\nurl = "http://a:1"\n', "targets[1].name", 3),
         ("[database]\nurl = 5\n", "database.url", 2),
         ("targets = 3\n", "targets", 1),
+        ('[retention]\nraw = "7d"\n\nhourly = "1d"\n', "retention.hourly", 4),
+        ('[collector]\nconcurrency = "64"\n', "collector.concurrency", 2),
+        ('[[targets]]\nurl = "http://a:1"\ninsecure_skip_verify = "yes"\n', "targets[0].insecure_skip_verify", 3),
+        ('[[file_sd]]\nfiles = "a.json"\n', "file_sd[0].files", 2),
+        ('[[file_sd]]\nfiles = ["a.json", 3]\n', "file_sd[0].files[1]", 2),
     ],
 )
 def test_errors_name_the_file_the_key_and_the_line(text: str, key: str, line: int) -> None:
@@ -79,6 +85,18 @@ def test_errors_name_the_file_the_key_and_the_line(text: str, key: str, line: in
         parse_settings(text, "bad.toml", environ={})
     assert (info.value.file, info.value.key, info.value.line) == ("bad.toml", key, line)
     assert str(info.value).startswith(f"bad.toml:{line}: {key}: ")
+
+
+def test_unknown_keys_list_the_keys_the_table_takes() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_settings('[collector]\ninterval = "5s"\nintervall = "5s"\n', "bad.toml", environ={})
+    assert str(info.value).startswith("bad.toml:3: collector.intervall: unknown key (expected one of: interval, ")
+
+
+def test_wrong_types_name_the_expected_type() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_settings('[collector]\nconcurrency = "64"\n', "bad.toml", environ={})
+    assert str(info.value) == "bad.toml:2: collector.concurrency: expected int, got str"
 
 
 def test_toml_syntax_errors_carry_the_line() -> None:
@@ -95,5 +113,5 @@ def test_unreadable_file(tmp_path: Path) -> None:
 def test_the_configuration_reference_is_current() -> None:
     doc = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
     assert doc.read_text() == configuration_reference(), (
-        "regenerate: python -m gpulens.settings > docs/configuration.md"
+        "regenerate: python -m gpulens.configdoc > docs/configuration.md"
     )

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from exporter.sim import SimCluster, load_scenario
-from gpulens.settings import SECTIONS, load_settings
+from gpulens.settings import CollectorFile, load_settings
 from tests.deploy.support import (
     COMPOSE_FILE,
     DEPLOY,
@@ -121,7 +121,7 @@ def test_listen_addresses_and_published_ports_match_the_code_defaults(
         assert container_ports(services[name]) == {int(port)}, name
     # the collector's address comes from the config file; Prometheus scrapes it over the compose network
     settings = load_settings(TOML, environ={"GPULENS_DB_URL": "sqlite:///unused.db"})
-    schema_default = next(k.default for k in SECTIONS["collector"].keys if k.name == "listen")
+    schema_default = CollectorFile().listen
     assert settings.listen == f"0.0.0.0:{port_of(schema_default)}"
 
 

@@ -242,6 +242,14 @@ def test_tls_with_a_test_certificate(poller: Poller, tmp_path: Path, auth_config
         ("tls_server_config:\n  bogus: 1\n", "tls_server_config.bogus", 2),
         ("basic_auth_users:\n  alice: plaintext-password\n", "basic_auth_users.alice", 2),
         ("# web\nunknown_section: {}\n", "unknown_section", 2),
+        ("tls_server_config:\n  cert_file: [a, b]\n  key_file: k\n", "tls_server_config.cert_file", 2),
+        (
+            "tls_server_config:\n  cert_file: c\n  key_file: k\n\n  min_version: TLS9\n",
+            "tls_server_config.min_version",
+            5,
+        ),
+        ("basic_auth_users:\n  alice: 12345\n", "basic_auth_users.alice", 2),
+        ("# web\n\ntls_server_config: yes\n", "tls_server_config", 3),
     ],
 )
 def test_bad_web_configs_name_file_key_and_line(tmp_path: Path, text: str, key: str, line: int) -> None:

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from gpulens.config import ConfigError, TomlLocator
+from gpulens.netaddr import parse_listen
 from gpulens.typedinput import (
     Duration,
     FieldError,
@@ -43,7 +44,6 @@ def doc(meaning: str, *, env: str | None = None, kind: str | None = None, **cons
 
 TargetKind = Literal["gpulens", "dcgm"]
 _SHARD = re.compile(r"^(\d+)/(\d+)$")
-_LISTEN = re.compile(r"^(\[[0-9a-fA-F:]+\]|[^:\s]*):(\d{1,5})$")
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -84,8 +84,10 @@ class CollectorFile(InputStruct, frozen=True):
             value = getattr(self, key)
             if value < minimum:
                 raise FieldError(key, f"must be at least {minimum:g}, got {value:g}")
-        if not _LISTEN.match(self.listen):
-            raise FieldError("listen", f"expected host:port, got {self.listen!r}")
+        try:
+            parse_listen(self.listen)
+        except ValueError as exc:
+            raise FieldError("listen", str(exc)) from None
         try:
             parse_shard(self.shard)
         except ValueError as exc:

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from dashboard import figures
 from dashboard.figures import Axis, Line, MaskSeries, Period
-from storage.queries import SeriesData
+from storage.timeseries import SeriesData
 
 # Every field the charts read, in one list, so a page asks storage for all of them in one query.
 FIELDS: Final = (

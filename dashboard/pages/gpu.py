@@ -28,7 +28,7 @@ from dashboard.panels import FIELDS, gpu_charts, gpu_series
 from dashboard.paths import job_path, node_path
 from dashboard.timerange import minute_text, resolve_range
 from gpulens.model import GpuJob, GpuReading, throttle_reason_names
-from storage import queries
+from storage import latest, timeseries
 
 PATH_TEMPLATE: Final = "/gpus/<uuid>"
 IDS: Final = ids.GPU
@@ -84,9 +84,9 @@ def render(context: Context, state: ViewState, uuid: str) -> tuple[Any, ...]:
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now)
-        reading = next((r for r in queries.latest_readings(context.db) if r.uuid == uuid), None)
-        jobs, processes = queries.latest_snapshot_parts(context.db)
-        series = queries.series(context.db, [uuid], FIELDS, span.start, span.end, MAX_POINTS) if reading else {}
+        reading = next((r for r in latest.latest_readings(context.db) if r.uuid == uuid), None)
+        jobs, processes = latest.latest_snapshot_parts(context.db)
+        series = timeseries.series(context.db, [uuid], FIELDS, span.start, span.end, MAX_POINTS) if reading else {}
         active = context.alerts.active() if context.alerts is not None else None
         return span, reading, jobs, processes, series, active
 

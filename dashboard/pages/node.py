@@ -30,7 +30,7 @@ from dashboard.pages.alerts import about_alerts
 from dashboard.panels import FIELDS, gpu_charts, gpu_series
 from dashboard.paths import gpu_path, job_path
 from dashboard.timerange import minute_text, resolve_range
-from storage import queries
+from storage import latest, timeseries
 
 PATH_TEMPLATE: Final = "/nodes/<node>"
 IDS: Final = ids.NODE
@@ -86,9 +86,9 @@ def render(context: Context, state: ViewState, node: str) -> tuple[Any, ...]:
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now)
-        readings = [r for r in queries.latest_readings(context.db) if r.node == node]
-        jobs, processes = queries.latest_snapshot_parts(context.db)
-        series = queries.series(context.db, [r.uuid for r in readings], FIELDS, span.start, span.end, MAX_POINTS)
+        readings = [r for r in latest.latest_readings(context.db) if r.node == node]
+        jobs, processes = latest.latest_snapshot_parts(context.db)
+        series = timeseries.series(context.db, [r.uuid for r in readings], FIELDS, span.start, span.end, MAX_POINTS)
         active = context.alerts.active() if context.alerts is not None else None
         return span, readings, jobs, processes, series, active
 

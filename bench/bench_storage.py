@@ -37,7 +37,7 @@ import sqlalchemy as sa
 
 from gpulens.clock import ManualClock
 from gpulens.model import GpuJob, LinkReading, NodeSnapshot, ProcessReading
-from storage import queries, schema
+from storage import jobstats, latest, schema, timeseries
 from storage.db import Database
 from storage.rollup import Rollups
 from storage.writer import Writer
@@ -99,7 +99,7 @@ def _value_sql(f: schema.StoredField, k: str = "k") -> str:
 
 
 def _history_sql(dialect: str, interval_ms: int) -> str:
-    columns = ["gpu_id", "ts_ms", *(f.name for f in schema.SAMPLE_FIELDS)]
+    columns = ["gpu_id", "ts_ms", *(f.column for f in schema.SAMPLE_FIELDS)]
     ts = f"{round(START * 1000)} + CAST(k AS BIGINT) * {interval_ms} + g.id % 97"
     values = ["g.id", ts, *map(_value_sql, schema.SAMPLE_FIELDS)]
     rounds = (
@@ -120,13 +120,13 @@ def _rollup_history_sql(dialect: str, table: str, width_ms: int, first_ms: int, 
     for f in schema.SAMPLE_FIELDS:
         expression = _value_sql(f, "h")
         if f.kind == "gauge":
-            columns += [f"{f.name}_min", f"{f.name}_avg", f"{f.name}_max"]
+            columns += [f"{f.column}_min", f"{f.column}_mean", f"{f.column}_max"]
             values += [f"({expression}) / 2", f"({expression}) * 1.0", f"({expression})"]
         elif f.kind == "counter":
-            columns.append(f"{f.name}_inc")
+            columns.append(f"{f.column}_increase")
             values.append(f"{samples * 6_000_000}" if f.name == "energy_joules_total" else "0")
         else:
-            columns.append(f"{f.name}_or")
+            columns.append(f"{f.column}_or")
             values.append(expression)
     recursive = f"WITH RECURSIVE r(h) AS (SELECT 0 UNION ALL SELECT h + 1 FROM r WHERE h + 1 < {buckets})"
     series = f"generate_series(0, {buckets - 1}) AS h" if dialect == "postgresql" else f"({recursive} SELECT h FROM r)"
@@ -306,17 +306,17 @@ def run_backend(prefix: str, url: str, args: argparse.Namespace) -> None:
     now = clock.now()
     gpu = h100("node-0000", 0, 0).uuid
     job_gpus = [h100(f"node-{n:04d}", i, 0).uuid for n in range(JOB_GPUS // args.gpus) for i in range(args.gpus)]
-    latest = _median_ms(lambda: queries.latest_readings(db, max_age_s=300))
-    emit(f"{prefix}_latest_all_gpus", latest, "ms")
-    one_day = _median_ms(lambda: queries.series(db, [gpu], ["utilization_ratio"], now - DAY_S, now, 1000))
+    latest_ms = _median_ms(lambda: latest.latest_readings(db, max_age_s=300))
+    emit(f"{prefix}_latest_all_gpus", latest_ms, "ms")
+    one_day = _median_ms(lambda: timeseries.series(db, [gpu], ["utilization_ratio"], now - DAY_S, now, 1000))
     emit(f"{prefix}_gpu_24h_1000_points", one_day, "ms")
 
     def job_30_days() -> None:
-        queries.series(db, job_gpus, ["utilization_ratio", "memory_used_bytes"], now - 30 * DAY_S, now, 1000)
-        queries.jobs(db, now - 30 * DAY_S, now, job_id="job-0")
+        timeseries.series(db, job_gpus, ["utilization_ratio", "memory_used_bytes"], now - 30 * DAY_S, now, 1000)
+        jobstats.jobs(db, now - 30 * DAY_S, now, job_id="job-0")
 
     emit(f"{prefix}_job_16gpu_30d", _median_ms(job_30_days), "ms")
-    count = len(queries.latest_readings(db, max_age_s=300))
+    count = len(latest.latest_readings(db, max_age_s=300))
     if count != args.nodes * args.gpus:
         raise RuntimeError(f"expected {args.nodes * args.gpus} latest readings, got {count}")
     db.close()

@@ -291,7 +291,7 @@ def processes_table(processes: Sequence[ProcessReading], state: ViewState) -> ht
             p.user or MISSING,
             link(p.job_id, job_path(p.job_id), state) if p.job_id else MISSING,
             p.command or MISSING,
-            bytes_text(p.used_memory_bytes),
+            bytes_text(p.memory_used_bytes),
         ]
         for p in sorted(processes, key=lambda p: (p.node, p.gpu, p.pid))
     ]

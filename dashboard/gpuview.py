@@ -19,8 +19,8 @@ from dashboard.ids import Toolbar
 from dashboard.panels import FIELDS, GpuSeries, gpu_charts
 from dashboard.timerange import TimeRange, minute_text, resolve_range
 from gpulens.model import GpuJob, GpuReading, ProcessReading
-from storage import queries
-from storage.queries import SeriesData
+from storage import latest, timeseries
+from storage.timeseries import SeriesData
 
 Render = Callable[[Context, ViewState, str], tuple[Any, ...]]
 
@@ -72,10 +72,10 @@ def load_gpu_view(context: Context, state: ViewState, shown: Callable[[GpuReadin
 
     def load() -> GpuView:
         span = resolve_range(state.range, state.start, state.end, now)
-        readings = [r for r in queries.latest_readings(context.db) if shown(r)]
-        jobs, processes = queries.latest_snapshot_parts(context.db)
+        readings = [r for r in latest.latest_readings(context.db) if shown(r)]
+        jobs, processes = latest.latest_snapshot_parts(context.db)
         uuids = [r.uuid for r in readings]
-        series = queries.series(context.db, uuids, FIELDS, span.start, span.end, max_points) if uuids else {}
+        series = timeseries.series(context.db, uuids, FIELDS, span.start, span.end, max_points) if uuids else {}
         active = context.alerts.active() if context.alerts is not None else None
         return GpuView(now, span, readings, jobs, processes, series, active)
 

@@ -16,7 +16,7 @@ from dashboard.figures.style import LIMIT_COLOR
 from dashboard.figures.throttle import MaskSeries, throttle_timeline
 from dashboard.figures.timeseries import CELSIUS, GIB, HERTZ, PER_SECOND, PERCENT, RATE, WATTS, Axis, Line, time_series
 from gpulens.hardware import nvlink_max_bytes_per_second, pcie_max_bytes_per_second
-from storage.queries import SeriesData
+from storage.timeseries import SeriesData
 
 # Every field the charts read, in one list, so a page asks storage for all of them in one query.
 FIELDS: Final = (

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from dashboard.figures.grids import GridCell
-from storage.queries import IDLE_UTILIZATION
+from storage.latest import IDLE_UTILIZATION
 
 # A GPU under this utilization is idle (the definition ``gpulens query`` and the cluster summary use).
 IDLE_BELOW: Final = IDLE_UTILIZATION

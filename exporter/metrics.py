@@ -181,10 +181,10 @@ def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
         labels=["node", "gpu", "uuid", "pid", "job_id", "user", "command"],
     )
     for p in snapshot.processes:
-        if p.used_memory_bytes is not None:
+        if p.memory_used_bytes is not None:
             processes.add_metric(
                 [p.node, str(p.gpu), p.uuid, str(p.pid), p.job_id or "", p.user or "", p.command or ""],
-                p.used_memory_bytes,
+                p.memory_used_bytes,
             )
     yield processes
 

@@ -746,7 +746,7 @@ class NvmlSource:
                 gpu=gpu.index,
                 uuid=gpu.uuid,
                 pid=int(process.pid),
-                used_memory_bytes=_as_int(process.usedGpuMemory),
+                memory_used_bytes=_as_int(process.usedGpuMemory),
             )
             for process in processes
         )

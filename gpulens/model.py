@@ -110,7 +110,7 @@ class ProcessReading:
     gpu: int
     uuid: str
     pid: int
-    used_memory_bytes: int | None = None
+    memory_used_bytes: int | None = None
     command: str | None = None
     user: str | None = None
     job_id: str | None = None
@@ -283,9 +283,16 @@ def _coerce(cls_name: str, name: str, annotation: str, value: Any) -> Any:
     raise SnapshotFormatError(f"{cls_name}.{name}: unsupported field type {annotation}")  # pragma: no cover
 
 
+# Keys that older exporters wrote, by record type: old key -> the field's name now.
+_OLD_KEYS: Final[dict[str, dict[str, str]]] = {"ProcessReading": {"used_memory_bytes": "memory_used_bytes"}}
+
+
 def _record_from_json(cls: Any, data: Any) -> Any:
     if not isinstance(data, dict):
         raise SnapshotFormatError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
+    for old, new in _OLD_KEYS.get(cls.__name__, {}).items():
+        if old in data and new not in data:
+            data = {**data, new: data[old]}
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         annotation = str(f.type)

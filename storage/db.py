@@ -146,14 +146,14 @@ class Database:
 
     # --- lifecycle ----------------------------------------------------------------------------------------------
 
-    def upgrade(self) -> None:
-        """Apply every Alembic migration up to head. Idempotent."""
+    def upgrade(self, revision: str = "head") -> None:
+        """Apply every Alembic migration up to ``revision`` (the latest by default). Idempotent."""
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
         with self.translate_errors(), self.engine.begin() as conn:
             config.attributes["connection"] = conn
-            command.upgrade(config, "head")
-        log.info("database %s is at the latest schema", self.url_redacted)
+            command.upgrade(config, revision)
+        log.info("database %s is at schema revision %s", self.url_redacted, revision)
 
     def size_bytes(self) -> int:
         """Bytes on disk: the SQLite file with its WAL, or pg_database_size."""

@@ -1,6 +1,6 @@
 """Retention: how long each tier is kept. PostgreSQL drops whole partitions; SQLite deletes in small transactions.
 
-Each tier's cutoff is recorded as its horizon in ``tier_state``, so ``queries.series`` does not choose a tier whose
+Each tier's cutoff is recorded as its horizon in ``tier_state``, so ``timeseries.series`` does not choose a tier whose
 data for the range is gone.
 """
 

@@ -1,10 +1,11 @@
-"""Incremental 1-minute and 1-hour rollups (min/avg/max of gauges, increases of counters, OR of bitmasks).
+"""Incremental 1-minute and 1-hour rollups (min/mean/max of gauges, increases of counters, OR of bitmasks).
 
-Each tier keeps its position in ``tier_state``: every bucket below it is rolled up, so a restarted process resumes
-where the last one stopped. Samples written below the position (a replayed spool, a slow collector) leave a
-``rollup_dirty`` mark and the next run recomputes their buckets; rollup rows are upserted, so recomputing is safe.
-Each run works in chunks, one transaction each, holding the tier's lock (``db.lock_tier``) so that writers of the
-tier's source queue behind it instead of slipping rows in unseen.
+The aggregate SQL itself comes from ``storage.aggregates``. Each tier keeps its position in ``tier_state``: every
+bucket below it is rolled up, so a restarted process resumes where the last one stopped. Samples written below the
+position (a replayed spool, a slow collector) leave a ``rollup_dirty`` mark and the next run recomputes their
+buckets; rollup rows are upserted, so recomputing is safe. Each run works in chunks, one transaction each, holding
+the tier's lock (``db.lock_tier``) so that writers of the tier's source queue behind it instead of slipping rows in
+unseen.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Final
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from storage import schema
+from storage import aggregates, schema
 from storage.db import Database, lock_tier
 
 log = logging.getLogger(__name__)
@@ -43,15 +44,7 @@ _TIERS: Final = (
 
 
 def _rollup_columns() -> list[str]:
-    columns = ["gpu_id", "ts_ms", "n", "elapsed_ms"]
-    for f in schema.SAMPLE_FIELDS:
-        if f.kind == "gauge":
-            columns += [f"{f.name}_min", f"{f.name}_avg", f"{f.name}_max"]
-        elif f.kind == "counter":
-            columns.append(f"{f.name}_inc")
-        else:
-            columns.append(f"{f.name}_or")
-    return columns
+    return ["gpu_id", "ts_ms", "n", "elapsed_ms", *aggregates.rollup_columns(schema.SAMPLE_FIELDS)]
 
 
 def _upsert_tail(columns: list[str]) -> str:
@@ -64,27 +57,17 @@ def _from_samples_sql(dialect: str) -> str:
 
     Gauges and bitmasks are aggregated straight off the rows of the range; counters' increases need each sample's
     predecessor (a window over a narrow projection: sorting wide rows for it measured twice as slow).
-    A counter that went down was reset (an exporter restart) and counts from zero.
     """
     minute = f"ts_ms / {schema.MINUTE_MS}"
     gauges: list[str] = []
     counters: list[str] = []
-    inner = ["gpu_id", "ts_ms", "ts_ms - LAG(ts_ms) OVER w AS dt"]
     for f in schema.SAMPLE_FIELDS:
-        if f.kind == "gauge":
-            # PostgreSQL averages integers as numeric, several times slower than double precision.
-            average = f"CAST({f.name} AS DOUBLE PRECISION)" if dialect == "postgresql" else f.name
-            gauges += [
-                f"min({f.name}) AS {f.name}_min",
-                f"avg({average}) AS {f.name}_avg",
-                f"max({f.name}) AS {f.name}_max",
-            ]
-        elif f.kind == "counter":
-            inner.append(f"{f.name} - LAG({f.name}) OVER w AS d_{f.name}")
-            inner.append(f.name)
-            counters.append(f"sum(CASE WHEN d_{f.name} < 0 THEN {f.name} ELSE d_{f.name} END) AS {f.name}_inc")
-        else:
-            gauges.append(f"bit_or({f.name}) AS {f.name}_or")
+        named = [
+            f"{sql} AS {f.column}_{aggregate}"
+            for sql, aggregate in zip(aggregates.summary(f, "raw", dialect), f.aggregates, strict=True)
+        ]
+        (counters if f.kind == "counter" else gauges).extend(named)
+    inner = aggregates.window_columns(schema.SAMPLE_FIELDS, counters_only=True)
     where, read_where = "ts_ms >= :lo AND ts_ms < :hi", "ts_ms >= :read_from AND ts_ms < :hi"
     if dialect == "sqlite":  # read through the minute-leading unique index
         where += f" AND {minute} BETWEEN :lo / {schema.MINUTE_MS} AND :hi / {schema.MINUTE_MS}"
@@ -104,7 +87,7 @@ def _from_samples_sql(dialect: str) -> str:
         f"a.minute * {schema.MINUTE_MS}"
         if c == "ts_ms"
         else f"c.{c}"
-        if c == "elapsed_ms" or c.endswith("_inc")
+        if c == "elapsed_ms" or c.endswith("_increase")
         else f"a.{c}"
         for c in columns
     ]
@@ -116,16 +99,10 @@ def _from_samples_sql(dialect: str) -> str:
 
 
 def _from_minutes_sql(dialect: str) -> str:
-    """1-hour buckets from 1-minute ones: averages weighted by sample counts."""
+    """1-hour buckets from 1-minute ones: means weighted by sample counts."""
     outer = ["r.gpu_id", f"(r.ts_ms / {schema.HOUR_MS}) * {schema.HOUR_MS}", "sum(r.n)", "sum(r.elapsed_ms)"]
     for f in schema.SAMPLE_FIELDS:
-        if f.kind == "gauge":
-            weight = f"sum(CASE WHEN r.{f.name}_avg IS NOT NULL THEN r.n END)"
-            outer += [f"min(r.{f.name}_min)", f"sum(r.{f.name}_avg * r.n) / {weight}", f"max(r.{f.name}_max)"]
-        elif f.kind == "counter":
-            outer.append(f"sum(r.{f.name}_inc)")
-        else:
-            outer.append(f"bit_or(r.{f.name}_or)")
+        outer += aggregates.summary(f, "1m", dialect, prefix="r.")
     # The 1-minute table is clustered by GPU: drive the read GPU by GPU (SQLite's CROSS JOIN keeps this order).
     join = (
         "gpu AS g CROSS JOIN gpu_rollup_1m AS r" if dialect == "sqlite" else "gpu AS g JOIN gpu_rollup_1m AS r ON true"

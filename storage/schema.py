@@ -37,11 +37,14 @@ _INT_RANGES: Final[dict[type[sa.types.TypeEngine[int]], int]] = {
 class StoredField:
     """One numeric GpuReading field as a column: SI value = stored * unit / per_unit.
 
-    ``kind`` decides how the field is aggregated: gauges get min/avg/max, counters an increase (rates are derived at
-    query time, counter resets handled), bitmasks a bitwise OR.
+    ``name`` is the field's catalogue name, in SI units (``power_watts``); ``column`` is the stored column, named by
+    the unit it holds (``power_deciwatts``): see ``STORED_UNITS``. ``kind`` decides how the field is aggregated:
+    gauges get min/mean/max, counters an increase (rates are derived at query time, counter resets handled),
+    bitmasks a bitwise OR.
     """
 
     name: str
+    column: str
     kind: str  # "gauge" | "counter" | "bitmask"
     sql_type: type[sa.types.TypeEngine[int]]
     unit: int = 1
@@ -52,6 +55,11 @@ class StoredField:
     @property
     def limit(self) -> int:
         return _INT_RANGES[self.sql_type]
+
+    @property
+    def aggregates(self) -> tuple[str, ...]:
+        """The suffixes of this field's rollup columns (and of its SI columns in the rollup views)."""
+        return AGGREGATES[self.kind]
 
     def sql_encode(self, value: str, dialect: str) -> str:
         """SQL turning the SI value ``value`` (a parameter or column) into the stored integer; NULL if it won't fit.
@@ -67,7 +75,10 @@ class StoredField:
         return f"CASE WHEN {scaled} BETWEEN {-self.limit} AND {self.limit} THEN CAST({rounded} AS {cast}) END"
 
     def sql_decode(self, column: str, dialect: str) -> str:
-        """SQL turning the stored ``column`` back into the SI value (booleans stay 0/1: SQL has no portable bool)."""
+        """SQL turning the stored-unit ``column`` (or an aggregate of it) into SI units.
+
+        Booleans stay 0/1: SQL has no portable bool.
+        """
         if self.is_bool or (self.unit == 1 and self.per_unit == 1):
             return column
         if self.is_int:
@@ -80,37 +91,49 @@ class StoredField:
         return stored * self.unit / self.per_unit
 
 
-# Encodings by unit suffix, for float fields: (suffix, sql type, unit, per_unit).
-_FLOAT_ENCODINGS: Final = (
-    ("_ratio", sa.SmallInteger, 1, 10_000),  # 1/10000
-    ("_celsius", sa.SmallInteger, 1, 10),  # 0.1 degree
-    ("_watts", sa.Integer, 1, 10),  # deciwatts
-    ("_joules_total", sa.BigInteger, 1, 1000),  # millijoules
-    ("_hertz", sa.Integer, 1_000_000, 1),  # MHz, NVML's own resolution
-    ("_bytes_per_second", sa.BigInteger, 1000, 1),  # kB/s, NVML's own resolution
+# Rollup columns are ``<column>_<aggregate>``, by field kind; the SI views name theirs ``<field>_<aggregate>``.
+AGGREGATES: Final[dict[str, tuple[str, ...]]] = {
+    "gauge": ("min", "mean", "max"),
+    "counter": ("increase",),
+    "bitmask": ("or",),
+}
+
+# The stored units: (SI suffix, stored suffix, sql type, unit, per_unit) for float fields. A stored column is the
+# field's name with its SI suffix replaced by the stored one; other fields (counts, flags) are stored as they are.
+STORED_UNITS: Final = (
+    ("_ratio", "_per10k", sa.SmallInteger, 1, 10_000),  # ten-thousandths
+    ("_celsius", "_decicelsius", sa.SmallInteger, 1, 10),  # 0.1 degree
+    ("_watts", "_deciwatts", sa.Integer, 1, 10),
+    ("_joules_total", "_millijoules_total", sa.BigInteger, 1, 1000),
+    ("_hertz", "_mhz", sa.Integer, 1_000_000, 1),  # MHz, NVML's own resolution
+    ("_bytes_per_second", "_kb_per_second", sa.BigInteger, 1000, 1),  # kB/s (1000 B/s), NVML's own resolution
 )
+KIB_SUFFIX: Final = ("_bytes", "_kib")  # integer byte counts are stored in KiB
 
 
 def _stored_field(name: str, annotation: str, kind: str) -> StoredField:
     if annotation == "bool | None":
-        return StoredField(name, kind, sa.SmallInteger, is_bool=True)
+        return StoredField(name, name, kind, sa.SmallInteger, is_bool=True)
     if annotation == "int | None":
-        if name.endswith("_bytes"):
-            return StoredField(name, kind, sa.BigInteger, unit=1024, is_int=True)  # KiB
+        si_suffix, stored_suffix = KIB_SUFFIX
+        if name.endswith(si_suffix):
+            column = name.removesuffix(si_suffix) + stored_suffix
+            return StoredField(name, column, kind, sa.BigInteger, unit=1024, is_int=True)
         sql_type = sa.BigInteger if kind == "counter" else sa.Integer
-        return StoredField(name, kind, sql_type, is_int=True)
-    for suffix, sql_type, unit, per_unit in _FLOAT_ENCODINGS:
-        if annotation == "float | None" and name.endswith(suffix):
-            return StoredField(name, kind, sql_type, unit=unit, per_unit=per_unit)
+        return StoredField(name, name, kind, sql_type, is_int=True)
+    for si_suffix, stored_suffix, float_type, unit, per_unit in STORED_UNITS:
+        if annotation == "float | None" and name.endswith(si_suffix):
+            column = name.removesuffix(si_suffix) + stored_suffix
+            return StoredField(name, column, kind, float_type, unit=unit, per_unit=per_unit)
     raise TypeError(f"no storage encoding for GpuReading.{name} ({annotation}): add one in storage/schema.py")
 
 
 def _sample_fields() -> tuple[StoredField, ...]:
     annotations = {f.name: str(f.type) for f in dataclasses.fields(GpuReading)}
-    fields = [StoredField("up", "gauge", sa.SmallInteger, is_bool=True)]
+    fields = [StoredField("up", "up", "gauge", sa.SmallInteger, is_bool=True)]
     fields += [_stored_field(spec.field, annotations[spec.field], spec.type) for spec in GPU_FIELDS]
-    fields.append(StoredField("throttle_reasons", "bitmask", sa.Integer, is_int=True))
-    fields.append(StoredField("xid_total", "counter", sa.BigInteger, is_int=True))
+    fields.append(StoredField("throttle_reasons", "throttle_reasons", "bitmask", sa.Integer, is_int=True))
+    fields.append(StoredField("xid_total", "xid_total", "counter", sa.BigInteger, is_int=True))
     return tuple(fields)
 
 
@@ -181,7 +204,9 @@ def _rollup_table(name: str) -> sa.Table:
 
 
 def _sample_columns() -> list[sa.Column[object]]:
-    columns: list[sa.Column[object]] = [sa.Column(f.name, f.sql_type(), nullable=f.name != "up") for f in SAMPLE_FIELDS]
+    columns: list[sa.Column[object]] = [
+        sa.Column(f.column, f.sql_type(), nullable=f.name != "up") for f in SAMPLE_FIELDS
+    ]
     columns.append(sa.Column("xid_errors", sa.Text))
     return columns
 
@@ -192,14 +217,11 @@ def _rollup_columns() -> list[sa.Column[object]]:
         sa.Column("elapsed_ms", sa.BigInteger),  # sum of the gaps to each sample's predecessor (rate denominator)
     ]
     for f in SAMPLE_FIELDS:
-        if f.kind == "gauge":
-            columns.append(sa.Column(f"{f.name}_min", f.sql_type()))
-            columns.append(sa.Column(f"{f.name}_avg", sa.Double()))
-            columns.append(sa.Column(f"{f.name}_max", f.sql_type()))
-        elif f.kind == "counter":
-            columns.append(sa.Column(f"{f.name}_inc", sa.BigInteger()))
-        else:
-            columns.append(sa.Column(f"{f.name}_or", f.sql_type()))
+        for aggregate in f.aggregates:
+            sql_type = (
+                sa.Double() if aggregate == "mean" else sa.BigInteger() if aggregate == "increase" else f.sql_type()
+            )
+            columns.append(sa.Column(f"{f.column}_{aggregate}", sql_type))
     return columns
 
 
@@ -268,7 +290,7 @@ process_latest: Final = sa.Table(
     sa.Column("gpu_id", sa.Integer, sa.ForeignKey("gpu.id", ondelete="CASCADE"), primary_key=True),
     sa.Column("pid", sa.Integer, primary_key=True),
     sa.Column("seen_ms", sa.BigInteger, nullable=False),
-    sa.Column("used_memory_bytes", sa.BigInteger),
+    sa.Column("memory_used_bytes", sa.BigInteger),
     sa.Column("command", sa.Text),
     sa.Column("user_name", sa.Text),
     sa.Column("job_id", sa.Text),

@@ -31,8 +31,10 @@ LAST_SEEN_RESOLUTION_MS: Final = schema.MINUTE_MS
 
 _ENCODED_FIELDS: Final = schema.SAMPLE_FIELDS[:-1]  # every field but xid_total (the last), derived from xid_errors
 _READING_VALUES: Final[Callable[[GpuReading], tuple[Any, ...]]] = attrgetter(*(f.name for f in _ENCODED_FIELDS))
-# The order of a row tuple: the reading's values first, so one tuple concatenation builds a row.
+# The order of a row tuple: the reading's values first, so one tuple concatenation builds a row. The tuple holds SI
+# values (PostgreSQL's staging table names its columns by field); gpu_sample's columns are named by stored unit.
 _ROW_COLUMNS: Final = (*(f.name for f in _ENCODED_FIELDS), "gpu_id", "ts_ms", "xid_total", "xid_errors")
+_SAMPLE_COLUMNS: Final = ", ".join((*(f.column for f in _ENCODED_FIELDS), "gpu_id", "ts_ms", "xid_total", "xid_errors"))
 _XID_TOTAL_LIMIT: Final = schema.FIELD_BY_NAME["xid_total"].limit
 _NO_XIDS: Final = (0, None)
 _PG_STAGE: Final = "gpulens_sample_in"
@@ -47,8 +49,7 @@ _static: Final[Callable[[GpuReading], Static]] = attrgetter(
 def _sqlite_insert() -> str:
     encoded = [f.sql_encode(f"?{i}", "sqlite") for i, f in enumerate(_ENCODED_FIELDS, start=1)]
     rest = [f"?{i}" for i in range(len(_ENCODED_FIELDS) + 1, len(_ROW_COLUMNS) + 1)]
-    columns = ", ".join(_ROW_COLUMNS)
-    return f"INSERT OR IGNORE INTO gpu_sample ({columns}) VALUES ({', '.join(encoded + rest)})"  # noqa: S608
+    return f"INSERT OR IGNORE INTO gpu_sample ({_SAMPLE_COLUMNS}) VALUES ({', '.join(encoded + rest)})"  # noqa: S608
 
 
 def _pg_stage_ddl() -> str:
@@ -61,8 +62,7 @@ def _pg_stage_ddl() -> str:
 def _pg_insert() -> str:
     encoded = [f.sql_encode(f.name, "postgresql") for f in _ENCODED_FIELDS]
     values = ", ".join([*encoded, "gpu_id", "ts_ms", "xid_total", "xid_errors"])
-    columns = ", ".join(_ROW_COLUMNS)
-    return f"INSERT INTO gpu_sample ({columns}) SELECT {values} FROM {_PG_STAGE} ON CONFLICT DO NOTHING"  # noqa: S608
+    return f"INSERT INTO gpu_sample ({_SAMPLE_COLUMNS}) SELECT {values} FROM {_PG_STAGE} ON CONFLICT DO NOTHING"  # noqa: S608
 
 
 _SQLITE_INSERT: Final = _sqlite_insert()
@@ -133,7 +133,7 @@ def _xid_columns(xids: Mapping[int, int]) -> tuple[int | None, str | None]:
 
 _UUIDS: Final = attrgetter("uuid")
 _JOB_KEY: Final = attrgetter("uuid", "job_id", "user")
-_PROCESS_KEY: Final = attrgetter("uuid", "pid", "used_memory_bytes", "command", "user", "job_id")
+_PROCESS_KEY: Final = attrgetter("uuid", "pid", "memory_used_bytes", "command", "user", "job_id")
 _LINK_KEY: Final = attrgetter("uuid", "link", "remote_pci_bus_id")
 _ACTIVE: Final = attrgetter("active")
 
@@ -157,7 +157,7 @@ def _parts(snapshot: NodeSnapshot) -> dict[str, _Parts]:
     for p in snapshot.processes:
         part = parts.get(p.uuid)
         if part is not None:
-            part.processes.append((p.pid, p.used_memory_bytes, p.command, p.user, p.job_id))
+            part.processes.append((p.pid, p.memory_used_bytes, p.command, p.user, p.job_id))
             if p.job_id is not None:
                 part.jobs.setdefault(p.job_id, p.user)
     for job in snapshot.jobs:
@@ -391,7 +391,7 @@ class Writer:
                 "gpu_id": state.id,
                 "pid": pid,
                 "seen_ms": ts_ms,
-                "used_memory_bytes": memory,
+                "memory_used_bytes": memory,
                 "command": command,
                 "user_name": user,
                 "job_id": job_id,

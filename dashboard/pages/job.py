@@ -38,8 +38,8 @@ from dashboard.paths import gpu_path, node_path
 from dashboard.timerange import minute_text, resolve_range
 from gpulens.hardware import nvlink_max_bytes_per_second
 from gpulens.ratios import busiest_direction, nvlink_utilization_ratio, power_limit_ratio, share
-from storage import queries
-from storage.queries import SeriesData
+from storage import inventory, jobstats, timeseries
+from storage.timeseries import SeriesData
 
 PATH_TEMPLATE: Final = "/jobs/<job_id>"
 IDS: Final = ids.JOB
@@ -109,13 +109,13 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now)
-        found = queries.jobs(context.db, span.start, span.end, job_id=job_id)
+        found = jobstats.jobs(context.db, span.start, span.end, job_id=job_id)
         summary = found[0] if found else None
         if summary is None:
             return span, None, [], {}, [], []
-        places = {g.uuid: g for g in queries.gpu_info(context.db) if g.uuid in set(summary.gpus)}
+        places = {g.uuid: g for g in inventory.gpu_info(context.db) if g.uuid in set(summary.gpus)}
         points = max(60, min(600, POINT_BUDGET // max(1, len(summary.gpus))))
-        series = queries.series(context.db, summary.gpus, FIELDS, span.start, span.end, points)
+        series = timeseries.series(context.db, summary.gpus, FIELDS, span.start, span.end, points)
         active = reader.active() if reader is not None else []
         history = reader.history(span.start, span.end) if reader is not None else []
         return span, summary, list(places.values()), series, active, history
@@ -159,7 +159,7 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         [
             f"{summary.user or 'unknown user'} · {len(summary.gpus)} GPUs on {len(summary.nodes)} node(s) · "
             f"{minute_text(summary.first_seen)} to {minute_text(summary.last_seen)} · "
-            f"{summary.gpu_hours:.1f} GPU-hours · mean utilization {percent_text(summary.utilization_mean)} ",
+            f"{summary.gpu_hours:.1f} GPU-hours · mean utilization {percent_text(summary.utilization_ratio_mean)} ",
             *marks,
         ]
     )

@@ -35,8 +35,8 @@ from dashboard.grid import grid_cells, parse_page, select_page
 from dashboard.heatmaps import METRICS
 from dashboard.paths import job_path
 from dashboard.timerange import minute_text, resolve_range
-from storage import queries
-from storage.queries import JobSummary
+from storage import jobstats, latest
+from storage.jobstats import JobSummary
 
 PATH: Final = "/jobs"
 IDS: Final = ids.JOBS
@@ -149,9 +149,9 @@ def render(context: Context, state: ViewState, flag_filter: str, text: str, page
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now)
-        summaries = queries.jobs(context.db, span.start, span.end)
-        readings = queries.latest_readings(context.db)
-        jobs, _processes = queries.latest_snapshot_parts(context.db)
+        summaries = jobstats.jobs(context.db, span.start, span.end)
+        readings = latest.latest_readings(context.db)
+        jobs, _processes = latest.latest_snapshot_parts(context.db)
         alerts = context.alerts.active() if context.alerts is not None else None
         return span, summaries, readings, jobs, alerts
 
@@ -218,9 +218,9 @@ def jobs_table(
                 minute_text(s.first_seen),
                 duration_text(s.last_seen - s.first_seen),
                 f"{s.gpu_hours:.1f}",
-                percent_text(s.utilization_mean),
-                bytes_text(s.memory_used_mean_bytes),
-                balance_text(s.utilization_mean, s.utilization_stddev),
+                percent_text(s.utilization_ratio_mean),
+                bytes_text(s.memory_used_bytes_mean),
+                balance_text(s.utilization_ratio_mean, s.utilization_ratio_stddev),
                 html.Span(marks) if marks else "",
             ]
         )

@@ -39,7 +39,7 @@ from dashboard.summary import IDLE_BELOW, Headline, headline
 from dashboard.timerange import minute_text, resolve_range
 from gpulens.model import TargetHealth
 from gpulens.ratios import memory_used_ratio, power_limit_ratio
-from storage import queries
+from storage import inventory, latest
 
 PATH: Final = "/"
 TITLE: Final = "Overview · gpulens"
@@ -191,9 +191,9 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now)
-        readings = queries.latest_readings(context.db)
-        jobs, _processes = queries.latest_snapshot_parts(context.db)
-        targets = queries.target_health(context.db)
+        readings = latest.latest_readings(context.db)
+        jobs, _processes = latest.latest_snapshot_parts(context.db)
+        targets = inventory.target_health(context.db)
         firing = context.alerts.active() if context.alerts is not None else None
         return span, readings, jobs, targets, firing
 

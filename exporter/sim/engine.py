@@ -553,7 +553,7 @@ class SimCluster:
                 gpu=gpu.ref.index,
                 uuid=gpu.uuid,
                 pid=gpu.pids[j.id],
-                used_memory_bytes=max(_PROCESS_MIN_BYTES, int(in_use * j.memory_fraction / weight) // _MIB * _MIB),
+                memory_used_bytes=max(_PROCESS_MIN_BYTES, int(in_use * j.memory_fraction / weight) // _MIB * _MIB),
                 command=_COMMANDS[j.kind],
                 user=j.user,
                 job_id=j.id,

@@ -9,7 +9,7 @@ from typing import Any
 
 from gpulens.cli.base import UsageError
 from gpulens.cli.table import render_table
-from storage import queries
+from storage import inventory, jobstats, latest, timeseries
 from storage.db import Database
 
 _LATEST_COLUMNS = (
@@ -30,12 +30,12 @@ _LATEST_COLUMNS = (
 
 
 def _latest(db: Database) -> list[dict[str, Any]]:
-    jobs, _ = queries.latest_snapshot_parts(db)
+    jobs, _ = latest.latest_snapshot_parts(db)
     by_gpu: dict[str, list[tuple[str, str | None]]] = {}
     for job in jobs:
         by_gpu.setdefault(job.uuid, []).append((job.job_id, job.user))
     rows = []
-    for reading in queries.latest_readings(db):
+    for reading in latest.latest_readings(db):
         row = dataclasses.asdict(reading)
         row["xid_errors"] = {str(k): v for k, v in reading.xid_errors.items()}
         held = by_gpu.get(reading.uuid, [])
@@ -47,7 +47,7 @@ def _latest(db: Database) -> list[dict[str, Any]]:
 
 def _series(db: Database, args: argparse.Namespace, now: float) -> list[dict[str, Any]]:
     try:
-        data = queries.series(db, args.gpu, args.field, now - args.since, now, max_points=max(2, args.points))
+        data = timeseries.series(db, args.gpu, args.field, now - args.since, now, max_points=max(2, args.points))
     except ValueError as exc:
         raise UsageError(f"query series: {exc}") from None
     rows = []
@@ -70,19 +70,19 @@ def _jobs(db: Database, args: argparse.Namespace, now: float) -> list[dict[str, 
             "first_seen": j.first_seen,
             "last_seen": j.last_seen,
             "gpu_hours": round(j.gpu_hours, 3),
-            "utilization_ratio_mean": j.utilization_mean,
-            "utilization_ratio_stddev": j.utilization_stddev,
-            "memory_used_bytes_mean": j.memory_used_mean_bytes,
-            "memory_used_bytes_max": j.memory_used_max_bytes,
+            "utilization_ratio_mean": j.utilization_ratio_mean,
+            "utilization_ratio_stddev": j.utilization_ratio_stddev,
+            "memory_used_bytes_mean": j.memory_used_bytes_mean,
+            "memory_used_bytes_max": j.memory_used_bytes_max,
             "uuids": list(j.gpus),
             "node_names": list(j.nodes),
         }
-        for j in queries.jobs(db, now - args.since, now)
+        for j in jobstats.jobs(db, now - args.since, now)
     ]
 
 
 def _targets(db: Database) -> list[dict[str, Any]]:
-    return [dataclasses.asdict(t) for t in queries.target_health(db)]
+    return [dataclasses.asdict(t) for t in inventory.target_health(db)]
 
 
 def run_query(db: Database, args: argparse.Namespace, now: float | None = None) -> str:

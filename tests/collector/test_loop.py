@@ -23,7 +23,7 @@ from exporter.server import ExporterServer, Routes
 from exporter.sim import LiveTime, SimAllNodes, SimCluster, parse_scenario
 from gpulens.clock import ManualClock
 from gpulens.settings import TargetSettings, default_settings
-from storage import queries
+from storage import inventory, jobstats, latest, timeseries
 from storage.db import Database
 from tests.conftest import free_port
 from tests.storage.conftest import PgServer
@@ -124,18 +124,18 @@ def test_rounds_land_in_the_store_and_bad_targets_never_hold_up_the_others(
             assert time.monotonic() - started < 5  # the hanging target costs its 0.5 s timeout, in parallel
             real.advance(10)
         assert all(r.written for r in rounds)
-        latest = queries.latest_readings(db)
-        assert len(latest) == 12
-        assert {g.node for g in latest} == {"node-00", "node-01", "node-02"}
-        health = {t.target: t for t in queries.target_health(db)}
+        readings = latest.latest_readings(db)
+        assert len(readings) == 12
+        assert {g.node for g in readings} == {"node-00", "node-01", "node-02"}
+        health = {t.target: t for t in inventory.target_health(db)}
         assert all(health[t].up for t in targets)
         assert not any(health[t].up for t in bad)
         assert "timed out" in (health[f"{broken}/hang"].last_error or "")
         assert "HTTP 500" in (health[f"{broken}/error"].last_error or "")
         assert "refused" in (health[bad[3]].last_error or "")
-        series = queries.series(db, [latest[0].uuid], ["utilization_ratio"], real.now() - 60, real.now(), 100)
-        assert len(series[latest[0].uuid].timestamps) == 3  # three rounds, one row each: no duplicates
-        jobs = {j.job_id: j for j in queries.jobs(db, real.now() - 3600, real.now())}
+        series = timeseries.series(db, [readings[0].uuid], ["utilization_ratio"], real.now() - 60, real.now(), 100)
+        assert len(series[readings[0].uuid].timestamps) == 3  # three rounds, one row each: no duplicates
+        jobs = {j.job_id: j for j in jobstats.jobs(db, real.now() - 3600, real.now())}
         assert len(jobs["train"].gpus) == 8
         exposition = generate_latest(collector.metrics.registry).decode()
         metrics = {f.name: f for f in text_string_to_metric_families(exposition)}
@@ -154,8 +154,8 @@ def test_the_same_round_stored_twice_is_one_row(db_url: str, cluster: tuple[str,
     try:
         collector.run_round()
         collector.run_round()  # same simulation step: the same (GPU, timestamp) readings again
-        uuid = queries.latest_readings(db)[0].uuid
-        s = queries.series(db, [uuid], ["power_watts"], real.now() - 600, real.now() + 600, 100)
+        uuid = latest.latest_readings(db)[0].uuid
+        s = timeseries.series(db, [uuid], ["power_watts"], real.now() - 600, real.now() + 600, 100)
         assert len(s[uuid].timestamps) == 1
     finally:
         collector.close()
@@ -186,8 +186,8 @@ def test_postgres_outage_is_spooled_and_replayed_exactly_once(
                 assert result.replayed == 2
             real.advance(10)
         assert collector.spool.depth == 0
-        uuid = next(g.uuid for g in queries.latest_readings(db) if g.node == "node-00")
-        s = queries.series(db, [uuid], ["utilization_ratio"], stamps[0] - 1, stamps[-1] + 1, 1000)
+        uuid = next(g.uuid for g in latest.latest_readings(db) if g.node == "node-00")
+        s = timeseries.series(db, [uuid], ["utilization_ratio"], stamps[0] - 1, stamps[-1] + 1, 1000)
         stored = list(s[uuid].timestamps)  # bucket starts: the stored times floored to the bucket
         assert len(stored) == len(stamps)  # every round exactly once
         assert all(0 <= b - a < 1 for a, b in zip(stored, stamps, strict=True))  # in order

@@ -60,3 +60,14 @@ def test_throttle_reason_names_decode_the_nvml_bits() -> None:
     assert throttle_reason_names(0x4 | 0x20) == ["sw_power_cap", "sw_thermal"]
     assert throttle_reason_names(0) == []
     assert len(throttle_reason_names(THROTTLE_MASK)) == 9
+
+
+def test_old_process_memory_key_is_read_and_the_new_one_written() -> None:
+    doc = json.loads(json.dumps(snapshot_to_json(node_snapshot(gpus=1))))
+    [process] = doc["processes"]
+    assert "memory_used_bytes" in process
+    assert "used_memory_bytes" not in process
+    process["used_memory_bytes"] = process.pop("memory_used_bytes")  # what exporters before the rename wrote
+    [back] = snapshot_from_json(doc).processes
+    assert back.memory_used_bytes == process["used_memory_bytes"]
+    assert back.memory_used_bytes is not None

@@ -51,7 +51,7 @@ def page(browser: Browser) -> Iterator[Page]:
 
 
 def gpu_uuid(store: Store, node: str, index: int) -> str:
-    from storage.queries import gpu_info
+    from storage.inventory import gpu_info
 
     return next(g.uuid for g in gpu_info(store.db) if (g.node, g.gpu) == (node, index))
 

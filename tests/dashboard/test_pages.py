@@ -89,7 +89,7 @@ def render_all(context: Context, state: ViewState) -> dict[str, tuple[Any, ...]]
 
 
 def gpu_uuid(context: Context, node_name: str, index: int) -> str:
-    from storage.queries import gpu_info
+    from storage.inventory import gpu_info
 
     return next(g.uuid for g in gpu_info(context.db) if (g.node, g.gpu) == (node_name, index))
 
@@ -224,7 +224,7 @@ class _Unreachable:
         self._db = db
 
     def active(self) -> Any:
-        from storage.queries import target_health
+        from storage.inventory import target_health
 
         return target_health(self._db)
 

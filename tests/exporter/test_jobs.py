@@ -68,7 +68,7 @@ def gpu(index: int) -> GpuReading:
 
 
 def process(pid: int, index: int = 0, **fields: Any) -> ProcessReading:
-    return ProcessReading(node=NODE, gpu=index, uuid=UUIDS[index], pid=pid, used_memory_bytes=2 << 30, **fields)
+    return ProcessReading(node=NODE, gpu=index, uuid=UUIDS[index], pid=pid, memory_used_bytes=2 << 30, **fields)
 
 
 def snapshot(

@@ -112,7 +112,7 @@ def test_h100_node_fields_are_converted_to_gpulens_units(make_source: MakeSource
     assert (link.uuid, link.active, link.remote_pci_bus_id) == (spec.uuid, True, "00000000:05:00.0")
     assert link.tx_bytes_per_second == pytest.approx(10 * GIB)
     assert link.rx_bytes_per_second == pytest.approx(9 * GIB)
-    assert [(p.gpu, p.pid, p.used_memory_bytes) for p in snapshot.processes] == [
+    assert [(p.gpu, p.pid, p.memory_used_bytes) for p in snapshot.processes] == [
         (i, 4000 + i, 70 * GIB) for i in range(8)
     ]
     assert snapshot.migs == ()
@@ -397,7 +397,7 @@ def test_compute_processes_by_pid_with_unknown_memory_as_none(make_source: MakeS
     fake.gpus[1].processes = [(1234, GIB), (1235, None)]
     fake.gpus[0].processes = []
     snapshot = make_source(fake).read()
-    assert [(p.gpu, p.uuid, p.pid, p.used_memory_bytes) for p in snapshot.processes] == [
+    assert [(p.gpu, p.uuid, p.pid, p.memory_used_bytes) for p in snapshot.processes] == [
         (1, fake.gpus[1].uuid, 1234, GIB),
         (1, fake.gpus[1].uuid, 1235, None),
     ]

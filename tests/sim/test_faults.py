@@ -100,7 +100,7 @@ def test_memory_leak(base: SimCluster) -> None:
     assert num(last.memory_used_bytes) >= 0.97 * num(last.memory_total_bytes)
     assert used[0] < 0.95 * last.memory_total_bytes  # it started from the job's level
     process = next(p for p in sim.snapshot("node-02", at(s, 30) - STEP).processes if p.gpu == 0)
-    assert num(process.used_memory_bytes) >= 0.95 * last.memory_total_bytes
+    assert num(process.memory_used_bytes) >= 0.95 * last.memory_total_bytes
     assert_only_target_changed(base, sim, {("node-02", 0)}, 10, 30)
 
 

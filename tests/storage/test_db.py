@@ -13,7 +13,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from storage import queries, schema
+from storage import latest, schema
 from storage.db import MIGRATIONS_DIR, Database, DatabaseUnavailableError, redact_url
 from storage.writer import Writer
 from tests.storage.conftest import SECRET_PASSWORD, SECRET_ROLE, T0, PgServer
@@ -146,7 +146,7 @@ def test_postgresql_stopped_then_started(private_pg_server: PgServer, caplog: py
         with pytest.raises(DatabaseUnavailableError) as write_error:
             writer.write([snapshot("n", T0 + 10)])
         with pytest.raises(DatabaseUnavailableError) as read_error:
-            queries.latest_readings(db)
+            latest.latest_readings(db)
     finally:
         private_pg_server.start()
     _assert_secret_absent(write_error.value, caplog)

@@ -9,7 +9,7 @@ import pytest
 
 from gpulens.clock import ManualClock
 from gpulens.model import NodeSnapshot
-from storage import queries
+from storage import inventory, jobstats, latest, timeseries
 from storage.db import Database
 from storage.rollup import Rollups
 from storage.writer import Writer
@@ -30,11 +30,11 @@ def test_latest_readings_are_the_newest_per_gpu(db: Database, clock: ManualClock
         writer.write([snapshot("n", T0 + 10 * k, power_watts=100.0 + k)])
     writer.write([snapshot("old", T0 - 3600)])
     clock.set(T0 + 200)
-    readings = queries.latest_readings(db)
+    readings = latest.latest_readings(db)
     assert [(r.node, r.gpu) for r in readings] == [("n", 0), ("n", 1), ("old", 0), ("old", 1)]
     assert [r.power_watts for r in readings[:2]] == [119.0, 119.0]
     assert {r.timestamp for r in readings[:2]} == {T0 + 190}
-    fresh = queries.latest_readings(db, max_age_s=60)
+    fresh = latest.latest_readings(db, max_age_s=60)
     assert [r.node for r in fresh] == ["n", "n"]
 
 
@@ -42,7 +42,7 @@ def test_series_downsamples_raw_data_to_max_points(db: Database) -> None:
     writer = Writer(db)
     powers = {T0 + 10 * k: float(100 + k % 7) for k in range(361)}  # one hour at 10 s
     writer.write([_one_gpu(t, power_watts=p) for t, p in powers.items()])
-    result = queries.series(db, [UUID, "GPU-unknown"], ["power_watts"], T0, T0 + 3600, max_points=50)
+    result = timeseries.series(db, [UUID, "GPU-unknown"], ["power_watts"], T0, T0 + 3600, max_points=50)
     assert list(result) == [UUID]
     data = result[UUID]
     assert data.resolution == "raw"
@@ -63,7 +63,7 @@ def test_series_downsamples_raw_data_to_max_points(db: Database) -> None:
 
 def test_series_returns_every_point_when_there_are_few(db: Database) -> None:
     Writer(db).write([_one_gpu(T0 + 10 * k, utilization_ratio=k / 10) for k in range(10)])
-    data = queries.series(db, [UUID], ["utilization_ratio"], T0, T0 + 90)[UUID]
+    data = timeseries.series(db, [UUID], ["utilization_ratio"], T0, T0 + 90)[UUID]
     assert data.timestamps == tuple(T0 + 10 * k for k in range(10))
     assert data.values["utilization_ratio"] == pytest.approx([k / 10 for k in range(10)])
 
@@ -71,7 +71,7 @@ def test_series_returns_every_point_when_there_are_few(db: Database) -> None:
 def test_counters_are_rates_and_resets_count_from_zero(db: Database) -> None:
     energy = [1e6 + 700.0 * k for k in range(30)] + [700.0 * (k + 1) for k in range(30)]  # exporter restart at k=30
     Writer(db).write([_one_gpu(T0 + 10 * k, energy_joules_total=e) for k, e in enumerate(energy)])
-    data = queries.series(db, [UUID], ["energy_joules_total", "power_watts"], T0, T0 + 600)[UUID]
+    data = timeseries.series(db, [UUID], ["energy_joules_total", "power_watts"], T0, T0 + 600)[UUID]
     rates = [r for r in data.values["energy_joules_total"] if r is not None]
     assert len(rates) == 59
     assert rates == pytest.approx([70.0] * 59)
@@ -84,7 +84,7 @@ def test_counter_resets_inside_rolled_up_minutes(db: Database, clock: ManualCloc
     end = start + 1800
     clock.set(end)
     Rollups(db, settle_s=0).run(end)
-    data = queries.series(db, [UUID], ["energy_joules_total"], start, end, max_points=16)[UUID]
+    data = timeseries.series(db, [UUID], ["energy_joules_total"], start, end, max_points=16)[UUID]
     assert data.resolution == "1m"
     rates = data.values["energy_joules_total"]
     assert len(rates) == 16  # 120-second buckets aligned to the epoch: the range starts mid-bucket
@@ -102,9 +102,9 @@ def test_series_from_rollups_when_the_range_is_long(db: Database, clock: ManualC
     end = T0 + hours * 3600
     clock.set(end)
     assert Rollups(db).run(end) > 0
-    short = queries.series(db, [UUID], ["power_watts"], end - 3600, end)[UUID]
-    day = queries.series(db, [UUID], ["power_watts", "energy_joules_total"], end - 86_400, end)[UUID]
-    long = queries.series(db, [UUID], ["power_watts", "energy_joules_total"], T0, end, max_points=40)[UUID]
+    short = timeseries.series(db, [UUID], ["power_watts"], end - 3600, end)[UUID]
+    day = timeseries.series(db, [UUID], ["power_watts", "energy_joules_total"], end - 86_400, end)[UUID]
+    long = timeseries.series(db, [UUID], ["power_watts", "energy_joules_total"], T0, end, max_points=40)[UUID]
     assert (short.resolution, day.resolution, long.resolution) == ("raw", "1m", "1h")
     assert len(day.timestamps) <= 1000
     assert len(long.timestamps) <= 40
@@ -119,7 +119,7 @@ def test_series_from_rollups_when_the_range_is_long(db: Database, clock: ManualC
 
 def test_series_rejects_unknown_fields(db: Database) -> None:
     with pytest.raises(ValueError, match="no_such_field"):
-        queries.series(db, [UUID], ["no_such_field"], T0, T0 + 60)
+        timeseries.series(db, [UUID], ["no_such_field"], T0, T0 + 60)
 
 
 def test_job_gpu_hours_and_utilization(db: Database) -> None:
@@ -132,20 +132,20 @@ def test_job_gpu_hours_and_utilization(db: Database) -> None:
         )
         writer.write([snap.replace(gpus=gpus)])
     writer.write([snapshot("n", T0 + 3660)])  # the job is gone
-    [job] = queries.jobs(db, T0 - 600, T0 + 7200)
+    [job] = jobstats.jobs(db, T0 - 600, T0 + 7200)
     assert job.job_id == "42"
     assert job.user == "alice"
     assert job.gpus == (uuid_of("n", 0), uuid_of("n", 1))
     assert job.nodes == ("n",)
     assert (job.first_seen, job.last_seen) == (T0, T0 + 3600)
     assert job.gpu_hours == 2.0
-    assert job.utilization_mean == pytest.approx(0.75)
-    assert job.utilization_stddev == pytest.approx(0.25)
-    assert job.memory_used_mean_bytes == pytest.approx(20 * GIB)
-    assert job.memory_used_max_bytes == 30 * GIB
-    [half] = queries.jobs(db, T0 + 1800, T0 + 7200)
+    assert job.utilization_ratio_mean == pytest.approx(0.75)
+    assert job.utilization_ratio_stddev == pytest.approx(0.25)
+    assert job.memory_used_bytes_mean == pytest.approx(20 * GIB)
+    assert job.memory_used_bytes_max == 30 * GIB
+    [half] = jobstats.jobs(db, T0 + 1800, T0 + 7200)
     assert half.gpu_hours == 1.0
-    assert queries.jobs(db, T0 + 4000, T0 + 5000) == []
+    assert jobstats.jobs(db, T0 + 4000, T0 + 5000) == []
 
 
 def test_cluster_summary(db: Database, clock: ManualClock) -> None:
@@ -159,10 +159,10 @@ def test_cluster_summary(db: Database, clock: ManualClock) -> None:
     writer.write([snapshot("c", T0 - 600, gpus=0).replace(gpus=(stale,))])
     writer.write([held.replace(gpus=(busy, allocated_idle)), snapshot("b", T0, gpus=0).replace(gpus=(idle, lost))])
     clock.set(T0 + 5)
-    summary = queries.cluster_summary(db, max_age_s=60)
+    summary = latest.cluster_summary(db, max_age_s=60)
     assert (summary.gpus_total, summary.gpus_reporting, summary.gpus_up) == (5, 4, 3)
     assert (summary.gpus_busy, summary.gpus_idle, summary.gpus_allocated_idle) == (1, 2, 1)
-    assert summary.utilization_mean == pytest.approx((0.9 + 0.0 + 0.01) / 3)
+    assert summary.utilization_ratio_mean == pytest.approx((0.9 + 0.0 + 0.01) / 3)
     assert summary.power_watts == pytest.approx(750.0)
     assert summary.memory_used_bytes == 3 * busy.memory_used_bytes  # type: ignore[operator]
     assert summary.memory_total_bytes == 3 * busy.memory_total_bytes  # type: ignore[operator]
@@ -172,7 +172,7 @@ def test_cluster_summary(db: Database, clock: ManualClock) -> None:
 
 def test_gpu_info(db: Database) -> None:
     Writer(db).write([snapshot("n", T0, gpus=2)])
-    info = queries.gpu_info(db)
+    info = inventory.gpu_info(db)
     assert [(i.node, i.gpu, i.uuid, i.model, i.pci_bus_id) for i in info] == [
         ("n", 0, uuid_of("n", 0), "NVIDIA H100 80GB HBM3", "00000000:18:00.0"),
         ("n", 1, uuid_of("n", 1), "NVIDIA H100 80GB HBM3", "00000000:19:00.0"),
@@ -183,6 +183,6 @@ def test_jobs_for_one_job_id(db: Database) -> None:
     writer = Writer(db)
     writer.write([snapshot("a", T0, job="1"), snapshot("b", T0, job="2")])
     writer.write([snapshot("a", T0 + 60, job="1"), snapshot("b", T0 + 60, job="2")])
-    assert [j.job_id for j in queries.jobs(db, T0, T0 + 60)] == ["1", "2"]
-    [only] = queries.jobs(db, T0, T0 + 60, job_id="2")
+    assert [j.job_id for j in jobstats.jobs(db, T0, T0 + 60)] == ["1", "2"]
+    [only] = jobstats.jobs(db, T0, T0 + 60, job_id="2")
     assert (only.job_id, only.nodes, only.gpu_hours) == ("2", ("b",), pytest.approx(2 * 60 / 3600))

@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from gpulens.clock import ManualClock
-from storage import queries, schema
+from storage import inventory, jobstats, schema, timeseries
 from storage.db import Database
 from storage.retention import DAY_S, Retention, apply_retention
 from storage.rollup import Rollups
@@ -42,7 +42,7 @@ def test_old_samples_go_and_series_falls_back_to_rollups(db: Database, clock: Ma
         assert removed["gpu_sample.rows"] == 21
     assert removed["gpu_rollup_1m.rows" if db.dialect == "sqlite" else "gpu_rollup_1m.partitions"] == 0
     # Raw data for the range is gone: the series comes from the 1-minute rollups, which still hold it.
-    data = queries.series(db, [uuid_of("n", 0)], ["power_watts"], DAY0, DAY0 + 3600)[uuid_of("n", 0)]
+    data = timeseries.series(db, [uuid_of("n", 0)], ["power_watts"], DAY0, DAY0 + 3600)[uuid_of("n", 0)]
     assert data.resolution == "1m"
     assert data.values["power_watts"] == pytest.approx([300.0, 300.0, 300.0])
 
@@ -55,8 +55,8 @@ def test_forgotten_gpus_targets_and_jobs(db: Database) -> None:
     removed = apply_retention(db, T0 + 800 * DAY_S, Retention())
     assert removed["gpu.rows"] == 1
     assert removed["job_allocation.rows"] == 1
-    assert [info.node for info in queries.gpu_info(db)] == ["here"]
-    assert [j.job_id for j in queries.jobs(db, T0, T0 + 900 * DAY_S)] == ["2"]
+    assert [info.node for info in inventory.gpu_info(db)] == ["here"]
+    assert [j.job_id for j in jobstats.jobs(db, T0, T0 + 900 * DAY_S)] == ["2"]
 
 
 def test_retention_must_be_positive() -> None:

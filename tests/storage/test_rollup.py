@@ -35,12 +35,12 @@ def test_minute_aggregates(db: Database) -> None:
     _write_minutes(db, writer, 0, 3)
     written = Rollups(db, settle_s=0).run(START + 180)
     assert written == 3
-    rows = _rows(db, schema.gpu_rollup_1m, "n", "power_watts_min", "power_watts_avg", "power_watts_max")
+    rows = _rows(db, schema.gpu_rollup_1m, "n", "power_deciwatts_min", "power_deciwatts_mean", "power_deciwatts_max")
     assert [r[1:] for r in rows] == [
         (round((START + 60 * m) * 1000), 6, 1000, 1250.0, 1500)
         for m in range(3)  # deciwatts
     ]
-    increases = _rows(db, schema.gpu_rollup_1m, "energy_joules_total_inc", "elapsed_ms")
+    increases = _rows(db, schema.gpu_rollup_1m, "energy_millijoules_total_increase", "elapsed_ms")
     # Minute 0's first sample has no predecessor: 5 increases of 100 J; later minutes count from the previous one.
     assert [r[2:] for r in increases] == [(500_000, 50_000), (600_000, 60_000), (600_000, 60_000)]
 
@@ -70,7 +70,7 @@ def test_late_samples_are_rolled_up_again(db: Database) -> None:
     late = snapshot("n", START + 65, gpus=1, power_watts=500.0, energy_joules_total=650.0)
     writer.write([late])  # minute 1 gets a seventh sample after it was rolled up
     assert rollups.run(START + 180) >= 1
-    rows = _rows(db, schema.gpu_rollup_1m, "n", "power_watts_max")
+    rows = _rows(db, schema.gpu_rollup_1m, "n", "power_deciwatts_max")
     assert rows[1][2:] == (7, 5000)
     assert rows[0][2:] == (6, 1500)
 
@@ -80,15 +80,15 @@ def test_hours_from_minutes(db: Database) -> None:
     _write_minutes(db, writer, 0, 130)
     rollups = Rollups(db, settle_s=0)
     rollups.run(START + 130 * 60)
-    hours = _rows(db, schema.gpu_rollup_1h, "n", "power_watts_min", "power_watts_avg", "power_watts_max")
+    hours = _rows(db, schema.gpu_rollup_1h, "n", "power_deciwatts_min", "power_deciwatts_mean", "power_deciwatts_max")
     assert [h[1:] for h in hours] == [
         (round(START * 1000), 360, 1000, 1250.0, 1500),
         (round((START + 3600) * 1000), 360, 1000, 1250.0, 1500),
     ]
-    energy = _rows(db, schema.gpu_rollup_1h, "energy_joules_total_inc", "elapsed_ms")
+    energy = _rows(db, schema.gpu_rollup_1h, "energy_millijoules_total_increase", "elapsed_ms")
     assert energy[1][2:] == (36_000_000, 3_600_000)  # 10 J/s for an hour, in mJ
     # A late sample in hour 0 is recomputed in both tiers.
     writer.write([snapshot("n", START + 1805, gpus=1, power_watts=900.0, energy_joules_total=18_050.0)])
     rollups.run(START + 130 * 60)
-    hours = _rows(db, schema.gpu_rollup_1h, "n", "power_watts_max")
+    hours = _rows(db, schema.gpu_rollup_1h, "n", "power_deciwatts_max")
     assert hours[0][2:] == (361, 9000)

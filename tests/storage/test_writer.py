@@ -7,7 +7,7 @@ import dataclasses
 import sqlalchemy as sa
 
 from gpulens.model import TargetHealth
-from storage import queries, schema
+from storage import inventory, jobstats, latest, schema
 from storage.db import Database
 from storage.writer import Writer
 from tests.fakes.static_source import GIB, h100
@@ -37,7 +37,7 @@ def test_same_round_twice_is_stored_once(db: Database) -> None:
 def test_duplicates_within_a_round_are_one_row(db: Database) -> None:
     round_ = [snapshot("n1", T0, gpus=1), snapshot("n1", T0, gpus=1, power_watts=100.0)]
     assert Writer(db).write(round_).gpu_rows == 1
-    [reading] = queries.latest_readings(db)
+    [reading] = latest.latest_readings(db)
     assert reading.power_watts == 100.0  # the later one in the round wins
 
 
@@ -54,7 +54,7 @@ def test_every_field_round_trips(db: Database) -> None:
     )
     snap = snapshot("node-7", T0, gpus=0).replace(gpus=(written,))
     Writer(db).write([snap])
-    [read] = queries.latest_readings(db)
+    [read] = latest.latest_readings(db)
     for f in dataclasses.fields(written):
         assert getattr(read, f.name) == getattr(written, f.name), f.name
         assert type(getattr(read, f.name)) is type(getattr(written, f.name)), f.name
@@ -63,7 +63,7 @@ def test_every_field_round_trips(db: Database) -> None:
 def test_missing_values_stay_missing(db: Database) -> None:
     reading = h100("n", 0, T0, utilization_ratio=None, power_watts=None, pcie_replays_total=None, up=False)
     Writer(db).write([snapshot("n", T0, gpus=0).replace(gpus=(reading,))])
-    [read] = queries.latest_readings(db)
+    [read] = latest.latest_readings(db)
     assert read.utilization_ratio is None
     assert read.power_watts is None
     assert read.pcie_replays_total is None
@@ -74,7 +74,7 @@ def test_values_that_do_not_fit_are_stored_as_null(db: Database) -> None:
     reading = h100("n", 0, T0, utilization_ratio=5.0, sm_clock_hertz=1e16)
     stats = Writer(db).write([snapshot("n", T0, gpus=0).replace(gpus=(reading,))])
     assert stats.gpu_rows == 1
-    [read] = queries.latest_readings(db)
+    [read] = latest.latest_readings(db)
     assert read.utilization_ratio is None
     assert read.sm_clock_hertz is None
     assert read.power_watts == reading.power_watts
@@ -84,7 +84,7 @@ def test_static_info_is_kept_once_and_updated(db: Database) -> None:
     writer = Writer(db)
     writer.write([snapshot("n", T0, gpus=1)])
     writer.write([snapshot("n", T0 + 10, gpus=1, driver_version="560.1")])
-    [info] = queries.gpu_info(db)
+    [info] = inventory.gpu_info(db)
     assert info.driver_version == "560.1"
     assert info.first_seen == T0
     assert _count(db, schema.gpu) == 1
@@ -110,7 +110,7 @@ def test_restarted_writer_continues_open_jobs(db: Database) -> None:
     restarted = Writer(db)
     assert restarted.write([snapshot("n", T0 + 10, job="42")]).job_rows == 0
     restarted.write([snapshot("n", T0 + 20, job="43")])
-    [summary_42] = [j for j in queries.jobs(db, T0, T0 + 30) if j.job_id == "42"]
+    [summary_42] = [j for j in jobstats.jobs(db, T0, T0 + 30) if j.job_id == "42"]
     assert summary_42.last_seen == T0 + 10
 
 
@@ -125,14 +125,14 @@ def test_jobs_opened_and_closed_within_one_write(db: Database) -> None:
 def test_processes_are_the_latest_reading(db: Database) -> None:
     writer = Writer(db)
     writer.write([snapshot("n", T0, job="42")])
-    _, processes = queries.latest_snapshot_parts(db)
-    assert [(p.pid, p.job_id, p.used_memory_bytes, p.command) for p in processes] == [
+    _, processes = latest.latest_snapshot_parts(db)
+    assert [(p.pid, p.job_id, p.memory_used_bytes, p.command) for p in processes] == [
         (4000, "42", 10 * GIB, "python"),
         (4001, "42", 10 * GIB, "python"),
     ]
     assert writer.write([snapshot("n", T0 + 10, job="42")]).process_rows == 0
     writer.write([snapshot("n", T0 + 20)])
-    jobs, processes = queries.latest_snapshot_parts(db)
+    jobs, processes = latest.latest_snapshot_parts(db)
     assert processes == []
     assert jobs == []
 
@@ -143,7 +143,7 @@ def test_old_readings_replayed_do_not_rewind_jobs(db: Database) -> None:
     stats = writer.write([snapshot("n", T0, gpus=1, job="old")])
     assert stats.gpu_rows == 1
     assert stats.job_rows == 0
-    jobs, _ = queries.latest_snapshot_parts(db)
+    jobs, _ = latest.latest_snapshot_parts(db)
     assert [j.job_id for j in jobs] == ["new"]
 
 
@@ -154,7 +154,7 @@ def test_only_inactive_links_are_stored(db: Database) -> None:
     still = writer.write([snapshot("n", T0 + 20, gpus=1, down_links=(2,))])
     back = writer.write([snapshot("n", T0 + 30, gpus=1, down_links=())])
     assert (first.link_rows, down.link_rows, still.link_rows, back.link_rows) == (0, 1, 0, 1)
-    [outage] = queries.link_outages(db, T0, T0 + 60)
+    [outage] = inventory.link_outages(db, T0, T0 + 60)
     assert (outage.link, outage.since, outage.until, outage.remote_pci_bus_id) == (2, T0 + 10, T0 + 20, "remote-2")
     assert _count(db, schema.nvlink_down) == 1
 
@@ -166,11 +166,11 @@ def test_target_health_keeps_the_latest(db: Database) -> None:
     assert writer.write([], [up]).target_rows == 1
     writer.write([], [down])
     writer.write([], [up])  # an older report arriving late does not win
-    assert queries.target_health(db) == [down]
+    assert inventory.target_health(db) == [down]
 
 
 def test_a_gpu_seen_for_the_first_time_in_a_later_round(db: Database) -> None:
     writer = Writer(db)
     writer.write([snapshot("n1", T0)])
     writer.write([snapshot("n1", T0 + 10), snapshot("n2", T0 + 10)])
-    assert {r.uuid for r in queries.latest_readings(db)} == {uuid_of(n, i) for n in ("n1", "n2") for i in range(2)}
+    assert {r.uuid for r in latest.latest_readings(db)} == {uuid_of(n, i) for n in ("n1", "n2") for i in range(2)}

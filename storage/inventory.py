@@ -1,0 +1,105 @@
+"""What the store knows besides samples: static info of every GPU, NVLink outages, the collector's target health."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from gpulens.model import TargetHealth
+from storage import schema
+from storage.db import Database
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    node: str
+    gpu: int
+    uuid: str
+    model: str
+    pci_bus_id: str | None
+    driver_version: str | None
+    mig_enabled: bool | None
+    first_seen: float
+    last_seen: float
+
+
+@dataclass(frozen=True, slots=True)
+class LinkOutage:
+    """An NVLink reported inactive from ``since`` to ``until`` (None while it still is)."""
+
+    node: str
+    gpu: int
+    uuid: str
+    link: int
+    since: float
+    until: float | None
+    remote_pci_bus_id: str | None
+
+
+def target_health(db: Database) -> list[TargetHealth]:
+    """The latest health of every target, by name."""
+    t = schema.target_health
+    with db.session() as session:
+        rows = session.execute(sa.select(t).order_by(t.c.target)).all()
+    return [
+        TargetHealth(
+            target=row.target,
+            url=row.url,
+            kind=row.kind,
+            timestamp=row.at,
+            up=bool(row.up),
+            node=row.node,
+            scrape_duration_seconds=row.scrape_duration_seconds,
+            samples=row.samples,
+            rejected=row.rejected,
+            last_error=row.last_error,
+        )
+        for row in rows
+    ]
+
+
+def gpu_info(db: Database) -> list[GpuInfo]:
+    """Static info of every GPU ever stored (until retention removes it), by node and index."""
+    g = schema.gpu
+    with db.session() as session:
+        rows = session.execute(sa.select(g).order_by(g.c.node, g.c.gpu_index)).all()
+    return [
+        GpuInfo(
+            node=row.node,
+            gpu=row.gpu_index,
+            uuid=row.uuid,
+            model=row.model,
+            pci_bus_id=row.pci_bus_id,
+            driver_version=row.driver_version,
+            mig_enabled=row.mig_enabled,
+            first_seen=row.first_seen_ms / 1000,
+            last_seen=row.last_seen_ms / 1000,
+        )
+        for row in rows
+    ]
+
+
+def link_outages(db: Database, start: float, end: float) -> list[LinkOutage]:
+    """NVLinks reported inactive at some time in [start, end]."""
+    n, g = schema.nvlink_down, schema.gpu
+    start_ms, end_ms = round(start * 1000), round(end * 1000)
+    with db.session() as session:
+        rows = session.execute(
+            sa.select(g.c.node, g.c.gpu_index, g.c.uuid, n.c.link, n.c.start_ms, n.c.end_ms, n.c.remote_pci_bus_id)
+            .join(n, n.c.gpu_id == g.c.id)
+            .where(n.c.start_ms <= end_ms, sa.or_(n.c.end_ms.is_(None), n.c.end_ms >= start_ms))
+            .order_by(g.c.node, g.c.gpu_index, n.c.link, n.c.start_ms)
+        ).all()
+    return [
+        LinkOutage(
+            node=row.node,
+            gpu=row.gpu_index,
+            uuid=row.uuid,
+            link=row.link,
+            since=row.start_ms / 1000,
+            until=None if row.end_ms is None else row.end_ms / 1000,
+            remote_pci_bus_id=row.remote_pci_bus_id,
+        )
+        for row in rows
+    ]

@@ -1,0 +1,165 @@
+"""The cluster now: the newest reading of every GPU, the jobs and processes on each, and a cluster summary.
+
+The newest sample of a GPU lies within a minute of ``gpu.last_seen_ms`` (see ``schema.newest_sample_ms``), so each is
+found with one bounded index seek. Readings come back as ``gpulens.model`` records in SI units.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import sqlalchemy as sa
+
+from gpulens.model import GpuJob, GpuReading, ProcessReading
+from storage import schema
+from storage.db import Database
+
+IDLE_UTILIZATION: Final = 0.05  # a GPU below this utilization is idle
+KNOWN_WITHIN_S: Final = 7 * 86_400.0  # cluster_summary counts GPUs seen this recently as part of the cluster
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSummary:
+    timestamp: float
+    gpus_total: int  # seen within the last week
+    gpus_reporting: int  # with a reading newer than max_age_s
+    gpus_up: int
+    gpus_busy: int
+    gpus_idle: int
+    gpus_allocated_idle: int  # idle while a job holds them
+    utilization_ratio_mean: float | None
+    memory_used_bytes: int
+    memory_total_bytes: int
+    power_watts: float
+    nodes_total: int
+    nodes_reporting: int
+
+
+def _reading_columns(dialect: str) -> tuple[str, list[int], int]:
+    """The SELECT list of a GpuReading in field order, decoded to SI units by the database.
+
+    Returns the list, the positions of boolean fields (the database returns 0/1) and of the XID JSON.
+    """
+    static = {
+        "node": "g.node",
+        "gpu": "g.gpu_index",
+        "uuid": "g.uuid",
+        "model": "g.model",
+        "timestamp": f"CAST(s.ts_ms AS {'DOUBLE PRECISION' if dialect == 'postgresql' else 'REAL'}) / 1000",
+        "pci_bus_id": "g.pci_bus_id",
+        "driver_version": "g.driver_version",
+        "mig_enabled": "g.mig_enabled",
+        "xid_errors": "s.xid_errors",
+    }
+    columns: list[str] = []
+    booleans: list[int] = []
+    for i, f in enumerate(dataclasses.fields(GpuReading)):
+        stored = schema.FIELD_BY_NAME.get(f.name)
+        if stored is None:
+            columns.append(static[f.name])
+        else:
+            columns.append(stored.sql_decode(f"s.{stored.column}", dialect))
+        if str(f.type) in ("bool", "bool | None"):
+            booleans.append(i)
+    return ", ".join(columns), booleans, len(columns) - 1
+
+
+def _latest_sql(dialect: str, max_age: bool) -> str:
+    columns = _reading_columns(dialect)[0]
+    fresh = "WHERE g.last_seen_ms >= :cutoff - 60000" if max_age else ""
+    if dialect == "postgresql":
+        return (
+            f"SELECT {columns} FROM gpu AS g CROSS JOIN LATERAL "  # noqa: S608 (constant identifiers)
+            "(SELECT * FROM gpu_sample AS x WHERE x.gpu_id = g.id AND x.ts_ms >= g.last_seen_ms "
+            f"AND x.ts_ms < g.last_seen_ms + 60000 ORDER BY x.ts_ms DESC LIMIT 1) AS s {fresh}"
+        )
+    return (
+        # MATERIALIZED and CROSS JOIN keep SQLite's plan: one index seek per GPU, then one row fetch.
+        "WITH latest AS MATERIALIZED (SELECT g.id AS gpu_id, (SELECT max(x.ts_ms) FROM gpu_sample AS x "  # noqa: S608
+        "WHERE x.gpu_id = g.id AND x.ts_ms / 60000 IN (g.last_seen_ms / 60000, g.last_seen_ms / 60000 + 1) "
+        f"AND x.ts_ms >= g.last_seen_ms) AS ts_ms FROM gpu AS g {fresh}) "
+        f"SELECT {columns} FROM latest AS l CROSS JOIN gpu AS g CROSS JOIN gpu_sample AS s "
+        "WHERE g.id = l.gpu_id AND s.ts_ms / 60000 = l.ts_ms / 60000 AND s.gpu_id = l.gpu_id AND s.ts_ms = l.ts_ms"
+    )
+
+
+def _reading(row: Sequence[Any], booleans: Sequence[int], xids: int) -> GpuReading:
+    values = list(row)
+    for i in booleans:
+        if values[i] is not None:
+            values[i] = bool(values[i])
+    text = values[xids]
+    values[xids] = {int(k): int(v) for k, v in json.loads(text).items()} if text else {}
+    return GpuReading(*values)
+
+
+def latest_readings(db: Database, *, max_age_s: float | None = None) -> list[GpuReading]:
+    """The newest reading of every GPU (only those newer than ``max_age_s``, if given), by node and index."""
+    params = {"cutoff": round((db.clock.now() - max_age_s) * 1000)} if max_age_s is not None else {}
+    _, booleans, xids = _reading_columns(db.dialect)
+    with db.session() as session:
+        rows = session.execute(sa.text(_latest_sql(db.dialect, max_age_s is not None)), params).all()
+    readings = [_reading(row, booleans, xids) for row in rows]
+    if max_age_s is not None:
+        cutoff = db.clock.now() - max_age_s
+        readings = [r for r in readings if r.timestamp >= cutoff]
+    return sorted(readings, key=lambda r: (r.node, r.gpu))
+
+
+def latest_snapshot_parts(db: Database) -> tuple[list[GpuJob], list[ProcessReading]]:
+    """The jobs holding each GPU now and the processes of each GPU's latest reading."""
+    a, g, p = schema.job_allocation, schema.gpu, schema.process_latest
+    with db.session() as session:
+        job_rows = session.execute(
+            sa.select(g.c.node, g.c.gpu_index, g.c.uuid, a.c.job_id, a.c.user_name)
+            .join(a, a.c.gpu_id == g.c.id)
+            .where(a.c.end_ms.is_(None))
+            .order_by(g.c.node, g.c.gpu_index, a.c.job_id)
+        ).all()
+        process_rows = session.execute(
+            sa.select(g.c.node, g.c.gpu_index, g.c.uuid, p.c.pid, p.c.memory_used_bytes, p.c.command)
+            .add_columns(p.c.user_name, p.c.job_id)
+            .join(p, p.c.gpu_id == g.c.id)
+            .order_by(g.c.node, g.c.gpu_index, p.c.pid)
+        ).all()
+    jobs = [GpuJob(*row) for row in job_rows]
+    processes = [ProcessReading(*row) for row in process_rows]
+    return jobs, processes
+
+
+def cluster_summary(db: Database, *, max_age_s: float, known_within_s: float = KNOWN_WITHIN_S) -> ClusterSummary:
+    """The cluster now: GPUs reporting, up, busy, idle and idle while allocated; utilization, memory, power."""
+    now = db.clock.now()
+    g, a = schema.gpu, schema.job_allocation
+    with db.session() as session:
+        known = session.execute(
+            sa.select(g.c.uuid, g.c.node).where(g.c.last_seen_ms >= round((now - known_within_s) * 1000))
+        ).all()
+        allocated = set(
+            session.execute(
+                sa.select(g.c.uuid).join(a, a.c.gpu_id == g.c.id).where(a.c.end_ms.is_(None)).distinct()
+            ).scalars()
+        )
+    readings = latest_readings(db, max_age_s=max_age_s)
+    up = [r for r in readings if r.up]
+    utilizations = [r.utilization_ratio for r in up if r.utilization_ratio is not None]
+    idle = [r for r in up if r.utilization_ratio is not None and r.utilization_ratio < IDLE_UTILIZATION]
+    return ClusterSummary(
+        timestamp=now,
+        gpus_total=len({row.uuid for row in known} | {r.uuid for r in readings}),
+        gpus_reporting=len(readings),
+        gpus_up=len(up),
+        gpus_busy=len(utilizations) - len(idle),
+        gpus_idle=len(idle),
+        gpus_allocated_idle=sum(1 for r in idle if r.uuid in allocated),
+        utilization_ratio_mean=sum(utilizations) / len(utilizations) if utilizations else None,
+        memory_used_bytes=sum(r.memory_used_bytes or 0 for r in up),
+        memory_total_bytes=sum(r.memory_total_bytes or 0 for r in up),
+        power_watts=sum(r.power_watts or 0.0 for r in readings),
+        nodes_total=len({row.node for row in known} | {r.node for r in readings}),
+        nodes_reporting=len({r.node for r in readings}),
+    )

@@ -1,0 +1,150 @@
+"""Time series of GPU fields over a range, at most a given number of points, from whichever tiers hold them.
+
+The plan (``storage.tiers``) says which tier serves which part of the range; each part's partial aggregates
+(``storage.aggregates``) are merged per GPU and bucket into means (gauges), rates per second (counters: fields ending
+in ``_total``) or ORs (bitmasks), then decoded to SI units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from storage import aggregates, schema, tiers
+from storage.db import Database
+from storage.rollup import COUNTER_LOOKBACK_MS
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesData:
+    """One GPU's series: per bucket, the mean (gauges), rate per second (counters) or OR (bitmasks) of each field."""
+
+    uuid: str
+    resolution: str  # the tier most of the range came from: "raw" | "1m" | "1h"
+    step_seconds: float
+    timestamps: tuple[float, ...]  # bucket start times; buckets without data are left out
+    values: Mapping[str, tuple[float | None, ...]]
+    minimum: Mapping[str, tuple[float | None, ...]]  # for counters and bitmasks, the same as values
+    maximum: Mapping[str, tuple[float | None, ...]]
+
+
+def _partials(tier: str, fields: Sequence[schema.StoredField]) -> list[str]:
+    """Per field, its partial aggregates from ``tier``: column p{j}_{k} is part k of field j."""
+    out: list[str] = []
+    for j, f in enumerate(fields):
+        out += [f"{part} AS p{j}_{k}" for k, part in enumerate(aggregates.partials(f, tier))]
+    return out
+
+
+def _segment_sql(tier: str, fields: Sequence[schema.StoredField], i: int, minutes: str) -> str:
+    """Per GPU and bucket (ts_ms / :step), the partial aggregates of ``fields`` over [lo_i, hi_i) of one tier."""
+    partials = ", ".join(_partials(tier, fields))
+    if tier != "raw":
+        return (
+            f"SELECT gpu_id, ts_ms / :step AS b, {partials} FROM {tiers.TIER_TABLE[tier]} "  # noqa: S608
+            f"WHERE gpu_id IN :ids AND ts_ms >= :lo_{i} AND ts_ms < :hi_{i} GROUP BY gpu_id, ts_ms / :step"
+        )
+    inner = aggregates.window_columns(fields)
+    return (
+        f"SELECT gpu_id, ts_ms / :step AS b, {partials} FROM (SELECT {', '.join(inner)} "  # noqa: S608
+        f"FROM gpu_sample WHERE gpu_id IN :ids AND ts_ms >= :read_from_{i} AND ts_ms < :hi_{i} {minutes} "
+        f"WINDOW w AS (PARTITION BY gpu_id ORDER BY ts_ms)) AS x WHERE ts_ms >= :lo_{i} GROUP BY gpu_id, ts_ms / :step"
+    )
+
+
+def _series_sql(dialect: str, plan: Sequence[tiers.Segment], fields: Sequence[schema.StoredField]) -> str:
+    """All segments' partial aggregates, merged per GPU and bucket into means, rates and ORs in stored units."""
+    cte, minutes = "", ""
+    for i, segment in enumerate(plan):
+        if segment.tier == "raw":
+            cte, minutes = tiers.minutes_cte(dialect, f":read_from_{i}", f":hi_{i}")
+    union = " UNION ALL ".join(_segment_sql(seg.tier, fields, i, minutes) for i, seg in enumerate(plan))
+    finals = [sql for j, f in enumerate(fields) for sql in aggregates.merged(f, j, dialect)]
+    return (
+        f"{cte}SELECT gpu_id, b, {', '.join(finals)} FROM ({union}) AS u "  # noqa: S608 (constant identifiers)
+        "GROUP BY gpu_id, b ORDER BY gpu_id, b"
+    )
+
+
+def _fields(names: Sequence[str]) -> list[schema.StoredField]:
+    unknown = [name for name in names if name not in schema.FIELD_BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown fields {', '.join(unknown)}; known: {', '.join(schema.FIELD_BY_NAME)}")
+    return [schema.FIELD_BY_NAME[name] for name in names]
+
+
+def _gpu_ids(session: Session, uuids: Iterable[str]) -> dict[int, str]:
+    g = schema.gpu
+    rows = session.execute(sa.select(g.c.id, g.c.uuid).where(g.c.uuid.in_(list(uuids)))).all()
+    return {row.id: row.uuid for row in rows}
+
+
+def series(
+    db: Database,
+    uuids: Sequence[str],
+    fields: Sequence[str],
+    start: float,
+    end: float,
+    max_points: int = 1000,
+) -> dict[str, SeriesData]:
+    """Time series of ``fields`` for the GPUs ``uuids`` over [start, end], at most ``max_points`` per GPU.
+
+    Unknown UUIDs are left out of the result; an unknown field raises ``ValueError``.
+    """
+    if max_points < 2:
+        raise ValueError("max_points must be at least 2")
+    if end < start:
+        raise ValueError("end is before start")
+    stored = _fields(fields)
+    start_ms, end_ms = round(start * 1000), round(end * 1000)
+    with db.session() as session:
+        ids = _gpu_ids(session, uuids)
+        plan = tiers.plan(tiers.tier_state(session), start_ms, end_ms, (end_ms - start_ms) / (max_points - 1))
+        step = tiers.step_ms(start_ms, end_ms, max_points, tiers.TIER_WIDTH_MS[plan[0].tier])
+        rows: Sequence[Sequence[Any]] = []
+        if ids and stored:
+            params: dict[str, Any] = {"ids": list(ids), "step": step}
+            for i, segment in enumerate(plan):
+                params |= {f"lo_{i}": segment.lo_ms, f"hi_{i}": segment.hi_ms}
+                params[f"read_from_{i}"] = segment.lo_ms - COUNTER_LOOKBACK_MS
+            sql = sa.text(_series_sql(db.dialect, plan, stored)).bindparams(sa.bindparam("ids", expanding=True))
+            rows = session.execute(sql, params).all()
+    by_gpu: dict[int, list[Sequence[Any]]] = {gpu_id: [] for gpu_id in ids}
+    for row in rows:
+        by_gpu[row[0]].append(row)
+    return {uuid: _series_data(uuid, by_gpu[gpu_id], stored, step, plan[0].tier) for gpu_id, uuid in ids.items()}
+
+
+def _si(f: schema.StoredField, values: Iterable[Any]) -> tuple[float | None, ...]:
+    return tuple(None if v is None else f.to_si(v) for v in values)
+
+
+def _series_data(
+    uuid: str, rows: Sequence[Sequence[Any]], fields: Sequence[schema.StoredField], step: int, resolution: str
+) -> SeriesData:
+    values: dict[str, tuple[float | None, ...]] = {}
+    minimum: dict[str, tuple[float | None, ...]] = {}
+    maximum: dict[str, tuple[float | None, ...]] = {}
+    column = 2
+    for f in fields:
+        if f.kind == "gauge":
+            values[f.name] = _si(f, (row[column] for row in rows))
+            minimum[f.name] = _si(f, (row[column + 1] for row in rows))
+            maximum[f.name] = _si(f, (row[column + 2] for row in rows))
+            column += 3
+        else:  # a rate or an OR: one value per bucket
+            values[f.name] = minimum[f.name] = maximum[f.name] = _si(f, (row[column] for row in rows))
+            column += 1
+    return SeriesData(
+        uuid=uuid,
+        resolution=resolution,
+        step_seconds=step / 1000,
+        timestamps=tuple(row[1] * step / 1000 for row in rows),
+        values=values,
+        minimum=minimum,
+        maximum=maximum,
+    )

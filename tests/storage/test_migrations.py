@@ -1,0 +1,215 @@
+"""Migration 0003 on SQLite and PostgreSQL: a store written at 0002 keeps its data, read back in SI units.
+
+The data is written at revision 0002 with the old column names (which held stored units under SI names), then the
+store is upgraded; the query API and the SI views must give the same SI values, and new writes must land beside the
+old ones.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+
+from gpulens.cli import main
+from storage import latest, schema, timeseries, views
+from storage.db import MIGRATIONS_DIR, Database
+from storage.rollup import Rollups
+from storage.writer import Writer
+from tests.storage.conftest import T0
+from tests.storage.data import snapshot, uuid_of
+
+MINUTE0 = round(T0 - T0 % 3600) * 1000  # an hour boundary, in ms
+UUID = "GPU-0003"
+KIB = 1024
+
+# One raw sample at revision 0002, in stored units under the old names; and what it means in SI units.
+OLD_SAMPLE = {
+    "up": 1,
+    "utilization_ratio": 7500,  # 1/10000
+    "memory_used_bytes": 20 * 1024 * 1024,  # KiB
+    "memory_total_bytes": 80 * 1024 * 1024,
+    "temperature_celsius": 455,  # 0.1 degree
+    "power_watts": 3125,  # deciwatts
+    "energy_joules_total": 5_000_000,  # mJ
+    "sm_clock_hertz": 1980,  # MHz
+    "pcie_tx_bytes_per_second": 12_345,  # kB/s
+    "pcie_replays_total": 3,
+    "throttle_reasons": 4,
+    "xid_total": 0,
+}
+SI = {
+    "up": True,
+    "utilization_ratio": 0.75,
+    "memory_used_bytes": 20 * 1024**3,
+    "memory_total_bytes": 80 * 1024**3,
+    "temperature_celsius": 45.5,
+    "power_watts": 312.5,
+    "energy_joules_total": 5000.0,
+    "sm_clock_hertz": 1.98e9,
+    "pcie_tx_bytes_per_second": 12_345_000.0,
+    "pcie_replays_total": 3,
+    "throttle_reasons": 4,
+}
+# One 1-minute rollup row at 0002: power 250 W mean (min 200, max 300), 600 J over the minute.
+OLD_ROLLUP = {
+    "n": 6,
+    "elapsed_ms": 60_000,
+    "power_watts_min": 2000,
+    "power_watts_avg": 2500.0,
+    "power_watts_max": 3000,
+    "memory_used_bytes_avg": 10.0 * 1024 * 1024,
+    "energy_joules_total_inc": 600_000,
+}
+
+
+def _insert(conn: sa.Connection, table: str, row: dict[str, object]) -> None:
+    names = ", ".join(row)
+    conn.execute(sa.text(f"INSERT INTO {table} ({names}) VALUES ({', '.join(f':{k}' for k in row)})"), row)
+
+
+def _write_at_0002(db: Database) -> None:
+    db.upgrade("0002")
+    with db.engine.begin() as conn:
+        if db.dialect == "postgresql":
+            for table in ("gpu_sample", "gpu_rollup_1m"):
+                schema.create_partition(conn, table, schema.partition_start(table, MINUTE0))
+        gpu = {"uuid": UUID, "node": "old-node", "gpu_index": 3, "model": "NVIDIA H100 80GB HBM3"}
+        _insert(conn, "gpu", {**gpu, "first_seen_ms": MINUTE0, "last_seen_ms": MINUTE0 + 90_000})
+        gpu_id = conn.execute(sa.text("SELECT id FROM gpu WHERE uuid = :u"), {"u": UUID}).scalar_one()
+        _insert(conn, "gpu_sample", {"gpu_id": gpu_id, "ts_ms": MINUTE0 + 90_000, **OLD_SAMPLE})
+        _insert(conn, "gpu_rollup_1m", {"gpu_id": gpu_id, "ts_ms": MINUTE0, **OLD_ROLLUP})
+        conn.execute(sa.text("UPDATE tier_state SET position_ms = :p WHERE tier = '1m'"), {"p": MINUTE0 + 60_000})
+        process = {"gpu_id": gpu_id, "pid": 4711, "seen_ms": MINUTE0 + 90_000, "used_memory_bytes": 7 * 1024**3}
+        _insert(conn, "process_latest", process)
+
+
+def test_upgrade_keeps_the_data_and_reads_it_in_si(db_url: str) -> None:
+    db = Database(db_url)
+    _write_at_0002(db)
+    db.upgrade()
+
+    [reading] = latest.latest_readings(db)
+    for name, value in SI.items():
+        assert getattr(reading, name) == pytest.approx(value), name
+    assert (reading.node, reading.gpu, reading.timestamp) == ("old-node", 3, (MINUTE0 + 90_000) / 1000)
+    _, [process] = latest.latest_snapshot_parts(db)
+    assert (process.pid, process.memory_used_bytes) == (4711, 7 * 1024**3)
+
+    # Minute 0 from the rollup tier (6 samples, 250 W mean, 200-300 W, 600 J in 60 s), the raw sample after it: one
+    # 14-minute bucket (epoch-aligned) merges both.
+    start = MINUTE0 / 1000
+    data = timeseries.series(db, [UUID], ["power_watts", "energy_joules_total"], start, start + 7200, 10)[UUID]
+    assert (data.resolution, data.step_seconds, len(data.timestamps)) == ("1m", 840.0, 1)
+    assert data.values["power_watts"][0] == pytest.approx((6 * 250.0 + 312.5) / 7)
+    assert (data.minimum["power_watts"][0], data.maximum["power_watts"][0]) == (200.0, 312.5)
+    assert data.values["energy_joules_total"][0] == pytest.approx(10.0)
+
+    with db.engine.connect() as conn:
+        sample = conn.execute(sa.text("SELECT * FROM gpu_sample_si")).mappings().one()
+        rollup = conn.execute(sa.text("SELECT * FROM gpu_rollup_1m_si")).mappings().one()
+    for name, value in SI.items():  # booleans are 0/1 in the views
+        assert sample[name] == (int(value) if isinstance(value, bool) else pytest.approx(value)), name
+    assert (sample["node"], sample["gpu"], sample["uuid"], sample["ts_ms"]) == ("old-node", 3, UUID, MINUTE0 + 90_000)
+    assert (rollup["samples"], rollup["elapsed_seconds"]) == (6, pytest.approx(60.0))
+    assert (rollup["power_watts_min"], rollup["power_watts_max"]) == (pytest.approx(200.0), pytest.approx(300.0))
+    assert rollup["power_watts_mean"] == pytest.approx(250.0)
+    assert rollup["memory_used_bytes_mean"] == pytest.approx(10 * 1024**3)
+    assert rollup["energy_joules_total_increase"] == pytest.approx(600.0)
+    db.close()
+
+
+def test_new_writes_and_rollups_after_the_upgrade_agree_with_the_views(db_url: str) -> None:
+    db = Database(db_url)
+    _write_at_0002(db)
+    db.upgrade()
+    start = MINUTE0 / 1000 + 3600  # an hour after the old data
+    Writer(db).write([snapshot("new", start + 10 * k, gpus=1, power_watts=100.0 + k) for k in range(12)])
+    Rollups(db, settle_s=0).run(start + 180)
+    readings = {r.uuid: r for r in latest.latest_readings(db)}
+    assert readings[UUID].power_watts == pytest.approx(312.5)
+    assert readings[uuid_of("new", 0)].power_watts == pytest.approx(111.0)
+    with db.engine.connect() as conn:
+        raw = conn.execute(sa.text("SELECT power_watts FROM gpu_sample_si WHERE node = 'new' ORDER BY ts_ms")).all()
+        minutes = conn.execute(
+            sa.text("SELECT power_watts_mean, samples FROM gpu_rollup_1m_si WHERE node = 'new' ORDER BY ts_ms")
+        ).all()
+    assert [row[0] for row in raw] == pytest.approx([100.0 + k for k in range(12)])
+    assert [tuple(row) for row in minutes] == [(pytest.approx(102.5), 6), (pytest.approx(108.5), 6)]
+    db.close()
+
+
+def test_a_grafana_panel_query_runs_unchanged(db_url: str) -> None:
+    """The query docs/storage.md shows, with Grafana's macros expanded as its PostgreSQL data source does."""
+    db = Database(db_url)
+    db.upgrade()
+    Writer(db).write([snapshot("n", T0 + 10 * k, gpus=2, power_watts=200.0 + k) for k in range(6)])
+    if db.dialect == "postgresql":
+        lo, hi = (dt.datetime.fromtimestamp(t, tz=dt.UTC).isoformat() for t in (T0, T0 + 30))
+        time_filter = f"ts BETWEEN '{lo}' AND '{hi}'"  # $__timeFilter(ts)
+    else:
+        lo, hi = (dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z") for t in (T0, T0 + 30))
+        time_filter = f"ts BETWEEN '{lo}' AND '{hi}'"
+    panel = (
+        "SELECT ts AS \"time\", node || ':' || gpu AS metric, power_watts FROM gpu_sample_si "
+        f"WHERE {time_filter} ORDER BY 1, 2"
+    )
+    # The form that prunes partitions: $__unixEpochFrom() and $__unixEpochTo() are seconds, integers (int4 on
+    # PostgreSQL, hence the cast before * 1000).
+    by_epoch = (
+        "SELECT node || ':' || gpu AS metric, power_watts FROM gpu_sample_si "
+        f"WHERE ts_ms >= CAST({T0:.0f} AS BIGINT) * 1000 AND ts_ms <= CAST({T0 + 30:.0f} AS BIGINT) * 1000 "
+        "ORDER BY ts_ms, metric"
+    )
+    with db.engine.connect() as conn:
+        rows = conn.execute(sa.text(panel)).all()
+        epoch_rows = conn.execute(sa.text(by_epoch)).all()
+    assert [(row.metric, row.power_watts) for row in rows] == [
+        (f"n:{gpu}", pytest.approx(200.0 + k)) for k in range(4) for gpu in range(2)
+    ]
+    assert [tuple(row) for row in epoch_rows] == [(row.metric, row.power_watts) for row in rows]
+    if db.dialect == "postgresql":
+        assert isinstance(rows[0].time, dt.datetime)
+        assert rows[0].time.timestamp() == T0
+    db.close()
+
+
+def test_downgrade_renames_back_and_drops_the_views(db_url: str) -> None:
+    db = Database(db_url)
+    _write_at_0002(db)
+    db.upgrade()
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with db.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0002")
+    with db.engine.connect() as conn:
+        inspector = sa.inspect(conn)
+        assert not set(views.VIEWS.values()) & set(inspector.get_view_names())
+        power = conn.execute(sa.text("SELECT power_watts FROM gpu_sample")).scalar_one()
+        increase = conn.execute(sa.text("SELECT energy_joules_total_inc FROM gpu_rollup_1m")).scalar_one()
+        memory = conn.execute(sa.text("SELECT used_memory_bytes FROM process_latest")).scalar_one()
+    assert (power, increase, memory) == (3125, 600_000, 7 * 1024**3)
+    db.upgrade()
+    [reading] = latest.latest_readings(db)
+    assert reading.power_watts == pytest.approx(312.5)
+    db.close()
+
+
+def test_gpulens_db_upgrade_migrates_an_existing_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path}/old.db"
+    db = Database(url)
+    _write_at_0002(db)
+    assert main(["db", "upgrade", "--db", url]) == 0
+    assert "schema up to date" in capsys.readouterr().out
+    with db.engine.connect() as conn:
+        version = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one()
+        assert version == ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+        assert conn.execute(sa.text("SELECT power_deciwatts FROM gpu_sample")).scalar_one() == 3125
+        assert conn.execute(sa.text("SELECT power_watts FROM gpu_sample_si")).scalar_one() == pytest.approx(312.5)
+    db.close()

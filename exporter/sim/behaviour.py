@@ -7,7 +7,9 @@ alternation itself.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Final
 
 from . import noise
@@ -28,6 +30,9 @@ from .state import (
     RankShare,
     idle_activity,
 )
+
+# How a fault splits a training rank's step, given the step's all-reduce share.
+RankShaper = Callable[[float], RankShare]
 
 DATA_WAIT_PROBABILITY: Final = 0.04  # per step, training only, all ranks together
 NOTEBOOK_BURST_PROBABILITY: Final = 0.35
@@ -120,16 +125,17 @@ def _taken_over(active: list[FaultSpec]) -> JobPhase | None:
     return None
 
 
-def rank_shaper(active: list[tuple[FaultSpec, str]]) -> tuple[str, bool] | None:
-    """While a fault that reshapes training ranks acts on this GPU's job: its kind and whether this GPU is its
-    target (``role`` "self") or a peer in the job."""
+def rank_shaper(active: list[tuple[FaultSpec, str]]) -> RankShaper | None:
+    """While a fault that reshapes training ranks acts on this GPU's job: how it splits each rank's step, as seen
+    from this GPU (its target, role "self", or a peer in the job)."""
     for fault, role in active:
-        if FAULT_KINDS[fault.kind].shapes_ranks:
-            return fault.kind, role == "self"
+        kind = FAULT_KINDS[fault.kind]
+        if kind.shapes_ranks:
+            return functools.partial(kind.rank_share, role == "self")
     return None
 
 
-def activity(phase: JobPhase, place: Placement, shaper: tuple[str, bool] | None) -> Activity:
+def activity(phase: JobPhase, place: Placement, shaper: RankShaper | None) -> Activity:
     """What ``phase`` does to one GPU of the job; ``shaper`` from :func:`rank_shaper` while a fault reshapes
     the job's ranks."""
     memory = place.job.memory_fraction
@@ -159,13 +165,9 @@ _SPIN: Final[Levels] = (0.03, 0.0, 0.01, 0.12)
 _ALL_REDUCE_LINK_SHARE: Final = 0.70
 
 
-def _training(phase: JobPhase, place: Placement, shaper: tuple[str, bool] | None) -> Activity:
+def _training(phase: JobPhase, place: Placement, shaper: RankShaper | None) -> Activity:
     f = phase.comm_fraction
-    if shaper is None:
-        share = RankShare(1.0 - f, f, 0.0)
-    else:
-        kind, on_target = shaper
-        share = FAULT_KINDS[kind].rank_share(on_target, f)
+    share = RankShare(1.0 - f, f, 0.0) if shaper is None else shaper(f)
     compute, comm, spin, pace = share.compute, share.comm, share.spin, share.pace
     reduce_levels = _ALL_REDUCE if phase.all_reduce is None else phase.all_reduce
     sm, tensor, dram, load = (

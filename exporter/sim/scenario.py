@@ -9,22 +9,18 @@ Every problem is a ``ConfigError`` naming the file, the dotted key (``jobs[1].gp
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Mapping
-from datetime import date, datetime, time
 from pathlib import Path
 from typing import Any, Final
 
-import msgspec
-
 from gpulens.config import ConfigError, TomlLocator, format_duration, parse_duration, parse_timestamp
-from gpulens.typedinput import convert, dotted, read_text, split_path
+from gpulens.typedinput import read_text
 
 from .faults import FAULT_KINDS, FAULT_TARGETS, FaultCheckError, ScenarioView
 from .faults.base import FaultParams
 from .gpuranges import GpuRanges, listing
 from .models import CATALOGUE, GpuModel
-from .scenario_input import ClusterInput, JobInput, NodeInput, ScenarioInput
+from .scenario_input import ClusterInput, JobInput, ScenarioInput, read_input
 from .specs import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario
 
 JOB_KINDS: Final = ("training", "inference", "notebook", "idle")
@@ -42,15 +38,6 @@ DEFAULT_STEP_S: Final = 10.0
 MIN_CHECKPOINT_STEPS: Final = 4
 
 _NODE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-_TOML_POSITION = re.compile(r"\s*\(at line (\d+), column \d+\)")
-_MISSING = re.compile(r"^object missing required field (\S+)$")
-_TABLES: Final[Mapping[str, type[msgspec.Struct]]] = {
-    "": ScenarioInput,
-    "cluster": ClusterInput,
-    "nodes": NodeInput,
-    "jobs": JobInput,
-}
-_TIME_KEYS: Final = (("cluster", ("start",)), ("jobs", ("start", "end")), ("faults", ("at",)))
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -60,84 +47,7 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def parse_scenario(text: str, source: str = "<string>") -> Scenario:
     """Parse and validate scenario TOML text; ``source`` names it in errors."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        message = str(exc)
-        m = _TOML_POSITION.search(message)
-        line = int(m.group(1)) if m else None
-        raise ConfigError(f"TOML syntax error: {_TOML_POSITION.sub('', message)}", file=source, line=line) from None
-    locator = TomlLocator(text)
-    if "cluster" not in data:
-        raise ConfigError("missing the [cluster] table", file=source, key="cluster")
-    _times_as_text(data, source, locator)
-    try:
-        typed = convert(data, ScenarioInput, text=text, source=source)
-    except ConfigError as err:
-        raise _explain(err, data, locator) from None
-    return _Resolver(typed, source, locator).scenario()
-
-
-def _times_as_text(data: dict[str, Any], source: str, locator: TomlLocator) -> None:
-    """TOML date-times become RFC 3339 text, the one form the structs read; a bare date or time is an error."""
-    for table, keys in _TIME_KEYS:
-        value = data.get(table)
-        items = (
-            [(None, value)] if isinstance(value, dict) else list(enumerate(value if isinstance(value, list) else []))
-        )
-        for index, item in items:
-            for key in keys if isinstance(item, dict) else ():
-                raw = item.get(key)
-                if isinstance(raw, datetime):
-                    item[key] = raw.isoformat()
-                elif isinstance(raw, date | time):
-                    where = table if index is None else f"{table}[{index}]"
-                    raise ConfigError(
-                        "expected an offset such as 20m or a full RFC 3339 time",
-                        file=source,
-                        key=f"{where}.{key}",
-                        line=locator.line_of(table, index, key),
-                    )
-
-
-def _explain(err: ConfigError, data: Mapping[str, Any], locator: TomlLocator) -> ConfigError:
-    """Say a conversion error the scenario's way: a missing key at its own dotted key, a fault key its kind does
-    not take, an unknown fault kind, an unknown sub-table at its ``[header]``."""
-    parts = split_path("." + (err.key or ""))
-    message, line = err.message.replace(" | null", ""), err.line
-    missing = _MISSING.match(message)
-    if missing:
-        parts = [*parts, missing.group(1)]
-        message = "missing required key"
-    elif len(parts) == 3 and parts[0] == "faults" and isinstance(parts[1], int) and isinstance(parts[2], str):
-        table = data["faults"][parts[1]]
-        kind = FAULT_KINDS.get(table.get("kind")) if isinstance(table.get("kind"), str) else None
-        if parts[2] == "kind" and message.startswith("invalid value"):
-            message = f"unknown kind {table['kind']!r} (expected one of: {', '.join(FAULT_KINDS)})"
-        elif message == "unknown key" and kind is not None:
-            message = kind.unknown_key(parts[2])
-            if message == "unknown key":
-                message += _expected(["kind", *(f.name for f in msgspec.structs.fields(kind.params))])
-    elif message == "unknown key" and parts:
-        struct = _TABLES.get(str(parts[0]) if len(parts) > 1 else "")
-        message += _expected([f.name for f in msgspec.structs.fields(struct)] if struct else [])
-    sub_table = all(isinstance(p, str) for p in parts) and isinstance(_at(data, parts), dict)
-    if message.startswith("unknown key") and sub_table:  # point at its [header]
-        line = locator.line_of(".".join(str(p) for p in parts)) or line
-    return ConfigError(message, file=err.file, key=dotted(parts), line=line)
-
-
-def _expected(keys: list[str]) -> str:
-    return f" (expected one of: {', '.join(sorted(keys))})" if keys else ""
-
-
-def _at(data: Any, parts: list[str | int]) -> Any:
-    for part in parts:
-        try:
-            data = data[part]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return data
+    return _Resolver(read_input(text, source), source, TomlLocator(text)).scenario()
 
 
 class _Resolver:

@@ -223,13 +223,14 @@ class SimCluster:
         links: list[LinkReading] = []
         processes: list[ProcessReading] = []
         jobs: list[GpuJob] = []
+        t = self.step_time(k)
         for gpu in gpus:
             state = self._state(gpu.context, k)
             jobs.extend(GpuJob(node, gpu.ref.index, gpu.uuid, j.id, j.user) for j in state.jobs)
             if state.lost:
                 readings.append(lost_reading(gpu, ts))
                 continue
-            reading = gpu_reading(gpu, k, ts, state, self._counter_scale)
+            reading = gpu_reading(gpu, k, t, ts, state, self._counter_scale)
             readings.append(reading)
             links.extend(link_readings(gpu, reading))
             processes.extend(process_readings(gpu, state, reading))

@@ -45,8 +45,8 @@ def lost_reading(gpu: SimGpu, ts: float) -> GpuReading:
     )
 
 
-def gpu_reading(gpu: SimGpu, k: int, ts: float, state: GpuState, counter_scale: float) -> GpuReading:
-    """GPU ``gpu`` at step ``k`` (stamped ``ts``) doing what ``state`` says, with noise."""
+def gpu_reading(gpu: SimGpu, k: int, t: float, ts: float, state: GpuState, counter_scale: float) -> GpuReading:
+    """GPU ``gpu`` at step ``k`` (virtual time ``t``, stamped ``ts``) doing what ``state`` says, with noise."""
     u = noise.draw(gpu.noise_key, k)
     act = state.activity
     model = gpu.model
@@ -59,7 +59,7 @@ def gpu_reading(gpu: SimGpu, k: int, ts: float, state: GpuState, counter_scale: 
     pcie_max = pcie_max_bytes_per_second(state.pcie_generation, state.pcie_width)
     assert pcie_max is not None  # the catalogue's and the faults' generations are all known
     nvlink_max = model.nvlink_max_bytes_per_second
-    counters = fault_counters(gpu, ts, counter_scale)
+    counters = fault_counters(gpu, t, counter_scale)  # fault windows are in virtual time
     has_nvlink = model.has_nvlink
     if act.busy:
         sm_clock = round(model.max_sm_clock_hertz * state.clock_share / _MHZ - 15 * u[_U_CLOCK]) * _MHZ
@@ -123,13 +123,14 @@ def gpu_reading(gpu: SimGpu, k: int, ts: float, state: GpuState, counter_scale: 
     )
 
 
-def fault_counters(gpu: SimGpu, ts: float, counter_scale: float) -> Counters:
-    """What the GPU's own faults have added to its counters by ``ts`` (they keep their values once over)."""
+def fault_counters(gpu: SimGpu, t: float, counter_scale: float) -> Counters:
+    """What the GPU's own faults have added to its counters by virtual time ``t`` (they keep their values once
+    over)."""
     counters = Counters()
     for fault, role in gpu.context.faults:
-        if role != "self" or ts < fault.start:
+        if role != "self" or t < fault.start:
             continue
-        elapsed = (min(ts, fault.end) - fault.start) * counter_scale
+        elapsed = (min(t, fault.end) - fault.start) * counter_scale
         FAULT_KINDS[fault.kind].count(fault, elapsed, counters)
     return counters
 

@@ -1,12 +1,16 @@
 """The simulated GPU cluster behind ``--source sim``: nodes, jobs and faults from a scenario (docs/scenarios.md)."""
 
 from .engine import SimCluster, UnknownNodeError
+from .faults import FAULT_KINDS, LEAK_TARGET_SHARE
 from .models import CATALOGUE, GpuModel, find_model
-from .scenario import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario, load_scenario, parse_scenario
+from .scenario import load_scenario, parse_scenario
 from .source import LiveTime, SimAllNodes, SimSource
+from .specs import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario
 
 __all__ = [
     "CATALOGUE",
+    "FAULT_KINDS",
+    "LEAK_TARGET_SHARE",
     "FaultSpec",
     "GpuModel",
     "GpuRef",

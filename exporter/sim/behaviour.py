@@ -7,72 +7,36 @@ alternation itself.
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Final
 
 from . import noise
-from .scenario import FaultSpec, JobSpec
+from .faults import FAULT_KINDS, PHASE_KINDS
+from .specs import FaultSpec, JobSpec
+from .state import (
+    BURST,
+    CHECKPOINT,
+    DATA_WAIT,
+    IDLE,
+    QUIET,
+    RUN,
+    SERVE,
+    Activity,
+    JobPhase,
+    Levels,
+    Placement,
+    RankShare,
+    idle_activity,
+)
 
-RUN: Final = "run"
-DATA_WAIT: Final = "data_wait"
-CHECKPOINT: Final = "checkpoint"
-STALL: Final = "stall"
-IDLE: Final = "idle"
-SERVE: Final = "serve"
-BURST: Final = "burst"
-QUIET: Final = "quiet"
+# How a fault splits a training rank's step, given the step's all-reduce share.
+RankShaper = Callable[[float], RankShare]
 
 DATA_WAIT_PROBABILITY: Final = 0.04  # per step, training only, all ranks together
 NOTEBOOK_BURST_PROBABILITY: Final = 0.35
 NOTEBOOK_BLOCK_S: Final = 60.0  # a notebook is busy or quiet for a minute at a time
-SATURATED_COMM_FRACTION: Final = 0.96
-STRAGGLER_SLOWDOWN: Final = 0.7  # the straggler's speed relative to a healthy rank
-
-
-@dataclass(slots=True)
-class JobPhase:
-    """What a job is doing during one step."""
-
-    mode: str
-    comm_fraction: float = 0.0  # training: the part of the step spent in all-reduce
-    intensity: float = 0.0  # inference and notebook: the load level
-    saturating: bool = False  # nvlink_saturation: back-to-back all-reduce near the link ceiling
-
-
-@dataclass(slots=True)
-class Activity:
-    """What one GPU is doing during one step, as ratios; the engine turns them into readings and adds noise."""
-
-    utilization: float
-    sm_active: float
-    tensor_active: float
-    dram_active: float
-    load: float  # share of the dynamic power range, idle (0) to board power (1)
-    nvlink: float  # share of the NVLink ceiling, per direction
-    pcie_tx: float  # share of the current PCIe link ceiling
-    pcie_rx: float
-    memory_fraction: float
-    busy: bool  # clocks up; False sets the idle throttle reason
-    memory_jitter: bool  # allocator churn; False keeps memory exactly flat
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where a job sits, as seen from one of its GPUs."""
-
-    job: JobSpec
-    local_gpus: int  # the job's GPUs on this GPU's node
-    nodes: int  # nodes the job spans
-    nvlink: bool  # this GPU's node has NVLink
-
-    @property
-    def nvlink_peers(self) -> bool:
-        return self.nvlink and self.local_gpus >= 2
-
-
-def idle_activity(memory_fraction: float = 0.0) -> Activity:
-    return Activity(0.0, 0.0, 0.0, 0.0, 0.01, 0.0, 2e-5, 2e-5, memory_fraction, False, False)
 
 
 class JobBehaviour:
@@ -96,19 +60,19 @@ class JobBehaviour:
         t = self._origin + k * self._step
         if not self.job.running(t):
             return None
-        active = {f.kind for f in self.faults if f.active(t)} if self.faults else set()
-        if "comm_stall" in active:
-            return JobPhase(STALL)
-        if "idle_allocated" in active or self.job.kind == "idle":
-            return JobPhase(IDLE)
+        active = [f for f in self.faults if f.active(t)] if self.faults else []
+        if active:
+            taken = _taken_over(active)
+            if taken is not None:
+                return taken
         kind = self.job.kind
+        if kind == "idle":
+            return JobPhase(IDLE)
         if kind == "inference":
             return JobPhase(SERVE, intensity=self._serving_load(t))
         if kind == "notebook":
             return self._notebook(t)
-        if "nvlink_saturation" in active:
-            return JobPhase(RUN, comm_fraction=SATURATED_COMM_FRACTION, saturating=True)
-        if not active:
+        if not active:  # while a job-bound fault acts the job takes no pauses, so its signature is unbroken
             if self._checkpointing(k, t):
                 return JobPhase(CHECKPOINT)
             if k > self._first_step() and noise.value(self._key, k) < DATA_WAIT_PROBABILITY:
@@ -151,20 +115,39 @@ class JobBehaviour:
         return JobPhase(QUIET)
 
 
-def activity(phase: JobPhase, place: Placement, role: str | None) -> Activity:
-    """What ``phase`` does to one GPU of the job. ``role`` is "straggler" or "peer" while a straggler acts."""
+def _taken_over(active: list[FaultSpec]) -> JobPhase | None:
+    """The phase of the first active fault (by priority) whose kind takes over its job's phase."""
+    kinds = {f.kind: f for f in active}
+    for kind in PHASE_KINDS:
+        fault = kinds.get(kind.name)
+        if fault is not None:
+            return kind.job_phase(fault)
+    return None
+
+
+def rank_shaper(active: list[tuple[FaultSpec, str]]) -> RankShaper | None:
+    """While a fault that reshapes training ranks acts on this GPU's job: how it splits each rank's step, as seen
+    from this GPU (its target, role "self", or a peer in the job)."""
+    for fault, role in active:
+        kind = FAULT_KINDS[fault.kind]
+        if kind.shapes_ranks:
+            return functools.partial(kind.rank_share, role == "self")
+    return None
+
+
+def activity(phase: JobPhase, place: Placement, shaper: RankShaper | None) -> Activity:
+    """What ``phase`` does to one GPU of the job; ``shaper`` from :func:`rank_shaper` while a fault reshapes
+    the job's ranks."""
     memory = place.job.memory_fraction
     mode = phase.mode
+    if phase.activity is not None:
+        return phase.activity(place)
     if mode == RUN:
-        return _training(phase, place, role)
+        return _training(phase, place, shaper)
     if mode == DATA_WAIT:
         return Activity(0.08, 0.05, 0.01, 0.03, 0.10, 0.0, 0.005, 0.06, memory, True, True)
     if mode == CHECKPOINT:
         return Activity(0.04, 0.03, 0.0, 0.08, 0.08, 0.0, 0.55, 0.01, memory, True, True)
-    if mode == STALL:
-        # A spinning NCCL kernel: "100% utilization", no traffic, power toward idle, memory flat.
-        trickle = 1e-4 if place.nvlink_peers else 0.0
-        return Activity(1.0, 0.03, 0.0, 0.01, 0.12, trickle, 2e-4, 2e-4, memory, True, False)
     if mode == SERVE:
         i = phase.intensity
         return Activity(i, 0.78 * i, 0.45 * i, 0.65 * i, 0.78 * i, 0.0, 0.012 * i, 0.015 * i, memory, True, False)
@@ -176,30 +159,22 @@ def activity(phase: JobPhase, place: Placement, role: str | None) -> Activity:
 
 # Signal levels of the three things a training rank does within a step: compute, all-reduce, and spinning in a
 # collective while it waits for a slower rank: (sm_active, tensor_active, dram_active, power load).
-_COMPUTE: Final = (0.86, 0.62, 0.45, 0.92)
-_ALL_REDUCE: Final = (0.12, 0.02, 0.25, 0.45)
-_SATURATED_ALL_REDUCE: Final = (0.12, 0.02, 0.25, 0.50)
-_SPIN: Final = (0.03, 0.0, 0.01, 0.12)
-PEER_WAIT_SHARE: Final = 0.3  # of each step, while a straggler holds the job back
+_COMPUTE: Final[Levels] = (0.86, 0.62, 0.45, 0.92)
+_ALL_REDUCE: Final[Levels] = (0.12, 0.02, 0.25, 0.45)
+_SPIN: Final[Levels] = (0.03, 0.0, 0.01, 0.12)
+_ALL_REDUCE_LINK_SHARE: Final = 0.70
 
 
-def _training(phase: JobPhase, place: Placement, role: str | None) -> Activity:
+def _training(phase: JobPhase, place: Placement, shaper: RankShaper | None) -> Activity:
     f = phase.comm_fraction
-    if role == "straggler":
-        compute, comm, spin = 0.97, 0.03, 0.0  # the slow rank never waits: the others wait for it
-    elif role == "peer":
-        comm = f * STRAGGLER_SLOWDOWN
-        compute, spin = 1.0 - comm - PEER_WAIT_SHARE, PEER_WAIT_SHARE
-    else:
-        compute, comm, spin = 1.0 - f, f, 0.0
-    reduce_levels = _SATURATED_ALL_REDUCE if phase.saturating else _ALL_REDUCE
+    share = RankShare(1.0 - f, f, 0.0) if shaper is None else shaper(f)
+    compute, comm, spin, pace = share.compute, share.comm, share.spin, share.pace
+    reduce_levels = _ALL_REDUCE if phase.all_reduce is None else phase.all_reduce
     sm, tensor, dram, load = (
         compute * c + comm * r + spin * w for c, r, w in zip(_COMPUTE, reduce_levels, _SPIN, strict=True)
     )
-    if role == "straggler":
-        load *= 0.8  # computing all the time, at a lower clock
-    pace = STRAGGLER_SLOWDOWN if role is not None else 1.0  # a straggler stretches every iteration
-    link_level = 0.98 if phase.saturating else 0.70
+    load *= share.load_factor
+    link_level = _ALL_REDUCE_LINK_SHARE if phase.link_share is None else phase.link_share
     nvlink = (link_level * f + 0.02 * (1.0 - f)) * pace if place.nvlink_peers else 0.0
     inter_node = 0.30 * f * pace if place.nodes > 1 else 0.0
     intra_pcie = 0.45 * f * pace if place.local_gpus >= 2 and not place.nvlink else 0.0

@@ -1,8 +1,9 @@
-"""The simulator's GPU model catalogue (datasheet ceilings from DOMAIN.md section 1, plus typical NVML values).
+"""The simulator's GPU model catalogue: the datasheet facts of ``gpulens.hardware`` plus typical NVML values.
 
-Datasheet figures (memory, NVLink, PCIe, board power) are ceilings. The other figures (idle power, clocks,
-temperatures, reserved memory) are typical of what NVML reports on such a GPU; they make the simulation look real,
-they are not measurements.
+Datasheet figures (memory bandwidth, NVLink, PCIe, board power) are ceilings and are read from
+:data:`gpulens.hardware.GPU_MODELS`; nothing here writes one down again. The other figures (memory as NVML reports
+it, idle power, clocks, temperatures, reserved memory, NVSwitch count) are typical of what NVML shows on such a GPU;
+they make the simulation look real, they are not measurements (docs/domain.md).
 """
 
 from __future__ import annotations
@@ -11,40 +12,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from gpulens.hardware import GPU_MODELS, GpuModelFacts
+
 _MIB: Final = 1024 * 1024
 _MHZ: Final = 1_000_000.0
-
-# PCIe payload rate per lane per direction (bytes/s), by generation.
-PCIE_LANE_BYTES_PER_SECOND: Final[Mapping[int, float]] = {
-    1: 0.25e9,
-    2: 0.5e9,
-    3: 0.985e9,
-    4: 1.969e9,
-    5: 3.938e9,
-}
-
-
-def pcie_max_bytes_per_second(generation: int, width: int) -> float:
-    """Payload ceiling of a PCIe link in one direction."""
-    return PCIE_LANE_BYTES_PER_SECOND[generation] * width
 
 
 @dataclass(frozen=True, slots=True)
 class GpuModel:
-    """One GPU model of the catalogue."""
+    """One GPU model of the catalogue: its datasheet ``facts`` and the values a simulated one reports."""
 
-    name: str  # the catalogue name used in scenario files, e.g. "H100-SXM5-80GB"
-    product_name: str  # what NVML's nvmlDeviceGetName reports, e.g. "NVIDIA H100 80GB HBM3"
+    facts: GpuModelFacts
     memory_total_bytes: int
     memory_reserved_bytes: int
-    memory_bandwidth_bytes_per_second: float
-    nvlink_generation: int | None
-    nvlink_links: int  # 0: PCIe-only, no NVLink
-    nvlink_link_bytes_per_second: float  # per link, per direction
     nvswitches: int  # NVSwitch chips the links fan out to (0 without NVLink)
-    pcie_generation: int
-    pcie_width: int
-    board_power_watts: float
     idle_power_watts: float
     max_sm_clock_hertz: float
     idle_sm_clock_hertz: float
@@ -56,36 +37,68 @@ class GpuModel:
     memory_temperature_offset_celsius: float | None  # None: the memory sensor is not readable (GDDR boards)
 
     @property
+    def name(self) -> str:
+        """The catalogue name used in scenario files, e.g. ``H100-SXM5-80GB``."""
+        return self.facts.name
+
+    @property
+    def product_name(self) -> str:
+        """What NVML's nvmlDeviceGetName reports, e.g. ``NVIDIA H100 80GB HBM3``."""
+        return self.facts.product_name
+
+    @property
+    def memory_bandwidth_bytes_per_second(self) -> float:
+        return self.facts.memory_bandwidth_bytes_per_second
+
+    @property
+    def board_power_watts(self) -> float:
+        return self.facts.board_power_watts
+
+    @property
+    def nvlink_generation(self) -> int | None:
+        return self.facts.nvlink_generation
+
+    @property
+    def nvlink_links(self) -> int:
+        """0: PCIe-only, no NVLink."""
+        return self.facts.nvlink_links
+
+    @property
     def has_nvlink(self) -> bool:
-        return self.nvlink_links > 0
+        return self.facts.nvlink_links > 0
+
+    @property
+    def nvlink_link_bytes_per_second(self) -> float:
+        """Per link, per direction (0 without NVLink)."""
+        return self.facts.nvlink_link_bytes_per_second
 
     @property
     def nvlink_max_bytes_per_second(self) -> float:
         """All links together, one direction."""
-        return self.nvlink_links * self.nvlink_link_bytes_per_second
+        return self.facts.nvlink_max_bytes_per_second
+
+    @property
+    def pcie_generation(self) -> int:
+        return self.facts.pcie_generation
+
+    @property
+    def pcie_width(self) -> int:
+        return self.facts.pcie_width
 
     @property
     def pcie_max_bytes_per_second(self) -> float:
         """The healthy link's ceiling, one direction."""
-        return pcie_max_bytes_per_second(self.pcie_generation, self.pcie_width)
+        return self.facts.pcie_max_bytes_per_second
 
 
 CATALOGUE: Final[Mapping[str, GpuModel]] = {
     m.name: m
     for m in (
         GpuModel(
-            name="A100-SXM4-80GB",
-            product_name="NVIDIA A100-SXM4-80GB",
+            facts=GPU_MODELS["A100-SXM4-80GB"],
             memory_total_bytes=81920 * _MIB,
             memory_reserved_bytes=613 * _MIB,
-            memory_bandwidth_bytes_per_second=2.0e12,
-            nvlink_generation=3,
-            nvlink_links=12,
-            nvlink_link_bytes_per_second=25e9,
             nvswitches=6,
-            pcie_generation=4,
-            pcie_width=16,
-            board_power_watts=400.0,
             idle_power_watts=55.0,
             max_sm_clock_hertz=1410 * _MHZ,
             idle_sm_clock_hertz=210 * _MHZ,
@@ -97,18 +110,10 @@ CATALOGUE: Final[Mapping[str, GpuModel]] = {
             memory_temperature_offset_celsius=4.0,
         ),
         GpuModel(
-            name="H100-SXM5-80GB",
-            product_name="NVIDIA H100 80GB HBM3",
+            facts=GPU_MODELS["H100-SXM5-80GB"],
             memory_total_bytes=81559 * _MIB,
             memory_reserved_bytes=583 * _MIB,
-            memory_bandwidth_bytes_per_second=3.35e12,
-            nvlink_generation=4,
-            nvlink_links=18,
-            nvlink_link_bytes_per_second=25e9,
             nvswitches=4,
-            pcie_generation=5,
-            pcie_width=16,
-            board_power_watts=700.0,
             idle_power_watts=70.0,
             max_sm_clock_hertz=1980 * _MHZ,
             idle_sm_clock_hertz=345 * _MHZ,
@@ -120,18 +125,10 @@ CATALOGUE: Final[Mapping[str, GpuModel]] = {
             memory_temperature_offset_celsius=6.0,
         ),
         GpuModel(
-            name="H200-SXM-141GB",
-            product_name="NVIDIA H200",
+            facts=GPU_MODELS["H200-SXM-141GB"],
             memory_total_bytes=143771 * _MIB,
             memory_reserved_bytes=603 * _MIB,
-            memory_bandwidth_bytes_per_second=4.8e12,
-            nvlink_generation=4,
-            nvlink_links=18,
-            nvlink_link_bytes_per_second=25e9,
             nvswitches=4,
-            pcie_generation=5,
-            pcie_width=16,
-            board_power_watts=700.0,
             idle_power_watts=75.0,
             max_sm_clock_hertz=1980 * _MHZ,
             idle_sm_clock_hertz=345 * _MHZ,
@@ -143,18 +140,10 @@ CATALOGUE: Final[Mapping[str, GpuModel]] = {
             memory_temperature_offset_celsius=6.0,
         ),
         GpuModel(
-            name="L40S",
-            product_name="NVIDIA L40S",
+            facts=GPU_MODELS["L40S"],
             memory_total_bytes=46068 * _MIB,
             memory_reserved_bytes=587 * _MIB,
-            memory_bandwidth_bytes_per_second=0.864e12,
-            nvlink_generation=None,
-            nvlink_links=0,
-            nvlink_link_bytes_per_second=0.0,
             nvswitches=0,
-            pcie_generation=4,
-            pcie_width=16,
-            board_power_watts=350.0,
             idle_power_watts=32.0,
             max_sm_clock_hertz=2520 * _MHZ,
             idle_sm_clock_hertz=210 * _MHZ,

@@ -1,4 +1,4 @@
-"""Healthy behaviour and the confounders of DOMAIN.md §4: they look like the real thing and carry no fault signature."""
+"""Healthy behaviour and the confounders of docs/domain.md: they look real and carry no fault signature."""
 
 from __future__ import annotations
 

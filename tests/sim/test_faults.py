@@ -1,4 +1,4 @@
-"""Each fault kind shows its DOMAIN.md §4 signature on exactly its target, from `at` for `duration`, nowhere else."""
+"""Each fault kind shows its docs/domain.md signature on exactly its target, from `at` for `duration`, nowhere else."""
 
 from __future__ import annotations
 

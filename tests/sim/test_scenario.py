@@ -271,6 +271,21 @@ MALFORMED = {
         "faults[0].gpu",
         "no NVLink",
     ),
+    "bare date as a time": (
+        CLUSTER + TRAINING + "start = 2026-01-01  # <-\n",
+        "jobs[0].start",
+        "RFC 3339 time",
+    ),
+    "xid code below one": (
+        CLUSTER + "[[faults]]\nkind = 'xid'\ngpu = 'node-00:1'\nat = '1m'\nxid = 0  # <-\n",
+        "faults[0].xid",
+        ">= 1",
+    ),
+    "unknown key in a fault sub-table": (
+        CLUSTER + "[[faults]]\nkind = 'gpu_lost'\ngpu = 'node-00:1'\nat = '1m'\ncolour = 'red'  # <-\n",
+        "faults[0].colour",
+        "unknown key (expected one of: at, duration, gpu, kind)",
+    ),
     "missing cluster table": ("[[jobs]]\nid = 'x'\n", "cluster", "missing the [cluster] table"),
 }
 

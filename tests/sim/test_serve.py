@@ -78,6 +78,25 @@ def test_live_counters_grow_at_their_real_rate() -> None:
         assert 0.5 * a.power_watts < rate < 1.5 * a.power_watts
 
 
+def test_live_fault_counters_follow_virtual_time() -> None:
+    """Readings carry real timestamps, but a fault's counters start at its virtual ``at``, not before."""
+    scenario = parse_scenario(
+        HUNDRED_NODES + '[[faults]]\nkind = "xid"\ngpu = "node-00:0"\nat = "30m"\nxid = 79\n'
+        '[[faults]]\nkind = "nvlink_errors"\ngpu = "node-00:1"\nat = "30m"\nduration = "5m"\n'
+    )
+    real = ManualClock(1_800_000_000.0)
+    live = LiveTime(scenario.start, speed=10, clock=real)
+    cluster = SimCluster(scenario, stamp=live.to_real, counter_scale=1 / 10)
+    real.advance(60)  # 10 virtual minutes in
+    early = cluster.snapshot("node-00", live.now()).gpus
+    assert early[0].xid_errors == {}
+    assert early[1].nvlink_crc_flit_errors_total == 0
+    real.advance(150)  # 35 virtual minutes in: both faults have happened
+    late = cluster.snapshot("node-00", live.now()).gpus
+    assert late[0].xid_errors == {79: 1}
+    assert (late[1].nvlink_crc_flit_errors_total or 0) > 0
+
+
 @pytest.fixture
 def all_nodes(tmp_path: Path) -> Iterator[int]:
     scenario = tmp_path / "hundred.toml"

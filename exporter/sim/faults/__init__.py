@@ -1,0 +1,92 @@
+"""The simulator's fault kinds: the registry that maps each kind's name to its checks and effect (one module each).
+
+The engine and the scenario reader look kinds up here; nothing else names a kind. To add one, see "Adding a fault
+kind" in docs/scenarios.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final, get_args
+
+from .base import FaultCheckError, FaultKind, FaultParams, ScenarioView
+from .comm_stall import CommStall, CommStallParams
+from .dead_profiling import DeadProfiling, DeadProfilingParams
+from .exporter_down import ExporterDown, ExporterDownParams
+from .gpu_lost import GpuLost, GpuLostParams
+from .idle_allocated import IdleAllocated, IdleAllocatedParams
+from .memory_leak import LEAK_TARGET_SHARE, MemoryLeak, MemoryLeakParams
+from .nvlink_errors import NvlinkErrors, NvlinkErrorsParams
+from .nvlink_saturation import NvlinkSaturation, NvlinkSaturationParams
+from .pcie_degraded import PcieDegraded, PcieDegradedParams
+from .pcie_saturation import PcieSaturation, PcieSaturationParams
+from .power_cap import PowerCap, PowerCapParams
+from .straggler import Straggler, StragglerParams
+from .thermal_throttle import ThermalThrottle, ThermalThrottleParams
+from .xid import Xid, XidParams
+
+FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
+    k.name: k
+    for k in (
+        CommStall(),
+        Straggler(),
+        MemoryLeak(),
+        ThermalThrottle(),
+        PowerCap(),
+        PcieDegraded(),
+        NvlinkErrors(),
+        Xid(),
+        GpuLost(),
+        IdleAllocated(),
+        ExporterDown(),
+        PcieSaturation(),
+        NvlinkSaturation(),
+        DeadProfiling(),
+    )
+}
+
+# One [[faults]] table: msgspec picks the struct by its ``kind`` tag.
+AnyFaultParams = (
+    CommStallParams
+    | StragglerParams
+    | MemoryLeakParams
+    | ThermalThrottleParams
+    | PowerCapParams
+    | PcieDegradedParams
+    | NvlinkErrorsParams
+    | XidParams
+    | GpuLostParams
+    | IdleAllocatedParams
+    | ExporterDownParams
+    | PcieSaturationParams
+    | NvlinkSaturationParams
+    | DeadProfilingParams
+)
+assert set(get_args(AnyFaultParams)) == {k.params for k in FAULT_KINDS.values()}, "register each kind's params"
+assert all(k.params.__struct_config__.tag == name for name, k in FAULT_KINDS.items()), "params tag != kind name"
+
+# Each fault kind and the key that names its target.
+FAULT_TARGETS: Final[Mapping[str, str]] = {name: k.target for name, k in FAULT_KINDS.items()}
+# Kinds that take over their job's phase while they act, the first one winning.
+PHASE_KINDS: Final = tuple(
+    sorted((k for k in FAULT_KINDS.values() if k.phase_priority is not None), key=lambda k: k.phase_priority or 0)
+)
+
+
+def fault_kind(name: str) -> FaultKind:
+    """The kind of that name (a ``KeyError`` for an unknown one; the scenario reader rejects those first)."""
+    return FAULT_KINDS[name]
+
+
+__all__ = [
+    "FAULT_KINDS",
+    "FAULT_TARGETS",
+    "LEAK_TARGET_SHARE",
+    "PHASE_KINDS",
+    "AnyFaultParams",
+    "FaultCheckError",
+    "FaultKind",
+    "FaultParams",
+    "ScenarioView",
+    "fault_kind",
+]

@@ -1,0 +1,124 @@
+"""What a fault kind is: its scenario keys (a typed struct), its checks, and its effect hooks on jobs and GPUs.
+
+Every kind is one :class:`FaultKind` subclass in its own module of ``exporter.sim.faults``, registered in
+``exporter/sim/faults/__init__.py``. The scenario reader converts a ``[[faults]]`` table to the kind's ``params``
+struct (msgspec picks it by ``kind``), resolves the target and window, then calls :meth:`FaultKind.check`. The
+engine calls the effect hooks while the fault is active: :meth:`~FaultKind.job_phase` (take over the job's phase),
+:meth:`~FaultKind.rank_share` (reshape a training rank's step), :meth:`~FaultKind.apply` (adjust one GPU's state)
+and :meth:`~FaultKind.count` (add to its counters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from exporter.sim.models import GpuModel
+from exporter.sim.specs import FaultSpec, JobSpec, NodeSpec
+from exporter.sim.state import Counters, GpuState, JobPhase, RankShare
+from gpulens.typedinput import InputStruct
+
+TARGET_KEYS: Final = ("job", "gpu", "node")
+
+# A time as a scenario writes it: an offset such as "20m", a number of seconds, or an RFC 3339 time.
+TimeValue = str | int | float
+# A duration: "90s", "5m", "1h30m" or a number of seconds.
+DurationValue = str | int | float
+
+
+class FaultParams(InputStruct, frozen=True, tag_field="kind"):
+    """The keys of one ``[[faults]]`` table; each kind's struct adds its target key and its own parameters."""
+
+    at: TimeValue
+
+
+class JobFaultParams(FaultParams, frozen=True):
+    job: str
+    duration: DurationValue | None = None
+
+
+class GpuFaultParams(FaultParams, frozen=True):
+    gpu: str
+    duration: DurationValue | None = None
+
+
+class NodeFaultParams(FaultParams, frozen=True):
+    node: str
+    duration: DurationValue | None = None
+
+
+class FaultCheckError(Exception):
+    """A fault that its kind rejects; the scenario reader reports it at ``key`` of the fault's table."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioView:
+    """What a kind's check may look at: the scenario's nodes and jobs, by name."""
+
+    nodes: Mapping[str, NodeSpec]
+    jobs: Mapping[str, JobSpec]
+
+
+class FaultKind:
+    """One fault kind. Subclasses set the class attributes and override the hooks their effect needs."""
+
+    name: ClassVar[str]
+    params: ClassVar[type[FaultParams]]
+    target: ClassVar[str]  # the key naming what it acts on: "job", "gpu" or "node"
+    # Acts while a job runs: its window must lie inside the job's, it lasts until the job ends without a
+    # duration, and while it acts the job takes no data-loader or checkpoint pauses. A GPU-scoped kind acts in
+    # the job holding its GPU at ``at``.
+    job_bound: ClassVar[bool] = False
+    single_event: ClassVar[bool] = False  # happens once at ``at``: takes no duration, its effect stays
+    phase_priority: ClassVar[int | None] = None  # takes over its job's phase (job_phase); the lowest wins
+    shapes_ranks: ClassVar[bool] = False  # reshapes its training job's ranks (rank_share)
+    takes_node_offline: ClassVar[bool] = False  # reading its node fails while it acts
+
+    # ----------------------------------------------------------------------------------------- validation
+
+    def unknown_key(self, key: str) -> str:
+        """The message for a key this kind's ``params`` lacks."""
+        if key in TARGET_KEYS:
+            return f"a {self.name} fault names a {self.target}, not a {key}"
+        if key == "xid":
+            return "only xid faults take an xid code"
+        return "unknown key"
+
+    def extras(self, params: Any) -> Mapping[str, Any]:
+        """Fields of :class:`FaultSpec` beyond target and window that this kind's parameters fill in."""
+        return {}
+
+    def check(self, fault: FaultSpec, job: JobSpec | None, scenario: ScenarioView) -> None:
+        """Reject a fault this kind cannot act as (raise :class:`FaultCheckError`); ``job``: the job it acts in."""
+
+    # ----------------------------------------------------------------------------------------- effect
+
+    def job_phase(self, fault: FaultSpec) -> JobPhase:
+        """The phase of the fault's job while it acts (kinds with a ``phase_priority``)."""
+        raise NotImplementedError
+
+    def rank_share(self, on_target: bool, comm_fraction: float) -> RankShare:
+        """How a rank of the fault's job splits a step while it acts (kinds that ``shapes_ranks``)."""
+        raise NotImplementedError
+
+    def apply(self, state: GpuState, fault: FaultSpec, t: float, model: GpuModel) -> None:
+        """What the fault does to its GPU (or to each GPU of its node) during the step at ``t``."""
+
+    def count(self, fault: FaultSpec, elapsed_s: float, counters: Counters) -> None:
+        """What the fault has added to its GPU's counters ``elapsed_s`` after it began."""
+
+    def offline_message(self, fault: FaultSpec, node: str, until: str) -> str:
+        """Why ``node`` cannot be read (kinds that take it offline)."""
+        return f"{node}: unavailable (simulated {self.name} until {until})"
+
+
+def require_multi_gpu_training(kind: FaultKind, job: JobSpec | None) -> None:
+    """Communication faults need a training job whose ranks talk to each other."""
+    if job is not None and (job.kind != "training" or len(job.gpus) < 2):
+        raise FaultCheckError(kind.target, f"a {kind.name} fault needs a training job with 2 or more GPUs")

@@ -1,0 +1,23 @@
+"""Fault kind ``idle_allocated``: a job keeps its GPUs allocated and its memory held, but does no work."""
+
+from __future__ import annotations
+
+from exporter.sim.specs import FaultSpec
+from exporter.sim.state import IDLE, JobPhase
+
+from .base import FaultKind, JobFaultParams
+
+
+class IdleAllocatedParams(JobFaultParams, frozen=True, tag="idle_allocated"):
+    """``job``, ``at``, ``duration``."""
+
+
+class IdleAllocated(FaultKind):
+    name = "idle_allocated"
+    params = IdleAllocatedParams
+    target = "job"
+    job_bound = True
+    phase_priority = 1
+
+    def job_phase(self, fault: FaultSpec) -> JobPhase:
+        return JobPhase(IDLE)  # idle clocks and throttle reason, the job's memory held

@@ -1,0 +1,33 @@
+"""Fault kind ``pcie_degraded``: a GPU's PCIe link trains below its maximum and replays climb."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from exporter.sim.models import GpuModel
+from exporter.sim.specs import FaultSpec
+from exporter.sim.state import Counters, GpuState
+
+from .base import FaultKind, GpuFaultParams
+
+DEGRADED_PCIE_GENERATION: Final = 3  # Gen2 on a board whose maximum is Gen3
+DEGRADED_PCIE_WIDTH: Final = 8
+DEGRADED_PCIE_REPLAYS_PER_S: Final = 1.5
+
+
+class PcieDegradedParams(GpuFaultParams, frozen=True, tag="pcie_degraded"):
+    """``gpu``, ``at``, ``duration``."""
+
+
+class PcieDegraded(FaultKind):
+    name = "pcie_degraded"
+    params = PcieDegradedParams
+    target = "gpu"
+
+    def apply(self, state: GpuState, fault: FaultSpec, t: float, model: GpuModel) -> None:
+        generation = model.pcie_generation
+        state.pcie_generation = DEGRADED_PCIE_GENERATION if generation > DEGRADED_PCIE_GENERATION else generation - 1
+        state.pcie_width = DEGRADED_PCIE_WIDTH
+
+    def count(self, fault: FaultSpec, elapsed_s: float, counters: Counters) -> None:
+        counters.pcie_replays += int(DEGRADED_PCIE_REPLAYS_PER_S * elapsed_s)

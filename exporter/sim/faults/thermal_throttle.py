@@ -1,0 +1,31 @@
+"""Fault kind ``thermal_throttle``: a GPU runs above its slowdown temperature, thermally throttled."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from exporter.sim.models import GpuModel
+from exporter.sim.specs import FaultSpec
+from exporter.sim.state import GpuState
+from exporter.sim.throttle import THERMAL
+
+from .base import FaultKind, GpuFaultParams
+
+THERMAL_CLOCK_SHARE: Final = 0.55
+THERMAL_LOAD_FACTOR: Final = 0.65
+
+
+class ThermalThrottleParams(GpuFaultParams, frozen=True, tag="thermal_throttle"):
+    """``gpu``, ``at``, ``duration``."""
+
+
+class ThermalThrottle(FaultKind):
+    name = "thermal_throttle"
+    params = ThermalThrottleParams
+    target = "gpu"
+
+    def apply(self, state: GpuState, fault: FaultSpec, t: float, model: GpuModel) -> None:
+        state.throttle |= THERMAL
+        state.clock_share = min(state.clock_share, THERMAL_CLOCK_SHARE)
+        state.load *= THERMAL_LOAD_FACTOR
+        state.heat = "hot"

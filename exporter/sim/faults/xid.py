@@ -1,0 +1,40 @@
+"""Fault kind ``xid``: a GPU reports one XID error (a single event at ``at``, counted from then on)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from msgspec import Meta
+
+from exporter.sim.specs import FaultSpec
+from exporter.sim.state import Counters
+
+from .base import FaultKind, FaultParams
+
+
+class XidParams(FaultParams, frozen=True, tag="xid"):
+    """``gpu``, ``at`` and the XID code; no ``duration``."""
+
+    gpu: str
+    xid: Annotated[int, Meta(ge=1)]
+
+
+class Xid(FaultKind):
+    name = "xid"
+    params = XidParams
+    target = "gpu"
+    single_event = True
+
+    def unknown_key(self, key: str) -> str:
+        if key == "duration":
+            return "an xid is a single event at `at`; it takes no duration"
+        return super().unknown_key(key)
+
+    def extras(self, params: Any) -> Mapping[str, Any]:
+        assert isinstance(params, XidParams)
+        return {"xid": params.xid}
+
+    def count(self, fault: FaultSpec, elapsed_s: float, counters: Counters) -> None:
+        if fault.xid is not None:
+            counters.xids[fault.xid] = counters.xids.get(fault.xid, 0) + 1

@@ -1,0 +1,84 @@
+"""The parsed scenario: validated nodes, jobs and faults with times in epoch seconds (what the engine runs).
+
+``exporter.sim.scenario`` builds these from a scenario file; the engine, the job behaviour and the fault kinds read
+them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .models import GpuModel
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class GpuRef:
+    """One GPU of the cluster: a node name and an index on that node."""
+
+    node: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.node}:{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    name: str
+    model: GpuModel
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class JobSpec:
+    """A job holding GPUs from ``start`` to ``end`` (epoch seconds)."""
+
+    id: str
+    user: str
+    kind: str
+    gpus: tuple[GpuRef, ...]
+    start: float
+    end: float
+    memory_fraction: float
+    checkpoint_every_s: float | None = None
+
+    def running(self, t: float) -> bool:
+        return self.start <= t < self.end
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class FaultSpec:
+    """A fault from ``start`` to ``end`` (epoch seconds) on a job, a GPU or a node, as its kind requires.
+
+    ``job`` is the job a job-scoped fault names, and for a ``straggler`` the training job it slows down.
+    """
+
+    index: int  # its position among the scenario's [[faults]]
+    kind: str
+    start: float
+    end: float
+    job: str | None = None
+    gpu: GpuRef | None = None
+    node: str | None = None
+    xid: int | None = None
+
+    def active(self, t: float) -> bool:
+        return self.start <= t < self.end
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A parsed, validated scenario. Times are epoch seconds."""
+
+    source: str
+    start: float
+    duration_s: float
+    step_s: float
+    seed: int
+    nodes: tuple[NodeSpec, ...]
+    jobs: tuple[JobSpec, ...] = ()
+    faults: tuple[FaultSpec, ...] = ()
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration_s

@@ -1,0 +1,122 @@
+"""What a simulated GPU does during one step, before noise: the records that job behaviour and faults shape.
+
+A job's :class:`JobPhase` (what it does this step) becomes an :class:`Activity` on each of its GPUs (ratios such
+as utilization and link shares); the engine wraps it in a :class:`GpuState` that fault kinds adjust in place (power
+limit, clocks, link training, heat), and sums fault :class:`Counters` (link errors, XIDs). The engine then turns the
+state into readings and adds noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from .specs import JobSpec
+
+# A job's modes (JobPhase.mode).
+RUN: Final = "run"
+DATA_WAIT: Final = "data_wait"
+CHECKPOINT: Final = "checkpoint"
+STALL: Final = "stall"
+IDLE: Final = "idle"
+SERVE: Final = "serve"
+BURST: Final = "burst"
+QUIET: Final = "quiet"
+
+# Signal levels of one training activity within a step: (sm_active, tensor_active, dram_active, power load).
+Levels = tuple[float, float, float, float]
+
+
+@dataclass(slots=True)
+class Activity:
+    """What one GPU is doing during one step, as ratios; the engine turns them into readings and adds noise."""
+
+    utilization: float
+    sm_active: float
+    tensor_active: float
+    dram_active: float
+    load: float  # share of the dynamic power range, idle (0) to board power (1)
+    nvlink: float  # share of the NVLink ceiling, per direction
+    pcie_tx: float  # share of the current PCIe link ceiling
+    pcie_rx: float
+    memory_fraction: float
+    busy: bool  # clocks up; False sets the idle throttle reason
+    memory_jitter: bool  # allocator churn; False keeps memory exactly flat
+
+
+def idle_activity(memory_fraction: float = 0.0) -> Activity:
+    return Activity(0.0, 0.0, 0.0, 0.0, 0.01, 0.0, 2e-5, 2e-5, memory_fraction, False, False)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a job sits, as seen from one of its GPUs."""
+
+    job: JobSpec
+    local_gpus: int  # the job's GPUs on this GPU's node
+    nodes: int  # nodes the job spans
+    nvlink: bool  # this GPU's node has NVLink
+
+    @property
+    def nvlink_peers(self) -> bool:
+        return self.nvlink and self.local_gpus >= 2
+
+
+@dataclass(slots=True)
+class JobPhase:
+    """What a job is doing during one step.
+
+    A fault that takes over a job's phase may set ``all_reduce`` and ``link_share`` (the training all-reduce's
+    levels and NVLink share, instead of the healthy ones) or ``activity`` (what the phase does to each GPU).
+    """
+
+    mode: str
+    comm_fraction: float = 0.0  # training: the part of the step spent in all-reduce
+    intensity: float = 0.0  # inference and notebook: the load level
+    all_reduce: Levels | None = None
+    link_share: float | None = None
+    activity: Callable[[Placement], Activity] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RankShare:
+    """How a training rank splits a step: computing, in all-reduce, spinning in a collective while it waits.
+
+    ``load_factor`` scales its power load, ``pace`` its traffic (a rank held back by a straggler moves less data).
+    """
+
+    compute: float
+    comm: float
+    spin: float
+    load_factor: float = 1.0
+    pace: float = 1.0
+
+
+@dataclass(slots=True)
+class GpuState:
+    """One GPU during one step, before noise; faults adjust it in place while it is worked out."""
+
+    activity: Activity
+    jobs: tuple[JobSpec, ...]
+    load: float  # share of the dynamic power range the work asks for
+    power_limit_watts: float
+    throttle: int
+    pcie_generation: int
+    pcie_width: int
+    clock_share: float = 1.0  # of the max SM clock, while busy
+    heat: str = "normal"  # "warm": near the slowdown threshold; "hot": at or above it
+    profiling_dead: bool = False
+    lost: bool = False
+    power_watts: float = 0.0
+
+
+@dataclass(slots=True)
+class Counters:
+    """A GPU's fault-driven counters at one time: what its faults have added since they began."""
+
+    nvlink_crc: int = 0
+    nvlink_replay: int = 0
+    nvlink_recovery: int = 0
+    pcie_replays: int = 0
+    xids: dict[int, int] = field(default_factory=dict)

@@ -1,0 +1,52 @@
+"""The fault-kind registry: every kind is registered once, documented, exemplified and tested under its name."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import msgspec
+
+from exporter.sim import FAULT_KINDS, load_scenario
+from exporter.sim.faults import FAULT_TARGETS, PHASE_KINDS, AnyFaultParams
+from tests.sim import test_faults
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_each_kind_reads_its_own_params_struct() -> None:
+    params = {k.params for k in FAULT_KINDS.values()}
+    assert len(params) == len(FAULT_KINDS)
+    assert set(AnyFaultParams.__args__) == params
+    for name, kind in FAULT_KINDS.items():
+        assert kind.name == name
+        assert kind.params.__struct_config__.tag == name
+        fields = {f.name for f in msgspec.structs.fields(kind.params)}
+        assert "at" in fields
+        assert kind.target in fields
+        assert ("duration" in fields) is not kind.single_event
+
+
+def test_targets_and_phase_priorities() -> None:
+    assert set(FAULT_TARGETS.values()) == {"job", "gpu", "node"}
+    priorities = [k.phase_priority for k in PHASE_KINDS]
+    assert priorities == sorted(priorities)
+    assert len(set(priorities)) == len(priorities)
+    assert [k.name for k in PHASE_KINDS] == ["comm_stall", "idle_allocated", "nvlink_saturation"]
+
+
+def test_every_kind_is_documented_with_its_target() -> None:
+    text = (ROOT / "docs" / "scenarios.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| (job|gpu|node) \|", text, re.MULTILINE))
+    assert rows == dict(FAULT_TARGETS)
+
+
+def test_the_faults_example_has_every_kind() -> None:
+    scenario = load_scenario(ROOT / "examples" / "scenarios" / "faults.toml")
+    assert {f.kind for f in scenario.faults} == set(FAULT_KINDS)
+
+
+def test_every_kind_has_a_signature_test() -> None:
+    tests = [name for name in dir(test_faults) if name.startswith("test_")]
+    for kind in FAULT_KINDS:
+        assert any(t == f"test_{kind}" or t.startswith(f"test_{kind}_") for t in tests), kind

@@ -17,15 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.dcgm import DcgmSource
+from exporter.dcgmsource import DcgmSource
 from gpulens.clock import ManualClock
-from gpulens.dcgm import (
-    DCGM_FP64_BLANK,
-    DCGM_INT32_BLANK,
-    DCGM_INT64_BLANK,
-    DcgmParse,
-    parse_dcgm_metrics,
-)
+from gpulens.dcgmfields import DCGM_FP64_BLANK, DCGM_INT32_BLANK, DCGM_INT64_BLANK
+from gpulens.dcgmpage import DcgmParse, parse_dcgm_metrics
 from gpulens.httpfetch import fetch_url, redact_url
 from gpulens.model import GpuReading, MigReading, SourceError
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import gpulens
-from gpulens.catalogue import GPU_FIELDS, GPU_LABELS
+from gpulens.metriccatalogue import GPU_FIELDS, GPU_LABELS
 from gpulens.dcgmfields import COMPAT_FIELDS, COMPAT_LABELS, compat_value
 from gpulens.model import THROTTLE_REASONS, GpuReading, NodeSnapshot
 

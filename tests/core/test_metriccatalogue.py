@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from gpulens.catalogue import GPU_FIELDS, parse_catalogue
+from gpulens.metriccatalogue import GPU_FIELDS, parse_catalogue
 from gpulens.config import ConfigError
 from gpulens.model import GpuReading
 

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import gpulens
-from gpulens.metriccatalogue import GPU_FIELDS, GPU_LABELS
 from gpulens.dcgmfields import COMPAT_FIELDS, COMPAT_LABELS, compat_value
+from gpulens.metriccatalogue import GPU_FIELDS, GPU_LABELS
 from gpulens.model import THROTTLE_REASONS, GpuReading, NodeSnapshot
 
 

@@ -26,13 +26,12 @@ import orjson
 from collector.targets import Target
 from gpulens.clock import Clock, SystemClock
 from gpulens.config import ConfigError
-from gpulens.dcgm import parse_dcgm_metrics
-from gpulens.httpfetch import redact_url
+from gpulens.dcgmpage import parse_dcgm_metrics
+from gpulens.httpfetch import Deadline, DeadlineHTTPConnection, DeadlineHTTPSConnection, read_body, redact_url
 from gpulens.model import GpuReading, NodeSnapshot, SnapshotFormatError, TargetHealth, snapshot_from_json
 
 log = logging.getLogger(__name__)
 
-_CHUNK: Final = 64 * 1024
 _RATIO_FIELDS: Final = ("utilization_ratio", "sm_active_ratio", "tensor_active_ratio", "dram_active_ratio")
 _NON_NEGATIVE: Final = tuple(
     f.name
@@ -108,7 +107,7 @@ def sanitize(snapshot: NodeSnapshot, now: float, future_tolerance_s: float) -> t
 
 class _Connections(threading.local):
     def __init__(self) -> None:
-        self.pool: dict[tuple[str, str, int], http.client.HTTPConnection] = {}
+        self.pool: dict[tuple[str, str, int], DeadlineHTTPConnection] = {}
 
 
 class Scraper:
@@ -211,14 +210,14 @@ class Scraper:
                 self._contexts[key] = ctx
             return ctx
 
-    def _connection(self, target: Target, scheme: str, host: str, port: int) -> http.client.HTTPConnection:
+    def _connection(self, target: Target, scheme: str, host: str, port: int) -> DeadlineHTTPConnection:
         key = (scheme, host, port)
         conn = self._local.pool.get(key)
         if conn is None:
             if scheme == "https":
-                conn = http.client.HTTPSConnection(host, port, timeout=self._timeout, context=self._context(target))
+                conn = DeadlineHTTPSConnection(host, port, timeout=self._timeout, context=self._context(target))
             else:
-                conn = http.client.HTTPConnection(host, port, timeout=self._timeout)
+                conn = DeadlineHTTPConnection(host, port, timeout=self._timeout)
             self._local.pool[key] = conn
             with self._lock:
                 self._all.add(conn)
@@ -250,17 +249,18 @@ class Scraper:
         port = parts.port or (443 if scheme == "https" else 80)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         headers = self._headers(target)
-        deadline = time.monotonic() + self._timeout
+        deadline = Deadline(self._timeout)  # one deadline for the whole request, retry included
         for attempt in (1, 2):  # a kept-alive connection the server closed gets one fresh retry
             conn = self._connection(target, scheme, host, port)
+            conn.deadline = deadline
             reused = conn.sock is not None
             try:
                 conn.request("GET", path, headers=headers)
                 response = conn.getresponse()
-                body = self._read(response, deadline)
+                body = read_body(response, response.msg, self._max_bytes)
             except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine) as exc:
                 self._drop(scheme, host, port)
-                if reused and attempt == 1 and time.monotonic() < deadline:
+                if reused and attempt == 1 and _time_left(deadline):
                     continue
                 raise ScrapeError(_describe(exc)) from None
             except TimeoutError:
@@ -276,29 +276,6 @@ class Scraper:
             return body
         raise ScrapeError("connection closed")  # pragma: no cover - the loop returns or raises
 
-    def _read(self, response: http.client.HTTPResponse, deadline: float) -> bytes:
-        declared = response.getheader("Content-Length")
-        if declared and declared.isdigit() and int(declared) > self._max_bytes:
-            response.close()
-            raise ValueError(f"response of {declared} bytes exceeds the {self._max_bytes}-byte limit")
-        gzipped = (response.getheader("Content-Encoding") or "").lower() == "gzip"
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
-        chunks: list[bytes] = []
-        received = size = 0
-        while chunk := response.read(_CHUNK):
-            if time.monotonic() > deadline:
-                raise TimeoutError
-            received += len(chunk)
-            data = chunk if inflater is None else inflater.decompress(chunk, self._max_bytes + 1 - size)
-            size += len(data)
-            if received > self._max_bytes or size > self._max_bytes:
-                response.close()
-                raise ValueError(f"response exceeds the {self._max_bytes}-byte limit")
-            chunks.append(data)
-        if inflater is not None and not inflater.eof:
-            raise ValueError("truncated gzip body")
-        return b"".join(chunks)
-
     def close(self) -> None:
         """Close every thread's connections (call when no scrape is running)."""
         with self._lock:
@@ -306,6 +283,13 @@ class Scraper:
         for conn in conns:
             conn.close()
         self._local.pool.clear()
+
+
+def _time_left(deadline: Deadline) -> bool:
+    try:
+        return deadline.remaining() > 0
+    except TimeoutError:
+        return False
 
 
 def _describe(exc: BaseException) -> str:

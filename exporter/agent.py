@@ -61,12 +61,12 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
         enrich = None
     else:
         if options.source == "dcgm":
-            from exporter.dcgm import DcgmSource
+            from exporter.dcgmsource import DcgmSource
 
             source = DcgmSource(options.dcgm_url, node=options.node if options.node_given else None)
         else:
             source = _nvml_source(options)
-        from exporter.jobs import JobMapper
+        from exporter.jobmap import JobMapper
 
         enrich = JobMapper(proc_root=options.proc_root, job_map_dir=options.job_map_dir).enrich
     poller = Poller(source, interval_s=options.interval_s, enrich=enrich, dcgm_compat=options.dcgm_compat)

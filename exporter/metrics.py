@@ -10,15 +10,13 @@ escaped once. The output is checked by prometheus_client's parser and by promtoo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
 
 import gpulens
-from gpulens.catalogue import GPU_FIELDS, GPU_LABELS
+from gpulens.dcgmfields import COMPAT_FIELDS, COMPAT_LABELS, compat_value
+from gpulens.metriccatalogue import GPU_FIELDS, GPU_LABELS
 from gpulens.model import THROTTLE_REASONS, GpuReading, NodeSnapshot
-
-MIB: Final = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,123 +215,22 @@ def _exporter_families(health: ExporterHealth) -> Iterator[Family]:
 # --- dcgm-exporter compatible families (--dcgm-compat) -----------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _DcgmField:
-    name: str
-    help: str
-    value: Callable[[GpuReading], float | None]
-
-
-def _scaled(attr: str, factor: float) -> Callable[[GpuReading], float | None]:
-    def get(g: GpuReading) -> float | None:
-        value = getattr(g, attr)
-        return None if value is None else float(value) * factor
-
-    return get
-
-
-def _fb_free(g: GpuReading) -> float | None:
-    if g.memory_total_bytes is None or g.memory_used_bytes is None:
-        return None
-    free = g.memory_total_bytes - g.memory_used_bytes - (g.memory_reserved_bytes or 0)
-    return max(free, 0) / MIB
-
-
-def _nvlink_total(g: GpuReading) -> float | None:
-    if g.nvlink_tx_bytes_per_second is None or g.nvlink_rx_bytes_per_second is None:
-        return None
-    return (g.nvlink_tx_bytes_per_second + g.nvlink_rx_bytes_per_second) / 1e6
-
-
-# In dcgm-exporter's legacy names and units (the ones its published Grafana dashboards use).
-DCGM_FIELDS: Final[tuple[_DcgmField, ...]] = (
-    _DcgmField("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", _scaled("utilization_ratio", 100)),
-    _DcgmField("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", _scaled("memory_used_bytes", 1 / MIB)),
-    _DcgmField("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", _fb_free),
-    _DcgmField("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", _scaled("temperature_celsius", 1)),
-    _DcgmField("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", _scaled("memory_temperature_celsius", 1)),
-    _DcgmField("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", _scaled("power_watts", 1)),
-    _DcgmField(
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        "Total energy consumption since boot (in mJ).",
-        _scaled("energy_joules_total", 1000),
-    ),
-    _DcgmField("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", _scaled("sm_clock_hertz", 1e-6)),
-    _DcgmField("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", _scaled("memory_clock_hertz", 1e-6)),
-    _DcgmField("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", _scaled("pcie_replays_total", 1)),
-    _DcgmField(
-        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-        "Total number of single-bit volatile ECC errors.",
-        _scaled("ecc_corrected_errors_total", 1),
-    ),
-    _DcgmField(
-        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-        "Total number of double-bit volatile ECC errors.",
-        _scaled("ecc_uncorrected_errors_total", 1),
-    ),
-    _DcgmField(
-        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-        "Total number of NVLink bandwidth counters for all lanes (in MB/s).",
-        _nvlink_total,
-    ),
-    _DcgmField(
-        "DCGM_FI_PROF_PCIE_TX_BYTES",
-        "The rate of data transmitted over the PCIe bus (in B/s).",
-        _scaled("pcie_tx_bytes_per_second", 1),
-    ),
-    _DcgmField(
-        "DCGM_FI_PROF_PCIE_RX_BYTES",
-        "The rate of data received over the PCIe bus (in B/s).",
-        _scaled("pcie_rx_bytes_per_second", 1),
-    ),
-    _DcgmField(
-        "DCGM_FI_PROF_NVLINK_TX_BYTES",
-        "The rate of data transmitted over NVLink (in B/s).",
-        _scaled("nvlink_tx_bytes_per_second", 1),
-    ),
-    _DcgmField(
-        "DCGM_FI_PROF_NVLINK_RX_BYTES",
-        "The rate of data received over NVLink (in B/s).",
-        _scaled("nvlink_rx_bytes_per_second", 1),
-    ),
-    _DcgmField(
-        "DCGM_FI_PROF_SM_ACTIVE",
-        "The ratio of cycles an SM has at least 1 warp assigned.",
-        _scaled("sm_active_ratio", 1),
-    ),
-    _DcgmField(
-        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-        "Ratio of cycles the tensor (HMMA) pipe is active.",
-        _scaled("tensor_active_ratio", 1),
-    ),
-    _DcgmField(
-        "DCGM_FI_PROF_DRAM_ACTIVE",
-        "Ratio of cycles the device memory interface is active.",
-        _scaled("dram_active_ratio", 1),
-    ),
-)
-DCGM_LABELS: Final = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
-
-
 def _dcgm_families(snapshot: NodeSnapshot, last_xid: Mapping[str, int]) -> Iterator[Family]:
+    """dcgm-exporter's families, defined by the rows of ``gpulens.dcgmfields`` that carry a compat HELP text."""
     up_gpus = [g for g in snapshot.gpus if g.up]
 
     def labels(g: GpuReading) -> list[str]:
         return [str(g.gpu), g.uuid, g.pci_bus_id or "", f"nvidia{g.gpu}", g.model, g.node]
 
-    for spec in DCGM_FIELDS:
+    for row in COMPAT_FIELDS:
         # dcgm-exporter's names are kept byte for byte; its cumulative fields lack the _total suffix that a
         # Prometheus counter needs, so every family is declared a gauge (PromQL's rate() works on either).
-        family = Family(spec.name, spec.help, labels=list(DCGM_LABELS))
+        family = Family(row.legacy[0].name, row.compat_help or "", labels=list(COMPAT_LABELS))
         for g in up_gpus:
-            value = spec.value(g)
+            value = compat_value(row, g, last_xid)
             if value is not None:
                 family.add_metric(labels(g), value)
         yield family
-    xid = Family("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=list(DCGM_LABELS))
-    for g in up_gpus:
-        xid.add_metric(labels(g), last_xid.get(g.uuid, 0))
-    yield xid
 
 
 class LastXidTracker:

@@ -1,35 +1,98 @@
-"""HTTP GET for scrapes: gzip, a size limit (also on the unzipped body), a deadline, no proxies, no redirects.
+"""The HTTP client of gpulens: one deadline for a whole request, a size cap on its body, no redirects; URL redaction.
 
-Credentials in a URL (``user:pass@``) are sent as Basic auth and never appear in an error message.
+Every HTTP request gpulens makes (dcgm-exporter pages, notifications, collector scrapes) is bounded in time and
+size here:
+
+* **One deadline per request** (``Deadline``). Connecting, sending and every read of the status line, headers and
+  body get a socket timeout of the time *left*, and a read is never started after the deadline. A server that
+  drips one byte a second therefore fails at the deadline, not after one timeout per read.
+  ``DeadlineHTTPConnection``/``DeadlineHTTPSConnection`` do this for ``http.client`` (a keep-alive pool sets
+  ``conn.deadline`` before each request); ``request`` does it for one urllib request.
+* **A size cap** (``read_body``): a declared ``Content-Length`` over the cap is refused before reading; the body,
+  and a gzip body once unzipped, are read in bounded chunks and refused once over the cap (or cut at the cap where
+  the caller only wants the start of it).
+* **No redirects**: a redirect would carry the request, and its credentials, elsewhere; it is answered as its status.
+* **Redaction**: ``redact_url`` for HTTP and database URLs in messages and logs, ``redact_secret_url`` for a URL
+  that is itself a secret (a Slack webhook), ``scrub`` for error texts that may quote a secret.
+
+Credentials in a fetched URL (``user:pass@``) are sent as Basic auth and never appear in an error message.
 """
 
 from __future__ import annotations
 
 import base64
+import io
+import re
+import socket
 import ssl
 import time
 import urllib.error
 import urllib.request
 import zlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from email.message import Message
-from http.client import HTTPException
-from typing import IO, Final
+from http.client import HTTPConnection, HTTPException, HTTPResponse, HTTPSConnection
+from typing import IO, Any, Final
 from urllib.parse import unquote, urlsplit
 
 from gpulens.model import SourceError
 
 Fetch = Callable[[str, float], bytes]
-_CHUNK: Final = 64 * 1024
+CHUNK: Final = 64 * 1024  # the most read from a socket at once
+
+# --- redaction -----------------------------------------------------------------------------------------------------
+
+_SECRET_QUERY: Final = re.compile(
+    r"(?i)([?&;](?:password|passwd|pwd|token|access_token|secret|api_key|apikey|sig|signature)=)([^&;#]*)"
+)
+_HIDDEN_QUERY_VALUE: Final = "%2A%2A%2A"  # "***", percent-encoded as in a query
 
 
 def redact_url(url: str) -> str:
-    """The URL with any ``user:password@`` replaced by ``***@``, for messages and logs."""
-    start = url.find("//")
+    """``url`` safe for messages and logs, even when it is malformed.
+
+    In an http(s) URL the whole ``user:password@`` becomes ``***@``: Basic-auth user names are often tokens. In
+    any other URL (a database's) the user name stays and the password becomes ``***``. Query values of
+    password/token/secret keys become ``%2A%2A%2A`` (``***``).
+    """
+    url = _SECRET_QUERY.sub(lambda m: m.group(1) + _HIDDEN_QUERY_VALUE, url)
+    start = url.find("://")
     at = url.rfind("@")
     if start < 0 or at < start:
         return url
-    return url[: start + 2] + "***" + url[at:]
+    authority = start + 3
+    if url[:start].lower() in ("http", "https"):
+        return url[:authority] + "***" + url[at:]
+    user, colon, _ = url[authority:at].partition(":")
+    return url[:authority] + user + (":***" if colon else "") + url[at:]
+
+
+def redact_secret_url(url: str) -> str:
+    """``https://hooks.slack.com/***``: scheme, host and port only, for a URL whose path or query is a secret."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "***"
+    return f"{parts.scheme or '?'}://{host}{port}/***"
+
+
+def scrub(text: str, *secrets: str) -> str:
+    """``text`` with every secret (and the path, query and userinfo of a secret URL) replaced by ``***``."""
+    for secret in secrets:
+        if not secret:
+            continue
+        text = text.replace(secret, "***")
+        try:
+            parts = urlsplit(secret)
+        except ValueError:
+            continue
+        for piece in (parts.path, parts.query, parts.netloc.rpartition("@")[0]):
+            if len(piece) > 1:
+                text = text.replace(piece, "***")
+    return text
 
 
 def check_url(url: str, example: str = "http://host:9400/metrics") -> None:
@@ -41,6 +104,214 @@ def check_url(url: str, example: str = "http://host:9400/metrics") -> None:
         valid = False
     if not valid:
         raise ValueError(f"URL must look like {example}, not {redact_url(url)!r}")
+
+
+# --- the deadline --------------------------------------------------------------------------------------------------
+
+
+class Deadline:
+    """The moment a request must be over by (monotonic clock)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._end = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        """Seconds left; raises ``TimeoutError`` once none are."""
+        left = self._end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"timed out after {self.seconds:g} s")
+        return left
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reader that sets the socket's timeout to the time left before each read of at most ``CHUNK``."""
+
+    def __init__(self, raw: Any, sock: socket.socket, deadline: Deadline) -> None:
+        super().__init__()
+        self._raw = raw  # the socket's own SocketIO: it keeps the socket open while this reader is
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self._sock.settimeout(self._deadline.remaining())
+        with memoryview(buffer) as view:
+            count: int = self._raw.readinto(view[:CHUNK])
+        return count
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+        super().close()
+
+
+class DeadlineHTTPConnection(HTTPConnection):
+    """An ``http.client`` connection whose every connect, send and read ends by ``deadline`` (None: no deadline).
+
+    Set ``deadline`` before each request on a kept-alive connection.
+    """
+
+    def __init__(self, *args: Any, deadline: Deadline | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deadline = deadline
+        self.response_class = self._response  # type: ignore[assignment]
+
+    def connect(self) -> None:
+        if self.deadline is not None:
+            self.timeout = self.deadline.remaining()
+        super().connect()
+
+    def send(self, data: Any) -> None:
+        if self.sock is None and self.auto_open:
+            self.connect()
+        if self.deadline is not None and self.sock is not None:
+            self.sock.settimeout(self.deadline.remaining())
+        super().send(data)
+
+    def _response(self, sock: socket.socket, *args: Any, **kwargs: Any) -> HTTPResponse:
+        response = HTTPResponse(sock, *args, **kwargs)
+        if self.deadline is not None:
+            raw = response.fp.detach()
+            response.fp = io.BufferedReader(_DeadlineReader(raw, sock, self.deadline), CHUNK)
+        return response
+
+
+class DeadlineHTTPSConnection(DeadlineHTTPConnection, HTTPSConnection):
+    """``DeadlineHTTPConnection`` over TLS (takes ``context=`` like ``http.client.HTTPSConnection``)."""
+
+
+class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: Deadline) -> None:
+        super().__init__()
+        self._deadline = deadline
+
+    def http_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(self._connection, req)
+
+    def _connection(self, *args: Any, **kwargs: Any) -> DeadlineHTTPConnection:
+        return DeadlineHTTPConnection(*args, deadline=self._deadline, **kwargs)
+
+
+class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: Deadline, context: ssl.SSLContext | None) -> None:
+        super().__init__(context=context)
+        self._deadline = deadline
+        self._tls = context
+
+    def https_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(self._connection, req, context=self._tls)
+
+    def _connection(self, *args: Any, **kwargs: Any) -> DeadlineHTTPSConnection:
+        return DeadlineHTTPSConnection(*args, deadline=self._deadline, **kwargs)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are refused: they would carry the request (and its credentials) to another place."""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: Message, newurl: str
+    ) -> urllib.request.Request | None:
+        return None
+
+
+# --- the body ------------------------------------------------------------------------------------------------------
+
+
+def read_body(
+    response: IO[bytes], headers: Message, max_bytes: int, *, truncate: bool = False, decode: bool = True
+) -> bytes:
+    """The response body, read in chunks of at most ``CHUNK`` and gunzipped if ``decode`` and it is gzip.
+
+    Over ``max_bytes`` (sent or unzipped) it raises ``ValueError``, or with ``truncate`` returns the first
+    ``max_bytes`` bytes as sent. Time is bounded by the connection (``Deadline*Connection``), not here.
+    """
+    if truncate:
+        chunks: list[bytes] = []
+        size = 0
+        while size < max_bytes and (chunk := response.read(min(CHUNK, max_bytes - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    declared = headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise ValueError(f"response of {declared} bytes is larger than the limit of {max_bytes}")
+    encoding = headers.get("Content-Encoding", "identity").strip().lower() if decode else "identity"
+    if encoding not in ("identity", "gzip"):
+        raise ValueError(f"unsupported Content-Encoding {encoding[:40]!r}")
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
+    chunks = []
+    received = size = 0
+    while chunk := response.read(CHUNK):
+        received += len(chunk)
+        data = chunk if inflater is None else inflater.decompress(chunk, max_bytes + 1 - size)
+        size += len(data)
+        if received > max_bytes or size > max_bytes:
+            raise ValueError(f"response is larger than the limit of {max_bytes} bytes")
+        chunks.append(data)
+    if inflater is not None and not inflater.eof:
+        raise ValueError("gzip body is truncated")
+    return b"".join(chunks)
+
+
+# --- requests ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    status: int
+    headers: Mapping[str, str]  # names in lower case
+    body: bytes
+
+
+def _lower(headers: Message) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers.items()}
+
+
+def request(
+    url: str,
+    *,
+    timeout_s: float,
+    max_bytes: int,
+    method: str = "GET",
+    data: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+    truncate: bool = False,
+    decode: bool = False,
+    error_body_bytes: int = CHUNK,
+    proxies: bool = False,
+    context: ssl.SSLContext | None = None,
+) -> HttpResponse:
+    """One HTTP(S) request, over by ``timeout_s`` from now, no redirects; any status is returned, not raised.
+
+    The body is read by ``read_body(max_bytes, truncate=, decode=)``; an error status's body only up to
+    ``error_body_bytes`` (0: not read). ``proxies``: use the environment's proxy settings. Raises ``TimeoutError``
+    at the deadline, ``urllib.error.URLError``/``OSError``/``HTTPException`` when the transport fails,
+    ``ValueError`` for a body over the limit or a URL that is not http(s).
+    """
+    if urlsplit(url).scheme not in ("http", "https"):
+        raise ValueError("only http and https URLs can be requested")
+    deadline = Deadline(timeout_s)
+    handlers: list[urllib.request.BaseHandler] = [
+        _DeadlineHTTPHandler(deadline),
+        _DeadlineHTTPSHandler(deadline, context),
+        _NoRedirect(),
+    ]
+    if not proxies:
+        handlers.append(urllib.request.ProxyHandler({}))
+    opener = urllib.request.build_opener(*handlers)
+    req = urllib.request.Request(url, data=data, headers=dict(headers or {}), method=method)  # noqa: S310
+    try:
+        with opener.open(req, timeout=timeout_s) as response:
+            body = read_body(response, response.headers, max_bytes, truncate=truncate, decode=decode)
+            return HttpResponse(response.status, _lower(response.headers), body)
+    except urllib.error.HTTPError as exc:
+        with exc:
+            readable = exc.fp is not None and error_body_bytes > 0
+            body = read_body(exc, exc.headers, error_body_bytes, truncate=True) if readable else b""
+            return HttpResponse(exc.code, _lower(exc.headers or Message()), body)
 
 
 def _split_credentials(url: str) -> tuple[str, str | None, tuple[str, ...]]:
@@ -63,46 +334,6 @@ def _reason_text(reason: object) -> str:
     return str(reason) or type(reason).__name__
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Redirects are refused: they would carry the Authorization header to another place."""
-
-    def redirect_request(
-        self,
-        req: urllib.request.Request,
-        fp: IO[bytes],
-        code: int,
-        msg: str,
-        headers: Message,
-        newurl: str,
-    ) -> urllib.request.Request | None:
-        return None
-
-
-def _read_body(response: IO[bytes], headers: Message, max_bytes: int, deadline: float) -> bytes:
-    """The response body, gunzipped if needed; raises ``ValueError`` with a reason when it cannot be had."""
-    declared = headers.get("Content-Length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
-        raise ValueError(f"response of {declared} bytes is larger than the limit of {max_bytes}")
-    encoding = headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding not in ("identity", "gzip"):
-        raise ValueError(f"unsupported Content-Encoding {encoding[:40]!r}")
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
-    chunks: list[bytes] = []
-    received = size = 0
-    while chunk := response.read(_CHUNK):
-        if time.monotonic() > deadline:
-            raise TimeoutError
-        received += len(chunk)
-        data = chunk if inflater is None else inflater.decompress(chunk, max_bytes + 1 - size)
-        size += len(data)
-        if received > max_bytes or size > max_bytes:
-            raise ValueError(f"response is larger than the limit of {max_bytes} bytes")
-        chunks.append(data)
-    if inflater is not None and not inflater.eof:
-        raise ValueError("gzip body is truncated")
-    return b"".join(chunks)
-
-
 def fetch_url(
     url: str,
     timeout_s: float,
@@ -113,7 +344,7 @@ def fetch_url(
     headers: Mapping[str, str] | None = None,
     context: ssl.SSLContext | None = None,
 ) -> bytes:
-    """GET ``url`` (gzip accepted, no proxy, no redirects, ``user:pass@`` sent as Basic auth).
+    """GET ``url`` within ``timeout_s`` in all (gzip accepted, no proxy, no redirects, ``user:pass@`` as Basic auth).
 
     Raises ``SourceError`` naming ``what`` and the redacted URL; the message never holds the URL's credentials.
     """
@@ -126,18 +357,16 @@ def fetch_url(
     request_headers = {"Accept": accept, "Accept-Encoding": "gzip", "User-Agent": "gpulens", **(headers or {})}
     if authorization:
         request_headers["Authorization"] = authorization
-    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({}), _NoRedirect()]
-    if context is not None:
-        handlers.append(urllib.request.HTTPSHandler(context=context))
-    opener = urllib.request.build_opener(*handlers)
-    deadline = time.monotonic() + timeout_s
     try:
-        request = urllib.request.Request(target, headers=request_headers)  # noqa: S310  (scheme checked above)
-        with opener.open(request, timeout=timeout_s) as response:
-            return _read_body(response, response.headers, max_bytes, deadline)
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        problem = f"answered HTTP {exc.code}"
+        response = request(
+            target,
+            timeout_s=timeout_s,
+            max_bytes=max_bytes,
+            headers=request_headers,
+            decode=True,
+            error_body_bytes=0,
+            context=context,
+        )
     except urllib.error.URLError as exc:
         problem = f"cannot be reached: {_reason_text(exc.reason)}"
     except TimeoutError:
@@ -148,6 +377,10 @@ def fetch_url(
         problem = str(exc)
     except (OSError, HTTPException) as exc:
         problem = f"failed: {_reason_text(exc)}"
+    else:
+        if 200 <= response.status < 300:
+            return response.body
+        problem = f"answered HTTP {response.status}"
     for secret in secrets:
         problem = problem.replace(secret, "***")
     raise SourceError(f"{what} at {safe} {problem}")

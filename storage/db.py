@@ -1,9 +1,9 @@
-"""The database handle: engine and sessions, migrations, error translation, URL redaction."""
+"""The database handle: engine and sessions, migrations, error translation (URLs are redacted by
+``gpulens.httpfetch.redact_url``)."""
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from gpulens.clock import Clock, SystemClock
+from gpulens.httpfetch import redact_url as redact_url  # re-exported: storage.redact_url
 from storage import schema
 
 log = logging.getLogger(__name__)
@@ -26,24 +27,11 @@ MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_S: Final = 15.0
 PG_CONNECT_TIMEOUT_S: Final = 10
 _SQLITE_UNAVAILABLE: Final = ("locked", "busy", "unable to open", "disk i/o", "readonly", "full")
-_PASSWORD_IN_URL: Final = re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)")
-_PASSWORD_IN_QUERY: Final = re.compile(r"(?i)(password=)([^&\s]*)")
 _LOCK_KEYS: Final = {"1m": 0x6770756C656E7301, "1h": 0x6770756C656E7302}  # "gpulens" + tier number
 
 
 class DatabaseUnavailableError(Exception):
     """The database cannot be reached now (refused, down, locked too long): the caller spools and retries."""
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``; safe for logs and error messages even if ``url`` is malformed."""
-    try:
-        parsed = sa.make_url(url)
-    except (exc.ArgumentError, ValueError):
-        return _PASSWORD_IN_QUERY.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***\3", url))
-    if "password" in parsed.query:
-        parsed = parsed.update_query_dict({"password": "***"})
-    return parsed.render_as_string(hide_password=True)
 
 
 def _normalise(url: str) -> URL:

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from gpulens.catalogue import GPU_FIELDS
+from gpulens.metriccatalogue import GPU_FIELDS
 from gpulens.model import GpuReading
 
 metadata: Final = sa.MetaData()

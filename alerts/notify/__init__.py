@@ -13,18 +13,31 @@ import os
 import ssl
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from email.message import Message
 from email.utils import parsedate_to_datetime
 from http.client import HTTPException
 from pathlib import Path
-from typing import IO, Protocol
-from urllib.parse import urlsplit
+from typing import Protocol
 
 from alerts.grouping import Notification
 from alerts.state import FIRING, AlertState, fingerprint
+from gpulens.httpfetch import HttpResponse, redact_secret_url, request, scrub
+
+__all__ = [
+    "MAX_RESPONSE_BYTES",
+    "DeliveryError",
+    "HttpPost",
+    "HttpResponse",
+    "Notifier",
+    "SecretSource",
+    "as_source",
+    "env_secret",
+    "file_secret",
+    "post",
+    "probe_notification",
+    "retry_after_seconds",
+    "urllib_post",
+]
 
 SecretSource = Callable[[], str]
 MAX_RESPONSE_BYTES = 64 * 1024
@@ -113,78 +126,30 @@ def as_source(value: str | SecretSource) -> SecretSource:
     return lambda: value
 
 
-def redact(url: str) -> str:
-    """``https://hooks.slack.com/***``: scheme and host only, for messages about a secret URL."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or "?"
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "***"
-    return f"{parts.scheme or '?'}://{host}{port}/***"
-
-
-def scrub(text: str, *secrets: str) -> str:
-    """``text`` with every secret (and the path and query of a secret URL) replaced by ``***``."""
-    for secret in secrets:
-        if not secret:
-            continue
-        text = text.replace(secret, "***")
-        try:
-            parts = urlsplit(secret)
-        except ValueError:
-            continue
-        for piece in (parts.path, parts.query, parts.netloc.rpartition("@")[0]):
-            if len(piece) > 1:
-                text = text.replace(piece, "***")
-    return text
-
-
 # ------------------------------------------------------------------------------------------------ HTTP
-
-
-@dataclass(frozen=True)
-class HttpResponse:
-    status: int
-    headers: Mapping[str, str]  # names in lower case
-    body: bytes
 
 
 HttpPost = Callable[[str, bytes, Mapping[str, str], float], HttpResponse]
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect would carry the request (and its credentials) elsewhere: it is answered as an error."""
-
-    def redirect_request(
-        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: Message, newurl: str
-    ) -> urllib.request.Request | None:
-        return None
-
-
 def urllib_post(
     url: str, body: bytes, headers: Mapping[str, str], timeout_s: float, context: ssl.SSLContext | None = None
 ) -> HttpResponse:
-    """POST with urllib (proxies from the environment, no redirects). Raises ``OSError``/``HTTPException`` on
-    transport failures; any HTTP status is returned, not raised."""
-    if urlsplit(url).scheme not in ("http", "https"):
-        raise ValueError("only http and https URLs can receive notifications")
-    handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
-    if context is not None:
-        handlers.append(urllib.request.HTTPSHandler(context=context))
-    opener = urllib.request.build_opener(*handlers)
-    request = urllib.request.Request(url, data=body, headers=dict(headers), method="POST")  # noqa: S310
-    try:
-        with opener.open(request, timeout=timeout_s) as response:
-            return HttpResponse(response.status, _lower(response.headers), response.read(MAX_RESPONSE_BYTES))
-    except urllib.error.HTTPError as exc:
-        with exc:
-            data = exc.read(MAX_RESPONSE_BYTES) if exc.fp is not None else b""
-            return HttpResponse(exc.code, _lower(exc.headers or Message()), data)
-
-
-def _lower(headers: Message) -> dict[str, str]:
-    return {k.lower(): v for k, v in headers.items()}
+    """POST through ``gpulens.httpfetch.request``: proxies from the environment, no redirects, the whole exchange
+    within ``timeout_s``, the answer's first ``MAX_RESPONSE_BYTES``. Raises ``OSError``/``HTTPException`` (and
+    ``TimeoutError``) on transport failures; any HTTP status is returned, not raised."""
+    return request(
+        url,
+        method="POST",
+        data=body,
+        headers=headers,
+        timeout_s=timeout_s,
+        max_bytes=MAX_RESPONSE_BYTES,
+        truncate=True,
+        error_body_bytes=MAX_RESPONSE_BYTES,
+        proxies=True,
+        context=context,
+    )
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
@@ -217,7 +182,7 @@ def post(
     statuses are not. Messages name the receiver and the redacted URL only.
     """
     url = url_source()
-    where = f"receiver {receiver} ({redact(url)})"
+    where = f"receiver {receiver} ({redact_secret_url(url)})"
     try:
         response = http(url, body, headers, timeout_s)
     except TimeoutError:

@@ -28,15 +28,14 @@ from alerts.notify import (
     env_secret,
     file_secret,
     probe_notification,
-    redact,
     retry_after_seconds,
-    scrub,
 )
 from alerts.notify.delivery import FAILED, PENDING, SENT, Backoff, Delivery, InMemoryOutbox
 from alerts.notify.slack import COLOURS, SlackNotifier
 from alerts.notify.webhook import ZERO_TIME, WebhookNotifier
 from alerts.state import FIRING, RESOLVED, AlertState, fingerprint
 from gpulens.clock import ManualClock
+from gpulens.httpfetch import redact_secret_url, scrub
 
 SECRET = "T0000/B0000/s3cr3tT0ken"
 
@@ -282,7 +281,7 @@ def assert_no_secret(error: BaseException, url: str) -> None:
 
 def test_redact_and_scrub() -> None:
     url = f"https://hooks.slack.com/services/{SECRET}?x=1"
-    assert redact(url) == "https://hooks.slack.com/***"
+    assert redact_secret_url(url) == "https://hooks.slack.com/***"
     assert scrub(f"failed: {url} and /services/{SECRET}", url) == "failed: *** and ***"
     assert retry_after_seconds("12") == 12.0
     assert retry_after_seconds("Thu, 01 Jan 2026 00:01:00 GMT", now=1_767_225_600.0) == 60.0

@@ -231,7 +231,7 @@ def test_gpu_lost_mid_run_is_reported_down_while_the_others_are_read(
     assert all(g.up for g in source.read().gpus)
 
     fake.lose(5)
-    with caplog.at_level(logging.WARNING, logger="exporter.nvml"):
+    with caplog.at_level(logging.WARNING, logger="exporter"):
         lost = source.read()
     down = lost.gpus[5]
     assert down.up is False
@@ -320,7 +320,7 @@ def test_old_driver_falls_back_to_older_calls_and_skips_missing_ones(
         fake.remove_function(symbol)
     source = make_source(fake)
 
-    with caplog.at_level(logging.WARNING, logger="exporter.nvml"):
+    with caplog.at_level(logging.WARNING, logger="exporter"):
         first = source.read()
         calls_after_first = fake.calls["nvmlDeviceGetCurrentClocksEventReasons"]
         second = source.read()
@@ -356,7 +356,7 @@ def test_no_permission_is_none_and_logged_once(make_source: MakeSource, caplog: 
     for index in range(8):
         fake.fail(index, "nvmlDeviceGetComputeRunningProcesses", pynvml.NVML_ERROR_NO_PERMISSION)
     source = make_source(fake)
-    with caplog.at_level(logging.WARNING, logger="exporter.nvml"):
+    with caplog.at_level(logging.WARNING, logger="exporter"):
         source.read()
         snapshot = source.read()
     assert snapshot.processes == ()

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from gpulens.catalogue import GPU_FIELDS, parse_catalogue
 from gpulens.config import ConfigError
+from gpulens.metriccatalogue import GPU_FIELDS, parse_catalogue
 from gpulens.model import GpuReading
 
 # Exported by dedicated code rather than the catalogue: identity, state, bitmask and per-code counters.

@@ -1,6 +1,6 @@
 """The ``dcgm`` source: read a local dcgm-exporter's ``/metrics`` page and turn it into gpulens records.
 
-``DcgmSource`` fetches the page over HTTP, parses it with ``gpulens.dcgm.parse_dcgm_metrics`` (whose docstring holds
+``DcgmSource`` fetches the page over HTTP, parses it with ``gpulens.dcgmpage.parse_dcgm_metrics`` (whose docstring holds
 the parsing rules), keeps cumulative error counts and turns DCGM's last-XID gauge into per-code counters.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from gpulens.clock import Clock, SystemClock
-from gpulens.dcgm import BAD_LINES, FETCH_FAILED, DcgmParse, parse_dcgm_metrics
+from gpulens.dcgmpage import BAD_LINES, FETCH_FAILED, DcgmParse, parse_dcgm_metrics
 from gpulens.httpfetch import Fetch, check_url, fetch_url, redact_url
 from gpulens.logutil import LogOnce
 from gpulens.model import NodeSnapshot, SourceError

@@ -26,7 +26,7 @@ class FieldSpec:
     help: str
 
 
-def parse_catalogue(text: str, source: str = "catalogue.csv") -> tuple[FieldSpec, ...]:
+def parse_catalogue(text: str, source: str = "metriccatalogue.csv") -> tuple[FieldSpec, ...]:
     """Parse and validate catalogue text; errors name the file and the line."""
     reading_fields = {f.name: str(f.type) for f in dataclasses.fields(GpuReading)}
     specs: list[FieldSpec] = []
@@ -78,7 +78,7 @@ def parse_catalogue(text: str, source: str = "catalogue.csv") -> tuple[FieldSpec
 
 
 def _load() -> tuple[FieldSpec, ...]:
-    text = resources.files("gpulens").joinpath("catalogue.csv").read_text(encoding="utf-8")
+    text = resources.files("gpulens").joinpath("metriccatalogue.csv").read_text(encoding="utf-8")
     return parse_catalogue(text)
 
 

@@ -1,0 +1,88 @@
+"""NVML field values: the (field id, scope) pairs read in one batched ``nvmlDeviceGetFieldValues`` call per GPU.
+
+The batch holds the memory temperature and, on NVLink GPUs, the NVLink error counters and throughput counters (all
+links and per link). Each value's type tag says which member of its union holds the number.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import pynvml
+
+from exporter.nvmlcalls import LINK_END, SUCCESS, UNKNOWN, Calls, optional_constant
+from exporter.nvmlgpu import Gpu
+from gpulens.clock import Clock
+
+ALL_LINKS: Final = 0xFFFFFFFF  # the scopeId that asks a per-link field for the sum over all links
+
+FI_MEMORY_TEMP: Final[int] = pynvml.NVML_FI_DEV_MEMORY_TEMP
+FI_NVLINK_TX: Final[int] = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+FI_NVLINK_RX: Final[int] = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+FI_NVLINK_CRC: Final[int] = pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL
+FI_NVLINK_REPLAY: Final[int] = pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL
+FI_NVLINK_RECOVERY: Final[int] = pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL
+_FIELD_NAMES: Final[dict[int, str]] = {
+    FI_MEMORY_TEMP: "NVML_FI_DEV_MEMORY_TEMP",
+    FI_NVLINK_TX: "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
+    FI_NVLINK_RX: "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX",
+    FI_NVLINK_CRC: "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    FI_NVLINK_REPLAY: "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    FI_NVLINK_RECOVERY: "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+}
+
+
+def _value_members() -> dict[int, str]:
+    """Value type tag -> the member of ``c_nvmlValue_t`` that holds the number (tags the library lacks are left out)."""
+    members = {
+        pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+        pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    }
+    unsigned_short = optional_constant("NVML_VALUE_TYPE_UNSIGNED_SHORT")  # nvidia-ml-py 12.560+
+    if unsigned_short is not None:
+        members[unsigned_short] = "usVal"
+    return members
+
+
+VALUE_MEMBERS: Final[dict[int, str]] = _value_members()
+
+
+def field_ids(links: int) -> tuple[tuple[int, int], ...]:
+    """The (field id, scope id) pairs read in one nvmlDeviceGetFieldValues call per GPU and read."""
+    ids = [(FI_MEMORY_TEMP, 0)]
+    if links:
+        ids += [(FI_NVLINK_CRC, 0), (FI_NVLINK_REPLAY, 0), (FI_NVLINK_RECOVERY, 0)]
+        ids += [(FI_NVLINK_TX, ALL_LINKS), (FI_NVLINK_RX, ALL_LINKS)]
+        for link in range(links):
+            ids += [(FI_NVLINK_TX, link), (FI_NVLINK_RX, link)]
+    return tuple(ids)
+
+
+FieldValues = dict[tuple[int, int], float | None]
+
+
+def read_field_values(calls: Calls, gpu: Gpu, clock: Clock) -> tuple[FieldValues, float]:
+    """The GPU's batched field values by (field id, scope id), and the monotonic time they were read."""
+    values = calls.call(gpu, "nvmlDeviceGetFieldValues", gpu.handle, list(gpu.fields))
+    now = clock.monotonic()
+    if values is None:
+        return {}, now
+    return {key: _field_value(calls, gpu, key, value) for key, value in zip(gpu.fields, values, strict=True)}, now
+
+
+def _field_value(calls: Calls, gpu: Gpu, key: tuple[int, int], value: Any) -> float | None:
+    field_id, scope = key
+    what = _FIELD_NAMES.get(field_id, f"field {field_id}") + ("" if scope in (0, ALL_LINKS) else f"[{scope}]")
+    code = int(value.nvmlReturn)
+    member = VALUE_MEMBERS.get(int(value.valueType)) if code == SUCCESS else None
+    if member is None:
+        # Drivers that cannot sum over all links refuse that scope; the per-link counters stand in for it.
+        quiet = LINK_END if scope == ALL_LINKS else frozenset()
+        calls.failed(gpu, what, UNKNOWN if code == SUCCESS else code, quiet=quiet)
+        return None
+    number = getattr(value.value, member)
+    return float(number) if member == "dVal" else int(number)

@@ -1,0 +1,50 @@
+"""One GPU as the NVML source holds it: its handle, the static facts read at start-up, and what reads remember."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+KIB: Final = 1024  # NVML's "KB/s" (PCIe throughput) and "KiB" (NVLink counters) are both 1024 bytes
+
+
+class CounterRates:
+    """Rates of cumulative KiB counters between successive reads; a counter that goes backwards restarts."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def rate(self, key: tuple[int, int], kib: float | None, now: float) -> float | None:
+        """Bytes per second since the previous value of ``key``; None on the first value or after a reset."""
+        if kib is None:
+            return None
+        previous = self._last.get(key)
+        self._last[key] = (kib, now)
+        if previous is None or kib < previous[0] or now <= previous[1]:
+            return None
+        return (kib - previous[0]) * KIB / (now - previous[1])
+
+
+@dataclass(slots=True)
+class Gpu:
+    """One GPU: its handle, the static facts read at start-up, and what successive reads need to remember."""
+
+    index: int
+    handle: Any
+    uuid: str = ""
+    model: str = ""
+    pci_bus_id: str | None = None
+    max_sm_clock_hertz: float | None = None
+    max_memory_clock_hertz: float | None = None
+    slowdown_temperature_celsius: float | None = None
+    pcie_link_generation_max: int | None = None
+    pcie_link_width_max: int | None = None
+    mig_enabled: bool | None = None
+    mig_slots: int = 0
+    links: int = 0
+    remote_pci_bus_ids: tuple[str | None, ...] = ()
+    fields: tuple[tuple[int, int], ...] = ()
+    lost: bool = False
+    rates: CounterRates = field(default_factory=CounterRates)
+    # link -> (when read, NVML state); link states change rarely and cost one call per link, so they are cached.
+    link_states: dict[int, tuple[float, Any]] = field(default_factory=dict)

@@ -31,8 +31,8 @@ from gpulens.logutil import ErrorCounter
 logger = logging.getLogger(__name__)
 
 _KIB: Final = 1024
-_USEC: Final = 1e-6
-_NSEC: Final = 1e-9
+_USEC_PER_SECOND: Final = 1e6
+_NSEC_PER_SECOND: Final = 1e9
 _CPU_FIELDS: Final = 8  # user nice system idle iowait irq softirq steal
 _IDLE: Final = 3
 _IOWAIT: Final = 4
@@ -240,7 +240,7 @@ class JobHostReader:
             job_id=job_id,
             cgroup=cgroup,
             cgroup_version=2,
-            cpu_seconds_total=None if usage is None else usage * _USEC,
+            cpu_seconds_total=None if usage is None else usage / _USEC_PER_SECOND,
             cpu_limit_cores=self._cpu_max(os.path.join(directory, "cpu.max")),
             memory_used_bytes=self._reader.integer(os.path.join(directory, "memory.current")),
             memory_limit_bytes=self._limit(os.path.join(directory, "memory.max")),
@@ -268,7 +268,7 @@ class JobHostReader:
             job_id=job_id,
             cgroup=cgroup,
             cgroup_version=1,
-            cpu_seconds_total=None if usage is None else usage * _NSEC,
+            cpu_seconds_total=None if usage is None else usage / _NSEC_PER_SECOND,
             cpu_limit_cores=None if quota is None or quota < 0 or not period else quota / period,
             memory_used_bytes=self._v1_value(dirs, "memory", "memory.usage_in_bytes"),
             memory_limit_bytes=None if limit is None or limit >= _V1_UNLIMITED else limit,

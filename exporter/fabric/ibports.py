@@ -91,6 +91,7 @@ class IbPortReader:
         self._class_dir = os.path.join(root, "sys", "class", "infiniband")
         self._reader = reader if reader is not None else AttributeReader("ib", ErrorCounter(logger))
         self._placement: dict[str, tuple[str | None, int | None]] = {}
+        self._device_dirs: dict[str, str] = {}
 
     @property
     def errors(self) -> Mapping[str, int]:
@@ -101,7 +102,7 @@ class IbPortReader:
         """One reading per port, ordered by device then port; ``()`` on a node without RDMA devices."""
         readings: list[NicReading] = []
         for device in self._list(self._class_dir):
-            ports_dir = os.path.join(self._class_dir, device, "ports")
+            ports_dir = os.path.join(self._device_dir(device), "ports")
             ports = sorted(int(name) for name in self._list(ports_dir) if name.isdigit())
             pci_bus_id, numa_node = self._place(device)
             for port in ports:
@@ -117,6 +118,13 @@ class IbPortReader:
         except OSError as exc:
             self._reader.count("read_error", "cannot list %s: %s", path, exc)
             return []
+
+    def _device_dir(self, device: str) -> str:
+        """The device's real directory (``sys/class/infiniband/<device>`` is a symlink into ``sys/devices``),
+        resolved once so that each attribute read does not walk the symlink again."""
+        if device not in self._device_dirs:
+            self._device_dirs[device] = os.path.realpath(os.path.join(self._class_dir, device))
+        return self._device_dirs[device]
 
     def _place(self, device: str) -> tuple[str | None, int | None]:
         """The device's PCI address and NUMA node (cached: a device does not move)."""

@@ -83,6 +83,13 @@ def parse_rate(text: str) -> tuple[float, int | None, str | None] | None:
     return float(gigabits) * _GIGA / _BITS_PER_BYTE, None if width is None else int(width), speed
 
 
+def _natural(name: str) -> tuple[str, int]:
+    """Sort key putting ``mlx5_2`` before ``mlx5_10``."""
+    stem = name.rstrip("0123456789")
+    digits = name[len(stem) :]
+    return (stem, int(digits) if digits else -1)
+
+
 class IbPortReader:
     """Reads every RDMA port of the node; ``root`` is the filesystem root sysfs hangs from (``/`` on a host)."""
 
@@ -101,7 +108,7 @@ class IbPortReader:
     def read(self) -> tuple[NicReading, ...]:
         """One reading per port, ordered by device then port; ``()`` on a node without RDMA devices."""
         readings: list[NicReading] = []
-        for device in self._list(self._class_dir):
+        for device in sorted(self._list(self._class_dir), key=_natural):
             ports_dir = os.path.join(self._device_dir(device), "ports")
             ports = sorted(int(name) for name in self._list(ports_dir) if name.isdigit())
             pci_bus_id, numa_node = self._place(device)

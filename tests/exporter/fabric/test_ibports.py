@@ -120,6 +120,14 @@ def test_parse_state() -> None:
     assert parse_state("ACTIVE") is None
 
 
+def test_devices_in_natural_order(sysfs: Path) -> None:
+    class_dir = sysfs / "sys" / "class" / "infiniband"
+    (class_dir / "mlx5_9").rename(class_dir / "mlx5_10")  # a node with 11 devices lists mlx5_10 last
+    (class_dir / "ib0").symlink_to(class_dir / "mlx5_10")
+    devices = [r.device for r in IbPortReader("n", root=str(sysfs)).read()]
+    assert devices == ["ib0", *(f"mlx5_{i}" for i in range(9)), "mlx5_10"]
+
+
 def test_no_rdma_devices_is_empty_not_an_error(tmp_path: Path) -> None:
     reader = IbPortReader("n", root=str(tmp_path))
     assert reader.read() == ()

@@ -26,6 +26,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from exporter.fabric.sysread import AttributeReader
@@ -83,6 +84,13 @@ def parse_rate(text: str) -> tuple[float, int | None, str | None] | None:
     return float(gigabits) * _GIGA / _BITS_PER_BYTE, None if width is None else int(width), speed
 
 
+@dataclass(frozen=True, slots=True)
+class _Device:
+    directory: str
+    pci_bus_id: str | None
+    numa_node: int | None
+
+
 def _natural(name: str) -> tuple[str, int]:
     """Sort key putting ``mlx5_2`` before ``mlx5_10``."""
     stem = name.rstrip("0123456789")
@@ -97,8 +105,7 @@ class IbPortReader:
         self.node = node
         self._class_dir = os.path.join(root, "sys", "class", "infiniband")
         self._reader = reader if reader is not None else AttributeReader("ib", ErrorCounter(logger))
-        self._placement: dict[str, tuple[str | None, int | None]] = {}
-        self._device_dirs: dict[str, str] = {}
+        self._devices: dict[tuple[str, str], _Device] = {}
 
     @property
     def errors(self) -> Mapping[str, int]:
@@ -108,40 +115,47 @@ class IbPortReader:
     def read(self) -> tuple[NicReading, ...]:
         """One reading per port, ordered by device then port; ``()`` on a node without RDMA devices."""
         readings: list[NicReading] = []
-        for device in sorted(self._list(self._class_dir), key=_natural):
-            ports_dir = os.path.join(self._device_dir(device), "ports")
-            ports = sorted(int(name) for name in self._list(ports_dir) if name.isdigit())
-            pci_bus_id, numa_node = self._place(device)
-            for port in ports:
+        for name in sorted(self._list(self._class_dir), key=_natural):
+            device = self._device(name)
+            ports_dir = os.path.join(device.directory, "ports")
+            for port in sorted(int(entry) for entry in self._list(ports_dir) if entry.isdigit()):
                 path = os.path.join(ports_dir, str(port))
-                readings.append(self._read_port(device, port, path, pci_bus_id, numa_node))
+                readings.append(self._read_port(name, port, path, device.pci_bus_id, device.numa_node))
         return tuple(readings)
 
     def _list(self, path: str) -> list[str]:
         try:
-            return sorted(os.listdir(path))
+            return os.listdir(path)
         except FileNotFoundError:
             return []
         except OSError as exc:
             self._reader.count("read_error", "cannot list %s: %s", path, exc)
             return []
 
-    def _device_dir(self, device: str) -> str:
-        """The device's real directory (``sys/class/infiniband/<device>`` is a symlink into ``sys/devices``),
-        resolved once so that each attribute read does not walk the symlink again."""
-        if device not in self._device_dirs:
-            self._device_dirs[device] = os.path.realpath(os.path.join(self._class_dir, device))
-        return self._device_dirs[device]
+    def _device(self, device: str) -> _Device:
+        """The device's real directory, PCI address and NUMA node, resolved once per device and symlink target.
 
-    def _place(self, device: str) -> tuple[str | None, int | None]:
-        """The device's PCI address and NUMA node (cached: a device does not move)."""
-        if device not in self._placement:
-            link = os.path.join(self._class_dir, device, "device")
+        ``sys/class/infiniband/<device>`` is a symlink into ``sys/devices``: resolving it once spares every
+        attribute read the walk, and keying the cache by the link's target notices a name that moved to another
+        PCI function after a driver reload.
+        """
+        entry = os.path.join(self._class_dir, device)
+        try:
+            target = os.readlink(entry)
+        except OSError:  # not a symlink (or just gone): read through the entry itself
+            target = ""
+        key = (device, target)
+        if key not in self._devices:
+            link = os.path.join(entry, "device")
             name = os.path.basename(os.path.realpath(link)) if os.path.exists(link) else ""
             numa = self._reader.integer(os.path.join(link, "numa_node"), signed=True)
-            bus_id = name if _PCI_ADDRESS.fullmatch(name) else None
-            self._placement[device] = (bus_id, None if numa is None or numa < 0 else numa)
-        return self._placement[device]
+            self._devices = {k: v for k, v in self._devices.items() if k[0] != device}
+            self._devices[key] = _Device(
+                directory=os.path.realpath(entry),
+                pci_bus_id=name if _PCI_ADDRESS.fullmatch(name) else None,
+                numa_node=None if numa is None or numa < 0 else numa,
+            )
+        return self._devices[key]
 
     def _read_port(
         self, device: str, port: int, path: str, pci_bus_id: str | None, numa_node: int | None

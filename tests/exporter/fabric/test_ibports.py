@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -126,6 +127,18 @@ def test_devices_in_natural_order(sysfs: Path) -> None:
     (class_dir / "ib0").symlink_to(class_dir / "mlx5_10")
     devices = [r.device for r in IbPortReader("n", root=str(sysfs)).read()]
     assert devices == ["ib0", *(f"mlx5_{i}" for i in range(9)), "mlx5_10"]
+
+
+def test_a_name_that_moves_to_another_function_is_followed(sysfs: Path) -> None:
+    class_dir = sysfs / "sys" / "class" / "infiniband"
+    reader = IbPortReader("n", root=str(sysfs))
+    assert by_device(reader.read())["mlx5_0"].pci_bus_id == "0000:17:00.0"
+    target = os.readlink(class_dir / "mlx5_9")
+    (class_dir / "mlx5_9").unlink()
+    (class_dir / "mlx5_0").unlink()
+    (class_dir / "mlx5_0").symlink_to(target)  # after a driver reload, the name mlx5_0 is the other HCA
+    moved = by_device(reader.read())["mlx5_0"]
+    assert (moved.pci_bus_id, moved.state, moved.link_downed_total) == ("0000:e9:00.0", "DOWN", 2)
 
 
 def test_no_rdma_devices_is_empty_not_an_error(tmp_path: Path) -> None:

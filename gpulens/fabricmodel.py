@@ -122,4 +122,3 @@ class JobHostReading:
     cpu_limit_cores: float | None = None
     memory_used_bytes: int | None = None
     memory_limit_bytes: int | None = None
-

@@ -5,7 +5,7 @@
   are deltas between two reads, so the first read gives ``None``. ``cpus`` counts the ``cpuN`` lines.
 * Node memory: ``MemTotal`` and ``MemAvailable`` of ``<proc_root>/meminfo`` (kB, i.e. KiB); used = total - available.
 * Job CPU and memory: the job's cgroup, found from one of its processes' ``<proc_root>/<pid>/cgroup`` (the same
-  job-id rules as the GPU process mapping, ``exporter.jobs.job_id_from_cgroup_paths``). The job's directory is the
+  job-id rules as the GPU process mapping, ``exporter.jobmap.job_id_from_cgroup_paths``). The job's directory is the
   cgroup path cut at the component naming the job (``.../job_4242``, ``...-pod<uid>.slice``), so every step and
   task of the job is inside it. cgroup v2 (``<cgroup_root>/cgroup.controllers`` exists): ``cpu.stat`` usage_usec,
   ``cpu.max``, ``memory.current``, ``memory.max``. cgroup v1: ``cpuacct.usage`` (ns), ``cpu.cfs_quota_us`` /
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from exporter.fabric.sysread import AttributeReader
-from exporter.jobs import job_id_from_cgroup_paths
+from exporter.jobmap import job_id_from_cgroup_paths
 from gpulens.fabricmodel import HostReading, JobHostReading
 from gpulens.logutil import ErrorCounter
 
@@ -144,7 +144,7 @@ class HostReader:
 def parse_cgroup_file(text: str) -> list[tuple[str, tuple[str, ...], str]] | None:
     """``/proc/<pid>/cgroup`` lines as (hierarchy id, controllers, path); ``None`` if any line is not of that form.
 
-    The same ``id:controllers:/path`` format ``exporter.jobs`` checks; kept here as a three-field split because the
+    The same ``id:controllers:/path`` format ``exporter.jobmap`` checks; kept here as a three-field split because the
     job mapper's parser returns only the job id, and this reader also needs each hierarchy's path and controllers.
     """
     entries = []

@@ -29,7 +29,7 @@ ECC_UNCORRECTABLE: Final = "EccUncorrectable"
 GPU_LOST: Final = "GpuLost"
 EXPORTER_DOWN: Final = "ExporterDown"
 
-# The XIDs operators page on (DOMAIN.md section 4) and what each means.
+# The XIDs operators page on (docs/domain.md §4) and what each means.
 PAGING_XIDS: Final = (48, 62, 64, 74, 79, 94, 95, 119, 120)
 XID_MEANINGS: Final = {
     48: "double-bit ECC error",

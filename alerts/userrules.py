@@ -34,6 +34,7 @@ import msgspec
 
 from gpulens.config import TomlLocator
 from gpulens.model import GpuReading
+from gpulens.ratios import memory_used_ratio_of, power_limit_ratio_of
 from gpulens.typedinput import Duration, FieldError, InputStruct, convert, input_error
 
 from .base import SCOPES, SEVERITIES, AlertRule, Candidate, gpu_subject, rule_labels
@@ -56,18 +57,14 @@ AGGREGATES: Final[Mapping[str, Callable[[list[float]], float]]] = {
 }
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
 def _pcie(r: GpuReading) -> float | None:
     values = [v for v in (r.pcie_tx_bytes_per_second, r.pcie_rx_bytes_per_second) if v is not None]
     return sum(values) if values else None
 
 
 DERIVED_FIELDS: Final[Mapping[str, Callable[[GpuReading], float | None]]] = {
-    "memory_used_ratio": lambda r: _ratio(r.memory_used_bytes, r.memory_total_bytes),
-    "power_limit_ratio": lambda r: _ratio(r.power_watts, r.power_limit_watts),
+    "memory_used_ratio": memory_used_ratio_of,
+    "power_limit_ratio": power_limit_ratio_of,
     "pcie_bytes_per_second": _pcie,
     "nvlink_bytes_per_second": nvlink_bytes_per_second,
     "temperature_margin_celsius": lambda r: (

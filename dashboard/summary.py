@@ -23,7 +23,7 @@ class Headline:
     busy: int
     idle: int
     allocated_idle: int
-    mean_utilization: float | None
+    utilization_ratio_mean: float | None
     memory_used_bytes: int
     memory_total_bytes: int
     power_watts: float
@@ -43,7 +43,7 @@ def headline(cells: Sequence[GridCell]) -> Headline:
         busy=len(utils) - len(idle),
         idle=len(idle),
         allocated_idle=sum(1 for c in idle if c.jobs),
-        mean_utilization=statistics.fmean(u for _, u in utils) if utils else None,
+        utilization_ratio_mean=statistics.fmean(u for _, u in utils) if utils else None,
         memory_used_bytes=sum(c.reading.memory_used_bytes or 0 for c in fresh),
         memory_total_bytes=sum(c.reading.memory_total_bytes or 0 for c in fresh),
         power_watts=sum(c.reading.power_watts or 0.0 for c in fresh),

@@ -98,8 +98,8 @@ class RetentionFile(InputStruct, frozen=True):
     """How long each resolution is kept."""
 
     raw: Annotated[Duration, doc("Raw readings (one row per GPU per scrape).")] = Duration(7 * 86400.0)
-    minute: Annotated[Duration, doc("1-minute min/avg/max rollups.")] = Duration(90 * 86400.0)
-    hour: Annotated[Duration, doc("1-hour min/avg/max rollups.")] = Duration(730 * 86400.0)
+    minute: Annotated[Duration, doc("1-minute min/mean/max rollups.")] = Duration(90 * 86400.0)
+    hour: Annotated[Duration, doc("1-hour min/mean/max rollups.")] = Duration(730 * 86400.0)
 
 
 class AuthFile(InputStruct, frozen=True):

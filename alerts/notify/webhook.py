@@ -52,7 +52,7 @@ def alertmanager_payload(
     group_key: str,
     external_url: str = "",
 ) -> dict[str, Any]:
-    """The version-4 webhook payload (DOMAIN.md section 6)."""
+    """The version-4 webhook payload (docs/domain.md §6)."""
     return {
         "version": "4",
         "groupKey": group_key,

@@ -254,7 +254,7 @@ def headline_cards(h: Headline, alerts_firing: int | None) -> list[html.Div]:
         card(
             "Allocated but idle", f"{h.allocated_idle:,}", "held by a job, idle", "warn" if h.allocated_idle else None
         ),
-        card("Mean utilization", percent_text(h.mean_utilization), "over GPUs up"),
+        card("Mean utilization", percent_text(h.utilization_ratio_mean), "over GPUs up"),
         card(
             "Memory used",
             percent_text(mem),

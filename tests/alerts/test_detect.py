@@ -1,4 +1,4 @@
-"""CommunicationStall and JobStraggler on hand-made histories: the signal, and every confounder of DOMAIN.md §4."""
+"""CommunicationStall and JobStraggler on hand-made histories: the signal, and every confounder of docs/domain.md §4."""
 
 from __future__ import annotations
 

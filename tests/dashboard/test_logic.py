@@ -149,7 +149,7 @@ def test_headline_counts() -> None:
     h = headline(cells)
     assert (h.gpus, h.up, h.down, h.stale, h.nodes) == (4, 2, 1, 1, 2)
     assert (h.busy, h.idle, h.allocated_idle) == (1, 1, 1)
-    assert h.mean_utilization == pytest.approx((0.9 + IDLE_BELOW / 2) / 2)
+    assert h.utilization_ratio_mean == pytest.approx((0.9 + IDLE_BELOW / 2) / 2)
     assert h.memory_used_bytes == 10 * GIB
     assert h.memory_total_bytes == 160 * GIB
     assert h.power_watts == 850.0

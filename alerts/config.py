@@ -115,6 +115,8 @@ def load_rules_file(path: str | Path) -> list[AlertRule]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read rules: {exc.strerror or exc}", file=path) from None
+    except UnicodeDecodeError:
+        raise ConfigError("cannot read rules: not UTF-8 text (expected a TOML file)", file=path) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -90,6 +90,8 @@ def load_web_config(path: str | Path) -> WebConfig:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read web config: {exc.strerror or exc}", file=path) from None
+    except UnicodeDecodeError:
+        raise ConfigError("cannot read web config: not UTF-8 text (expected a YAML file)", file=path) from None
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data: Any = yaml.safe_load(text)

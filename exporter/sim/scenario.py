@@ -143,7 +143,7 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read scenario: {exc}", file=path) from None
+        raise ConfigError(f"cannot read scenario: {getattr(exc, 'strerror', None) or exc}", file=path) from None
     return parse_scenario(text, source=str(path))
 
 

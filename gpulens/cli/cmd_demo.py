@@ -55,18 +55,12 @@ def _run_demo(args: argparse.Namespace) -> int:
 
         with database_errors("--db"):  # a bad URL or a database down stops the demo before any process starts
             open_database(args.db).close()
-    workdir = Path(args.workdir)
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise CliError(f"--workdir {args.workdir!r}: cannot create the directory: {reason}") from None
     options = DemoOptions(
         scenario=Path(args.scenario) if args.scenario else None,
         speed=args.speed,
         db_url=args.db,
         port=args.port,
-        workdir=workdir,
+        workdir=Path(args.workdir),
         webhook_url=args.webhook_url,
     )
     try:

@@ -96,6 +96,8 @@ def _node_names(scenario: Path) -> list[str]:
         data = tomllib.loads(scenario.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read the scenario: {exc.strerror or exc}", file=scenario) from None
+    except UnicodeDecodeError:
+        raise ConfigError("cannot read the scenario: not UTF-8 text (expected a TOML file)", file=scenario) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"invalid TOML: {exc}", file=scenario) from None
     nodes = data.get("cluster", {}).get("nodes", 0)
@@ -189,7 +191,11 @@ def start_demo(options: DemoOptions, announce: Announce) -> Demo:
     """Start every process and wait until each answers. Raises (after stopping what it started) on failure."""
     scenario = (options.scenario or bundled_scenario()).resolve()
     nodes = _node_names(scenario)
-    options.workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        options.workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(f"{str(options.workdir)!r}: cannot create the directory: {reason}", key="--workdir") from None
     db_url = options.db_url or f"sqlite:///{(options.workdir / 'gpulens.db').resolve()}"
     gpulens = [sys.executable, "-m", "gpulens.cli"]
     demo = Demo()

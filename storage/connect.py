@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -38,13 +40,26 @@ def _check_sqlite_file(url: str) -> None:
         )
 
 
+@contextmanager
+def _not_a_database(db: Database) -> Iterator[None]:
+    """What the driver says when the URL leads to something that is not a database (SQLite: a text file)."""
+    try:
+        yield
+    except sa.exc.DatabaseError as err:
+        if isinstance(err, sa.exc.OperationalError) and db.dialect == "postgresql":
+            raise
+        detail = (str(err.orig or err).strip().splitlines() or ["unknown error"])[0]
+        raise DatabaseURLError(db.url_redacted, f"not a usable database: {db.scrub(detail)}") from None
+
+
 def open_database(url: str, *, upgrade: bool = True) -> Database:
     """Connect and bring the schema up to date (migrations run at start-up)."""
     db = Database(url)
     try:
         _check_sqlite_file(url)
         if upgrade:
-            db.upgrade()
+            with _not_a_database(db):
+                db.upgrade()
     except BaseException:
         db.close()
         raise
@@ -61,7 +76,7 @@ def open_existing_database(url: str) -> Database:
                 db.url_redacted, f"no database at {file} (start the collector first, or give --db / --config)"
             )
         _check_sqlite_file(url)
-        with db.translate_errors():
+        with _not_a_database(db), db.translate_errors():
             present = sa.inspect(db.engine).has_table("gpu")
     except BaseException:
         db.close()

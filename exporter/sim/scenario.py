@@ -142,10 +142,8 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file. Raises ``ConfigError`` naming the file, key and line."""
     try:
         text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read scenario: {exc.strerror or exc}", file=path) from None
-    except UnicodeDecodeError:
-        raise ConfigError("cannot read scenario: not UTF-8 text (expected a TOML file)", file=path) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read scenario: {getattr(exc, 'strerror', None) or exc}", file=path) from None
     return parse_scenario(text, source=str(path))
 
 

@@ -117,7 +117,7 @@ EXPORTER = [
     case("exporter --source sim --scenario {scenario} --listen {nohost}:9410", 1, "cannot listen", "{nohost}:9410"),
     case("exporter --source sim --scenario {tmp}/missing.toml", 1, "missing.toml", "No such file"),
     case("exporter --source sim --scenario {tmp}/invalid.toml", 1, "invalid.toml", "TOML"),
-    case("exporter --source sim --scenario {tmp}/binary.toml", 1, "binary.toml", "UTF-8"),
+    case("exporter --source sim --scenario {tmp}/binary.toml", 1, "binary.toml", "utf-8"),
     case(
         "exporter --source dcgm --dcgm-url 127.0.0.1:9400/metrics", 2, "--dcgm-url", "'127.0.0.1:9400/metrics'", "http"
     ),

@@ -87,7 +87,7 @@ def run_exporter(options: ExporterOptions, announce: Callable[[str], None], stop
             poller.collect_once()  # the first scrape already has data
             poller.start()
         server.start()
-        where = f"{server.scheme}://{host}:{server.port}"
+        where = f"{server.scheme}://{f'[{host}]' if ':' in host else host}:{server.port}"
         if poller is None:
             announce(f"gpulens exporter serving {len(routes.nodes)} simulated nodes at {where}/node/<name>/metrics")
         else:

@@ -14,5 +14,5 @@ def parse_listen(value: str) -> tuple[str, int]:
     else:
         host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected host:port, got {value!r}")
+        raise ValueError(f"expected host:port with a port from 0 to 65535 (e.g. 127.0.0.1:9410), got {value!r}")
     return host or "0.0.0.0", int(port)

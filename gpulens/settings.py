@@ -184,7 +184,7 @@ class TlsAuth:
         if self.password_file:
             try:
                 return Path(self.password_file).read_text(encoding="utf-8").splitlines()[0].strip()
-            except (OSError, IndexError) as exc:
+            except (OSError, IndexError, UnicodeDecodeError) as exc:
                 raise ConfigError(f"cannot read password_file {self.password_file}: {exc}") from None
         if self.password_env:
             value = os.environ.get(self.password_env)
@@ -266,6 +266,10 @@ def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, st
             raise input_error(
                 f"cannot read: {exc.strerror}", ["database", "url_file"], text=text, source=source
             ) from None
+        except UnicodeDecodeError:
+            raise input_error(
+                "cannot read: not UTF-8 text", ["database", "url_file"], text=text, source=source
+            ) from None
     col, ret = file.collector, file.retention
     return Settings(
         source=source,
@@ -295,6 +299,8 @@ def load_settings(path: str | Path, environ: Mapping[str, str] | None = None) ->
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read the config file: {exc.strerror or exc}", file=path) from None
+    except UnicodeDecodeError:
+        raise ConfigError("cannot read the config file: not UTF-8 text (expected a TOML file)", file=path) from None
     return parse_settings(text, str(path), environ)
 
 

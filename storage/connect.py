@@ -2,36 +2,81 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from gpulens.config import ConfigError
-from storage.db import Database
+from storage.db import Database, DatabaseURLError, redact_url
+
+
+def check_database_url(url: str) -> None:
+    """Raise ``DatabaseURLError`` unless ``url`` is one gpulens can use: a supported scheme and driver, and for
+    SQLite a file in a directory that exists. Connects to nothing."""
+    Database(url).close()  # parses and checks the scheme and driver; an engine connects only when used
+    _check_sqlite_file(url)
+
+
+def _sqlite_file(url: str) -> Path | None:
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def _check_sqlite_file(url: str) -> None:
+    file = _sqlite_file(url)
+    if file is None:
+        return
+    if file.is_dir():
+        raise DatabaseURLError(redact_url(url), f"{file} is a directory (expected sqlite:///PATH/TO/FILE.db)")
+    parent = file.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise DatabaseURLError(
+            redact_url(url), f"directory {parent} {what} (create it, or give a file in an existing directory)"
+        )
+
+
+@contextmanager
+def _not_a_database(db: Database) -> Iterator[None]:
+    """What the driver says when the URL leads to something that is not a database (SQLite: a text file)."""
+    try:
+        yield
+    except sa.exc.DatabaseError as err:
+        if isinstance(err, sa.exc.OperationalError) and db.dialect == "postgresql":
+            raise
+        detail = (str(err.orig or err).strip().splitlines() or ["unknown error"])[0]
+        raise DatabaseURLError(db.url_redacted, f"not a usable database: {db.scrub(detail)}") from None
 
 
 def open_database(url: str, *, upgrade: bool = True) -> Database:
     """Connect and bring the schema up to date (migrations run at start-up)."""
     db = Database(url)
-    if upgrade:
-        try:
-            db.upgrade()
-        except BaseException:
-            db.close()
-            raise
+    try:
+        _check_sqlite_file(url)
+        if upgrade:
+            with _not_a_database(db):
+                db.upgrade()
+    except BaseException:
+        db.close()
+        raise
     return db
 
 
 def open_existing_database(url: str) -> Database:
     """Open a store for reading, refusing to create one: a mistyped URL must not look like an empty cluster."""
-    parsed = sa.engine.make_url(url)
-    sqlite_file = parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")
-    file = parsed.database if sqlite_file else None
-    if file is not None and not Path(file).exists():
-        raise ConfigError(f"no database at {file} (start the collector first, or give --db / --config)", key="--db")
-    db = Database(url)
+    db = Database(url)  # first: a URL gpulens cannot use says so before anything else
     try:
-        with db.translate_errors():
+        file = _sqlite_file(url)
+        if file is not None and not file.exists():
+            raise DatabaseURLError(
+                db.url_redacted, f"no database at {file} (start the collector first, or give --db / --config)"
+            )
+        _check_sqlite_file(url)
+        with _not_a_database(db), db.translate_errors():
             present = sa.inspect(db.engine).has_table("gpu")
     except BaseException:
         db.close()

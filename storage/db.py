@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_S: Final = 15.0
 PG_CONNECT_TIMEOUT_S: Final = 10
+URL_FORMS: Final = "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
 _SQLITE_UNAVAILABLE: Final = ("locked", "busy", "unable to open", "disk i/o", "readonly", "full")
 _LOCK_KEYS: Final = {"1m": 0x6770756C656E7301, "1h": 0x6770756C656E7302}  # "gpulens" + tier number
 
@@ -34,20 +35,44 @@ class DatabaseUnavailableError(Exception):
     """The database cannot be reached now (refused, down, locked too long): the caller spools and retries."""
 
 
+class DatabaseURLError(ValueError):
+    """A database URL gpulens cannot use. ``url`` is safe to show (no password); ``reason`` says what would work."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url = url
+        self.reason = reason
+        super().__init__(f"database URL {url!r}: {reason}")
+
+
 def _normalise(url: str) -> URL:
     try:
         parsed = sa.make_url(url)
     except (exc.ArgumentError, ValueError):
-        # Not echoed: a URL that does not parse cannot be redacted reliably.
-        raise ValueError("invalid database URL: use sqlite:///FILE or postgresql+psycopg://USER@HOST/DB") from None
+        raise DatabaseURLError(_unparsed_shown(url), f"invalid database URL (expected {URL_FORMS})") from None
+    if parsed.host and "@" in parsed.host:  # user:p@ss@host: the password's "@" must be written %40
+        raise DatabaseURLError(
+            _unparsed_shown(url), f"write an '@' in the user or password as %40 (expected {URL_FORMS})"
+        )
     backend = parsed.get_backend_name()
     if backend == "postgres" or parsed.drivername == "postgresql":
         return parsed.set(drivername="postgresql+psycopg")
     if backend not in ("sqlite", "postgresql"):
-        raise ValueError(f"unsupported database {redact_url(url)!r}: use sqlite:///FILE or postgresql+psycopg://...")
+        reason = f"unsupported database URL scheme {parsed.drivername!r} (expected {URL_FORMS})"
+        raise DatabaseURLError(redact_url(url), reason)
     if backend == "postgresql" and parsed.get_driver_name() != "psycopg":
-        raise ValueError(f"unsupported PostgreSQL driver in {redact_url(url)!r}: use postgresql+psycopg://")
+        reason = (
+            f"unsupported PostgreSQL driver {parsed.get_driver_name()!r} (expected postgresql+psycopg://USER@HOST/DB)"
+        )
+        raise DatabaseURLError(redact_url(url), reason)
     return parsed
+
+
+def _unparsed_shown(url: str) -> str:
+    """A URL that does not parse, safe to echo: whatever precedes its last ``@`` (a password, perhaps) hidden."""
+    head, at, tail = url.rpartition("@")
+    scheme, sep, _ = head.partition("://")
+    shown = (f"{scheme}{sep}***@{tail}" if sep else f"***@{tail}") if at else url
+    return redact_url(shown) if "?" in shown else shown
 
 
 class Database:

@@ -112,6 +112,8 @@ def file_secret(path: str | Path) -> SecretSource:
             lines = Path(path).read_text(encoding="utf-8").splitlines()
         except OSError as exc:
             raise DeliveryError(f"cannot read {path}: {exc.strerror or type(exc).__name__}", retryable=True) from None
+        except UnicodeDecodeError:
+            raise DeliveryError(f"cannot read {path}: not UTF-8 text", retryable=False) from None
         value = lines[0].strip() if lines else ""
         if not value:
             raise DeliveryError(f"{path} is empty", retryable=False)

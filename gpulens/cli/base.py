@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, NoReturn
 
-from gpulens.config import parse_duration
+from gpulens.config import TomlLocator, parse_duration
+from gpulens.httpfetch import check_url, redact_url
 
 
 class CliError(Exception):
@@ -46,6 +51,56 @@ def positive_float(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
+    return value
+
+
+def http_url(example: str) -> Callable[[str], str]:
+    """A flag type: an http(s) URL with a host, like ``example``."""
+
+    def convert(text: str) -> str:
+        try:
+            check_url(text, example)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected an http:// or https:// URL like {example}, got {redact_url(text)!r}"
+            ) from None
+        return text
+
+    return convert
+
+
+def existing_directory(flag: str, path: str, what: str) -> Path:
+    """``path`` as a directory that exists, or a ``UsageError`` naming ``flag`` and the value."""
+    directory = Path(path)
+    if not directory.is_dir():
+        state = "is not a directory" if directory.exists() else "does not exist"
+        raise UsageError(f"{flag} {path!r}: {state} (expected {what})")
+    return directory
+
+
+def add_log_level(p: argparse.ArgumentParser, default: str = "warning") -> None:
+    p.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], default=default, help="logging verbosity"
+    )
+
+
 def add_db_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="gpulens.toml (docs/configuration.md)")
     p.add_argument("--db", default=None, help="database URL (overrides the config; GPULENS_DB_URL also works)")
@@ -59,3 +114,43 @@ def settings_from(args: argparse.Namespace) -> Any:
     if getattr(args, "db", None):
         settings = dataclasses.replace(settings, db_url=args.db)
     return settings
+
+
+def database_origin(args: argparse.Namespace, settings: Any = None) -> str | None:
+    """Where the database URL a command uses came from, as error messages name it; None for the built-in default."""
+    if getattr(args, "db", None):
+        return "--db"
+    if os.environ.get("GPULENS_DB_URL"):
+        return "GPULENS_DB_URL"
+    config = getattr(args, "config", None)
+    if not config:
+        return None
+    from_file = settings is not None and settings.raw.get("database", {}).get("url_file")
+    key = "database.url_file" if from_file else "database.url"
+    line = TomlLocator(settings.text).line_of("database", None, key.partition(".")[2]) if settings else None
+    return f"{config}:{line}: {key}" if line else f"{config}: {key}"
+
+
+@contextmanager
+def database_errors(origin: str | None) -> Iterator[None]:
+    """Turn the store's errors about its URL or its reachability into one-line ``CliError`` naming the URL's origin.
+
+    The store's messages already hide any password.
+    """
+    from storage.db import DatabaseUnavailableError, DatabaseURLError
+
+    try:
+        yield
+    except DatabaseURLError as exc:
+        raise CliError(f"{origin or 'database URL'} {exc.url!r}: {exc.reason}") from None
+    except DatabaseUnavailableError as exc:
+        raise CliError(f"{origin}: {exc}" if origin else str(exc)) from None
+
+
+def checked_db_url(args: argparse.Namespace, settings: Any) -> str:
+    """The settings' database URL, checked (scheme, driver, SQLite directory) without connecting."""
+    from storage.connect import check_database_url
+
+    with database_errors(database_origin(args, settings)):
+        check_database_url(settings.db_url)
+    return str(settings.db_url)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpulens.cli.base import CliError, Formatter, Parser
+from gpulens.cli.base import CliError, Formatter, Parser, add_log_level
 
 
 def register(sub: Any) -> None:
@@ -21,6 +21,7 @@ def register(sub: Any) -> None:
     test = asub.add_parser("test-notify", help="send a test notification to a receiver now")
     test.add_argument("receiver", help="a receiver name from [[alerts.receivers]]")
     test.add_argument("--config", required=True, help="gpulens.toml with the receiver")
+    add_log_level(test)
     test.set_defaults(func=_run_test_notify)
 
 

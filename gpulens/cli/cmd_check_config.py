@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpulens.cli.base import Formatter
+from gpulens.cli.base import Formatter, add_log_level, database_errors, database_origin
 
 
 def register(sub: Any) -> None:
@@ -17,15 +17,20 @@ def register(sub: Any) -> None:
         formatter_class=Formatter,
     )
     p.add_argument("file", help="the config file")
+    add_log_level(p)
     p.set_defaults(func=_run_check_config)
 
 
 def _run_check_config(args: argparse.Namespace) -> int:
     from alerts.service import alerting_config
     from gpulens.settings import load_settings
+    from storage.db import Database
 
     settings = load_settings(args.file)
     alerting = alerting_config(settings)
+    # The scheme and driver only: a relative SQLite path is the service's, not this shell's, and nothing connects.
+    with database_errors(database_origin(argparse.Namespace(config=args.file), settings)):
+        Database(settings.db_url).close()
     from gpulens.httpfetch import redact_url
 
     print(

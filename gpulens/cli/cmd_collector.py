@@ -7,9 +7,21 @@ import dataclasses
 import sys
 from typing import Any
 
-from gpulens.cli.base import Formatter, UsageError, add_db_flags, positive_duration, settings_from
+from gpulens.cli.base import (
+    CliError,
+    Formatter,
+    UsageError,
+    add_db_flags,
+    checked_db_url,
+    database_errors,
+    database_origin,
+    positive_duration,
+    settings_from,
+)
 from gpulens.cli.envtwins import apply_env_twins
 from gpulens.cli.lifecycle import stop_on_signals
+from gpulens.httpfetch import check_url, redact_url
+from gpulens.netaddr import parse_listen
 
 COLLECTOR_EXAMPLES = """\
 examples:
@@ -54,8 +66,13 @@ def collector_settings(args: argparse.Namespace) -> Any:
     if args.target:
         extra = []
         for url in args.target:
-            if not url.startswith(("http://", "https://")):
-                raise UsageError(f"--target {url!r}: expected an http:// or https:// URL")
+            try:
+                check_url(url, "http://gpu-node-07:9410")
+            except ValueError:
+                raise UsageError(
+                    f"--target {redact_url(url)!r}: expected an http:// or https:// URL like http://gpu-node-07:9410 "
+                    "(a gpulens exporter) or http://gpu-node-07:9400/metrics (a dcgm-exporter)"
+                ) from None
             url = url.rstrip("/")
             kind = "dcgm" if url.endswith("/metrics") else "gpulens"
             extra.append(TargetSettings(url=url, name=url, kind=kind))
@@ -69,6 +86,10 @@ def collector_settings(args: argparse.Namespace) -> Any:
         except ValueError as exc:
             raise UsageError(f"--shard: {exc}") from None
     if args.listen is not None:
+        try:
+            parse_listen(args.listen)
+        except ValueError as exc:
+            raise UsageError(f"--listen: {exc}") from None
         changes["listen"] = args.listen
     if args.spool_dir is not None:
         changes["spool_dir"] = args.spool_dir
@@ -83,9 +104,24 @@ def _run_collector(args: argparse.Namespace) -> int:
     if not settings.targets and not settings.file_sd:
         raise UsageError("no targets: give --target URL or a --config with [[targets]] or [[file_sd]]")
     alerting = alerting_config(settings)  # validated before anything starts
+    checked_db_url(args, settings)
+    _make_spool_dir(args, settings.spool_dir)
 
     def hooks(db: Any) -> list[Any]:
         return [AlertService(db, alerting).hook]
 
-    with stop_on_signals() as stop:
+    with stop_on_signals() as stop, database_errors(database_origin(args, settings)):
         return run_collector(settings, lambda line: print(line, file=sys.stderr, flush=True), stop, hooks=hooks)
+
+
+def _make_spool_dir(args: argparse.Namespace, spool_dir: str) -> None:
+    from pathlib import Path
+
+    try:
+        Path(spool_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        where = "--spool-dir" if args.spool_dir is not None else "collector.spool_dir"
+        reason = exc.strerror or str(exc)
+        raise CliError(
+            f"{where} {spool_dir!r}: cannot create the directory: {reason} (expected a writable path)"
+        ) from None

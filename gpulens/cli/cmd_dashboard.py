@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from gpulens.cli.base import Formatter, UsageError, add_db_flags, settings_from
+from gpulens.cli.base import CliError, Formatter, UsageError, add_db_flags, checked_db_url, settings_from
 from gpulens.cli.envtwins import apply_env_twins
 from gpulens.cli.lifecycle import stop_on_signals
 from gpulens.netaddr import parse_listen
@@ -45,9 +45,12 @@ def _run_dashboard(args: argparse.Namespace) -> int:
         host, port = parse_listen(args.listen)
     except ValueError as exc:
         raise UsageError(f"--listen: {exc}") from None
+    settings = settings_from(args)
+    checked_db_url(args, settings)  # an unreachable database is shown on the pages; an unusable URL stops here
+    _check_can_listen(host, port)
     with stop_on_signals() as stop:
         return run_dashboard(
-            settings_from(args),
+            settings,
             host=host,
             port=port,
             basic_auth_file=args.basic_auth_file,
@@ -55,3 +58,20 @@ def _run_dashboard(args: argparse.Namespace) -> int:
             announce=lambda line: print(line, file=sys.stderr, flush=True),
             stop=stop,
         )
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    """Fail in one line if ``host:port`` cannot be bound (the HTTP server would print and exit on its own)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        shown = f"[{host}]" if ":" in host else host
+        reason = exc.strerror or str(exc)
+        message = f"--listen '{shown}:{port}': cannot listen: {reason} (expected a free port on a local address)"
+        raise CliError(message) from None

@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpulens.cli.base import Formatter, Parser, add_db_flags, settings_from
+from gpulens.cli.base import (
+    Formatter,
+    Parser,
+    add_db_flags,
+    add_log_level,
+    database_errors,
+    database_origin,
+    settings_from,
+)
 
 
 def register(sub: Any) -> None:
@@ -20,13 +28,16 @@ def register(sub: Any) -> None:
     dbsub.required = True
     up = dbsub.add_parser("upgrade", help="apply the schema migrations (also done at collector start-up)")
     add_db_flags(up)
+    add_log_level(up)
     up.set_defaults(func=_run_db_upgrade)
 
 
 def _run_db_upgrade(args: argparse.Namespace) -> int:
     from storage.connect import open_database
 
-    db = open_database(settings_from(args).db_url)
+    settings = settings_from(args)
+    with database_errors(database_origin(args, settings)):
+        db = open_database(settings.db_url)
     try:
         print(f"{db.url_redacted}: schema up to date")
     finally:

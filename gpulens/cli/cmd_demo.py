@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpulens.cli.base import CliError, Formatter, positive_float
+from gpulens.cli.base import CliError, Formatter, database_errors, http_url, port_number, positive_float
 from gpulens.cli.envtwins import apply_env_twins
 from gpulens.cli.lifecycle import stop_on_signals
 
@@ -30,9 +30,14 @@ def register(sub: Any) -> None:
     p.add_argument("--scenario", default=None, help="scenario TOML (default: the bundled demo scenario)")
     p.add_argument("--speed", type=positive_float, default=2.0, help="virtual time runs this many times faster")
     p.add_argument("--db", default=None, help="database URL (default: SQLite in the work directory)")
-    p.add_argument("--port", type=int, default=8050, help="dashboard port")
+    p.add_argument("--port", type=port_number, default=8050, help="dashboard port")
     p.add_argument("--workdir", default=".gpulens-demo", help="where the database, config and logs go")
-    p.add_argument("--webhook-url", default=None, help="also send alerts to this generic webhook")
+    p.add_argument(
+        "--webhook-url",
+        type=http_url("http://127.0.0.1:8080/hook"),
+        default=None,
+        help="also send alerts to this generic webhook",
+    )
     p.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error"], default="warning", help="logging verbosity"
     )
@@ -45,6 +50,11 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     from gpulens.cli.demo_stack import DemoOptions, run_demo
 
+    if args.db:
+        from storage.connect import open_database
+
+        with database_errors("--db"):  # a bad URL or a database down stops the demo before any process starts
+            open_database(args.db).close()
     options = DemoOptions(
         scenario=Path(args.scenario) if args.scenario else None,
         speed=args.speed,

@@ -7,7 +7,7 @@ import socket
 import sys
 from typing import Any
 
-from gpulens.cli.base import Formatter, positive_duration, positive_float
+from gpulens.cli.base import Formatter, existing_directory, http_url, positive_duration, positive_float
 from gpulens.cli.envtwins import apply_env_twins
 from gpulens.cli.lifecycle import stop_on_signals
 
@@ -41,7 +41,12 @@ def register(sub: Any) -> None:
     p.add_argument("--listen", default="0.0.0.0:9410", help="address to serve on, host:port")
     p.add_argument("--interval", type=positive_duration, default=1.0, help="collection interval (1s, 500ms, ...)")
     p.add_argument("--node", default=None, help="node name in every series (default: the host name)")
-    p.add_argument("--dcgm-url", default="http://127.0.0.1:9400/metrics", help="dcgm-exporter /metrics URL")
+    p.add_argument(
+        "--dcgm-url",
+        type=http_url("http://127.0.0.1:9400/metrics"),
+        default="http://127.0.0.1:9400/metrics",
+        help="dcgm-exporter /metrics URL",
+    )
     p.add_argument("--dcgm-compat", action="store_true", help="also export dcgm-exporter-named families")
     p.add_argument("--job-map-dir", default=None, help="Slurm prolog files named by GPU UUID or index")
     p.add_argument("--proc-root", default="/proc", help="where to read processes' cgroup, status and comm")
@@ -59,6 +64,11 @@ def register(sub: Any) -> None:
 def _run_exporter(args: argparse.Namespace) -> int:
     from exporter.agent import ExporterOptions, run_exporter
 
+    if args.source != "sim":  # the job mapper reads them; a simulated cluster has its own jobs
+        if args.job_map_dir is not None:
+            existing_directory("--job-map-dir", args.job_map_dir, "the directory the Slurm prolog writes, /run/gpustat")
+        if args.proc_root != "/proc":
+            existing_directory("--proc-root", args.proc_root, "the host's /proc, mounted in the container")
     options = ExporterOptions(
         source=args.source,
         listen=args.listen,

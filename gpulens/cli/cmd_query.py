@@ -6,7 +6,18 @@ import argparse
 import sys
 from typing import Any
 
-from gpulens.cli.base import Formatter, Parser, add_db_flags, positive_duration, settings_from
+from gpulens.cli.base import (
+    Formatter,
+    Parser,
+    UsageError,
+    add_db_flags,
+    add_log_level,
+    database_errors,
+    database_origin,
+    positive_duration,
+    positive_int,
+    settings_from,
+)
 
 QUERY_EXAMPLES = """\
 examples:
@@ -43,7 +54,8 @@ def register(sub: Any) -> None:
         if name == "series":
             q.add_argument("--gpu", action="append", required=True, help="GPU UUID; repeatable")
             q.add_argument("--field", action="append", required=True, help="field name; repeatable")
-            q.add_argument("--points", type=int, default=100, help="at most this many points per series")
+            q.add_argument("--points", type=positive_int, default=100, help="at most this many points per series")
+        add_log_level(q)
         q.set_defaults(func=_run_query)
 
 
@@ -51,9 +63,23 @@ def _run_query(args: argparse.Namespace) -> int:
     from gpulens.cli.query_print import run_query
     from storage.connect import open_existing_database
 
-    db = open_existing_database(settings_from(args).db_url)
-    try:
-        sys.stdout.write(run_query(db, args))
-    finally:
-        db.close()
+    if args.what == "series":
+        _check_fields(args.field)
+    settings = settings_from(args)
+    with database_errors(database_origin(args, settings)):
+        db = open_existing_database(settings.db_url)
+        try:
+            text = run_query(db, args)
+        finally:
+            db.close()
+    sys.stdout.write(text)
     return 0
+
+
+def _check_fields(fields: list[str]) -> None:
+    from storage.schema import FIELD_BY_NAME
+
+    unknown = [f for f in fields if f not in FIELD_BY_NAME]
+    if unknown:
+        shown = ", ".join(repr(f) for f in unknown)
+        raise UsageError(f"--field {shown}: unknown field (expected one of {', '.join(FIELD_BY_NAME)})")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from gpulens.cli.base import Formatter, Parser
+from gpulens.cli.base import Formatter, Parser, add_log_level
 
 
 def register(sub: Any) -> None:
@@ -23,6 +23,7 @@ def register(sub: Any) -> None:
     export = rsub.add_parser("export", help="print the rules in another system's format")
     export.add_argument("--format", choices=["prometheus"], default="prometheus", help="output format")
     export.add_argument("--config", default=None, help="gpulens.toml whose [alerts] overrides apply")
+    add_log_level(export)
     export.set_defaults(func=_run_rules_export)
 
 

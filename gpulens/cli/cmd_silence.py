@@ -5,7 +5,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpulens.cli.base import CliError, Formatter, Parser, UsageError, add_db_flags, positive_duration, settings_from
+from gpulens.cli.base import (
+    CliError,
+    Formatter,
+    Parser,
+    UsageError,
+    add_db_flags,
+    add_log_level,
+    database_errors,
+    database_origin,
+    positive_duration,
+    settings_from,
+)
 from gpulens.config import format_timestamp
 
 
@@ -27,35 +38,55 @@ def register(sub: Any) -> None:
     add.add_argument("--duration", type=positive_duration, required=True, help="how long (30m, 2h, 1d)")
     add.add_argument("--comment", required=True, help="why (shown with the silence)")
     add.add_argument("--author", default=None, help="who (default: the login name)")
+    add_log_level(add)
     add.set_defaults(func=_run_silence)
     lst = ssub.add_parser("list", help="list active silences")
     add_db_flags(lst)
     lst.add_argument("--all", action="store_true", help="include expired silences")
     lst.add_argument("--json", action="store_true", help="print one JSON array")
+    add_log_level(lst)
     lst.set_defaults(func=_run_silence)
     exp = ssub.add_parser("expire", help="end a silence now")
     add_db_flags(exp)
-    exp.add_argument("id", type=int, help="the silence's id (from silence list)")
+    exp.add_argument("id", type=_silence_id, help="the silence's id (from silence list)")
+    add_log_level(exp)
     exp.set_defaults(func=_run_silence)
 
 
+def _silence_id(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a silence id (a number from gpulens silence list), got {text!r}")
+    return int(text)
+
+
 def _run_silence(args: argparse.Namespace) -> int:
-    import getpass
-    import json
     import time
 
     from alerts.matchers import MatcherError, parse_matcher
+
+    now = time.time()
+    matchers: list[Any] = []
+    if args.silence_command == "add":
+        for text in args.match:
+            try:
+                matchers.append(parse_matcher(text))
+            except MatcherError as exc:
+                raise UsageError(f"--match {text!r}: {exc}") from None
+    settings = settings_from(args)
+    with database_errors(database_origin(args, settings)):
+        _apply(args, settings, matchers, now)
+    return 0
+
+
+def _apply(args: argparse.Namespace, settings: Any, matchers: list[Any], now: float) -> None:
+    import getpass
+    import json
+
     from gpulens.cli.table import render_table
     from storage import alertstore
     from storage.connect import open_database
 
-    now = time.time()
-    if args.silence_command == "add":
-        try:
-            matchers = [parse_matcher(m) for m in args.match]
-        except MatcherError as exc:
-            raise UsageError(f"--match: {exc}") from None
-    db = open_database(settings_from(args).db_url)
+    db = open_database(settings.db_url)
     try:
         if args.silence_command == "add":
             author = args.author or getpass.getuser()
@@ -71,7 +102,7 @@ def _run_silence(args: argparse.Namespace) -> int:
             print(f"silence {silence_id} added until {format_timestamp(now + args.duration)}")
         elif args.silence_command == "expire":
             if not alertstore.expire_silence(db, args.id, now):
-                raise CliError(f"no active silence {args.id}")
+                raise CliError(f"no active silence {args.id} (gpulens silence list shows the active ones)")
             print(f"silence {args.id} expired")
         else:
             rows = [
@@ -88,4 +119,3 @@ def _run_silence(args: argparse.Namespace) -> int:
             print(json.dumps(rows) if args.json else render_table(rows), end="" if not args.json else "\n")
     finally:
         db.close()
-    return 0

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from gpulens.cli.base import Formatter
+from gpulens.cli.base import Formatter, add_log_level, database_errors
 from gpulens.cli.envtwins import apply_env_twins
 
 SIMULATE_EXAMPLES = """\
@@ -32,6 +32,7 @@ def register(sub: Any) -> None:
     p.add_argument("--db", default=None, help="keep the data in this database (default: a temporary SQLite file)")
     p.add_argument("--rules", default=None, help="a file of [[rules]] tables: user rules to test with the builtins")
     p.add_argument("--json", action="store_true", help="print one JSON array of the alerts that fired")
+    add_log_level(p)
     apply_env_twins(p, "GPULENS_SIMULATE_")
     p.set_defaults(func=_run_simulate)
 
@@ -41,12 +42,13 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
     from gpulens.cli.simulation import simulate
 
-    report = simulate(
-        args.scenario,
-        db_url=args.db,
-        rules_path=args.rules,
-        progress=None if args.json else (lambda line: print(line, file=sys.stderr, flush=True)),
-    )
+    with database_errors("--db" if args.db else None):
+        report = simulate(
+            args.scenario,
+            db_url=args.db,
+            rules_path=args.rules,
+            progress=None if args.json else (lambda line: print(line, file=sys.stderr, flush=True)),
+        )
     if args.json:
         print(json.dumps(report.alerts, indent=2))
     else:

@@ -94,8 +94,12 @@ def _node_names(scenario: Path) -> list[str]:
 
     try:
         data = tomllib.loads(scenario.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read the scenario: {exc}", file=scenario) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the scenario: {exc.strerror or exc}", file=scenario) from None
+    except UnicodeDecodeError:
+        raise ConfigError("cannot read the scenario: not UTF-8 text (expected a TOML file)", file=scenario) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML: {exc}", file=scenario) from None
     nodes = data.get("cluster", {}).get("nodes", 0)
     if isinstance(nodes, list):
         return [str(n) for n in nodes]
@@ -160,13 +164,19 @@ def _scaled_for(speed: float) -> dict[str, float]:
     return {r.name: max(1.0, round(r.for_s / speed, 1)) for r in builtin_rules() if r.for_s > 0 and speed != 1}
 
 
+def _exited(process: _Process) -> str:
+    """Why a process ended during start-up: its last log line first (its own one-line error), then the log's tail."""
+    tail = process.log_path.read_text(errors="replace")[-800:] if process.log_path else ""
+    last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "no output")
+    return f"{process.name} exited during start-up: {last}\n{tail}"
+
+
 def _wait_ready(demo: Demo, process: _Process, deadline: float) -> None:
     if process.ready_url is None:
         return
     while time.monotonic() < deadline:
         if process.popen is not None and process.popen.poll() is not None:
-            tail = process.log_path.read_text(errors="replace")[-800:] if process.log_path else ""
-            raise RuntimeError(f"{process.name} exited during start-up:\n{tail}")
+            raise RuntimeError(_exited(process))
         try:
             with urllib.request.urlopen(process.ready_url, timeout=2) as response:  # noqa: S310 - our own URL
                 if response.status == 200:
@@ -181,7 +191,11 @@ def start_demo(options: DemoOptions, announce: Announce) -> Demo:
     """Start every process and wait until each answers. Raises (after stopping what it started) on failure."""
     scenario = (options.scenario or bundled_scenario()).resolve()
     nodes = _node_names(scenario)
-    options.workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        options.workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(f"{str(options.workdir)!r}: cannot create the directory: {reason}", key="--workdir") from None
     db_url = options.db_url or f"sqlite:///{(options.workdir / 'gpulens.db').resolve()}"
     gpulens = [sys.executable, "-m", "gpulens.cli"]
     demo = Demo()
@@ -245,8 +259,7 @@ def start_demo(options: DemoOptions, announce: Announce) -> Demo:
             _wait_ready(demo, process, deadline)
         failed = demo.failed()
         if failed is not None:
-            tail = failed.log_path.read_text(errors="replace")[-800:] if failed.log_path else ""
-            raise RuntimeError(f"{failed.name} exited during start-up:\n{tail}")
+            raise RuntimeError(_exited(failed))
     except BaseException:
         demo.stop()
         raise

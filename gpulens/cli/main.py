@@ -59,6 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_ACTIONS = ("db_command", "what", "rules_command", "silence_command", "alerts_command")
+
+log = logging.getLogger("gpulens.cli")
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """``gpulens query latest``: the command and its action, as error messages name them."""
+    action = next((getattr(args, a) for a in _ACTIONS if getattr(args, a, None)), None)
+    return " ".join(["gpulens", args.command, *([action] if action else [])])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
@@ -72,18 +83,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for noisy in ("apscheduler", "alembic"):  # a line per scheduled run / migration step is not news
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
-    command = f"gpulens {args.command}"
+    command = command_name(args)
     try:
         result: int = args.func(args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (CliError, ConfigError, SourceError) as exc:
-        print(f"{command}: error: {exc}", file=sys.stderr)
+        print(f"{command}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"{command}: error: {exc.strerror or exc}", file=sys.stderr)
+        print(f"{command}: error: {_os_error_text(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # the last resort: a bug, or an error no layer has named yet; never a traceback
+        log.debug("%s failed", command, exc_info=True)
+        print(
+            f"{command}: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
+            "(run with --log-level debug for the traceback)",
+            file=sys.stderr,
+        )
+        return 70
     return result
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def _os_error_text(exc: OSError) -> str:
+    """``PATH: reason`` when the error names a file (mkdir, open), else the reason."""
+    reason = exc.strerror or str(exc)
+    if exc.filename is not None:
+        return f"{exc.filename}: {reason}"
+    return reason

@@ -41,7 +41,7 @@ def simulate(
     from alerts.service import AlertService
     from collector.scrape import sanitize
     from exporter.sim import SimCluster, load_scenario
-    from storage.db import Database
+    from storage.connect import open_database
     from storage.writer import Writer
 
     scenario = load_scenario(scenario_path)
@@ -51,9 +51,8 @@ def simulate(
     cluster = SimCluster(scenario)
     with tempfile.TemporaryDirectory(prefix="gpulens-simulate-") as tmp:
         url = db_url or f"sqlite:///{Path(tmp) / 'simulate.db'}"
-        db = Database(url)
+        db = open_database(url)
         try:
-            db.upgrade()
             writer = Writer(db)
             service = AlertService(db, AlertingConfig(rules=tuple(rules)), notifiers={})
             timeline = AlertTimeline()

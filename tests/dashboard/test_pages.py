@@ -269,6 +269,23 @@ def test_basic_auth_guards_everything_but_the_health_check(empty_db: Database) -
     assert client.get("/healthz").status_code == 200
 
 
+def test_unknown_and_known_users_cost_the_same_bcrypt_work(empty_db: Database) -> None:
+    calls: list[bytes] = []
+
+    def counting(password: bytes, hashed_: bytes) -> bool:
+        calls.append(hashed_)
+        return bcrypt.checkpw(password, hashed_)
+
+    auth = BasicAuth({"ops": hashed("correct horse")}, checkpw=counting)
+    client = create_app(empty_db, basic_auth=auth).server.test_client()
+    for user in ("ops", "nobody", "root"):
+        before = len(calls)
+        assert client.get("/", auth=(user, "wrong")).status_code == 401
+        assert len(calls) - before == 1, user
+    assert calls[1] == calls[2] != calls[0]  # unknown users: the dummy hash, at the real hashes' cost
+    assert calls[1].split(b"$")[2] == calls[0].split(b"$")[2]
+
+
 def test_basic_auth_file(tmp_path: Path) -> None:
     good = tmp_path / "users"
     good.write_text(f"# operators\n\nops:{hashed('pw').decode()}\n", encoding="utf-8")

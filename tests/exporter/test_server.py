@@ -210,6 +210,39 @@ def test_basic_auth_rejects_wrong_passwords(poller: Poller, auth_config: Path) -
         server.close()
 
 
+class CountingCheck:
+    """bcrypt.checkpw, counted: the work a login attempt costs."""
+
+    def __init__(self) -> None:
+        self.calls: list[bytes] = []
+
+    def __call__(self, password: bytes, hashed: bytes) -> bool:
+        self.calls.append(hashed)
+        return bcrypt.checkpw(password, hashed)
+
+
+def test_unknown_and_known_users_cost_the_same_bcrypt_work(poller: Poller, auth_config: Path) -> None:
+    """Timing must not reveal user names: an unknown user is checked against a dummy hash of the same cost."""
+    web = load_web_config(auth_config)
+    assert web.basic_auth is not None
+    counting = CountingCheck()
+    web.basic_auth.checkpw = counting
+    server = serve(Routes(single=poller), web=web)
+    try:
+        per_attempt = []
+        for user in ("nobody", "prometheus", "admin", "prometheus"):
+            before = len(counting.calls)
+            assert http_get(url(server, "/metrics"), headers=basic(user, "wrong"))[0] == 401
+            per_attempt.append(len(counting.calls) - before)
+        assert per_attempt == [1, 1, 1, 1]
+        real = web.basic_auth.users["prometheus"]
+        dummy = counting.calls[0]
+        assert dummy != real
+        assert dummy.split(b"$")[2] == real.split(b"$")[2] == b"04"  # the same cost as the real hashes
+    finally:
+        server.close()
+
+
 def test_tls_with_a_test_certificate(poller: Poller, tmp_path: Path, auth_config: Path) -> None:
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1", "localhost")

@@ -28,7 +28,7 @@ from gpulens.settings import Settings
 from storage.db import Database, DatabaseUnavailableError
 from storage.retention import Retention, apply_retention
 from storage.rollup import Rollups
-from storage.writer import Writer
+from storage.writer import Writer, WriteStats
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,9 @@ class Collector:
             self._db_down_since = None
         result.written = True
         self.metrics.db_up.set(1)
+        self._count_rows(stats)
+
+    def _count_rows(self, stats: WriteStats) -> None:
         for table, rows in (
             ("gpu_sample", stats.gpu_rows),
             ("process", stats.process_rows),
@@ -208,8 +211,9 @@ class Collector:
                 log.error("%s; set aside", exc)
                 self._spool.set_aside(path)
                 continue
-            self._writer.write(spooled.snapshots, spooled.targets)
+            stats = self._writer.write(spooled.snapshots, spooled.targets)
             self._spool.remove(path)
+            self._count_rows(stats)  # replayed rows are written rows too
             replayed += 1
         return replayed
 

@@ -85,8 +85,11 @@ class Collector:
         clock: Clock | None = None,
         scraper: Scraper | None = None,
         hooks: Sequence[RoundHook] = (),
+        schema_ready: bool = True,
     ) -> None:
+        """``schema_ready=False``: the database was down at start-up; migrate it before the first write."""
         self._settings = settings
+        self._schema_ready = schema_ready
         self._db = db
         self._clock = clock or SystemClock()
         self._scraper = scraper or Scraper(
@@ -169,6 +172,7 @@ class Collector:
 
     def _store(self, result: RoundResult) -> None:
         try:
+            self._ensure_schema()
             result.replayed = self._replay()
             stats = self._writer.write(result.snapshots, result.targets)
         except DatabaseUnavailableError as exc:
@@ -200,6 +204,14 @@ class Collector:
         ):
             if rows:
                 self.metrics.rows.labels(table).inc(rows)
+
+    def _ensure_schema(self) -> None:
+        """Run the migrations that start-up could not (the database was down then)."""
+        if self._schema_ready:
+            return
+        self._db.upgrade()
+        self._schema_ready = True
+        log.warning("database %s reachable: schema migrated", self._db.url_redacted)
 
     def _replay(self) -> int:
         """Write spooled rounds, oldest first. Raises DatabaseUnavailableError if the database goes away again."""

@@ -3,13 +3,14 @@
 Only this package imports SQLAlchemy. See docs/storage.md.
 """
 
-from storage.db import Database, DatabaseUnavailableError, redact_url
+from storage.db import Database, DatabaseAccessError, DatabaseUnavailableError, redact_url
 from storage.retention import Retention, apply_retention
 from storage.rollup import Rollups
 from storage.writer import Writer, WriteStats
 
 __all__ = [
     "Database",
+    "DatabaseAccessError",
     "DatabaseUnavailableError",
     "Retention",
     "Rollups",

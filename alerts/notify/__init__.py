@@ -26,6 +26,8 @@ from urllib.parse import urlsplit
 from alerts.grouping import Notification
 from alerts.state import FIRING, AlertState, fingerprint
 
+from .deadline import WatchedHTTPHandler, WatchedHTTPSHandler, guarded
+
 SecretSource = Callable[[], str]
 MAX_RESPONSE_BYTES = 64 * 1024
 
@@ -166,21 +168,28 @@ def urllib_post(
     url: str, body: bytes, headers: Mapping[str, str], timeout_s: float, context: ssl.SSLContext | None = None
 ) -> HttpResponse:
     """POST with urllib (proxies from the environment, no redirects). Raises ``OSError``/``HTTPException`` on
-    transport failures; any HTTP status is returned, not raised."""
+    transport failures, ``TimeoutError`` when the whole request took longer than ``timeout_s`` (a receiver that
+    drips its answer); any HTTP status is returned, not raised."""
     if urlsplit(url).scheme not in ("http", "https"):
         raise ValueError("only http and https URLs can receive notifications")
-    handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
-    if context is not None:
-        handlers.append(urllib.request.HTTPSHandler(context=context))
+    handlers: list[urllib.request.BaseHandler] = [_NoRedirect(), WatchedHTTPHandler(), WatchedHTTPSHandler(context)]
     opener = urllib.request.build_opener(*handlers)
     request = urllib.request.Request(url, data=body, headers=dict(headers), method="POST")  # noqa: S310
-    try:
-        with opener.open(request, timeout=timeout_s) as response:
-            return HttpResponse(response.status, _lower(response.headers), response.read(MAX_RESPONSE_BYTES))
-    except urllib.error.HTTPError as exc:
-        with exc:
-            data = exc.read(MAX_RESPONSE_BYTES) if exc.fp is not None else b""
-            return HttpResponse(exc.code, _lower(exc.headers or Message()), data)
+    with guarded(timeout_s) as guard:
+        try:
+            with opener.open(request, timeout=timeout_s) as response:
+                answer = HttpResponse(response.status, _lower(response.headers), response.read(MAX_RESPONSE_BYTES))
+        except urllib.error.HTTPError as exc:
+            with exc:
+                data = exc.read(MAX_RESPONSE_BYTES) if exc.fp is not None else b""
+                answer = HttpResponse(exc.code, _lower(exc.headers or Message()), data)
+        except (OSError, HTTPException):
+            if guard.fired:
+                raise TimeoutError from None
+            raise
+    if guard.fired:  # the answer was cut off mid-way: what arrived is not an answer
+        raise TimeoutError
+    return answer
 
 
 def _lower(headers: Message) -> dict[str, str]:

@@ -195,6 +195,11 @@ class Database:
             command.upgrade(config, "head")
         log.info("database %s is at the latest schema", self.url_redacted)
 
+    def ping(self) -> None:
+        """One round trip: raises ``DatabaseUnavailableError`` (or ``DatabaseAccessError``) if it fails."""
+        with self.session() as session:
+            session.execute(sa.text("SELECT 1"))
+
     def size_bytes(self) -> int:
         """Bytes on disk: the SQLite file with its WAL, or pg_database_size."""
         if self.dialect == "postgresql":

@@ -133,6 +133,7 @@ def test_a_wrong_password_or_a_missing_database_is_fatal_in_one_line(
         ["collector", "--db", missing, *target],
         ["db", "upgrade", "--db", wrong],
         ["query", "latest", "--db", missing],
+        ["dashboard", "--db", wrong, "--listen", "127.0.0.1:0"],
     ):
         line = one_line_error(argv, capsys)
         assert line.startswith(f"gpulens {argv[0]}: error: database ")

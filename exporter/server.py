@@ -95,7 +95,9 @@ class _Server(HTTPServer):
 
     def server_close(self) -> None:
         super().server_close()
-        self.pool.close()
+        pool = getattr(self, "pool", None)  # absent when binding failed in __init__
+        if pool is not None:
+            pool.close()
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -97,8 +97,11 @@ class NotificationWorker:
                     wait = 0.0  # more is due: carry on after checking for a stop
                 else:
                     next_at = self._delivery.next_attempt_at()
-                    if next_at is not None:
-                        wait = min(self._poll_s, max(0.0, next_at - self._delivery.now()))
+                    until = None if next_at is None else next_at - self._delivery.now()
+                    if until is not None and until > 0:
+                        wait = min(self._poll_s, until)
+                    # else: nothing pending, or due items deferred because their receiver just failed: they wait
+                    # for the next poll (or wake), so a receiver that is down gets one attempt per pass, not a storm
                 if self._outbox_down:
                     log.info("notification outbox reachable again")
                     self._outbox_down = False

@@ -5,6 +5,7 @@ stops within 5 s while a receiver hangs or drips its answer."""
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,15 @@ from tests.fakes.static_source import node_snapshot
 from tests.storage.conftest import _pg_root, clock, db, db_url, pg_server
 
 __all__ = ["_pg_root", "clock", "db", "db_url", "pg_server"]  # the storage tests' fixtures
+
+
+@pytest.fixture
+def refused() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/hook"
+
 
 HOT = 95.0
 COOL = 50.0
@@ -170,3 +180,27 @@ def test_a_dripping_receiver_times_out_as_a_whole_request() -> None:
             notifier.send((), group_labels={}, status="firing", group_key="g")
         assert getattr(caught.value, "retryable", False)
         assert time.monotonic() - started < 5.0
+
+
+def test_a_receiver_that_is_down_is_not_stormed(db: Database, refused: str) -> None:
+    """Items deferred after a failure wait for the next poll: one attempt per pass, not a tight loop."""
+    outbox = SqlOutbox(db)
+    delivery = Delivery(
+        outbox,
+        {"down": WebhookNotifier(refused, name="down", timeout_s=1.0)},
+        clock=SystemClock(),
+        backoff=Backoff(initial_s=60.0, jitter=0.0),
+    )
+    passes: list[Any] = []
+    worker = NotificationWorker(delivery, poll_s=0.5, on_pass=passes.append)
+    base = {"receiver": "down", "group_labels": {}, "status": "firing", "alerts": [], "created_at": 0}
+    for i in range(20):
+        outbox.enqueue("down", {**base, "group_key": f"g{i}"}, time.time())
+    worker.start()
+    try:
+        time.sleep(1.2)
+    finally:
+        worker.stop()
+    attempted = [i for i in alertstore.outbox_items(db) if i.attempts > 0]
+    assert 1 <= len(passes) <= 4  # woken at start, then once per 0.5 s poll
+    assert len(attempted) == len(passes)  # one attempt per pass: the rest deferred

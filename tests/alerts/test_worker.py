@@ -24,9 +24,9 @@ from storage import alertstore
 from storage.db import Database
 from tests.alerts.receivers import drip_receiver, flaky_receiver, hanging_receiver
 from tests.fakes.static_source import node_snapshot
-from tests.storage.conftest import _pg_root, clock, db, db_url, pg_server
+from tests.storage.conftest import PgServer, _pg_root, clock, db, db_url, pg_server, private_pg_server
 
-__all__ = ["_pg_root", "clock", "db", "db_url", "pg_server"]  # the storage tests' fixtures
+__all__ = ["_pg_root", "clock", "db", "db_url", "pg_server", "private_pg_server"]  # the storage tests' fixtures
 
 
 @pytest.fixture
@@ -204,3 +204,27 @@ def test_a_receiver_that_is_down_is_not_stormed(db: Database, refused: str) -> N
     attempted = [i for i in alertstore.outbox_items(db) if i.attempts > 0]
     assert 1 <= len(passes) <= 4  # woken at start, then once per 0.5 s poll
     assert len(attempted) == len(passes)  # one attempt per pass: the rest deferred
+
+
+def test_the_alert_service_starts_while_the_database_is_down(private_pg_server: PgServer) -> None:
+    """Built while PostgreSQL is down, it loads the stored states at the first round that reaches the database."""
+    url = private_pg_server.url(private_pg_server.create_database())
+    first_db = Database(url)
+    first_db.upgrade()
+    first = AlertService(first_db, alerting(), notifiers={})
+    t0 = time.time()
+    first.hook(round_at(t0, [HOT, COOL]))
+    [fired] = [s for s in first.engine.states.values() if s.state == "firing"]
+    first_db.close()
+    private_pg_server.stop()
+    db = Database(url)
+    try:
+        service = AlertService(db, alerting(), notifiers={})  # no exception: the states wait
+        assert service.engine.states == {}
+        service.hook(round_at(t0 + 10, [HOT, COOL]))  # still down: the round is postponed, not a crash
+        private_pg_server.start()
+        service.hook(round_at(t0 + 20, [HOT, COOL]))
+        [again] = [s for s in service.engine.states.values() if s.state == "firing"]
+        assert (again.fingerprint, again.fired_at) == (fired.fingerprint, fired.fired_at)  # resumed, not re-fired
+    finally:
+        db.close()

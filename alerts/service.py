@@ -1,9 +1,11 @@
 """The alert engine inside the collector: rules after each scrape round, state and outbox in SQL, delivery.
 
-``AlertService`` loads the engine's states and notification groups from the database when it starts (so a
-restarted collector neither forgets a firing alert nor notifies it again), refills the rules' history from the last
-stored readings, runs after every round as a collector hook, saves what changed, and delivers due notifications
-from the durable outbox.
+``AlertService`` loads the engine's states and notification groups from the database (so a restarted collector
+neither forgets a firing alert nor notifies it again), runs after every round as a collector hook, saves what
+changed and writes the round's notifications into the durable outbox. Delivery is not part of the round: the hook
+wakes the notification worker (``alerts.notify.worker``), which sends on its own thread, so a receiver that hangs
+never delays a scrape. A database that is down when the service starts is tolerated: the states are loaded at the
+first round that reaches it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from alerts.engine import AlertEngine, EngineRound
 from alerts.grouping import GroupState
 from alerts.matchers import matchers_from_json
 from alerts.notify import Notifier
-from alerts.notify.delivery import Delivery, DeliveryCounts, OutboxItem
+from alerts.notify.delivery import Backoff, Delivery, DeliveryCounts, OutboxItem
+from alerts.notify.worker import DEFAULT_POLL_S, NotificationWorker
 from alerts.state import AlertState, Silence
 from gpulens.clock import Clock, SystemClock
 from gpulens.model import NodeSnapshot, TargetHealth
@@ -55,6 +58,9 @@ class SqlOutbox:
             for r in alertstore.outbox_due(self._db, now, limit)
         ]
 
+    def next_attempt_at(self) -> float | None:
+        return alertstore.outbox_next_attempt_at(self._db)
+
     def mark_sent(self, item_id: int, now: float) -> None:
         alertstore.outbox_mark(self._db, item_id, status="sent")
 
@@ -85,6 +91,11 @@ def alerting_config(settings: Settings) -> AlertingConfig:
 
 
 class AlertService:
+    """The alert engine as a collector hook over SQL, with its notification worker.
+
+    ``start()`` starts the worker and ``close()`` stops it (within 5 s); without ``start()`` nothing is delivered
+    unless ``deliver()`` is called (tests, one-shot tools). The service is itself the round hook."""
+
     def __init__(
         self,
         db: Database,
@@ -93,27 +104,41 @@ class AlertService:
         clock: Clock | None = None,
         notifiers: Mapping[str, Notifier] | None = None,
         environ: Mapping[str, str] | None = None,
+        backoff: Backoff | None = None,
+        poll_s: float = DEFAULT_POLL_S,
     ) -> None:
         self._db = db
         self._clock = clock or SystemClock()
         self.outbox = SqlOutbox(db)
-        states = {doc["fingerprint"]: AlertState.from_json(doc) for doc in alertstore.load_alert_states(db)}
-        groups = {key: GroupState.from_json(doc) for key, doc in alertstore.load_alert_groups(db).items()}
         self.engine = AlertEngine(
             config.rules,
             routes=config.routes,
             outbox=self.outbox,
             silences=self._silences,
-            states=states,
-            groups=groups,
             dashboard_url=config.dashboard_url,
         )
+        self._loaded = False
+        try:
+            self._load()
+        except DatabaseUnavailableError as exc:
+            log.warning("alert states not loaded yet (%s): loaded at the first round that reaches the database", exc)
         self._notifiers = dict(
             notifiers
             if notifiers is not None
             else build_notifiers(config.receivers, dashboard_url=config.dashboard_url, environ=environ)
         )
-        self.delivery = Delivery(self.outbox, self._notifiers, clock=self._clock)
+        self.delivery = Delivery(self.outbox, self._notifiers, clock=self._clock, backoff=backoff)
+        self.worker = NotificationWorker(self.delivery, poll_s=poll_s)
+
+    def _load(self) -> None:
+        """The stored states and groups, once. Raises DatabaseUnavailableError (the caller tries again later)."""
+        if self._loaded:
+            return
+        states = {doc["fingerprint"]: AlertState.from_json(doc) for doc in alertstore.load_alert_states(self._db)}
+        groups = {key: GroupState.from_json(doc) for key, doc in alertstore.load_alert_groups(self._db).items()}
+        self.engine.states = states
+        self.engine.groups = groups
+        self._loaded = True
         if states:
             firing = sum(1 for s in states.values() if s.state == "firing")
             log.info("alert engine resumed with %d stored alerts (%d firing)", len(states), firing)
@@ -121,8 +146,18 @@ class AlertService:
     def _silences(self) -> list[Silence]:
         return silences_from_rows(alertstore.list_silences(self._db, now=self._clock.now()))
 
+    def start(self) -> AlertService:
+        """Start the notification worker; returns the service (the hook)."""
+        self.worker.start()
+        self.worker.wake()  # deliver what a previous process left in the outbox
+        return self
+
+    def close(self) -> None:
+        self.worker.stop(timeout_s=5.0)
+
     def process(self, now: float, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth]) -> EngineRound:
         """One engine round: evaluate, save the new states, history and groups, enqueue notifications."""
+        self._load()
         result = self.engine.process(now, snapshots, targets)
         alertstore.save_alert_round(
             self._db,
@@ -144,19 +179,26 @@ class AlertService:
         return result
 
     def deliver(self, now: float | None = None) -> DeliveryCounts:
+        """One delivery pass on the calling thread (the worker does this on its own)."""
         return self.delivery.run_due(self._clock.now() if now is None else now)
 
     def hook(self, result: RoundResult) -> None:
-        """The collector's post-round hook. A database outage postpones the round's alerts, it does not crash."""
+        """The collector's post-round hook: evaluate and enqueue, then wake the worker; it never sends.
+
+        A database outage postpones the round's alerts, it does not crash."""
         if not result.written:
             return  # the round is spooled: judge it when it is stored, not from a partial view
         try:
             started = time.perf_counter()
-            self.process(result.time, result.snapshots, result.targets)
-            self.deliver()
+            round_ = self.process(result.time, result.snapshots, result.targets)
             log.debug("alert round took %.3fs", time.perf_counter() - started)
         except DatabaseUnavailableError as exc:
             log.warning("alert round postponed: %s", exc)
+            return
+        if round_.outbox_ids:
+            self.worker.wake()
+
+    __call__ = hook
 
 
 class SqlAlertReader:

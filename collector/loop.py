@@ -28,7 +28,7 @@ from gpulens.settings import Settings
 from storage.db import Database, DatabaseUnavailableError
 from storage.retention import Retention, apply_retention
 from storage.rollup import Rollups
-from storage.writer import Writer
+from storage.writer import Writer, WriteStats
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,11 @@ class Collector:
         clock: Clock | None = None,
         scraper: Scraper | None = None,
         hooks: Sequence[RoundHook] = (),
+        schema_ready: bool = True,
     ) -> None:
+        """``schema_ready=False``: the database was down at start-up; migrate it before the first write."""
         self._settings = settings
+        self._schema_ready = schema_ready
         self._db = db
         self._clock = clock or SystemClock()
         self._scraper = scraper or Scraper(
@@ -169,6 +172,7 @@ class Collector:
 
     def _store(self, result: RoundResult) -> None:
         try:
+            self._ensure_schema()
             result.replayed = self._replay()
             stats = self._writer.write(result.snapshots, result.targets)
         except DatabaseUnavailableError as exc:
@@ -188,6 +192,9 @@ class Collector:
             self._db_down_since = None
         result.written = True
         self.metrics.db_up.set(1)
+        self._count_rows(stats)
+
+    def _count_rows(self, stats: WriteStats) -> None:
         for table, rows in (
             ("gpu_sample", stats.gpu_rows),
             ("process", stats.process_rows),
@@ -197,6 +204,14 @@ class Collector:
         ):
             if rows:
                 self.metrics.rows.labels(table).inc(rows)
+
+    def _ensure_schema(self) -> None:
+        """Run the migrations that start-up could not (the database was down then)."""
+        if self._schema_ready:
+            return
+        self._db.upgrade()
+        self._schema_ready = True
+        log.warning("database %s reachable: schema migrated", self._db.url_redacted)
 
     def _replay(self) -> int:
         """Write spooled rounds, oldest first. Raises DatabaseUnavailableError if the database goes away again."""
@@ -208,8 +223,9 @@ class Collector:
                 log.error("%s; set aside", exc)
                 self._spool.set_aside(path)
                 continue
-            self._writer.write(spooled.snapshots, spooled.targets)
+            stats = self._writer.write(spooled.snapshots, spooled.targets)
             self._spool.remove(path)
+            self._count_rows(stats)  # replayed rows are written rows too
             replayed += 1
         return replayed
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 
@@ -12,8 +13,10 @@ from gpulens.config import ConfigError
 from gpulens.netaddr import parse_listen
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.settings import Settings
-from storage.connect import open_database
+from storage.connect import open_database_when_reachable
 from storage.db import Database
+
+log = logging.getLogger(__name__)
 
 
 def run_collector(
@@ -24,18 +27,22 @@ def run_collector(
     hooks: Callable[[Database], Sequence[RoundHook]] | None = None,
 ) -> int:
     """Scrape until ``stop`` is set. ``hooks`` builds the post-round hooks (the alert engine) once the database is
-    open. Raises on a bad start (ConfigError, OSError, database errors)."""
+    open; a hook with a ``close()`` method is closed when the collector stops.
+
+    A database that is down at start-up does not stop the collector: rounds are spooled and the schema is migrated
+    once it is back. Raises on a bad start (ConfigError, OSError, DatabaseAccessError: a wrong password, an unknown
+    role or a missing database)."""
     try:
         host, port = parse_listen(settings.listen)
     except ValueError as exc:
         raise ConfigError(str(exc), key="collector.listen") from None
-    db = open_database(settings.db_url)
+    db, schema_ready = open_database_when_reachable(settings.db_url)
     try:
-        round_hooks = hooks(db) if hooks is not None else ()
+        round_hooks = list(hooks(db)) if hooks is not None else []
     except BaseException:
         db.close()
         raise
-    collector = Collector(settings, db, hooks=round_hooks)
+    collector = Collector(settings, db, hooks=round_hooks, schema_ready=schema_ready)
     try:
         try:
             server, thread = start_http_server(port, host, registry=collector.metrics.registry)
@@ -54,8 +61,19 @@ def run_collector(
             thread.join(timeout=5)
     finally:
         collector.close()
+        close_hooks(round_hooks)
         db.close()
     return 0
+
+
+def close_hooks(hooks: Sequence[RoundHook]) -> None:
+    for hook in hooks:
+        close = getattr(hook, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:
+                log.exception("closing a post-round hook failed")
 
 
 class RoundAnnouncer:

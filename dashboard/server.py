@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from werkzeug.serving import make_server
+from waitress.server import create_server
 
 from dashboard.alertdata import AlertReader
 from dashboard.app import create_app
+from dashboard.webserve import CompressAndCache
 from gpulens.clock import Clock
 from gpulens.config import ConfigError
 from gpulens.settings import Settings
 from gpulens.webauth import BasicAuth
-from storage.db import Database
+from storage.db import Database, DatabaseAccessError, DatabaseUnavailableError
 
 log = logging.getLogger(__name__)
 
 _BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
+SERVER_NAME = "gpulens-dashboard"  # the Server header
 
 
 def load_basic_auth_file(path: str | Path) -> BasicAuth:
@@ -58,38 +62,66 @@ def run_dashboard(
     clock: Clock | None = None,
     announce: Callable[[str], None] | None = None,
     stop: threading.Event,
+    threads: int = 8,
 ) -> int:
-    """Serve the dashboard until ``stop`` is set. ``db`` is a database URL or the loaded settings;
-    ``alerts`` makes the alert store's reader over the opened database.
+    """Serve the dashboard until ``stop`` is set (it stops within 5 s). ``db`` is a database URL or the loaded
+    settings; ``alerts`` makes the alert store's reader over the opened database.
+
+    The server is waitress (``threads`` worker threads), with gzip and immutable caching of Dash's fingerprinted
+    assets (``dashboard.webserve``). A database that is down at start is not fatal (the pages say so until it is
+    back); one that refuses us (wrong password, no such database) is.
 
     Call it from the main thread, or from a thread running in a copy of its context: Dash registers pages in a
     context variable that it sets when it is imported.
 
-    Raises ``ConfigError`` (a bad auth file), ``OSError`` (the port is taken) or ``ValueError`` (a bad URL).
+    Raises ``ConfigError`` (a bad auth file), ``OSError`` (the port is taken), ``ValueError`` (a bad URL) or
+    ``DatabaseAccessError``.
     """
     url = db.db_url if isinstance(db, Settings) else db
     auth = load_basic_auth_file(basic_auth_file) if basic_auth_file is not None else None
     database = Database(url)
     try:
+        try:
+            database.ping()
+        except DatabaseAccessError:
+            raise
+        except DatabaseUnavailableError as exc:
+            log.warning("%s; serving anyway: the pages say so until it is back", exc)
         reader = alerts(database) if alerts is not None else None
         app = create_app(database, clock=clock, alerts=reader, basic_auth=auth)
+        wsgi = CompressAndCache(app.server.wsgi_app)
         try:
-            server = make_server(host, port, app.server, threaded=True)
+            server = create_server(wsgi, host=host, port=port, threads=threads, ident=SERVER_NAME)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-        thread = threading.Thread(target=server.serve_forever, name="dashboard-http", daemon=True)
+        thread = threading.Thread(target=server.run, name="dashboard-http", daemon=True)
         thread.start()
         shown = f"[{host}]" if ":" in host else host
         auth_note = " (basic auth)" if auth is not None else ""
-        (announce or log.info)(
-            f"gpulens dashboard at http://{shown}:{server.server_port}/{auth_note}, reading {database.url_redacted}"
-        )
+        bound = getattr(server, "effective_port", port)
+        where = f"http://{shown}:{bound}/{auth_note}"
+        (announce or log.info)(f"gpulens dashboard at {where}, reading {database.url_redacted}")
         try:
             stop.wait()
         finally:
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=5)
+            _shut_down(server, thread)
     finally:
         database.close()
     return 0
+
+
+def _shut_down(server: Any, thread: threading.Thread, timeout_s: float = 5.0) -> None:
+    """Stop waitress within ``timeout_s``: let requests in progress finish (2 s at most), cancel the queued ones,
+    then close the listening socket and every connection (keep-alive ones too) on the server's own loop thread, so
+    its loop ends."""
+    started = time.monotonic()
+    server.task_dispatcher.shutdown(cancel_pending=True, timeout=min(2.0, timeout_s / 2))
+
+    def close_everything() -> None:
+        for dispatcher in list(server._map.values()):
+            dispatcher.close()
+
+    server.trigger.pull_trigger(close_everything)
+    thread.join(timeout=max(0.1, timeout_s - (time.monotonic() - started)))
+    if thread.is_alive():
+        log.warning("the dashboard's HTTP server did not stop within %.0f s", timeout_s)

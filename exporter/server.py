@@ -1,11 +1,13 @@
 """The exporter's HTTP endpoints: /metrics, /api/v1/snapshot and /healthz, for one node or for many.
 
 Every response is pre-rendered by the poller; a request only picks bytes and writes them, so a scrape never touches
-NVML. TLS and basic auth come from a ``--web-config`` file (exporter-toolkit format).
+NVML. TLS and basic auth come from a ``--web-config`` file (exporter-toolkit format). Connections are served by a
+fixed pool of threads (``exporter.connections``): idle keep-alive sockets hold no thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import logging
@@ -14,10 +16,11 @@ import ssl
 import threading
 from collections.abc import Mapping
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
+from exporter.connections import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_WORKERS, Connection, ConnectionPool
 from exporter.poller import NodeEndpoint
 from exporter.webconfig import WebConfig
 
@@ -37,25 +40,64 @@ class Routes:
         self.nodes = dict(nodes or {})
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(HTTPServer):
+    """Accepts connections and hands them to a ``ConnectionPool``: a fixed number of threads, however many sockets."""
+
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], routes: Routes, web: WebConfig) -> None:
+    def __init__(
+        self, address: tuple[str, int], routes: Routes, web: WebConfig, *, workers: int, idle_timeout_s: float
+    ) -> None:
         self.routes = routes
         self.web = web
         self.tls_context = web.tls.context() if web.tls else None
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.address_family = family
         super().__init__(address, _Handler)
+        self.pool = ConnectionPool(
+            self._serve_one, self._close_connection, workers=workers, idle_timeout_s=idle_timeout_s
+        )
 
     def get_request(self) -> tuple[socket.socket, Any]:
         sock, addr = super().get_request()
         if self.tls_context is not None:
-            # The handshake happens on the handler's thread, so a slow client cannot stall the accept loop.
+            # The handshake happens on a worker, when the client first sends, so it cannot stall the accept loop.
             sock = self.tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         return sock, addr
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.pool.add(Connection(request, client_address, None))
+
+    def _serve_one(self, connection: Connection) -> bool:
+        """Answer one request on ``connection``; True to keep it open for the next."""
+        handler = connection.handler
+        try:
+            if handler is None:
+                handler = connection.handler = _Handler.__new__(_Handler)
+                handler.request, handler.client_address, handler.server = connection.sock, connection.address, self
+                handler.setup()
+                if not isinstance(connection.sock, ssl.SSLSocket):
+                    handler.rfile.close()
+                    handler.rfile = connection.reader()  # what the selector read ahead comes first
+            handler.close_connection = True
+            handler.handle_one_request()
+        except (ssl.SSLError, ConnectionError, TimeoutError, OSError) as exc:
+            log.debug("connection from %s ended: %s", connection.address[0], exc)
+            return False
+        return not handler.close_connection
+
+    def _close_connection(self, connection: Connection) -> None:
+        if connection.handler is not None:
+            with contextlib.suppress(OSError, ValueError):
+                connection.handler.finish()
+        self.shutdown_request(connection.sock)
+
+    def server_close(self) -> None:
+        super().server_close()
+        pool = getattr(self, "pool", None)  # absent when binding failed in __init__
+        if pool is not None:
+            pool.close()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -69,15 +111,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self.connection.settimeout(30)
+        self.connection.settimeout(self.server.pool.read_timeout_s)
         if isinstance(self.connection, ssl.SSLSocket):
             self.connection.do_handshake()
-
-    def handle(self) -> None:
-        try:
-            super().handle()
-        except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
-            log.debug("connection from %s ended: %s", self.client_address[0], exc)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.client_address[0], format % args)
@@ -188,13 +224,26 @@ class _Handler(BaseHTTPRequestHandler):
 class ExporterServer:
     """An HTTP(S) server for the exporter's endpoints, run on a background thread or in the foreground."""
 
-    def __init__(self, routes: Routes, *, host: str = "0.0.0.0", port: int = 9410, web: WebConfig | None = None):
-        self._server = _Server((host, port), routes, web or WebConfig())
+    def __init__(
+        self,
+        routes: Routes,
+        *,
+        host: str = "0.0.0.0",
+        port: int = 9410,
+        web: WebConfig | None = None,
+        workers: int = DEFAULT_WORKERS,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+    ):
+        self._server = _Server((host, port), routes, web or WebConfig(), workers=workers, idle_timeout_s=idle_timeout_s)
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
         return int(self._server.server_address[1])
+
+    @property
+    def open_connections(self) -> int:
+        return self._server.pool.open_connections
 
     @property
     def scheme(self) -> str:

@@ -21,10 +21,12 @@ Credentials in a fetched URL (``user:pass@``) are sent as Basic auth and never a
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import re
 import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -110,18 +112,57 @@ def check_url(url: str, example: str = "http://host:9400/metrics") -> None:
 
 
 class Deadline:
-    """The moment a request must be over by (monotonic clock)."""
+    """The moment a request must be over by (monotonic clock), and a way to end it sooner.
+
+    Connections using it attach their sockets; ``cancel()`` (from any thread) shuts them down, so a blocked read
+    returns at once and the request fails with ``TimeoutError``. ``abort_requests(thread)`` cancels the request that
+    ``request()`` is running on that thread (a worker being stopped).
+    """
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self._end = time.monotonic() + seconds
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self.cancelled = False
 
     def remaining(self) -> float:
-        """Seconds left; raises ``TimeoutError`` once none are."""
+        """Seconds left; raises ``TimeoutError`` once none are, or once cancelled."""
         left = self._end - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"timed out after {self.seconds:g} s")
+        if left <= 0 or self.cancelled:
+            raise TimeoutError(f"timed out after {self.seconds:g} s" if not self.cancelled else "cancelled")
         return left
+
+    def attach(self, sock: socket.socket | None) -> None:
+        if sock is None:
+            return
+        with self._lock:
+            self._sockets.append(sock)
+            if self.cancelled:
+                _shutdown(sock)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            for sock in self._sockets:
+                _shutdown(sock)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+_running_lock = threading.Lock()
+_running: dict[int, Deadline] = {}  # thread ident -> the deadline of the request() running on it
+
+
+def abort_requests(thread: threading.Thread) -> None:
+    """Cut short the ``request()`` running on ``thread``, if any: it raises ``TimeoutError`` at once."""
+    with _running_lock:
+        deadline = _running.get(thread.ident or -1)
+    if deadline is not None:
+        deadline.cancel()
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -163,6 +204,8 @@ class DeadlineHTTPConnection(HTTPConnection):
         if self.deadline is not None:
             self.timeout = self.deadline.remaining()
         super().connect()
+        if self.deadline is not None:
+            self.deadline.attach(self.sock)
 
     def send(self, data: Any) -> None:
         if self.sock is None and self.auto_open:
@@ -303,6 +346,9 @@ def request(
         handlers.append(urllib.request.ProxyHandler({}))
     opener = urllib.request.build_opener(*handlers)
     req = urllib.request.Request(url, data=data, headers=dict(headers or {}), method=method)  # noqa: S310
+    ident = threading.get_ident()
+    with _running_lock:
+        _running[ident] = deadline
     try:
         with opener.open(req, timeout=timeout_s) as response:
             body = read_body(response, response.headers, max_bytes, truncate=truncate, decode=decode)
@@ -312,6 +358,14 @@ def request(
             readable = exc.fp is not None and error_body_bytes > 0
             body = read_body(exc, exc.headers, error_body_bytes, truncate=True) if readable else b""
             return HttpResponse(exc.code, _lower(exc.headers or Message()), body)
+    except (OSError, HTTPException):
+        if deadline.cancelled:
+            raise TimeoutError("cancelled") from None
+        raise
+    finally:
+        with _running_lock:
+            if _running.get(ident) is deadline:
+                del _running[ident]
 
 
 def _split_credentials(url: str) -> tuple[str, str | None, tuple[str, ...]]:

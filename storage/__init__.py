@@ -6,13 +6,14 @@ The read path is ``storage.latest`` (the cluster now), ``storage.timeseries`` (s
 Only this package imports SQLAlchemy. See docs/storage.md.
 """
 
-from storage.db import Database, DatabaseUnavailableError, redact_url
+from storage.db import Database, DatabaseAccessError, DatabaseUnavailableError, redact_url
 from storage.retention import Retention, apply_retention
 from storage.rollup import Rollups
 from storage.writer import Writer, WriteStats
 
 __all__ = [
     "Database",
+    "DatabaseAccessError",
     "DatabaseUnavailableError",
     "Retention",
     "Rollups",

@@ -193,21 +193,48 @@ def _outbox_row(row: Any) -> OutboxRow:
 
 
 def outbox_enqueue(db: Database, receiver: str, payload: Mapping[str, Any], now: float) -> int:
+    """Store a notification, due now. It replaces any undelivered one of the same receiver and group (the payload's
+    ``group_key``): those are marked ``superseded``, and the new one keeps their place in the retry schedule (their
+    next attempt time and attempt count), so a group's newer state never overtakes an older one."""
     o = schema.notification_outbox
+    key = payload.get("group_key")
     with db.write_transaction() as conn:
+        older = []
+        if key is not None:
+            rows = conn.execute(
+                sa.select(o.c.id, o.c.payload, o.c.attempts, o.c.next_attempt_at).where(
+                    o.c.status == "pending", o.c.receiver == receiver
+                )
+            )
+            older = [r for r in rows if dict(r.payload).get("group_key") == key]
         result = conn.execute(
             sa.insert(o)
             .values(
                 receiver=receiver,
                 payload=dict(payload),
                 status="pending",
-                attempts=0,
-                next_attempt_at=now,
+                attempts=max((r.attempts for r in older), default=0),
+                next_attempt_at=max([now, *(r.next_attempt_at for r in older)]),
                 created_at=now,
             )
             .returning(o.c.id)
         )
-        return int(result.scalar_one())
+        item_id = int(result.scalar_one())
+        if older:
+            conn.execute(
+                sa.update(o)
+                .where(o.c.id.in_([r.id for r in older]), o.c.status == "pending")
+                .values(status="superseded", last_error=f"replaced by notification {item_id}")
+            )
+        return item_id
+
+
+def outbox_next_attempt_at(db: Database) -> float | None:
+    """When the earliest pending notification falls due, or None if none is pending."""
+    o = schema.notification_outbox
+    with db.session() as s:
+        value = s.execute(sa.select(sa.func.min(o.c.next_attempt_at)).where(o.c.status == "pending")).scalar()
+    return None if value is None else float(value)
 
 
 def outbox_due(db: Database, now: float, limit: int) -> list[OutboxRow]:
@@ -247,7 +274,8 @@ def outbox_mark(
     if count_attempt:
         values["attempts"] = o.c.attempts + 1
     with db.write_transaction() as conn:
-        conn.execute(sa.update(o).where(o.c.id == item_id).values(**values))
+        # Only a pending item moves on: one superseded while its send was in flight stays superseded.
+        conn.execute(sa.update(o).where(o.c.id == item_id, o.c.status == "pending").values(**values))
 
 
 # --- silences -------------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -9,7 +10,9 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from gpulens.config import ConfigError
-from storage.db import Database, DatabaseURLError, redact_url
+from storage.db import Database, DatabaseAccessError, DatabaseUnavailableError, DatabaseURLError, redact_url
+
+log = logging.getLogger(__name__)
 
 
 def check_database_url(url: str) -> None:
@@ -64,6 +67,26 @@ def open_database(url: str, *, upgrade: bool = True) -> Database:
         db.close()
         raise
     return db
+
+
+def open_database_when_reachable(url: str) -> tuple[Database, bool]:
+    """Connect and migrate if the database answers; if it is down, return it unmigrated (``False``) so the caller
+    runs and spools, and migrates (``Database.upgrade``) once it is back. A wrong password, an unknown role or a
+    missing database raise ``DatabaseAccessError``: waiting will not cure them."""
+    db = Database(url)
+    try:
+        _check_sqlite_file(url)
+        db.upgrade()
+    except DatabaseAccessError:
+        db.close()
+        raise
+    except DatabaseUnavailableError as exc:
+        log.warning("%s; starting anyway: rounds are spooled and the schema is migrated once it is back", exc)
+        return db, False
+    except BaseException:
+        db.close()
+        raise
+    return db, True
 
 
 def open_existing_database(url: str) -> Database:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import logging
+import re
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +33,15 @@ _SQLITE_UNAVAILABLE: Final = ("locked", "busy", "unable to open", "disk i/o", "r
 _LOCK_KEYS: Final = {"1m": 0x6770756C656E7301, "1h": 0x6770756C656E7302}  # "gpulens" + tier number
 
 
+# Refusals that waiting will not cure: wrong password (28P01), no such role or no pg_hba entry (28000), no such
+# database (3D000). psycopg reports connection failures without a SQLSTATE, so the server's message decides then.
+_ACCESS_SQLSTATES: Final = frozenset({"28P01", "28000", "3D000"})
+_ACCESS_MESSAGES: Final = re.compile(
+    r'password authentication failed|authentication failed for user|no pg_hba\.conf entry|role "[^"]*" does not exist'
+    r'|database "[^"]*" does not exist|password is required|no password supplied'
+)
+
+
 class DatabaseUnavailableError(Exception):
     """The database cannot be reached now (refused, down, locked too long): the caller spools and retries."""
 
@@ -42,6 +53,11 @@ class DatabaseURLError(ValueError):
         self.url = url
         self.reason = reason
         super().__init__(f"database URL {url!r}: {reason}")
+
+
+class DatabaseAccessError(DatabaseUnavailableError):
+    """The database refused us (wrong password, unknown role, no such database): waiting will not cure it, so it is
+    fatal at start-up. Once running, it is one more way of being unavailable (rounds are spooled)."""
 
 
 def _normalise(url: str) -> URL:
@@ -90,6 +106,11 @@ class Database:
         self.engine: Engine = self._create_engine(parsed)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._partitions: dict[str, set[int]] = {}
+        # An in-memory SQLite database is one connection shared by every thread (StaticPool): its transactions must
+        # not interleave (the collector's writer and the notification worker both write). Files and PostgreSQL give
+        # each thread its own pooled connection; SQLite files then queue writers with BEGIN IMMEDIATE.
+        shared = self.dialect == "sqlite" and parsed.database in (None, "", ":memory:")
+        self._serial: threading.RLock | None = threading.RLock() if shared else None
 
     def _create_engine(self, url: URL) -> Engine:
         if self.dialect == "postgresql":
@@ -115,13 +136,14 @@ class Database:
 
         Connection failures raise ``DatabaseUnavailableError``.
         """
-        with self.translate_errors(), self._sessions() as session, session.begin():
+        with self._serialised(), self.translate_errors(), self._sessions() as session, session.begin():
             yield session
 
     @contextmanager
     def write_transaction(self) -> Iterator[Connection]:
         """A connection in a write transaction (SQLite: BEGIN IMMEDIATE, so writers queue instead of failing)."""
         with (
+            self._serialised(),
             self.translate_errors(),
             self.engine.connect().execution_options(gpulens_write=True) as conn,
             conn.begin(),
@@ -129,11 +151,21 @@ class Database:
             yield conn
 
     @contextmanager
+    def _serialised(self) -> Iterator[None]:
+        if self._serial is None:
+            yield
+            return
+        with self._serial:
+            yield
+
+    @contextmanager
     def translate_errors(self) -> Iterator[None]:
         """Turn connection-level failures into ``DatabaseUnavailableError`` with a message free of the password."""
         try:
             yield
         except (exc.OperationalError, exc.InterfaceError, exc.TimeoutError) as err:
+            if self._is_access_refused(err):
+                raise DatabaseAccessError(self._message(err, "refused access")) from None
             if self._is_unavailable(err):
                 raise DatabaseUnavailableError(self._message(err)) from None
             raise
@@ -148,10 +180,19 @@ class Database:
         text = str(err.orig).lower()
         return any(marker in text for marker in _SQLITE_UNAVAILABLE)
 
-    def _message(self, err: exc.SQLAlchemyError) -> str:
+    def _is_access_refused(self, err: exc.SQLAlchemyError) -> bool:
+        if self.dialect != "postgresql":
+            return False
+        cause = getattr(err, "orig", None)
+        if getattr(cause, "sqlstate", None) in _ACCESS_SQLSTATES:
+            return True
+        return bool(_ACCESS_MESSAGES.search(str(cause or err)))
+
+    def _message(self, err: exc.SQLAlchemyError, what: str = "unavailable") -> str:
         cause = getattr(err, "orig", None) or err
-        detail = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        return self.scrub(f"database {self.url_redacted} unavailable: {type(cause).__name__}: {detail}")
+        lines = str(cause).strip().splitlines()
+        detail = " ".join(lines[0].split()) if lines else type(cause).__name__  # one line: libpq's span several
+        return self.scrub(f"database {self.url_redacted} {what}: {type(cause).__name__}: {detail}")
 
     def scrub(self, text: str) -> str:
         """``text`` with this database's password replaced by ``***``."""
@@ -167,6 +208,11 @@ class Database:
             config.attributes["connection"] = conn
             command.upgrade(config, revision)
         log.info("database %s is at schema revision %s", self.url_redacted, revision)
+
+    def ping(self) -> None:
+        """One round trip: raises ``DatabaseUnavailableError`` (or ``DatabaseAccessError``) if it fails."""
+        with self.session() as session:
+            session.execute(sa.text("SELECT 1"))
 
     def size_bytes(self) -> int:
         """Bytes on disk: the SQLite file with its WAL, or pg_database_size."""

@@ -372,7 +372,7 @@ notification_outbox: Final = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("receiver", sa.Text, nullable=False),
     sa.Column("payload", _JSON, nullable=False),
-    sa.Column("status", sa.Text, nullable=False),  # "pending" | "sent" | "failed"
+    sa.Column("status", sa.Text, nullable=False),  # "pending" | "sent" | "failed" | "superseded"
     sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
     sa.Column("next_attempt_at", sa.Double, nullable=False),
     sa.Column("created_at", sa.Double, nullable=False),

@@ -6,6 +6,11 @@ error) is retried with exponential backoff and jitter; a 429 waits for its ``Ret
 once with one logged error. After a retryable failure the run skips that receiver's other items, and a run delivers
 at most ``batch`` items, so a receiver that is down is not stormed when it comes back.
 
+Delivery keeps each (group, receiver) in order: a newer state of a group replaces its undelivered older one in the
+outbox (``superseded``), taking over its place in the retry schedule, as Alertmanager sends a group's current state.
+So a retried FIRING can never arrive after the RESOLVED that followed it. In the collector the delivery runs on its
+own thread (``alerts.notify.worker``), never inside the scrape round.
+
 ``OutboxStore`` is the protocol the SQL outbox in ``storage/`` implements; ``InMemoryOutbox`` is the same for tests
 and ``gpulens simulate``.
 """
@@ -14,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -28,6 +34,7 @@ log = logging.getLogger(__name__)
 PENDING = "pending"
 SENT = "sent"
 FAILED = "failed"
+SUPERSEDED = "superseded"  # replaced by a newer state of its group before it was delivered
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,7 @@ class OutboxItem:
     attempts: int = 0
     created_at: float = 0.0
     next_attempt_at: float = 0.0
-    status: str = PENDING  # "pending" | "sent" | "failed"
+    status: str = PENDING  # "pending" | "sent" | "failed" | "superseded"
     last_error: str | None = None
 
 
@@ -46,14 +53,21 @@ class OutboxStore(Protocol):
     """Durable storage of notifications waiting to be delivered."""
 
     def enqueue(self, receiver: str, payload: Mapping[str, Any], now: float) -> int:
-        """Store a notification, due at once; returns its id."""
+        """Store a notification, due at once; returns its id. It supersedes the pending items of the same receiver
+        and ``payload["group_key"]``, and takes over their next attempt time and attempt count."""
         ...
 
     def due(self, now: float, limit: int) -> list[OutboxItem]:
         """Pending items whose next attempt is due, oldest first."""
         ...
 
-    def mark_sent(self, item_id: int, now: float) -> None: ...
+    def next_attempt_at(self) -> float | None:
+        """When the earliest pending item falls due; None if nothing is pending."""
+        ...
+
+    def mark_sent(self, item_id: int, now: float) -> None:
+        """The marks change pending items only (a superseded item stays superseded)."""
+        ...
 
     def mark_retry(self, item_id: int, next_attempt_at: float, error: str) -> None:
         """Count a failed attempt and schedule the next one."""
@@ -74,26 +88,48 @@ class InMemoryOutbox:
     def enqueue(self, receiver: str, payload: Mapping[str, Any], now: float) -> int:
         item_id = self._next_id
         self._next_id += 1
-        self.items[item_id] = OutboxItem(item_id, receiver, dict(payload), created_at=now, next_attempt_at=now)
+        key = payload.get("group_key")
+        older = [
+            i
+            for i in self.items.values()
+            if key is not None and i.status == PENDING and i.receiver == receiver and i.payload.get("group_key") == key
+        ]
+        for old in older:
+            self.items[old.id] = replace(old, status=SUPERSEDED, last_error=f"replaced by notification {item_id}")
+        self.items[item_id] = OutboxItem(
+            item_id,
+            receiver,
+            dict(payload),
+            attempts=max((i.attempts for i in older), default=0),
+            created_at=now,
+            next_attempt_at=max([now, *(i.next_attempt_at for i in older)]),
+        )
         return item_id
 
     def due(self, now: float, limit: int) -> list[OutboxItem]:
         ready = [i for i in self.items.values() if i.status == PENDING and i.next_attempt_at <= now]
         return sorted(ready, key=lambda i: (i.next_attempt_at, i.id))[:limit]
 
-    def mark_sent(self, item_id: int, now: float) -> None:
+    def next_attempt_at(self) -> float | None:
+        return min((i.next_attempt_at for i in self.items.values() if i.status == PENDING), default=None)
+
+    def _pending(self, item_id: int) -> OutboxItem | None:
         item = self.items[item_id]
-        self.items[item_id] = replace(item, status=SENT, attempts=item.attempts + 1)
+        return item if item.status == PENDING else None
+
+    def mark_sent(self, item_id: int, now: float) -> None:
+        if item := self._pending(item_id):
+            self.items[item_id] = replace(item, status=SENT, attempts=item.attempts + 1)
 
     def mark_retry(self, item_id: int, next_attempt_at: float, error: str) -> None:
-        item = self.items[item_id]
-        self.items[item_id] = replace(
-            item, attempts=item.attempts + 1, next_attempt_at=next_attempt_at, last_error=error
-        )
+        if item := self._pending(item_id):
+            self.items[item_id] = replace(
+                item, attempts=item.attempts + 1, next_attempt_at=next_attempt_at, last_error=error
+            )
 
     def mark_failed(self, item_id: int, error: str) -> None:
-        item = self.items[item_id]
-        self.items[item_id] = replace(item, status=FAILED, attempts=item.attempts + 1, last_error=error)
+        if item := self._pending(item_id):
+            self.items[item_id] = replace(item, status=FAILED, attempts=item.attempts + 1, last_error=error)
 
 
 @dataclass(frozen=True)
@@ -119,6 +155,7 @@ class DeliveryCounts:
     retried: int = 0
     failed: int = 0
     deferred: int = 0  # skipped this run because their receiver just failed
+    cut_short: bool = False  # the run's deadline passed (or a stop was asked) with items left
 
 
 class Delivery:
@@ -141,12 +178,29 @@ class Delivery:
         self._rng = rng or random.Random()  # noqa: S311  (jitter, not cryptography)
         self._batch = batch
 
-    def run_due(self, now: float | None = None) -> DeliveryCounts:
-        """Attempt every due item once (at most ``batch``), in order."""
-        now = self._clock.now() if now is None else now
+    def now(self) -> float:
+        return self._clock.now()
+
+    def next_attempt_at(self) -> float | None:
+        return self._outbox.next_attempt_at()
+
+    def run_due(
+        self,
+        now: float | None = None,
+        *,
+        deadline: float | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> DeliveryCounts:
+        """Attempt every due item once (at most ``batch``), in order. ``deadline`` (``time.monotonic()``): take no
+        new item after it; ``should_stop``: asked before each item."""
+        fixed_now = now
         counts = DeliveryCounts()
         failing: set[str] = set()
-        for item in self._outbox.due(now, self._batch):
+        for item in self._outbox.due(self._clock.now() if now is None else now, self._batch):
+            if (deadline is not None and time.monotonic() >= deadline) or (should_stop is not None and should_stop()):
+                counts.cut_short = True
+                break
+            now = self._clock.now() if fixed_now is None else fixed_now
             if item.receiver in failing:
                 counts.deferred += 1
                 continue

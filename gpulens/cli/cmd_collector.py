@@ -108,7 +108,8 @@ def _run_collector(args: argparse.Namespace) -> int:
     _make_spool_dir(args, settings.spool_dir)
 
     def hooks(db: Any) -> list[Any]:
-        return [AlertService(db, alerting).hook]
+        # The service is the round hook; its notification worker stops when the collector does (runner closes it).
+        return [AlertService(db, alerting).start()]
 
     with stop_on_signals() as stop, database_errors(database_origin(args, settings)):
         return run_collector(settings, lambda line: print(line, file=sys.stderr, flush=True), stop, hooks=hooks)

@@ -98,6 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # the last resort: a bug, or an error no layer has named yet; never a traceback
+        line = database_error_line(exc)
+        if line is not None:
+            print(f"{command}: error: {line}", file=sys.stderr)
+            return 1
         log.debug("%s failed", command, exc_info=True)
         print(
             f"{command}: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
@@ -106,6 +110,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 70
     return result
+
+
+def database_error_line(exc: BaseException) -> str | None:
+    """A database error as one line without a password, or None if ``exc`` is not one.
+
+    ``storage.db`` already words the connection failures (unreachable, wrong password, no such database); any other
+    SQLAlchemy or Alembic error is named by its driver's first line. Only modules already imported are looked at, so
+    a command that never touched the database pays nothing for this.
+    """
+    db_module = sys.modules.get("storage.db")
+    if db_module is not None and isinstance(exc, db_module.DatabaseUnavailableError):
+        return str(exc)
+    sa_exc = sys.modules.get("sqlalchemy.exc")
+    alembic_exc = sys.modules.get("alembic.util.exc")
+    known = tuple(
+        cls
+        for cls in (
+            getattr(sa_exc, "SQLAlchemyError", None),
+            getattr(alembic_exc, "CommandError", None),
+        )
+        if isinstance(cls, type)
+    )
+    if not known or not isinstance(exc, known):
+        return None
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines()
+    detail = " ".join(lines[0].split()) if lines else ""
+    text = f"database error: {type(cause).__name__}" + (f": {detail}" if detail else "")
+    if db_module is not None:
+        text = db_module.redact_url(text) if "://" in text else text
+    return text
 
 
 def _one_line(text: str) -> str:

@@ -138,8 +138,10 @@ def alert(state: str = FIRING, severity: str = "critical", **labels: str) -> Ale
     )
 
 
-def note(*alerts: AlertState, receiver: str = "ops", status: str = FIRING) -> Notification:
-    return Notification(receiver, 'key{alertname="GpuLost"}', {"alertname": "GpuLost"}, status, alerts, 0.0)
+def note(
+    *alerts: AlertState, receiver: str = "ops", status: str = FIRING, group: str = 'key{alertname="GpuLost"}'
+) -> Notification:
+    return Notification(receiver, group, {"alertname": "GpuLost"}, status, alerts, 0.0)
 
 
 # ------------------------------------------------------------------------------------------------ Slack
@@ -301,8 +303,9 @@ class Receivers:
             self.outbox, notifiers, clock=self.clock, backoff=backoff or Backoff(), rng=random.Random(1)
         )
 
-    def enqueue(self, receiver: str = "ops") -> int:
-        return self.outbox.enqueue(receiver, note(alert(), receiver=receiver).payload(), self.clock.now())
+    def enqueue(self, receiver: str = "ops", group: str = 'key{alertname="GpuLost"}') -> int:
+        """A notification of ``group``: a later one of the same group and receiver supersedes it."""
+        return self.outbox.enqueue(receiver, note(alert(), receiver=receiver, group=group).payload(), self.clock.now())
 
     def item(self, item_id: int):
         return self.outbox.items[item_id]
@@ -376,7 +379,7 @@ def test_delivery_retries_timeouts_and_refused_connections(server: tuple[str, Sc
 def test_a_failing_receiver_defers_its_other_items_and_spares_the_rest(refused_url: str, server) -> None:
     url, _ = server
     r = Receivers({"down": WebhookNotifier(refused_url), "ops": SlackNotifier(url, name="ops")})
-    downs = [r.enqueue("down") for _ in range(5)]
+    downs = [r.enqueue("down", group=f"g{i}") for i in range(5)]
     ok = r.enqueue("ops")
     counts = r.delivery.run_due()
     assert (counts.retried, counts.deferred, counts.sent) == (1, 4, 1)
@@ -429,8 +432,8 @@ def test_the_url_never_reaches_a_log_record(server: tuple[str, Script], refused_
             "down": WebhookNotifier(refused_url, name="down"),
         }
     )
-    for _ in range(4):
-        r.enqueue("ops")
+    for i in range(4):
+        r.enqueue("ops", group=f"g{i}")
     r.enqueue("down")
     with caplog.at_level(logging.DEBUG):
         for _ in range(8):

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -23,7 +24,7 @@ from exporter.server import ExporterServer, Routes
 from exporter.sim import LiveTime, SimAllNodes, SimCluster, parse_scenario
 from gpulens.clock import ManualClock
 from gpulens.settings import TargetSettings, default_settings
-from storage import inventory, jobstats, latest, timeseries
+from storage import inventory, jobstats, latest, schema, timeseries
 from storage.db import Database
 from tests.conftest import free_port
 from tests.storage.conftest import PgServer
@@ -92,6 +93,11 @@ def broken() -> Iterator[str]:
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
+
+
+def rows_written(collector: Collector, table: str) -> float:
+    value = collector.metrics.registry.get_sample_value("gpulens_collector_rows_written_total", {"table": table})
+    return value or 0.0
 
 
 def settings_for(db_url: str, targets: list[str], tmp_path: Path, **changes: object):  # type: ignore[no-untyped-def]
@@ -191,6 +197,11 @@ def test_postgres_outage_is_spooled_and_replayed_exactly_once(
         stored = list(s[uuid].timestamps)  # bucket starts: the stored times floored to the bucket
         assert len(stored) == len(stamps)  # every round exactly once
         assert all(0 <= b - a < 1 for a, b in zip(stored, stamps, strict=True))  # in order
+        with db.session() as session:
+            stored_rows = session.execute(sa.select(sa.func.count()).select_from(schema.gpu_sample)).scalar_one()
+        assert stored_rows == 6 * 12
+        # rows replayed from the spool are written rows too: the counter agrees with the table
+        assert rows_written(collector, "gpu_sample") == stored_rows
     finally:
         collector.close()
         db.close()

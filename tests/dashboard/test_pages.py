@@ -5,6 +5,8 @@ how large its payload is; basic auth; ``run_dashboard``. (What a browser makes o
 from __future__ import annotations
 
 import contextvars
+import gzip
+import http.client
 import re
 import threading
 import time
@@ -269,6 +271,23 @@ def test_basic_auth_guards_everything_but_the_health_check(empty_db: Database) -
     assert client.get("/healthz").status_code == 200
 
 
+def test_unknown_and_known_users_cost_the_same_bcrypt_work(empty_db: Database) -> None:
+    calls: list[bytes] = []
+
+    def counting(password: bytes, hashed_: bytes) -> bool:
+        calls.append(hashed_)
+        return bcrypt.checkpw(password, hashed_)
+
+    auth = BasicAuth({"ops": hashed("correct horse")}, checkpw=counting)
+    client = create_app(empty_db, basic_auth=auth).server.test_client()
+    for user in ("ops", "nobody", "root"):
+        before = len(calls)
+        assert client.get("/", auth=(user, "wrong")).status_code == 401
+        assert len(calls) - before == 1, user
+    assert calls[1] == calls[2] != calls[0]  # unknown users: the dummy hash, at the real hashes' cost
+    assert calls[1].split(b"$")[2] == calls[0].split(b"$")[2]
+
+
 def test_basic_auth_file(tmp_path: Path) -> None:
     good = tmp_path / "users"
     good.write_text(f"# operators\n\nops:{hashed('pw').decode()}\n", encoding="utf-8")
@@ -308,8 +327,8 @@ def served(tmp_path: Path) -> Iterator[str]:
         yield announced[0]
     finally:
         stop.set()
-        thread.join(timeout=10)
-    assert not thread.is_alive()
+        thread.join(timeout=5)
+    assert not thread.is_alive()  # stopped within 5 s
 
 
 def test_run_dashboard_serves_until_stopped(served: str) -> None:
@@ -320,3 +339,58 @@ def test_run_dashboard_serves_until_stopped(served: str) -> None:
     status, _headers, body = http_get(url.group(0))
     assert status == 200
     assert b"_dash-config" in body
+
+
+def header(headers: dict[str, str], name: str) -> str:
+    return next((v for k, v in headers.items() if k.lower() == name.lower()), "")
+
+
+@pytest.fixture
+def held_open() -> Iterator[list[http.client.HTTPConnection]]:
+    """Connections the test leaves open: closed only after the server (set up later) has been stopped."""
+    connections: list[http.client.HTTPConnection] = []
+    yield connections
+    for connection in connections:
+        connection.close()
+
+
+def test_a_keep_alive_connection_does_not_hold_up_the_stop(
+    held_open: list[http.client.HTTPConnection], served: str
+) -> None:
+    address = re.search(r"http://([^/:]+):(\d+)/", served)
+    assert address is not None
+    connection = http.client.HTTPConnection(address.group(1), int(address.group(2)), timeout=5)
+    held_open.append(connection)
+    connection.request("GET", "/healthz")
+    response = connection.getresponse()
+    assert (response.status, response.read()) == (200, b"ok\n")
+    assert response.getheader("Connection", "keep-alive").lower() != "close"  # the fixture stops it within 5 s
+
+
+def test_waitress_serves_gzip_and_immutable_versioned_assets(served: str) -> None:
+    base = re.search(r"http://\S+/", served)
+    assert base is not None
+    status, headers, page = http_get(base.group(0))
+    assert status == 200
+    server = header(headers, "Server")
+    assert server == "gpulens-dashboard"
+    assert "werkzeug" not in server.lower()
+    scripts = re.findall(r'src="(/_dash-component-suites/[^"]+\.js)"', page.decode())
+    versioned = [s for s in scripts if re.search(r"\.v[\w-]+m[0-9a-f]+\.", s)]
+    assert versioned, scripts
+    for path in versioned[:3]:
+        status, plain_headers, plain = http_get(base.group(0).rstrip("/") + path)
+        assert status == 200
+        assert header(plain_headers, "Content-Encoding") == ""
+        status, gz_headers, packed = http_get(base.group(0).rstrip("/") + path, headers={"Accept-Encoding": "gzip"})
+        assert status == 200
+        assert header(gz_headers, "Content-Encoding") == "gzip"
+        assert gzip.decompress(packed) == plain
+        assert len(packed) < len(plain)
+        assert header(gz_headers, "Cache-Control") == "public, max-age=31536000, immutable"
+        assert "accept-encoding" in header(gz_headers, "Vary").lower()
+    # an unversioned response is compressed too, but not cached for a year
+    status, headers, body = http_get(base.group(0), headers={"Accept-Encoding": "gzip, deflate"})
+    assert header(headers, "Content-Encoding") == "gzip"
+    assert b"_dash-config" in gzip.decompress(body)
+    assert "immutable" not in header(headers, "Cache-Control")

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import base64
 import gzip
+import http.client
 import json
+import socket
 import ssl
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -210,6 +214,39 @@ def test_basic_auth_rejects_wrong_passwords(poller: Poller, auth_config: Path) -
         server.close()
 
 
+class CountingCheck:
+    """bcrypt.checkpw, counted: the work a login attempt costs."""
+
+    def __init__(self) -> None:
+        self.calls: list[bytes] = []
+
+    def __call__(self, password: bytes, hashed: bytes) -> bool:
+        self.calls.append(hashed)
+        return bcrypt.checkpw(password, hashed)
+
+
+def test_unknown_and_known_users_cost_the_same_bcrypt_work(poller: Poller, auth_config: Path) -> None:
+    """Timing must not reveal user names: an unknown user is checked against a dummy hash of the same cost."""
+    web = load_web_config(auth_config)
+    assert web.basic_auth is not None
+    counting = CountingCheck()
+    web.basic_auth.checkpw = counting
+    server = serve(Routes(single=poller), web=web)
+    try:
+        per_attempt = []
+        for user in ("nobody", "prometheus", "admin", "prometheus"):
+            before = len(counting.calls)
+            assert http_get(url(server, "/metrics"), headers=basic(user, "wrong"))[0] == 401
+            per_attempt.append(len(counting.calls) - before)
+        assert per_attempt == [1, 1, 1, 1]
+        real = web.basic_auth.users["prometheus"]
+        dummy = counting.calls[0]
+        assert dummy != real
+        assert dummy.split(b"$")[2] == real.split(b"$")[2] == b"04"  # the same cost as the real hashes
+    finally:
+        server.close()
+
+
 def test_tls_with_a_test_certificate(poller: Poller, tmp_path: Path, auth_config: Path) -> None:
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1", "localhost")
@@ -267,3 +304,60 @@ def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_web_config(path)
     assert info.value.line == 3
+
+
+# -- bounded connections ---------------------------------------------------------------------------------------
+
+
+def test_idle_connections_hold_no_thread_and_metrics_still_answer(server: ExporterServer) -> None:
+    """1,500 half-open connections once made 1,503 threads: now idle sockets wait in one selector thread."""
+    before = threading.active_count()
+    idle = []
+    try:
+        for _ in range(200):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            idle.append(sock)
+        half = idle[:100]
+        for sock in half:  # half of them start a request and never finish it
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        deadline = time.monotonic() + 10
+        while server.open_connections < 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.open_connections == 200
+        assert threading.active_count() <= before + 2  # no thread per connection (pool threads started earlier)
+        status, _, body = http_get(url(server, "/metrics"), timeout=10)
+        assert status == 200
+        assert b"gpulens_gpu_utilization_ratio" in body
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_keep_alive_connections_serve_many_requests(server: ExporterServer) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    try:
+        for _ in range(3):
+            connection.request("GET", "/metrics")
+            response = connection.getresponse()
+            assert response.status == 200
+            assert response.read()
+            assert connection.sock is not None  # the same socket, kept open
+        first = connection.sock
+        connection.request("GET", "/healthz")
+        response = connection.getresponse()
+        response.read()
+        assert connection.sock is first
+    finally:
+        connection.close()
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(poller: Poller) -> None:
+    server = ExporterServer(Routes(single=poller), host="127.0.0.1", port=0, workers=2, idle_timeout_s=0.5)
+    server.start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        with sock:
+            assert sock.recv(1) == b""  # closed by the server, not by our read timeout
+        assert server.open_connections == 0
+    finally:
+        server.close()

@@ -149,7 +149,7 @@ COLLECTOR = [
         f"{_COLLECT} --db postgress://db/gpulens", 1, "--db 'postgress://db/gpulens'", "scheme 'postgress'", *ACCEPTED
     ),
     case(f"{_COLLECT} --db sqlite:///{{tmp}}/no-such-dir/x.db", 1, "--db", "no-such-dir", "does not exist"),
-    # An unreachable database is not bad input for the collector: it starts and spools (tests/collector/test_startup.py).
+    # An unreachable database is not bad input for the collector: it starts and spools (see test_startup.py).
     case(f"{_COLLECT} {_SQLITE} --spool-dir {{tmp}}/a-file/spool", 1, "--spool-dir", "a-file/spool", "cannot create"),
     case(f"{_COLLECT} {_SQLITE} --listen {{nohost}}:9411", 1, "cannot listen", "{nohost}:9411"),
     case("collector --config {tmp}/missing.toml", 1, "missing.toml", "cannot read"),

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from exporter.nvmlgpm import GpmState
 
 KIB: Final = 1024  # NVML's "KB/s" (PCIe throughput) and "KiB" (NVLink counters) are both 1024 bytes
 
@@ -44,7 +47,13 @@ class Gpu:
     links: int = 0
     remote_pci_bus_ids: tuple[str | None, ...] = ()
     fields: tuple[tuple[int, int], ...] = ()
+    fields_choice: tuple[bool, frozenset[int]] | None = None  # what ``fields`` was built for (exporter.nvml)
     lost: bool = False
     rates: CounterRates = field(default_factory=CounterRates)
     # link -> (when read, NVML state); link states change rarely and cost one call per link, so they are cached.
     link_states: dict[int, tuple[float, Any]] = field(default_factory=dict)
+    gpm: GpmState | None = None  # where GPM serves this GPU (exporter.nvmlgpm)
+    # NVLink error fields whose all-links total the driver refuses (Hopper may): summed over links instead, with the
+    # sums cached as field id -> (when read, sum).
+    nvlink_errors_per_link: set[int] = field(default_factory=set)
+    link_errors: dict[int, tuple[float, int | None]] = field(default_factory=dict)

@@ -1,0 +1,198 @@
+"""NVML GPM (GPU Performance Monitoring, Hopper and newer): averages of PCIe, NVLink and SM, tensor and DRAM activity
+over the interval between two collections.
+
+Each GPU keeps the GPM sample of its previous read; a read takes a new sample (``nvmlGpmSampleGet``) and asks
+``nvmlGpmMetricsGet`` for the metrics between the two, so the values are true averages over the collection interval,
+with no extra waiting. The first read after start, and the read after a failed sample, have no GPM values. GPM is used
+where ``nvmlGpmQueryDeviceSupport`` says so; elsewhere (GPUs before Hopper, drivers without the ``nvmlGpm*`` symbols,
+MIG-enabled GPUs) PCIe throughput comes from NVML's 20 ms sample and NVLink throughput from the cumulative field
+counters. A GPM metric or call that answers NotSupported hands its quantity back to those calls from the next read.
+The quantities and where each GPU's values come from are ``PCIE``, ``NVLINK``, ``PROFILING`` and ``SOURCE_*``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import pynvml
+
+from exporter.nvmlcalls import FUNCTION_NOT_FOUND, NOT_SUPPORTED, SUCCESS, Calls, GpuLostError, optional_constant
+from exporter.nvmlgpu import Gpu
+
+PCIE: Final = "pcie"
+NVLINK: Final = "nvlink"
+PROFILING: Final = "profiling"  # SM, tensor and DRAM activity
+SOURCE_GPM: Final = "gpm"
+SOURCE_SAMPLE: Final = "sample"  # nvmlDeviceGetPcieThroughput: one 20 ms sample
+SOURCE_COUNTERS: Final = "counters"  # the NVLink throughput field values: cumulative KiB counters
+
+MIB: Final = 1024 * 1024  # GPM's throughput metrics are in MiB/s
+PERCENT: Final = 0.01  # GPM's utilization metrics are in percent
+
+# GPM appeared in nvidia-ml-py 11.525; every name below is in the 12.535 floor, but is read defensively all the same.
+_METRICS_GET: Final[Any] = getattr(pynvml, "c_nvmlGpmMetricsGet_t", None)
+_METRICS_GET_VERSION: Final = optional_constant("NVML_GPM_METRICS_GET_VERSION")
+_ONE_VALUE: Final = {
+    "pcie_tx": (PCIE, "NVML_GPM_METRIC_PCIE_TX_PER_SEC", MIB),
+    "pcie_rx": (PCIE, "NVML_GPM_METRIC_PCIE_RX_PER_SEC", MIB),
+    "sm_active": (PROFILING, "NVML_GPM_METRIC_SM_UTIL", PERCENT),
+    "tensor_active": (PROFILING, "NVML_GPM_METRIC_ANY_TENSOR_UTIL", PERCENT),
+    "dram_active": (PROFILING, "NVML_GPM_METRIC_DRAM_BW_UTIL", PERCENT),
+    "nvlink_tx": (NVLINK, "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", MIB),
+    "nvlink_rx": (NVLINK, "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", MIB),
+}
+
+
+def _link_metric(link: int, direction: str) -> str:
+    return f"NVML_GPM_METRIC_NVLINK_L{link}_{direction}_PER_SEC"
+
+
+@dataclass(frozen=True, slots=True)
+class _Metric:
+    key: str  # a _ONE_VALUE key, or ("link_tx" | "link_rx", link) written "link_tx:3"
+    quantity: str
+    name: str  # the pynvml constant's name, for messages
+    metric_id: int
+    scale: float
+
+
+@dataclass(frozen=True, slots=True)
+class GpmValues:
+    """What one GPM read found, in gpulens units; empty (all None) when GPM had no interval to average over."""
+
+    values: Mapping[str, float | None] = field(default_factory=dict)
+
+    def get(self, key: str) -> float | None:
+        return self.values.get(key)
+
+    def links(self, direction: str, count: int) -> tuple[float | None, ...]:
+        return tuple(self.values.get(f"link_{direction}:{link}") for link in range(count))
+
+
+@dataclass(slots=True)
+class GpmState:
+    """One GPU's GPM state: its two samples, which holds the previous read, and the quantities GPM still serves."""
+
+    samples: tuple[Any, Any]
+    metrics: tuple[_Metric, ...]
+    request: Any  # a reused c_nvmlGpmMetricsGet_t
+    quantities: set[str]
+    previous: int | None = None  # index into samples of the sample taken by the previous read
+
+    def serves(self, quantity: str) -> bool:
+        return quantity in self.quantities
+
+
+def _metrics_for(gpu: Gpu, capacity: int) -> tuple[_Metric, ...] | None:
+    """The metrics to ask a GPU for, or None when this nvidia-ml-py lacks one of the basic ones."""
+    metrics = []
+    for key, (quantity, name, scale) in _ONE_VALUE.items():
+        if quantity == NVLINK and not gpu.links:
+            continue
+        metric_id = optional_constant(name)
+        if metric_id is None:
+            return None
+        metrics.append(_Metric(key, quantity, name, metric_id, scale))
+    for link in range(gpu.links):
+        for direction in ("TX", "RX"):
+            name = _link_metric(link, direction)
+            metric_id = optional_constant(name)
+            if metric_id is None:  # a library that knows fewer links than this GPU has: no NVLink from GPM
+                return tuple(m for m in metrics if m.quantity != NVLINK)
+            metrics.append(_Metric(f"link_{direction.lower()}:{link}", NVLINK, name, metric_id, MIB))
+    return tuple(metrics) if len(metrics) <= capacity else tuple(m for m in metrics if m.quantity != NVLINK)
+
+
+def open_gpm(calls: Calls, gpu: Gpu) -> GpmState | None:
+    """The GPU's GPM state where NVML offers GPM on it, else None (the older calls serve it). Allocates two samples."""
+    if _METRICS_GET is None or _METRICS_GET_VERSION is None or gpu.mig_enabled:
+        return None  # a MIG-enabled GPU would need a sample per GPU instance (nvmlGpmMigSampleGet): not read
+    support = calls.call(gpu, "nvmlGpmQueryDeviceSupport", gpu.handle, quiet=frozenset({NOT_SUPPORTED}))
+    if support is None or not int(support.isSupportedDevice):
+        return None
+    request = _METRICS_GET()
+    metrics = _metrics_for(gpu, len(request.metrics))
+    if not metrics:
+        return None
+    samples = [calls.call(gpu, "nvmlGpmSampleAlloc") for _ in range(2)]
+    if samples[0] is None or samples[1] is None:
+        for sample in samples:
+            if sample is not None:
+                calls.call(gpu, "nvmlGpmSampleFree", sample)
+        return None
+    request.version = _METRICS_GET_VERSION
+    request.numMetrics = len(metrics)
+    for slot, metric in zip(request.metrics, metrics, strict=False):
+        slot.metricId = metric.metric_id
+    return GpmState((samples[0], samples[1]), metrics, request, {m.quantity for m in metrics})
+
+
+def close_gpm(calls: Calls, gpu: Gpu) -> None:
+    """Free the GPU's GPM samples; the older calls serve it from now on."""
+    state = gpu.gpm
+    gpu.gpm = None
+    if state is not None:
+        for sample in state.samples:
+            calls.call(gpu, "nvmlGpmSampleFree", sample)
+
+
+def sources(gpu: Gpu) -> dict[str, str]:
+    """Quantity -> where this GPU's values come from now (profiling has no source without GPM)."""
+    state = gpu.gpm
+    found = {PCIE: SOURCE_GPM if state is not None and state.serves(PCIE) else SOURCE_SAMPLE}
+    if gpu.links:
+        found[NVLINK] = SOURCE_GPM if state is not None and state.serves(NVLINK) else SOURCE_COUNTERS
+    if state is not None and state.serves(PROFILING):
+        found[PROFILING] = SOURCE_GPM
+    return found
+
+
+def read_gpm(calls: Calls, gpu: Gpu) -> GpmValues:
+    """Take this read's sample and average over the interval since the previous one. Ends GPM on the GPU where the
+    driver refuses it (NotSupported, FunctionNotFound); a lost GPU raises ``GpuLostError`` with its sample forgotten.
+    """
+    state = gpu.gpm
+    if state is None:
+        return GpmValues()
+    current = 1 if state.previous == 0 else 0
+    try:
+        _, code = calls.attempt(gpu, "nvmlGpmSampleGet", gpu.handle, state.samples[current])
+        if code is not None:
+            return _failed(calls, gpu, state, code)
+        previous, state.previous = state.previous, current
+        if previous is None:
+            return GpmValues()
+        state.request.sample1 = state.samples[previous]
+        state.request.sample2 = state.samples[current]
+        _, code = calls.attempt(gpu, "nvmlGpmMetricsGet", state.request)
+        if code is not None:
+            return _failed(calls, gpu, state, code)
+        return GpmValues(_values(calls, gpu, state))
+    except GpuLostError:
+        state.previous = None
+        raise
+
+
+def _failed(calls: Calls, gpu: Gpu, state: GpmState, code: int) -> GpmValues:
+    state.previous = None
+    if code in (NOT_SUPPORTED, FUNCTION_NOT_FOUND):
+        close_gpm(calls, gpu)
+    return GpmValues()
+
+
+def _values(calls: Calls, gpu: Gpu, state: GpmState) -> dict[str, float | None]:
+    values: dict[str, float | None] = {}
+    for slot, metric in zip(state.request.metrics, state.metrics, strict=False):
+        code = int(slot.nvmlReturn)
+        if code == SUCCESS:
+            values[metric.key] = float(slot.value) * metric.scale
+            continue
+        values[metric.key] = None
+        calls.failed(gpu, f"nvmlGpmMetricsGet({metric.name})", code)
+        if code == NOT_SUPPORTED:
+            state.quantities.discard(metric.quantity)
+    if not state.quantities:
+        close_gpm(calls, gpu)
+    return values

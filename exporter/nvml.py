@@ -23,7 +23,7 @@ import pynvml
 from exporter import nvmldevice as device
 from exporter.nvmlcalls import Calls, GpuLostError, as_int, as_text, scaled, start_nvml
 from exporter.nvmlfields import FI_MEMORY_TEMP, field_ids, read_field_values
-from exporter.nvmlgpm import NVLINK, PCIE, PROFILING, close_gpm, open_gpm, read_gpm, sources
+from exporter.nvmlgpm import NVLINK, PCIE, PROFILING, close_gpm, forget, open_gpm, read_gpm, sources
 from exporter.nvmlgpu import Gpu
 from exporter.nvmllinks import LINK_STATE_REFRESH_S, count_links, nvlink_errors, read_nvlink, remote_pci_bus_id
 from exporter.nvmlmig import read_migs
@@ -159,6 +159,7 @@ class NvmlSource:
             result = self._read_live(gpu, timestamp)
         except GpuLostError:
             self._errors.count("nvml_gpu_lost")
+            forget(gpu)
             if not was_lost:
                 log.warning("GPU %d (%s) is lost (fallen off the bus?): reported down", gpu.index, gpu.uuid)
             return _GpuRead(self._down(gpu, timestamp))

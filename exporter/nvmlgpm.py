@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import pynvml
 
-from exporter.nvmlcalls import FUNCTION_NOT_FOUND, NOT_SUPPORTED, SUCCESS, Calls, GpuLostError, optional_constant
+from exporter.nvmlcalls import FUNCTION_NOT_FOUND, NOT_SUPPORTED, SUCCESS, Calls, optional_constant
 from exporter.nvmlgpu import Gpu
 
 PCIE: Final = "pcie"
@@ -151,32 +151,34 @@ def sources(gpu: Gpu) -> dict[str, str]:
 
 def read_gpm(calls: Calls, gpu: Gpu) -> GpmValues:
     """Take this read's sample and average over the interval since the previous one. Ends GPM on the GPU where the
-    driver refuses it (NotSupported, FunctionNotFound); a lost GPU raises ``GpuLostError`` with its sample forgotten.
+    driver refuses it (NotSupported, FunctionNotFound); any other failure costs one interval.
     """
     state = gpu.gpm
     if state is None:
         return GpmValues()
     current = 1 if state.previous == 0 else 0
-    try:
-        _, code = calls.attempt(gpu, "nvmlGpmSampleGet", gpu.handle, state.samples[current])
-        if code is not None:
-            return _failed(calls, gpu, state, code)
-        previous, state.previous = state.previous, current
-        if previous is None:
-            return GpmValues()
-        state.request.sample1 = state.samples[previous]
-        state.request.sample2 = state.samples[current]
-        _, code = calls.attempt(gpu, "nvmlGpmMetricsGet", state.request)
-        if code is not None:
-            return _failed(calls, gpu, state, code)
-        return GpmValues(_values(calls, gpu, state))
-    except GpuLostError:
-        state.previous = None
-        raise
+    state.previous, previous = None, state.previous  # until this sample is taken, a lost GPU included
+    _, code = calls.attempt(gpu, "nvmlGpmSampleGet", gpu.handle, state.samples[current])
+    if code is not None:
+        return _failed(calls, gpu, code)
+    state.previous = current
+    if previous is None:
+        return GpmValues()
+    state.request.sample1 = state.samples[previous]
+    state.request.sample2 = state.samples[current]
+    _, code = calls.attempt(gpu, "nvmlGpmMetricsGet", state.request)
+    if code is not None:
+        return _failed(calls, gpu, code)
+    return GpmValues(_values(calls, gpu, state))
 
 
-def _failed(calls: Calls, gpu: Gpu, state: GpmState, code: int) -> GpmValues:
-    state.previous = None
+def forget(gpu: Gpu) -> None:
+    """Start the GPU's GPM interval again (it was lost): its next read has no GPM values."""
+    if gpu.gpm is not None:
+        gpu.gpm.previous = None
+
+
+def _failed(calls: Calls, gpu: Gpu, code: int) -> GpmValues:
     if code in (NOT_SUPPORTED, FUNCTION_NOT_FOUND):
         close_gpm(calls, gpu)
     return GpmValues()

@@ -349,6 +349,14 @@ class FakeNvml(FakeGpmMixin):
             for n in range(devices)
         ]
 
+    def change(self, index: int, **values: Any) -> None:
+        """Set attributes of GPU ``index`` from now on: its counters grow at the old rates up to this moment."""
+        gpu = self._advance(index)
+        for name, value in values.items():
+            if not hasattr(gpu, name):
+                raise AttributeError(name)
+            setattr(gpu, name, value)
+
     def reset_counters(self, index: int) -> None:
         """Restart GPU ``index``'s NVLink throughput counters from 0 (as a driver reload does)."""
         gpu = self._advance(index)

@@ -156,8 +156,9 @@ def read_gpm(calls: Calls, gpu: Gpu) -> GpmValues:
     state = gpu.gpm
     if state is None:
         return GpmValues()
-    current = 1 if state.previous == 0 else 0
-    state.previous, previous = None, state.previous  # until this sample is taken, a lost GPU included
+    previous = state.previous
+    current = 1 if previous == 0 else 0
+    state.previous = None  # until this sample is taken, a lost GPU included
     _, code = calls.attempt(gpu, "nvmlGpmSampleGet", gpu.handle, state.samples[current])
     if code is not None:
         return _failed(calls, gpu, code)

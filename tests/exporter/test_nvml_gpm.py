@@ -220,7 +220,7 @@ def test_a_lost_gpu_starts_its_gpm_interval_again(make_source: MakeSource) -> No
 
 def test_close_frees_every_gpm_sample() -> None:
     fake = FakeNvml.h200_node(gpus=8)
-    source = NvmlSource("node-a", nvml=fake, clock=fake.clock, xid_events=False)  # type: ignore[arg-type]
+    source = NvmlSource("node-a", nvml=fake, clock=fake.clock, xid_events=False)
     source.read()
     source.close()
     assert (fake.gpm.allocated, fake.gpm.freed, fake.gpm.live) == (16, 16, {})

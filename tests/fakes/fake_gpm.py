@@ -14,9 +14,12 @@ import ctypes
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pynvml
+
+if TYPE_CHECKING:
+    from tests.fakes.fake_nvml import FakeGpu
 
 _PCIE = {pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: "pcie_tx_kib", pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: "pcie_rx_kib"}
 _UTIL = {
@@ -68,7 +71,7 @@ class FakeGpmMixin:
     """``nvmlGpmQueryDeviceSupport``, ``nvmlGpmSampleAlloc/Get/Free`` and ``nvmlGpmMetricsGet``."""
 
     # Provided by FakeNvml.
-    gpus: list[Any]
+    gpus: list[FakeGpu]
     clock: Any
     gpm: GpmCounts
     _lock: threading.Lock
@@ -150,7 +153,7 @@ class FakeGpmMixin:
         return self._call("nvmlGpmMetricsGet", produce, handle=handle)
 
 
-def _metric(gpu: Any, metric: int, before: GpmSample, after: GpmSample, elapsed: float) -> float | None:
+def _metric(gpu: FakeGpu, metric: int, before: GpmSample, after: GpmSample, elapsed: float) -> float | None:
     """A metric over the interval between two samples, in GPM's units (MiB/s, percent), or None (NotSupported)."""
     if metric in gpu.gpm_unsupported_metrics:
         return None

@@ -530,7 +530,7 @@ class FakeNvml(FakeGpmMixin):
         values = {NVML_TEMPERATURE_GPU: self._gpu(handle).temperature}
         return self._call("nvmlDeviceGetTemperature", lambda: _pick(values, sensor), handle=handle)
 
-    def nvmlDeviceGetTemperatureV(self, handle: Any, sensor: int, version: int = pynvml.nvmlTemperature_v1) -> int:
+    def nvmlDeviceGetTemperatureV(self, handle: Any, sensor: int, version: int | None = None) -> int:
         values = {NVML_TEMPERATURE_GPU: self._gpu(handle).temperature}
         return self._call("nvmlDeviceGetTemperatureV", lambda: _pick(values, sensor), handle=handle)
 
@@ -767,10 +767,14 @@ class FakeNvml(FakeGpmMixin):
         return self._call("nvmlDeviceGetRemappedRows", lambda: self._gpu(handle).remapped_rows, handle=handle)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
-        """Like pynvml: a missing _v3 symbol raises NVMLLibraryMismatchError, not an NVMLError."""
+        """Like pynvml: a missing _v3 symbol raises NVMLLibraryMismatchError, not an NVMLError (releases before that
+        class raise NVMLError_FunctionNotFound)."""
         if "nvmlDeviceGetComputeRunningProcesses_v3" in self.removed:
             with self._in_flight("nvmlDeviceGetComputeRunningProcesses", self._index_of(handle)):
-                raise pynvml.NVMLLibraryMismatchError("use a versioned function such as ..._v2")
+                mismatch = getattr(pynvml, "NVMLLibraryMismatchError", None)
+                if mismatch is None:
+                    raise pynvml.NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+                raise mismatch("use a versioned function such as ..._v2")
         return self._call("nvmlDeviceGetComputeRunningProcesses", lambda: self._processes(handle), handle=handle)
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> list[Any]:

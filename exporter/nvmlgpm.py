@@ -6,7 +6,8 @@ Each GPU keeps the GPM sample of its previous read; a read takes a new sample (`
 with no extra waiting. The first read after start, and the read after a failed sample, have no GPM values. GPM is used
 where ``nvmlGpmQueryDeviceSupport`` says so; elsewhere (GPUs before Hopper, drivers without the ``nvmlGpm*`` symbols,
 MIG-enabled GPUs) PCIe throughput comes from NVML's 20 ms sample and NVLink throughput from the cumulative field
-counters. A GPM metric or call that answers NotSupported hands its quantity back to those calls from the next read.
+counters. A GPM call that answers NotSupported hands all of the GPU's quantities back to those calls, a metric that
+does only its own quantity, within the same read (``read_gpm`` runs before the older calls are chosen).
 The quantities and where each GPU's values come from are ``PCIE``, ``NVLINK``, ``PROFILING`` and ``SOURCE_*``.
 """
 
@@ -19,7 +20,7 @@ from typing import Any, Final
 import pynvml
 
 from exporter.nvmlcalls import FUNCTION_NOT_FOUND, NOT_SUPPORTED, SUCCESS, Calls, optional_constant
-from exporter.nvmlgpu import Gpu
+from exporter.nvmlgpu import GpmMetric, GpmState, Gpu
 
 PCIE: Final = "pcie"
 NVLINK: Final = "nvlink"
@@ -50,15 +51,6 @@ def _link_metric(link: int, direction: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class _Metric:
-    key: str  # a _ONE_VALUE key, or ("link_tx" | "link_rx", link) written "link_tx:3"
-    quantity: str
-    name: str  # the pynvml constant's name, for messages
-    metric_id: int
-    scale: float
-
-
-@dataclass(frozen=True, slots=True)
 class GpmValues:
     """What one GPM read found, in gpulens units; empty (all None) when GPM had no interval to average over."""
 
@@ -71,21 +63,7 @@ class GpmValues:
         return tuple(self.values.get(f"link_{direction}:{link}") for link in range(count))
 
 
-@dataclass(slots=True)
-class GpmState:
-    """One GPU's GPM state: its two samples, which holds the previous read, and the quantities GPM still serves."""
-
-    samples: tuple[Any, Any]
-    metrics: tuple[_Metric, ...]
-    request: Any  # a reused c_nvmlGpmMetricsGet_t
-    quantities: set[str]
-    previous: int | None = None  # index into samples of the sample taken by the previous read
-
-    def serves(self, quantity: str) -> bool:
-        return quantity in self.quantities
-
-
-def _metrics_for(gpu: Gpu, capacity: int) -> tuple[_Metric, ...] | None:
+def _metrics_for(gpu: Gpu, capacity: int) -> tuple[GpmMetric, ...] | None:
     """The metrics to ask a GPU for, or None when this nvidia-ml-py lacks one of the basic ones."""
     metrics = []
     for key, (quantity, name, scale) in _ONE_VALUE.items():
@@ -94,14 +72,14 @@ def _metrics_for(gpu: Gpu, capacity: int) -> tuple[_Metric, ...] | None:
         metric_id = optional_constant(name)
         if metric_id is None:
             return None
-        metrics.append(_Metric(key, quantity, name, metric_id, scale))
+        metrics.append(GpmMetric(key, quantity, name, metric_id, scale))
     for link in range(gpu.links):
         for direction in ("TX", "RX"):
             name = _link_metric(link, direction)
             metric_id = optional_constant(name)
             if metric_id is None:  # a library that knows fewer links than this GPU has: no NVLink from GPM
                 return tuple(m for m in metrics if m.quantity != NVLINK)
-            metrics.append(_Metric(f"link_{direction.lower()}:{link}", NVLINK, name, metric_id, MIB))
+            metrics.append(GpmMetric(f"link_{direction.lower()}:{link}", NVLINK, name, metric_id, MIB))
     return tuple(metrics) if len(metrics) <= capacity else tuple(m for m in metrics if m.quantity != NVLINK)
 
 
@@ -123,10 +101,17 @@ def open_gpm(calls: Calls, gpu: Gpu) -> GpmState | None:
                 calls.call(gpu, "nvmlGpmSampleFree", sample)
         return None
     request.version = _METRICS_GET_VERSION
-    request.numMetrics = len(metrics)
-    for slot, metric in zip(request.metrics, metrics, strict=False):
+    state = GpmState((samples[0], samples[1]), metrics, request, {m.quantity for m in metrics})
+    _ask(state)
+    return state
+
+
+def _ask(state: GpmState) -> None:
+    """Set the request to the metrics of the quantities GPM still serves."""
+    state.metrics = tuple(m for m in state.metrics if m.quantity in state.quantities)
+    state.request.numMetrics = len(state.metrics)
+    for slot, metric in zip(state.request.metrics, state.metrics, strict=False):
         slot.metricId = metric.metric_id
-    return GpmState((samples[0], samples[1]), metrics, request, {m.quantity for m in metrics})
 
 
 def close_gpm(calls: Calls, gpu: Gpu) -> None:
@@ -187,6 +172,7 @@ def _failed(calls: Calls, gpu: Gpu, code: int) -> GpmValues:
 
 def _values(calls: Calls, gpu: Gpu, state: GpmState) -> dict[str, float | None]:
     values: dict[str, float | None] = {}
+    refused = False
     for slot, metric in zip(state.request.metrics, state.metrics, strict=False):
         code = int(slot.nvmlReturn)
         if code == SUCCESS:
@@ -196,6 +182,9 @@ def _values(calls: Calls, gpu: Gpu, state: GpmState) -> dict[str, float | None]:
         calls.failed(gpu, f"nvmlGpmMetricsGet({metric.name})", code)
         if code == NOT_SUPPORTED:
             state.quantities.discard(metric.quantity)
+            refused = True
     if not state.quantities:
         close_gpm(calls, gpu)
+    elif refused:
+        _ask(state)
     return values

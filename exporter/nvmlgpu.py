@@ -1,12 +1,10 @@
-"""One GPU as the NVML source holds it: its handle, the static facts read at start-up, and what reads remember."""
+"""One GPU as the NVML source holds it: its handle, the static facts read at start-up, and what reads remember
+(counter values for rates, cached link states, its GPM samples)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
-
-if TYPE_CHECKING:
-    from exporter.nvmlgpm import GpmState
+from typing import Any, Final
 
 KIB: Final = 1024  # NVML's "KB/s" (PCIe throughput) and "KiB" (NVLink counters) are both 1024 bytes
 
@@ -26,6 +24,31 @@ class CounterRates:
         if previous is None or kib < previous[0] or now <= previous[1]:
             return None
         return (kib - previous[0]) * KIB / (now - previous[1])
+
+
+@dataclass(frozen=True, slots=True)
+class GpmMetric:
+    """One GPM metric a GPU is asked for (``exporter.nvmlgpm``)."""
+
+    key: str  # a GpmValues key: "pcie_tx", "sm_active", ..., or "link_tx:3" for one link
+    quantity: str
+    name: str  # the pynvml constant's name, for messages
+    metric_id: int
+    scale: float
+
+
+@dataclass(slots=True)
+class GpmState:
+    """One GPU's GPM state: its two samples, which holds the previous read, and the quantities GPM still serves."""
+
+    samples: tuple[Any, Any]
+    metrics: tuple[GpmMetric, ...]
+    request: Any  # a reused c_nvmlGpmMetricsGet_t
+    quantities: set[str]
+    previous: int | None = None  # index into samples of the sample taken by the previous read
+
+    def serves(self, quantity: str) -> bool:
+        return quantity in self.quantities
 
 
 @dataclass(slots=True)

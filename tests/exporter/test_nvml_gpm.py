@@ -181,8 +181,10 @@ def test_a_metric_that_answers_not_supported_hands_only_its_quantity_back(make_s
     assert gpu.sm_active_ratio == pytest.approx(0.958)
     assert snapshot.errors == {"nvml_not_supported": 1}
     _advance(fake, 1)
-    source.read()
+    third = source.read()
     assert fake.calls_by_gpu[(PCIE_THROUGHPUT, 0)] == 4  # both directions, in each read after the refusal
+    assert third.gpus[0].tensor_active_ratio == pytest.approx(0.930)
+    assert third.errors == {"nvml_not_supported": 1}  # the refused metric is no longer asked for
 
 
 def test_a_failed_sample_costs_one_interval(make_source: MakeSource) -> None:

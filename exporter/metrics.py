@@ -95,6 +95,17 @@ def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
     yield info
     yield up
 
+    sources = Family(
+        "gpulens_gpu_metric_source_info",
+        "Where a GPU's values of a quantity (pcie, nvlink, profiling) come from: gpm (NVML GPM averages over the "
+        "collection interval), sample (NVML's 20 ms PCIe sample) or counters (NVML's NVLink counters); always 1.",
+        labels=[*GPU_LABELS, "quantity", "source"],
+    )
+    for g, prefix in zip(gpus, prefixes, strict=True):
+        for quantity, source in sorted(snapshot.metric_sources.get(g.uuid, {}).items()):
+            sources.add_rendered(f'{prefix},quantity="{_escape(quantity)}",source="{_escape(source)}"', 1)
+    yield sources
+
     families: dict[str, Family] = {}
     for spec in GPU_FIELDS:
         family = families.get(spec.family)

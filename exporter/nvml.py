@@ -2,10 +2,11 @@
 
 Static facts (identity, maximum clocks and PCIe link, slowdown temperature, MIG mode, NVLink count) are read once at
 start-up, dynamic values on every ``read()``. The GPUs are read in parallel on a persistent thread pool, because some
-NVML calls block: the PCIe throughput call samples for 20 ms. The parts live in their own modules, the only ones that
-import ``pynvml``: the error choke point (``exporter.nvmlcalls``), the GPU state (``nvmlgpu``), per-device reads
-(``nvmldevice``), batched field values (``nvmlfields``), NVLink (``nvmllinks``), MIG (``nvmlmig``) and the XID event
-thread (``nvmlxid``). This module assembles them into ``NodeSnapshot`` records.
+NVML calls block: the PCIe throughput call samples for 20 ms (used only where GPM does not measure PCIe). The parts
+live in their own modules, the only ones that import ``pynvml``: the error choke point (``exporter.nvmlcalls``), the
+GPU state (``nvmlgpu``), per-device reads (``nvmldevice``), batched field values (``nvmlfields``), GPM interval
+averages (``nvmlgpm``), NVLink (``nvmllinks``), MIG (``nvmlmig``) and the XID event thread (``nvmlxid``). This module
+assembles them into ``NodeSnapshot`` records, with where each GPU's PCIe, NVLink and profiling values came from.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -21,16 +22,10 @@ import pynvml
 
 from exporter import nvmldevice as device
 from exporter.nvmlcalls import Calls, GpuLostError, as_int, as_text, scaled, start_nvml
-from exporter.nvmlfields import (
-    FI_MEMORY_TEMP,
-    FI_NVLINK_CRC,
-    FI_NVLINK_RECOVERY,
-    FI_NVLINK_REPLAY,
-    field_ids,
-    read_field_values,
-)
+from exporter.nvmlfields import FI_MEMORY_TEMP, field_ids, read_field_values
+from exporter.nvmlgpm import NVLINK, PCIE, PROFILING, close_gpm, forget, open_gpm, read_gpm, sources
 from exporter.nvmlgpu import Gpu
-from exporter.nvmllinks import LINK_STATE_REFRESH_S, count_links, read_nvlink, remote_pci_bus_id
+from exporter.nvmllinks import LINK_STATE_REFRESH_S, count_links, nvlink_errors, read_nvlink, remote_pci_bus_id
 from exporter.nvmlmig import read_migs
 from exporter.nvmlxid import XidWatcher
 from gpulens.clock import Clock, SystemClock
@@ -99,6 +94,7 @@ class NvmlSource:
                 raise SourceError("the NVML source is closed")
             timestamp = self._clock.now()
             results = list(self._pool.map(functools.partial(self._read_gpu, timestamp=timestamp), self._gpus))
+            metric_sources = {gpu.uuid: sources(gpu) for gpu in self._gpus}
         return NodeSnapshot(
             node=self._node,
             timestamp=timestamp,
@@ -109,6 +105,7 @@ class NvmlSource:
             migs=tuple(m for r in results for m in r.migs),
             driver_version=self._driver_version,
             errors=self._errors.snapshot(),
+            metric_sources=metric_sources,
         )
 
     def close(self) -> None:
@@ -121,6 +118,8 @@ class NvmlSource:
             self._xids.close()
         self._pool.shutdown(wait=True)
         self._pcie_pool.shutdown(wait=True)
+        for gpu in self._gpus:
+            close_gpm(self._calls, gpu)
         self._calls.call(None, "nvmlShutdown")
 
     # --- start-up: the static facts ------------------------------------------------------------------------------
@@ -149,7 +148,8 @@ class NvmlSource:
         device.read_static(self._calls, gpu)
         gpu.links = count_links(self._calls, gpu)
         gpu.remote_pci_bus_ids = tuple(remote_pci_bus_id(self._calls, gpu, link) for link in range(gpu.links))
-        gpu.fields = field_ids(gpu.links)
+        gpu.gpm = open_gpm(self._calls, gpu)
+        _choose_fields(gpu)
 
     # --- every read: the dynamic values --------------------------------------------------------------------------
 
@@ -159,6 +159,7 @@ class NvmlSource:
             result = self._read_live(gpu, timestamp)
         except GpuLostError:
             self._errors.count("nvml_gpu_lost")
+            forget(gpu)
             if not was_lost:
                 log.warning("GPU %d (%s) is lost (fallen off the bus?): reported down", gpu.index, gpu.uuid)
             return _GpuRead(self._down(gpu, timestamp))
@@ -187,12 +188,19 @@ class NvmlSource:
     def _read_live(self, gpu: Gpu, timestamp: float) -> _GpuRead:
         calls = self._calls
         memory = device.memory(calls, gpu, gpu.handle)  # a lost GPU stops here, before anything runs in parallel
-        tx = self._pcie_pool.submit(device.pcie_rate, calls, gpu, pynvml.NVML_PCIE_UTIL_TX_BYTES)
-        rx = self._pcie_pool.submit(device.pcie_rate, calls, gpu, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+        gpm = read_gpm(calls, gpu)  # first: a GPM metric that answers NotSupported hands its quantity back at once
+        served = set() if gpu.gpm is None else gpu.gpm.quantities
+        if PCIE in served:
+            tx, rx = _done(gpm.get("pcie_tx")), _done(gpm.get("pcie_rx"))
+        else:
+            tx = self._pcie_pool.submit(device.pcie_rate, calls, gpu, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+            rx = self._pcie_pool.submit(device.pcie_rate, calls, gpu, pynvml.NVML_PCIE_UTIL_RX_BYTES)
         try:
             utilization = device.utilization(calls, gpu)
+            _choose_fields(gpu)
             fields, fields_time = read_field_values(calls, gpu, self._clock)
-            nvlink = read_nvlink(calls, gpu, self._node, fields, fields_time)
+            nvlink = read_nvlink(calls, gpu, self._node, fields, fields_time, gpm if NVLINK in served else None)
+            crc_flit, replay, recovery = nvlink_errors(calls, gpu, fields, fields_time)
             thermal = device.thermal(calls, gpu)
             link = device.pcie_link(calls, gpu)
             health = device.health(calls, gpu)
@@ -234,15 +242,35 @@ class NvmlSource:
             nvlink_tx_bytes_per_second=nvlink.tx_bytes_per_second,
             nvlink_rx_bytes_per_second=nvlink.rx_bytes_per_second,
             nvlink_links_active=nvlink.active,
-            nvlink_crc_flit_errors_total=as_int(fields.get((FI_NVLINK_CRC, 0))),
-            nvlink_replay_errors_total=as_int(fields.get((FI_NVLINK_REPLAY, 0))),
-            nvlink_recovery_errors_total=as_int(fields.get((FI_NVLINK_RECOVERY, 0))),
+            nvlink_crc_flit_errors_total=crc_flit,
+            nvlink_replay_errors_total=replay,
+            nvlink_recovery_errors_total=recovery,
             ecc_corrected_errors_total=health.ecc_corrected,
             ecc_uncorrected_errors_total=health.ecc_uncorrected,
             remapped_rows_correctable=health.rows_correctable,
             remapped_rows_uncorrectable=health.rows_uncorrectable,
             remapped_rows_pending=health.rows_pending,
             remapped_rows_failure=health.rows_failure,
+            sm_active_ratio=gpm.get("sm_active") if PROFILING in served else None,
+            tensor_active_ratio=gpm.get("tensor_active") if PROFILING in served else None,
+            dram_active_ratio=gpm.get("dram_active") if PROFILING in served else None,
             xid_errors=self._xid_counts(gpu),
         )
         return _GpuRead(reading, links=nvlink.links, processes=processes, migs=migs)
+
+
+def _done(value: float | None) -> Future[float | None]:
+    """A value that GPM has already measured, in the shape of a pending 20 ms PCIe sample."""
+    future: Future[float | None] = Future()
+    future.set_result(value)
+    return future
+
+
+def _choose_fields(gpu: Gpu) -> None:
+    """The GPU's batch of field values: without the NVLink counters where GPM measures NVLink, and without the error
+    totals the driver refuses."""
+    counters = gpu.gpm is None or NVLINK not in gpu.gpm.quantities
+    choice = (counters, frozenset(gpu.nvlink_errors_per_link))
+    if choice != gpu.fields_choice:
+        gpu.fields_choice = choice
+        gpu.fields = field_ids(gpu.links, nvlink_counters=counters, per_link_errors=choice[1])

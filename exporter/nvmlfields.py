@@ -1,16 +1,18 @@
 """NVML field values: the (field id, scope) pairs read in one batched ``nvmlDeviceGetFieldValues`` call per GPU.
 
-The batch holds the memory temperature and, on NVLink GPUs, the NVLink error counters and throughput counters (all
-links and per link). Each value's type tag says which member of its union holds the number.
+The batch holds the memory temperature and, on NVLink GPUs, the NVLink error counters (their all-links totals, where
+the driver has them) and throughput counters (all links and per link; left out where GPM measures NVLink). Each
+value's type tag says which member of its union holds the number.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Final
 
 import pynvml
 
-from exporter.nvmlcalls import LINK_END, SUCCESS, UNKNOWN, Calls, optional_constant
+from exporter.nvmlcalls import LINK_END, NOT_SUPPORTED, SUCCESS, UNKNOWN, Calls, optional_constant
 from exporter.nvmlgpu import Gpu
 from gpulens.clock import Clock
 
@@ -51,14 +53,24 @@ def _value_members() -> dict[int, str]:
 VALUE_MEMBERS: Final[dict[int, str]] = _value_members()
 
 
-def field_ids(links: int) -> tuple[tuple[int, int], ...]:
-    """The (field id, scope id) pairs read in one nvmlDeviceGetFieldValues call per GPU and read."""
+NVLINK_ERROR_TOTALS: Final = (FI_NVLINK_CRC, FI_NVLINK_REPLAY, FI_NVLINK_RECOVERY)
+
+
+def field_ids(
+    links: int, *, nvlink_counters: bool = True, per_link_errors: Collection[int] = ()
+) -> tuple[tuple[int, int], ...]:
+    """The (field id, scope id) pairs read in one nvmlDeviceGetFieldValues call per GPU and read.
+
+    ``nvlink_counters`` is False where GPM measures NVLink throughput; ``per_link_errors`` are the error totals that
+    the driver refuses (they are summed over links by ``exporter.nvmllinks`` instead).
+    """
     ids = [(FI_MEMORY_TEMP, 0)]
     if links:
-        ids += [(FI_NVLINK_CRC, 0), (FI_NVLINK_REPLAY, 0), (FI_NVLINK_RECOVERY, 0)]
-        ids += [(FI_NVLINK_TX, ALL_LINKS), (FI_NVLINK_RX, ALL_LINKS)]
-        for link in range(links):
-            ids += [(FI_NVLINK_TX, link), (FI_NVLINK_RX, link)]
+        ids += [(field_id, 0) for field_id in NVLINK_ERROR_TOTALS if field_id not in per_link_errors]
+        if nvlink_counters:
+            ids += [(FI_NVLINK_TX, ALL_LINKS), (FI_NVLINK_RX, ALL_LINKS)]
+            for link in range(links):
+                ids += [(FI_NVLINK_TX, link), (FI_NVLINK_RX, link)]
     return tuple(ids)
 
 
@@ -83,6 +95,8 @@ def _field_value(calls: Calls, gpu: Gpu, key: tuple[int, int], value: Any) -> fl
         # Drivers that cannot sum over all links refuse that scope; the per-link counters stand in for it.
         quiet = LINK_END if scope == ALL_LINKS else frozenset()
         calls.failed(gpu, what, UNKNOWN if code == SUCCESS else code, quiet=quiet)
+        if code == NOT_SUPPORTED and field_id in NVLINK_ERROR_TOTALS:
+            gpu.nvlink_errors_per_link.add(field_id)  # from the next read, summed over the links instead
         return None
     number = getattr(value.value, member)
     return float(number) if member == "dVal" else int(number)

@@ -1,4 +1,5 @@
-"""One GPU as the NVML source holds it: its handle, the static facts read at start-up, and what reads remember."""
+"""One GPU as the NVML source holds it: its handle, the static facts read at start-up, and what reads remember
+(counter values for rates, cached link states, its GPM samples)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,31 @@ class CounterRates:
         return (kib - previous[0]) * KIB / (now - previous[1])
 
 
+@dataclass(frozen=True, slots=True)
+class GpmMetric:
+    """One GPM metric a GPU is asked for (``exporter.nvmlgpm``)."""
+
+    key: str  # a GpmValues key: "pcie_tx", "sm_active", ..., or "link_tx:3" for one link
+    quantity: str
+    name: str  # the pynvml constant's name, for messages
+    metric_id: int
+    scale: float
+
+
+@dataclass(slots=True)
+class GpmState:
+    """One GPU's GPM state: its two samples, which holds the previous read, and the quantities GPM still serves."""
+
+    samples: tuple[Any, Any]
+    metrics: tuple[GpmMetric, ...]
+    request: Any  # a reused c_nvmlGpmMetricsGet_t
+    quantities: set[str]
+    previous: int | None = None  # index into samples of the sample taken by the previous read
+
+    def serves(self, quantity: str) -> bool:
+        return quantity in self.quantities
+
+
 @dataclass(slots=True)
 class Gpu:
     """One GPU: its handle, the static facts read at start-up, and what successive reads need to remember."""
@@ -44,7 +70,13 @@ class Gpu:
     links: int = 0
     remote_pci_bus_ids: tuple[str | None, ...] = ()
     fields: tuple[tuple[int, int], ...] = ()
+    fields_choice: tuple[bool, frozenset[int]] | None = None  # what ``fields`` was built for (exporter.nvml)
     lost: bool = False
     rates: CounterRates = field(default_factory=CounterRates)
     # link -> (when read, NVML state); link states change rarely and cost one call per link, so they are cached.
     link_states: dict[int, tuple[float, Any]] = field(default_factory=dict)
+    gpm: GpmState | None = None  # where GPM serves this GPU (exporter.nvmlgpm)
+    # NVLink error fields whose all-links total the driver refuses (Hopper may): summed over links instead, with the
+    # sums cached as field id -> (when read, sum).
+    nvlink_errors_per_link: set[int] = field(default_factory=set)
+    link_errors: dict[int, tuple[float, int | None]] = field(default_factory=dict)

@@ -38,6 +38,7 @@ def _full_snapshot() -> NodeSnapshot:
         processes=(ProcessReading("n", 0, "GPU-0", 1, 1, "c", "u", "j"),),
         jobs=(GpuJob("n", 0, "GPU-0", "j", "u"),),
         migs=(MigReading("n", 0, "GPU-0", "MIG-0", 1, 0, "p", 1, 1),),
+        metric_sources={"GPU-0": {"pcie": "gpm"}},
     )
 
 

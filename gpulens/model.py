@@ -157,6 +157,9 @@ class NodeSnapshot:
     driver_version: str | None = None
     # Cumulative counts of the source's own failures by reason (e.g. "nvml_not_supported").
     errors: Mapping[str, int] = field(default_factory=dict)
+    # GPU uuid -> quantity ("pcie", "nvlink", "profiling") -> where its values came from ("gpm", "sample",
+    # "counters"); set by the NVML source, exported as gpulens_gpu_metric_source_info (not in the JSON document).
+    metric_sources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def replace(self, **changes: Any) -> NodeSnapshot:
         return dataclasses.replace(self, **changes)

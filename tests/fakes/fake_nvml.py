@@ -5,6 +5,7 @@ real pynvml ctypes structures where pynvml does, so the source is tested against
 GPU is a ``FakeGpu`` whose values tests set directly; counters (energy, NVLink KiB) advance with the fake's clock.
 Failures are injected per GPU and function (``fail``), per field (``fail_field``), per driver (``remove_function``,
 as an older driver without a C symbol) and per GPU (``lose``). Every call is recorded, with how many ran at once.
+GPM (``nvmlGpm*``, Hopper and newer) lives in ``tests.fakes.fake_gpm``; ``h200_gpu`` is a GPU that supports it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from pynvml import (
 )
 
 from gpulens.clock import Clock, ManualClock
+from tests.fakes.fake_gpm import FakeGpmMixin, GpmCounts
 
 __all__ = [
     "GIB",
@@ -76,6 +78,7 @@ __all__ = [
     "FakeMig",
     "FakeNvml",
     "h100_gpu",
+    "h200_gpu",
     "l40s_gpu",
     "nvmlEventTypeXidCriticalError",
 ]
@@ -84,6 +87,11 @@ MIB = 1024**2
 GIB = 1024**3
 ALL_LINKS = 0xFFFFFFFF
 _T = TypeVar("_T")
+_ERROR_TOTALS = (
+    NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+    NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+    NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+)
 
 # HGX H100 8-GPU baseboard PCI bus numbers, in NVML index order.
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
@@ -137,13 +145,20 @@ class FakeGpu:
     nvlink_rx_kib_per_s: float = 0.0
     nvlink_remote_bus_ids: tuple[str, ...] = ()
     nvlink_aggregate: bool = True  # whether the throughput fields answer scopeId 0xFFFFFFFF (the sum over links)
-    nvlink_crc_flit_errors: int = 0
+    nvlink_crc_flit_errors: int = 0  # over all links; link l holds an even share (the first links the remainder)
     nvlink_replay_errors: int = 0
     nvlink_recovery_errors: int = 0
+    nvlink_error_totals: bool = True  # whether the all-links error fields answer (False: NotSupported, as Hopper may)
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
     remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)  # correctable, uncorrectable, pending, failure
     processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, used bytes or None)
+    # GPM (Hopper and newer): SM, tensor and DRAM utilization in percent; GPM's PCIe averages follow pcie_*_kbs.
+    gpm_supported: bool = False
+    gpm_sm_util: float = 0.0
+    gpm_tensor_util: float = 0.0
+    gpm_dram_util: float = 0.0
+    gpm_unsupported_metrics: set[int] = field(default_factory=set)  # NVML_GPM_METRIC_* ids that answer NotSupported
     mig_capable: bool = True
     mig_enabled: bool = False
     mig_slots: int = 7
@@ -155,11 +170,16 @@ class FakeGpu:
     # Cumulative NVLink counters per link (KiB), and the clock time the counters were last brought up to date.
     nvlink_tx_kib: list[float] = field(default_factory=list)
     nvlink_rx_kib: list[float] = field(default_factory=list)
+    gpm_totals: dict[str, float] = field(default_factory=dict)  # integrals over time: PCIe KiB, utilization %·s
     counters_time: float = 0.0
 
 
 def h100_gpu(index: int) -> FakeGpu:
-    """A busy H100 SXM5 80GB on an HGX board: 18 NVLinks to the NVSwitches."""
+    """A busy H100 SXM5 80GB on an HGX board: 18 NVLinks to the NVSwitches.
+
+    GPM is off (``gpm_supported=False``), as on a driver before GPM: its PCIe values come from the 20 ms sample and its
+    NVLink values from the field counters. ``h200_gpu`` is a Hopper GPU with GPM.
+    """
     bus = _HGX_BUSES[index] if index < len(_HGX_BUSES) else 0x10 + index
     return FakeGpu(
         uuid=f"GPU-{index:08x}-4e1c-9a7b-d1f0-5c3a2b1e{index:04x}",
@@ -196,6 +216,24 @@ def h100_gpu(index: int) -> FakeGpu:
     )
 
 
+def h200_gpu(index: int) -> FakeGpu:
+    """An H200 SXM 141GB under load with GPM, set to what the issue measured on a real one (driver 580): graphics
+    utilization 99 %, SM 95.8 %, any-tensor 93.0 %, DRAM bandwidth 17.8 %, PCIe TX/RX 8,960 / 8,518 MiB/s."""
+    gpu = h100_gpu(index)
+    gpu.uuid = f"GPU-{index:08x}-2b6f-4c1d-8e3a-7f90a1b2{index:04x}"
+    gpu.name = "NVIDIA H200"
+    gpu.memory_total = 143771 * MIB
+    gpu.memory_used = 120 * GIB
+    gpu.utilization = 99
+    gpu.pcie_tx_kbs = 8960 * 1024
+    gpu.pcie_rx_kbs = 8518 * 1024
+    gpu.gpm_supported = True
+    gpu.gpm_sm_util = 95.8
+    gpu.gpm_tensor_util = 93.0
+    gpu.gpm_dram_util = 17.8
+    return gpu
+
+
 def l40s_gpu(index: int) -> FakeGpu:
     """An L40S: PCIe only, no NVLink, no MIG."""
     return FakeGpu(
@@ -224,7 +262,7 @@ class _Handle:
         self.address = ctypes.cast(self.pointer, ctypes.c_void_p).value
 
 
-class FakeNvml:
+class FakeNvml(FakeGpmMixin):
     """Stands in for the ``pynvml`` module: ``NvmlSource(node, nvml=FakeNvml(...))``."""
 
     def __init__(
@@ -257,6 +295,7 @@ class FakeNvml:
         self._mig_handles: dict[tuple[int, int], _Handle] = {}
         self._registered: set[int] = set()
         self._events: queue.Queue[tuple[int, int]] = queue.Queue()
+        self.gpm = GpmCounts()
         start = self.clock.monotonic()
         for gpu in self.gpus:
             gpu.counters_time = start
@@ -267,6 +306,11 @@ class FakeNvml:
     def h100_node(cls, gpus: int = 8, **kwargs: Any) -> FakeNvml:
         """An HGX H100 SXM5 node: ``gpus`` H100s, each with 18 NVLinks."""
         return cls([h100_gpu(i) for i in range(gpus)], **kwargs)
+
+    @classmethod
+    def h200_node(cls, gpus: int = 8, **kwargs: Any) -> FakeNvml:
+        """An HGX H200 node: ``gpus`` H200s with GPM and 18 NVLinks each."""
+        return cls([h200_gpu(i) for i in range(gpus)], **kwargs)
 
     # --- configuration ------------------------------------------------------------------------------------------
 
@@ -305,6 +349,14 @@ class FakeNvml:
             for n in range(devices)
         ]
 
+    def change(self, index: int, **values: Any) -> None:
+        """Set attributes of GPU ``index`` from now on: its counters grow at the old rates up to this moment."""
+        gpu = self._advance(index)
+        for name, value in values.items():
+            if not hasattr(gpu, name):
+                raise AttributeError(name)
+            setattr(gpu, name, value)
+
     def reset_counters(self, index: int) -> None:
         """Restart GPU ``index``'s NVLink throughput counters from 0 (as a driver reload does)."""
         gpu = self._advance(index)
@@ -329,6 +381,14 @@ class FakeNvml:
             elapsed = max(0.0, now - gpu.counters_time)
             gpu.counters_time = now
             gpu.energy_mj += gpu.power_mw * elapsed
+            for key, rate in (
+                ("pcie_tx_kib", gpu.pcie_tx_kbs),
+                ("pcie_rx_kib", gpu.pcie_rx_kbs),
+                ("sm_util", gpu.gpm_sm_util),
+                ("tensor_util", gpu.gpm_tensor_util),
+                ("dram_util", gpu.gpm_dram_util),
+            ):
+                gpu.gpm_totals[key] = gpu.gpm_totals.get(key, 0.0) + rate * elapsed
             for link in range(gpu.nvlinks):
                 if link not in gpu.nvlink_inactive:
                     gpu.nvlink_tx_kib[link] += gpu.nvlink_tx_kib_per_s * elapsed
@@ -470,7 +530,7 @@ class FakeNvml:
         values = {NVML_TEMPERATURE_GPU: self._gpu(handle).temperature}
         return self._call("nvmlDeviceGetTemperature", lambda: _pick(values, sensor), handle=handle)
 
-    def nvmlDeviceGetTemperatureV(self, handle: Any, sensor: int, version: int = pynvml.nvmlTemperature_v1) -> int:
+    def nvmlDeviceGetTemperatureV(self, handle: Any, sensor: int, version: int | None = None) -> int:
         values = {NVML_TEMPERATURE_GPU: self._gpu(handle).temperature}
         return self._call("nvmlDeviceGetTemperatureV", lambda: _pick(values, sensor), handle=handle)
 
@@ -622,6 +682,21 @@ class FakeNvml:
             "nvmlDeviceGetNvLinkRemotePciInfo", produce, handle=handle, symbol="nvmlDeviceGetNvLinkRemotePciInfo_v2"
         )
 
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: int, counter: int) -> int:
+        def produce() -> int:
+            gpu = self._gpu(handle)
+            if not 0 <= link < gpu.nvlinks:
+                raise pynvml.NVMLError(NVML_ERROR_INVALID_ARGUMENT if gpu.nvlinks else NVML_ERROR_NOT_SUPPORTED)
+            totals = {
+                pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: gpu.nvlink_crc_flit_errors,
+                pynvml.NVML_NVLINK_ERROR_DL_REPLAY: gpu.nvlink_replay_errors,
+                pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: gpu.nvlink_recovery_errors,
+            }
+            share, remainder = divmod(_pick(totals, counter), gpu.nvlinks)
+            return share + (1 if link < remainder else 0)
+
+        return self._call("nvmlDeviceGetNvLinkErrorCounter", produce, handle=handle)
+
     def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: Sequence[int | tuple[int, int]]) -> Any:
         def produce() -> Any:
             index = self._index_of(handle)
@@ -647,7 +722,8 @@ class FakeNvml:
             return
         number = self._nvlink_field(index, field_id, scope)
         if number is None:
-            value.nvmlReturn = NVML_ERROR_NOT_SUPPORTED if not gpu.nvlinks else NVML_ERROR_INVALID_ARGUMENT
+            refused = not gpu.nvlinks or (field_id in _ERROR_TOTALS and not gpu.nvlink_error_totals)
+            value.nvmlReturn = NVML_ERROR_NOT_SUPPORTED if refused else NVML_ERROR_INVALID_ARGUMENT
             return
         value.valueType, value.nvmlReturn = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, NVML_SUCCESS
         value.value.ullVal = number
@@ -662,7 +738,7 @@ class FakeNvml:
             NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: gpu.nvlink_recovery_errors,
         }
         if field_id in totals:
-            return totals[field_id]
+            return totals[field_id] if gpu.nvlink_error_totals and scope == 0 else None
         counters = {
             NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: gpu.nvlink_tx_kib,
             NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: gpu.nvlink_rx_kib,
@@ -691,10 +767,14 @@ class FakeNvml:
         return self._call("nvmlDeviceGetRemappedRows", lambda: self._gpu(handle).remapped_rows, handle=handle)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
-        """Like pynvml: a missing _v3 symbol raises NVMLLibraryMismatchError, not an NVMLError."""
+        """Like pynvml: a missing _v3 symbol raises NVMLLibraryMismatchError, not an NVMLError (releases before that
+        class raise NVMLError_FunctionNotFound)."""
         if "nvmlDeviceGetComputeRunningProcesses_v3" in self.removed:
             with self._in_flight("nvmlDeviceGetComputeRunningProcesses", self._index_of(handle)):
-                raise pynvml.NVMLLibraryMismatchError("use a versioned function such as ..._v2")
+                mismatch = getattr(pynvml, "NVMLLibraryMismatchError", None)
+                if mismatch is None:
+                    raise pynvml.NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+                raise mismatch("use a versioned function such as ..._v2")
         return self._call("nvmlDeviceGetComputeRunningProcesses", lambda: self._processes(handle), handle=handle)
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> list[Any]:

@@ -154,8 +154,8 @@ BUILTIN_RULES: Final[tuple[AlertRule, ...]] = (
         "`power_ratio` of the baseline; `blocked`, every GPU idle (at most `idle_utilization_max`) with memory held "
         "(at least `memory_held_ratio` of the baseline); `mixed`, some spinning and cold, the others idle. `blocked` "
         "and `mixed` count only after the job has paused for `blocked_after_s` and for longer than any pause it came "
-        "back from (checkpoints), and only for jobs whose baseline moved `blocked_baseline_traffic_min_bytes_per_second`"
-        " per GPU. See 'How stall detection works'.",
+        "back from (checkpoints), and only for jobs whose baseline moved "
+        "`blocked_baseline_traffic_min_bytes_per_second` per GPU. See 'How stall detection works'.",
         action="The job makes no progress: look at its logs for the rank that died or hangs (NCCL_DEBUG=INFO, "
         "py-spy dump), and at XidError/GpuLost alerts on its GPUs; restart it from its last checkpoint.",
     ),

@@ -36,6 +36,7 @@ def test_replay_json_is_what_simulate_prints() -> None:
         "severity": "critical",
         "job_id": "llm-pretrain",
         "user": "alice",
+        "signature": "spinning",
     }
     assert parse_timestamp(doc["startsAt"]) == scenario.start + 25 * MINUTE
     assert parse_timestamp(doc["endsAt"]) == scenario.start + 30 * MINUTE

@@ -110,6 +110,9 @@ def test_faults_example_raises_each_faults_alert() -> None:
     assert_in_time(outcome, 10.0)
     expected = {
         ("CommunicationStall", "pretrain"),
+        ("CommunicationStall", "hang-spin"),
+        ("CommunicationStall", "hang-blocked"),
+        ("CommunicationStall", "hang-mixed"),
         ("JobStraggler", "node-02:5"),
         ("GpuThermalThrottling", "node-02:5"),  # the straggler is thermally slowed (sw_thermal)
         ("GpuMemorySaturated", "node-03:0"),

@@ -14,7 +14,7 @@ import pytest
 from alerts.rules import builtin_rules
 
 from . import scenarios
-from .expect import Outcome, run
+from .expect import KindTally, Outcome, RuleTally, run, tally
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
 RULES = builtin_rules()
@@ -130,6 +130,15 @@ def test_faults_example_raises_each_faults_alert() -> None:
     }
     assert set(subjects(outcome)) == expected
     assert len(outcome.fired) == len(expected)  # each once
+    kinds, rules = tally([outcome])
+    assert kinds["nvlink_saturation"] == KindTally(injected=1, alerting=1, detected=1)
+    assert rules["NvlinkBandwidthSaturated"] == RuleTally(required=8, detected=8, fired=8, false=0)  # one per GPU
+    assert kinds["straggler"] == KindTally(1, 1, 1)  # JobStraggler and GpuThermalThrottling both fired
+    assert kinds["dead_profiling"] == KindTally(1, 0, 0)  # a confounder: calls for no alert
+    assert {
+        k: kinds[k].detected for k in ("comm_stall", "hang_spinning", "hang_blocked", "hang_mixed")
+    } == dict.fromkeys(("comm_stall", "hang_spinning", "hang_blocked", "hang_mixed"), 1)
+    assert sum(k.injected for k in kinds.values()) == 17
 
 
 # ------------------------------------------------------------------------------------------------ own scenarios

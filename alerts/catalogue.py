@@ -143,10 +143,19 @@ BUILTIN_RULES: Final[tuple[AlertRule, ...]] = (
             "sm_active_ratio": 0.3,
             "baseline_traffic_min_bytes_per_second": 500e6,
             "baseline_rounds_min": 6.0,
+            "idle_utilization_max": 0.05,
+            "memory_held_ratio": 0.5,
+            "blocked_after_s": 11 * MINUTE,
+            "blocked_baseline_traffic_min_bytes_per_second": 3e9,
         },
-        meaning="A multi-GPU job hangs in a collective (an NCCL hang): every GPU shows ~100% utilization (a "
-        "spinning kernel) while NVLink and PCIe traffic fell below `quiet_ratio` of the job's own recent baseline "
-        "and power fell below `power_ratio` of it. See 'How stall detection works'.",
+        meaning="A multi-GPU job hangs (an NCCL hang): NVLink and PCIe traffic fell below `quiet_ratio` of the "
+        "job's own recent baseline on every GPU, and its GPUs show one of three signatures (the `signature` label): "
+        "`spinning`, every GPU at ~100% utilization (at least `utilization_min`, a spinning kernel) with power below "
+        "`power_ratio` of the baseline; `blocked`, every GPU idle (at most `idle_utilization_max`) with memory held "
+        "(at least `memory_held_ratio` of the baseline); `mixed`, some spinning and cold, the others idle. `blocked` "
+        "and `mixed` count only after the job has paused for `blocked_after_s` and for longer than any pause it came "
+        "back from (checkpoints), and only for jobs whose baseline moved "
+        "`blocked_baseline_traffic_min_bytes_per_second` per GPU. See 'How stall detection works'.",
         action="The job makes no progress: look at its logs for the rank that died or hangs (NCCL_DEBUG=INFO, "
         "py-spy dump), and at XidError/GpuLost alerts on its GPUs; restart it from its last checkpoint.",
     ),

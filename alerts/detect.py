@@ -5,11 +5,20 @@ keeps per job (every GPU busy, data moving, clocks even). Neither uses a fixed t
 the same on 2 GPUs or 512, on NVLink or PCIe-only nodes, on any GPU model. See docs/alerts.md for the reasoning and
 the known limits.
 
-A stall is every GPU of a multi-GPU job at ~full utilization (a spinning NCCL kernel counts as a running kernel),
-its NVLink + PCIe traffic below ``quiet_ratio`` of the reference, and its power below ``power_ratio`` of the
-reference. Power is the corroboration that tells a hang from a phase of pure compute; when the source reads no power,
-DCGM's SM activity stands in, but only when it is alive (it was clearly above zero in the reference), because dead
-profiling counters read 0 for weeks.
+A stall is a multi-GPU job whose NVLink + PCIe traffic fell below ``quiet_ratio`` of the reference on every GPU,
+in one of three signatures (the ``signature`` label):
+
+- ``spinning``: every GPU at ~full utilization (a spinning NCCL kernel counts as a running kernel) and power below
+  ``power_ratio`` of the reference. Power is the corroboration that tells a hang from a phase of pure compute; when
+  the source reads no power, DCGM's SM activity stands in, but only when it is alive (it was clearly above zero in
+  the reference), because dead profiling counters read 0 for weeks.
+- ``blocked``: every GPU idle (utilization at most ``idle_utilization_max``), the job's memory still held.
+- ``mixed``: some GPUs spinning (and cold, as above), the others idle, memory held.
+
+The last two look like a healthy pause (a checkpoint, a data-loader wait) until they last longer than one: they
+count only once the job has been pausing for ``blocked_after_s`` and for longer than the longest pause it came back
+from, and only for a job whose reference moved at least ``blocked_baseline_traffic_min_bytes_per_second`` per GPU
+(collectives, not an inference server's host traffic: an idle server is not a hang).
 
 A straggler is one GPU (at most half of the job) whose SM clock is below ``clock_ratio`` of its peers' median or
 that alone has a slowdown reason, whose power differs from its peers' median, while the peers wait: their power fell
@@ -47,6 +56,12 @@ class Baseline:
     nvlink: float | None
     power: float | None
     sm_active: float | None
+    memory: float | None  # bytes used per GPU
+
+
+SPINNING: Final = "spinning"
+BLOCKED: Final = "blocked"
+MIXED: Final = "mixed"
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -67,6 +82,7 @@ def baseline(reference: Sequence[JobRound], min_rounds: float) -> Baseline | Non
         nvlink=_median([r.nvlink_median for r in reference]),
         power=_median([r.power_median for r in reference]),
         sm_active=_median([r.sm_active_median for r in reference]),
+        memory=_median([r.memory_median for r in reference]),
     )
 
 
@@ -92,19 +108,65 @@ def _current(history: History, latest: Round, job_id: str) -> JobRound | None:
 # ------------------------------------------------------------------------------------------------ CommunicationStall
 
 
+def _cold(power: float | None, sm_active: float | None, base: Baseline, rule: AlertRule) -> bool:
+    """Spinning GPUs draw little power (or, without power, show little SM activity on live counters)."""
+    if power is not None and base.power is not None:
+        return power <= rule.threshold("power_ratio") * base.power
+    if _alive(base.sm_active) and sm_active is not None:
+        assert base.sm_active is not None
+        return sm_active <= rule.threshold("sm_active_ratio") * base.sm_active
+    return False  # nothing corroborates a hang: a phase of pure compute looks the same
+
+
 def _looks_stalled(summary: JobRound, base: Baseline, rule: AlertRule) -> bool:
+    """The spinning signature: every GPU busy, no traffic, cold."""
     if summary.gpus < 2 or summary.utilization_min is None or summary.traffic_max is None:
         return False
     if summary.utilization_min < rule.threshold("utilization_min"):
         return False
     if summary.traffic_max > rule.threshold("quiet_ratio") * base.traffic:
         return False
-    if summary.power_max is not None and base.power is not None:
-        return summary.power_max <= rule.threshold("power_ratio") * base.power
-    if _alive(base.sm_active) and summary.sm_active_median is not None:
-        assert base.sm_active is not None
-        return summary.sm_active_median <= rule.threshold("sm_active_ratio") * base.sm_active
-    return False  # nothing corroborates a hang: a phase of pure compute looks the same
+    return _cold(summary.power_max, summary.sm_active_median, base, rule)
+
+
+def _quiet_and_held(summary: JobRound, base: Baseline, rule: AlertRule) -> bool:
+    """No traffic on any GPU, and the job's memory still held (ranks that exited free theirs)."""
+    if summary.gpus < 2 or summary.traffic_max is None or summary.utilization_max is None:
+        return False
+    if summary.traffic_max > rule.threshold("quiet_ratio") * base.traffic:
+        return False
+    if summary.memory_min is not None and base.memory:
+        return summary.memory_min >= rule.threshold("memory_held_ratio") * base.memory
+    return True
+
+
+def _signature(rule: AlertRule, history: History, view: JobView, summary: JobRound, base: Baseline) -> str | None:
+    """The hang signature the job shows now, or ``None``."""
+    if _looks_stalled(summary, base, rule):
+        return SPINNING
+    if base.traffic < rule.threshold("blocked_baseline_traffic_min_bytes_per_second"):
+        return None  # host traffic only (an inference server): going idle is not a hang
+    if not _quiet_and_held(summary, base, rule):
+        return None
+    pause = history.job_pause(view.job_id)
+    if pause.since is None or summary.time - pause.since < max(rule.threshold("blocked_after_s"), pause.longest_s):
+        return None  # no longer yet than a healthy pause
+    idle = rule.threshold("idle_utilization_max")
+    assert summary.utilization_max is not None
+    if summary.utilization_max <= idle:
+        return BLOCKED
+    latest = history.latest
+    assert latest is not None
+    readings = _up_readings(latest, view)
+    busy = rule.threshold("utilization_min")
+    spinning = [r for r in readings if r.utilization_ratio is not None and r.utilization_ratio >= busy]
+    idle_count = sum(1 for r in readings if r.utilization_ratio is not None and r.utilization_ratio <= idle)
+    if not spinning or not idle_count or len(spinning) + idle_count < len(readings):
+        return None
+    powers = [r.power_watts for r in spinning]
+    power = None if None in powers else max(p for p in powers if p is not None)
+    sm_active = _median([r.sm_active_ratio for r in spinning])
+    return MIXED if _cold(power, sm_active, base, rule) else None
 
 
 def communication_stall(rule: AlertRule, history: History, now: float) -> list[Candidate]:
@@ -124,38 +186,72 @@ def communication_stall(rule: AlertRule, history: History, now: float) -> list[C
             continue
         if base.traffic < rule.threshold("baseline_traffic_min_bytes_per_second"):
             continue  # it never communicated
-        if not _looks_stalled(summary, base, rule):
-            continue
-        out.append(_stall_candidate(rule, history, view, summary, base, now))
+        signature = _signature(rule, history, view, summary, base)
+        if signature is not None:
+            out.append(_stall_candidate(rule, history, view, summary, base, signature, now))
     return out
 
 
-def _stall_candidate(
-    rule: AlertRule, history: History, view: JobView, summary: JobRound, base: Baseline, now: float
-) -> Candidate:
+def _stall_since(rule: AlertRule, history: History, view: JobView, base: Baseline, signature: str, now: float) -> float:
+    """When the job's current hang began: its spinning rounds, or its pause."""
+    if signature != SPINNING:
+        return history.job_pause(view.job_id).since or now
     since = now
     for past in reversed(history.job_rounds(view.job_id)):
         if not _looks_stalled(past, base, rule):
             break
         since = past.time
+    return since
+
+
+def _stall_candidate(
+    rule: AlertRule, history: History, view: JobView, summary: JobRound, base: Baseline, signature: str, now: float
+) -> Candidate:
+    since = _stall_since(rule, history, view, base, signature, now)
     link = "NVLink" if base.nvlink is not None and base.nvlink >= 0.5 * base.traffic else "PCIe"
     util = summary.utilization_median or 0.0
     duration = f" for {format_duration(now - since)}" if now > since else ""
-    summary_text = f"job {view.job_id}: {summary.gpus} GPUs at {percent(util)} with no {link} traffic{duration}"
     traffic_now = summary.traffic_max or 0.0
     power = (
         f" and power from {base.power:.0f} W to {summary.power_median:.0f} W"
         if base.power is not None and summary.power_median is not None
         else ""
     )
-    description = (
-        f"Every GPU of the job shows {percent(util)} utilization, but traffic per GPU fell from "
-        f"{rate_text(base.traffic)} (the job's baseline over {base.rounds} rounds) to {rate_text(traffic_now)}"
-        f"{power}: its GPUs spin in a collective that does not complete (an NCCL hang)."
-        + (f" User {view.user}." if view.user else "")
+    fell = (
+        f"traffic per GPU fell from {rate_text(base.traffic)} (the job's baseline over {base.rounds} rounds) to "
+        f"{rate_text(traffic_now)}{power}"
     )
-    labels = rule_labels(rule, {"job_id": view.job_id, "user": view.user or ""})
+    if signature == SPINNING:
+        summary_text = f"job {view.job_id}: {summary.gpus} GPUs at {percent(util)} with no {link} traffic{duration}"
+        evidence = (
+            f"Every GPU of the job shows {percent(util)} utilization, but {fell}: its GPUs spin in a collective "
+            "that does not complete (an NCCL hang)."
+        )
+    elif signature == BLOCKED:
+        summary_text = f"job {view.job_id}: {summary.gpus} GPUs idle with memory held and no {link} traffic{duration}"
+        evidence = (
+            f"Every GPU of the job is idle with its memory held, and {fell}, for longer than any pause the job came "
+            "back from: its ranks are blocked on the host (a hang outside the GPU, or a rank that died)."
+        )
+    else:
+        latest = history.latest
+        assert latest is not None
+        idle = sum(1 for r in _up_readings(latest, view) if _idle(rule, r))
+        summary_text = (
+            f"job {view.job_id}: {summary.gpus - idle} GPUs spinning and {idle} idle with no {link} traffic{duration}"
+        )
+        evidence = (
+            f"Some GPUs of the job spin at full utilization while {idle} sit idle, and {fell}, for longer than any "
+            "pause the job came back from: the spinning ranks wait in a collective for ranks that are blocked "
+            "or gone."
+        )
+    description = evidence + (f" User {view.user}." if view.user else "")
+    labels = rule_labels(rule, {"job_id": view.job_id, "user": view.user or "", "signature": signature})
     return Candidate(rule.name, labels, traffic_now / base.traffic, summary_text, description)
+
+
+def _idle(rule: AlertRule, reading: GpuReading) -> bool:
+    return reading.utilization_ratio is not None and reading.utilization_ratio <= rule.threshold("idle_utilization_max")
 
 
 # ------------------------------------------------------------------------------------------------ JobStraggler

@@ -5,7 +5,8 @@ the last ``window_s`` seconds, each GPU's readings, the jobs holding each GPU, a
 (``JobRound``). A job also keeps its *reference*: its most recent rounds of normal, communicating work (every GPU
 busy, data moving, clocks even), kept for ``window_s`` back from the newest such round however long ago that was.
 The stall and straggler detectors compare the present with it, so a stall that lasts longer than the window still
-has a baseline.
+has a baseline. And it keeps its *pauses* (``JobPause``): since when some GPU of it has been idle, and the longest
+such pause it came back from after it had begun its work (checkpoints, data-loader waits), however long ago.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class JobRound:
     gpus: int  # GPUs read (up) this round
     utilization_min: float | None
     utilization_median: float | None
+    utilization_max: float | None
     traffic_max: float | None  # bytes/s, NVLink + PCIe both directions, the busiest GPU
     traffic_median: float | None
     nvlink_median: float | None
@@ -81,6 +83,8 @@ class JobRound:
     power_median: float | None
     sm_active_median: float | None
     clock_ratio_min: float | None  # slowest SM clock / median SM clock
+    memory_min: float | None  # bytes used on the GPU using the least
+    memory_median: float | None
 
     @property
     def is_reference(self) -> bool:
@@ -94,17 +98,25 @@ class JobRound:
             and (self.clock_ratio_min is None or self.clock_ratio_min >= REFERENCE_MIN_CLOCK_RATIO)
         )
 
+    @property
+    def is_pause(self) -> bool:
+        """Some GPU of the job is not working (a data-loader wait, a checkpoint, or some kind of hang)."""
+        return self.utilization_min is not None and self.utilization_min < REFERENCE_MIN_UTILIZATION
+
 
 def summarise_job(time: float, readings: Sequence[GpuReading]) -> JobRound:
     """The ``JobRound`` of a job's up GPUs' readings."""
     clocks = [r.sm_clock_hertz for r in readings if r.sm_clock_hertz]
     clock_median = _median(clocks)
     traffic = [traffic_bytes_per_second(r) for r in readings]
+    utilization = [r.utilization_ratio for r in readings if r.utilization_ratio is not None]
+    memory = [float(r.memory_used_bytes) for r in readings if r.memory_used_bytes is not None]
     return JobRound(
         time=time,
         gpus=len(readings),
-        utilization_min=min((r.utilization_ratio for r in readings if r.utilization_ratio is not None), default=None),
-        utilization_median=_median(r.utilization_ratio for r in readings),
+        utilization_min=min(utilization, default=None),
+        utilization_median=_median(utilization),
+        utilization_max=max(utilization, default=None),
         traffic_max=_max(traffic),
         traffic_median=_median(traffic),
         nvlink_median=_median(nvlink_bytes_per_second(r) for r in readings),
@@ -112,6 +124,8 @@ def summarise_job(time: float, readings: Sequence[GpuReading]) -> JobRound:
         power_median=_median(r.power_watts for r in readings),
         sm_active_median=_median(r.sm_active_ratio for r in readings),
         clock_ratio_min=min(clocks) / clock_median if clocks and clock_median else None,
+        memory_min=min(memory, default=None),
+        memory_median=_median(memory),
     )
 
 
@@ -135,14 +149,36 @@ def _fits(reference: Sequence[JobRound], summary: JobRound) -> bool:
     return usual is None or summary.traffic_median >= REFERENCE_MIN_SHARE * usual
 
 
-class _Track:
-    """One job's summaries: the rounds of the window, and its reference rounds."""
+@dataclass(frozen=True, slots=True)
+class JobPause:
+    """A job's pauses: since when some GPU of it has been idle (``None`` while all work), and the longest pause it
+    came back from after its work had begun (0 when none): how long its healthy quiet phases last."""
 
-    __slots__ = ("reference", "rounds")
+    since: float | None
+    longest_s: float
+
+
+class _Track:
+    """One job's summaries: the rounds of the window, its reference rounds, and its pauses."""
+
+    __slots__ = ("longest_pause_s", "pause_since", "reference", "rounds", "worked")
 
     def __init__(self) -> None:
         self.rounds: deque[JobRound] = deque()
         self.reference: deque[JobRound] = deque()
+        self.pause_since: float | None = None
+        self.longest_pause_s = 0.0
+        self.worked = False  # it has had a reference round: a pause before that is its start, not a phase
+
+    def note_pause(self, summary: JobRound, began_work: bool) -> None:
+        if summary.is_pause:
+            if self.pause_since is None:
+                self.pause_since = summary.time
+        else:
+            if self.pause_since is not None and self.worked:
+                self.longest_pause_s = max(self.longest_pause_s, summary.time - self.pause_since)
+            self.pause_since = None
+        self.worked = self.worked or began_work
 
 
 class History:
@@ -215,10 +251,12 @@ class History:
             summary = summarise_job(round_.time, readings)
             track = self._tracks.setdefault(job_id, _Track())
             track.rounds.append(summary)
-            if summary.is_reference and _fits(track.reference, summary):
+            reference = summary.is_reference and _fits(track.reference, summary)
+            if reference:
                 track.reference.append(summary)
                 while track.reference[0].time < summary.time - self.window_s:
                     track.reference.popleft()
+            track.note_pause(summary, reference)
 
     def _expire(self, now: float) -> None:
         horizon = now - self.window_s
@@ -277,6 +315,11 @@ class History:
         """The job's recent rounds of normal, communicating work (see ``JobRound.is_reference``)."""
         track = self._tracks.get(job_id)
         return track.reference if track else ()
+
+    def job_pause(self, job_id: str) -> JobPause:
+        """The job's current pause and the longest it came back from (see ``JobPause``)."""
+        track = self._tracks.get(job_id)
+        return JobPause(track.pause_since, track.longest_pause_s) if track else JobPause(None, 0.0)
 
     def target_down_since(self, target: str) -> float | None:
         """When the target's current run of failed scrapes began, or ``None`` while it answers."""

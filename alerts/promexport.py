@@ -4,7 +4,8 @@ For operators who alert with Prometheus and Alertmanager rather than (or next to
 translate one to one, with the thresholds and ``for`` durations of the given rules (so config overrides carry over).
 ``CommunicationStall`` and ``JobStraggler`` compare a job with its own baseline and its peers; PromQL can express
 approximations of both, given here, but the collector's detectors are more careful (baseline lengths, pauses, dead
-profiling counters); docs/alerts.md explains the difference.
+profiling counters); docs/alerts.md explains the difference. ``CommunicationStall`` is exported as three rules, one
+per ``signature`` (spinning, blocked, mixed); the blocked and mixed ones wait ``blocked_after_s`` more.
 """
 
 from __future__ import annotations
@@ -104,21 +105,6 @@ def _expr(rule: AlertRule) -> str | None:
             f'rate(gpulens_gpu_nvlink_errors_total{{type="crc_flit"}}[{window}]) > {t("crc_per_second"):g} '
             f'or increase(gpulens_gpu_nvlink_errors_total{{type=~"replay|recovery"}}[{window}]) > 0'
         )
-    if name == COMMUNICATION_STALL:
-        baseline = t("baseline_traffic_min_bytes_per_second")
-        quiet = baseline * t("quiet_ratio")
-        traffic = (
-            "(sum by (node, gpu, uuid) (gpulens_gpu_nvlink_throughput_bytes_per_second) "
-            "+ on(node, gpu, uuid) sum by (node, gpu, uuid) (gpulens_gpu_pcie_throughput_bytes_per_second))"
-        )
-        per_gpu = (
-            f"(max by (node, gpu, uuid) (gpulens_gpu_utilization_ratio) >= {t('utilization_min'):g}) "
-            f"and on(node, gpu, uuid) ({traffic} < {quiet:g}) "
-            f"and on(node, gpu, uuid) (max_over_time({traffic}[30m:1m]) >= {baseline:g})"
-        )
-        stalled = f"count by (job_id, user) (({per_gpu}) * on(node, gpu, uuid) group_left(job_id, user) {_JOB})"
-        total = f"count by (job_id, user) ({_JOB})"
-        return f"{stalled} == {total} and {total} >= 2"
     if name == JOB_STRAGGLER:
         clock = 'max by (node, gpu, uuid) (gpulens_gpu_clock_hertz{clock="sm"})'
         with_job = f"{clock} * on(node, gpu, uuid) group_left(job_id, user) {_JOB}"
@@ -148,28 +134,80 @@ def _expr(rule: AlertRule) -> str | None:
     return None
 
 
+_UTIL = "max by (node, gpu, uuid) (gpulens_gpu_utilization_ratio)"
+_TRAFFIC = (
+    "(sum by (node, gpu, uuid) (gpulens_gpu_nvlink_throughput_bytes_per_second) "
+    "+ on(node, gpu, uuid) sum by (node, gpu, uuid) (gpulens_gpu_pcie_throughput_bytes_per_second))"
+)
+_MEMORY = "max by (node, gpu, uuid) (gpulens_gpu_memory_used_bytes)"
+
+
+def _per_job(per_gpu: str) -> str:
+    """How many of each job's GPUs ``per_gpu`` selects."""
+    return f"count by (job_id, user) (({per_gpu}) * on(node, gpu, uuid) group_left(job_id, user) {_JOB})"
+
+
+def _stall_exprs(rule: AlertRule) -> list[tuple[str, str, float]]:
+    """``CommunicationStall`` as (signature, expression, ``for``) per signature; baselines are approximated by the
+    busiest traffic (and the most memory) of the last 30 minutes, and no rule knows the job's own pauses."""
+    t = rule.threshold
+    total = f"count by (job_id, user) ({_JOB})"
+    spinning = f"({_UTIL} >= {t('utilization_min'):g})"
+    idle = f"({_UTIL} <= {t('idle_utilization_max'):g})"
+
+    def quiet(baseline: float) -> str:
+        return (
+            f"on(node, gpu, uuid) ({_TRAFFIC} < {baseline * t('quiet_ratio'):g}) "
+            f"and on(node, gpu, uuid) (max_over_time({_TRAFFIC}[30m:1m]) >= {baseline:g})"
+        )
+
+    spun = f"{spinning} and {quiet(t('baseline_traffic_min_bytes_per_second'))}"
+    held = (
+        f"{quiet(t('blocked_baseline_traffic_min_bytes_per_second'))} "
+        f"and on(node, gpu, uuid) ({_MEMORY} >= {t('memory_held_ratio'):g} * max_over_time({_MEMORY}[30m:1m]))"
+    )
+    whole = f"== {total} and {total} >= 2"
+    later = rule.for_s + t("blocked_after_s")
+    return [
+        ("spinning", f"{_per_job(spun)} {whole}", rule.for_s),
+        ("blocked", f"{_per_job(f'{idle} and {held}')} {whole}", later),
+        (
+            "mixed",
+            f"{_per_job(f'({spinning} or {idle}) and {held}')} {whole} "
+            f"and on(job_id, user) {_per_job(spinning)} >= 1 and on(job_id, user) {_per_job(idle)} >= 1",
+            later,
+        ),
+    ]
+
+
+def _entry(rule: AlertRule, expr: str, for_s: float, labels: dict[str, str]) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "alert": rule.name,
+        "expr": expr,
+        "labels": {"severity": rule.severity, **dict(rule.labels), **labels},
+        "annotations": {
+            "summary": f"{rule.name} on {{{{ $labels.node }}}} {{{{ $labels.gpu }}}} {{{{ $labels.job_id }}}}",
+            "description": rule.meaning,
+            "runbook": rule.action,
+        },
+    }
+    if for_s:
+        entry["for"] = _duration(for_s)
+    if rule.keep_firing_for_s:
+        entry["keep_firing_for"] = _duration(rule.keep_firing_for_s)
+    return entry
+
+
 def prometheus_rules(rules: Sequence[AlertRule], *, group: str = "gpulens") -> dict[str, Any]:
     """A Prometheus rules document for the builtin rules among ``rules`` (user rules are skipped)."""
     out = []
     for rule in rules:
-        expr = _expr(rule)
-        if expr is None:
+        if rule.name == COMMUNICATION_STALL:
+            out += [_entry(rule, expr, for_s, {"signature": sig}) for sig, expr, for_s in _stall_exprs(rule)]
             continue
-        entry: dict[str, Any] = {
-            "alert": rule.name,
-            "expr": expr,
-            "labels": {"severity": rule.severity, **dict(rule.labels)},
-            "annotations": {
-                "summary": f"{rule.name} on {{{{ $labels.node }}}} {{{{ $labels.gpu }}}} {{{{ $labels.job_id }}}}",
-                "description": rule.meaning,
-                "runbook": rule.action,
-            },
-        }
-        if rule.for_s:
-            entry["for"] = _duration(rule.for_s)
-        if rule.keep_firing_for_s:
-            entry["keep_firing_for"] = _duration(rule.keep_firing_for_s)
-        out.append(entry)
+        expr = _expr(rule)
+        if expr is not None:
+            out.append(_entry(rule, expr, rule.for_s, {}))
     return {"groups": [{"name": group, "rules": out}]}
 
 

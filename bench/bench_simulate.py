@@ -6,7 +6,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from gpulens.simulate import simulate
+from gpulens.cli.simulation import simulate
 
 SCENARIO = """
 [cluster]

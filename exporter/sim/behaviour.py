@@ -2,7 +2,9 @@
 
 Figures are step averages. A training job alternates compute and all-reduce within an iteration of a few seconds;
 a step of 10 s averages several iterations, so NVLink traffic stays well above zero, while a 1 s step shows the
-alternation itself.
+alternation itself. Its healthy phases besides that: data-loader pauses, checkpoints (a device-to-host burst, then,
+for a long checkpoint, the GPUs idle while the host writes), evaluation phases and a slow first step (compilation
+and warm-up) are the confounders a hang detector must stay quiet on (docs/scenarios.md).
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ from .specs import FaultSpec, JobSpec
 from .state import (
     BURST,
     CHECKPOINT,
+    CHECKPOINT_WRITE,
     DATA_WAIT,
+    EVAL,
     IDLE,
     QUIET,
     RUN,
     SERVE,
+    SPIN_LOAD,
+    WARMUP,
     Activity,
     JobPhase,
     Levels,
@@ -37,6 +43,7 @@ RankShaper = Callable[[float], RankShare]
 DATA_WAIT_PROBABILITY: Final = 0.04  # per step, training only, all ranks together
 NOTEBOOK_BURST_PROBABILITY: Final = 0.35
 NOTEBOOK_BLOCK_S: Final = 60.0  # a notebook is busy or quiet for a minute at a time
+WARMUP_BURST_PROBABILITY: Final = 0.1  # per step of a slow first step: a warm-up iteration or a kernel autotune
 
 
 class JobBehaviour:
@@ -49,6 +56,8 @@ class JobBehaviour:
         self._step = step_s
         self._key = noise.key(seed, "job", job.id)
         self._checkpoint_key = noise.key(seed, "checkpoint", job.id)
+        self._warmup_key = noise.key(seed, "warmup", job.id)
+        self._work_start = job.start + (job.first_step_s or 0.0)  # when the first step is over
         self.multi_gpu = len(job.gpus) >= 2
         self.period_s = 2.0 + 4.0 * noise.unit(seed, "period", job.id)
         self.comm_share = 0.25 + 0.10 * noise.unit(seed, "comm", job.id)
@@ -73,25 +82,51 @@ class JobBehaviour:
         if kind == "notebook":
             return self._notebook(t)
         if not active:  # while a job-bound fault acts the job takes no pauses, so its signature is unbroken
-            if self._checkpointing(k, t):
-                return JobPhase(CHECKPOINT)
+            if t < self._work_start:
+                return self._warmup(k, t)
+            checkpoint = self._checkpointing(k, t)
+            if checkpoint is not None:
+                return JobPhase(checkpoint)
+            if self._in_window(t, self.job.eval_every_s, self.job.eval_duration_s):
+                return JobPhase(EVAL)
             if k > self._first_step() and noise.value(self._key, k) < DATA_WAIT_PROBABILITY:
                 return JobPhase(DATA_WAIT)
         return JobPhase(RUN, comm_fraction=self._comm_fraction(t) if self.multi_gpu else 0.0)
 
     def _first_step(self) -> int:
-        return math.ceil((self.job.start - self._origin) / self._step - 1e-9)
+        """The scenario step at which the job's work begins (after its slow first step, if any)."""
+        return math.ceil((self._work_start - self._origin) / self._step - 1e-9)
 
-    def _checkpointing(self, k: int, t: float) -> bool:
+    def _warmup(self, k: int, t: float) -> JobPhase:
+        """The slow first step: mostly idle (compiling on the host), now and then a warm-up burst, memory growing."""
+        done = (t - self.job.start) / (self._work_start - self.job.start)
+        burst = noise.value(self._warmup_key, k) < WARMUP_BURST_PROBABILITY
+        return JobPhase(WARMUP, intensity=done, activity=functools.partial(_warming_up, done, burst))
+
+    def _checkpointing(self, k: int, t: float) -> str | None:
+        """``CHECKPOINT`` while the ranks copy a checkpoint to the host, ``CHECKPOINT_WRITE`` while the host writes
+        it (only with ``checkpoint_duration``), ``None`` otherwise."""
         every = self.job.checkpoint_every_s
         if every is None:
-            return False
-        n = math.floor((t - self.job.start) / every + 1e-9)
+            return None
+        n = math.floor((t - self._work_start) / every + 1e-9)
         if n < 1:
+            return None
+        first = math.ceil((self._work_start + n * every - self._origin) / self._step - 1e-9)
+        copy = 1 + int(3 * noise.value(self._checkpoint_key, n))  # 1-3 steps, fixed per checkpoint
+        duration = self.job.checkpoint_duration_s
+        length = copy if duration is None else max(1, math.ceil(duration / self._step - 1e-9))
+        if not first <= k < first + length:
+            return None
+        return CHECKPOINT if k < first + copy else CHECKPOINT_WRITE
+
+    def _in_window(self, t: float, every: float | None, length: float | None) -> bool:
+        """Whether ``t`` falls in one of the periodic windows of ``length`` every ``every`` (the first after one
+        period of work)."""
+        if every is None or length is None:
             return False
-        first = math.ceil((self.job.start + n * every - self._origin) / self._step - 1e-9)
-        length = 1 + int(3 * noise.value(self._checkpoint_key, n))  # 1-3 steps, fixed per checkpoint
-        return first <= k < first + length
+        n = math.floor((t - self._work_start) / every + 1e-9)
+        return n >= 1 and t < self._work_start + n * every + length - 1e-9
 
     def _comm_fraction(self, t: float) -> float:
         """The share of [t, t + step) spent in all-reduce: a square wave of period ``period_s`` averaged."""
@@ -148,6 +183,11 @@ def activity(phase: JobPhase, place: Placement, shaper: RankShaper | None) -> Ac
         return Activity(0.08, 0.05, 0.01, 0.03, 0.10, 0.0, 0.005, 0.06, memory, True, True)
     if mode == CHECKPOINT:
         return Activity(0.04, 0.03, 0.0, 0.08, 0.08, 0.0, 0.55, 0.01, memory, True, True)
+    if mode == CHECKPOINT_WRITE:  # the host writes the copy out: the GPUs idle, memory held, nothing moves
+        return Activity(0.0, 0.0, 0.0, 0.0, 0.01, 0.0, 2e-4, 2e-4, memory, False, False)
+    if mode == EVAL:  # forward passes only, a metric all-reduce now and then
+        nvlink = 0.004 if place.nvlink_peers else 0.0
+        return Activity(0.62, 0.4, 0.28, 0.3, 0.45, nvlink, 0.012, 0.03, memory, True, True)
     if mode == SERVE:
         i = phase.intensity
         return Activity(i, 0.78 * i, 0.45 * i, 0.65 * i, 0.78 * i, 0.0, 0.012 * i, 0.015 * i, memory, True, False)
@@ -161,7 +201,7 @@ def activity(phase: JobPhase, place: Placement, shaper: RankShaper | None) -> Ac
 # collective while it waits for a slower rank: (sm_active, tensor_active, dram_active, power load).
 _COMPUTE: Final[Levels] = (0.86, 0.62, 0.45, 0.92)
 _ALL_REDUCE: Final[Levels] = (0.12, 0.02, 0.25, 0.45)
-_SPIN: Final[Levels] = (0.03, 0.0, 0.01, 0.12)
+_SPIN: Final[Levels] = (0.03, 0.0, 0.01, SPIN_LOAD)
 _ALL_REDUCE_LINK_SHARE: Final = 0.70
 
 
@@ -191,6 +231,14 @@ def _training(phase: JobPhase, place: Placement, shaper: RankShaper | None) -> A
         busy=True,
         memory_jitter=True,
     )
+
+
+def _warming_up(done: float, burst: bool, place: Placement) -> Activity:
+    """A GPU during its job's slow first step, ``done`` (0-1) of the way through; ``burst``: a warm-up iteration."""
+    memory = place.job.memory_fraction * (0.1 + 0.9 * done)
+    if burst:
+        return Activity(0.4, 0.3, 0.2, 0.2, 0.3, 0.0, 0.01, 0.02, memory, True, True)
+    return Activity(0.02, 0.01, 0.0, 0.01, 0.02, 0.0, 0.002, 0.02, memory, False, True)
 
 
 def combine(activities: list[Activity]) -> Activity:

@@ -163,7 +163,7 @@ class SimCluster:
 
     @staticmethod
     def _role(fault: FaultSpec, ref: GpuRef, jobs: list[JobSpec]) -> str | None:
-        if fault.gpu == ref:
+        if fault.gpu == ref or ref in fault.ranks:
             return "self"
         if fault.node == ref.node:
             return "node"

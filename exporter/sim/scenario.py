@@ -36,6 +36,8 @@ DEFAULT_START: Final = "2026-01-01T00:00:00Z"
 DEFAULT_DURATION_S: Final = 3600.0
 DEFAULT_STEP_S: Final = 10.0
 MIN_CHECKPOINT_STEPS: Final = 4
+MAX_CHECKPOINT_DURATION_S: Final = 900.0  # checkpoints of up to 15 minutes: a healthy job's longest quiet phase
+DEFAULT_EVAL_DURATION_S: Final = 120.0
 
 _NODE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -219,6 +221,7 @@ class _Resolver:
             end=end,
             memory_fraction=float(fraction),
             checkpoint_every_s=self._checkpoint_every(i, job, kind),
+            **self._phases(i, job, kind, end - start),
         )
         self.jobs[job_id] = spec
         return spec
@@ -233,6 +236,47 @@ class _Resolver:
             least = format_duration(MIN_CHECKPOINT_STEPS * self.step)
             raise self.fail("jobs", i, "checkpoint_every", f"must be at least {MIN_CHECKPOINT_STEPS} steps ({least})")
         return every
+
+    def _phases(self, i: int, job: JobInput, kind: str, run_s: float) -> dict[str, float | None]:
+        """``checkpoint_duration``, ``eval_every``, ``eval_duration`` and ``first_step``: training only."""
+        checkpoint = self.duration("jobs", i, "checkpoint_duration", job.checkpoint_duration)
+        every = self.duration("jobs", i, "eval_every", job.eval_every)
+        length = self.duration("jobs", i, "eval_duration", job.eval_duration)
+        first = self.duration("jobs", i, "first_step", job.first_step)
+        given = [
+            (k, v)
+            for k, v in (
+                ("checkpoint_duration", checkpoint),
+                ("eval_every", every),
+                ("eval_duration", length),
+                ("first_step", first),
+            )
+            if v is not None
+        ]
+        if given and kind != "training":
+            raise self.fail("jobs", i, given[0][0], f"only training jobs have this phase (this job is {kind})")
+        if checkpoint is not None:
+            checkpoint_every = self.duration("jobs", i, "checkpoint_every", job.checkpoint_every)
+            if checkpoint_every is None:
+                raise self.fail("jobs", i, "checkpoint_duration", "needs checkpoint_every")
+            if checkpoint > MAX_CHECKPOINT_DURATION_S:
+                raise self.fail("jobs", i, "checkpoint_duration", "must be at most 15m")
+            if checkpoint >= checkpoint_every:
+                raise self.fail("jobs", i, "checkpoint_duration", "must be shorter than checkpoint_every")
+        if length is not None and every is None:
+            raise self.fail("jobs", i, "eval_duration", "needs eval_every")
+        if every is not None:
+            length = DEFAULT_EVAL_DURATION_S if length is None else length
+            if length >= every:
+                raise self.fail("jobs", i, "eval_duration", "must be shorter than eval_every")
+        if first is not None and first >= run_s:
+            raise self.fail("jobs", i, "first_step", "must end before the job does")
+        return {
+            "checkpoint_duration_s": checkpoint,
+            "eval_every_s": every,
+            "eval_duration_s": length,
+            "first_step_s": first,
+        }
 
     def _check_gpu_sharing(self, jobs: list[JobSpec]) -> None:
         """Only notebook jobs may share a GPU with each other at the same time."""
@@ -265,6 +309,8 @@ class _Resolver:
         node = self.ranges.known_node("faults", i, "node", named).name if target == "node" else None
         if gpu is not None and kind.job_bound:
             job = self._gpu_holder(i, kind.name, gpu, at)
+        raw_ranks = kind.ranks(params)
+        ranks = () if raw_ranks is None else self.ranges.gpu_list("faults", i, "ranks", raw_ranks)
         fault = FaultSpec(
             index=i,
             kind=kind.name,
@@ -273,6 +319,7 @@ class _Resolver:
             job=job.id if job else None,
             gpu=gpu,
             node=node,
+            ranks=ranks,
             **kind.extras(params),
         )
         if job is not None and not (job.start <= fault.start and fault.end <= job.end + 1e-9):

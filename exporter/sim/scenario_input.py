@@ -65,6 +65,10 @@ class JobInput(InputStruct, frozen=True):
     end: TimeValue | None = None
     memory_fraction: float | None = None
     checkpoint_every: DurationValue | None = None
+    checkpoint_duration: DurationValue | None = None
+    eval_every: DurationValue | None = None
+    eval_duration: DurationValue | None = None
+    first_step: DurationValue | None = None
 
 
 class ScenarioInput(InputStruct, frozen=True):

@@ -41,6 +41,10 @@ class JobSpec:
     end: float
     memory_fraction: float
     checkpoint_every_s: float | None = None
+    checkpoint_duration_s: float | None = None  # None: 1-3 steps per checkpoint
+    eval_every_s: float | None = None
+    eval_duration_s: float | None = None
+    first_step_s: float | None = None  # a slow first step (compilation, warm-up) from the job's start
 
     def running(self, t: float) -> bool:
         return self.start <= t < self.end
@@ -50,7 +54,8 @@ class JobSpec:
 class FaultSpec:
     """A fault from ``start`` to ``end`` (epoch seconds) on a job, a GPU or a node, as its kind requires.
 
-    ``job`` is the job a job-scoped fault names, and for a ``straggler`` the training job it slows down.
+    ``job`` is the job a job-scoped fault names, and for a ``straggler`` the training job it slows down. ``ranks``
+    are the GPUs of its job that a kind taking ranks (``hang_mixed``) acts on alone.
     """
 
     index: int  # its position among the scenario's [[faults]]
@@ -61,6 +66,7 @@ class FaultSpec:
     gpu: GpuRef | None = None
     node: str | None = None
     xid: int | None = None
+    ranks: tuple[GpuRef, ...] = ()
 
     def active(self, t: float) -> bool:
         return self.start <= t < self.end

@@ -23,6 +23,14 @@ IDLE: Final = "idle"
 SERVE: Final = "serve"
 BURST: Final = "burst"
 QUIET: Final = "quiet"
+EVAL: Final = "eval"
+CHECKPOINT_WRITE: Final = "checkpoint_write"
+WARMUP: Final = "warmup"
+
+# A rank spinning in a collective draws about what the GPU draws idle: measured on an H200, 123 W spinning against
+# 122 W idle right after load (docs/domain.md §7). The simulator has one idle level (load 0.01), so a spinning rank,
+# whose clocks stay up, is put just above it: idle + 2% of the dynamic range (~83 W on an H100 that idles at 70 W).
+SPIN_LOAD: Final = 0.02
 
 # Signal levels of one training activity within a step: (sm_active, tensor_active, dram_active, power load).
 Levels = tuple[float, float, float, float]
@@ -73,7 +81,7 @@ class JobPhase:
 
     mode: str
     comm_fraction: float = 0.0  # training: the part of the step spent in all-reduce
-    intensity: float = 0.0  # inference and notebook: the load level
+    intensity: float = 0.0  # inference and notebook: the load level; warm-up: the share of it done
     all_reduce: Levels | None = None
     link_share: float | None = None
     activity: Callable[[Placement], Activity] | None = None

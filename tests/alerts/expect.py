@@ -2,7 +2,8 @@
 
 ``expected_alerts`` reads a scenario's faults (and its ``idle`` jobs) and says which alert each must raise, on which
 GPU, node or job, and when; ``score`` matches the alerts a replay fired against them: detected faults, time to
-detect, missed faults and false alerts. The tests assert on it and ``bench/bench_alerts.py`` reports it.
+detect, missed faults and false alerts; ``tally`` sums outcomes per fault kind and per rule. The tests assert on it
+and ``bench/bench_alerts.py`` reports it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from alerts.base import AlertRule
 from alerts.catalogue import (
@@ -34,9 +36,17 @@ from alerts.rules import builtin_rules
 from exporter.sim import FaultSpec, GpuRef, Scenario, SimCluster, parse_scenario
 from exporter.sim.engine import LEAK_TARGET_SHARE
 
-# Detectors held to "fire within `for` plus two scrape intervals" on a real fault.
+# Detectors held to "fire within `for` plus two scrape intervals" on a real fault (plus, for a blocked or mixed
+# hang, the wait past the longest healthy pause, ``blocked_after_s``).
 BOUNDED = (COMMUNICATION_STALL, JOB_STRAGGLER)
 MEMORY_RATIO = 0.95
+# The hang kinds and the signature each must show.
+HANG_SIGNATURES: Final = {
+    "comm_stall": "spinning",
+    "hang_spinning": "spinning",
+    "hang_blocked": "blocked",
+    "hang_mixed": "mixed",
+}
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,7 @@ class Expected:
     end: float
     required: bool = True  # False: the alert may fire, but need not (a cause too short or too faint)
     cause: str = ""
+    wait_s: float = 0.0  # how long past its `for` the rule may wait before it can tell the cause from a pause
 
     def accepts(self, alert: FiredAlert, slack_s: float) -> bool:
         return (
@@ -70,6 +81,7 @@ class Outcome:
     refired: list[FiredAlert] = field(default_factory=list)  # a second firing for one cause (flapping)
     seconds: float = 0.0
     rounds: int = 0
+    causes: dict[str, str] = field(default_factory=dict)  # every fault (and idle job) -> its kind
 
     @property
     def missed(self) -> list[Expected]:
@@ -78,6 +90,17 @@ class Outcome:
     @property
     def required(self) -> int:
         return sum(1 for e in self.expected if e.required)
+
+    def late(self, rules: Sequence[AlertRule], step_s: float) -> list[tuple[Expected, float]]:
+        """Causes of the ``BOUNDED`` rules detected before they began or later than their bound, with the delay."""
+        out = []
+        for i, alert in self.detected.items():
+            e = self.expected[i]
+            if e.alertname in BOUNDED:
+                delay = alert.starts_at - e.start
+                if not 0 <= delay <= bound_s(e.alertname, rules, step_s) + e.wait_s:
+                    out.append((e, delay))
+        return out
 
     def delays(self, alertname: str | None = None) -> list[float]:
         """Seconds from each detected cause's start to its alert firing."""
@@ -109,12 +132,14 @@ class _Expectations:
         self.jobs = {j.id: j for j in scenario.jobs}
         self.out: list[Expected] = []
 
-    def long_enough(self, alertname: str, start: float, end: float) -> bool:
-        return end - start >= self.rules[alertname].for_s + 2 * self.step
+    def long_enough(self, alertname: str, start: float, end: float, wait_s: float = 0.0) -> bool:
+        return end - start >= self.rules[alertname].for_s + wait_s + 2 * self.step
 
-    def add(self, alertname: str, match: Mapping[str, str], start: float, end: float, cause: str) -> None:
-        required = self.long_enough(alertname, start, end)
-        self.out.append(Expected(alertname, dict(match), start, end, required, cause))
+    def add(
+        self, alertname: str, match: Mapping[str, str], start: float, end: float, cause: str, wait_s: float = 0.0
+    ) -> None:
+        required = self.long_enough(alertname, start, end, wait_s)
+        self.out.append(Expected(alertname, dict(match), start, end, required, cause, wait_s))
 
     def jobs_on(self, ref: GpuRef, t: float) -> list[str]:
         return [j.kind for j in self.scenario.jobs if ref in j.gpus and j.running(t)]
@@ -130,8 +155,8 @@ class _Expectations:
         }
         if f.kind in simple:
             self.add(simple[f.kind], _gpu(f.gpu), s, e, cause)
-        elif f.kind == "comm_stall":
-            self.add(COMMUNICATION_STALL, {"job_id": str(f.job)}, s, e, cause)
+        elif f.kind in HANG_SIGNATURES:
+            self.hang(f, cause)
         elif f.kind == "straggler":
             self.add(JOB_STRAGGLER, {**_gpu(f.gpu), "job_id": str(f.job)}, s, e, cause)
             self.add(THERMAL_THROTTLING, _gpu(f.gpu), s, e, cause + " (sw_thermal)")
@@ -154,6 +179,17 @@ class _Expectations:
                 local = sum(1 for g in job.gpus if g.node == ref.node)
                 if self.nodes[ref.node].model.has_nvlink and local >= 2:
                     self.add(NVLINK_SATURATED, {**_gpu(ref), "job_id": job.id}, s, e, cause)
+
+    def hang(self, f: FaultSpec, cause: str) -> None:
+        """The stall with its signature; a blocked or mixed one once it outlasts a healthy pause. Ranks that sit
+        idle long enough are idle allocations too."""
+        signature = HANG_SIGNATURES[f.kind]
+        wait = 0.0 if signature == "spinning" else self.rules[COMMUNICATION_STALL].threshold("blocked_after_s")
+        match = {"job_id": str(f.job), "signature": signature}
+        self.add(COMMUNICATION_STALL, match, f.start, f.end, cause, wait)
+        idle = self.jobs[str(f.job)].gpus if signature == "blocked" else f.ranks
+        for ref in idle:
+            self.add(IDLE_ALLOCATED, {**_gpu(ref), "job_id": str(f.job)}, f.start, f.end, cause + " (idle rank)")
 
     def memory_leak(self, f: FaultSpec, cause: str) -> None:
         """The leak climbs linearly to LEAK_TARGET_SHARE over 90% of its window; it saturates once it passes 95%."""
@@ -219,6 +255,8 @@ def run(text: str, name: str, rules: Sequence[AlertRule] | None = None) -> Outco
     outcome = score(name, expected_alerts(scenario, rules), report.alerts, scenario.step_s)
     outcome.seconds = seconds
     outcome.rounds = report.rounds
+    outcome.causes = {f"{f.kind} #{f.index}": f.kind for f in scenario.faults}
+    outcome.causes.update({f"idle job {j.id}": "idle job" for j in scenario.jobs if j.kind == "idle"})
     return outcome
 
 
@@ -226,3 +264,52 @@ def bound_s(alertname: str, rules: Sequence[AlertRule], step_s: float) -> float:
     """The detection bound: the rule's ``for`` plus two scrape intervals."""
     rule = next(r for r in rules if r.name == alertname)
     return rule.for_s + 2 * step_s
+
+
+@dataclass
+class KindTally:
+    """Faults of one kind over many outcomes: injected, those that call for an alert, those whose alerts all fired."""
+
+    injected: int = 0
+    alerting: int = 0
+    detected: int = 0
+
+
+@dataclass
+class RuleTally:
+    """One rule over many outcomes: the (alert, subject) pairs required, those that fired, and false alerts."""
+
+    required: int = 0
+    detected: int = 0
+    fired: int = 0
+    false: int = 0
+
+
+def _base_cause(cause: str) -> str:
+    return cause.split(" (")[0]
+
+
+def tally(outcomes: Sequence[Outcome]) -> tuple[dict[str, KindTally], dict[str, RuleTally]]:
+    """Per fault kind: a fault is detected when every alert it requires fired; per rule: alerts required,
+    detected, fired in all and false."""
+    kinds: dict[str, KindTally] = {}
+    rules: dict[str, RuleTally] = {}
+    for o in outcomes:
+        needs: dict[str, list[int]] = {}
+        for i, e in enumerate(o.expected):
+            if e.required:
+                needs.setdefault(_base_cause(e.cause), []).append(i)
+                rules.setdefault(e.alertname, RuleTally()).required += 1
+                if i in o.detected:
+                    rules[e.alertname].detected += 1
+        for cause, kind in o.causes.items():
+            k = kinds.setdefault(kind, KindTally())
+            k.injected += 1
+            if cause in needs:
+                k.alerting += 1
+                k.detected += all(i in o.detected for i in needs[cause])
+        for alert in o.fired:
+            rules.setdefault(alert.alertname, RuleTally()).fired += 1
+        for alert in o.false_alerts:
+            rules[alert.alertname].false += 1
+    return kinds, rules

@@ -1,10 +1,12 @@
 """Scenario files for detection tests: every fault kind and every confounder, at any cluster size, model and seed.
 
 ``job_faults`` puts one training job of a chosen shape (``TOPOLOGIES``) through a communication stall, a straggler
-and (on NVLink models) an NVLink saturation, on a cluster whose other GPUs hold the confounders. ``gpu_faults`` puts
-each GPU-, node- and job-scoped hardware fault on its own target in its own window. ``healthy`` holds only
-confounders: training with data-loader pauses and checkpoints, jobs that start and end mid-run, single- and multi-GPU
-inference, notebooks, idle GPUs, a node with dead profiling counters.
+and (on NVLink models) an NVLink saturation, on a cluster whose other GPUs hold the confounders. ``hangs`` puts
+three jobs of that shape through the three hang signatures (spinning, blocked, mixed) beside the confounders.
+``gpu_faults`` puts each GPU-, node- and job-scoped hardware fault on its own target in its own window. ``healthy``
+holds only confounders: training with data-loader pauses and checkpoints, jobs that start and end mid-run, single- and
+multi-GPU inference, notebooks, idle GPUs, a node with dead profiling counters; ``phases`` adds the training phases
+that look like part of a hang: checkpoints of up to 15 minutes, evaluation phases, a slow first step.
 """
 
 from __future__ import annotations
@@ -44,11 +46,15 @@ def _job(job_id: str, kind: str, gpus: list[str], user: str = "u", **extra: str)
     return lines
 
 
-def _fault(kind: str, target_key: str, target: str, at: str, duration: str | None = None, **extra: int) -> list[str]:
+def _fault(
+    kind: str, target_key: str, target: str, at: str, duration: str | None = None, **extra: int | list[str]
+) -> list[str]:
     lines = ["", "[[faults]]", f'kind = "{kind}"', f'{target_key} = "{target}"', f'at = "{at}"']
     if duration is not None:
         lines.append(f'duration = "{duration}"')
-    lines += [f"{key} = {value}" for key, value in extra.items()]
+    for key, value in extra.items():
+        listed = ", ".join(f'"{v}"' for v in value) if isinstance(value, list) else ""
+        lines.append(f"{key} = [{listed}]" if isinstance(value, list) else f"{key} = {value}")
     return lines
 
 
@@ -118,6 +124,40 @@ def job_faults(nodes: int, model: str, seed: int, topology: str, step: str = "10
     return "\n".join(lines) + "\n"
 
 
+def _hang_shapes(topology: str, nodes: int) -> list[dict[str, list[int]]]:
+    """Three jobs of shape ``topology`` on disjoint GPUs: side by side on the nodes when there are enough, otherwise
+    on other GPUs of the same nodes."""
+    one = _topology_gpus(topology, nodes)
+    span = max(int(n.removeprefix("node-")) for n in one) + 1
+    if 3 * span <= nodes:
+        return [{node(int(n.removeprefix("node-")) + k * span, nodes): g for n, g in one.items()} for k in range(3)]
+    width = max(len(g) for g in one.values())
+    if 3 * width > GPUS_PER_NODE:
+        raise ValueError(f"no room for three {topology} jobs on {nodes} nodes")
+    return [{n: [i + k * width for i in range(width)] for n in one} for k in range(3)]
+
+
+def hangs(nodes: int, model: str, seed: int, topology: str, step: str = "10s") -> str:
+    """Three training jobs of shape ``topology`` hang at 15m for 25m, one per signature: spinning, blocked, and mixed
+    (the first half of its GPUs idle); the rest of the cluster holds confounders (50 minutes)."""
+    lines = _header(nodes, model, seed, "50m", step)
+    used: dict[str, list[int]] = {}
+    faults: list[str] = []
+    for shape, signature in zip(_hang_shapes(topology, nodes), ("spinning", "blocked", "mixed"), strict=True):
+        for name, g in shape.items():
+            used.setdefault(name, []).extend(g)
+        job = f"hang-{signature}"
+        lines += _job(
+            job, "training", [f"{n}:{','.join(map(str, g))}" for n, g in shape.items()], checkpoint_every="6m"
+        )
+        gpus = [f"{n}:{i}" for n, g in shape.items() for i in g]
+        extra: dict[str, list[str]] = {"ranks": gpus[: len(gpus) // 2]} if signature == "mixed" else {}
+        faults += _fault(f"hang_{signature}", "job", job, "15m", "25m", **extra)
+    for chunk in _background(nodes, used):
+        lines += chunk
+    return "\n".join(lines + faults) + "\n"
+
+
 def gpu_faults(nodes: int, model: str, seed: int) -> str:
     """Every GPU-, node- and job-scoped hardware fault, each on its own target in its own window (50 minutes)."""
     n0, n1, last = node(0, nodes), node(1, nodes), node(nodes - 1, nodes)
@@ -158,4 +198,40 @@ def healthy(nodes: int, model: str, seed: int, pcie_node: bool = True) -> str:
     if pcie_node and nodes > 1:
         lines += _job("pcie-train", "training", [f"{last}:0-5"], user="erin", checkpoint_every="8m")
         lines += _job("pcie-serve", "inference", [f"{last}:6"], user="svc")
+    return "\n".join(lines) + "\n"
+
+
+_PHASES: Final = (
+    {"checkpoint_every": "25m", "checkpoint_duration": "15m"},
+    {"eval_every": "10m", "eval_duration": "4m", "checkpoint_every": "20m"},
+    {"first_step": "20m", "checkpoint_every": "15m", "checkpoint_duration": "5m"},
+    {
+        "first_step": "8m",
+        "checkpoint_every": "30m",
+        "checkpoint_duration": "15m",
+        "eval_every": "12m",
+        "eval_duration": "3m",
+    },
+)
+
+
+def phases(nodes: int, model: str, seed: int, step: str = "10s") -> str:
+    """Healthy training phases that look like part of a hang (80 minutes): checkpoints of 15 minutes, evaluation
+    phases with little traffic, a slow first step. One job per node, the phases taking turns; with three or more
+    nodes nodes 1-2 hold one two-node job with the long checkpoints; with two or more the last node is PCIe-only."""
+    lines = _header(nodes, model, seed, "80m", step)
+    last = node(nodes - 1, nodes)
+    if nodes > 1:
+        lines += ["", "[[nodes]]", f'name = "{last}"', 'gpu_model = "L40S"']
+    i = 0
+    while i < nodes:
+        name = node(i, nodes)
+        if i == 1 and nodes >= 4:
+            gpus = [f"{name}:0-7", f"{node(2, nodes)}:0-7"]
+            lines += _job("phases-multi", "training", gpus, **_PHASES[0])
+            i += 2
+            continue
+        template = _PHASES[3] if name == last and nodes > 1 else _PHASES[i % len(_PHASES)]
+        lines += _job(f"phases-{name}", "training", [f"{name}:0-7"], **template)
+        i += 1
     return "\n".join(lines) + "\n"

@@ -80,10 +80,10 @@ def training(node: str, index: int, **fields: Any) -> GpuReading:
 
 
 def stalled(node: str, index: int, **fields: Any) -> GpuReading:
-    """A rank spinning in a hung collective: 100% utilization, no traffic, power toward idle."""
+    """A rank spinning in a hung collective: 100% utilization, no traffic, power about idle."""
     values: dict[str, Any] = {
         "utilization_ratio": 1.0,
-        "power_watts": 145.0,
+        "power_watts": 80.0,
         "nvlink_tx_bytes_per_second": 40e6,
         "nvlink_rx_bytes_per_second": 40e6,
         "pcie_tx_bytes_per_second": 10e6,
@@ -92,6 +92,13 @@ def stalled(node: str, index: int, **fields: Any) -> GpuReading:
         "tensor_active_ratio": 0.0,
         "memory_used_bytes": 68 * GIB,
     }
+    values.update(fields)
+    return healthy_gpu(node, index, **values)
+
+
+def blocked(node: str, index: int, **fields: Any) -> GpuReading:
+    """A rank blocked on the host: idle, memory held, no traffic, idle power."""
+    values: dict[str, Any] = {"memory_used_bytes": 68 * GIB, "throttle_reasons": 1}
     values.update(fields)
     return healthy_gpu(node, index, **values)
 

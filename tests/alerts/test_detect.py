@@ -13,7 +13,7 @@ from alerts.detect import _median_without, baseline
 from alerts.history import JobRound
 from alerts.rules import evaluate
 
-from .support import Feed, job_snapshot, rule, snapshot, stalled, training, uuid
+from .support import GIB, Feed, blocked, job_snapshot, rule, snapshot, stalled, training, uuid
 
 STALL = rule(COMMUNICATION_STALL)
 STRAGGLER = rule(JOB_STRAGGLER)
@@ -43,6 +43,7 @@ def test_stall_of_a_communicating_job_is_a_candidate_with_a_readable_summary() -
     assert c.labels["user"] == "alice"
     assert c.labels["alertname"] == COMMUNICATION_STALL
     assert c.labels["severity"] == "critical"
+    assert c.labels["signature"] == "spinning"
     assert "gpu" not in c.labels  # the whole job, not one GPU
     assert c.summary == "job train: 16 GPUs at 100% with no NVLink traffic for 50s"
     assert c.value is not None
@@ -166,9 +167,99 @@ def test_stall_rounds_do_not_enter_the_reference() -> None:
 
 
 def test_baseline_needs_enough_rounds() -> None:
-    round_ = JobRound(0.0, 2, 0.9, 0.9, 1e9, 1e9, 0.0, 500.0, 500.0, 0.5, 1.0)
+    round_ = JobRound(0.0, 2, 0.9, 0.9, 0.9, 1e9, 1e9, 0.0, 500.0, 500.0, 0.5, 1.0, 68e9, 68e9)
     assert baseline([round_] * 5, 6) is None
     assert baseline([round_] * 6, 6) is not None
+
+
+# ------------------------------------------------------------------------------------------------ blocked, mixed
+
+BLOCKED_ROUNDS = 66  # blocked_after_s (11 minutes) of 10 s rounds
+
+
+def half_idle(make_idle=blocked, make_spinning=stalled):
+    """node-00's ranks blocked on the host, node-01's spinning."""
+    return [job_snapshot("node-00", make_idle, range(8)), job_snapshot("node-01", make_spinning, range(8))]
+
+
+def test_every_rank_blocked_is_a_stall_once_longer_than_a_healthy_pause() -> None:
+    feed = fed()
+    feed.repeat(BLOCKED_ROUNDS, lambda _: two_nodes(blocked))
+    assert feed.candidates([STALL]) == []  # as long as a checkpoint may last
+    feed.add(two_nodes(blocked))
+    [c] = feed.candidates([STALL])
+    assert c.labels["signature"] == "blocked"
+    assert c.labels["job_id"] == "train"
+    assert c.summary == "job train: 16 GPUs idle with memory held and no NVLink traffic for 11m"
+    assert "blocked on the host" in c.description
+
+
+def test_ranks_that_freed_their_memory_are_not_a_hang() -> None:
+    """The job's processes exited (or crashed) while the allocation stays: an idle allocation, not a hang."""
+    feed = fed()
+    feed.repeat(BLOCKED_ROUNDS + 30, lambda _: two_nodes(blocked, memory_used_bytes=GIB))
+    assert feed.candidates([STALL]) == []
+
+
+def test_a_long_pause_the_job_came_back_from_raises_the_bar() -> None:
+    feed = fed()
+    feed.repeat(90, lambda _: two_nodes(blocked))  # a 15-minute checkpoint
+    feed.repeat(30, lambda _: two_nodes(training))
+    feed.repeat(90, lambda _: two_nodes(blocked))
+    assert feed.candidates([STALL]) == []  # 890 s: not yet as long as that checkpoint
+    feed.add(two_nodes(blocked))
+    assert [c.labels["signature"] for c in feed.candidates([STALL])] == ["blocked"]
+
+
+def test_a_slow_first_step_does_not_count_as_a_pause() -> None:
+    feed = Feed()
+    feed.repeat(120, lambda _: two_nodes(blocked, memory_used_bytes=20 * GIB))  # 20 minutes of compilation
+    feed.repeat(30, lambda _: two_nodes(training))
+    feed.repeat(BLOCKED_ROUNDS + 1, lambda _: two_nodes(blocked))
+    assert [c.labels["signature"] for c in feed.candidates([STALL])] == ["blocked"]
+
+
+def test_an_idle_inference_server_is_not_a_hang() -> None:
+    """Multi-GPU inference moving only host traffic (under 3 GB/s per GPU) that goes quiet: no requests."""
+    serving = functools.partial(training, nvlink_tx_bytes_per_second=0.0, nvlink_rx_bytes_per_second=0.0)
+    feed = Feed()
+    feed.repeat(30, lambda _: two_nodes(serving, job="serve"))
+    feed.repeat(BLOCKED_ROUNDS + 60, lambda _: two_nodes(blocked, job="serve"))
+    assert feed.candidates([STALL]) == []
+
+
+def test_evaluation_phase_is_not_a_hang() -> None:
+    """Lower utilization, little traffic, power well above idle: for as long as it lasts."""
+    feed = fed()
+    evaluating = functools.partial(training, utilization_ratio=0.62, power_watts=320.0, nvlink_tx_bytes_per_second=1e9)
+    feed.repeat(BLOCKED_ROUNDS + 60, lambda _: two_nodes(evaluating, nvlink_rx_bytes_per_second=1e9))
+    assert feed.candidates([STALL]) == []
+
+
+def test_some_ranks_spinning_and_the_others_blocked_is_a_mixed_stall() -> None:
+    feed = fed()
+    feed.repeat(BLOCKED_ROUNDS, lambda _: half_idle())
+    assert feed.candidates([STALL]) == []
+    feed.add(half_idle())
+    [c] = feed.candidates([STALL])
+    assert c.labels["signature"] == "mixed"
+    assert c.summary == "job train: 8 GPUs spinning and 8 idle with no NVLink traffic for 11m"
+
+
+def test_some_ranks_computing_while_the_others_wait_idle_is_not_a_hang() -> None:
+    """Rank 0 evaluates alone (hot, no traffic) while the others wait on the host."""
+    feed = fed()
+    computing = functools.partial(stalled, power_watts=560.0, sm_active_ratio=0.8)
+    feed.repeat(BLOCKED_ROUNDS + 30, lambda _: half_idle(make_spinning=computing))
+    assert feed.candidates([STALL]) == []
+
+
+def test_a_blocked_hang_is_held_not_resolved_while_the_job_has_no_baseline() -> None:
+    feed = Feed()
+    feed.repeat(3, lambda _: two_nodes(training))
+    feed.repeat(BLOCKED_ROUNDS + 10, lambda _: two_nodes(blocked))
+    out = evaluate([STALL], feed.history, feed.now)
+    assert [(c.hold, dict(c.labels)) for c in out] == [(True, {"job_id": "train"})]
 
 
 # ------------------------------------------------------------------------------------------------ straggler

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from alerts.history import History, summarise_job, traffic_bytes_per_second
+from alerts.history import History, JobPause, summarise_job, traffic_bytes_per_second
 from gpulens.model import GpuReading
 
 from .support import STEP, T0, Feed, healthy_gpu, job_snapshot, snapshot, target, training, uuid
@@ -65,6 +65,30 @@ def test_job_summary() -> None:
     assert summary.power_median == 560.0
     assert summary.clock_ratio_min == pytest.approx(0.5)
     assert not summary.is_reference  # one clock far below the others: not normal work
+    assert summary.utilization_max == 0.97
+    assert summary.memory_min == summary.memory_median == 68 * (1 << 30)
+    assert not summary.is_pause
+
+
+def test_job_pauses_the_job_came_back_from_are_remembered() -> None:
+    feed = Feed(window_s=60.0)
+
+    def rank(utilization: float):
+        return lambda _: [job_snapshot("node-00", lambda n, i: training(n, i, utilization_ratio=utilization), [0, 1])]
+
+    feed.repeat(6, rank(0.0))  # its start (compilation): not a phase of its work
+    assert feed.history.job_pause("train") == JobPause(T0, 0.0)
+    feed.repeat(3, rank(0.97))
+    assert feed.history.job_pause("train") == JobPause(None, 0.0)
+    feed.repeat(30, rank(0.04))  # a checkpoint of 5 minutes, longer than the window
+    began = feed.now - 29 * STEP
+    assert feed.history.job_pause("train") == JobPause(began, 0.0)
+    feed.repeat(3, rank(0.97))
+    assert feed.history.job_pause("train") == JobPause(None, 300.0)
+    feed.repeat(2, rank(0.04))
+    feed.add([job_snapshot("node-00", training, [0, 1])])
+    assert feed.history.job_pause("train") == JobPause(None, 300.0)  # the longest stays
+    assert feed.history.job_pause("other") == JobPause(None, 0.0)
 
 
 def test_traffic_is_none_when_nothing_is_read() -> None:

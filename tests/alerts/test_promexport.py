@@ -20,16 +20,22 @@ def test_promtool_checks_the_exported_rules(promtool: str, tmp_path: Path) -> No
     path.write_text(prometheus_rules_yaml(builtin_rules()))
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(BUILTIN_NAMES)} rules found" in result.stdout
+    # CommunicationStall is exported once per signature
+    assert f"SUCCESS: {len(BUILTIN_NAMES) + 2} rules found" in result.stdout
 
 
 def test_every_builtin_is_exported_with_its_severity_and_for() -> None:
     doc = yaml.safe_load(prometheus_rules_yaml(builtin_rules()))
-    exported = {r["alert"]: r for r in doc["groups"][0]["rules"]}
+    rules = doc["groups"][0]["rules"]
+    exported = {r["alert"]: r for r in rules}
     assert set(exported) == set(BUILTIN_NAMES)
-    assert exported["CommunicationStall"]["labels"]["severity"] == "critical"
-    assert exported["CommunicationStall"]["for"] == "5m"
-    assert "gpulens_gpu_job_info" in exported["CommunicationStall"]["expr"]
+    stalls = {r["labels"]["signature"]: r for r in rules if r["alert"] == "CommunicationStall"}
+    assert set(stalls) == {"spinning", "blocked", "mixed"}
+    assert {r["labels"]["severity"] for r in stalls.values()} == {"critical"}
+    assert stalls["spinning"]["for"] == "5m"
+    assert stalls["blocked"]["for"] == stalls["mixed"]["for"] == "16m"  # blocked_after_s (11m) + for
+    assert all("gpulens_gpu_job_info" in r["expr"] for r in stalls.values())
+    assert "gpulens_gpu_memory_used_bytes" in stalls["blocked"]["expr"]
 
 
 def test_overrides_reach_the_export() -> None:

@@ -36,6 +36,7 @@ def test_replay_json_is_what_simulate_prints() -> None:
         "severity": "critical",
         "job_id": "llm-pretrain",
         "user": "alice",
+        "signature": "spinning",
     }
     assert parse_timestamp(doc["startsAt"]) == scenario.start + 25 * MINUTE
     assert parse_timestamp(doc["endsAt"]) == scenario.start + 30 * MINUTE
@@ -96,7 +97,11 @@ def test_engine_groups_the_faults_into_the_outbox() -> None:
     saturation = [n for n in notes if n.group_labels.get("alertname") == "NvlinkBandwidthSaturated"]
     assert [(n.status, len(n.alerts)) for n in saturation] == [(FIRING, 8), (RESOLVED, 8)]  # one group, 8 GPUs
     stall = [n for n in notes if n.group_labels.get("alertname") == "CommunicationStall"]
-    assert [n.status for n in stall] == [FIRING, RESOLVED]
+    by_job: dict[str, list[str]] = {}
+    for n in stall:
+        by_job.setdefault(n.group_labels["job_id"], []).append(n.status)
+    assert by_job == {job: [FIRING, RESOLVED] for job in ("pretrain", "hang-spin", "hang-blocked", "hang-mixed")}
+    stall = [n for n in stall if n.group_labels["job_id"] == "pretrain"]
     assert stall[0].alerts[0].annotations["dashboard"] == "https://gpulens.example/jobs/pretrain"
     # ExporterDown's node was quiet while it was down; nothing on node-04 was notified then
     down = (scenario.start + 20 * MINUTE, scenario.start + 25 * MINUTE)

@@ -8,7 +8,7 @@ import pytest
 
 from exporter.sim import CATALOGUE, SimCluster
 from gpulens.model import THROTTLE_REASONS
-from tests.sim.support import SMALL_GPUS, STEP, TRAIN_GPUS, at, cluster, median, num, reading, readings, steps
+from tests.sim.support import BASE, SMALL_GPUS, STEP, TRAIN_GPUS, at, cluster, median, num, reading, readings, steps
 
 BIT = dict(THROTTLE_REASONS)
 H100 = CATALOGUE["H100-SXM5-80GB"]
@@ -131,6 +131,56 @@ def test_checkpoints_pause_every_rank_with_a_pcie_burst(sim: SimCluster) -> None
                 assert num(r.pcie_tx_bytes_per_second) > 0.3 * pcie_max
                 assert num(r.memory_used_bytes) > 0.8 * H100.memory_total_bytes
         assert min(job_utilization(sim, TRAIN_GPUS, paused[-1] + STEP)) > 0.5
+
+
+def phased(**fields: str) -> SimCluster:
+    """The base scenario with the small job's training phases set (``node-02:4-7``)."""
+    keys = "".join(f'{k} = "{v}"\n' for k, v in fields.items())
+    return cluster(base=BASE.replace("memory_fraction = 0.6\n", "memory_fraction = 0.6\n" + keys))
+
+
+def test_a_long_checkpoint_copies_then_idles_with_memory_held() -> None:
+    sim = phased(checkpoint_every="20m", checkpoint_duration="15m")
+    s = sim.scenario
+    window = list(steps(s, 20, 35))
+    burst = [t for t in window if median(r.pcie_tx_bytes_per_second for r in readings(sim, SMALL_GPUS, t)) > 1e10]
+    assert 1 <= len(burst) <= 3  # the device-to-host copy
+    assert burst[0] == at(s, 20)
+    memory = {g: reading(sim, *g, at(s, 25)).memory_used_bytes for g in SMALL_GPUS}
+    for t in window[len(burst) :]:  # the host writes it out
+        for r in readings(sim, SMALL_GPUS, t):
+            assert num(r.utilization_ratio) <= 0.02
+            assert num(r.pcie_tx_bytes_per_second) < 1e8
+            assert num(r.throttle_reasons) & BIT["idle"]
+            assert r.memory_used_bytes == memory[(r.node, r.gpu)]
+    assert min(job_utilization(sim, SMALL_GPUS, at(s, 35))) > 0.9  # back to work
+    assert max(job_utilization(sim, SMALL_GPUS, at(s, 35) - STEP)) < 0.1
+
+
+def test_evaluation_phases_lower_utilization_and_traffic_on_every_rank() -> None:
+    sim = phased(eval_every="10m", eval_duration="3m")
+    s = sim.scenario
+    for start in (10, 20, 30):
+        for t in steps(s, start, start + 3):
+            rs = readings(sim, SMALL_GPUS, t)
+            assert all(0.5 < num(r.utilization_ratio) < 0.75 for r in rs)
+            assert all(num(r.nvlink_tx_bytes_per_second) < 0.01 * H100.nvlink_max_bytes_per_second for r in rs)
+            assert all(num(r.power_watts) > 0.3 * H100.board_power_watts for r in rs)
+
+
+def test_a_slow_first_step_is_mostly_idle_with_memory_growing() -> None:
+    sim = phased(first_step="20m")
+    s = sim.scenario
+    window = list(steps(s, 0, 20))
+    used = [median(r.memory_used_bytes for r in readings(sim, SMALL_GPUS, t)) for t in window]
+    assert used[-1] > 5 * used[0]
+    assert used[len(used) // 2] < used[-1]
+    utilization = [max(job_utilization(sim, SMALL_GPUS, t)) for t in window]
+    idle = [u for u in utilization if u < 0.05]
+    assert len(idle) > 0.8 * len(utilization)  # mostly idle
+    assert max(utilization) < 0.5  # warm-up bursts, no training yet
+    assert all(num(r.nvlink_tx_bytes_per_second) == 0.0 for t in window for r in readings(sim, SMALL_GPUS, t))
+    assert min(job_utilization(sim, SMALL_GPUS, at(s, 21))) > 0.9
 
 
 def test_pcie_only_node_has_no_nvlink(sim: SimCluster) -> None:

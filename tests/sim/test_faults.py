@@ -66,6 +66,61 @@ def test_comm_stall(base: SimCluster) -> None:
     assert_only_target_changed(base, sim, TRAIN_GPUS, 20, 30)
 
 
+def test_hang_spinning_is_the_comm_stall_under_its_signature_name() -> None:
+    spinning = cluster(fault("hang_spinning", 'job = "train"', "20m", "10m"))
+    stall = cluster(fault("comm_stall", 'job = "train"', "20m", "10m"))
+    s = spinning.scenario
+    for t in steps(s, 18, 32):
+        assert readings(spinning, TRAIN_GPUS, t) == readings(stall, TRAIN_GPUS, t)
+
+
+def test_spinning_power_is_about_idle_power() -> None:
+    """Measured on an H200: 123 W spinning against 122 W idle after load (docs/domain.md §7)."""
+    sim = cluster(fault("hang_spinning", 'job = "train"', "20m", "10m"))
+    for t in steps(sim.scenario, 20, 30):
+        for r in readings(sim, TRAIN_GPUS, t):
+            assert num(r.power_watts) < H100.idle_power_watts + 0.05 * (H100.board_power_watts - H100.idle_power_watts)
+            assert num(r.utilization_ratio) >= 0.98
+
+
+def test_hang_blocked(base: SimCluster) -> None:
+    sim = cluster(fault("hang_blocked", 'job = "train"', "20m", "10m"))
+    s = sim.scenario
+    memory = {g: reading(sim, *g, at(s, 20)).memory_used_bytes for g in TRAIN_GPUS}
+    assert all(num(m) > 0.8 * H100.memory_total_bytes for m in memory.values())  # the job's memory, held
+    for t in steps(s, 20, 30):
+        for r in readings(sim, TRAIN_GPUS, t):
+            assert num(r.utilization_ratio) <= 0.02
+            assert num(r.nvlink_tx_bytes_per_second) == 0.0
+            assert num(r.pcie_tx_bytes_per_second) < 1e7
+            assert num(r.power_watts) < H100.idle_power_watts + 0.03 * (H100.board_power_watts - H100.idle_power_watts)
+            assert num(r.sm_active_ratio) == 0.0
+            assert num(r.throttle_reasons) & BIT["idle"]
+            assert r.memory_used_bytes == memory[(r.node, r.gpu)]  # exactly flat
+            assert not r.xid_errors
+    assert_only_target_changed(base, sim, TRAIN_GPUS, 20, 30)
+
+
+def test_hang_mixed(base: SimCluster) -> None:
+    ranks = 'ranks = ["node-00:0-3", "node-01:7"]\n'
+    sim = cluster(fault("hang_mixed", 'job = "train"', "20m", "10m", extra=ranks))
+    s = sim.scenario
+    idle = {("node-00", i) for i in range(4)} | {("node-01", 7)}
+    memory = {g: reading(sim, *g, at(s, 20)).memory_used_bytes for g in TRAIN_GPUS}
+    for t in steps(s, 20, 30):
+        for r in readings(sim, TRAIN_GPUS, t):
+            if (r.node, r.gpu) in idle:
+                assert num(r.utilization_ratio) <= 0.02
+                assert num(r.throttle_reasons) & BIT["idle"]
+            else:
+                assert num(r.utilization_ratio) >= 0.98
+                assert not r.throttle_reasons
+            assert num(r.nvlink_tx_bytes_per_second) < 1e9
+            assert num(r.power_watts) < 0.15 * H100.board_power_watts
+            assert r.memory_used_bytes == memory[(r.node, r.gpu)]
+    assert_only_target_changed(base, sim, TRAIN_GPUS, 20, 30)
+
+
 def test_straggler(base: SimCluster) -> None:
     sim = cluster(fault("straggler", 'gpu = "node-01:3"', "10m", "10m"))
     s = sim.scenario

@@ -32,7 +32,14 @@ def test_targets_and_phase_priorities() -> None:
     priorities = [k.phase_priority for k in PHASE_KINDS]
     assert priorities == sorted(priorities)
     assert len(set(priorities)) == len(priorities)
-    assert [k.name for k in PHASE_KINDS] == ["comm_stall", "idle_allocated", "nvlink_saturation"]
+    assert [k.name for k in PHASE_KINDS] == [
+        "comm_stall",
+        "hang_spinning",
+        "hang_blocked",
+        "hang_mixed",
+        "idle_allocated",
+        "nvlink_saturation",
+    ]
 
 
 def test_every_kind_is_documented_with_its_target() -> None:

@@ -287,6 +287,68 @@ MALFORMED = {
         "unknown key (expected one of: at, duration, gpu, kind)",
     ),
     "missing cluster table": ("[[jobs]]\nid = 'x'\n", "cluster", "missing the [cluster] table"),
+    "hang_mixed without ranks": (
+        CLUSTER + TRAINING + "[[faults]]  # <-\nkind = 'hang_mixed'\njob = 'train'\nat = '1m'\n",
+        "faults[0].ranks",
+        "missing required key",
+    ),
+    "hang_mixed rank outside the job": (
+        CLUSTER + TRAINING + "[[faults]]\nkind = 'hang_mixed'\njob = 'train'\nat = '1m'\nranks = ['node-01:0']  # <-\n",
+        "faults[0].ranks",
+        "not one of job 'train''s GPUs",
+    ),
+    "hang_mixed with every rank idle": (
+        CLUSTER + TRAINING + "[[faults]]\nkind = 'hang_mixed'\njob = 'train'\nat = '1m'\nranks = ['node-00']  # <-\n",
+        "faults[0].ranks",
+        "some ranks must keep spinning",
+    ),
+    "ranks on another hang": (
+        CLUSTER
+        + TRAINING
+        + "[[faults]]\nkind = 'hang_blocked'\njob = 'train'\nat = '1m'\nranks = ['node-00:0']  # <-\n",
+        "faults[0].ranks",
+        "unknown key (expected one of: at, duration, job, kind)",
+    ),
+    "hang of a single-GPU job": (
+        CLUSTER + SINGLE + "[[faults]]\nkind = 'hang_blocked'\njob = 'solo'  # <-\nat = '1m'\n",
+        "faults[0].job",
+        "needs a training job with 2 or more GPUs",
+    ),
+    "checkpoint longer than 15 minutes": (
+        CLUSTER + TRAINING + 'checkpoint_every = "20m"\ncheckpoint_duration = "16m"  # <-\n',
+        "jobs[0].checkpoint_duration",
+        "at most 15m",
+    ),
+    "checkpoint duration without checkpoints": (
+        CLUSTER + TRAINING + 'checkpoint_duration = "5m"  # <-\n',
+        "jobs[0].checkpoint_duration",
+        "needs checkpoint_every",
+    ),
+    "checkpoint as long as its period": (
+        CLUSTER + TRAINING + 'checkpoint_every = "5m"\ncheckpoint_duration = "5m"  # <-\n',
+        "jobs[0].checkpoint_duration",
+        "shorter than checkpoint_every",
+    ),
+    "eval duration without eval_every": (
+        CLUSTER + TRAINING + 'eval_duration = "2m"  # <-\n',
+        "jobs[0].eval_duration",
+        "needs eval_every",
+    ),
+    "eval as long as its period": (
+        CLUSTER + TRAINING + 'eval_every = "5m"\neval_duration = "6m"  # <-\n',
+        "jobs[0].eval_duration",
+        "shorter than eval_every",
+    ),
+    "first step past the job's end": (
+        CLUSTER + TRAINING + 'first_step = "30m"  # <-\n',
+        "jobs[0].first_step",
+        "must end before the job does",
+    ),
+    "phases of an inference job": (
+        CLUSTER + SINGLE.replace("training", "inference") + 'eval_every = "5m"  # <-\n',
+        "jobs[0].eval_every",
+        "only training jobs",
+    ),
 }
 
 

@@ -14,6 +14,9 @@ from .comm_stall import CommStall, CommStallParams
 from .dead_profiling import DeadProfiling, DeadProfilingParams
 from .exporter_down import ExporterDown, ExporterDownParams
 from .gpu_lost import GpuLost, GpuLostParams
+from .hang_blocked import HangBlocked, HangBlockedParams
+from .hang_mixed import HangMixed, HangMixedParams
+from .hang_spinning import HangSpinning, HangSpinningParams
 from .idle_allocated import IdleAllocated, IdleAllocatedParams
 from .memory_leak import LEAK_TARGET_SHARE, MemoryLeak, MemoryLeakParams
 from .nvlink_errors import NvlinkErrors, NvlinkErrorsParams
@@ -29,6 +32,9 @@ FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
     k.name: k
     for k in (
         CommStall(),
+        HangSpinning(),
+        HangBlocked(),
+        HangMixed(),
         Straggler(),
         MemoryLeak(),
         ThermalThrottle(),
@@ -48,6 +54,9 @@ FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
 # One [[faults]] table: msgspec picks the struct by its ``kind`` tag.
 AnyFaultParams = (
     CommStallParams
+    | HangSpinningParams
+    | HangBlockedParams
+    | HangMixedParams
     | StragglerParams
     | MemoryLeakParams
     | ThermalThrottleParams

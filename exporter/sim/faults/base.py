@@ -94,6 +94,11 @@ class FaultKind:
         """Fields of :class:`FaultSpec` beyond target and window that this kind's parameters fill in."""
         return {}
 
+    def ranks(self, params: Any) -> str | list[str] | None:
+        """The GPU ranges of its ``ranks`` key (resolved into ``FaultSpec.ranks``: GPUs of its job it acts on
+        alone, through ``apply``), or ``None`` for a kind without one."""
+        return None
+
     def check(self, fault: FaultSpec, job: JobSpec | None, scenario: ScenarioView) -> None:
         """Reject a fault this kind cannot act as (raise :class:`FaultCheckError`); ``job``: the job it acts in."""
 

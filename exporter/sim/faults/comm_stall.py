@@ -1,31 +1,27 @@
 """Fault kind ``comm_stall``: a training job hangs in an NCCL collective (every rank spins, nothing moves).
 
 Each GPU of the job stays at ~1.0 utilization with clocks up while NVLink and PCIe traffic fall to ~0, SM activity
-to ~0.03, tensor activity to 0, and memory stays exactly flat. Its power load is 12% of the dynamic range
-(idle + 0.12 x (board - idle): ~146 W on an H100). Measured on an H200, a rank spin-waiting in a collective draws
-about idle power (123 W against 122 W idle after load); calibrating this load is left to a later change.
+to ~0.03, tensor activity to 0, and memory stays exactly flat. Its power is about idle power (``SPIN_LOAD``: measured
+on an H200, a rank spin-waiting in a collective draws 123 W against 122 W idle after load, docs/domain.md §7).
+``hang_spinning`` is the same hang under the name of its signature; both share :func:`spinning`.
 """
 
 from __future__ import annotations
 
-from typing import Final
-
 from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.state import STALL, Activity, JobPhase, Placement
+from exporter.sim.state import SPIN_LOAD, STALL, Activity, JobPhase, Placement
 
 from .base import FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
-
-STALL_LOAD: Final = 0.12  # share of the dynamic power range while spinning
 
 
 class CommStallParams(JobFaultParams, frozen=True, tag="comm_stall"):
     """``job``, ``at``, ``duration``."""
 
 
-def stalled(place: Placement) -> Activity:
-    """A spinning NCCL kernel: "100% utilization", no traffic, power toward idle, memory flat."""
+def spinning(place: Placement) -> Activity:
+    """A spinning NCCL kernel: "100% utilization", no traffic, power about idle, memory flat."""
     trickle = 1e-4 if place.nvlink_peers else 0.0
-    return Activity(1.0, 0.03, 0.0, 0.01, STALL_LOAD, trickle, 2e-4, 2e-4, place.job.memory_fraction, True, False)
+    return Activity(1.0, 0.03, 0.0, 0.01, SPIN_LOAD, trickle, 2e-4, 2e-4, place.job.memory_fraction, True, False)
 
 
 class CommStall(FaultKind):
@@ -39,4 +35,4 @@ class CommStall(FaultKind):
         require_multi_gpu_training(self, job)
 
     def job_phase(self, fault: FaultSpec) -> JobPhase:
-        return JobPhase(STALL, activity=stalled)
+        return JobPhase(STALL, activity=spinning)

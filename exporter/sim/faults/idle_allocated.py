@@ -17,7 +17,7 @@ class IdleAllocated(FaultKind):
     params = IdleAllocatedParams
     target = "job"
     job_bound = True
-    phase_priority = 1
+    phase_priority = 4
 
     def job_phase(self, fault: FaultSpec) -> JobPhase:
         return JobPhase(IDLE)  # idle clocks and throttle reason, the job's memory held

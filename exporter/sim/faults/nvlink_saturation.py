@@ -23,7 +23,7 @@ class NvlinkSaturation(FaultKind):
     params = NvlinkSaturationParams
     target = "job"
     job_bound = True
-    phase_priority = 2
+    phase_priority = 5
 
     def check(self, fault: FaultSpec, job: JobSpec | None, scenario: ScenarioView) -> None:
         require_multi_gpu_training(self, job)

@@ -1,0 +1,57 @@
+"""Fault kind ``hang_mixed``: some ranks of a training job spin in a collective while the others (``ranks``) are
+blocked on the host.
+
+The job's GPUs outside ``ranks`` look like ``hang_spinning`` (~1.0 utilization, clocks up, power about idle); the
+GPUs of ``ranks`` look like ``hang_blocked`` (0 utilization, idle clocks, idle power). On every GPU NVLink and PCIe
+traffic fall to ~0 and memory stays held and exactly flat.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exporter.sim.models import GpuModel
+from exporter.sim.specs import FaultSpec, JobSpec
+from exporter.sim.state import STALL, GpuState, JobPhase
+from exporter.sim.throttle import IDLE
+
+from .base import FaultCheckError, FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
+from .comm_stall import spinning
+from .hang_blocked import blocked
+
+
+class HangMixedParams(JobFaultParams, frozen=True, tag="hang_mixed", kw_only=True):
+    """``job``, ``at``, ``duration``, ``ranks``: a list of GPU ranges, the job's GPUs that fall idle."""
+
+    ranks: str | list[str]
+
+
+class HangMixed(FaultKind):
+    name = "hang_mixed"
+    params = HangMixedParams
+    target = "job"
+    job_bound = True
+    phase_priority = 3
+
+    def ranks(self, params: Any) -> str | list[str] | None:
+        assert isinstance(params, HangMixedParams)
+        return params.ranks
+
+    def check(self, fault: FaultSpec, job: JobSpec | None, scenario: ScenarioView) -> None:
+        require_multi_gpu_training(self, job)
+        if job is None:
+            return
+        outside = [str(ref) for ref in fault.ranks if ref not in job.gpus]
+        if outside:
+            raise FaultCheckError("ranks", f"GPU {outside[0]} is not one of job {job.id!r}'s GPUs")
+        if len(fault.ranks) >= len(job.gpus):
+            raise FaultCheckError("ranks", "names every GPU of the job: some ranks must keep spinning")
+
+    def job_phase(self, fault: FaultSpec) -> JobPhase:
+        return JobPhase(STALL, activity=spinning)
+
+    def apply(self, state: GpuState, fault: FaultSpec, t: float, model: GpuModel) -> None:
+        """A GPU of ``ranks`` (its role is "self"): blocked on the host instead of spinning."""
+        state.activity = blocked(state.activity.memory_fraction)
+        state.load = state.activity.load
+        state.throttle |= IDLE

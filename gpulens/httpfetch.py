@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from email.message import Message
 from http.client import HTTPConnection, HTTPException, HTTPResponse, HTTPSConnection
 from typing import IO, Any, Final
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from gpulens.model import SourceError
 
@@ -81,19 +81,32 @@ def redact_secret_url(url: str) -> str:
     return f"{parts.scheme or '?'}://{host}{port}/***"
 
 
+_MIN_SECRET_PIECE = 6  # shorter pieces of a secret URL ("api", "v1") are too common to hide without mangling text
+
+
+def secret_pieces(secret: str) -> list[str]:
+    """A secret and, if it is a URL, every part a receiver might echo alone: its path, each path segment, its
+    query, each query value, its userinfo, user and password. Longest first, so a piece never hides inside another."""
+    pieces = {secret}
+    try:
+        parts = urlsplit(secret)
+    except ValueError:
+        return [secret]
+    userinfo = parts.netloc.rpartition("@")[0]
+    pieces |= {parts.path, parts.query, userinfo, *userinfo.split(":", 1)}
+    pieces |= {unquote(segment) for segment in parts.path.split("/")} | set(parts.path.split("/"))
+    pieces |= {value for _, value in parse_qsl(parts.query, keep_blank_values=True)}
+    return sorted((p for p in pieces if len(p) >= _MIN_SECRET_PIECE or p == secret), key=len, reverse=True)
+
+
 def scrub(text: str, *secrets: str) -> str:
-    """``text`` with every secret (and the path, query and userinfo of a secret URL) replaced by ``***``."""
+    """``text`` with every secret, and every piece of a secret URL (path segment, query value, userinfo), replaced
+    by ``***``: a receiver that echoes only its token back must not get it into a log or an error."""
     for secret in secrets:
         if not secret:
             continue
-        text = text.replace(secret, "***")
-        try:
-            parts = urlsplit(secret)
-        except ValueError:
-            continue
-        for piece in (parts.path, parts.query, parts.netloc.rpartition("@")[0]):
-            if len(piece) > 1:
-                text = text.replace(piece, "***")
+        for piece in secret_pieces(secret):
+            text = text.replace(piece, "***")
     return text
 
 

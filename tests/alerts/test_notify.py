@@ -456,3 +456,34 @@ def test_probe_notification_reaches_a_webhook(server: tuple[str, Script]) -> Non
     [sent] = script.requests[0].json()["alerts"]
     assert sent["labels"] == {"alertname": "GpulensTestNotification", "severity": "info"}
     assert "receiver am" in sent["annotations"]["summary"]
+
+
+def test_a_receiver_echoing_only_its_token_never_gets_it_into_output_log_or_outbox(
+    server: tuple[str, Script], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A receiver answers 403 with the webhook URL's last path segment alone: every place that echoes the answer
+    (the error, the log, the outbox's last error) shows it hidden."""
+    url, script = server
+    token = SECRET.rsplit("/", 1)[-1]
+    script.steps += [(403, {}, f"invalid_token {token} (team T0000)".encode())] * 2
+    r = Receivers({"ops": SlackNotifier(url, name="ops")})
+    item = r.enqueue()
+    with caplog.at_level(logging.DEBUG):
+        counts = r.delivery.run_due()
+    with pytest.raises(DeliveryError) as err:
+        SlackNotifier(url, name="ops").send([alert()], group_labels={}, status=FIRING)
+    stored = r.item(item).last_error or ""
+    assert counts.failed == 1
+    assert "invalid_token" in stored  # the answer is kept, for the operator...
+    for text in (stored, str(err.value), *(rec.getMessage() for rec in caplog.records)):
+        assert token not in text  # ...but never the token
+        assert "B0000" not in text
+
+
+def test_scrub_hides_each_piece_of_a_secret_url() -> None:
+    url = "https://hooks.example.com/services/T0000/B0000/xoxFAKEtoken?sig=abcdef123&v=1"
+    text = "403 invalid_token xoxFAKEtoken sig=abcdef123 path /services/T0000/B0000/xoxFAKEtoken"
+    scrubbed = scrub(text, url)
+    for piece in ("xoxFAKEtoken", "abcdef123", "T0000/B0000"):
+        assert piece not in scrubbed
+    assert scrubbed.startswith("403 invalid_token ***")

@@ -102,7 +102,9 @@ def test_snapshot_carries_node_time_records_and_cumulative_errors() -> None:
         source.read()
     third = source.read()
     assert third.timestamp == 1_700_000_030.0
-    assert third.errors == {"dcgm_sentinel": 1, "dcgm_fetch_failed": 1, "dcgm_bad_lines": 13}
+    # malformed.prom holds other GPUs: legacy.prom's two are reported down, counted once each.
+    assert third.errors == {"dcgm_sentinel": 1, "dcgm_fetch_failed": 1, "dcgm_bad_lines": 13, "dcgm_gpu_missing": 2}
+    assert {g.uuid for g in third.gpus if not g.up} == {GPU0, GPU1}
     assert pages.calls == [("http://127.0.0.1:9400/metrics", 2.5)] * 3
 
 
@@ -117,21 +119,28 @@ def test_node_falls_back_to_this_host() -> None:
     ("page", "message"),
     [
         (b"DCGM_FI_DEV_GPU_TEMP 4\xff\n", "not UTF-8"),
-        (b"<html><body>login</body></html>\n", "no valid sample"),
+        (b"<html><body>login</body></html>\n", "no GPU series on the page"),
         (b"x" * 2000, "more than 1000 bytes"),
     ],
 )
 def test_unusable_pages_raise_source_error_and_count(page: bytes, message: str) -> None:
-    source = DcgmSource("http://u:hunter2@127.0.0.1:9400/metrics", max_bytes=1000, fetch=PageSequence(page, ""))
+    good = f"DCGM_FI_DEV_GPU_TEMP{{{ID0}}} 4\n"
+    source = DcgmSource("http://u:hunter2@127.0.0.1:9400/metrics", max_bytes=1000, fetch=PageSequence(page, good))
     with pytest.raises(SourceError, match=message) as info:
         source.read()
     assert "hunter2" not in str(info.value)
-    assert source.read().errors.get("dcgm_fetch_failed", 0) == (0 if message == "no valid sample" else 1)
+    unusable = message == "no GPU series on the page"
+    errors = source.read().errors
+    assert errors.get("dcgm_fetch_failed", 0) == (0 if unusable else 1)
+    assert errors.get("dcgm_no_gpu_series", 0) == (1 if unusable else 0)
 
 
-def test_an_empty_page_is_an_empty_snapshot() -> None:
-    snapshot = DcgmSource("http://127.0.0.1:9400/metrics", node="n", fetch=PageSequence("")).read()
-    assert (snapshot.gpus, snapshot.errors) == ((), {})
+def test_an_empty_page_is_unusable_not_a_node_without_gpus() -> None:
+    source = DcgmSource("http://127.0.0.1:9400/metrics", node="n", fetch=PageSequence("", "# HELP x y\nfoo_bar 1\n"))
+    with pytest.raises(SourceError, match=r"no GPU series on the page \(0 samples\)"):
+        source.read()
+    with pytest.raises(SourceError, match=r"no GPU series on the page \(1 samples, e.g. 'foo_bar'\)"):
+        source.read()
 
 
 @pytest.mark.parametrize(

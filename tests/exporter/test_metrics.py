@@ -129,7 +129,18 @@ def test_dcgm_compat_families_use_dcgm_units_and_labels() -> None:
     assert util["0"] == pytest.approx(97.0)
     fb_used = families["DCGM_FI_DEV_FB_USED"][0]
     assert fb_used.value == pytest.approx(70 * 1024)  # MiB
-    assert set(fb_used.labels) == {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"}
+    assert set(fb_used.labels) == {
+        "gpu",
+        "UUID",
+        "pci_bus_id",
+        "device",
+        "modelName",
+        "Hostname",
+        "DCGM_FI_DRIVER_VERSION",
+        "container",
+        "namespace",
+        "pod",
+    }
     assert fb_used.labels["device"] == "nvidia0"
     assert families["DCGM_FI_DEV_SM_CLOCK"][0].value == pytest.approx(1980)  # MHz
     assert families["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"][0].value == pytest.approx(1.25e10)  # mJ

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import gzip
+import json
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -15,10 +16,14 @@ import pytest
 from hypothesis import given
 
 from exporter.dcgmsource import DcgmSource
+from exporter.poller import Poller
+from exporter.server import ExporterServer, Routes
 from gpulens.clock import ManualClock
 from gpulens.httpfetch import fetch_url
 from gpulens.model import SourceError
+from tests.conftest import http_get
 from tests.fakes.dcgm_pages import FUZZ, GPU0, GPU1, ID0, ID1, fixture, mutated_fixture, parse
+from tests.fakes.dcgm_server import stand_in_dcgm_exporter
 
 
 @FUZZ
@@ -302,3 +307,33 @@ def test_fetch_url_refuses_other_schemes_without_showing_credentials() -> None:
     with pytest.raises(SourceError, match="must look like") as info:
         fetch_url("file://me:pw-456@localhost/etc/passwd", 2.0, max_bytes=1000)
     assert "pw-456" not in str(info.value)
+
+
+# --- through the exporter: a stand-in dcgm-exporter, the poller and the HTTP server ------------------------------
+
+
+def test_exporter_over_a_stand_in_page_reports_unusable_pages_and_lost_gpus() -> None:
+    two = f"DCGM_FI_DEV_GPU_UTIL{{{ID0}}} 10\nDCGM_FI_DEV_GPU_UTIL{{{ID1}}} 20\n"
+    with stand_in_dcgm_exporter("# HELP go_goroutines x\ngo_goroutines 12\n") as dcgm:
+        poller = Poller(DcgmSource(dcgm.url, node="n1"), interval_s=60.0)
+        server = ExporterServer(Routes(single=poller), host="127.0.0.1", port=0)
+        server.start()
+        healthz = f"http://127.0.0.1:{server.port}/healthz"
+        metrics = f"http://127.0.0.1:{server.port}/metrics"
+        try:
+            poller.collect_once()
+            status, _, body = http_get(healthz)
+            assert status == 503
+            assert "no GPU series on the page (1 samples, e.g. 'go_goroutines')" in json.loads(body)["reason"]
+            dcgm.serve(two)
+            poller.collect_once()
+            assert http_get(healthz)[0] == 200
+            dcgm.serve(f"DCGM_FI_DEV_GPU_UTIL{{{ID0}}} 10\n")  # GPU 1 vanishes
+            poller.collect_once()
+            text = http_get(metrics)[2].decode()
+            assert f'gpulens_gpu_up{{node="n1",gpu="1",uuid="{GPU1}"' in text
+            up = [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith("gpulens_gpu_up{")]
+            assert sorted(up) == ["0", "1"]
+            assert 'gpulens_exporter_collect_errors_total{reason="dcgm_gpu_missing"} 1' in text
+        finally:
+            server.close()

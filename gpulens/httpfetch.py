@@ -226,7 +226,8 @@ def read_body(
     """The response body, read in chunks of at most ``CHUNK`` and gunzipped if ``decode`` and it is gzip.
 
     Over ``max_bytes`` (sent or unzipped) it raises ``ValueError``, or with ``truncate`` returns the first
-    ``max_bytes`` bytes as sent. A body shorter than its ``Content-Length`` (not chunked) raises ``ValueError``. Time is bounded by the connection (``Deadline*Connection``), not here.
+    ``max_bytes`` bytes as sent. A body shorter than its ``Content-Length`` (not chunked) raises ``ValueError``.
+    Time is bounded by the connection (``Deadline*Connection``), not here.
     """
     if truncate:
         chunks: list[bytes] = []

@@ -28,7 +28,7 @@ def xid_count(ident: str, code: int, count: int) -> str:
 
 def test_xid_window_counts_become_cumulative_counters_and_show_repeats() -> None:
     reader = DcgmPageReader(URL, node="n", fallback_node="f")
-    history = []
+    history: list[dict[int, int]] = []
     for lines in (
         [f'DCGM_EXP_XID_ERRORS_COUNT{{{ID0},window_size_in_ms="300000"}} 0'],  # dcgm-exporter's "none"
         [xid_count(ID0, 43, 1)],

@@ -56,7 +56,8 @@ def test_every_dashboard_panel_returns_data(prometheus_bin: str, tmp_path: Path)
                     break
             except OSError:
                 pass
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "exporter.log").read_text()
+            assert proc.poll() is None, (tmp_path / "exporter.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "exporter.log").read_text()
             time.sleep(0.3)
         with running_prometheus(prometheus_bin, tmp_path, {"gpulens": (f"127.0.0.1:{port}", "/metrics")}) as prom:
             wait_for(prom, "DCGM_FI_DEV_GPU_TEMP", lambda r: len(r) == 8)

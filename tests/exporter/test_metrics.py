@@ -229,5 +229,6 @@ def test_dcgm_compat_writes_kubernetes_pods_driver_and_mig_instances() -> None:
     gpu1 = next(s for s in used if s.labels["gpu"] == "1")
     assert (gpu1.labels["namespace"], gpu1.labels["pod"]) == ("", "0c7e2f1a-9b3d-4e5f-8a6b-1c2d3e4f5a6b")
     # dram_active_ratio stands in for MEM_COPY_UTIL (in %); GR_ENGINE_ACTIVE carries the utilization (0-1)
+    assert g.dram_active_ratio is not None
     assert families["DCGM_FI_DEV_MEM_COPY_UTIL"][0].value == pytest.approx(g.dram_active_ratio * 100)
     assert families["DCGM_FI_PROF_GR_ENGINE_ACTIVE"][0].value == pytest.approx(g.utilization_ratio)

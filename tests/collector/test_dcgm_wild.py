@@ -18,7 +18,7 @@ from collector.scrape import Scraper
 from collector.targets import Target
 from exporter.dcgmsource import DcgmSource
 from gpulens.clock import ManualClock
-from gpulens.model import GpuReading, NodeSnapshot
+from gpulens.model import GpuReading, NodeSnapshot, SourceError
 from tests.fakes.dcgm_server import stand_in_dcgm_exporter
 
 WILD = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm" / "wild"
@@ -216,3 +216,22 @@ def test_a_configured_node_wins_over_the_page_label() -> None:
     assert result.snapshot is not None
     assert result.snapshot.node == "inf-07"
     assert {g.node for g in result.snapshot.gpus} == {"inf-07"}
+
+
+def test_a_truncated_page_is_refused_by_both_readers() -> None:
+    text = (WILD / "dcgm4x_h100.prom").read_bytes()
+    with stand_in_dcgm_exporter(text) as server:
+        server.serve(text, cut_to=len(text) // 2)  # the connection drops before Content-Length bytes arrived
+        scraper = Scraper()
+        cut = scraper.scrape(Target(name="t", url=server.url, kind="dcgm"))
+        with pytest.raises(SourceError, match="body is truncated"):
+            DcgmSource(server.url).read()
+        server.serve(text[: len(text) - 9])  # a complete response whose last line was cut mid-labels
+        mid_line = scraper.scrape(Target(name="t", url=server.url, kind="dcgm"))
+        with pytest.raises(SourceError, match="the page is truncated"):
+            DcgmSource(server.url).read()
+        scraper.close()
+    assert not cut.health.up
+    assert "body is truncated" in (cut.health.last_error or "")
+    assert not mid_line.health.up
+    assert mid_line.health.last_error == "the page is truncated (its last line was cut mid-sample)"

@@ -140,8 +140,9 @@ class Scraper:
         with self._lock:
             reader = self._readers.get(target.name)
             if reader is None or (reader.url, reader.configured_node) != (target.url, target.node):
+                # Last resort for the node name: a loopback URL with no usable label is this machine.
                 reader = DcgmPageReader(
-                    target.url, node=target.node, fallback_node=target.name, label=f"target {target.name}"
+                    target.url, node=target.node, fallback_node=socket.gethostname(), label=f"target {target.name}"
                 )
                 self._readers[target.name] = reader
             return reader

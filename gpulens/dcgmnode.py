@@ -17,7 +17,8 @@ collector's ``kind = "dcgm"`` targets (each keeps one reader per dcgm-exporter i
   format), raises ``DcgmPageError`` with the reason; it is never reported as a healthy node without GPUs.
 * **Node name.** Configuration first (the target's ``node`` / the exporter's ``--node``), then the host of the URL
   (unless it is a loopback name or address: NVIDIA's ``-r localhost:5555`` setup), then the page's ``hostname`` /
-  ``Hostname`` label (unless it is ``localhost``), then the caller's fallback.
+  ``Hostname`` label (unless it is ``localhost``), then the caller's fallback (both readers pass this machine's
+  host name: a loopback URL means the dcgm-exporter runs here).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import gpulens
 from gpulens.dcgmfields import COMPAT_FIELDS, COMPAT_LABELS, MIG_MEMORY_TARGETS, compat_value, mig_memory_value
 from gpulens.metriccatalogue import GPU_FIELDS, GPU_LABELS
-from gpulens.model import THROTTLE_REASONS, GpuReading, NodeSnapshot
+from gpulens.model import THROTTLE_REASONS, GpuReading, MigReading, NodeSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,22 +228,27 @@ def _dcgm_families(snapshot: NodeSnapshot, last_xid: Mapping[str, int]) -> Itera
 
     Labels as dcgm-exporter writes them, with ``DCGM_FI_DRIVER_VERSION`` and the Kubernetes ``container``,
     ``namespace`` and ``pod`` (empty where no pod holds the GPU; the first pod where several share it). A MIG
-    instance adds FB_USED/FB_FREE series of its own, labelled ``GPU_I_PROFILE`` and ``GPU_I_ID``.
+    instance adds FB_USED/FB_FREE series of its own, labelled ``GPU_I_PROFILE`` and ``GPU_I_ID`` and with the pod
+    that runs on that instance.
     """
     up_gpus = [g for g in snapshot.gpus if g.up]
-    pods: dict[str, tuple[str, str]] = {}
+    pods: dict[str, tuple[str, str]] = {}  # by GPU UUID, and by MIG UUID for a pod on a MIG instance
     for job in snapshot.jobs:
         pod = _pod_labels(job.job_id)
         if pod is not None:
+            if job.mig_uuid is not None:
+                pods.setdefault(job.mig_uuid, pod)
             pods.setdefault(job.uuid, pod)
     migs = {g.uuid: [m for m in snapshot.migs if m.uuid == g.uuid] for g in up_gpus}
 
-    def labels(g: GpuReading, mig: tuple[str, str] | None = None) -> str:
+    def labels(g: GpuReading, mig: MigReading | None = None) -> str:
         driver = g.driver_version or snapshot.driver_version or ""
-        namespace, pod = pods.get(g.uuid, ("", ""))
+        namespace, pod = pods.get(g.uuid if mig is None else mig.mig_uuid, ("", ""))
         values = [str(g.gpu), g.uuid, g.pci_bus_id or "", f"nvidia{g.gpu}", g.model, g.node, driver, "", namespace, pod]
         text = _labels(COMPAT_LABELS, values)
-        return text if mig is None else text + "," + _labels(("GPU_I_PROFILE", "GPU_I_ID"), mig)
+        if mig is None:
+            return text
+        return text + "," + _labels(("GPU_I_PROFILE", "GPU_I_ID"), (mig.profile or "", str(mig.gpu_instance_id)))
 
     for row in COMPAT_FIELDS:
         # dcgm-exporter's names are kept byte for byte; its cumulative fields lack the _total suffix that a
@@ -258,7 +263,7 @@ def _dcgm_families(snapshot: NodeSnapshot, last_xid: Mapping[str, int]) -> Itera
             for m in migs[g.uuid]:
                 mig_value = mig_memory_value(row, m)
                 if mig_value is not None:
-                    family.add_rendered(labels(g, (m.profile or "", str(m.gpu_instance_id))), mig_value)
+                    family.add_rendered(labels(g, m), mig_value)
         yield family
 
 

@@ -36,7 +36,8 @@ Rules (each one is a decision; the tests hold the code to them):
   later samples dropped. Samples of other DCGM entities (``nvswitch``, ``nvlink``/``link``, ``cpu``, ``cpucore``
   labels) are ignored, as are names this module does not know.
 * **Jobs.** Non-empty ``pod`` (``pod_name``) gives ``GpuJob(job_id="<namespace>/<pod>")`` (just ``<pod>`` without
-  a namespace); non-empty ``hpc_job`` gives ``GpuJob(job_id=hpc_job)``.
+  a namespace); non-empty ``hpc_job`` gives ``GpuJob(job_id=hpc_job)``. A job seen on a MIG instance's series stays
+  on that instance: its ``mig_uuid`` is the instance's (``MIG-<parent UUID>/<GPU_I_ID>``).
 * **Node.** The ``node`` argument, else the first ``hostname`` (newer) or ``Hostname`` label, else ``None``. Which
   node a page belongs to is decided by the page's reader (``gpulens.dcgmnode``), which prefers configuration.
 * **XIDs.** ``DCGM_FI_DEV_XID_ERRORS`` / ``DCGM_FI_DEV_XID_ERROR`` hold the last XID seen (sticky), not a count: the
@@ -218,7 +219,8 @@ class _Builder:
         self.gpus: dict[str, _Gpu] = {}
         self.index_owner: dict[int, str] = {}
         self.duplicates: set[tuple[str, int]] = set()
-        self.jobs: dict[tuple[str, str], int] = {}  # (UUID, job id) -> GPU index, in order of appearance
+        # (UUID, job id) -> (GPU index, MIG instance id or None), in order of appearance
+        self.jobs: dict[tuple[str, str], tuple[int, int | None]] = {}
         self.hostname: str | None = None
         self.driver_version: str | None = None
         self.problems: dict[str, int] = {}
@@ -250,7 +252,7 @@ class _Builder:
         if gpu is None:
             return
         self.gpu_samples += 1
-        self._note_jobs(gpu, labels)
+        self._note_jobs(gpu, labels, int(instance) if instance else None)
         mig = self._mig(gpu, int(instance), labels) if instance else None
         if spec.field.zero_is_blank and sample.value == 0:
             return  # no sensor (memory temperature on GDDR boards): unknown, not 0
@@ -311,14 +313,14 @@ class _Builder:
             mig = gpu.migs[instance] = _Mig(labels.get("GPU_I_PROFILE") or None)
         return mig
 
-    def _note_jobs(self, gpu: _Gpu, labels: Mapping[str, str]) -> None:
+    def _note_jobs(self, gpu: _Gpu, labels: Mapping[str, str], instance: int | None) -> None:
         pod, namespace = next(((labels[p], labels.get(n, "")) for p, n in _POD_LABELS if labels.get(p)), ("", ""))
         hpc_job = labels.get("hpc_job", "")
         if pod:
             job_id = f"{namespace}/{pod}" if namespace else pod
-            self.jobs.setdefault((gpu.uuid, job_id), gpu.index)
+            self.jobs.setdefault((gpu.uuid, job_id), (gpu.index, instance))
         if hpc_job:
-            self.jobs.setdefault((gpu.uuid, hpc_job), gpu.index)
+            self.jobs.setdefault((gpu.uuid, hpc_job), (gpu.index, instance))
 
     def _reading(self, gpu: _Gpu, node: str, timestamp: float) -> GpuReading:
         fields: dict[str, Any] = {
@@ -362,7 +364,14 @@ class _Builder:
             for instance, mig in sorted(gpu.migs.items())
         ]
         jobs = [
-            GpuJob(node=record_node, gpu=index, uuid=uuid, job_id=job_id) for (uuid, job_id), index in self.jobs.items()
+            GpuJob(
+                node=record_node,
+                gpu=index,
+                uuid=uuid,
+                job_id=job_id,
+                mig_uuid=None if instance is None else f"MIG-{uuid}/{instance}",
+            )
+            for (uuid, job_id), (index, instance) in self.jobs.items()
         ]
         return DcgmParse(
             node=resolved,

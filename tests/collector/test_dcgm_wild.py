@@ -202,6 +202,16 @@ def test_a_wild_page_gives_the_same_records_through_the_exporter_and_the_collect
                 assert actual == value, (name, g.gpu, key)
 
 
+def test_pods_on_mig_instances_stay_on_their_instance() -> None:
+    with stand_in_dcgm_exporter((WILD / "mig_pods_a100.prom").read_bytes()) as server:
+        exported, scraped = _read_both(server.url)
+    parent = "GPU-d1e8a4c7-39b2-4f60-8a15-7e2c0b9d6f31"
+    expected = [("serving/llama-8b-0", f"MIG-{parent}/1"), ("data-sci/jupyter-ana", f"MIG-{parent}/2")]
+    assert [(j.job_id, j.mig_uuid) for j in scraped.jobs] == expected
+    assert exported.jobs == scraped.jobs
+    assert {m.mig_uuid: m.profile for m in scraped.migs} == {f"MIG-{parent}/1": "4g.40gb", f"MIG-{parent}/2": "3g.40gb"}
+
+
 def test_a_configured_node_wins_over_the_page_label() -> None:
     with stand_in_dcgm_exporter((WILD / "gddr_localhost.prom").read_bytes()) as server:
         assert DcgmSource(server.url, node="inf-07").read().node == "inf-07"

@@ -201,6 +201,7 @@ def test_dcgm_compat_writes_kubernetes_pods_driver_and_mig_instances() -> None:
         gpus=(g, other),
         jobs=(
             GpuJob(node="node-00", gpu=0, uuid=g.uuid, job_id="serving/llama-8b-0"),
+            GpuJob(node="node-00", gpu=0, uuid=g.uuid, job_id="data-sci/jupyter-ana", mig_uuid=f"MIG-{g.uuid}/1"),
             GpuJob(node="node-00", gpu=1, uuid=other.uuid, job_id="pod/0c7e2f1a-9b3d-4e5f-8a6b-1c2d3e4f5a6b"),
         ),
         migs=(
@@ -222,6 +223,7 @@ def test_dcgm_compat_writes_kubernetes_pods_driver_and_mig_instances() -> None:
     mig = [s for s in used if s.labels.get("GPU_I_ID") == "1"]
     assert len(gpu0) == len(mig) == 1
     assert (mig[0].labels["GPU_I_PROFILE"], mig[0].value) == ("3g.40gb", 10 * 1024)  # MiB
+    assert (mig[0].labels["namespace"], mig[0].labels["pod"]) == ("data-sci", "jupyter-ana")  # its instance's pod
     free = [s for s in families["DCGM_FI_DEV_FB_FREE"] if s.labels.get("GPU_I_ID") == "1"]
     assert free[0].value == 30 * 1024
     assert (gpu0[0].labels["namespace"], gpu0[0].labels["pod"]) == ("serving", "llama-8b-0")

@@ -25,6 +25,7 @@ Also here: DCGM's blank sentinels and the plausible range of each quantity, both
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -296,6 +297,30 @@ def _by_name() -> dict[str, NameSpec]:
 
 
 BY_NAME: Final[Mapping[str, NameSpec]] = _by_name()
+
+# --- a unit announced in HELP -------------------------------------------------------------------------------------
+
+# Units a page may announce in a family's HELP text ("... (in Hz)."), as (dimension, factor to gpulens units).
+# Only the base units of the dimensions whose DCGM unit is scaled: a HELP saying "(in Hz)" over a clock field is
+# unambiguous, while other announcements are unreliable (1.x's DCP help texts say "(in %)" over 0-1 ratios).
+_BASE_UNITS: Final = {"Hz": ("frequency", 1.0), "B": ("size", 1.0), "bytes": ("size", 1.0), "J": ("energy", 1.0)}
+_SCALED_UNITS: Final = {"MHz": "frequency", "MiB": "size", "mJ": "energy"}
+_HELP_UNIT_RE: Final = re.compile(r"\(in ([A-Za-z]+)\)")
+
+
+def help_factor(row: DcgmField, help_text: str | None) -> float | None:
+    """The factor to gpulens units when a family's HELP announces a base unit for a field DCGM scales, else None.
+
+    For pages that write a field in base units under its DCGM name (``DCGM_FI_DEV_SM_CLOCK`` in Hz, announced
+    "SM clock frequency (in Hz)."), as domain.md section 3 reports of dcgm-exporter 4.9.
+    """
+    match = _HELP_UNIT_RE.search(help_text or "")
+    dimension = _SCALED_UNITS.get(row.unit)
+    if match is None or dimension is None:
+        return None
+    base = _BASE_UNITS.get(match.group(1))
+    return base[1] if base is not None and base[0] == dimension else None
+
 
 # --- writing dcgm-exporter's names (--dcgm-compat) -----------------------------------------------------------------
 

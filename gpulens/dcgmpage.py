@@ -7,8 +7,10 @@
 Rules (each one is a decision; the tests hold the code to them):
 
 * **Units are fixed by the DCGM field id** behind the name (see ``gpulens.dcgmfields``): every generation of names
-  (DCGM 4.6 names, their deprecated 2.x-4.5 aliases, ``--use-old-namespace``/1.x names) carries its field's unit. A
-  value written in another unit lands outside the plausible range below and is dropped and counted, not stored.
+  (DCGM 4.6 names, their deprecated 2.x-4.5 aliases, ``--use-old-namespace``/1.x names) carries its field's unit,
+  except where the family's HELP announces the base unit of a field DCGM scales ("(in Hz)" over SM_CLOCK, "(in B)"
+  over FB_USED, "(in J)" over TOTAL_ENERGY_CONSUMPTION). A value written in another unit lands outside the
+  plausible range below and is dropped and counted, not stored.
 * **Precedence.** When several fields feed one target, the higher-ranked field wins (GPU_UTIL over
   GR_ENGINE_ACTIVE, the enforced power limit over the requested one, PROF PCIe bytes over PCIE_*_THROUGHPUT), and a
   GPU-level sample over a MIG instance's copy; among equals the first sample wins (a GPU shared by several pods
@@ -63,6 +65,7 @@ from gpulens.dcgmfields import (
     NVLINK_TOTAL,
     XID_TARGET,
     NameSpec,
+    help_factor,
     is_dcgm_sentinel,
 )
 from gpulens.model import GpuJob, GpuReading, MigReading
@@ -167,14 +170,18 @@ class _Gpu:
     migs: dict[int, _Mig] = field(default_factory=dict)
 
 
-def _convert(spec: NameSpec, raw: float) -> _Value | str:
-    """The value in our units, or the problem reason (a ``str``) when it must be dropped."""
+def _convert(spec: NameSpec, raw: float, factor: float | None = None) -> _Value | str:
+    """The value in our units, or the problem reason (a ``str``) when it must be dropped.
+
+    ``factor``: the page announced another unit for this family in its HELP (``gpulens.dcgmfields.help_factor``).
+    """
     if not math.isfinite(raw):
         return ABSURD_VALUE
     if is_dcgm_sentinel(raw):
         return SENTINEL
-    value = raw * spec.field.multiply / spec.field.divide + 0.0  # + 0.0 turns -0.0 into 0.0
-    quantity = spec.field.quantity
+    row = spec.field
+    value = (raw * row.multiply / row.divide if factor is None else raw * factor) + 0.0  # -0.0 becomes 0.0
+    quantity = row.quantity
     if not 0.0 <= value <= quantity.high:
         return ABSURD_VALUE
     if quantity.kind == "float":
@@ -215,7 +222,8 @@ def _memory_total(values: _Values) -> int | None:
 class _Builder:
     """Accumulates samples into per-GPU state, then builds the records."""
 
-    def __init__(self) -> None:
+    def __init__(self, help_texts: Mapping[str, str]) -> None:
+        self.help_texts = help_texts  # filled as the page is read: a family's HELP precedes its samples
         self.gpus: dict[str, _Gpu] = {}
         self.index_owner: dict[int, str] = {}
         self.duplicates: set[tuple[str, int]] = set()
@@ -256,7 +264,7 @@ class _Builder:
         mig = self._mig(gpu, int(instance), labels) if instance else None
         if spec.field.zero_is_blank and sample.value == 0:
             return  # no sensor (memory temperature on GDDR boards): unknown, not 0
-        value = _convert(spec, sample.value)
+        value = _convert(spec, sample.value, help_factor(spec.field, self.help_texts.get(sample.name)))
         rank = spec.field.rank
         if isinstance(value, str):
             self.problem(value)
@@ -397,8 +405,8 @@ def parse_dcgm_metrics(text: str, *, node: str | None, timestamp: float, fallbac
 
     ``node`` overrides the hostname label; records carry ``fallback_node`` when neither names the node.
     """
-    builder = _Builder()
     stats = LineStats()
+    builder = _Builder(stats.help)
     for sample in read_samples(text, stats):
         builder.add(sample)
     return builder.finish(node=node, timestamp=timestamp, fallback_node=fallback_node, parse=stats)

@@ -122,6 +122,7 @@ class LineStats:
     bad_reasons: dict[str, int] = field(default_factory=dict)
     first_bad_line: int | None = None
     truncated: bool = False  # the last line has no newline and does not parse: the body was cut
+    help: dict[str, str] = field(default_factory=dict)  # metric name -> its HELP text
     series: set[tuple[str, tuple[tuple[str, str], ...]]] = field(default_factory=set)
 
     def bad(self, reason: str, lineno: int) -> None:
@@ -144,6 +145,9 @@ def read_samples(text: str, stats: LineStats) -> Iterator[Sample]:
                 stats.bad(bad.reason, lineno)
             continue
         if sample is None:
+            if raw.startswith("# HELP "):
+                parts = _SPLIT_RE.split(raw.removesuffix("\r").strip(" \t"), maxsplit=3)
+                stats.help.setdefault(parts[2], parts[3] if len(parts) > 3 else "")
             continue
         key = (sample.name, tuple(sorted(sample.labels.items())))
         if key in stats.series:

@@ -100,6 +100,21 @@ EXPECTED: dict[str, tuple[str | None, list[str], int, dict[int, dict[str, Any]]]
             },
         },
     ),
+    "dcgm49_base_units_h100.prom": (
+        "hgx-h100-40",
+        [],
+        0,
+        {
+            0: {
+                "sm_clock_hertz": 1.755e9,
+                "memory_clock_hertz": 2.619e9,
+                "memory_used_bytes": 80734060544,
+                "memory_total_bytes": 4206886912 + 80734060544 + 579862528,
+                "energy_joules_total": 98123456.789,
+                "utilization_ratio": 0.77,
+            }
+        },
+    ),
     "old_namespace_t4.prom": (
         "edge-t4-09",
         ["vision/detector-7f9c"],

@@ -499,3 +499,19 @@ def test_truncation_breaks_at_most_the_last_line(name: str, cut: int) -> None:
     result = parse(truncated)
     assert result.bad_lines <= 1
     assert_sane(result, truncated)
+
+
+def test_a_base_unit_announced_in_help_is_believed_only_for_scaled_fields() -> None:
+    text = (
+        "# HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in Hz).\n"
+        f"DCGM_FI_DEV_SM_CLOCK{{{ID0}}} 1410000000\n"
+        "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in B).\n"
+        f"DCGM_FI_DEV_FB_USED{{{ID0}}} 1048576\n"
+        "# HELP DCGM_FI_PROF_GR_ENGINE_ACTIVE Ratio of time the graphics engine is active (in %).\n"
+        f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{ID0}}} 0.7\n"  # 1.x help texts say % over 0-1 ratios: not believed
+        "# HELP DCGM_FI_DEV_MEM_CLOCK Memory clock frequency (in MHz).\n"
+        f"DCGM_FI_DEV_MEM_CLOCK{{{ID0}}} 1593\n"
+    )
+    gpu = only_gpu(text)
+    assert (gpu.sm_clock_hertz, gpu.memory_used_bytes) == (1.41e9, 1048576)
+    assert (gpu.utilization_ratio, gpu.memory_clock_hertz) == (0.7, 1.593e9)

@@ -320,7 +320,10 @@ def gpu_lost(rule: AlertRule, history: History, now: float) -> list[Candidate]:
             continue
         jobs = latest.gpu_jobs.get(uuid, ())
         what = "lost: the GPU no longer answers"
-        description = "NVML reports the GPU lost (XID 79, fallen off the bus); only its identity can be read."
+        description = (
+            "The GPU no longer answers: NVML reports it lost (XID 79, fallen off the bus) or it vanished from its "
+            "dcgm-exporter's page; only its identity is known."
+        )
         out.append(_candidate(rule, reading, jobs, None, what, description))
     return out
 

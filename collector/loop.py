@@ -7,6 +7,7 @@ scrapes run concurrently on a thread pool and each costs at most its own timeout
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -145,10 +146,16 @@ class Collector:
     def _assemble(self, now: float, results: list[ScrapeResult]) -> RoundResult:
         round_ = RoundResult(time=now, snapshots=[], targets=[])
         owners: dict[str, str] = {}
+        node_owners: dict[str, str] = {}
         for r in results:
             merge_counts(round_.rejected, r.rejected)
             health = r.health
             snapshot = r.snapshot
+            if snapshot is not None and node_owners.setdefault(snapshot.node, r.target.name) != r.target.name:
+                # Two targets claim one node (a shared Hostname label, say): an error the operator sees, not a merge.
+                error = f"node {snapshot.node} is already scraped from target {node_owners[snapshot.node]}"
+                health = dataclasses.replace(health, up=False, last_error=error, samples=0)
+                snapshot = None
             if snapshot is not None:
                 duplicates = [
                     g.uuid for g in snapshot.gpus if owners.setdefault(g.uuid, r.target.name) != r.target.name

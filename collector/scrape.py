@@ -2,6 +2,11 @@
 
 A target that hangs, refuses, answers 500 or garbage costs at most its own timeout and never raises: the result
 carries the target's health (up, error, duration, samples) and the per-reason counts of what was rejected.
+
+``kind = "dcgm"`` targets are converted by ``gpulens.dcgmnode.DcgmPageReader``, the same converter the exporter's
+``dcgm`` source uses; the scraper keeps one reader per target (keyed by target name, replaced when the target's URL
+or node changes), which remembers the GPUs seen (a vanished GPU is reported down) and counts XIDs. That memory is
+not persisted: restarting the collector forgets a lost GPU (or ``Scraper.forget_gpu``).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import orjson
 from collector.targets import Target
 from gpulens.clock import Clock, SystemClock
 from gpulens.config import ConfigError
-from gpulens.dcgmpage import parse_dcgm_metrics
+from gpulens.dcgmnode import DcgmPageError, DcgmPageReader
 from gpulens.httpfetch import Deadline, DeadlineHTTPConnection, DeadlineHTTPSConnection, read_body, redact_url
 from gpulens.model import GpuReading, NodeSnapshot, SnapshotFormatError, TargetHealth, snapshot_from_json
 
@@ -129,6 +134,24 @@ class Scraper:
         self._contexts: dict[tuple[str | None, bool], ssl.SSLContext] = {}
         self._lock = threading.Lock()
         self._all: set[http.client.HTTPConnection] = set()  # every thread's connections, for close()
+        self._readers: dict[str, DcgmPageReader] = {}  # dcgm targets by name: what each page needs from the last
+
+    def _reader(self, target: Target) -> DcgmPageReader:
+        with self._lock:
+            reader = self._readers.get(target.name)
+            if reader is None or (reader.url, reader.configured_node) != (target.url, target.node):
+                # Last resort for the node name: a loopback URL with no usable label is this machine.
+                reader = DcgmPageReader(
+                    target.url, node=target.node, fallback_node=socket.gethostname(), label=f"target {target.name}"
+                )
+                self._readers[target.name] = reader
+            return reader
+
+    def forget_gpu(self, uuid: str) -> bool:
+        """Stop reporting a vanished GPU as down, on whichever target saw it. True when one knew it."""
+        with self._lock:
+            readers = list(self._readers.values())
+        return any([reader.forget(uuid) for reader in readers])
 
     def scrape(self, target: Target) -> ScrapeResult:
         started = time.perf_counter()
@@ -170,21 +193,12 @@ class Scraper:
         except UnicodeDecodeError:
             raise ScrapeError("the response is not UTF-8") from None
         if target.kind == "dcgm":
-            parsed = parse_dcgm_metrics(text, node=target.node, timestamp=now, fallback_node=target.name)
-            if parsed.samples == 0:
-                raise ScrapeError(f"no dcgm-exporter samples in the response ({parsed.bad_lines} bad lines)")
-            snapshot = NodeSnapshot(
-                node=parsed.node or target.node or target.name,
-                timestamp=now,
-                source="dcgm",
-                gpus=parsed.gpus,
-                jobs=parsed.jobs,
-                migs=parsed.migs,
-                driver_version=parsed.driver_version,
-            )
-            snapshot, rejected = sanitize(snapshot, now, self._future)
-            for reason, count in parsed.error_counts().items():
-                rejected[reason] = rejected.get(reason, 0) + count
+            try:
+                result = self._reader(target).read(text, now)
+            except DcgmPageError as exc:
+                raise ScrapeError(str(exc)) from None
+            snapshot, rejected = sanitize(result.snapshot, now, self._future)
+            merge_counts(rejected, result.problems)
             return snapshot, rejected
         try:
             snapshot = snapshot_from_json(orjson.loads(body))

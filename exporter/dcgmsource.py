@@ -1,7 +1,9 @@
 """The ``dcgm`` source: read a local dcgm-exporter's ``/metrics`` page and turn it into gpulens records.
 
-``DcgmSource`` fetches the page over HTTP, parses it with ``gpulens.dcgmpage.parse_dcgm_metrics`` (whose docstring holds
-the parsing rules), keeps cumulative error counts and turns DCGM's last-XID gauge into per-code counters.
+``DcgmSource`` fetches the page over HTTP and converts it with ``gpulens.dcgmnode.DcgmPageReader``, the converter the
+collector uses too (parsing rules: ``gpulens.dcgmpage``; XID counters, lost GPUs, node name: ``gpulens.dcgmnode``). It
+keeps cumulative error counts. A page that cannot be used (truncated, no GPU series) fails the read with the reason,
+so ``/healthz`` reports it. The memory of GPUs seen lives in the reader: restarting the exporter forgets a lost GPU.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ import logging
 import socket
 import threading
 from collections.abc import Mapping
-from dataclasses import replace
 
 from gpulens.clock import Clock, SystemClock
-from gpulens.dcgmpage import BAD_LINES, FETCH_FAILED, DcgmParse, parse_dcgm_metrics
+from gpulens.dcgmnode import GPU_MISSING, DcgmPageError, DcgmPageReader
+from gpulens.dcgmpage import BAD_LINES, FETCH_FAILED, DcgmParse
 from gpulens.httpfetch import Fetch, check_url, fetch_url, redact_url
 from gpulens.logutil import LogOnce
 from gpulens.model import NodeSnapshot, SourceError
@@ -55,32 +57,25 @@ class DcgmSource:
         self._lock = threading.Lock()
         self._errors: dict[str, int] = {}
         self._log_once = LogOnce(log)
-        self._last_xid: dict[str, int] = {}
-        self._xid_counts: dict[str, dict[int, int]] = {}
+        self._reader = DcgmPageReader(url, node=node, fallback_node=self._fallback_node, label=self._safe_url)
 
     def read(self) -> NodeSnapshot:
-        """Scrape and parse now. Raises ``SourceError`` when the page cannot be fetched or holds no sample."""
+        """Scrape and convert now. Raises ``SourceError`` when the page cannot be fetched or used."""
         with self._lock:
             now = self._clock.now()
             text = self._fetch_text()
-            parsed = parse_dcgm_metrics(text, node=self._node, timestamp=now, fallback_node=self._fallback_node)
-            self._count_problems(parsed)
-            if parsed.samples == 0 and parsed.bad_lines:
-                raise SourceError(
-                    f"dcgm-exporter at {self._safe_url} sent no valid sample ({parsed.bad_lines} bad lines)"
-                )
-            self._count_xids(parsed.last_xid)
-            gpus = tuple(replace(g, xid_errors=dict(self._xid_counts.get(g.uuid, {}))) for g in parsed.gpus)
-            return NodeSnapshot(
-                node=parsed.node or self._fallback_node,
-                timestamp=now,
-                source="dcgm",
-                gpus=gpus,
-                jobs=parsed.jobs,
-                migs=parsed.migs,
-                driver_version=parsed.driver_version,
-                errors=dict(self._errors),
-            )
+            try:
+                result = self._reader.read(text, now)
+            except DcgmPageError as exc:
+                self._count(exc.reason, 1, "dcgm-exporter at %s: %s", self._safe_url, exc)
+                raise SourceError(f"dcgm-exporter at {self._safe_url} sent a page that cannot be used: {exc}") from None
+            self._count_problems(result.parsed, result.problems)
+            return result.snapshot.replace(errors=dict(self._errors))
+
+    def forget(self, uuid: str) -> bool:
+        """Stop reporting a vanished GPU as down (it was retired)."""
+        with self._lock:
+            return self._reader.forget(uuid)
 
     def close(self) -> None:
         """Nothing to release: each read opens and closes its own connection."""
@@ -105,8 +100,8 @@ class DcgmSource:
             self._errors[reason] = self._errors.get(reason, 0) + n
             self._log_once(reason, message, *args)
 
-    def _count_problems(self, parsed: DcgmParse) -> None:
-        for reason, n in parsed.error_counts().items():
+    def _count_problems(self, parsed: DcgmParse, problems: dict[str, int] | Mapping[str, int]) -> None:
+        for reason, n in problems.items():
             if reason == BAD_LINES:
                 self._count(
                     reason,
@@ -116,13 +111,9 @@ class DcgmSource:
                     parsed.first_bad_line,
                     dict(parsed.bad_line_reasons),
                 )
+            elif reason == GPU_MISSING:
+                self._count(
+                    reason, n, "dcgm-exporter at %s: GPUs vanished from the page (reported down)", self._safe_url
+                )
             else:
                 self._count(reason, n, "dcgm-exporter at %s: dropped values (%s)", self._safe_url, reason)
-
-    def _count_xids(self, last_xid: Mapping[str, int]) -> None:
-        for uuid, code in last_xid.items():
-            previous = self._last_xid.get(uuid)
-            self._last_xid[uuid] = code
-            if code and code != previous:
-                counts = self._xid_counts.setdefault(uuid, {})
-                counts[code] = counts.get(code, 0) + 1

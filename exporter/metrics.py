@@ -14,9 +14,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import gpulens
-from gpulens.dcgmfields import COMPAT_FIELDS, COMPAT_LABELS, compat_value
+from gpulens.dcgmfields import COMPAT_FIELDS, COMPAT_LABELS, MIG_MEMORY_TARGETS, compat_value, mig_memory_value
 from gpulens.metriccatalogue import GPU_FIELDS, GPU_LABELS
-from gpulens.model import THROTTLE_REASONS, GpuReading, NodeSnapshot
+from gpulens.model import THROTTLE_REASONS, GpuReading, MigReading, NodeSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,21 +226,55 @@ def _exporter_families(health: ExporterHealth) -> Iterator[Family]:
 # --- dcgm-exporter compatible families (--dcgm-compat) -----------------------------------------------------------
 
 
-def _dcgm_families(snapshot: NodeSnapshot, last_xid: Mapping[str, int]) -> Iterator[Family]:
-    """dcgm-exporter's families, defined by the rows of ``gpulens.dcgmfields`` that carry a compat HELP text."""
-    up_gpus = [g for g in snapshot.gpus if g.up]
+def _pod_labels(job_id: str) -> tuple[str, str] | None:
+    """(namespace, pod) of a Kubernetes job id: ``<namespace>/<pod>`` (dcgm source), ``pod/<uid>`` (cgroup)."""
+    head, sep, tail = job_id.partition("/")
+    if not sep or not tail or head == "docker":
+        return None
+    return ("", tail) if head == "pod" else (head, tail)
 
-    def labels(g: GpuReading) -> list[str]:
-        return [str(g.gpu), g.uuid, g.pci_bus_id or "", f"nvidia{g.gpu}", g.model, g.node]
+
+def _dcgm_families(snapshot: NodeSnapshot, last_xid: Mapping[str, int]) -> Iterator[Family]:
+    """dcgm-exporter's families, defined by the rows of ``gpulens.dcgmfields`` that carry a compat HELP text.
+
+    Labels as dcgm-exporter writes them, with ``DCGM_FI_DRIVER_VERSION`` and the Kubernetes ``container``,
+    ``namespace`` and ``pod`` (empty where no pod holds the GPU; the first pod where several share it). A MIG
+    instance adds FB_USED/FB_FREE series of its own, labelled ``GPU_I_PROFILE`` and ``GPU_I_ID`` and with the pod
+    that runs on that instance.
+    """
+    up_gpus = [g for g in snapshot.gpus if g.up]
+    pods: dict[str, tuple[str, str]] = {}  # by GPU UUID, and by MIG UUID for a pod on a MIG instance
+    for job in snapshot.jobs:
+        pod = _pod_labels(job.job_id)
+        if pod is not None:
+            if job.mig_uuid is not None:
+                pods.setdefault(job.mig_uuid, pod)
+            pods.setdefault(job.uuid, pod)
+    migs = {g.uuid: [m for m in snapshot.migs if m.uuid == g.uuid] for g in up_gpus}
+
+    def labels(g: GpuReading, mig: MigReading | None = None) -> str:
+        driver = g.driver_version or snapshot.driver_version or ""
+        namespace, pod = pods.get(g.uuid if mig is None else mig.mig_uuid, ("", ""))
+        values = [str(g.gpu), g.uuid, g.pci_bus_id or "", f"nvidia{g.gpu}", g.model, g.node, driver, "", namespace, pod]
+        text = _labels(COMPAT_LABELS, values)
+        if mig is None:
+            return text
+        return text + "," + _labels(("GPU_I_PROFILE", "GPU_I_ID"), (mig.profile or "", str(mig.gpu_instance_id)))
 
     for row in COMPAT_FIELDS:
         # dcgm-exporter's names are kept byte for byte; its cumulative fields lack the _total suffix that a
         # Prometheus counter needs, so every family is declared a gauge (PromQL's rate() works on either).
-        family = Family(row.legacy[0].name, row.compat_help or "", labels=list(COMPAT_LABELS))
+        family = Family(row.compat_name, row.compat_help or "")
         for g in up_gpus:
             value = compat_value(row, g, last_xid)
             if value is not None:
-                family.add_metric(labels(g), value)
+                family.add_rendered(labels(g), value)
+            if row.target not in MIG_MEMORY_TARGETS:
+                continue
+            for m in migs[g.uuid]:
+                mig_value = mig_memory_value(row, m)
+                if mig_value is not None:
+                    family.add_rendered(labels(g, m), mig_value)
         yield family
 
 

@@ -155,13 +155,14 @@ class Poller:
                 "collect_duration_seconds": self._last_duration,
                 "last_error": self._last_error,
             }
+        failure = f": {doc['last_error']}" if doc["last_error"] else ""
         if last is None:
-            doc["reason"] = "no collection has succeeded yet"
+            doc["reason"] = "no collection has succeeded yet" + failure
             return False, doc
         age = self._clock.monotonic() - last
         doc["age_seconds"] = round(age, 3)
         if age > self._stale_after:
-            doc["reason"] = f"last successful collection {age:.1f}s ago (limit {self._stale_after:.1f}s)"
+            doc["reason"] = f"last successful collection {age:.1f}s ago (limit {self._stale_after:.1f}s)" + failure
             return False, doc
         doc["reason"] = "ok"
         return True, doc

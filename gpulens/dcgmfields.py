@@ -1,32 +1,36 @@
-"""The DCGM field table: each DCGM field gpulens reads or writes, its names by dcgm-exporter generation and its units.
+"""The DCGM field table: each DCGM field gpulens reads or writes, every name it is exported under, and its unit.
 
-One row per DCGM field (``DcgmField``): the ``GpuReading`` field it feeds, its DCGM field id (``dcgm_fields.h``), and
-every name dcgm-exporter has exported it under, each with the factor from that name's unit to gpulens's units:
+One row per DCGM field (``DcgmField``), identified by its **field id** (``dcgm_fields.h``): the ``GpuReading`` field
+it feeds, its unit and the factor to gpulens's units, and its names by generation:
 
-* **2.x-4.5 names** (``legacy``) in DCGM's historical units: ``DCGM_FI_DEV_SM_CLOCK`` MHz, ``DCGM_FI_DEV_FB_USED``
-  MiB, ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` mJ, ``DCGM_FI_DEV_GPU_UTIL`` percent,
-  ``DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL`` MB/s (10^6 bytes/s).
-* **4.6+ names** (``base``) in base units: ``..._SM_CLOCK_HERTZ`` Hz, ``..._FB_USED_BYTES`` bytes,
-  ``..._GPU_ENERGY_JOULES_TOTAL`` J, ``..._GPU_UTIL_RATIO`` 0-1, ``..._NVLINK_THROUGHPUT_BYTES_PER_SECOND`` bytes/s.
+* ``current``: the name DCGM 4.6's ``dcgmlib/dcgm_fields.h`` defines with the id (``DCGM_FI_DEV_GPU_UTIL_RATIO``).
+* ``aliases``: the deprecated names the 4.6 header keeps for the same id (``DCGM_FI_DEV_GPU_UTIL``); the first is the
+  name dcgm-exporter 2.x-4.x serves by default and the one ``--dcgm-compat`` writes.
+* ``old``: dcgm-exporter ``--use-old-namespace`` and 1.x names (``dcgm_gpu_utilization``; label ``uuid``).
 
-DCGM gives each unit its own field id ("code that changes IDs must also change its value-type and scaling
-assumptions") and dcgm-exporter names a series after its field, so a name always carries the unit of its row here,
-whichever dcgm-exporter version wrote it. dcgm-exporter 1.x and ``--use-old-namespace`` names (``dcgm_gpu_temp``...)
-are not read. The ``field_id`` is that of the 2.x-4.5 name (where DCGM later renamed a field, the id stayed).
+DCGM 4.6 renamed fields without changing their ids or units: ``DCGM_FI_DEV_GPU_UTIL_RATIO`` is field 203 and still
+holds 0-100; ``..._PROF_*_RATIO`` still hold 0-1. So every name of a row carries the row's unit, whichever
+generation wrote it, and a name converts with its row's ``multiply``/``divide``. tests/fixtures/dcgm/
+dcgm_fields_4.6.csv lists (name, id, unit) from the header; a test holds this table to it.
 
-The same rows define the ``--dcgm-compat`` families the exporter writes: a row with ``compat_help`` is written under
-its first 2.x-4.5 name, converted back to that name's unit, in the order of the table.
+When several rows feed one target the higher ``rank`` wins: GPU_UTIL over GR_ENGINE_ACTIVE (the utilization NVIDIA
+recommends for MIG and pages without GPU_UTIL), the enforced power limit over the requested one, the PROF PCIe byte
+rates over the deprecated PCIE_*_THROUGHPUT (KB/s).
+
+The rows with ``compat_help`` define the ``--dcgm-compat`` families: written under ``compat_name`` in the row's unit,
+in the order of the table.
 
 Also here: DCGM's blank sentinels and the plausible range of each quantity, both used when reading a page.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from gpulens.model import GpuReading
+from gpulens.model import GpuReading, MigReading
 
 # --- DCGM blank sentinels (dcgm_structs.h) -------------------------------------------------------------------------
 
@@ -77,148 +81,202 @@ XID: Final = Quantity("int", float(2**31 - 1))
 
 MIB: Final = 1024 * 1024
 MEGA: Final = 1_000_000
+KIB: Final = 1024
 
 # Targets that are not GpuReading fields: combined into real fields when records are built.
 FREE: Final = "memory_free_bytes"
 NVLINK_TOTAL: Final = "nvlink_total_bytes_per_second"
 XID_TARGET: Final = "xid"
+# Read as GPU series but with no place in GpuReading (MEM_COPY_UTIL is written from dram_active_ratio).
+MEM_COPY: Final = "mem_copy_utilization"
+ENCODER: Final = "encoder_utilization"
+DECODER: Final = "decoder_utilization"
 
 
 # --- the table -----------------------------------------------------------------------------------------------------
 
+Generation = Literal["current", "alias", "old"]
+
 
 @dataclass(frozen=True, slots=True)
 class DcgmName:
-    """One exported name of a field: gpulens value = exported value * ``multiply`` / ``divide``.
-
-    ``rank``: when several names feed one target, the higher rank wins (base-unit names over legacy ones, the
-    enforced power limit over the management limit).
-    """
+    """One exported name of a field and the generation it belongs to."""
 
     name: str
-    multiply: float = 1
-    divide: float = 1
-    rank: int = 0
+    generation: Generation
 
 
 @dataclass(frozen=True, slots=True)
 class DcgmField:
-    """One DCGM field: the target it feeds, its quantity and id, its names, and its ``--dcgm-compat`` HELP text."""
+    """One DCGM field: target, quantity, id, unit and conversion, names, and its ``--dcgm-compat`` HELP text.
+
+    gpulens value = exported value * ``multiply`` / ``divide``. ``zero_is_blank``: DCGM reports 0 where the
+    hardware has no sensor (memory temperature on GDDR boards), so 0 means unknown.
+    """
 
     target: str
     quantity: Quantity
     field_id: int
-    legacy: tuple[DcgmName, ...] = ()  # dcgm-exporter 2.x-4.5 names, in DCGM's historical unit
-    base: tuple[DcgmName, ...] = ()  # dcgm-exporter 4.6+ names, in base units
-    compat_help: str | None = None  # written by --dcgm-compat under legacy[0].name when set
+    unit: str
+    current: str
+    aliases: tuple[str, ...] = ()
+    old: tuple[str, ...] = ()
+    multiply: float = 1
+    divide: float = 1
+    rank: int = 0
+    compat_help: str | None = None
+    zero_is_blank: bool = False
 
     @property
     def names(self) -> tuple[DcgmName, ...]:
-        return self.legacy + self.base
+        return (
+            DcgmName(self.current, "current"),
+            *(DcgmName(n, "alias") for n in self.aliases),
+            *(DcgmName(n, "old") for n in self.old),
+        )
+
+    @property
+    def compat_name(self) -> str:
+        """The name dcgm-exporter's default counters use: the first alias, else the current name."""
+        return self.aliases[0] if self.aliases else self.current
+
+
+def _names(names: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (names,) if isinstance(names, str) else names
 
 
 def _field(
     target: str,
     quantity: Quantity,
     field_id: int,
-    legacy: str | tuple[str, ...] = (),
-    base: str | None = None,
+    unit: str,
+    current: str,
+    aliases: str | tuple[str, ...] = (),
+    old: str | tuple[str, ...] = (),
     *,
     multiply: float = 1,
     divide: float = 1,
     rank: int = 0,
     compat: str | None = None,
+    zero_is_blank: bool = False,
 ) -> DcgmField:
-    legacy_names = (legacy,) if isinstance(legacy, str) else legacy
     return DcgmField(
         target,
         quantity,
         field_id,
-        tuple(DcgmName(name, multiply, divide, rank) for name in legacy_names),
-        () if base is None else (DcgmName(base, rank=rank + 1),),
+        unit,
+        current,
+        _names(aliases),
+        _names(old),
+        multiply,
+        divide,
+        rank,
         compat,
+        zero_is_blank,
     )
 
 
 _P = "DCGM_FI_PROF_"
 _D = "DCGM_FI_DEV_"
 
-# In the order --dcgm-compat writes its families (dcgm-exporter's default counters first).
+# In the order --dcgm-compat writes its families (dcgm-exporter's default counters first). Units as in the
+# dcgm_fields.h comments and dcgm-exporter's default-counters.csv: "%" 0-100, "ratio" 0-1, "MiB", "MHz", "mJ", "W",
+# "C", "B/s", "KB/s", "MB/s", "count", "bitmask", "bool", "gen", "lanes", "xid".
 # fmt: off
 FIELDS: Final[tuple[DcgmField, ...]] = (
-    _field("utilization_ratio", RATIO, 203, _D + "GPU_UTIL", _D + "GPU_UTIL_RATIO", divide=100,
-           compat="GPU utilization (in %)."),
-    _field("memory_used_bytes", BYTES, 252, _D + "FB_USED", _D + "FB_USED_BYTES", multiply=MIB,
+    _field("utilization_ratio", RATIO, 203, "%", _D + "GPU_UTIL_RATIO", _D + "GPU_UTIL", "dcgm_gpu_utilization",
+           divide=100, rank=1, compat="GPU utilization (in %)."),
+    _field("memory_used_bytes", BYTES, 252, "MiB", _D + "FB_USED", (), "dcgm_fb_used", multiply=MIB,
            compat="Framebuffer memory used (in MiB)."),
-    _field(FREE, BYTES, 251, _D + "FB_FREE", _D + "FB_FREE_BYTES", multiply=MIB,
+    _field(FREE, BYTES, 251, "MiB", _D + "FB_FREE", (), "dcgm_fb_free", multiply=MIB,
            compat="Framebuffer memory free (in MiB)."),
-    _field("temperature_celsius", CELSIUS, 150, _D + "GPU_TEMP", _D + "GPU_TEMP_CELSIUS",
+    _field("temperature_celsius", CELSIUS, 150, "C", _D + "GPU_TEMP_CELSIUS", _D + "GPU_TEMP", "dcgm_gpu_temp",
            compat="GPU temperature (in C)."),
-    _field("memory_temperature_celsius", CELSIUS, 140, _D + "MEMORY_TEMP", _D + "MEMORY_TEMP_CELSIUS",
-           compat="Memory temperature (in C)."),
-    _field("power_watts", WATTS, 155, _D + "POWER_USAGE", _D + "BOARD_POWER_WATTS", compat="Power draw (in W)."),
-    _field("energy_joules_total", JOULES, 156, _D + "TOTAL_ENERGY_CONSUMPTION", _D + "GPU_ENERGY_JOULES_TOTAL",
-           divide=1000, compat="Total energy consumption since boot (in mJ)."),
-    _field("sm_clock_hertz", HERTZ, 100, _D + "SM_CLOCK", _D + "SM_CLOCK_HERTZ", multiply=MEGA,
+    _field("memory_temperature_celsius", CELSIUS, 140, "C", _D + "MEMORY_TEMP_CELSIUS", _D + "MEMORY_TEMP",
+           "dcgm_memory_temp", compat="Memory temperature (in C).", zero_is_blank=True),
+    _field("power_watts", WATTS, 155, "W", _D + "BOARD_POWER_WATTS", _D + "POWER_USAGE", "dcgm_power_usage",
+           compat="Power draw (in W)."),
+    _field("energy_joules_total", JOULES, 156, "mJ", _D + "TOTAL_ENERGY_CONSUMPTION", (),
+           "dcgm_total_energy_consumption", divide=1000, compat="Total energy consumption since boot (in mJ)."),
+    _field("sm_clock_hertz", HERTZ, 100, "MHz", _D + "SM_CLOCK", (), "dcgm_sm_clock", multiply=MEGA,
            compat="SM clock frequency (in MHz)."),
-    _field("memory_clock_hertz", HERTZ, 101, _D + "MEM_CLOCK", _D + "MEMORY_CLOCK_HERTZ", multiply=MEGA,
+    _field("memory_clock_hertz", HERTZ, 101, "MHz", _D + "MEM_CLOCK", (), "dcgm_memory_clock", multiply=MEGA,
            compat="Memory clock frequency (in MHz)."),
-    _field("pcie_replays_total", COUNT, 202, _D + "PCIE_REPLAY_COUNTER", _D + "PCIE_REPLAY_TOTAL",
-           compat="Total number of PCIe retries."),
-    _field("ecc_corrected_errors_total", COUNT, 310, _D + "ECC_SBE_VOL_TOTAL",
-           compat="Total number of single-bit volatile ECC errors."),
-    _field("ecc_uncorrected_errors_total", COUNT, 311, _D + "ECC_DBE_VOL_TOTAL",
-           compat="Total number of double-bit volatile ECC errors."),
-    # Both directions summed; DCGM 4.6 renamed the field (449) NVLINK_THROUGHPUT_TOTAL, still in MB/s.
-    _field(NVLINK_TOTAL, RATE, 449, (_D + "NVLINK_BANDWIDTH_TOTAL", _D + "NVLINK_THROUGHPUT_TOTAL"),
-           _D + "NVLINK_THROUGHPUT_BYTES_PER_SECOND", multiply=MEGA,
+    _field("pcie_replays_total", COUNT, 202, "count", _D + "PCIE_REPLAY_TOTAL", _D + "PCIE_REPLAY_COUNTER",
+           "dcgm_pcie_replay_counter", compat="Total number of PCIe retries."),
+    _field(MEM_COPY, RATIO, 204, "%", _D + "MEM_COPY_UTIL", (), "dcgm_mem_copy_utilization", divide=100,
+           compat="Memory utilization (in %)."),
+    _field(ENCODER, RATIO, 206, "%", _D + "ENC_UTIL", (), "dcgm_enc_utilization", divide=100,
+           compat="Encoder utilization (in %)."),
+    _field(DECODER, RATIO, 207, "%", _D + "DEC_UTIL", (), "dcgm_dec_utilization", divide=100,
+           compat="Decoder utilization (in %)."),
+    _field("memory_reserved_bytes", BYTES, 253, "MiB", _D + "FB_RESERVED", multiply=MIB,
+           compat="Framebuffer memory reserved (in MiB)."),
+    _field("ecc_corrected_errors_total", COUNT, 310, "count", _D + "ECC_SBE_VOL_TOTAL", (),
+           "dcgm_ecc_sbe_volatile_total", compat="Total number of single-bit volatile ECC errors."),
+    _field("ecc_uncorrected_errors_total", COUNT, 311, "count", _D + "ECC_DBE_VOL_TOTAL", (),
+           "dcgm_ecc_dbe_volatile_total", compat="Total number of double-bit volatile ECC errors."),
+    # Both directions summed; DCGM 4.6 renamed the field (449) NVLINK_THROUGHPUT_TOTAL.
+    _field(NVLINK_TOTAL, RATE, 449, "MB/s", _D + "NVLINK_THROUGHPUT_TOTAL", _D + "NVLINK_BANDWIDTH_TOTAL",
+           "dcgm_nvlink_bandwidth_total", multiply=MEGA,
            compat="Total number of NVLink bandwidth counters for all lanes (in MB/s)."),
-    _field("pcie_tx_bytes_per_second", RATE, 1009, _P + "PCIE_TX_BYTES",
-           compat="The rate of data transmitted over the PCIe bus (in B/s)."),
-    _field("pcie_rx_bytes_per_second", RATE, 1010, _P + "PCIE_RX_BYTES",
-           compat="The rate of data received over the PCIe bus (in B/s)."),
-    _field("nvlink_tx_bytes_per_second", RATE, 1011, _P + "NVLINK_TX_BYTES",
+    _field("pcie_tx_bytes_per_second", RATE, 1009, "B/s", _P + "PCIE_TX_BYTES", (), "dcgm_fi_prof_pcie_tx_bytes",
+           rank=1, compat="The rate of data transmitted over the PCIe bus (in B/s)."),
+    _field("pcie_rx_bytes_per_second", RATE, 1010, "B/s", _P + "PCIE_RX_BYTES", (), "dcgm_fi_prof_pcie_rx_bytes",
+           rank=1, compat="The rate of data received over the PCIe bus (in B/s)."),
+    _field("nvlink_tx_bytes_per_second", RATE, 1011, "B/s", _P + "NVLINK_TX_BYTES",
            compat="The rate of data transmitted over NVLink (in B/s)."),
-    _field("nvlink_rx_bytes_per_second", RATE, 1012, _P + "NVLINK_RX_BYTES",
+    _field("nvlink_rx_bytes_per_second", RATE, 1012, "B/s", _P + "NVLINK_RX_BYTES",
            compat="The rate of data received over NVLink (in B/s)."),
-    _field("sm_active_ratio", RATIO, 1002, _P + "SM_ACTIVE", _P + "SM_UTIL_RATIO",
+    _field("utilization_ratio", RATIO, 1001, "ratio", _P + "GR_ENGINE_UTIL_RATIO", _P + "GR_ENGINE_ACTIVE",
+           "dcgm_fi_prof_gr_engine_active", compat="Ratio of time the graphics engine is active."),
+    _field("sm_active_ratio", RATIO, 1002, "ratio", _P + "SM_UTIL_RATIO", _P + "SM_ACTIVE", "dcgm_fi_prof_sm_active",
            compat="The ratio of cycles an SM has at least 1 warp assigned."),
-    _field("tensor_active_ratio", RATIO, 1004, _P + "PIPE_TENSOR_ACTIVE", _P + "TENSOR_UTIL_RATIO",
-           compat="Ratio of cycles the tensor (HMMA) pipe is active."),
-    _field("dram_active_ratio", RATIO, 1005, _P + "DRAM_ACTIVE", _P + "DRAM_UTIL_RATIO",
-           compat="Ratio of cycles the device memory interface is active."),
+    _field("tensor_active_ratio", RATIO, 1004, "ratio", _P + "TENSOR_UTIL_RATIO", _P + "PIPE_TENSOR_ACTIVE",
+           "dcgm_fi_prof_pipe_tensor_active", compat="Ratio of cycles the tensor (HMMA) pipe is active."),
+    _field("dram_active_ratio", RATIO, 1005, "ratio", _P + "DRAM_UTIL_RATIO", _P + "DRAM_ACTIVE",
+           "dcgm_fi_prof_dram_active", compat="Ratio of cycles the device memory interface is active."),
+    _field("remapped_rows_uncorrectable", COUNT, 393, "count", _D + "ROW_REMAP_UNCORRECTABLE_TOTAL",
+           _D + "UNCORRECTABLE_REMAPPED_ROWS", compat="Number of remapped rows for uncorrectable errors"),
+    _field("remapped_rows_correctable", COUNT, 394, "count", _D + "ROW_REMAP_CORRECTABLE_TOTAL",
+           _D + "CORRECTABLE_REMAPPED_ROWS", compat="Number of remapped rows for correctable errors"),
+    _field("remapped_rows_failure", FLAG, 395, "bool", _D + "ROW_REMAP_FAILED", _D + "ROW_REMAP_FAILURE",
+           compat="Whether remapping of rows has failed"),
     # XID: the last one seen (sticky), not a count; --dcgm-compat writes it after the others.
-    _field(XID_TARGET, XID, 230, _D + "XID_ERRORS", _D + "XID_ERROR",
+    _field(XID_TARGET, XID, 230, "xid", _D + "XID_ERROR", _D + "XID_ERRORS", "dcgm_xid_errors",
            compat="Value of the last XID error encountered."),
     # Read only.
-    _field("memory_reserved_bytes", BYTES, 253, _D + "FB_RESERVED", _D + "FB_RESERVED_BYTES", multiply=MIB),
-    _field("memory_total_bytes", BYTES, 250, _D + "FB_TOTAL", _D + "FB_CAPACITY_BYTES", multiply=MIB),
-    _field("slowdown_temperature_celsius", CELSIUS, 158, _D + "SLOWDOWN_TEMP", _D + "GPU_TEMP_SLOWDOWN_CELSIUS"),
-    _field("power_limit_watts", WATTS, 160, _D + "POWER_MGMT_LIMIT"),
-    _field("power_limit_watts", WATTS, 164, _D + "ENFORCED_POWER_LIMIT", rank=1),  # the enforced limit wins
-    _field("max_sm_clock_hertz", HERTZ, 113, _D + "MAX_SM_CLOCK", _D + "SM_MAX_CLOCK_HERTZ", multiply=MEGA),
-    _field("max_memory_clock_hertz", HERTZ, 114, _D + "MAX_MEM_CLOCK", _D + "MEMORY_MAX_CLOCK_HERTZ", multiply=MEGA),
-    _field("throttle_reasons", COUNT, 112, _D + "CLOCK_THROTTLE_REASONS", _D + "CLOCKS_EVENT_REASONS"),
-    _field("pcie_link_generation", PCIE_GEN, 237, _D + "PCIE_LINK_GEN"),
-    _field("pcie_link_generation_max", PCIE_GEN, 235, _D + "PCIE_MAX_LINK_GEN"),
-    _field("pcie_link_width", PCIE_WIDTH, 238, _D + "PCIE_LINK_WIDTH"),
-    _field("pcie_link_width_max", PCIE_WIDTH, 236, _D + "PCIE_MAX_LINK_WIDTH"),
-    _field("nvlink_crc_flit_errors_total", COUNT, 409, _D + "NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"),
-    _field("nvlink_replay_errors_total", COUNT, 429, _D + "NVLINK_REPLAY_ERROR_COUNT_TOTAL"),
-    _field("nvlink_recovery_errors_total", COUNT, 439, _D + "NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
-    _field("remapped_rows_correctable", COUNT, 394, _D + "CORRECTABLE_REMAPPED_ROWS",
-           _D + "ROW_REMAP_CORRECTABLE_TOTAL"),
-    _field("remapped_rows_uncorrectable", COUNT, 393, _D + "UNCORRECTABLE_REMAPPED_ROWS",
-           _D + "ROW_REMAP_UNCORRECTABLE_TOTAL"),
-    _field("remapped_rows_failure", FLAG, 395, _D + "ROW_REMAP_FAILURE", _D + "ROW_REMAP_FAILED"),
-    _field("remapped_rows_pending", FLAG, 396, _D + "ROW_REMAP_PENDING"),
+    _field("memory_total_bytes", BYTES, 250, "MiB", _D + "FB_TOTAL", multiply=MIB),
+    _field("slowdown_temperature_celsius", CELSIUS, 158, "C", _D + "GPU_TEMP_SLOWDOWN_CELSIUS", _D + "SLOWDOWN_TEMP"),
+    _field("power_limit_watts", WATTS, 160, "W", _D + "BOARD_POWER_LIMIT_REQUESTED_WATTS", _D + "POWER_MGMT_LIMIT"),
+    _field("power_limit_watts", WATTS, 164, "W", _D + "BOARD_POWER_LIMIT_ENFORCED_WATTS",
+           _D + "ENFORCED_POWER_LIMIT", rank=1),  # the enforced limit wins
+    _field("max_sm_clock_hertz", HERTZ, 113, "MHz", _D + "MAX_SM_CLOCK", multiply=MEGA),
+    _field("max_memory_clock_hertz", HERTZ, 114, "MHz", _D + "MAX_MEM_CLOCK", multiply=MEGA),
+    _field("throttle_reasons", COUNT, 112, "bitmask", _D + "CLOCKS_EVENT_REASONS", _D + "CLOCK_THROTTLE_REASONS"),
+    _field("pcie_link_generation", PCIE_GEN, 237, "gen", _D + "PCIE_LINK_GEN"),
+    _field("pcie_link_generation_max", PCIE_GEN, 235, "gen", _D + "PCIE_MAX_LINK_GEN"),
+    _field("pcie_link_width", PCIE_WIDTH, 238, "lanes", _D + "PCIE_LINK_WIDTH"),
+    _field("pcie_link_width_max", PCIE_WIDTH, 236, "lanes", _D + "PCIE_MAX_LINK_WIDTH"),
+    # Deprecated since DCGM 3.3 (use PROF_PCIE_*_BYTES); 2.x default counters and 1.x served them.
+    _field("pcie_tx_bytes_per_second", RATE, 200, "KB/s", _D + "PCIE_TX_THROUGHPUT", (), "dcgm_pcie_tx_throughput",
+           multiply=KIB),
+    _field("pcie_rx_bytes_per_second", RATE, 201, "KB/s", _D + "PCIE_RX_THROUGHPUT", (), "dcgm_pcie_rx_throughput",
+           multiply=KIB),
+    _field("nvlink_crc_flit_errors_total", COUNT, 409, "count", _D + "NVLINK_CRC_FLIT_ERROR_TOTAL",
+           _D + "NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "dcgm_nvlink_flit_crc_error_count_total"),
+    _field("nvlink_replay_errors_total", COUNT, 429, "count", _D + "NVLINK_REPLAY_ERROR_TOTAL",
+           _D + "NVLINK_REPLAY_ERROR_COUNT_TOTAL", "dcgm_nvlink_replay_error_count_total"),
+    _field("nvlink_recovery_errors_total", COUNT, 439, "count", _D + "NVLINK_RECOVERY_ERROR_TOTAL",
+           _D + "NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "dcgm_nvlink_recovery_error_count_total"),
+    _field("remapped_rows_pending", FLAG, 396, "bool", _D + "ROW_REMAP_PENDING"),
 )
 # fmt: on
 
 
 @dataclass(frozen=True, slots=True)
 class NameSpec:
-    """What one exported name means: the field it belongs to and its conversion to gpulens units."""
+    """What one exported name means: the field it belongs to and the generation of the name."""
 
     field: DcgmField
     name: DcgmName
@@ -240,10 +298,47 @@ def _by_name() -> dict[str, NameSpec]:
 
 BY_NAME: Final[Mapping[str, NameSpec]] = _by_name()
 
+# --- a unit announced in HELP -------------------------------------------------------------------------------------
+
+# Units a page may announce in a family's HELP text ("... (in Hz)."), as (dimension, factor to gpulens units).
+# Only the base units of the dimensions whose DCGM unit is scaled: a HELP saying "(in Hz)" over a clock field is
+# unambiguous, while other announcements are unreliable (1.x's DCP help texts say "(in %)" over 0-1 ratios).
+_BASE_UNITS: Final = {"Hz": ("frequency", 1.0), "B": ("size", 1.0), "bytes": ("size", 1.0), "J": ("energy", 1.0)}
+_SCALED_UNITS: Final = {"MHz": "frequency", "MiB": "size", "mJ": "energy"}
+_HELP_UNIT_RE: Final = re.compile(r"\(in ([A-Za-z]+)\)")
+
+
+def help_factor(row: DcgmField, help_text: str | None) -> float | None:
+    """The factor to gpulens units when a family's HELP announces a base unit for a field DCGM scales, else None.
+
+    For pages that write a field in base units under its DCGM name (``DCGM_FI_DEV_SM_CLOCK`` in Hz, announced
+    "SM clock frequency (in Hz)."), as domain.md section 3 reports of dcgm-exporter 4.9.
+    """
+    match = _HELP_UNIT_RE.search(help_text or "")
+    dimension = _SCALED_UNITS.get(row.unit)
+    if match is None or dimension is None:
+        return None
+    base = _BASE_UNITS.get(match.group(1))
+    return base[1] if base is not None and base[0] == dimension else None
+
+
 # --- writing dcgm-exporter's names (--dcgm-compat) -----------------------------------------------------------------
 
-COMPAT_FIELDS: Final[tuple[DcgmField, ...]] = tuple(row for row in FIELDS if row.compat_help and row.legacy)
-COMPAT_LABELS: Final = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+COMPAT_FIELDS: Final[tuple[DcgmField, ...]] = tuple(row for row in FIELDS if row.compat_help)
+COMPAT_LABELS: Final = (
+    "gpu",
+    "UUID",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "Hostname",
+    "DCGM_FI_DRIVER_VERSION",
+    "container",
+    "namespace",
+    "pod",
+)
+# Written per MIG instance too (with GPU_I_PROFILE, GPU_I_ID): what a MigReading holds.
+MIG_MEMORY_TARGETS: Final = frozenset({"memory_used_bytes", FREE})
 
 
 def _reading_value(reading: GpuReading, target: str) -> float | int | bool | None:
@@ -256,12 +351,16 @@ def _reading_value(reading: GpuReading, target: str) -> float | int | bool | Non
         if reading.nvlink_tx_bytes_per_second is None or reading.nvlink_rx_bytes_per_second is None:
             return None
         return reading.nvlink_tx_bytes_per_second + reading.nvlink_rx_bytes_per_second
+    if target == MEM_COPY:  # DCGM recommends DRAM_ACTIVE over MEM_COPY_UTIL: the same quantity, better measured
+        return reading.dram_active_ratio
+    if target in (ENCODER, DECODER):
+        return None
     value: float | int | bool | None = getattr(reading, target)
     return value
 
 
 def compat_value(row: DcgmField, reading: GpuReading, last_xid: Mapping[str, int]) -> float | int | None:
-    """The value ``--dcgm-compat`` writes for ``row``, in the unit of its 2.x-4.5 name (``None``: not written).
+    """The value ``--dcgm-compat`` writes for ``row``, in the row's unit (``None``: not written).
 
     The XID row holds the last XID seen (0: none), from ``last_xid`` by GPU UUID, as an integer.
     """
@@ -270,5 +369,14 @@ def compat_value(row: DcgmField, reading: GpuReading, last_xid: Mapping[str, int
     value = _reading_value(reading, row.target)
     if value is None:
         return None
-    unit = row.legacy[0]
-    return float(value) * unit.divide / unit.multiply
+    return float(value) * row.divide / row.multiply
+
+
+def mig_memory_value(row: DcgmField, mig: MigReading) -> float | None:
+    """FB_USED / FB_FREE of one MIG instance, in the row's unit (``None``: unknown or another row)."""
+    used, total = mig.memory_used_bytes, mig.memory_total_bytes
+    if row.target == "memory_used_bytes" and used is not None:
+        return float(used) * row.divide / row.multiply
+    if row.target == FREE and used is not None and total is not None:
+        return float(max(total - used, 0)) * row.divide / row.multiply
+    return None

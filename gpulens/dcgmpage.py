@@ -6,40 +6,46 @@
 
 Rules (each one is a decision; the tests hold the code to them):
 
-* **Units are fixed by the metric name** (see ``gpulens.dcgmfields``). A value written in the wrong unit for its name
-  lands outside the plausible range below and is dropped and counted, not stored.
-* **Precedence.** When several names feed one field, the base-unit (4.6+/4.9) name wins over the legacy one, the
-  enforced power limit over the management limit, and a GPU-level sample over a MIG instance's copy; among equals
-  the first sample wins (a GPU shared by several pods repeats each value once per pod).
+* **Units are fixed by the DCGM field id** behind the name (see ``gpulens.dcgmfields``): every generation of names
+  (DCGM 4.6 names, their deprecated 2.x-4.5 aliases, ``--use-old-namespace``/1.x names) carries its field's unit,
+  except where the family's HELP announces the base unit of a field DCGM scales ("(in Hz)" over SM_CLOCK, "(in B)"
+  over FB_USED, "(in J)" over TOTAL_ENERGY_CONSUMPTION). A value written in another unit lands outside the
+  plausible range below and is dropped and counted, not stored.
+* **Precedence.** When several fields feed one target, the higher-ranked field wins (GPU_UTIL over
+  GR_ENGINE_ACTIVE, the enforced power limit over the requested one, PROF PCIe bytes over PCIE_*_THROUGHPUT), and a
+  GPU-level sample over a MIG instance's copy; among equals the first sample wins (a GPU shared by several pods
+  repeats each value once per pod).
 * **Sentinels.** DCGM's blank / not-found / not-supported / not-permissioned values are dropped (``None``) and
-  counted as ``dcgm_sentinel`` (``gpulens.dcgmfields.is_dcgm_sentinel``).
+  counted as ``dcgm_sentinel`` (``gpulens.dcgmfields.is_dcgm_sentinel``). Memory temperature 0 (GDDR boards: T4,
+  L4, L40S have no sensor) is unknown: dropped, not counted.
 * **Plausibility.** After conversion every value must be finite, non-negative and inside a per-quantity range
   (ratios <= 1, temperatures <= 200 C, power <= 10 kW, clocks <= 100 GHz, rates <= 10 TB/s, memory <= 1 PiB,
   PCIe gen <= 16, width <= 64); integer fields must be whole. Anything else is ``dcgm_absurd_value``.
 * **NVLink totals.** ``DCGM_FI_PROF_NVLINK_TX/RX_BYTES`` give tx/rx directly. Only when neither exists for a GPU,
-  a total (``..._NVLINK_BANDWIDTH_TOTAL`` / ``..._THROUGHPUT_TOTAL`` / ``..._THROUGHPUT_BYTES_PER_SECOND``), which
-  counts both directions, is split evenly into tx and rx: the sum stays right and a stall (traffic falling to
-  zero) stays visible, while the split itself is an assumption.
-* **Memory total.** ``FB_TOTAL`` / ``FB_CAPACITY_BYTES`` where exported, else used + free + reserved (reserved
-  counted as 0 when absent), else ``None``.
+  the total (field 449, ``..._NVLINK_THROUGHPUT_TOTAL`` / ``..._BANDWIDTH_TOTAL``), which counts both directions, is
+  split evenly into tx and rx: the sum stays right and a stall stays visible, while the split is an assumption.
+* **Memory total.** ``FB_TOTAL`` where exported, else used + free + reserved (reserved counted as 0 when absent),
+  else ``None``.
 * **MIG.** A sample with ``GPU_I_ID`` belongs to its parent GPU (``gpu``/``UUID``). Memory fields fill that
   instance's ``MigReading`` (its ``mig_uuid`` is ``MIG-<parent UUID>/<GPU_I_ID>``: dcgm-exporter exports no MIG
-  UUID); utilization and profiling values are per instance and have no place on the parent, so they are not
-  used; every other field is device-wide and fills the parent when no GPU-level sample did.
-* **Identity.** ``gpu`` (index), ``UUID``, ``modelName``, ``pci_bus_id``. A known metric without a usable
-  ``gpu``/``UUID`` is ``dcgm_bad_identity``. A UUID seen again with another index, or an index claimed by a
-  second UUID, is a duplicate GPU: counted once per (UUID, index) as ``dcgm_duplicate_gpu``, later samples
-  dropped. Samples of other DCGM entities (``nvswitch``, ``nvlink``/``link``, ``cpu``, ``cpucore`` labels) are
-  ignored, as are names this module does not know.
-* **Jobs.** Non-empty ``pod`` gives ``GpuJob(job_id="<namespace>/<pod>")`` (just ``<pod>`` without a
-  namespace); non-empty ``hpc_job`` gives ``GpuJob(job_id=hpc_job)``.
-* **Node.** The ``node`` argument, else the first ``hostname`` (4.6+) or ``Hostname`` label, else ``None``
-  (records then carry ``fallback_node``; ``DcgmSource`` passes ``socket.gethostname()``).
-* **XIDs.** ``DCGM_FI_DEV_XID_ERRORS`` / ``DCGM_FI_DEV_XID_ERROR`` hold the last XID seen (sticky), not a count.
-  The parse reports that value per GPU; ``DcgmSource`` counts an event each time it changes to a non-zero code
-  (43 -> 0 -> 43 counts twice; a missing read keeps the previous code). The first value seen after start-up
-  counts once if it is non-zero: an XID still showing at start-up is evidence of a fault we should not hide,
-  though it may predate the exporter. A repeat of the same code between two reads cannot be seen.
+  UUID); profiling values are per instance and are not copied to the parent, except utilization: a parent without a
+  GPU-level utilization gets its instances' (GR_ENGINE_ACTIVE, the utilization NVIDIA recommends on MIG), weighted
+  by their compute slices (``3g.40gb`` = 3). Every other field is device-wide and fills the parent when no
+  GPU-level sample did.
+* **Identity.** ``gpu`` (index), ``UUID`` (``uuid`` with ``--use-old-namespace``), ``modelName``, ``pci_bus_id``.
+  A known metric without a usable ``gpu``/UUID is ``dcgm_bad_identity``. A UUID seen again with another index, or an
+  index claimed by a second UUID, is a duplicate GPU: counted once per (UUID, index) as ``dcgm_duplicate_gpu``,
+  later samples dropped. Samples of other DCGM entities (``nvswitch``, ``nvlink``/``link``, ``cpu``, ``cpucore``
+  labels) are ignored, as are names this module does not know.
+* **Jobs.** Non-empty ``pod`` (``pod_name``) gives ``GpuJob(job_id="<namespace>/<pod>")`` (just ``<pod>`` without
+  a namespace); non-empty ``hpc_job`` gives ``GpuJob(job_id=hpc_job)``. A job seen on a MIG instance's series stays
+  on that instance: its ``mig_uuid`` is the instance's (``MIG-<parent UUID>/<GPU_I_ID>``).
+* **Node.** The ``node`` argument, else the first ``hostname`` (newer) or ``Hostname`` label, else ``None``. Which
+  node a page belongs to is decided by the page's reader (``gpulens.dcgmnode``), which prefers configuration.
+* **XIDs.** ``DCGM_FI_DEV_XID_ERRORS`` / ``DCGM_FI_DEV_XID_ERROR`` hold the last XID seen (sticky), not a count: the
+  parse reports it per GPU. ``DCGM_EXP_XID_ERRORS_COUNT`` (label ``xid``; ``err_code`` accepted too) counts the XIDs
+  of each code within dcgm-exporter's window: the parse reports code -> count per GPU. ``gpulens.dcgmnode`` turns
+  both into counters.
 """
 
 from __future__ import annotations
@@ -50,7 +56,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gpulens.dcgmfields import BY_NAME, FREE, NVLINK_TOTAL, XID_TARGET, NameSpec, is_dcgm_sentinel
+from gpulens.dcgmfields import (
+    BY_NAME,
+    DECODER,
+    ENCODER,
+    FREE,
+    MEM_COPY,
+    NVLINK_TOTAL,
+    XID_TARGET,
+    NameSpec,
+    help_factor,
+    is_dcgm_sentinel,
+)
 from gpulens.model import GpuJob, GpuReading, MigReading
 from gpulens.promtext import LineStats, Sample, read_samples
 
@@ -66,11 +83,17 @@ _MIG_LOCAL_TARGETS: Final = _MIG_MEMORY_TARGETS | {
     "nvlink_tx_bytes_per_second",
     "nvlink_rx_bytes_per_second",
 }
-_NOT_READING_FIELDS: Final = frozenset({FREE, NVLINK_TOTAL, XID_TARGET})
+_NOT_READING_FIELDS: Final = frozenset({FREE, NVLINK_TOTAL, XID_TARGET, MEM_COPY, ENCODER, DECODER})
+# dcgm-exporter's own XID counter: XIDs seen per code within its window (--xid-count-window-size, 5 min).
+XID_COUNT_NAME: Final = "DCGM_EXP_XID_ERRORS_COUNT"
+_XID_CODE_LABELS: Final = ("xid", "err_code")
+_UUID_LABELS: Final = ("UUID", "uuid")  # uuid: --use-old-namespace and 1.x
 _OTHER_ENTITY_LABELS: Final = ("nvswitch", "nvlink", "link", "cpu", "cpucore")
 _DRIVER_LABELS: Final = ("DCGM_FI_SYSTEM_DRIVER_VERSION", "DCGM_FI_DRIVER_VERSION")
 _HOSTNAME_LABELS: Final = ("hostname", "Hostname")
+_POD_LABELS: Final = (("pod", "namespace"), ("pod_name", "pod_namespace"))  # pod_*: --use-old-namespace
 _INDEX_RE: Final = re.compile(r"[0-9]{1,9}")
+_SLICES_RE: Final = re.compile(r"([1-8])g\.")
 
 # Error reasons (NodeSnapshot.errors keys).
 BAD_LINES: Final = "dcgm_bad_lines"
@@ -90,9 +113,14 @@ class DcgmParse:
     migs: tuple[MigReading, ...]
     jobs: tuple[GpuJob, ...]
     driver_version: str | None
-    # GPU UUID -> the last XID DCGM reported (0: none); DcgmSource turns it into counters.
+    # GPU UUID -> the last XID DCGM reported (0: none); the converter (gpulens.dcgmnode) turns it into counters.
     last_xid: Mapping[str, int]
+    # GPU UUID -> XID code -> events within dcgm-exporter's window (DCGM_EXP_XID_ERRORS_COUNT), where served.
+    xid_window_counts: Mapping[str, Mapping[int, int]]
     samples: int  # well-formed sample lines, known names or not
+    gpu_samples: int  # samples that fed a GPU (known names with a GPU identity)
+    example_name: str | None  # the first sample's name, to tell the operator what an unreadable page held
+    truncated: bool  # the last line was cut (no newline, not a complete sample): the page must not be used
     bad_lines: int
     bad_line_reasons: Mapping[str, int]  # e.g. "bad_labels", "bad_value", "duplicate_series"
     first_bad_line: int | None  # 1-based line number, for the log
@@ -142,14 +170,18 @@ class _Gpu:
     migs: dict[int, _Mig] = field(default_factory=dict)
 
 
-def _convert(spec: NameSpec, raw: float) -> _Value | str:
-    """The value in our units, or the problem reason (a ``str``) when it must be dropped."""
+def _convert(spec: NameSpec, raw: float, factor: float | None = None) -> _Value | str:
+    """The value in our units, or the problem reason (a ``str``) when it must be dropped.
+
+    ``factor``: the page announced another unit for this family in its HELP (``gpulens.dcgmfields.help_factor``).
+    """
     if not math.isfinite(raw):
         return ABSURD_VALUE
     if is_dcgm_sentinel(raw):
         return SENTINEL
-    value = raw * spec.name.multiply / spec.name.divide + 0.0  # + 0.0 turns -0.0 into 0.0
-    quantity = spec.field.quantity
+    row = spec.field
+    value = (raw * row.multiply / row.divide if factor is None else raw * factor) + 0.0  # -0.0 becomes 0.0
+    quantity = row.quantity
     if not 0.0 <= value <= quantity.high:
         return ABSURD_VALUE
     if quantity.kind == "float":
@@ -157,6 +189,24 @@ def _convert(spec: NameSpec, raw: float) -> _Value | str:
     if not value.is_integer():
         return ABSURD_VALUE
     return int(value) if quantity.kind == "int" else value == 1.0
+
+
+def _mig_slices(profile: str | None) -> int:
+    """Compute slices of a MIG profile: ``3g.40gb`` -> 3 (1 when the profile is unknown)."""
+    match = _SLICES_RE.match(profile or "")
+    return int(match.group(1)) if match else 1
+
+
+def _mig_utilization(gpu: _Gpu) -> float | None:
+    """The parent's utilization from its instances' (GR_ENGINE_ACTIVE), weighted by compute slices.
+
+    Counted over the instances that report a value: the share of the instantiated compute that is busy.
+    """
+    weighted = [(mig.values.get("utilization_ratio"), _mig_slices(mig.profile)) for mig in gpu.migs.values()]
+    known: list[tuple[float, int]] = [(float(value), slices) for value, slices in weighted if value is not None]
+    if not known:
+        return None
+    return min(1.0, sum(value * slices for value, slices in known) / sum(slices for _, slices in known))
 
 
 def _memory_total(values: _Values) -> int | None:
@@ -172,24 +222,35 @@ def _memory_total(values: _Values) -> int | None:
 class _Builder:
     """Accumulates samples into per-GPU state, then builds the records."""
 
-    def __init__(self) -> None:
+    def __init__(self, help_texts: Mapping[str, str]) -> None:
+        self.help_texts = help_texts  # filled as the page is read: a family's HELP precedes its samples
         self.gpus: dict[str, _Gpu] = {}
         self.index_owner: dict[int, str] = {}
         self.duplicates: set[tuple[str, int]] = set()
-        self.jobs: dict[tuple[str, str], int] = {}  # (UUID, job id) -> GPU index, in order of appearance
+        # (UUID, job id) -> (GPU index, MIG instance id or None), in order of appearance
+        self.jobs: dict[tuple[str, str], tuple[int, int | None]] = {}
         self.hostname: str | None = None
         self.driver_version: str | None = None
         self.problems: dict[str, int] = {}
+        self.xid_windows: dict[str, dict[int, int]] = {}
+        self.gpu_samples = 0
+        self.example_name: str | None = None
 
     def problem(self, reason: str) -> None:
         self.problems[reason] = self.problems.get(reason, 0) + 1
 
     def add(self, sample: Sample) -> None:
         labels = sample.labels
+        self.example_name = self.example_name or sample.name
         if self.hostname is None:
             self.hostname = next((labels[k] for k in _HOSTNAME_LABELS if labels.get(k)), None)
+        if any(k in labels for k in _OTHER_ENTITY_LABELS):
+            return
+        if sample.name == XID_COUNT_NAME:
+            self._xid_count(sample)
+            return
         spec = BY_NAME.get(sample.name)
-        if spec is None or any(k in labels for k in _OTHER_ENTITY_LABELS):
+        if spec is None:
             return
         instance = labels.get("GPU_I_ID", "")
         if instance and not _INDEX_RE.fullmatch(instance):
@@ -198,21 +259,41 @@ class _Builder:
         gpu = self._gpu_for(labels)
         if gpu is None:
             return
-        self._note_jobs(gpu, labels)
+        self.gpu_samples += 1
+        self._note_jobs(gpu, labels, int(instance) if instance else None)
         mig = self._mig(gpu, int(instance), labels) if instance else None
-        value = _convert(spec, sample.value)
+        if spec.field.zero_is_blank and sample.value == 0:
+            return  # no sensor (memory temperature on GDDR boards): unknown, not 0
+        value = _convert(spec, sample.value, help_factor(spec.field, self.help_texts.get(sample.name)))
+        rank = spec.field.rank
         if isinstance(value, str):
             self.problem(value)
         elif mig is None:
-            gpu.values.offer(spec.target, (True, spec.name.rank), value)
+            gpu.values.offer(spec.target, (True, rank), value)
         else:
-            if spec.target in _MIG_MEMORY_TARGETS:
-                mig.values.offer(spec.target, (True, spec.name.rank), value)
+            if spec.target in _MIG_MEMORY_TARGETS or spec.target == "utilization_ratio":
+                mig.values.offer(spec.target, (True, rank), value)
             if spec.target not in _MIG_LOCAL_TARGETS:
-                gpu.values.offer(spec.target, (False, spec.name.rank), value)
+                gpu.values.offer(spec.target, (False, rank), value)
+
+    def _xid_count(self, sample: Sample) -> None:
+        """``DCGM_EXP_XID_ERRORS_COUNT{xid="43"} 2``: two XID 43 within the window (no code label: none at all)."""
+        gpu = self._gpu_for(sample.labels)
+        if gpu is None:
+            return
+        counts = self.xid_windows.setdefault(gpu.uuid, {})
+        code_text = next((sample.labels[k] for k in _XID_CODE_LABELS if sample.labels.get(k)), "")
+        if not code_text:
+            return
+        if not _INDEX_RE.fullmatch(code_text) or not math.isfinite(sample.value) or sample.value < 0:
+            self.problem(ABSURD_VALUE)
+            return
+        if int(code_text) and sample.value:
+            counts[int(code_text)] = counts.get(int(code_text), 0) + int(sample.value)
 
     def _gpu_for(self, labels: Mapping[str, str]) -> _Gpu | None:
-        index_text, uuid = labels.get("gpu", ""), labels.get("UUID", "")
+        index_text = labels.get("gpu", "")
+        uuid = next((labels[k] for k in _UUID_LABELS if labels.get(k)), "")
         if not uuid or not _INDEX_RE.fullmatch(index_text):
             self.problem(BAD_IDENTITY)
             return None
@@ -240,13 +321,14 @@ class _Builder:
             mig = gpu.migs[instance] = _Mig(labels.get("GPU_I_PROFILE") or None)
         return mig
 
-    def _note_jobs(self, gpu: _Gpu, labels: Mapping[str, str]) -> None:
-        pod, namespace, hpc_job = labels.get("pod", ""), labels.get("namespace", ""), labels.get("hpc_job", "")
+    def _note_jobs(self, gpu: _Gpu, labels: Mapping[str, str], instance: int | None) -> None:
+        pod, namespace = next(((labels[p], labels.get(n, "")) for p, n in _POD_LABELS if labels.get(p)), ("", ""))
+        hpc_job = labels.get("hpc_job", "")
         if pod:
             job_id = f"{namespace}/{pod}" if namespace else pod
-            self.jobs.setdefault((gpu.uuid, job_id), gpu.index)
+            self.jobs.setdefault((gpu.uuid, job_id), (gpu.index, instance))
         if hpc_job:
-            self.jobs.setdefault((gpu.uuid, hpc_job), gpu.index)
+            self.jobs.setdefault((gpu.uuid, hpc_job), (gpu.index, instance))
 
     def _reading(self, gpu: _Gpu, node: str, timestamp: float) -> GpuReading:
         fields: dict[str, Any] = {
@@ -257,6 +339,8 @@ class _Builder:
         no_direction = "nvlink_tx_bytes_per_second" not in fields and "nvlink_rx_bytes_per_second" not in fields
         if total is not None and no_direction:
             fields["nvlink_tx_bytes_per_second"] = fields["nvlink_rx_bytes_per_second"] = total / 2
+        if "utilization_ratio" not in fields:
+            fields["utilization_ratio"] = _mig_utilization(gpu)
         return GpuReading(
             node=node,
             gpu=gpu.index,
@@ -288,7 +372,14 @@ class _Builder:
             for instance, mig in sorted(gpu.migs.items())
         ]
         jobs = [
-            GpuJob(node=record_node, gpu=index, uuid=uuid, job_id=job_id) for (uuid, job_id), index in self.jobs.items()
+            GpuJob(
+                node=record_node,
+                gpu=index,
+                uuid=uuid,
+                job_id=job_id,
+                mig_uuid=None if instance is None else f"MIG-{uuid}/{instance}",
+            )
+            for (uuid, job_id), (index, instance) in self.jobs.items()
         ]
         return DcgmParse(
             node=resolved,
@@ -297,7 +388,11 @@ class _Builder:
             jobs=tuple(jobs),
             driver_version=self.driver_version,
             last_xid={g.uuid: g.values.get(XID_TARGET) for g in gpus if g.values.get(XID_TARGET) is not None},
+            xid_window_counts={uuid: dict(counts) for uuid, counts in self.xid_windows.items()},
             samples=parse.samples,
+            gpu_samples=self.gpu_samples,
+            example_name=self.example_name,
+            truncated=parse.truncated,
             bad_lines=sum(parse.bad_reasons.values()),
             bad_line_reasons=dict(parse.bad_reasons),
             first_bad_line=parse.first_bad_line,
@@ -310,8 +405,8 @@ def parse_dcgm_metrics(text: str, *, node: str | None, timestamp: float, fallbac
 
     ``node`` overrides the hostname label; records carry ``fallback_node`` when neither names the node.
     """
-    builder = _Builder()
     stats = LineStats()
+    builder = _Builder(stats.help)
     for sample in read_samples(text, stats):
         builder.add(sample)
     return builder.finish(node=node, timestamp=timestamp, fallback_node=fallback_node, parse=stats)

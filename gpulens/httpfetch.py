@@ -282,7 +282,8 @@ def read_body(
     """The response body, read in chunks of at most ``CHUNK`` and gunzipped if ``decode`` and it is gzip.
 
     Over ``max_bytes`` (sent or unzipped) it raises ``ValueError``, or with ``truncate`` returns the first
-    ``max_bytes`` bytes as sent. Time is bounded by the connection (``Deadline*Connection``), not here.
+    ``max_bytes`` bytes as sent. A body shorter than its ``Content-Length`` (not chunked) raises ``ValueError``.
+    Time is bounded by the connection (``Deadline*Connection``), not here.
     """
     if truncate:
         chunks: list[bytes] = []
@@ -309,6 +310,10 @@ def read_body(
         chunks.append(data)
     if inflater is not None and not inflater.eof:
         raise ValueError("gzip body is truncated")
+    chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
+    if not chunked and declared.isdigit() and received < int(declared):
+        # http.client ends a length-delimited body quietly when the peer closes early: the page was cut.
+        raise ValueError(f"body is truncated: {received} of {declared} bytes (Content-Length) received")
     return b"".join(chunks)
 
 

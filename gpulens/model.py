@@ -125,6 +125,7 @@ class GpuJob:
     uuid: str
     job_id: str
     user: str | None = None
+    mig_uuid: str | None = None  # the MIG instance (MigReading.mig_uuid) the job runs on, when known
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ anything else after ``#``) and blank lines are skipped; a malformed ``HELP``/``T
 ``name[{labels}] value [timestamp]``; label values accept the escapes ``\\\\``, ``\\"`` and ``\\n`` and nothing
 else; a repeated label name or a series (name and labels) seen twice is bad; values are decimal numbers, ``NaN`` or
 ``[+-]Inf``; the optional timestamp is an integer and is ignored. A bad line is counted by reason and skipped, never
-fatal.
+fatal. A page ends with a newline: a last line without one that is not a complete sample was cut in transit, and
+``LineStats.truncated`` says so (the reader rejects the whole page).
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ class LineStats:
     samples: int = 0
     bad_reasons: dict[str, int] = field(default_factory=dict)
     first_bad_line: int | None = None
+    truncated: bool = False  # the last line has no newline and does not parse: the body was cut
+    help: dict[str, str] = field(default_factory=dict)  # metric name -> its HELP text
     series: set[tuple[str, tuple[tuple[str, str], ...]]] = field(default_factory=set)
 
     def bad(self, reason: str, lineno: int) -> None:
@@ -130,13 +133,21 @@ class LineStats:
 
 def read_samples(text: str, stats: LineStats) -> Iterator[Sample]:
     """The page's samples in order; bad lines and repeated series are counted in ``stats`` and skipped."""
-    for lineno, raw in enumerate(text.split("\n"), start=1):
+    lines = text.split("\n")
+    for lineno, raw in enumerate(lines, start=1):
         try:
             sample = parse_line(raw)
         except BadLineError as bad:
-            stats.bad(bad.reason, lineno)
+            if lineno == len(lines):  # no newline after it: cut mid-line
+                stats.truncated = True
+                stats.bad("truncated", lineno)
+            else:
+                stats.bad(bad.reason, lineno)
             continue
         if sample is None:
+            if raw.startswith("# HELP "):
+                parts = _SPLIT_RE.split(raw.removesuffix("\r").strip(" \t"), maxsplit=3)
+                stats.help.setdefault(parts[2], parts[3] if len(parts) > 3 else "")
             continue
         key = (sample.name, tuple(sorted(sample.labels.items())))
         if key in stats.series:

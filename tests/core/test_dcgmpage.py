@@ -136,10 +136,23 @@ def test_nvlink_throughput_total_is_mb_per_second_and_used_only_without_tx_rx() 
 @pytest.mark.parametrize(
     ("lines", "field_name", "expected"),
     [
-        # the base-unit name wins over the legacy one, in either order
-        (["DCGM_FI_DEV_GPU_UTIL 10", "DCGM_FI_DEV_GPU_UTIL_RATIO 0.5"], "utilization_ratio", 0.5),
-        (["DCGM_FI_DEV_GPU_UTIL_RATIO 0.5", "DCGM_FI_DEV_GPU_UTIL 10"], "utilization_ratio", 0.5),
-        (["DCGM_FI_DEV_FB_CAPACITY_BYTES 2048", "DCGM_FI_DEV_FB_TOTAL 1"], "memory_total_bytes", 2048),
+        # DCGM 4.6's GPU_UTIL_RATIO is field 203 like GPU_UTIL: still a percentage
+        (["DCGM_FI_DEV_GPU_UTIL_RATIO 91"], "utilization_ratio", 0.91),
+        (["DCGM_FI_DEV_GPU_UTIL_RATIO 1"], "utilization_ratio", 0.01),
+        (["dcgm_gpu_utilization 35"], "utilization_ratio", 0.35),
+        # GR_ENGINE_ACTIVE (0-1) is the utilization where GPU_UTIL is absent; GPU_UTIL wins where both are served
+        (["DCGM_FI_PROF_GR_ENGINE_ACTIVE 0.3"], "utilization_ratio", 0.3),
+        (["DCGM_FI_PROF_GR_ENGINE_ACTIVE 0.3", "DCGM_FI_DEV_GPU_UTIL 10"], "utilization_ratio", 0.1),
+        (["DCGM_FI_DEV_GPU_UTIL 10", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO 0.3"], "utilization_ratio", 0.1),
+        (
+            ["DCGM_FI_DEV_BOARD_POWER_LIMIT_ENFORCED_WATTS 450", "DCGM_FI_DEV_POWER_MGMT_LIMIT 500"],
+            "power_limit_watts",
+            450.0,
+        ),
+        # GDDR boards (T4, L4, L40S) report memory temperature 0: no sensor, unknown
+        (["DCGM_FI_DEV_MEMORY_TEMP 0"], "memory_temperature_celsius", None),
+        (["DCGM_FI_DEV_MEMORY_TEMP_CELSIUS 0"], "memory_temperature_celsius", None),
+        (["DCGM_FI_DEV_MEMORY_TEMP 71"], "memory_temperature_celsius", 71.0),
         # ...unless it is a sentinel, then the legacy value stands
         (["DCGM_FI_DEV_GPU_TEMP_CELSIUS 140737488355328", "DCGM_FI_DEV_GPU_TEMP 61"], "temperature_celsius", 61.0),
         (["DCGM_FI_DEV_POWER_MGMT_LIMIT 500", "DCGM_FI_DEV_ENFORCED_POWER_LIMIT 450"], "power_limit_watts", 450.0),
@@ -147,11 +160,15 @@ def test_nvlink_throughput_total_is_mb_per_second_and_used_only_without_tx_rx() 
         # total memory: FB_TOTAL, else used + free + reserved, reserved counted 0 when absent, else unknown
         (["DCGM_FI_DEV_FB_TOTAL 80", "DCGM_FI_DEV_FB_USED 1", "DCGM_FI_DEV_FB_FREE 2"], "memory_total_bytes", 80 * MIB),
         (["DCGM_FI_DEV_FB_USED 10", "DCGM_FI_DEV_FB_FREE 20"], "memory_total_bytes", 30 * MIB),
-        (["DCGM_FI_DEV_FB_USED_BYTES 10", "DCGM_FI_DEV_FB_FREE_BYTES 20"], "memory_total_bytes", 30),
+        (["dcgm_fb_used 10", "dcgm_fb_free 20"], "memory_total_bytes", 30 * MIB),
         (["DCGM_FI_DEV_FB_USED 10"], "memory_total_bytes", None),
         (["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION 1500"], "energy_joules_total", 1.5),
         (["DCGM_FI_DEV_CLOCKS_EVENT_REASONS 136"], "throttle_reasons", 0x88),
-        (["DCGM_FI_DEV_PCIE_REPLAY_COUNTER 3", "DCGM_FI_DEV_PCIE_REPLAY_TOTAL 4"], "pcie_replays_total", 4),
+        # two names of one field (202): the first sample wins
+        (["DCGM_FI_DEV_PCIE_REPLAY_COUNTER 3", "DCGM_FI_DEV_PCIE_REPLAY_TOTAL 4"], "pcie_replays_total", 3),
+        # the deprecated PCIE_TX_THROUGHPUT (KB/s) only without PROF_PCIE_TX_BYTES (B/s)
+        (["DCGM_FI_DEV_PCIE_TX_THROUGHPUT 2"], "pcie_tx_bytes_per_second", 2048.0),
+        (["DCGM_FI_DEV_PCIE_TX_THROUGHPUT 2", "DCGM_FI_PROF_PCIE_TX_BYTES 7"], "pcie_tx_bytes_per_second", 7.0),
         (["DCGM_FI_DEV_XID_ERROR 79"], None, {GPU0: 79}),
     ],
 )
@@ -192,10 +209,10 @@ def test_values_next_to_the_sentinels_are_kept() -> None:
     ("metric", "value", "field_name"),
     [
         ("DCGM_FI_DEV_GPU_UTIL", "150", "utilization_ratio"),
-        ("DCGM_FI_DEV_GPU_UTIL_RATIO", "45", "utilization_ratio"),  # a percentage under the ratio name
+        ("DCGM_FI_DEV_GPU_UTIL_RATIO", "101", "utilization_ratio"),  # a percentage, like GPU_UTIL
         ("DCGM_FI_PROF_SM_ACTIVE", "1.01", "sm_active_ratio"),
         ("DCGM_FI_DEV_FB_USED", "-5", "memory_used_bytes"),
-        ("DCGM_FI_DEV_FB_USED_BYTES", "1.5", "memory_used_bytes"),
+        ("DCGM_FI_DEV_FB_USED", "1e-7", "memory_used_bytes"),
         ("DCGM_FI_DEV_GPU_TEMP", "NaN", "temperature_celsius"),
         ("DCGM_FI_DEV_GPU_TEMP", "-3", "temperature_celsius"),
         ("DCGM_FI_DEV_POWER_USAGE", "+Inf", "power_watts"),
@@ -482,3 +499,19 @@ def test_truncation_breaks_at_most_the_last_line(name: str, cut: int) -> None:
     result = parse(truncated)
     assert result.bad_lines <= 1
     assert_sane(result, truncated)
+
+
+def test_a_base_unit_announced_in_help_is_believed_only_for_scaled_fields() -> None:
+    text = (
+        "# HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in Hz).\n"
+        f"DCGM_FI_DEV_SM_CLOCK{{{ID0}}} 1410000000\n"
+        "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in B).\n"
+        f"DCGM_FI_DEV_FB_USED{{{ID0}}} 1048576\n"
+        "# HELP DCGM_FI_PROF_GR_ENGINE_ACTIVE Ratio of time the graphics engine is active (in %).\n"
+        f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{ID0}}} 0.7\n"  # 1.x help texts say % over 0-1 ratios: not believed
+        "# HELP DCGM_FI_DEV_MEM_CLOCK Memory clock frequency (in MHz).\n"
+        f"DCGM_FI_DEV_MEM_CLOCK{{{ID0}}} 1593\n"
+    )
+    gpu = only_gpu(text)
+    assert (gpu.sm_clock_hertz, gpu.memory_used_bytes) == (1.41e9, 1048576)
+    assert (gpu.utilization_ratio, gpu.memory_clock_hertz) == (0.7, 1.593e9)

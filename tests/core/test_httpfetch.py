@@ -20,6 +20,7 @@ from gpulens.httpfetch import (
     request,
 )
 from gpulens.model import SourceError
+from tests.fakes.dcgm_server import stand_in_dcgm_exporter
 
 DEADLINE_S = 1.0
 SLACK_S = 2.0  # a bound on the work done after the deadline, not a performance threshold
@@ -199,3 +200,13 @@ def test_request_refuses_other_schemes() -> None:
         port = sock.getsockname()[1]
     with pytest.raises(ValueError, match="only http and https"):
         request(f"ftp://127.0.0.1:{port}/x", timeout_s=1.0, max_bytes=10)
+
+
+def test_a_body_shorter_than_its_content_length_is_refused() -> None:
+    """A dcgm-exporter that dies mid-page: http.client would quietly return the part; read_body refuses it."""
+    page = b"DCGM_FI_DEV_GPU_TEMP 41\n" * 100
+    with stand_in_dcgm_exporter(page) as server:
+        assert fetch_url(server.url, 5.0, max_bytes=100_000) == page
+        server.serve(page, cut_to=1000)
+        with pytest.raises(SourceError, match=f"body is truncated: 1000 of {len(page)} bytes"):
+            fetch_url(server.url, 5.0, max_bytes=100_000)

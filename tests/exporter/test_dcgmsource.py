@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import gzip
+import json
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -15,10 +16,14 @@ import pytest
 from hypothesis import given
 
 from exporter.dcgmsource import DcgmSource
+from exporter.poller import Poller
+from exporter.server import ExporterServer, Routes
 from gpulens.clock import ManualClock
 from gpulens.httpfetch import fetch_url
 from gpulens.model import SourceError
+from tests.conftest import http_get
 from tests.fakes.dcgm_pages import FUZZ, GPU0, GPU1, ID0, ID1, fixture, mutated_fixture, parse
+from tests.fakes.dcgm_server import stand_in_dcgm_exporter
 
 
 @FUZZ
@@ -102,7 +107,9 @@ def test_snapshot_carries_node_time_records_and_cumulative_errors() -> None:
         source.read()
     third = source.read()
     assert third.timestamp == 1_700_000_030.0
-    assert third.errors == {"dcgm_sentinel": 1, "dcgm_fetch_failed": 1, "dcgm_bad_lines": 13}
+    # malformed.prom holds other GPUs: legacy.prom's two are reported down, counted once each.
+    assert third.errors == {"dcgm_sentinel": 1, "dcgm_fetch_failed": 1, "dcgm_bad_lines": 13, "dcgm_gpu_missing": 2}
+    assert {g.uuid for g in third.gpus if not g.up} == {GPU0, GPU1}
     assert pages.calls == [("http://127.0.0.1:9400/metrics", 2.5)] * 3
 
 
@@ -117,21 +124,28 @@ def test_node_falls_back_to_this_host() -> None:
     ("page", "message"),
     [
         (b"DCGM_FI_DEV_GPU_TEMP 4\xff\n", "not UTF-8"),
-        (b"<html><body>login</body></html>\n", "no valid sample"),
+        (b"<html><body>login</body></html>\n", "no GPU series on the page"),
         (b"x" * 2000, "more than 1000 bytes"),
     ],
 )
 def test_unusable_pages_raise_source_error_and_count(page: bytes, message: str) -> None:
-    source = DcgmSource("http://u:hunter2@127.0.0.1:9400/metrics", max_bytes=1000, fetch=PageSequence(page, ""))
+    good = f"DCGM_FI_DEV_GPU_TEMP{{{ID0}}} 4\n"
+    source = DcgmSource("http://u:hunter2@127.0.0.1:9400/metrics", max_bytes=1000, fetch=PageSequence(page, good))
     with pytest.raises(SourceError, match=message) as info:
         source.read()
     assert "hunter2" not in str(info.value)
-    assert source.read().errors.get("dcgm_fetch_failed", 0) == (0 if message == "no valid sample" else 1)
+    unusable = message == "no GPU series on the page"
+    errors = source.read().errors
+    assert errors.get("dcgm_fetch_failed", 0) == (0 if unusable else 1)
+    assert errors.get("dcgm_no_gpu_series", 0) == (1 if unusable else 0)
 
 
-def test_an_empty_page_is_an_empty_snapshot() -> None:
-    snapshot = DcgmSource("http://127.0.0.1:9400/metrics", node="n", fetch=PageSequence("")).read()
-    assert (snapshot.gpus, snapshot.errors) == ((), {})
+def test_an_empty_page_is_unusable_not_a_node_without_gpus() -> None:
+    source = DcgmSource("http://127.0.0.1:9400/metrics", node="n", fetch=PageSequence("", "# HELP x y\nfoo_bar 1\n"))
+    with pytest.raises(SourceError, match=r"no GPU series on the page \(0 samples\)"):
+        source.read()
+    with pytest.raises(SourceError, match=r"no GPU series on the page \(1 samples, e.g. 'foo_bar'\)"):
+        source.read()
 
 
 @pytest.mark.parametrize(
@@ -293,3 +307,33 @@ def test_fetch_url_refuses_other_schemes_without_showing_credentials() -> None:
     with pytest.raises(SourceError, match="must look like") as info:
         fetch_url("file://me:pw-456@localhost/etc/passwd", 2.0, max_bytes=1000)
     assert "pw-456" not in str(info.value)
+
+
+# --- through the exporter: a stand-in dcgm-exporter, the poller and the HTTP server ------------------------------
+
+
+def test_exporter_over_a_stand_in_page_reports_unusable_pages_and_lost_gpus() -> None:
+    two = f"DCGM_FI_DEV_GPU_UTIL{{{ID0}}} 10\nDCGM_FI_DEV_GPU_UTIL{{{ID1}}} 20\n"
+    with stand_in_dcgm_exporter("# HELP go_goroutines x\ngo_goroutines 12\n") as dcgm:
+        poller = Poller(DcgmSource(dcgm.url, node="n1"), interval_s=60.0)
+        server = ExporterServer(Routes(single=poller), host="127.0.0.1", port=0)
+        server.start()
+        healthz = f"http://127.0.0.1:{server.port}/healthz"
+        metrics = f"http://127.0.0.1:{server.port}/metrics"
+        try:
+            poller.collect_once()
+            status, _, body = http_get(healthz)
+            assert status == 503
+            assert "no GPU series on the page (1 samples, e.g. 'go_goroutines')" in json.loads(body)["reason"]
+            dcgm.serve(two)
+            poller.collect_once()
+            assert http_get(healthz)[0] == 200
+            dcgm.serve(f"DCGM_FI_DEV_GPU_UTIL{{{ID0}}} 10\n")  # GPU 1 vanishes
+            poller.collect_once()
+            text = http_get(metrics)[2].decode()
+            assert f'gpulens_gpu_up{{node="n1",gpu="1",uuid="{GPU1}"' in text
+            up = [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith("gpulens_gpu_up{")]
+            assert sorted(up) == ["0", "1"]
+            assert 'gpulens_exporter_collect_errors_total{reason="dcgm_gpu_missing"} 1' in text
+        finally:
+            server.close()

@@ -8,6 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.metrics import ExporterHealth, LastXidTracker, render_metrics
+from gpulens.model import GpuJob, MigReading
 from tests.fakes.static_source import GIB, MigSnapshotSource, h100, node_snapshot
 
 CONTRACT_FAMILIES = {
@@ -129,7 +130,18 @@ def test_dcgm_compat_families_use_dcgm_units_and_labels() -> None:
     assert util["0"] == pytest.approx(97.0)
     fb_used = families["DCGM_FI_DEV_FB_USED"][0]
     assert fb_used.value == pytest.approx(70 * 1024)  # MiB
-    assert set(fb_used.labels) == {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"}
+    assert set(fb_used.labels) == {
+        "gpu",
+        "UUID",
+        "pci_bus_id",
+        "device",
+        "modelName",
+        "Hostname",
+        "DCGM_FI_DRIVER_VERSION",
+        "container",
+        "namespace",
+        "pod",
+    }
     assert fb_used.labels["device"] == "nvidia0"
     assert families["DCGM_FI_DEV_SM_CLOCK"][0].value == pytest.approx(1980)  # MHz
     assert families["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"][0].value == pytest.approx(1.25e10)  # mJ
@@ -180,3 +192,45 @@ def test_promtool_on_dcgm_compat_only_objects_to_dcgms_own_names(promtool: str) 
     assert result.returncode == 3, problems
     assert problems
     assert all(ln.startswith("DCGM_FI_") for ln in problems), problems
+
+
+def test_dcgm_compat_writes_kubernetes_pods_driver_and_mig_instances() -> None:
+    g = h100("node-00", 0, 0.0, mig_enabled=True, driver_version="550.54.15")
+    other = h100("node-00", 1, 0.0)
+    snap = node_snapshot(gpus=2).replace(
+        gpus=(g, other),
+        jobs=(
+            GpuJob(node="node-00", gpu=0, uuid=g.uuid, job_id="serving/llama-8b-0"),
+            GpuJob(node="node-00", gpu=0, uuid=g.uuid, job_id="data-sci/jupyter-ana", mig_uuid=f"MIG-{g.uuid}/1"),
+            GpuJob(node="node-00", gpu=1, uuid=other.uuid, job_id="pod/0c7e2f1a-9b3d-4e5f-8a6b-1c2d3e4f5a6b"),
+        ),
+        migs=(
+            MigReading(
+                "node-00",
+                0,
+                g.uuid,
+                f"MIG-{g.uuid}/1",
+                1,
+                profile="3g.40gb",
+                memory_used_bytes=10 * 1024**2 * 1024,
+                memory_total_bytes=40 * 1024**3,
+            ),
+        ),
+    )
+    families = parse(render_metrics(snap, HEALTH, dcgm_compat=True))
+    used = families["DCGM_FI_DEV_FB_USED"]
+    gpu0 = [s for s in used if s.labels["gpu"] == "0" and "GPU_I_ID" not in s.labels]
+    mig = [s for s in used if s.labels.get("GPU_I_ID") == "1"]
+    assert len(gpu0) == len(mig) == 1
+    assert (mig[0].labels["GPU_I_PROFILE"], mig[0].value) == ("3g.40gb", 10 * 1024)  # MiB
+    assert (mig[0].labels["namespace"], mig[0].labels["pod"]) == ("data-sci", "jupyter-ana")  # its instance's pod
+    free = [s for s in families["DCGM_FI_DEV_FB_FREE"] if s.labels.get("GPU_I_ID") == "1"]
+    assert free[0].value == 30 * 1024
+    assert (gpu0[0].labels["namespace"], gpu0[0].labels["pod"]) == ("serving", "llama-8b-0")
+    assert gpu0[0].labels["DCGM_FI_DRIVER_VERSION"] == "550.54.15"
+    gpu1 = next(s for s in used if s.labels["gpu"] == "1")
+    assert (gpu1.labels["namespace"], gpu1.labels["pod"]) == ("", "0c7e2f1a-9b3d-4e5f-8a6b-1c2d3e4f5a6b")
+    # dram_active_ratio stands in for MEM_COPY_UTIL (in %); GR_ENGINE_ACTIVE carries the utilization (0-1)
+    assert g.dram_active_ratio is not None
+    assert families["DCGM_FI_DEV_MEM_COPY_UTIL"][0].value == pytest.approx(g.dram_active_ratio * 100)
+    assert families["DCGM_FI_PROF_GR_ENGINE_ACTIVE"][0].value == pytest.approx(g.utilization_ratio)

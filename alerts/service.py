@@ -1,11 +1,12 @@
 """The alert engine inside the collector: rules after each scrape round, state and outbox in SQL, delivery.
 
 ``AlertService`` loads the engine's states and notification groups from the database (so a restarted collector
-neither forgets a firing alert nor notifies it again), runs after every round as a collector hook, saves what
-changed and writes the round's notifications into the durable outbox. Delivery is not part of the round: the hook
-wakes the notification worker (``alerts.notify.worker``), which sends on its own thread, so a receiver that hangs
-never delays a scrape. A database that is down when the service starts is tolerated: the states are loaded at the
-first round that reaches it.
+neither forgets a firing alert nor notifies it again) and refills the rules' history from the stored readings of
+the last window (``storage.recent``), so the stall and straggler baselines survive a restart. It runs after every
+round as a collector hook, saves what changed and writes the round's notifications into the durable outbox.
+Delivery is not part of the round: the hook wakes the notification worker (``alerts.notify.worker``), which sends
+on its own thread, so a receiver that hangs never delays a scrape. A database that is down when the service starts
+is tolerated: the states are loaded at the first round that reaches it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from gpulens.rounds import RoundResult
 from gpulens.settings import Settings
 from storage import alertstore
 from storage.db import Database, DatabaseUnavailableError
+from storage.recent import recent_rounds
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +108,10 @@ class AlertService:
         environ: Mapping[str, str] | None = None,
         backoff: Backoff | None = None,
         poll_s: float = DEFAULT_POLL_S,
+        interval_s: float = 10.0,
     ) -> None:
         self._db = db
+        self._interval_s = interval_s
         self._clock = clock or SystemClock()
         self.outbox = SqlOutbox(db)
         self.engine = AlertEngine(
@@ -130,18 +134,31 @@ class AlertService:
         self.delivery = Delivery(self.outbox, self._notifiers, clock=self._clock, backoff=backoff)
         self.worker = NotificationWorker(self.delivery, poll_s=poll_s)
 
-    def _load(self) -> None:
-        """The stored states and groups, once. Raises DatabaseUnavailableError (the caller tries again later)."""
+    def _load(self, before: float | None = None) -> None:
+        """The stored states, groups and recent rounds, once.
+
+        Raises DatabaseUnavailableError (the caller tries again later)."""
         if self._loaded:
             return
         states = {doc["fingerprint"]: AlertState.from_json(doc) for doc in alertstore.load_alert_states(self._db)}
         groups = {key: GroupState.from_json(doc) for key, doc in alertstore.load_alert_groups(self._db).items()}
+        # Rounds older than the one about to be judged; its own readings may be stored already.
+        end = (self._clock.now() if before is None else before) - self._interval_s / 2
+        history = self.engine.history
+        rounds = recent_rounds(self._db, since=end - history.window_s, until=end, interval_s=self._interval_s)
+        for time_, snapshots in rounds:
+            history.add(time_, snapshots)
         self.engine.states = states
         self.engine.groups = groups
         self._loaded = True
-        if states:
+        if states or rounds:
             firing = sum(1 for s in states.values() if s.state == "firing")
-            log.info("alert engine resumed with %d stored alerts (%d firing)", len(states), firing)
+            log.info(
+                "alert engine resumed with %d stored alerts (%d firing) and %d stored rounds of history",
+                len(states),
+                firing,
+                len(rounds),
+            )
 
     def _silences(self) -> list[Silence]:
         return silences_from_rows(alertstore.list_silences(self._db, now=self._clock.now()))
@@ -157,7 +174,7 @@ class AlertService:
 
     def process(self, now: float, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth]) -> EngineRound:
         """One engine round: evaluate, save the new states, history and groups, enqueue notifications."""
-        self._load()
+        self._load(before=now)
         result = self.engine.process(now, snapshots, targets)
         alertstore.save_alert_round(
             self._db,

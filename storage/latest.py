@@ -39,7 +39,7 @@ class ClusterSummary:
     nodes_reporting: int
 
 
-def _reading_columns(dialect: str) -> tuple[str, list[int], int]:
+def reading_columns(dialect: str) -> tuple[str, list[int], int]:
     """The SELECT list of a GpuReading in field order, decoded to SI units by the database.
 
     Returns the list, the positions of boolean fields (the database returns 0/1) and of the XID JSON.
@@ -69,7 +69,7 @@ def _reading_columns(dialect: str) -> tuple[str, list[int], int]:
 
 
 def _latest_sql(dialect: str, max_age: bool) -> str:
-    columns = _reading_columns(dialect)[0]
+    columns = reading_columns(dialect)[0]
     fresh = "WHERE g.last_seen_ms >= :cutoff - 60000" if max_age else ""
     if dialect == "postgresql":
         return (
@@ -87,7 +87,8 @@ def _latest_sql(dialect: str, max_age: bool) -> str:
     )
 
 
-def _reading(row: Sequence[Any], booleans: Sequence[int], xids: int) -> GpuReading:
+def reading_from_row(row: Sequence[Any], booleans: Sequence[int], xids: int) -> GpuReading:
+    """A row of ``reading_columns`` as a GpuReading."""
     values = list(row)
     for i in booleans:
         if values[i] is not None:
@@ -100,10 +101,10 @@ def _reading(row: Sequence[Any], booleans: Sequence[int], xids: int) -> GpuReadi
 def latest_readings(db: Database, *, max_age_s: float | None = None) -> list[GpuReading]:
     """The newest reading of every GPU (only those newer than ``max_age_s``, if given), by node and index."""
     params = {"cutoff": round((db.clock.now() - max_age_s) * 1000)} if max_age_s is not None else {}
-    _, booleans, xids = _reading_columns(db.dialect)
+    _, booleans, xids = reading_columns(db.dialect)
     with db.session() as session:
         rows = session.execute(sa.text(_latest_sql(db.dialect, max_age_s is not None)), params).all()
-    readings = [_reading(row, booleans, xids) for row in rows]
+    readings = [reading_from_row(row, booleans, xids) for row in rows]
     if max_age_s is not None:
         cutoff = db.clock.now() - max_age_s
         readings = [r for r in readings if r.timestamp >= cutoff]

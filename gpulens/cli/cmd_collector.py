@@ -109,7 +109,7 @@ def _run_collector(args: argparse.Namespace) -> int:
 
     def hooks(db: Any) -> list[Any]:
         # The service is the round hook; its notification worker stops when the collector does (runner closes it).
-        return [AlertService(db, alerting).start()]
+        return [AlertService(db, alerting, interval_s=settings.interval_s).start()]
 
     with stop_on_signals() as stop, database_errors(database_origin(args, settings)):
         return run_collector(settings, lambda line: print(line, file=sys.stderr, flush=True), stop, hooks=hooks)

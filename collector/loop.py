@@ -131,6 +131,9 @@ class Collector:
             now = self._clock.now()
             targets = self._targets.current()
             results = list(self._pool.map(self._scraper.scrape, targets))
+            if self._scraper.aborted:  # stopping mid-round: the targets did not fail, we left; store nothing
+                log.info("round cut short by shutdown: not stored")
+                return RoundResult(time=now, snapshots=[], targets=[])
             result = self._assemble(now, results)
             self._store(result)
             self._maintain(now)
@@ -300,6 +303,7 @@ class Collector:
             while not stop.wait(0.5):
                 pass
         finally:
+            self._scraper.abort()  # a round in flight ends now, not at its slowest target's timeout
             scheduler.shutdown(wait=True)
 
     def close(self) -> None:

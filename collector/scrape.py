@@ -135,6 +135,16 @@ class Scraper:
         self._lock = threading.Lock()
         self._all: set[http.client.HTTPConnection] = set()  # every thread's connections, for close()
         self._readers: dict[str, DcgmPageReader] = {}  # dcgm targets by name: what each page needs from the last
+        self._inflight: set[Deadline] = set()  # the requests running now, for abort()
+        self.aborted = False
+
+    def abort(self) -> None:
+        """Cut every request in flight short, and refuse new ones (shutdown): a dripping target cannot hold it."""
+        with self._lock:
+            self.aborted = True
+            running = list(self._inflight)
+        for deadline in running:
+            deadline.cancel()
 
     def _reader(self, target: Target) -> DcgmPageReader:
         with self._lock:
@@ -264,6 +274,20 @@ class Scraper:
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         headers = self._headers(target)
         deadline = Deadline(self._timeout)  # one deadline for the whole request, retry included
+        with self._lock:
+            if self.aborted:
+                raise ScrapeError("the collector is stopping")
+            self._inflight.add(deadline)
+        try:
+            return self._get_within(target, deadline, (scheme, host, port), path, headers)
+        finally:
+            with self._lock:
+                self._inflight.discard(deadline)
+
+    def _get_within(
+        self, target: Target, deadline: Deadline, where: tuple[str, str, int], path: str, headers: dict[str, str]
+    ) -> bytes:
+        scheme, host, port = where
         for attempt in (1, 2):  # a kept-alive connection the server closed gets one fresh retry
             conn = self._connection(target, scheme, host, port)
             conn.deadline = deadline
@@ -279,6 +303,8 @@ class Scraper:
                 raise ScrapeError(_describe(exc)) from None
             except TimeoutError:
                 self._drop(scheme, host, port)
+                if deadline.cancelled:
+                    raise ScrapeError("the collector is stopping") from None
                 raise ScrapeError(f"timed out after {self._timeout:g}s") from None
             except (OSError, http.client.HTTPException, zlib.error, ValueError) as exc:
                 self._drop(scheme, host, port)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -73,6 +74,9 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
     return Routes(single=poller), poller, source.close
 
 
+FIRST_COLLECTION_WAIT_S = 5.0
+
+
 def run_exporter(options: ExporterOptions, announce: Callable[[str], None], stop: threading.Event) -> int:
     """Serve until ``stop`` is set. Raises ConfigError / SourceError / OSError on a bad start."""
     host, port = _listen(options.listen)
@@ -83,10 +87,13 @@ def run_exporter(options: ExporterOptions, announce: Callable[[str], None], stop
             server = ExporterServer(routes, host=host, port=port, web=web)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot listen on {options.listen}: {exc.strerror or exc}") from None
+        server.start()  # first: /healthz answers 503 "starting" while the first collection runs
         if poller is not None:
-            poller.collect_once()  # the first scrape already has data
             poller.start()
-        server.start()
+            # Announce with data where the source answers at once; a slow one only delays the announcement.
+            waited = time.monotonic() + FIRST_COLLECTION_WAIT_S
+            while not poller.wait_first(0.1) and not stop.is_set() and time.monotonic() < waited:
+                pass
         where = f"{server.scheme}://{f'[{host}]' if ':' in host else host}:{server.port}"
         if poller is None:
             announce(f"gpulens exporter serving {len(routes.nodes)} simulated nodes at {where}/node/<name>/metrics")

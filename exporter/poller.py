@@ -109,6 +109,7 @@ class Poller:
         self._collections = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._first_done = threading.Event()
         self._thread: threading.Thread | None = None
         self._published = self._render()
 
@@ -144,6 +145,11 @@ class Poller:
         published.metrics_gzip  # noqa: B018 - render in the collection thread, so scrapes only copy bytes
         with self._lock:
             self._published = published
+        self._first_done.set()
+
+    def wait_first(self, timeout_s: float) -> bool:
+        """Wait until the first collection has ended (succeeded or failed); False if it is still running."""
+        return self._first_done.wait(timeout_s)
 
     def _health(self) -> tuple[bool, dict[str, Any]]:
         with self._lock:
@@ -157,7 +163,10 @@ class Poller:
             }
         failure = f": {doc['last_error']}" if doc["last_error"] else ""
         if last is None:
-            doc["reason"] = "no collection has succeeded yet" + failure
+            if doc["collections"] == 0 and not doc["last_error"] and not self._first_done.is_set():
+                doc["reason"] = "starting: the first collection has not finished"
+            else:
+                doc["reason"] = "no collection has succeeded yet" + failure
             return False, doc
         age = self._clock.monotonic() - last
         doc["age_seconds"] = round(age, 3)
@@ -222,10 +231,12 @@ class Poller:
                 delay = 0.0
             self._stop.wait(delay)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Stop collecting. A collection blocked in its source (a dripping dcgm-exporter) is not waited for beyond
+        ``timeout_s``: the thread is a daemon and ends with the process."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=timeout_s)
             self._thread = None
 
 

@@ -11,9 +11,9 @@ import statistics
 import sys
 import time
 
+from exporter.httpserver import ExporterServer, Routes
 from exporter.nvml import NvmlSource
 from exporter.poller import Poller
-from exporter.server import ExporterServer, Routes
 from gpulens.clock import SystemClock
 from tests.fakes.fake_nvml import FakeNvml
 

@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from exporter.httpserver import ExporterServer, Routes
 from exporter.poller import OnDemandNode, Poller
-from exporter.server import ExporterServer, Routes
 from exporter.webconfig import WebConfig, load_web_config
 from gpulens.config import ConfigError
 from gpulens.model import GpuSource

@@ -1,6 +1,6 @@
 """The simulated GPU cluster behind ``--source sim``: nodes, jobs and faults from a scenario (docs/scenarios.md)."""
 
-from .engine import SimCluster, UnknownNodeError
+from .cluster import SimCluster, UnknownNodeError
 from .faults import FAULT_KINDS, LEAK_TARGET_SHARE
 from .models import CATALOGUE, GpuModel, find_model
 from .scenario import load_scenario, parse_scenario

@@ -17,7 +17,7 @@ from typing import Final
 from . import noise
 from .faults import FAULT_KINDS, PHASE_KINDS
 from .specs import FaultSpec, JobSpec
-from .state import (
+from .stepstate import (
     BURST,
     CHECKPOINT,
     CHECKPOINT_WRITE,

@@ -20,7 +20,7 @@ from gpulens.model import LinkReading
 from . import noise
 from .models import GpuModel
 from .specs import FaultSpec, GpuRef
-from .state import Placement
+from .stepstate import Placement
 
 _HGX_BUS: Final = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 

@@ -13,11 +13,11 @@ from gpulens.hardware import pcie_max_bytes_per_second
 from gpulens.model import GpuReading, LinkReading, ProcessReading
 
 from . import noise
+from .clockevents import SW_POWER_CAP
 from .faults import FAULT_KINDS
 from .gpus import SimGpu
 from .models import GpuModel
-from .state import Activity, Counters, GpuState
-from .throttle import SW_POWER_CAP
+from .stepstate import Activity, Counters, GpuState
 
 DRIVER_VERSION: Final = "550.127.08"
 

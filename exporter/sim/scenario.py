@@ -17,7 +17,7 @@ from gpulens.config import ConfigError, TomlLocator, format_duration, parse_dura
 from gpulens.typedinput import read_text
 
 from .faults import FAULT_KINDS, FAULT_TARGETS, FaultCheckError, ScenarioView
-from .faults.base import FaultParams
+from .faults.kind import FaultParams
 from .gpuranges import GpuRanges, listing
 from .models import CATALOGUE, GpuModel
 from .scenario_input import ClusterInput, JobInput, ScenarioInput, read_input

@@ -23,7 +23,7 @@ from gpulens.config import ConfigError, TomlLocator
 from gpulens.typedinput import InputStruct, convert, dotted, split_path
 
 from .faults import FAULT_KINDS, AnyFaultParams
-from .faults.base import DurationValue, TimeValue
+from .faults.kind import DurationValue, TimeValue
 
 MAX_GPUS_PER_NODE: Final = 64
 

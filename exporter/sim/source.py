@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpulens.clock import Clock, SystemClock
 from gpulens.model import NodeSnapshot
 
-from .engine import SimCluster, UnknownNodeError
+from .cluster import SimCluster, UnknownNodeError
 
 
 class LiveTime:

@@ -34,7 +34,7 @@ from alerts.catalogue import (
 from alerts.replay import FiredAlert, replay
 from alerts.rules import builtin_rules
 from exporter.sim import FaultSpec, GpuRef, Scenario, SimCluster, parse_scenario
-from exporter.sim.engine import LEAK_TARGET_SHARE
+from exporter.sim.cluster import LEAK_TARGET_SHARE
 
 # Detectors held to "fire within `for` plus two scrape intervals" on a real fault (plus, for a blocked or mixed
 # hang, the wait past the longest healthy pause, ``blocked_after_s``).

@@ -19,8 +19,8 @@ from alerts.config import AlertingConfig
 from alerts.rules import builtin_rules
 from alerts.service import AlertService
 from collector.loop import Collector
+from exporter.httpserver import ExporterServer, Routes
 from exporter.poller import OnDemandNode
-from exporter.server import ExporterServer, Routes
 from exporter.sim import LiveTime, SimAllNodes, SimCluster, parse_scenario
 from gpulens.clock import ManualClock
 from gpulens.settings import TargetSettings, default_settings

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from collector.scrape import Scraper, sanitize
 from collector.spool import Spool
 from collector.targets import FileSd, Target, TargetSet, in_shard, shard_of
+from exporter.httpserver import ExporterServer, Routes
 from exporter.poller import Poller
-from exporter.server import ExporterServer, Routes
 from gpulens.model import snapshot_to_json
 from gpulens.settings import FileSdSettings, TlsAuth, parse_settings
 from tests.conftest import free_port

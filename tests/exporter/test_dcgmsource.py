@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 
 from exporter.dcgmsource import DcgmSource
+from exporter.httpserver import ExporterServer, Routes
 from exporter.poller import Poller
-from exporter.server import ExporterServer, Routes
 from gpulens.clock import ManualClock
 from gpulens.httpfetch import fetch_url
 from gpulens.model import SourceError

@@ -18,8 +18,8 @@ import pytest
 import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.httpserver import ExporterServer, Routes
 from exporter.poller import OnDemandNode, Poller
-from exporter.server import ExporterServer, Routes
 from exporter.webconfig import load_web_config
 from gpulens.clock import ManualClock
 from gpulens.config import ConfigError

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final, get_args
 
-from .base import FaultCheckError, FaultKind, FaultParams, ScenarioView
 from .comm_stall import CommStall, CommStallParams
 from .dead_profiling import DeadProfiling, DeadProfilingParams
 from .exporter_down import ExporterDown, ExporterDownParams
@@ -18,6 +17,7 @@ from .hang_blocked import HangBlocked, HangBlockedParams
 from .hang_mixed import HangMixed, HangMixedParams
 from .hang_spinning import HangSpinning, HangSpinningParams
 from .idle_allocated import IdleAllocated, IdleAllocatedParams
+from .kind import FaultCheckError, FaultKind, FaultParams, ScenarioView
 from .memory_leak import LEAK_TARGET_SHARE, MemoryLeak, MemoryLeakParams
 from .nvlink_errors import NvlinkErrors, NvlinkErrorsParams
 from .nvlink_saturation import NvlinkSaturation, NvlinkSaturationParams

@@ -9,9 +9,9 @@ on an H200, a rank spin-waiting in a collective draws 123 W against 122 W idle a
 from __future__ import annotations
 
 from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.state import SPIN_LOAD, STALL, Activity, JobPhase, Placement
+from exporter.sim.stepstate import SPIN_LOAD, STALL, Activity, JobPhase, Placement
 
-from .base import FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
+from .kind import FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
 
 
 class CommStallParams(JobFaultParams, frozen=True, tag="comm_stall"):

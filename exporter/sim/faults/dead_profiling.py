@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from exporter.sim.models import GpuModel
 from exporter.sim.specs import FaultSpec
-from exporter.sim.state import GpuState
+from exporter.sim.stepstate import GpuState
 
-from .base import FaultKind, NodeFaultParams
+from .kind import FaultKind, NodeFaultParams
 
 
 class DeadProfilingParams(NodeFaultParams, frozen=True, tag="dead_profiling"):

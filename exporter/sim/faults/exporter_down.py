@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from exporter.sim.specs import FaultSpec
 
-from .base import FaultKind, NodeFaultParams
+from .kind import FaultKind, NodeFaultParams
 
 
 class ExporterDownParams(NodeFaultParams, frozen=True, tag="exporter_down"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from exporter.sim.models import GpuModel
 from exporter.sim.specs import FaultSpec
-from exporter.sim.state import GpuState
+from exporter.sim.stepstate import GpuState
 
-from .base import FaultKind, GpuFaultParams
+from .kind import FaultKind, GpuFaultParams
 
 
 class GpuLostParams(GpuFaultParams, frozen=True, tag="gpu_lost"):

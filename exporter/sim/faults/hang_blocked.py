@@ -8,9 +8,9 @@ looks like an idle allocation; what makes it a hang is the job's communicating w
 from __future__ import annotations
 
 from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.state import STALL, Activity, JobPhase, Placement, idle_activity
+from exporter.sim.stepstate import STALL, Activity, JobPhase, Placement, idle_activity
 
-from .base import FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
+from .kind import FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
 
 
 class HangBlockedParams(JobFaultParams, frozen=True, tag="hang_blocked"):

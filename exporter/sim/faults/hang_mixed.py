@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from exporter.sim.clockevents import IDLE
 from exporter.sim.models import GpuModel
 from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.state import STALL, GpuState, JobPhase
-from exporter.sim.throttle import IDLE
+from exporter.sim.stepstate import STALL, GpuState, JobPhase
 
-from .base import FaultCheckError, FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
 from .comm_stall import spinning
 from .hang_blocked import blocked
+from .kind import FaultCheckError, FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
 
 
 class HangMixedParams(JobFaultParams, frozen=True, tag="hang_mixed", kw_only=True):

@@ -8,10 +8,10 @@ memory exactly flat.
 from __future__ import annotations
 
 from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.state import STALL, JobPhase
+from exporter.sim.stepstate import STALL, JobPhase
 
-from .base import FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
 from .comm_stall import spinning
+from .kind import FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
 
 
 class HangSpinningParams(JobFaultParams, frozen=True, tag="hang_spinning"):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from exporter.sim.specs import FaultSpec
-from exporter.sim.state import IDLE, JobPhase
+from exporter.sim.stepstate import IDLE, JobPhase
 
-from .base import FaultKind, JobFaultParams
+from .kind import FaultKind, JobFaultParams
 
 
 class IdleAllocatedParams(JobFaultParams, frozen=True, tag="idle_allocated"):

@@ -6,9 +6,9 @@ from typing import Final
 
 from exporter.sim.models import GpuModel
 from exporter.sim.specs import FaultSpec
-from exporter.sim.state import GpuState
+from exporter.sim.stepstate import GpuState
 
-from .base import FaultKind, GpuFaultParams
+from .kind import FaultKind, GpuFaultParams
 
 LEAK_TARGET_SHARE: Final = 0.985  # memory_leak ends its window with this share of total memory used
 

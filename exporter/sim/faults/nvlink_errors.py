@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Final
 
 from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.state import Counters
+from exporter.sim.stepstate import Counters
 
-from .base import FaultCheckError, FaultKind, GpuFaultParams, ScenarioView
+from .kind import FaultCheckError, FaultKind, GpuFaultParams, ScenarioView
 
 NVLINK_CRC_PER_S: Final = 250.0
 NVLINK_REPLAY_PER_S: Final = 12.0

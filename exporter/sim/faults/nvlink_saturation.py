@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Final
 
 from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.state import RUN, JobPhase, Levels
+from exporter.sim.stepstate import RUN, JobPhase, Levels
 
-from .base import FaultCheckError, FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
+from .kind import FaultCheckError, FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
 
 SATURATED_COMM_FRACTION: Final = 0.96  # of each step spent in all-reduce
 SATURATED_ALL_REDUCE: Final[Levels] = (0.12, 0.02, 0.25, 0.50)  # sm, tensor, dram, power load

@@ -6,9 +6,9 @@ from typing import Final
 
 from exporter.sim.models import GpuModel
 from exporter.sim.specs import FaultSpec
-from exporter.sim.state import Counters, GpuState
+from exporter.sim.stepstate import Counters, GpuState
 
-from .base import FaultKind, GpuFaultParams
+from .kind import FaultKind, GpuFaultParams
 
 DEGRADED_PCIE_GENERATION: Final = 3  # Gen2 on a board whose maximum is Gen3
 DEGRADED_PCIE_WIDTH: Final = 8

@@ -6,9 +6,9 @@ from typing import Final
 
 from exporter.sim.models import GpuModel
 from exporter.sim.specs import FaultSpec
-from exporter.sim.state import GpuState
+from exporter.sim.stepstate import GpuState
 
-from .base import FaultKind, GpuFaultParams
+from .kind import FaultKind, GpuFaultParams
 
 POWER_CAP_SHARE: Final = 0.5  # the enforced limit, as a share of board power
 

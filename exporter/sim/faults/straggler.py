@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Final
 
+from exporter.sim.clockevents import SW_THERMAL
 from exporter.sim.models import GpuModel
 from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.state import GpuState, RankShare
-from exporter.sim.throttle import SW_THERMAL
+from exporter.sim.stepstate import GpuState, RankShare
 
-from .base import FaultKind, GpuFaultParams, ScenarioView, require_multi_gpu_training
+from .kind import FaultKind, GpuFaultParams, ScenarioView, require_multi_gpu_training
 
 STRAGGLER_CLOCK_SHARE: Final = 0.68
 STRAGGLER_SLOWDOWN: Final = 0.7  # the straggler's speed relative to a healthy rank

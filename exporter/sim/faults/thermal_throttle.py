@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Final
 
+from exporter.sim.clockevents import THERMAL
 from exporter.sim.models import GpuModel
 from exporter.sim.specs import FaultSpec
-from exporter.sim.state import GpuState
-from exporter.sim.throttle import THERMAL
+from exporter.sim.stepstate import GpuState
 
-from .base import FaultKind, GpuFaultParams
+from .kind import FaultKind, GpuFaultParams
 
 THERMAL_CLOCK_SHARE: Final = 0.55
 THERMAL_LOAD_FACTOR: Final = 0.65

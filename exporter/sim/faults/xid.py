@@ -8,9 +8,9 @@ from typing import Annotated, Any
 from msgspec import Meta
 
 from exporter.sim.specs import FaultSpec
-from exporter.sim.state import Counters
+from exporter.sim.stepstate import Counters
 
-from .base import FaultKind, FaultParams
+from .kind import FaultKind, FaultParams
 
 
 class XidParams(FaultParams, frozen=True, tag="xid"):

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Final
 
 from exporter.sim.models import GpuModel
 from exporter.sim.specs import FaultSpec, JobSpec, NodeSpec
-from exporter.sim.state import Counters, GpuState, JobPhase, RankShare
+from exporter.sim.stepstate import Counters, GpuState, JobPhase, RankShare
 from gpulens.typedinput import InputStruct
 
 TARGET_KEYS: Final = ("job", "gpu", "node")

@@ -19,12 +19,12 @@ from gpulens.model import GpuJob, GpuReading, LinkReading, NodeSnapshot, NodeUna
 
 from . import noise
 from .behaviour import JobBehaviour, activity, combine, rank_shaper
+from .clockevents import IDLE, SW_POWER_CAP
 from .faults import FAULT_KINDS, LEAK_TARGET_SHARE
 from .gpus import EnergyLedger, GpuContext, SimGpu, make_gpu
 from .readings import DRIVER_VERSION, gpu_reading, link_readings, lost_reading, process_readings
 from .specs import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario
-from .state import Activity, GpuState, JobPhase, Placement, idle_activity
-from .throttle import IDLE, SW_POWER_CAP
+from .stepstate import Activity, GpuState, JobPhase, Placement, idle_activity
 
 SOURCE_NAME: Final = "sim"
 _PHASE_CACHE_LIMIT: Final = 200_000

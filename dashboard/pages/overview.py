@@ -39,7 +39,6 @@ from dashboard.summary import IDLE_BELOW, Headline, headline
 from dashboard.timerange import minute_text, resolve_range
 from gpulens.model import TargetHealth
 from gpulens.ratios import memory_used_ratio, power_limit_ratio
-from storage import inventory, latest
 
 PATH: Final = "/"
 TITLE: Final = "Overview · gpulens"
@@ -191,9 +190,9 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now)
-        readings = latest.latest_readings(context.db)
-        jobs, _processes = latest.latest_snapshot_parts(context.db)
-        targets = inventory.target_health(context.db)
+        readings = context.store.latest_readings()
+        jobs = context.store.current_jobs()
+        targets = context.store.target_health()
         firing = context.alerts.active() if context.alerts is not None else None
         return span, readings, jobs, targets, firing
 

@@ -42,7 +42,8 @@ def create_app(
     stale_after_s: float = 120.0,
     title: str = "gpulens",
 ) -> Dash:
-    """The dashboard over ``db`` (a SQL ``Database``, or any ``StoreReader``: Prometheus). ``clock`` says what "now" is (default: the database's clock); ``alerts`` reads
+    """The dashboard over ``db`` (a SQL ``Database``, or any ``StoreReader``: Prometheus). ``clock`` says what
+    "now" is (default: the store's clock); ``alerts`` reads
     the alert engine's alerts (without it the pages say that no alert store is connected).
 
     ``stale_after_s``: a GPU whose newest reading is older than this shows as stale (its exporter or the collector

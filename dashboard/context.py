@@ -14,7 +14,7 @@ from dashboard.components import banner
 from dashboard.timerange import RangeError, minute_text
 from gpulens.clock import Clock
 from storage.db import Database, DatabaseUnavailableError
-from storage.reading import NotAvailableOnBackend, StoreReader, TooManySeriesError, reader_of
+from storage.reading import NotAvailableOnBackendError, StoreReader, TooManySeriesError, reader_of
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def guarded(context: Context, load: Callable[[], T]) -> T:
         raise PageError(banner("warn", "Bad time range.", str(exc)), as_of) from None
     except TooManySeriesError as exc:
         raise PageError(banner("warn", "Too many series.", context.store.scrub(str(exc))), as_of) from None
-    except NotAvailableOnBackend as exc:
+    except NotAvailableOnBackendError as exc:
         raise PageError(banner("warn", "Not available on this backend.", str(exc)), as_of) from None
     except DatabaseUnavailableError as exc:
         detail = context.store.scrub(str(exc)) + ". Showing nothing until it is back."

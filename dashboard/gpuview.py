@@ -19,7 +19,7 @@ from dashboard.ids import Toolbar
 from dashboard.panels import FIELDS, GpuSeries, gpu_charts
 from dashboard.timerange import TimeRange, minute_text, resolve_range
 from gpulens.model import GpuJob, GpuReading, ProcessReading
-from storage.reading import NotAvailableOnBackend
+from storage.reading import NotAvailableOnBackendError
 from storage.timeseries import SeriesData
 
 Render = Callable[[Context, ViewState, str], tuple[Any, ...]]
@@ -87,7 +87,7 @@ def load_gpu_view(
         processes: list[ProcessReading] | None
         try:
             processes = store.current_processes()
-        except NotAvailableOnBackend:
+        except NotAvailableOnBackendError:
             processes = None
         shown_uuids = [r.uuid for r in readings]
         series = store.series(shown_uuids, FIELDS, span.start, span.end, max_points) if shown_uuids else {}

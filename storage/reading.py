@@ -2,7 +2,7 @@
 
 ``StoreReader`` is the protocol; ``SqlReader`` serves it from the SQL store (``storage.latest``, ``timeseries``,
 ``jobstats``, ``inventory``) and ``storage.prometheus.PromReader`` from a Prometheus-compatible query API. A store
-that cannot give something raises ``NotAvailableOnBackend``, which the callers show as "not available on this
+that cannot give something raises ``NotAvailableOnBackendError``, which the callers show as "not available on this
 backend": never as zero or as an empty success.
 """
 
@@ -22,7 +22,7 @@ from storage.timeseries import SeriesData
 NOT_AVAILABLE = "not available on this backend"
 
 
-class NotAvailableOnBackend(Exception):
+class NotAvailableOnBackendError(Exception):
     """The store cannot give ``what`` (the Prometheus backend has no process table, for example)."""
 
     def __init__(self, what: str, backend: str) -> None:
@@ -57,7 +57,7 @@ class StoreReader(Protocol):
         ...
 
     def current_processes(self) -> list[ProcessReading]:
-        """The processes of each GPU's latest reading; raises ``NotAvailableOnBackend`` where none are kept."""
+        """The processes of each GPU's latest reading; raises ``NotAvailableOnBackendError`` where none are kept."""
         ...
 
     def series(

@@ -15,6 +15,7 @@ DASHBOARD_EXAMPLES = """\
 examples:
   gpulens dashboard --config gpulens.toml                 # http://127.0.0.1:8050
   gpulens dashboard --db sqlite:///gpulens.db --listen 0.0.0.0:8050 --basic-auth-file /etc/gpulens/htpasswd
+  gpulens dashboard --db prometheus+http://prometheus:9090   # over the Prometheus you already run
 """
 
 
@@ -45,9 +46,13 @@ def _run_dashboard(args: argparse.Namespace) -> int:
         host, port = parse_listen(args.listen)
     except ValueError as exc:
         raise UsageError(f"--listen: {exc}") from None
+    settings = settings_from(args)
+    if _is_prometheus(settings.db_url):
+        with stop_on_signals() as stop:
+            return _run_over_prometheus(settings, host, port, args.basic_auth_file, stop)
     with stop_on_signals() as stop:
         return run_dashboard(
-            settings_from(args),
+            settings,
             host=host,
             port=port,
             basic_auth_file=args.basic_auth_file,
@@ -55,3 +60,56 @@ def _run_dashboard(args: argparse.Namespace) -> int:
             announce=lambda line: print(line, file=sys.stderr, flush=True),
             stop=stop,
         )
+
+
+def _is_prometheus(url: str) -> bool:
+    from storage.connect import is_prometheus_url
+
+    return is_prometheus_url(url)
+
+
+def _run_over_prometheus(settings: Any, host: str, port: int, basic_auth_file: str | None, stop: Any) -> int:
+    """The dashboard over a read-only Prometheus store; alerts from the alert state store when there is one."""
+    from pathlib import Path
+
+    from werkzeug.serving import make_server
+
+    from alerts.service import SqlAlertReader
+    from dashboard.app import create_app
+    from dashboard.server import load_basic_auth_file
+    from storage.connect import open_existing_database, open_reader
+
+    auth = load_basic_auth_file(basic_auth_file) if basic_auth_file is not None else None
+    store = open_reader(settings.db_url, settings)
+    state = None
+    state_file = settings.state_url.removeprefix("sqlite:///")
+    if not settings.state_url.startswith("sqlite:///") or Path(state_file).exists():
+        state = open_existing_database(settings.state_url)
+    try:
+        alerts = SqlAlertReader(state) if state is not None else None
+        app = create_app(store, alerts=alerts, basic_auth=auth)
+        try:
+            server = make_server(host, port, app.server, threaded=True)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        shown = f"[{host}]" if ":" in host else host
+        print(
+            f"gpulens dashboard at http://{shown}:{server.server_port}/, reading {store.url_redacted}",
+            file=sys.stderr,
+            flush=True,
+        )
+        import threading
+
+        thread = threading.Thread(target=server.serve_forever, name="dashboard-http", daemon=True)
+        thread.start()
+        try:
+            stop.wait()
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
+    finally:
+        store.close()
+        if state is not None:
+            state.close()
+    return 0

@@ -24,9 +24,11 @@ def register(sub: Any) -> None:
 
 
 def _run_db_upgrade(args: argparse.Namespace) -> int:
-    from storage.connect import open_database
+    from storage.connect import open_database, refuse_read_only
 
-    db = open_database(settings_from(args).db_url)
+    url = settings_from(args).db_url
+    refuse_read_only(url, "gpulens db upgrade")
+    db = open_database(url)
     try:
         print(f"{db.url_redacted}: schema up to date")
     finally:

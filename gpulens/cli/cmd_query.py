@@ -49,11 +49,12 @@ def register(sub: Any) -> None:
 
 def _run_query(args: argparse.Namespace) -> int:
     from gpulens.cli.query_print import run_query
-    from storage.connect import open_existing_database
+    from storage.connect import open_reader
 
-    db = open_existing_database(settings_from(args).db_url)
+    settings = settings_from(args)
+    store = open_reader(settings.db_url, settings)
     try:
-        sys.stdout.write(run_query(db, args))
+        sys.stdout.write(run_query(store, args))
     finally:
-        db.close()
+        store.close()
     return 0

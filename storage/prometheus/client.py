@@ -149,8 +149,14 @@ class PromClient:
             with self._lock:
                 self.stats.queries += 1
                 self.stats.seconds += time.perf_counter() - started
+        body = response.body
+        if body[:2] == b"\x1f\x8b":  # an error body is read as sent (gzip)
+            try:
+                body = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(body)
+            except zlib.error:
+                body = b""
         try:
-            doc = json.loads(response.body)
+            doc = json.loads(body)
         except ValueError:
             doc = None
         if response.status in (401, 403):

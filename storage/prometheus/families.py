@@ -69,6 +69,10 @@ def sources(field: str) -> list[Source]:
     out = [Source(spec.family, spec.labels) for spec in GPU_FIELDS if spec.field == field]
     if field == "throttle_reasons":
         out.append(Source(THROTTLE))
+    if field == "up":
+        out.append(Source(UP))
+    if field == "xid_total":  # XID events of every code (dcgm-exporter keeps only the last code: no count)
+        out.append(Source(XIDS))
     for name, spec in BY_NAME.items():
         if spec.target == field:
             out.append(Source(name, (), spec.name.multiply / spec.name.divide, dcgm=True, rank=spec.name.rank))

@@ -165,7 +165,9 @@ class PromReader:
         parts = []
         for i, source in enumerate(fam.sources(field)):
             selected = source.selector(matchers[source.dcgm])
-            if stored.kind == "counter":
+            if source.name == fam.XIDS:
+                parts.append(_tag(f"sum without (xid) (rate({selected}{counter_window}))", f"rate:{i}"))
+            elif stored.kind == "counter":
                 parts.append(_tag(f"rate({selected}{counter_window})", f"rate:{i}"))
             elif stored.kind == "bitmask":
                 parts.append(_tag(f"max_over_time({selected}{window})", f"max:{i}"))
@@ -195,6 +197,8 @@ class PromReader:
         points: dict[str, dict[str, dict[float, float]]] = defaultdict(dict)
         for field in fields:
             sources = fam.sources(field)
+            if not sources:
+                continue  # nothing in Prometheus holds it: no values, not zeros
             chosen: dict[tuple[str, str], int] = {}  # (uuid, aggregate) -> rank of the source read
             for s in self.client.query_range(self.field_query(field, matchers, step), lo + step, hi + step, step):
                 uuid = fam.uuid_of(s.labels)

@@ -21,7 +21,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tests.conftest import free_port, http_get
 from tests.prom import running_prometheus
@@ -72,7 +72,7 @@ group_wait = "0s"
 
 
 class Hook(BaseHTTPRequestHandler):
-    payloads: dict[str, list[dict[str, Any]]] = {}
+    payloads: ClassVar[dict[str, list[dict[str, Any]]]] = {}
 
     def log_message(self, *args: Any) -> None:
         pass

@@ -86,7 +86,8 @@ def test_query_latest_gives_every_gpu_with_the_values_of_the_sql_path(stack: Sta
                 continue
             assert _close(row[name], value), (reading.node, reading.gpu, name, row[name], value)
             compared += value is not None
-        assert row["job_id"] == "frozen-train" and row["user"] == "alice"
+        assert row["job_id"] == "frozen-train"
+        assert row["user"] == "alice"
     assert compared > 8 * 30  # most fields of every GPU, not a few
 
 
@@ -103,10 +104,13 @@ def test_dcgm_families_read_through_the_same_field_table(stack: Stack) -> None:
     }
     for r in theirs:
         total = ours[r.uuid].memory_total_bytes
-        assert r.memory_total_bytes is not None and total is not None  # used + free from MiB, in bytes
+        assert r.memory_total_bytes is not None
+        assert total is not None
         assert math.isclose(r.memory_total_bytes, total, rel_tol=0.02)
-        assert r.sm_clock_hertz is not None and r.sm_clock_hertz > 1e9  # MHz converted to hertz
-        assert r.utilization_ratio is not None and 0 <= r.utilization_ratio <= 1  # percent converted to a ratio
+        assert r.sm_clock_hertz is not None
+        assert r.sm_clock_hertz > 1e9
+        assert r.utilization_ratio is not None
+        assert 0 <= r.utilization_ratio <= 1
     jobs = dcgm.current_jobs()
     assert {(j.uuid, j.job_id) for j in jobs} == {(uuid, "llm-pretrain") for uuid in ours}  # from hpc_job
     with pytest.raises(NotAvailableOnBackendError, match="not available on this backend"):
@@ -125,12 +129,14 @@ def test_one_query_per_field_whatever_the_gpu_count(stack: Stack) -> None:
     assert gl.client.stats.queries - before == 3
     assert set(data) == set(uuids)
     for uuid, series in data.items():
-        assert series.step_seconds == 3.0 and all(t % 3 == 0 for t in series.timestamps)  # step-aligned
+        assert series.step_seconds == 3.0
+        assert all(t % 3 == 0 for t in series.timestamps)
         assert all(lo <= mean <= hi for lo, mean, hi in zip(*(
             getattr(series, k)["power_watts"] for k in ("minimum", "values", "maximum")), strict=True
         ) if lo is not None and mean is not None and hi is not None)  # fmt: skip
         rates = [v for v in series.values["energy_joules_total"] if v is not None]
-        assert rates and all(10 < v < 10_000 if uuid in live else v == 0 for v in rates)  # J/s from rate(): watts
+        assert rates
+        assert all(10 < v < 10_000 if uuid in live else v == 0 for v in rates)
 
 
 def test_a_query_over_the_series_limit_says_so(stack: Stack) -> None:
@@ -172,7 +178,8 @@ def test_dashboard_pages_render_with_data_in_chromium(stack: Stack) -> None:
             wait_rendered(page)
             body = page.inner_text("body")
             assert text in body, path
-            assert "Could not read the data" not in body and "No data yet" not in body, path
+            assert "Could not read the data" not in body, path
+            assert "No data yet" not in body, path
             assert page.locator(".main-svg").count() > 0, path
         assert errors == []
     dcgm_app = create_app(reader(stack.prom_dcgm))
@@ -192,7 +199,8 @@ def test_commands_that_write_refuse_a_prometheus_url(tmp_path: Path) -> None:
         assert out.returncode != 0
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1, out.stderr
-        assert "gpulens reads but never writes" in lines[0] and "docs/prometheus.md" in lines[0]
+        assert "gpulens reads but never writes" in lines[0]
+        assert "docs/prometheus.md" in lines[0]
 
 
 def test_credentials_come_from_the_environment_and_never_the_url() -> None:

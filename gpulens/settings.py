@@ -128,7 +128,7 @@ class DatabaseFile(AuthFile, frozen=True):
     url_file: Annotated[str | None, doc("File holding the URL (keeps the password out of the config).")] = None
     bearer_token_file: Annotated[str | None, doc("Prometheus: file holding a bearer token (first line).")] = None
     bearer_token_env: Annotated[str | None, doc("Prometheus: environment variable holding a bearer token.")] = None
-    max_series: Annotated[int, doc("Prometheus: most series one query may return.", ge=1)] = 50_000
+    max_series: Annotated[int, doc("Prometheus: most series one query may return.", ge=1)] = 100_000
     min_step: Annotated[Duration, doc("Prometheus: the shortest step of a range query (its scrape interval).")] = (
         Duration(15.0)
     )
@@ -216,7 +216,7 @@ class StoreAuth:
     tls: TlsAuth = field(default_factory=TlsAuth)
     bearer_token_file: str | None = None
     bearer_token_env: str | None = None
-    max_series: int = 50_000
+    max_series: int = 100_000
     min_step_s: float = 15.0
 
     def bearer_token(self) -> str | None:

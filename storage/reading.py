@@ -47,9 +47,17 @@ class StoreReader(Protocol):
         ...
 
     def latest_readings(
-        self, *, node: str | None = None, uuids: Sequence[str] | None = None, max_age_s: float | None = None
+        self,
+        *,
+        node: str | None = None,
+        uuids: Sequence[str] | None = None,
+        max_age_s: float | None = None,
+        fields: Sequence[str] | None = None,
     ) -> list[GpuReading]:
-        """The newest reading of every GPU (of ``node`` / ``uuids`` only, if given), by node and index."""
+        """The newest reading of every GPU (of ``node`` / ``uuids`` only, if given), by node and index.
+
+        ``fields``: the reading fields the caller needs (identity, ``up`` and ``timestamp`` always come); a store
+        may leave the others ``None`` to read less (Prometheus does: fewer series per GPU)."""
         ...
 
     def current_jobs(self) -> list[GpuJob]:
@@ -98,7 +106,12 @@ class SqlReader:
         return self.db.scrub(text)
 
     def latest_readings(
-        self, *, node: str | None = None, uuids: Sequence[str] | None = None, max_age_s: float | None = None
+        self,
+        *,
+        node: str | None = None,
+        uuids: Sequence[str] | None = None,
+        max_age_s: float | None = None,
+        fields: Sequence[str] | None = None,
     ) -> list[GpuReading]:
         readings = latest.latest_readings(self.db, max_age_s=max_age_s)
         wanted = None if uuids is None else set(uuids)

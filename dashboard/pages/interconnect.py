@@ -50,6 +50,15 @@ LINK_ERROR_FIELDS: Final = (
     "nvlink_recovery_errors_total",
 )
 TOP: Final = 25
+# What the link tables read of each GPU's newest reading.
+LINK_FIELDS: Final = (
+    "pcie_link_generation",
+    "pcie_link_generation_max",
+    "pcie_link_width",
+    "pcie_link_width_max",
+    "nvlink_links_active",
+    *LINK_ERROR_FIELDS,
+)
 
 
 def layout(**query: Any) -> html.Div:
@@ -129,7 +138,7 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now)
-        readings = context.store.latest_readings()
+        readings = context.store.latest_readings(fields=LINK_FIELDS)
         nodes = sorted({r.node for r in readings}, key=natural_key)
         chosen = node if node in nodes else (nodes[0] if nodes else None)
         mine = [r for r in readings if r.node == chosen]

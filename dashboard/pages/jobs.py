@@ -32,7 +32,7 @@ from dashboard.figures.style import empty_figure
 from dashboard.flags import FLAG_ORDER, job_flags
 from dashboard.formatting import MISSING, bytes_text, duration_text, percent_text
 from dashboard.grid import grid_cells, parse_page, select_page
-from dashboard.heatmaps import METRICS
+from dashboard.heatmaps import METRIC_FIELDS, METRICS
 from dashboard.paths import job_path
 from dashboard.timerange import minute_text, resolve_range
 from storage.jobstats import JobSummary
@@ -149,7 +149,7 @@ def render(context: Context, state: ViewState, flag_filter: str, text: str, page
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now)
         summaries = context.store.jobs(span.start, span.end)
-        readings = context.store.latest_readings()
+        readings = context.store.latest_readings(fields=METRIC_FIELDS["utilization"])
         jobs = context.store.current_jobs()
         alerts = context.alerts.active() if context.alerts is not None else None
         return span, summaries, readings, jobs, alerts

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpulens.dcgmfields import BY_NAME
+from gpulens.dcgmfields import BY_NAME, FREE, NVLINK_TOTAL
 from gpulens.dcgmpage import dcgm_records
 from gpulens.metriccatalogue import GPU_FIELDS
 from gpulens.model import THROTTLE_REASONS, GpuJob, GpuReading
@@ -41,6 +41,26 @@ DCGM_JOB_LABELS: Final = ("pod", "namespace", "hpc_job")
 THROTTLE_BITS: Final = dict(THROTTLE_REASONS)
 _TYPES: Final = {f.name: str(f.type) for f in dataclasses.fields(GpuReading)}
 _HOSTNAME_LABELS: Final = ("hostname", "Hostname")
+
+
+def reading_families(fields: Sequence[str] | None) -> tuple[str, ...]:
+    """The gpulens families holding ``fields`` (all when None), with ``up`` always (every series names its GPU)."""
+    if fields is None:
+        return READING_FAMILIES
+    wanted = set(fields)
+    families = {UP} | {spec.family for spec in GPU_FIELDS if spec.field in wanted}
+    families |= {INFO} if wanted & {"pci_bus_id", "driver_version"} else set()
+    families |= {THROTTLE} if "throttle_reasons" in wanted else set()
+    families |= {XIDS} if "xid_errors" in wanted else set()
+    return tuple(sorted(families))
+
+
+def dcgm_names(fields: Sequence[str] | None) -> tuple[str, ...]:
+    """The dcgm-exporter names holding ``fields`` (all when None), with what memory and NVLink totals derive from."""
+    if fields is None:
+        return DCGM_NAMES
+    wanted = set(fields) | {"utilization_ratio", "memory_used_bytes", FREE, NVLINK_TOTAL, "memory_reserved_bytes"}
+    return tuple(sorted(name for name, spec in BY_NAME.items() if spec.target in wanted))
 
 
 def selector(names: Iterable[str], matchers: str = "") -> str:

@@ -76,18 +76,23 @@ class PromReader:
         return ", ".join(parts)
 
     def latest_readings(
-        self, *, node: str | None = None, uuids: Sequence[str] | None = None, max_age_s: float | None = None
+        self,
+        *,
+        node: str | None = None,
+        uuids: Sequence[str] | None = None,
+        max_age_s: float | None = None,
+        fields: Sequence[str] | None = None,
     ) -> list[GpuReading]:
         if uuids is not None and not uuids:
             return []
         now = self.clock.now()
         own = self._matchers(node, uuids, dcgm=False)
-        series = self.client.query(fam.selector(fam.READING_FAMILIES, own), now)
+        series = self.client.query(fam.selector(fam.reading_families(fields), own), now)
         times = self._times(f"timestamp({fam.UP}{{{own}}})", "uuid", now)
         readings = fam.gpulens_readings(series, times, now)
         seen = {r.uuid for r in readings}
         dcgm_matchers = self._matchers(None, uuids, dcgm=True)
-        dcgm_series = self.client.query(fam.selector(fam.DCGM_NAMES, dcgm_matchers), now)
+        dcgm_series = self.client.query(fam.selector(fam.dcgm_names(fields), dcgm_matchers), now)
         dcgm_series = [s for s in dcgm_series if node is None or fam.dcgm_node(s.labels) == node]
         if dcgm_series:
             presence = fam.selector(fam.DCGM_PRESENCE, dcgm_matchers)

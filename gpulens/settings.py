@@ -128,6 +128,7 @@ class DatabaseFile(AuthFile, frozen=True):
     url_file: Annotated[str | None, doc("File holding the URL (keeps the password out of the config).")] = None
     bearer_token_file: Annotated[str | None, doc("Prometheus: file holding a bearer token (first line).")] = None
     bearer_token_env: Annotated[str | None, doc("Prometheus: environment variable holding a bearer token.")] = None
+    tenant: Annotated[str | None, doc("Prometheus: tenant sent as `X-Scope-OrgID` (Mimir, Cortex, Thanos).")] = None
     max_series: Annotated[int, doc("Prometheus: most series one query may return.", ge=1)] = 100_000
     min_step: Annotated[Duration, doc("Prometheus: the shortest step of a range query (its scrape interval).")] = (
         Duration(15.0)
@@ -216,6 +217,7 @@ class StoreAuth:
     tls: TlsAuth = field(default_factory=TlsAuth)
     bearer_token_file: str | None = None
     bearer_token_env: str | None = None
+    tenant: str | None = None
     max_series: int = 100_000
     min_step_s: float = 15.0
 
@@ -330,6 +332,7 @@ def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, st
             tls=db.auth(),
             bearer_token_file=db.bearer_token_file,
             bearer_token_env=db.bearer_token_env,
+            tenant=db.tenant,
             max_series=db.max_series,
             min_step_s=float(db.min_step),
         ),

@@ -100,6 +100,8 @@ class PromClient:
         username = tls.username or self._environ.get("GPULENS_DB_USERNAME")
         password = tls.password() if tls.username else self._environ.get("GPULENS_DB_PASSWORD")
         headers = {"User-Agent": "gpulens", "Accept-Encoding": "gzip"}
+        if self.auth.tenant:
+            headers["X-Scope-OrgID"] = self.auth.tenant
         if token:
             headers["Authorization"] = "Bearer " + token
             self._secrets.append(token)

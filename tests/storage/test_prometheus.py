@@ -212,5 +212,8 @@ def test_credentials_come_from_the_environment_and_never_the_url() -> None:
     token = PromReader("prometheus+https://prom.example:443/prom", environ={"GPULENS_DB_BEARER_TOKEN": "tok-1"})
     assert token.client._headers["Authorization"] == "Bearer tok-1"
     assert token.client.base == "https://prom.example:443/prom"
+    mimir = PromReader("prometheus+http://mimir:8080/prometheus", StoreAuth(tenant="team-a"), environ={})
+    assert mimir.client._headers["X-Scope-OrgID"] == "team-a"
+    assert "Authorization" not in mimir.client._headers
     with pytest.raises(ConfigError, match="not the URL"):
         PromReader("prometheus+http://ops:pw@127.0.0.1:9", environ={})

@@ -23,10 +23,11 @@ WARM_S = 60
 REPEAT = 5
 
 
-def scenario(nodes: int) -> str:
-    lines = ["[cluster]", f"nodes = {nodes}", "gpus_per_node = 8", "seed = 3", 'duration = "4h"', 'step = "10s"']
-    for j in range(nodes // 8):
-        gpus = ", ".join(f'"node-{n:02d}"' for n in range(8 * j, 8 * j + 8))
+def scenario(names: list[str]) -> str:
+    listed = ", ".join(f'"{n}"' for n in names)
+    lines = ["[cluster]", f"nodes = [{listed}]", "gpus_per_node = 8", "seed = 3", 'duration = "4h"', 'step = "10s"']
+    for j in range(len(names) // 8):
+        gpus = ", ".join(f'"{n}"' for n in names[8 * j : 8 * j + 8])
         lines += ["[[jobs]]", f'id = "train-{j}"', 'user = "u"', 'kind = "training"', f"gpus = [{gpus}]"]
     return "\n".join(lines) + "\n"
 
@@ -44,14 +45,14 @@ def main() -> int:
 
     nodes = int(sys.argv[1]) if len(sys.argv) > 1 else NODES
     work = Path(tempfile.mkdtemp(prefix="gpulens-bench-prom-"))
-    (work / "cluster.toml").write_text(scenario(nodes))
+    names = [f"node-{n:04d}" for n in range(nodes)]
+    (work / "cluster.toml").write_text(scenario(names))
     port = free_port()
     exporter = subprocess.Popen(
         [sys.executable, "-m", "gpulens.cli", "exporter", "--source", "sim", "--scenario", str(work / "cluster.toml"),
          "--all-nodes", "--listen", f"127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    names = [f"node-{n:02d}" for n in range(nodes)]
     jobs_ = {n: (f"127.0.0.1:{port}", f"/node/{n}/metrics") for n in names}
     try:
         time.sleep(3)

@@ -87,12 +87,15 @@ class PromReader:
             return []
         now = self.clock.now()
         own = self._matchers(node, uuids, dcgm=False)
-        series = self.client.query(fam.selector(fam.reading_families(fields), own), now)
+        # A full read of the whole cluster (the alert engine's) goes a few families at a time, so that no one answer
+        # nears max_series (about 50 series per GPU in all); a page's read is one query.
+        whole = fields is None and node is None and uuids is None
+        series = self._instant(fam.reading_families(fields), own, now, chunk=1 if whole else 0)
         times = self._times(f"timestamp({fam.UP}{{{own}}})", "uuid", now)
         readings = fam.gpulens_readings(series, times, now)
         seen = {r.uuid for r in readings}
         dcgm_matchers = self._matchers(None, uuids, dcgm=True)
-        dcgm_series = self.client.query(fam.selector(fam.dcgm_names(fields), dcgm_matchers), now)
+        dcgm_series = self._instant(fam.dcgm_names(fields), dcgm_matchers, now, chunk=8 if whole else 0)
         dcgm_series = [s for s in dcgm_series if node is None or fam.dcgm_node(s.labels) == node]
         if dcgm_series:
             presence = fam.selector(fam.DCGM_PRESENCE, dcgm_matchers)
@@ -101,6 +104,15 @@ class PromReader:
         if max_age_s is not None:
             readings = [r for r in readings if r.timestamp >= now - max_age_s]
         return sorted(readings, key=lambda r: (r.node, r.gpu))
+
+    def _instant(self, names: Sequence[str], matchers: str, now: float, *, chunk: int) -> list[PromSeries]:
+        """The series of ``names`` now: in one query, or ``chunk`` names per query."""
+        if chunk <= 0:
+            return self.client.query(fam.selector(names, matchers), now)
+        out: list[PromSeries] = []
+        for i in range(0, len(names), chunk):
+            out += self.client.query(fam.selector(names[i : i + chunk], matchers), now)
+        return out
 
     def _times(self, promql: str, label: str, now: float) -> dict[str, float]:
         return {s.labels[label]: s.value for s in self.client.query(promql, now) if s.labels.get(label)}

@@ -47,7 +47,7 @@ def _run_silence(args: argparse.Namespace) -> int:
     from alerts.matchers import MatcherError, parse_matcher
     from gpulens.cli.table import render_table
     from storage import alertstore
-    from storage.connect import open_database
+    from storage.connect import is_prometheus_url, open_database
 
     now = time.time()
     if args.silence_command == "add":
@@ -55,7 +55,9 @@ def _run_silence(args: argparse.Namespace) -> int:
             matchers = [parse_matcher(m) for m in args.match]
         except MatcherError as exc:
             raise UsageError(f"--match: {exc}") from None
-    db = open_database(settings_from(args).db_url)
+    settings = settings_from(args)
+    # Over a read-only Prometheus store, silences live in the alert engine's state store beside it.
+    db = open_database(settings.state_url if is_prometheus_url(settings.db_url) else settings.db_url)
     try:
         if args.silence_command == "add":
             author = args.author or getpass.getuser()

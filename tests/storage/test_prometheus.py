@@ -194,6 +194,7 @@ def test_commands_that_write_refuse_a_prometheus_url(tmp_path: Path) -> None:
     for args in (
         ["collector", "--db", "prometheus+http://127.0.0.1:9", "--target", "http://127.0.0.1:1"],
         ["db", "upgrade", "--db", "prometheus+http://127.0.0.1:9"],
+        ["simulate", "examples/scenarios/stall.toml", "--db", "prometheus+http://127.0.0.1:9"],
     ):
         out = run_gpulens(*args)
         assert out.returncode != 0
@@ -217,3 +218,15 @@ def test_credentials_come_from_the_environment_and_never_the_url() -> None:
     assert "Authorization" not in mimir.client._headers
     with pytest.raises(ConfigError, match="not the URL"):
         PromReader("prometheus+http://ops:pw@127.0.0.1:9", environ={})
+
+
+def test_silences_over_prometheus_live_in_the_alert_state_store(stack: Stack, tmp_path: Path) -> None:
+    config = tmp_path / "gpulens.toml"
+    config.write_text(f'[database]\nstate_url = "sqlite:///{tmp_path / "state.db"}"\n')
+    db = ["--config", str(config), "--db", "prometheus+" + stack.prom_gl]
+    added = run_gpulens("silence", "add", *db, "--match", "node=node-01", "--duration", "1h", "--comment", "repairs")
+    assert added.returncode == 0, added.stderr
+    listed = run_gpulens("silence", "list", *db, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [s["comment"] for s in json.loads(listed.stdout)] == ["repairs"]
+    assert (tmp_path / "state.db").exists()

@@ -230,3 +230,21 @@ def test_silences_over_prometheus_live_in_the_alert_state_store(stack: Stack, tm
     assert listed.returncode == 0, listed.stderr
     assert [s["comment"] for s in json.loads(listed.stdout)] == ["repairs"]
     assert (tmp_path / "state.db").exists()
+
+
+def test_gpulens_dashboard_serves_over_prometheus(stack: Stack, tmp_path: Path) -> None:
+    from tests.conftest import free_port, http_get
+    from tests.storage.promstack import gpulens, process, wait_http
+
+    port = free_port()
+    log = tmp_path / "dashboard.log"
+    proc = gpulens(
+        "dashboard", "--config", str(stack.config_gl), "--db", "prometheus+" + stack.prom_gl,
+        "--listen", f"127.0.0.1:{port}", log=log,
+    )  # fmt: skip
+    with process(proc, log):
+        wait_http(f"http://127.0.0.1:{port}/healthz", proc, log)
+        status, _, body = http_get(f"http://127.0.0.1:{port}/_dash-layout")
+        assert status == 200
+        assert b"prometheus" in body  # the shell names the store it reads ("+" comes JSON-escaped)
+    assert "reading prometheus+http://127.0.0.1" in log.read_text()

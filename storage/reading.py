@@ -113,9 +113,7 @@ class SqlReader:
         max_age_s: float | None = None,
         fields: Sequence[str] | None = None,
     ) -> list[GpuReading]:
-        readings = latest.latest_readings(self.db, max_age_s=max_age_s)
-        wanted = None if uuids is None else set(uuids)
-        return [r for r in readings if (node is None or r.node == node) and (wanted is None or r.uuid in wanted)]
+        return latest.latest_readings(self.db, max_age_s=max_age_s, node=node, uuids=uuids)
 
     def current_jobs(self) -> list[GpuJob]:
         return latest.latest_snapshot_parts(self.db)[0]

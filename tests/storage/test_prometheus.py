@@ -248,3 +248,26 @@ def test_gpulens_dashboard_serves_over_prometheus(stack: Stack, tmp_path: Path) 
         assert status == 200
         assert b"prometheus" in body  # the shell names the store it reads ("+" comes JSON-escaped)
     assert "reading prometheus+http://127.0.0.1" in log.read_text()
+
+
+def test_query_series_jobs_and_targets_over_prometheus(stack: Stack) -> None:
+    db = ["--db", "prometheus+" + stack.prom_gl, "--config", str(stack.config_gl)]  # min_step 1s
+    uuid = next(r.uuid for r in reader(stack.prom_gl).latest_readings(node="node-00"))
+    series = run_gpulens("query", "series", *db, "--gpu", uuid, "--field", "power_watts", "--since", "1m", "--json")
+    assert series.returncode == 0, series.stderr
+    rows = json.loads(series.stdout)
+    assert rows
+    assert {r["uuid"] for r in rows} == {uuid}
+    assert all(r["power_watts"] > 0 for r in rows)
+    jobs = run_gpulens("query", "jobs", *db, "--since", "5m", "--json")
+    assert jobs.returncode == 0, jobs.stderr
+    by_id = {j["job_id"]: j for j in json.loads(jobs.stdout)}
+    assert set(by_id) == {"llm-pretrain", "frozen-train"}
+    assert by_id["llm-pretrain"]["gpus"] == 8
+    assert by_id["llm-pretrain"]["nodes"] == 2
+    assert by_id["llm-pretrain"]["gpu_hours"] > 0
+    targets = run_gpulens("query", "targets", *db, "--json")
+    assert targets.returncode == 0, targets.stderr
+    health = json.loads(targets.stdout)
+    assert {t["target"].split("/")[0] for t in health} == {*NODES, *FROZEN_NODES}  # Prometheus's scrape jobs
+    assert all(t["up"] for t in health)

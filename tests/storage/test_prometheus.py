@@ -271,3 +271,46 @@ def test_query_series_jobs_and_targets_over_prometheus(stack: Stack) -> None:
     health = json.loads(targets.stdout)
     assert {t["target"].split("/")[0] for t in health} == {*NODES, *FROZEN_NODES}  # Prometheus's scrape jobs
     assert all(t["up"] for t in health)
+
+
+@pytest.mark.parametrize("page", ["current.prom", "legacy.prom"])
+def test_every_dcgm_exporter_generation_reads_as_its_page_does(page: str, prometheus_bin: str, tmp_path: Path) -> None:
+    """A dcgm-exporter page (4.6+ base-unit names, or 2.x-4.5 names) read through Prometheus gives the records that
+    reading the page itself gives (gpulens.dcgmpage), but for the sample time."""
+    import dataclasses
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from gpulens.dcgmpage import parse_dcgm_metrics
+    from tests.prom import running_prometheus
+
+    text = (Path(__file__).parents[1] / "fixtures" / "dcgm" / page).read_text()
+
+    class Page(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    expected = parse_dcgm_metrics(text, node=None, timestamp=0.0)
+    try:
+        target = f"127.0.0.1:{server.server_address[1]}"
+        with running_prometheus(prometheus_bin, tmp_path, {"dcgm": (target, "/metrics")}) as base:
+            wait_for(base, "up", lambda r: bool(r) and r[0]["value"][1] == "1")
+            store = reader(base)
+            got = wait_until(lambda: store.latest_readings(), 30, "the page's GPUs in Prometheus")
+            jobs = store.current_jobs()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert expected.gpus
+    assert [dataclasses.replace(r, timestamp=0.0) for r in got] == list(expected.gpus)
+    assert sorted((j.uuid, j.job_id) for j in jobs) == sorted((j.uuid, j.job_id) for j in expected.jobs)

@@ -189,18 +189,19 @@ def test_prom_read_profile_reads_the_bundled_prometheus(compose: dict[str, Any])
 
     services = compose["services"]
     prometheus_port = next(iter(container_ports(services["prometheus-sim"])))
-    state_dirs = []
     for name in ("dashboard-prom", "alerts-prom"):
         svc = services[name]
         env = service_env(svc)
         assert env["GPULENS_DB_URL"] == f"prometheus+http://prometheus-sim:{prometheus_port}", name
-        mounts = dict(reversed(str(v).split(":")[:2]) for v in svc["volumes"])
+        mounts: dict[str, str] = {}
+        for volume in svc["volumes"]:
+            source, target = str(volume).split(":")[:2]
+            mounts[target] = source  # container path -> host path or volume name
         config = Path(mounts[svc["command"][svc["command"].index("--config") + 1]])
         settings = load_settings(config, environ=env)
         assert is_prometheus_url(settings.db_url), name
         state = Path(settings.state_url.removeprefix("sqlite:///")).parent
         assert mounts[str(state)] == "prom-alert-state", name  # a volume both services share
-        state_dirs.append(state)
     assert "prom-alert-state" in compose["volumes"]
 
 

@@ -16,6 +16,7 @@ What Prometheus does not hold is said, not faked: processes exist only where gpu
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -94,24 +95,35 @@ class PromReader:
         times = self._times(f"timestamp({fam.UP}{{{own}}})", "uuid", now)
         readings = fam.gpulens_readings(series, times, now)
         seen = {r.uuid for r in readings}
-        dcgm_matchers = self._matchers(None, uuids, dcgm=True)
+        dcgm_matchers = self._dcgm_matchers(node, uuids)
         dcgm_series = self._instant(fam.dcgm_names(fields), dcgm_matchers, now, chunk=8 if whole else 0)
         dcgm_series = [s for s in dcgm_series if node is None or fam.dcgm_node(s.labels) == node]
         if dcgm_series:
-            presence = fam.selector(fam.DCGM_PRESENCE, dcgm_matchers)
+            presence = " or ".join(fam.selector(fam.DCGM_PRESENCE, m) for m in dcgm_matchers)
             dcgm_times = self._times(f"max by (UUID) (timestamp({presence}))", "UUID", now)
             readings += fam.dcgm_readings(dcgm_series, dcgm_times, now, skip=seen)[0]
         if max_age_s is not None:
             readings = [r for r in readings if r.timestamp >= now - max_age_s]
         return sorted(readings, key=lambda r: (r.node, r.gpu))
 
-    def _instant(self, names: Sequence[str], matchers: str, now: float, *, chunk: int) -> list[PromSeries]:
-        """The series of ``names`` now: in one query, or ``chunk`` names per query."""
-        if chunk <= 0:
-            return self.client.query(fam.selector(names, matchers), now)
+    def _dcgm_matchers(self, node: str | None, uuids: Sequence[str] | None) -> list[str]:
+        """Matcher sets selecting dcgm-exporter series of ``node`` / ``uuids``: a node is named by ``hostname``
+        (4.6+), ``Hostname`` (earlier) or, with neither, the scrape's ``instance`` host (alternatives, or'd)."""
+        base = self._matchers(None, uuids, dcgm=True)
+        if node is None:
+            return [base]
+        named = [f"Hostname={quote(node)}", f"hostname={quote(node)}"]
+        host = 'Hostname="", hostname="", instance=~' + quote(re.escape(node) + "(:[0-9]+)?")
+        return [", ".join(m for m in (base, alternative) if m) for alternative in (*named, host)]
+
+    def _instant(self, names: Sequence[str], matchers: str | list[str], now: float, *, chunk: int) -> list[PromSeries]:
+        """The series of ``names`` now (``matchers``: one set, or alternatives or'd): in one query, or ``chunk``
+        names per query."""
+        alternatives = [matchers] if isinstance(matchers, str) else matchers
+        groups = [names] if chunk <= 0 else [names[i : i + chunk] for i in range(0, len(names), chunk)]
         out: list[PromSeries] = []
-        for i in range(0, len(names), chunk):
-            out += self.client.query(fam.selector(names[i : i + chunk], matchers), now)
+        for group in groups:
+            out += self.client.query(" or ".join(fam.selector(group, m) for m in alternatives), now)
         return out
 
     def _times(self, promql: str, label: str, now: float) -> dict[str, float]:

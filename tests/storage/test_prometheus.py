@@ -111,6 +111,8 @@ def test_dcgm_families_read_through_the_same_field_table(stack: Stack) -> None:
         assert r.sm_clock_hertz > 1e9
         assert r.utilization_ratio is not None
         assert 0 <= r.utilization_ratio <= 1
+    one = dcgm.latest_readings(node="node-01")  # selected in PromQL by the Hostname label
+    assert [(r.node, r.gpu) for r in one] == [("node-01", i) for i in range(4)]
     jobs = dcgm.current_jobs()
     assert {(j.uuid, j.job_id) for j in jobs} == {(uuid, "llm-pretrain") for uuid in ours}  # from hpc_job
     with pytest.raises(NotAvailableOnBackendError, match="not available on this backend"):
@@ -308,6 +310,9 @@ def test_every_dcgm_exporter_generation_reads_as_its_page_does(page: str, promet
             store = reader(base)
             got = wait_until(lambda: store.latest_readings(), 30, "the page's GPUs in Prometheus")
             jobs = store.current_jobs()
+            node = expected.gpus[0].node  # from the page's hostname (4.6+) or Hostname (earlier) label
+            assert [r.uuid for r in store.latest_readings(node=node)] == [r.uuid for r in got]
+            assert store.latest_readings(node="elsewhere") == []
     finally:
         server.shutdown()
         server.server_close()

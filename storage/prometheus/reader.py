@@ -182,9 +182,11 @@ class PromReader:
         step = max(self.min_step_s, math.ceil((end - start) / max(1, max_points - 1)))
         return math.floor(start / step) * step, math.ceil(end / step) * step, float(step)
 
-    def field_query(self, field: str, matchers: Mapping[bool, str], step: float) -> str:
-        """One PromQL expression giving every source's mean, min and max (gauges) or rate (counters) per step,
-        each series tagged ``gl="<aggregate>:<source index>"``."""
+    def field_query(
+        self, field: str, matchers: Mapping[bool, str], step: float, aggregates: Sequence[str] = ("mean", "min", "max")
+    ) -> str:
+        """One PromQL expression giving every source's mean, min and max (gauges; only ``aggregates``) or rate
+        (counters) per step, each series tagged ``gl="<aggregate>:<source index>"``."""
         stored = schema.FIELD_BY_NAME.get(field)
         if stored is None:
             known = ", ".join(schema.FIELD_BY_NAME)
@@ -201,13 +203,23 @@ class PromReader:
             elif stored.kind == "bitmask":
                 parts.append(_tag(f"max_over_time({selected}{window})", f"max:{i}"))
             else:
-                parts += [_tag(f"{fn}({selected}{window})", f"{agg}:{i}") for agg, fn in _AGGREGATES]
+                parts += [_tag(f"{fn}({selected}{window})", f"{a}:{i}") for a, fn in _AGGREGATES if a in aggregates]
         return " or ".join(parts)
 
     def series(
-        self, uuids: Sequence[str] | None, fields: Sequence[str], start: float, end: float, max_points: int = 1000
+        self,
+        uuids: Sequence[str] | None,
+        fields: Sequence[str],
+        start: float,
+        end: float,
+        max_points: int = 1000,
+        *,
+        aggregates: Mapping[str, Sequence[str]] | None = None,
     ) -> dict[str, SeriesData]:
-        """Time series per GPU (all GPUs when ``uuids`` is None); buckets are ``step`` wide, stamped at their start."""
+        """Time series per GPU (all GPUs when ``uuids`` is None); buckets are ``step`` wide, stamped at their start.
+
+        ``aggregates``: per gauge field, the aggregates wanted of mean, min and max (all by default); one left out
+        reads as the mean."""
         if max_points < 2:
             raise ValueError("max_points must be at least 2")
         if end < start:
@@ -229,7 +241,9 @@ class PromReader:
             if not sources:
                 continue  # nothing in Prometheus holds it: no values, not zeros
             chosen: dict[tuple[str, str], int] = {}  # (uuid, aggregate) -> rank of the source read
-            for s in self.client.query_range(self.field_query(field, matchers, step), lo + step, hi + step, step):
+            wanted = (aggregates or {}).get(field, ("mean", "min", "max"))
+            promql = self.field_query(field, matchers, step, wanted)
+            for s in self.client.query_range(promql, lo + step, hi + step, step):
                 uuid = fam.uuid_of(s.labels)
                 agg, _, index = s.labels.get("gl", "").partition(":")
                 if uuid is None or not index.isdigit():
@@ -288,7 +302,8 @@ class PromReader:
         if not held_at:
             return []
         gpus = sorted({uuid for members in held_at.values() for uuid in members})
-        data = self.series(gpus, ["utilization_ratio", "memory_used_bytes"], lo, hi, JOB_POINTS + 1)
+        wanted = {"utilization_ratio": ("mean",), "memory_used_bytes": ("mean", "max")}
+        data = self.series(gpus, list(wanted), lo, hi, JOB_POINTS + 1, aggregates=wanted)
         return sorted(
             (_summary(job, members, users.get(job), nodes, data, step) for job, members in held_at.items()),
             key=lambda j: (-j.gpu_hours, j.job_id),

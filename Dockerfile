@@ -26,7 +26,7 @@ ENV PATH=/opt/gpulens/bin:$PATH \
     PYTHONUNBUFFERED=1
 RUN groupadd --system --gid 10001 gpulens \
  && useradd --system --uid 10001 --gid gpulens --home-dir /var/lib/gpulens --shell /usr/sbin/nologin gpulens \
- && install -d -o gpulens -g gpulens -m 0750 /var/lib/gpulens /var/lib/gpulens/spool
+ && install -d -o gpulens -g gpulens -m 0750 /var/lib/gpulens /var/lib/gpulens/spool /var/lib/gpulens/alerts
 COPY --from=build /opt/gpulens /opt/gpulens
 # Scenario files for `gpulens exporter --source sim` (the compose file's `sim` profile). examples/scenarios/demo.toml
 # is a link to the copy bundled in the package (.dockerignore leaves the link out), so the file itself is copied.

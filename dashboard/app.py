@@ -24,6 +24,7 @@ from dashboard.pages import PAGES
 from gpulens.clock import Clock
 from gpulens.webauth import BasicAuth
 from storage.db import Database
+from storage.reading import StoreReader, reader_of
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ _UNAUTHORIZED: Final = "authentication required\n"
 
 
 def create_app(
-    db: Database,
+    db: Database | StoreReader,
     *,
     clock: Clock | None = None,
     alerts: AlertReader | None = None,
@@ -41,13 +42,15 @@ def create_app(
     stale_after_s: float = 120.0,
     title: str = "gpulens",
 ) -> Dash:
-    """The dashboard over ``db``. ``clock`` says what "now" is (default: the database's clock); ``alerts`` reads
+    """The dashboard over ``db`` (a SQL ``Database``, or any ``StoreReader``: Prometheus). ``clock`` says what
+    "now" is (default: the store's clock); ``alerts`` reads
     the alert engine's alerts (without it the pages say that no alert store is connected).
 
     ``stale_after_s``: a GPU whose newest reading is older than this shows as stale (its exporter or the collector
     is down). With ``basic_auth`` every request but ``/healthz`` needs a user and password.
     """
-    context = Context(db=db, clock=clock or db.clock, alerts=alerts, stale_after_s=stale_after_s)
+    store = reader_of(db)
+    context = Context(db=store, clock=clock or store.clock, alerts=alerts, stale_after_s=stale_after_s)
     app = Dash(
         __name__,
         use_pages=True,
@@ -59,7 +62,7 @@ def create_app(
     )
     for page in PAGES:
         page.register(app, context)
-    app.layout = _shell(db)
+    app.layout = _shell(store)
     clientside(
         app,
         ClientsideFunction("gpulens", "toggleTheme"),
@@ -72,7 +75,7 @@ def create_app(
     return app
 
 
-def _shell(db: Database) -> html.Div:
+def _shell(store: StoreReader) -> html.Div:
     return html.Div(
         [
             html.Header(
@@ -82,7 +85,7 @@ def _shell(db: Database) -> html.Div:
                     html.Nav(
                         id=SHELL_NAV, className="gl-nav", children=[dcc.Link(text, href=path) for text, path in NAV]
                     ),
-                    html.Span(db.url_redacted, className="gl-hint mono", title="the database this dashboard reads"),
+                    html.Span(store.url_redacted, className="gl-hint mono", title="the store this dashboard reads"),
                     html.Button("Theme", id=SHELL_THEME_TOGGLE, className="gl-theme-toggle", n_clicks=0),
                 ],
             ),

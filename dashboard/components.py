@@ -16,6 +16,7 @@ from dashboard.ids import Toolbar
 from dashboard.paths import gpu_path, job_path
 from dashboard.timerange import CUSTOM, DEFAULT_RANGE, DEFAULT_REFRESH, PRESETS, RANGE_OPTIONS, REFRESH
 from gpulens.model import ProcessReading
+from storage.reading import NOT_AVAILABLE
 
 Child = Component | str
 Cell = Component | str | None  # a table cell
@@ -282,8 +283,12 @@ def graph_panel(graph_id: str, title: str, figure: Any) -> html.Div:
     return panel(title, dcc.Graph(id=graph_id, figure=figure, config=GRAPH_CONFIG))
 
 
-def processes_table(processes: Sequence[ProcessReading], state: ViewState) -> html.Div:
-    """GPU processes with their jobs and users (the command is the base name only, never the full command line)."""
+def processes_table(processes: Sequence[ProcessReading] | None, state: ViewState) -> html.Div:
+    """GPU processes with their jobs and users (the command is the base name only, never the full command line).
+
+    ``None``: the store keeps no process table (said so, not shown as "no GPU processes")."""
+    if processes is None:
+        return html.Div(f"GPU processes: {NOT_AVAILABLE}", className="gl-empty")
     rows = [
         [
             link(f"{p.node}:{p.gpu}", gpu_path(p.uuid), state),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from dash import html
@@ -14,6 +14,7 @@ from dashboard.components import banner
 from dashboard.timerange import RangeError, minute_text
 from gpulens.clock import Clock
 from storage.db import Database, DatabaseUnavailableError
+from storage.reading import NotAvailableOnBackendError, StoreReader, TooManySeriesError, reader_of
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +23,14 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Context:
-    db: Database
+    db: Database | StoreReader  # the store the pages read (a Database is read through ``SqlReader``)
     clock: Clock
     alerts: AlertReader | None = None
     stale_after_s: float = 120.0
+    store: StoreReader = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "store", reader_of(self.db))
 
 
 class PageError(Exception):
@@ -48,8 +53,12 @@ def guarded(context: Context, load: Callable[[], T]) -> T:
         return load()
     except RangeError as exc:
         raise PageError(banner("warn", "Bad time range.", str(exc)), as_of) from None
+    except TooManySeriesError as exc:
+        raise PageError(banner("warn", "Too many series.", context.store.scrub(str(exc))), as_of) from None
+    except NotAvailableOnBackendError as exc:
+        raise PageError(banner("warn", "Not available on this backend.", str(exc)), as_of) from None
     except DatabaseUnavailableError as exc:
-        detail = context.db.scrub(str(exc)) + ". Showing nothing until it is back."
+        detail = context.store.scrub(str(exc)) + ". Showing nothing until it is back."
         raise PageError(banner("bad", "Database unreachable.", detail), as_of) from None
     except Exception as exc:
         log.exception("reading the dashboard data failed")

@@ -19,7 +19,7 @@ from dashboard.ids import Toolbar
 from dashboard.panels import FIELDS, GpuSeries, gpu_charts
 from dashboard.timerange import TimeRange, minute_text, resolve_range
 from gpulens.model import GpuJob, GpuReading, ProcessReading
-from storage import latest, timeseries
+from storage.reading import NotAvailableOnBackendError
 from storage.timeseries import SeriesData
 
 Render = Callable[[Context, ViewState, str], tuple[Any, ...]]
@@ -57,7 +57,7 @@ class GpuView:
     span: TimeRange
     readings: list[GpuReading]  # the newest reading of each GPU shown
     jobs: list[GpuJob]  # every job allocation now (the pages pick their GPUs')
-    processes: list[ProcessReading]
+    processes: list[ProcessReading] | None  # None: the store keeps no process table
     series: Mapping[str, SeriesData]  # by UUID
     active: Sequence[AlertState] | None  # None: no alert store connected
 
@@ -66,16 +66,31 @@ class GpuView:
         return f"as of {minute_text(self.now)} · {self.span.label}"
 
 
-def load_gpu_view(context: Context, state: ViewState, shown: Callable[[GpuReading], bool], max_points: int) -> GpuView:
-    """The GPUs ``shown`` selects, read in one guarded step (a failure raises ``PageError``)."""
+def load_gpu_view(
+    context: Context,
+    state: ViewState,
+    shown: Callable[[GpuReading], bool],
+    max_points: int,
+    *,
+    node: str | None = None,
+    uuids: Sequence[str] | None = None,
+) -> GpuView:
+    """The GPUs ``shown`` selects (read only those of ``node`` / ``uuids``, when given), in one guarded step (a
+    failure raises ``PageError``)."""
     now = context.clock.now()
 
     def load() -> GpuView:
         span = resolve_range(state.range, state.start, state.end, now)
-        readings = [r for r in latest.latest_readings(context.db) if shown(r)]
-        jobs, processes = latest.latest_snapshot_parts(context.db)
-        uuids = [r.uuid for r in readings]
-        series = timeseries.series(context.db, uuids, FIELDS, span.start, span.end, max_points) if uuids else {}
+        store = context.store
+        readings = [r for r in store.latest_readings(node=node, uuids=uuids) if shown(r)]
+        jobs = store.current_jobs()
+        processes: list[ProcessReading] | None
+        try:
+            processes = store.current_processes()
+        except NotAvailableOnBackendError:
+            processes = None
+        shown_uuids = [r.uuid for r in readings]
+        series = store.series(shown_uuids, FIELDS, span.start, span.end, max_points) if shown_uuids else {}
         active = context.alerts.active() if context.alerts is not None else None
         return GpuView(now, span, readings, jobs, processes, series, active)
 

@@ -30,6 +30,17 @@ class Metric:
 
 _RATIO_TICKS: Final = ((0.0, "0%"), (0.5, "50%"), (1.0, "100%"))
 
+# The reading fields each metric below reads: what a page showing it asks a store for (fewer series from Prometheus).
+_PCIE: Final = ("pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second", "pcie_link_generation", "pcie_link_width")
+_NVLINK: Final = ("nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second", "nvlink_links_active")
+METRIC_FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    "utilization": ("utilization_ratio",),
+    "memory": ("memory_used_bytes", "memory_total_bytes"),
+    "temperature": ("temperature_celsius",),
+    "power": ("power_watts", "power_limit_watts"),
+    "pcie": _PCIE,
+    "nvlink": _NVLINK,
+}
 METRICS: Final[dict[str, Metric]] = {
     m.key: m
     for m in (

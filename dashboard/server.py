@@ -19,6 +19,7 @@ from gpulens.config import ConfigError
 from gpulens.settings import Settings
 from gpulens.webauth import BasicAuth
 from storage.db import Database, DatabaseAccessError, DatabaseUnavailableError
+from storage.reading import StoreReader
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def load_basic_auth_file(path: str | Path) -> BasicAuth:
 
 
 def run_dashboard(
-    db: str | Settings,
+    db: str | Settings | StoreReader,
     *,
     host: str = "127.0.0.1",
     port: int = 8050,
@@ -63,9 +64,11 @@ def run_dashboard(
     announce: Callable[[str], None] | None = None,
     stop: threading.Event,
     threads: int = 8,
+    alert_reader: AlertReader | None = None,
 ) -> int:
     """Serve the dashboard until ``stop`` is set (it stops within 5 s). ``db`` is a database URL or the loaded
-    settings; ``alerts`` makes the alert store's reader over the opened database.
+    settings (the SQL store is opened here, and ``alerts`` makes the alert store's reader over it), or an open
+    ``StoreReader`` (Prometheus: the caller owns it, and passes ``alert_reader`` over its alert state store).
 
     The server is waitress (``threads`` worker threads), with gzip and immutable caching of Dash's fingerprinted
     assets (``dashboard.webserve``). A database that is down at start is not fatal (the pages say so until it is
@@ -77,18 +80,23 @@ def run_dashboard(
     Raises ``ConfigError`` (a bad auth file), ``OSError`` (the port is taken), ``ValueError`` (a bad URL) or
     ``DatabaseAccessError``.
     """
-    url = db.db_url if isinstance(db, Settings) else db
     auth = load_basic_auth_file(basic_auth_file) if basic_auth_file is not None else None
-    database = Database(url)
+    database: Database | None = None
+    store: Database | StoreReader
+    if isinstance(db, str | Settings):
+        database = store = Database(db.db_url if isinstance(db, Settings) else db)
+    else:
+        store = db
     try:
-        try:
-            database.ping()
-        except DatabaseAccessError:
-            raise
-        except DatabaseUnavailableError as exc:
-            log.warning("%s; serving anyway: the pages say so until it is back", exc)
-        reader = alerts(database) if alerts is not None else None
-        app = create_app(database, clock=clock, alerts=reader, basic_auth=auth)
+        if database is not None:
+            try:
+                database.ping()
+            except DatabaseAccessError:
+                raise
+            except DatabaseUnavailableError as exc:
+                log.warning("%s; serving anyway: the pages say so until it is back", exc)
+            alert_reader = alerts(database) if alerts is not None else alert_reader
+        app = create_app(store, clock=clock, alerts=alert_reader, basic_auth=auth)
         wsgi = CompressAndCache(app.server.wsgi_app)
         try:
             server = create_server(wsgi, host=host, port=port, threads=threads, ident=SERVER_NAME)
@@ -100,13 +108,14 @@ def run_dashboard(
         auth_note = " (basic auth)" if auth is not None else ""
         bound = getattr(server, "effective_port", port)
         where = f"http://{shown}:{bound}/{auth_note}"
-        (announce or log.info)(f"gpulens dashboard at {where}, reading {database.url_redacted}")
+        (announce or log.info)(f"gpulens dashboard at {where}, reading {store.url_redacted}")
         try:
             stop.wait()
         finally:
             _shut_down(server, thread)
     finally:
-        database.close()
+        if database is not None:
+            database.close()
     return 0
 
 

@@ -12,6 +12,14 @@ from storage.latest import IDLE_UTILIZATION
 
 # A GPU under this utilization is idle (the definition ``gpulens query`` and the cluster summary use).
 IDLE_BELOW: Final = IDLE_UTILIZATION
+# The reading fields the headline reads.
+SUMMARY_FIELDS: Final = (
+    "utilization_ratio",
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "power_watts",
+    "power_limit_watts",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -398,6 +398,16 @@ class _Builder:
             first_bad_line=parse.first_bad_line,
             problems=dict(self.problems),
         )
+
+
+def dcgm_records(
+    samples: Iterable[Sample], *, node: str | None, timestamp: float, fallback_node: str = ""
+) -> DcgmParse:
+    """Build records from samples already parsed (a Prometheus query's result, for example), by the same rules."""
+    builder = _Builder({})  # no HELP texts: a query result carries none, so units are the table's
+    for sample in samples:
+        builder.add(sample)
+    return builder.finish(node=node, timestamp=timestamp, fallback_node=fallback_node, parse=LineStats())
 
 
 def parse_dcgm_metrics(text: str, *, node: str | None, timestamp: float, fallback_node: str = "") -> DcgmParse:

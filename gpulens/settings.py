@@ -53,19 +53,6 @@ def parse_shard(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-class DatabaseFile(InputStruct, frozen=True):
-    """Where the history is stored."""
-
-    url: Annotated[
-        str,
-        doc(
-            "SQLAlchemy URL: `sqlite:///path.db` (embedded) or `postgresql+psycopg://user@host/db`.",
-            env="GPULENS_DB_URL",
-        ),
-    ] = "sqlite:///gpulens.db"
-    url_file: Annotated[str | None, doc("File holding the URL (keeps the password out of the config).")] = None
-
-
 class CollectorFile(InputStruct, frozen=True):
     """The scrape loop."""
 
@@ -125,6 +112,35 @@ class AuthFile(InputStruct, frozen=True):
             ca_file=self.ca_file or None,
             insecure_skip_verify=self.insecure_skip_verify,
         )
+
+
+class DatabaseFile(AuthFile, frozen=True):
+    """Where the history is stored. The credential keys apply to a Prometheus URL only (docs/prometheus.md)."""
+
+    url: Annotated[
+        str,
+        doc(
+            "SQLAlchemy URL: `sqlite:///path.db` (embedded) or `postgresql+psycopg://user@host/db`; or, read-only, "
+            "a Prometheus-compatible query API: `prometheus+http://host:9090[/path]` or `prometheus+https://...`.",
+            env="GPULENS_DB_URL",
+        ),
+    ] = "sqlite:///gpulens.db"
+    url_file: Annotated[str | None, doc("File holding the URL (keeps the password out of the config).")] = None
+    bearer_token_file: Annotated[str | None, doc("Prometheus: file holding a bearer token (first line).")] = None
+    bearer_token_env: Annotated[str | None, doc("Prometheus: environment variable holding a bearer token.")] = None
+    tenant: Annotated[str | None, doc("Prometheus: tenant sent as `X-Scope-OrgID` (Mimir, Cortex, Thanos).")] = None
+    max_series: Annotated[int, doc("Prometheus: most series one query may return.", ge=1)] = 100_000
+    min_step: Annotated[Duration, doc("Prometheus: the shortest step of a range query (its scrape interval).")] = (
+        Duration(15.0)
+    )
+    state_url: Annotated[
+        str, doc("With a Prometheus URL: the small writable store of alert states, outbox and silences.")
+    ] = "sqlite:///gpulens-alerts.db"
+
+    def __post_init__(self) -> None:
+        self.check_auth()
+        if self.bearer_token_file and self.bearer_token_env:
+            raise FieldError("bearer_token_env", "give bearer_token_file or bearer_token_env, not both")
 
 
 class TargetFile(AuthFile, frozen=True, kw_only=True):
@@ -195,6 +211,32 @@ class TlsAuth:
 
 
 @dataclass(frozen=True)
+class StoreAuth:
+    """How gpulens authenticates to a Prometheus-compatible store: basic auth, or a bearer token, and TLS trust."""
+
+    tls: TlsAuth = field(default_factory=TlsAuth)
+    bearer_token_file: str | None = None
+    bearer_token_env: str | None = None
+    tenant: str | None = None
+    max_series: int = 100_000
+    min_step_s: float = 15.0
+
+    def bearer_token(self) -> str | None:
+        """The token, read now. Raises ConfigError when unreadable."""
+        if self.bearer_token_file:
+            try:
+                return Path(self.bearer_token_file).read_text(encoding="utf-8").splitlines()[0].strip()
+            except (OSError, IndexError) as exc:
+                raise ConfigError(f"cannot read bearer_token_file {self.bearer_token_file}: {exc}") from None
+        if self.bearer_token_env:
+            value = os.environ.get(self.bearer_token_env)
+            if value is None:
+                raise ConfigError(f"environment variable {self.bearer_token_env} (bearer_token_env) is not set")
+            return value
+        return None
+
+
+@dataclass(frozen=True)
 class TargetSettings:
     url: str
     name: str
@@ -228,6 +270,8 @@ class Settings:
     retention_hour_s: float
     targets: tuple[TargetSettings, ...] = ()
     file_sd: tuple[FileSdSettings, ...] = ()
+    store_auth: StoreAuth = field(default_factory=StoreAuth)  # for a Prometheus db_url
+    state_url: str = "sqlite:///gpulens-alerts.db"  # alert state beside a read-only (Prometheus) store
     raw: Mapping[str, Any] = field(default_factory=dict)  # the file's tables as parsed (``alerts`` among them)
     text: str = ""  # the file's text, for the line numbers of errors found by delegated validators
 
@@ -288,6 +332,15 @@ def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, st
         retention_hour_s=float(ret.hour),
         targets=tuple(targets),
         file_sd=file_sd,
+        store_auth=StoreAuth(
+            tls=db.auth(),
+            bearer_token_file=db.bearer_token_file,
+            bearer_token_env=db.bearer_token_env,
+            tenant=db.tenant,
+            max_series=db.max_series,
+            min_step_s=float(db.min_step),
+        ),
+        state_url=db.state_url,
         raw=data,
         text=text,
     )

@@ -1,4 +1,9 @@
-"""Opening a store: connect and migrate for writers, or open an existing store for readers without creating one."""
+"""Opening a store: connect and migrate for writers, or open an existing store for readers without creating one.
+
+The one place that dispatches on a store URL's scheme: SQLAlchemy URLs are SQL stores (read and written);
+``prometheus+http(s)://`` is a Prometheus-compatible query API, read through ``storage.prometheus`` and never
+written (``open_database`` refuses it in one line that says what to do instead).
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,23 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Final
 
 import sqlalchemy as sa
 
 from gpulens.config import ConfigError
+from gpulens.settings import Settings, StoreAuth
 from storage.db import Database, DatabaseAccessError, DatabaseUnavailableError, DatabaseURLError, redact_url
+from storage.reading import SqlReader, StoreReader
 
 log = logging.getLogger(__name__)
 
 
 def check_database_url(url: str) -> None:
     """Raise ``DatabaseURLError`` unless ``url`` is one gpulens can use: a supported scheme and driver, and for
-    SQLite a file in a directory that exists. Connects to nothing."""
+    SQLite a file in a directory that exists; a Prometheus URL is left to its reader. Connects to nothing."""
+    if is_prometheus_url(url):
+        return
     Database(url).close()  # parses and checks the scheme and driver; an engine connects only when used
     _check_sqlite_file(url)
 
@@ -55,8 +65,28 @@ def _not_a_database(db: Database) -> Iterator[None]:
         raise DatabaseURLError(db.url_redacted, f"not a usable database: {db.scrub(detail)}") from None
 
 
+PROMETHEUS_SCHEMES: Final = ("prometheus+http", "prometheus+https")
+
+
+def is_prometheus_url(url: str) -> bool:
+    """True for ``prometheus+http(s)://...``: a read-only store."""
+    return url.split("://", 1)[0].strip().lower() in PROMETHEUS_SCHEMES
+
+
+def refuse_read_only(url: str, command: str) -> None:
+    """Raise ``ConfigError`` when ``url`` is a Prometheus store that ``command`` would have to write."""
+    if is_prometheus_url(url):
+        raise ConfigError(
+            f"{command}: {redact_url(url)} is a Prometheus store, which gpulens reads but never writes; give a SQL "
+            "--db (sqlite:///FILE or postgresql+psycopg://...), or let Prometheus scrape the exporters and run "
+            "gpulens dashboard / query / alerts run over it (docs/prometheus.md)",
+            key="--db",
+        )
+
+
 def open_database(url: str, *, upgrade: bool = True) -> Database:
-    """Connect and bring the schema up to date (migrations run at start-up)."""
+    """Connect and bring the schema up to date (migrations run at start-up). A Prometheus URL is refused."""
+    refuse_read_only(url, "writing")
     db = Database(url)
     try:
         _check_sqlite_file(url)
@@ -108,3 +138,12 @@ def open_existing_database(url: str) -> Database:
         db.close()
         raise ConfigError(f"{db.url_redacted} holds no gpulens data (start the collector, or run gpulens db upgrade)")
     return db
+
+
+def open_reader(url: str, settings: Settings | None = None) -> StoreReader:
+    """A reader over the store at ``url``: SQL (which must exist) or Prometheus (credentials from ``settings``)."""
+    if is_prometheus_url(url):
+        from storage.prometheus import PromReader
+
+        return PromReader(url, settings.store_auth if settings is not None else StoreAuth())
+    return SqlReader(open_existing_database(url))

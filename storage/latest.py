@@ -68,9 +68,12 @@ def reading_columns(dialect: str) -> tuple[str, list[int], int]:
     return ", ".join(columns), booleans, len(columns) - 1
 
 
-def _latest_sql(dialect: str, max_age: bool) -> str:
+def _latest_sql(dialect: str, max_age: bool, node: bool = False, uuids: bool = False) -> str:
     columns = reading_columns(dialect)[0]
-    fresh = "WHERE g.last_seen_ms >= :cutoff - 60000" if max_age else ""
+    conditions = ["g.last_seen_ms >= :cutoff - 60000"] if max_age else []
+    conditions += ["g.node = :node"] if node else []
+    conditions += ["g.uuid IN :uuids"] if uuids else []
+    fresh = ("WHERE " + " AND ".join(conditions)) if conditions else ""
     if dialect == "postgresql":
         return (
             f"SELECT {columns} FROM gpu AS g CROSS JOIN LATERAL "  # noqa: S608 (constant identifiers)
@@ -98,12 +101,24 @@ def reading_from_row(row: Sequence[Any], booleans: Sequence[int], xids: int) -> 
     return GpuReading(*values)
 
 
-def latest_readings(db: Database, *, max_age_s: float | None = None) -> list[GpuReading]:
-    """The newest reading of every GPU (only those newer than ``max_age_s``, if given), by node and index."""
-    params = {"cutoff": round((db.clock.now() - max_age_s) * 1000)} if max_age_s is not None else {}
+def latest_readings(
+    db: Database, *, max_age_s: float | None = None, node: str | None = None, uuids: Sequence[str] | None = None
+) -> list[GpuReading]:
+    """The newest reading of every GPU (only those newer than ``max_age_s``, of ``node``, of ``uuids``, if given),
+    by node and index."""
+    params: dict[str, Any] = {"cutoff": round((db.clock.now() - max_age_s) * 1000)} if max_age_s is not None else {}
+    if node is not None:
+        params["node"] = node
+    if uuids is not None:
+        if not uuids:
+            return []
+        params["uuids"] = list(uuids)
     _, booleans, xids = reading_columns(db.dialect)
+    sql = sa.text(_latest_sql(db.dialect, max_age_s is not None, node is not None, uuids is not None))
+    if uuids is not None:
+        sql = sql.bindparams(sa.bindparam("uuids", expanding=True))
     with db.session() as session:
-        rows = session.execute(sa.text(_latest_sql(db.dialect, max_age_s is not None)), params).all()
+        rows = session.execute(sql, params).all()
     readings = [reading_from_row(row, booleans, xids) for row in rows]
     if max_age_s is not None:
         cutoff = db.clock.now() - max_age_s

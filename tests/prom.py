@@ -17,12 +17,27 @@ from tests.conftest import free_port, http_get
 
 
 @contextmanager
-def running_prometheus(binary: str, workdir: Path, jobs: dict[str, tuple[str, str]]) -> Iterator[str]:
-    """Start Prometheus scraping ``jobs`` ({job name: (host:port, metrics path)}) every second; yield its base URL."""
+def running_prometheus(
+    binary: str,
+    workdir: Path,
+    jobs: dict[str, tuple[str, str]],
+    *,
+    extra: dict[str, dict[str, Any]] | None = None,
+    interval_s: float = 1.0,
+) -> Iterator[str]:
+    """Start Prometheus scraping ``jobs`` ({job name: (host:port, metrics path)}) every ``interval_s`` (one second);
+    yield its base URL.
+
+    ``extra``: more scrape-config keys by job name (``metric_relabel_configs``, ...)."""
     config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms"},
+        "global": {"scrape_interval": f"{interval_s * 1000:.0f}ms", "scrape_timeout": f"{interval_s * 900:.0f}ms"},
         "scrape_configs": [
-            {"job_name": name, "metrics_path": path, "static_configs": [{"targets": [target]}]}
+            {
+                "job_name": name,
+                "metrics_path": path,
+                "static_configs": [{"targets": [target]}],
+                **(extra or {}).get(name, {}),
+            }
             for name, (target, path) in jobs.items()
         ],
     }

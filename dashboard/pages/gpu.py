@@ -62,7 +62,7 @@ def register(app: Dash, context: Context) -> None:
 
 
 def render(context: Context, state: ViewState, uuid: str) -> tuple[Any, ...]:
-    view = load_gpu_view(context, state, lambda r: r.uuid == uuid, MAX_POINTS)
+    view = load_gpu_view(context, state, lambda r: r.uuid == uuid, MAX_POINTS, uuids=[uuid])
     reading = next(iter(view.readings), None)
     if reading is None:
         missing = banner("info", "This GPU is not in the database.", " Check the UUID.")
@@ -78,7 +78,7 @@ def render(context: Context, state: ViewState, uuid: str) -> tuple[Any, ...]:
     gpus = [gpu_series(view.series.get(uuid), f"GPU {reading.gpu}", palette_color(0))]
     charts = chart_panels(view, gpus, ids.GPU_CHART)
     heading = f"GPU {gpu_label(reading.node, reading.gpu)}"
-    own = [p for p in view.processes if p.uuid == uuid]
+    own = None if view.processes is None else [p for p in view.processes if p.uuid == uuid]
     alerts = about_alerts(view.active, lambda a: a.labels.get("uuid") == uuid, state, view.now)
     return status, heading, info_list(reading, held, state), charts, processes_table(own, state), alerts, view.updated
 

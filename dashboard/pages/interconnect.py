@@ -38,7 +38,6 @@ from dashboard.panels import ERROR_FIELDS
 from dashboard.paths import gpu_path, node_path
 from dashboard.timerange import minute_text, resolve_range
 from gpulens.model import GpuReading
-from storage import inventory, latest, timeseries
 from storage.inventory import LinkOutage
 from storage.timeseries import SeriesData
 
@@ -51,6 +50,15 @@ LINK_ERROR_FIELDS: Final = (
     "nvlink_recovery_errors_total",
 )
 TOP: Final = 25
+# What the link tables read of each GPU's newest reading.
+LINK_FIELDS: Final = (
+    "pcie_link_generation",
+    "pcie_link_generation_max",
+    "pcie_link_width",
+    "pcie_link_width_max",
+    "nvlink_links_active",
+    *LINK_ERROR_FIELDS,
+)
 
 
 def layout(**query: Any) -> html.Div:
@@ -130,12 +138,12 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now)
-        readings = latest.latest_readings(context.db)
+        readings = context.store.latest_readings(fields=LINK_FIELDS)
         nodes = sorted({r.node for r in readings}, key=natural_key)
         chosen = node if node in nodes else (nodes[0] if nodes else None)
         mine = [r for r in readings if r.node == chosen]
-        series = timeseries.series(context.db, [r.uuid for r in mine], LINK_ERROR_FIELDS, span.start, span.end, 240)
-        outages = inventory.link_outages(context.db, span.start, span.end)
+        series = context.store.series([r.uuid for r in mine], LINK_ERROR_FIELDS, span.start, span.end, 240)
+        outages = context.store.link_outages(span.start, span.end)
         return span, readings, nodes, chosen, series, outages
 
     span, readings, nodes, chosen, series, outages = guarded(context, load)

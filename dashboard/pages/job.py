@@ -38,7 +38,6 @@ from dashboard.paths import gpu_path, node_path
 from dashboard.timerange import minute_text, resolve_range
 from gpulens.hardware import nvlink_max_bytes_per_second
 from gpulens.ratios import busiest_direction, nvlink_utilization_ratio, power_limit_ratio, share
-from storage import inventory, jobstats, timeseries
 from storage.timeseries import SeriesData
 
 PATH_TEMPLATE: Final = "/jobs/<job_id>"
@@ -109,13 +108,13 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now)
-        found = jobstats.jobs(context.db, span.start, span.end, job_id=job_id)
+        found = context.store.jobs(span.start, span.end, job_id=job_id)
         summary = found[0] if found else None
         if summary is None:
             return span, None, [], {}, [], []
-        places = {g.uuid: g for g in inventory.gpu_info(context.db) if g.uuid in set(summary.gpus)}
+        places = {g.uuid: g for g in context.store.gpu_info(uuids=summary.gpus)}
         points = max(60, min(600, POINT_BUDGET // max(1, len(summary.gpus))))
-        series = timeseries.series(context.db, summary.gpus, FIELDS, span.start, span.end, points)
+        series = context.store.series(summary.gpus, FIELDS, span.start, span.end, points)
         active = reader.active() if reader is not None else []
         history = reader.history(span.start, span.end) if reader is not None else []
         return span, summary, list(places.values()), series, active, history

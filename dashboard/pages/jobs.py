@@ -32,10 +32,9 @@ from dashboard.figures.style import empty_figure
 from dashboard.flags import FLAG_ORDER, job_flags
 from dashboard.formatting import MISSING, bytes_text, duration_text, percent_text
 from dashboard.grid import grid_cells, parse_page, select_page
-from dashboard.heatmaps import METRICS
+from dashboard.heatmaps import METRIC_FIELDS, METRICS
 from dashboard.paths import job_path
 from dashboard.timerange import minute_text, resolve_range
-from storage import jobstats, latest
 from storage.jobstats import JobSummary
 
 PATH: Final = "/jobs"
@@ -149,9 +148,9 @@ def render(context: Context, state: ViewState, flag_filter: str, text: str, page
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now)
-        summaries = jobstats.jobs(context.db, span.start, span.end)
-        readings = latest.latest_readings(context.db)
-        jobs, _processes = latest.latest_snapshot_parts(context.db)
+        summaries = context.store.jobs(span.start, span.end)
+        readings = context.store.latest_readings(fields=METRIC_FIELDS["utilization"])
+        jobs = context.store.current_jobs()
         alerts = context.alerts.active() if context.alerts is not None else None
         return span, summaries, readings, jobs, alerts
 

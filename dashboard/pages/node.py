@@ -64,7 +64,7 @@ def register(app: Dash, context: Context) -> None:
 
 
 def render(context: Context, state: ViewState, node: str) -> tuple[Any, ...]:
-    view = load_gpu_view(context, state, lambda r: r.node == node, MAX_POINTS)
+    view = load_gpu_view(context, state, lambda r: r.node == node, MAX_POINTS, node=node)
     readings = sorted(view.readings, key=lambda r: r.gpu)
     if not readings:
         missing = banner(
@@ -109,7 +109,7 @@ def render(context: Context, state: ViewState, node: str) -> tuple[Any, ...]:
         rows,
         numeric=["util", "memory", "temp", "power"],
     )
-    node_processes = [p for p in view.processes if p.node == node]
+    node_processes = None if view.processes is None else [p for p in view.processes if p.node == node]
     charts_grid = [key, html.Div(charts, className="gl-charts")]
     alerts = about_alerts(view.active, lambda a: a.labels.get("node") == node, state, view.now)
     return status, info, gpu_table, charts_grid, processes_table(node_processes, state), alerts, view.updated

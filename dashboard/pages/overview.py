@@ -33,13 +33,12 @@ from dashboard.figures.grids import cluster_map, gpu_heatmap
 from dashboard.figures.style import empty_figure
 from dashboard.formatting import MISSING, bytes_text, percent_text, watts_text
 from dashboard.grid import DEFAULT_SORT, NODES_PER_PAGE, SORTS, GridPage, grid_cells, parse_page, select_page
-from dashboard.heatmaps import DEFAULT_METRIC, METRICS, Metric
+from dashboard.heatmaps import DEFAULT_METRIC, METRIC_FIELDS, METRICS, Metric
 from dashboard.paths import node_path
-from dashboard.summary import IDLE_BELOW, Headline, headline
+from dashboard.summary import IDLE_BELOW, SUMMARY_FIELDS, Headline, headline
 from dashboard.timerange import minute_text, resolve_range
 from gpulens.model import TargetHealth
 from gpulens.ratios import memory_used_ratio, power_limit_ratio
-from storage import inventory, latest
 
 PATH: Final = "/"
 TITLE: Final = "Overview · gpulens"
@@ -191,9 +190,9 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now)
-        readings = latest.latest_readings(context.db)
-        jobs, _processes = latest.latest_snapshot_parts(context.db)
-        targets = inventory.target_health(context.db)
+        readings = context.store.latest_readings(fields=SUMMARY_FIELDS + METRIC_FIELDS.get(metric.key, ()))
+        jobs = context.store.current_jobs()
+        targets = context.store.target_health()
         firing = context.alerts.active() if context.alerts is not None else None
         return span, readings, jobs, targets, firing
 

@@ -98,9 +98,12 @@ def collector_settings(args: argparse.Namespace) -> Any:
 
 def _run_collector(args: argparse.Namespace) -> int:
     from alerts.service import AlertService, alerting_config
+    from alerts.storeround import RuleElection
     from collector.runner import run_collector
+    from storage.connect import refuse_read_only
 
     settings = collector_settings(args)
+    refuse_read_only(settings.db_url, "gpulens collector")
     if not settings.targets and not settings.file_sd:
         raise UsageError("no targets: give --target URL or a --config with [[targets]] or [[file_sd]]")
     alerting = alerting_config(settings)  # validated before anything starts
@@ -109,7 +112,23 @@ def _run_collector(args: argparse.Namespace) -> int:
 
     def hooks(db: Any) -> list[Any]:
         # The service is the round hook; its notification worker stops when the collector does (runner closes it).
-        return [AlertService(db, alerting, interval_s=settings.interval_s).start()]
+        def rules() -> Any:
+            return AlertService(db, alerting, interval_s=settings.interval_s).start()
+
+        if settings.shard[1] == 1:
+            return [rules()]
+        # Sharded: the rules run once over the whole store, in the collector that holds the election lock
+        # (PostgreSQL), or in `gpulens alerts run` (SQLite has no lock to elect with).
+        election = RuleElection(db, rules, max_age_s=max(3 * settings.interval_s, 30.0))
+        if not election.supported:
+            print(
+                "collector: sharded over SQLite, so no collector runs the alert rules; run gpulens alerts run --db "
+                "<the same URL> beside them",
+                file=sys.stderr,
+                flush=True,
+            )
+            return []
+        return [election]
 
     with stop_on_signals() as stop, database_errors(database_origin(args, settings)):
         return run_collector(settings, lambda line: print(line, file=sys.stderr, flush=True), stop, hooks=hooks)

@@ -15,6 +15,7 @@ DASHBOARD_EXAMPLES = """\
 examples:
   gpulens dashboard --config gpulens.toml                 # http://127.0.0.1:8050
   gpulens dashboard --db sqlite:///gpulens.db --listen 0.0.0.0:8050 --basic-auth-file /etc/gpulens/htpasswd
+  gpulens dashboard --db prometheus+http://prometheus:9090   # over the Prometheus you already run
 """
 
 
@@ -46,8 +47,11 @@ def _run_dashboard(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"--listen: {exc}") from None
     settings = settings_from(args)
-    checked_db_url(args, settings)  # an unreachable database is shown on the pages; an unusable URL stops here
     _check_can_listen(host, port)
+    if _is_prometheus(settings.db_url):
+        with stop_on_signals() as stop:
+            return _run_over_prometheus(settings, host, port, args.basic_auth_file, stop)
+    checked_db_url(args, settings)  # an unreachable database is shown on the pages; an unusable URL stops here
     with stop_on_signals() as stop:
         return run_dashboard(
             settings,
@@ -75,3 +79,38 @@ def _check_can_listen(host: str, port: int) -> None:
         reason = exc.strerror or str(exc)
         message = f"--listen '{shown}:{port}': cannot listen: {reason} (expected a free port on a local address)"
         raise CliError(message) from None
+
+
+def _is_prometheus(url: str) -> bool:
+    from storage.connect import is_prometheus_url
+
+    return is_prometheus_url(url)
+
+
+def _run_over_prometheus(settings: Any, host: str, port: int, basic_auth_file: str | None, stop: Any) -> int:
+    """The dashboard over a read-only Prometheus store; alerts from the alert state store when there is one."""
+    from pathlib import Path
+
+    from alerts.service import SqlAlertReader
+    from dashboard.server import run_dashboard
+    from storage.connect import open_existing_database, open_reader
+
+    store = open_reader(settings.db_url, settings)
+    state = None
+    state_file = settings.state_url.removeprefix("sqlite:///")
+    if not settings.state_url.startswith("sqlite:///") or Path(state_file).exists():
+        state = open_existing_database(settings.state_url)
+    try:
+        return run_dashboard(
+            store,
+            host=host,
+            port=port,
+            basic_auth_file=basic_auth_file,
+            alert_reader=SqlAlertReader(state) if state is not None else None,
+            announce=lambda line: print(line, file=sys.stderr, flush=True),
+            stop=stop,
+        )
+    finally:
+        store.close()
+        if state is not None:
+            state.close()

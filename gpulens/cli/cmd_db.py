@@ -33,9 +33,10 @@ def register(sub: Any) -> None:
 
 
 def _run_db_upgrade(args: argparse.Namespace) -> int:
-    from storage.connect import open_database
+    from storage.connect import open_database, refuse_read_only
 
     settings = settings_from(args)
+    refuse_read_only(settings.db_url, "gpulens db upgrade")
     with database_errors(database_origin(args, settings)):
         db = open_database(settings.db_url)
     try:

@@ -61,17 +61,17 @@ def register(sub: Any) -> None:
 
 def _run_query(args: argparse.Namespace) -> int:
     from gpulens.cli.query_print import run_query
-    from storage.connect import open_existing_database
+    from storage.connect import open_reader
 
     if args.what == "series":
         _check_fields(args.field)
     settings = settings_from(args)
     with database_errors(database_origin(args, settings)):
-        db = open_existing_database(settings.db_url)
+        store = open_reader(settings.db_url, settings)
         try:
-            text = run_query(db, args)
+            text = run_query(store, args)
         finally:
-            db.close()
+            store.close()
     sys.stdout.write(text)
     return 0
 

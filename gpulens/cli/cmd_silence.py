@@ -84,9 +84,10 @@ def _apply(args: argparse.Namespace, settings: Any, matchers: list[Any], now: fl
 
     from gpulens.cli.table import render_table
     from storage import alertstore
-    from storage.connect import open_database
+    from storage.connect import is_prometheus_url, open_database
 
-    db = open_database(settings.db_url)
+    # Over a read-only Prometheus store, silences live in the alert engine's state store beside it.
+    db = open_database(settings.state_url if is_prometheus_url(settings.db_url) else settings.db_url)
     try:
         if args.silence_command == "add":
             author = args.author or getpass.getuser()

@@ -9,8 +9,8 @@ from typing import Any
 
 from gpulens.cli.base import UsageError
 from gpulens.cli.table import render_table
-from storage import inventory, jobstats, latest, timeseries
 from storage.db import Database
+from storage.reading import StoreReader, reader_of
 
 _LATEST_COLUMNS = (
     "node",
@@ -29,13 +29,13 @@ _LATEST_COLUMNS = (
 )
 
 
-def _latest(db: Database) -> list[dict[str, Any]]:
-    jobs, _ = latest.latest_snapshot_parts(db)
+def _latest(db: StoreReader) -> list[dict[str, Any]]:
+    jobs = db.current_jobs()
     by_gpu: dict[str, list[tuple[str, str | None]]] = {}
     for job in jobs:
         by_gpu.setdefault(job.uuid, []).append((job.job_id, job.user))
     rows = []
-    for reading in latest.latest_readings(db):
+    for reading in db.latest_readings():
         row = dataclasses.asdict(reading)
         row["xid_errors"] = {str(k): v for k, v in reading.xid_errors.items()}
         held = by_gpu.get(reading.uuid, [])
@@ -45,9 +45,9 @@ def _latest(db: Database) -> list[dict[str, Any]]:
     return rows
 
 
-def _series(db: Database, args: argparse.Namespace, now: float) -> list[dict[str, Any]]:
+def _series(db: StoreReader, args: argparse.Namespace, now: float) -> list[dict[str, Any]]:
     try:
-        data = timeseries.series(db, args.gpu, args.field, now - args.since, now, max_points=max(2, args.points))
+        data = db.series(args.gpu, args.field, now - args.since, now, max_points=max(2, args.points))
     except ValueError as exc:
         raise UsageError(f"query series: {exc}") from None
     rows = []
@@ -60,7 +60,7 @@ def _series(db: Database, args: argparse.Namespace, now: float) -> list[dict[str
     return rows
 
 
-def _jobs(db: Database, args: argparse.Namespace, now: float) -> list[dict[str, Any]]:
+def _jobs(db: StoreReader, args: argparse.Namespace, now: float) -> list[dict[str, Any]]:
     return [
         {
             "job_id": j.job_id,
@@ -77,18 +77,19 @@ def _jobs(db: Database, args: argparse.Namespace, now: float) -> list[dict[str, 
             "uuids": list(j.gpus),
             "node_names": list(j.nodes),
         }
-        for j in jobstats.jobs(db, now - args.since, now)
+        for j in db.jobs(now - args.since, now)
     ]
 
 
-def _targets(db: Database) -> list[dict[str, Any]]:
-    return [dataclasses.asdict(t) for t in inventory.target_health(db)]
+def _targets(db: StoreReader) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(t) for t in db.target_health()]
 
 
-def run_query(db: Database, args: argparse.Namespace, now: float | None = None) -> str:
-    """The text ``gpulens query`` prints for ``args``."""
+def run_query(store: Database | StoreReader, args: argparse.Namespace, now: float | None = None) -> str:
+    """The text ``gpulens query`` prints for ``args``, read from ``store`` (SQL or any ``StoreReader``)."""
     import time
 
+    db = reader_of(store)
     now = time.time() if now is None else now
     columns: tuple[str, ...] | None = None
     if args.what == "latest":

@@ -24,7 +24,7 @@ TOML = DEPLOY / "config" / "gpulens.toml"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
 GRAFANA_JSON = DEPLOY / "grafana" / "gpulens-dashboard.json"
 METRICS_MD = ROOT / "docs" / "metrics.md"
-PROFILES = ("gpu", "sim", "dcgm")
+PROFILES = ("gpu", "sim", "dcgm", "prom-read")
 
 # Environment variables the compose file interpolates: the tests resolve it with none of them set, unless a test
 # sets one on purpose.

@@ -65,7 +65,11 @@ def container_ports(service: dict[str, Any]) -> set[int]:
 # --- the file is valid ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("profiles", [(), ("gpu",), ("sim",), ("gpu", "dcgm")], ids=["default", "gpu", "sim", "dcgm"])
+@pytest.mark.parametrize(
+    "profiles",
+    [(), ("gpu",), ("sim",), ("gpu", "dcgm"), ("sim", "prom-read")],
+    ids=["default", "gpu", "sim", "dcgm", "prom-read"],
+)
 def test_docker_compose_config_accepts_the_file(profiles: tuple[str, ...]) -> None:
     args = [arg for profile in profiles for arg in ("--profile", profile)]
     result = docker_compose(*args, "config", "--quiet")
@@ -88,6 +92,7 @@ def test_profiles_split_the_gpu_stack_from_the_simulated_one(compose: dict[str, 
     assert {name for name, p in profiles.items() if "gpu" in p} == {"exporter", "collector", "prometheus"}
     assert {name for name, p in profiles.items() if "sim" in p} == {"exporter-sim", "collector-sim", "prometheus-sim"}
     assert {name for name, p in profiles.items() if "dcgm" in p} == {"dcgm-exporter"}
+    assert {name for name, p in profiles.items() if "prom-read" in p} == {"dashboard-prom", "alerts-prom"}
 
 
 # --- services agree with the code -----------------------------------------------------------------------------------
@@ -97,7 +102,9 @@ def test_gpulens_services_use_real_commands_flags_and_env_twins(
     compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     services = gpulens_services(compose)
-    assert set(services) == {"exporter", "exporter-sim", "collector", "collector-sim", "dashboard"}
+    assert set(services) == {
+        "exporter", "exporter-sim", "collector", "collector-sim", "dashboard", "dashboard-prom", "alerts-prom"
+    }  # fmt: skip
     for name, svc in services.items():
         command = svc["command"]
         env = service_env(svc)
@@ -112,7 +119,7 @@ def test_listen_addresses_and_published_ports_match_the_code_defaults(
     compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     services = compose["services"]
-    for name in ("exporter", "exporter-sim", "dashboard"):
+    for name in ("exporter", "exporter-sim", "dashboard", "dashboard-prom"):
         command = services[name]["command"]
         args = parse_with_env(command, service_env(services[name]), monkeypatch)
         host, _, port = args.listen.rpartition(":")
@@ -133,6 +140,7 @@ def test_healthchecks_probe_the_port_each_service_listens_on(compose: dict[str, 
         "collector": f"127.0.0.1:{collector_port}/metrics",
         "collector-sim": f"127.0.0.1:{collector_port}/metrics",
         "dashboard": f"127.0.0.1:{default_port('dashboard')}/healthz",
+        "dashboard-prom": f"127.0.0.1:{default_port('dashboard')}/healthz",
     }
     for name, where in expected.items():
         probe = " ".join(compose["services"][name]["healthcheck"]["test"])
@@ -176,6 +184,27 @@ def test_sim_profile_serves_the_demo_scenario_and_collects_every_node(
     )
 
 
+def test_prom_read_profile_reads_the_bundled_prometheus(compose: dict[str, Any]) -> None:
+    from storage.connect import is_prometheus_url
+
+    services = compose["services"]
+    prometheus_port = next(iter(container_ports(services["prometheus-sim"])))
+    for name in ("dashboard-prom", "alerts-prom"):
+        svc = services[name]
+        env = service_env(svc)
+        assert env["GPULENS_DB_URL"] == f"prometheus+http://prometheus-sim:{prometheus_port}", name
+        mounts: dict[str, str] = {}
+        for volume in svc["volumes"]:
+            source, target = str(volume).split(":")[:2]
+            mounts[target] = source  # container path -> host path or volume name
+        config = Path(mounts[svc["command"][svc["command"].index("--config") + 1]])
+        settings = load_settings(config, environ=env)
+        assert is_prometheus_url(settings.db_url), name
+        state = Path(settings.state_url.removeprefix("sqlite:///")).parent
+        assert mounts[str(state)] == "prom-alert-state", name  # a volume both services share
+    assert "prom-alert-state" in compose["volumes"]
+
+
 # --- secrets ----------------------------------------------------------------------------------------------------------
 
 
@@ -184,7 +213,9 @@ def test_database_password_only_travels_as_secret_files(compose: dict[str, Any])
     secret = re.fullmatch(r"/run/secrets/([\w-]+)", url_file)
     assert secret, url_file
     for name, svc in gpulens_services(compose).items():
-        if "collector" in svc["command"] or "dashboard" in svc["command"]:
+        if service_env(svc).get("GPULENS_DB_URL", "").startswith("prometheus+"):
+            assert "secrets" not in svc, name  # it reads Prometheus: no database password to carry
+        elif "collector" in svc["command"] or "dashboard" in svc["command"]:
             assert {"source": secret.group(1)} in svc["secrets"], name
     postgres = compose["services"]["postgres"]
     password_file = postgres["environment"]["POSTGRES_PASSWORD_FILE"]

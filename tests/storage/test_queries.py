@@ -11,6 +11,7 @@ from gpulens.clock import ManualClock
 from gpulens.model import NodeSnapshot
 from storage import inventory, jobstats, latest, timeseries
 from storage.db import Database
+from storage.reading import SqlReader
 from storage.rollup import Rollups
 from storage.writer import Writer
 from tests.fakes.static_source import GIB, h100
@@ -36,6 +37,13 @@ def test_latest_readings_are_the_newest_per_gpu(db: Database, clock: ManualClock
     assert {r.timestamp for r in readings[:2]} == {T0 + 190}
     fresh = latest.latest_readings(db, max_age_s=60)
     assert [r.node for r in fresh] == ["n", "n"]
+    # a page reads only what it shows: one node, or some GPUs, selected in SQL
+    assert [(r.node, r.gpu) for r in latest.latest_readings(db, node="old")] == [("old", 0), ("old", 1)]
+    assert [r.uuid for r in latest.latest_readings(db, uuids=[uuid_of("n", 1)])] == [uuid_of("n", 1)]
+    assert latest.latest_readings(db, uuids=[]) == []
+    assert [r.node for r in latest.latest_readings(db, node="old", max_age_s=60)] == []
+    reader = SqlReader(db)
+    assert reader.latest_readings(node="n", uuids=[uuid_of("n", 0), uuid_of("old", 0)]) == readings[:1]
 
 
 def test_series_downsamples_raw_data_to_max_points(db: Database) -> None:

@@ -1,0 +1,216 @@
+"""The Prometheus HTTP API client: instant and range queries, PromQL quoting, credentials, errors in plain words.
+
+It speaks the query API that Prometheus, Thanos Query, Grafana Mimir and VictoriaMetrics share (``/api/v1/query``,
+``/api/v1/query_range``), by POST so that a long selector fits, through the one HTTP client
+(``gpulens.httpfetch``: a whole-request deadline and a size cap). Credentials come from the settings or the
+environment (``GPULENS_DB_USERNAME``/``GPULENS_DB_PASSWORD``, ``GPULENS_DB_BEARER_TOKEN``), never from the URL's
+command line; a store that cannot be reached raises ``DatabaseUnavailableError`` like an SQL store does.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import threading
+import urllib.error
+import urllib.parse
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http.client import HTTPException
+from typing import Any, Final
+
+from gpulens.config import ConfigError
+from gpulens.httpfetch import redact_url, request, scrub
+from gpulens.settings import StoreAuth
+from storage.db import DatabaseUnavailableError
+from storage.reading import TooManySeriesError
+
+SCHEMES: Final = ("prometheus+http", "prometheus+https")
+MAX_RESPONSE_BYTES: Final = 256 * 1024 * 1024
+
+
+def quote(text: str) -> str:
+    """``text`` as a PromQL double-quoted string."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def regex_of(values: Any) -> str:
+    """A PromQL regex (quoted) matching exactly the given strings."""
+    import re
+
+    return quote("|".join(re.escape(str(v)) for v in sorted(set(values))))
+
+
+class PromQueryError(ValueError):
+    """Prometheus refused a query (bad PromQL, too many samples, a timeout on its side)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromSeries:
+    """One series of a result: its labels and its (time, value) samples (one for an instant query)."""
+
+    labels: Mapping[str, str]
+    samples: tuple[tuple[float, float], ...]
+
+    @property
+    def value(self) -> float:
+        return self.samples[-1][1]
+
+
+@dataclass
+class QueryStats:
+    """How many queries a reader made and how long they took (for the docs' cost figures and tests)."""
+
+    queries: int = 0
+    seconds: float = 0.0
+    series: int = 0
+
+
+class PromClient:
+    """Queries one Prometheus-compatible API at ``url`` (``prometheus+http(s)://host:port[/path]``)."""
+
+    def __init__(
+        self, url: str, auth: StoreAuth | None = None, *, timeout_s: float = 30.0, environ: Mapping[str, str] | None
+    ) -> None:
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme.lower() not in SCHEMES or not rest.split("/", 1)[0]:
+            raise ValueError("a Prometheus URL looks like prometheus+http://HOST:PORT[/path] or prometheus+https://...")
+        if "@" in rest.split("/", 1)[0]:
+            raise ConfigError(
+                "put Prometheus credentials in [database] username/password_env or GPULENS_DB_PASSWORD, not the URL",
+                key="--db",
+            )
+        self.base = scheme.lower().removeprefix("prometheus+") + "://" + rest.rstrip("/")
+        self.url_redacted = redact_url(url)
+        self.auth = auth or StoreAuth()
+        self.timeout_s = timeout_s
+        self.stats = QueryStats()
+        self._lock = threading.Lock()
+        self._environ = os.environ if environ is None else environ
+        self._secrets: list[str] = []
+        self._headers = self._auth_headers()
+        self._context = self._ssl_context()
+
+    def _auth_headers(self) -> dict[str, str]:
+        tls = self.auth.tls
+        token = self.auth.bearer_token() or self._environ.get("GPULENS_DB_BEARER_TOKEN")
+        username = tls.username or self._environ.get("GPULENS_DB_USERNAME")
+        password = tls.password() if tls.username else self._environ.get("GPULENS_DB_PASSWORD")
+        headers = {"User-Agent": "gpulens", "Accept-Encoding": "gzip"}
+        if self.auth.tenant:
+            headers["X-Scope-OrgID"] = self.auth.tenant
+        if token:
+            headers["Authorization"] = "Bearer " + token
+            self._secrets.append(token)
+        elif username:
+            raw = f"{username}:{password or ''}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(raw).decode("ascii")
+            self._secrets += [s for s in (password, username) if s]
+        return headers
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if not self.base.startswith("https://"):
+            return None
+        tls = self.auth.tls
+        context = ssl.create_default_context(cafile=tls.ca_file) if tls.ca_file else ssl.create_default_context()
+        if tls.insecure_skip_verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+    def scrub(self, text: str) -> str:
+        return scrub(text, *self._secrets)
+
+    def _post(self, path: str, form: Mapping[str, str]) -> Any:
+        import time
+
+        data = urllib.parse.urlencode(form).encode()
+        headers = {**self._headers, "Content-Type": "application/x-www-form-urlencoded"}
+        started = time.perf_counter()
+        try:
+            response = request(
+                self.base + path,
+                timeout_s=self.timeout_s,
+                max_bytes=MAX_RESPONSE_BYTES,
+                method="POST",
+                data=data,
+                headers=headers,
+                decode=True,
+                context=self._context,
+            )
+        except urllib.error.URLError as exc:
+            raise self._unavailable(f"cannot be reached: {exc.reason}") from None
+        except TimeoutError:
+            raise self._unavailable(f"timed out after {self.timeout_s:g} s") from None
+        except (OSError, HTTPException, zlib.error) as exc:
+            raise self._unavailable(f"failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            with self._lock:
+                self.stats.queries += 1
+                self.stats.seconds += time.perf_counter() - started
+        body = response.body
+        if body[:2] == b"\x1f\x8b":  # an error body is read as sent (gzip)
+            try:
+                body = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(body)
+            except zlib.error:
+                body = b""
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+        if response.status in (401, 403):
+            raise ConfigError(
+                f"Prometheus at {self.url_redacted} answered HTTP {response.status}: check [database] username, "
+                "password_env/password_file or bearer_token_env/bearer_token_file"
+            )
+        if not isinstance(doc, dict) or doc.get("status") != "success":
+            error = doc.get("error", "") if isinstance(doc, dict) else ""
+            if response.status >= 500 and not error:
+                raise self._unavailable(f"answered HTTP {response.status}")
+            raise PromQueryError(
+                self.scrub(f"Prometheus at {self.url_redacted} refused a query: {error or response.status}")
+            )
+        return doc["data"]
+
+    def _unavailable(self, problem: str) -> DatabaseUnavailableError:
+        return DatabaseUnavailableError(self.scrub(f"Prometheus at {self.url_redacted} {problem}"))
+
+    def query(self, promql: str, at: float, *, max_series: int | None = None) -> list[PromSeries]:
+        """An instant query evaluated at ``at``."""
+        data = self._post("/api/v1/query", {"query": promql, "time": f"{at:.3f}"})
+        return self._series(data, max_series, promql)
+
+    def query_range(
+        self, promql: str, start: float, end: float, step: float, *, max_series: int | None = None
+    ) -> list[PromSeries]:
+        """A range query at ``step`` over [start, end]."""
+        form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        return self._series(self._post("/api/v1/query_range", form), max_series, promql)
+
+    def _series(self, data: Any, max_series: int | None, promql: str) -> list[PromSeries]:
+        result = data.get("result", []) if isinstance(data, dict) else []
+        if data.get("resultType") == "scalar":
+            return [PromSeries({}, ((float(result[0]), float(result[1])),))]
+        limit = self.auth.max_series if max_series is None else max_series
+        if len(result) > limit:
+            raise TooManySeriesError(
+                f"a query returned {len(result)} series, over the limit of {limit} ([database] max_series): narrow "
+                "the range or the GPUs shown, or raise the limit"
+            )
+        with self._lock:
+            self.stats.series += len(result)
+        out = []
+        for item in result:
+            labels = item.get("metric", {})
+            if "value" in item:
+                samples: tuple[tuple[float, float], ...] = ((float(item["value"][0]), float(item["value"][1])),)
+            else:
+                samples = tuple((float(t), float(v)) for t, v in item.get("values", []))
+            out.append(PromSeries(labels, samples))
+        return out
+
+    def close(self) -> None:
+        """Nothing held open: each query is one request."""

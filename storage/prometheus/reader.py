@@ -1,0 +1,431 @@
+"""``PromReader``: the store read interface (``storage.reading.StoreReader``) over a Prometheus-compatible query API.
+
+Query cost is bounded by what a page shows, never by the GPU count: ``latest_readings`` is four instant queries
+(the gpulens families, their sample times, the dcgm-exporter families, theirs), ``series`` one range query per
+field whatever the number of GPUs (mean, min and max of each step in one result), ``jobs`` one range query for the
+jobs' membership plus the utilization and memory series. Ranges are step-aligned (a panel refreshed a second later
+asks for the same points, which Thanos and Mimir cache), never finer than ``[database] min_step`` (the scrape
+interval), gauges read with ``avg/min/max_over_time`` and counters with ``rate`` over the step, where the SQL path
+reads its rollups. A result over ``[database] max_series`` series is refused with a message saying so.
+
+What Prometheus does not hold is said, not faked: processes exist only where gpulens exporters export them
+(``gpulens_process_gpu_memory_bytes``); over dcgm-exporter data alone ``current_processes`` raises
+``NotAvailableOnBackendError``. First-seen times are not kept: a GPU's ``first_seen`` is its first sample in range.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from gpulens.clock import Clock, SystemClock
+from gpulens.model import GpuJob, GpuReading, ProcessReading, TargetHealth
+from gpulens.settings import StoreAuth
+from storage import schema
+from storage.inventory import GpuInfo, LinkOutage
+from storage.jobstats import JOB_POINTS, JobSummary
+from storage.prometheus import families as fam
+from storage.prometheus.client import PromClient, PromSeries, quote, regex_of
+from storage.reading import NotAvailableOnBackendError
+from storage.timeseries import SeriesData
+
+LOOKBACK_S: Final = 300.0  # Prometheus's default lookback: an instant query sees samples up to this old
+_AGGREGATES: Final = (("mean", "avg_over_time"), ("min", "min_over_time"), ("max", "max_over_time"))
+
+
+def _tag(expr: str, value: str) -> str:
+    return f'label_replace({expr}, "gl", {quote(value)}, "", "")'
+
+
+class PromReader:
+    """Reads gpulens and dcgm-exporter series from ``url`` (``prometheus+http(s)://host:port[/path]``)."""
+
+    backend = "prometheus"
+
+    def __init__(
+        self,
+        url: str,
+        auth: StoreAuth | None = None,
+        *,
+        clock: Clock | None = None,
+        environ: Mapping[str, str] | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.client = PromClient(url, auth, timeout_s=timeout_s, environ=environ)
+        self.url_redacted = self.client.url_redacted
+        self.clock = clock or SystemClock()
+        self.min_step_s = self.client.auth.min_step_s
+
+    def scrub(self, text: str) -> str:
+        return self.client.scrub(text)
+
+    def close(self) -> None:
+        self.client.close()
+
+    # --- the cluster now ---------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _matchers(node: str | None, uuids: Sequence[str] | None, *, dcgm: bool) -> str:
+        parts = []
+        if node is not None:
+            parts.append(("Hostname" if dcgm else "node") + "=" + quote(node))
+        if uuids is not None:
+            parts.append(("UUID" if dcgm else "uuid") + "=~" + regex_of(uuids))
+        return ", ".join(parts)
+
+    def latest_readings(
+        self,
+        *,
+        node: str | None = None,
+        uuids: Sequence[str] | None = None,
+        max_age_s: float | None = None,
+        fields: Sequence[str] | None = None,
+    ) -> list[GpuReading]:
+        if uuids is not None and not uuids:
+            return []
+        now = self.clock.now()
+        own = self._matchers(node, uuids, dcgm=False)
+        # A full read of the whole cluster (the alert engine's) goes a few families at a time, so that no one answer
+        # nears max_series (about 50 series per GPU in all); a page's read is one query.
+        whole = fields is None and node is None and uuids is None
+        series = self._instant(fam.reading_families(fields), own, now, chunk=1 if whole else 0)
+        times = self._times(f"timestamp({fam.UP}{{{own}}})", "uuid", now)
+        readings = fam.gpulens_readings(series, times, now)
+        seen = {r.uuid for r in readings}
+        dcgm_matchers = self._dcgm_matchers(node, uuids)
+        dcgm_series = self._instant(fam.dcgm_names(fields), dcgm_matchers, now, chunk=8 if whole else 0)
+        dcgm_series = [s for s in dcgm_series if node is None or fam.dcgm_node(s.labels) == node]
+        if dcgm_series:
+            presence = " or ".join(fam.selector(fam.DCGM_PRESENCE, m) for m in dcgm_matchers)
+            # timestamp() drops __name__: keep it as a label first, or two names of one GPU would collide.
+            named = f'label_replace({presence}, "gl_name", "$1", "__name__", "(.+)")'
+            dcgm_times = self._times(f"max by (UUID) (timestamp({named}))", "UUID", now)
+            readings += fam.dcgm_readings(dcgm_series, dcgm_times, now, skip=seen)[0]
+        if max_age_s is not None:
+            readings = [r for r in readings if r.timestamp >= now - max_age_s]
+        return sorted(readings, key=lambda r: (r.node, r.gpu))
+
+    def _dcgm_matchers(self, node: str | None, uuids: Sequence[str] | None) -> list[str]:
+        """Matcher sets selecting dcgm-exporter series of ``node`` / ``uuids``: a node is named by ``hostname``
+        (4.6+), ``Hostname`` (earlier) or, with neither, the scrape's ``instance`` host (alternatives, or'd)."""
+        base = self._matchers(None, uuids, dcgm=True)
+        if node is None:
+            return [base]
+        named = [f"Hostname={quote(node)}", f"hostname={quote(node)}"]
+        host = 'Hostname="", hostname="", instance=~' + quote(re.escape(node) + "(:[0-9]+)?")
+        return [", ".join(m for m in (base, alternative) if m) for alternative in (*named, host)]
+
+    def _instant(self, names: Sequence[str], matchers: str | list[str], now: float, *, chunk: int) -> list[PromSeries]:
+        """The series of ``names`` now (``matchers``: one set, or alternatives or'd): in one query, or ``chunk``
+        names per query."""
+        alternatives = [matchers] if isinstance(matchers, str) else matchers
+        groups = [names] if chunk <= 0 else [names[i : i + chunk] for i in range(0, len(names), chunk)]
+        out: list[PromSeries] = []
+        for group in groups:
+            out += self.client.query(" or ".join(fam.selector(group, m) for m in alternatives), now)
+        return out
+
+    def _times(self, promql: str, label: str, now: float) -> dict[str, float]:
+        return {s.labels[label]: s.value for s in self.client.query(promql, now) if s.labels.get(label)}
+
+    def current_jobs(self) -> list[GpuJob]:
+        now = self.clock.now()
+        jobs = [
+            GpuJob(
+                s.labels.get("node", ""),
+                int(s.labels["gpu"]),
+                s.labels["uuid"],
+                s.labels["job_id"],
+                s.labels.get("user") or None,
+            )
+            for s in self.client.query(fam.JOB_INFO, now)
+            if s.labels.get("uuid") and s.labels.get("job_id") and s.labels.get("gpu", "").isdigit()
+        ]
+        covered = {s.labels["uuid"] for s in self.client.query(fam.UP, now) if s.labels.get("uuid")}
+        grouped = self.client.query(self._dcgm_job_query(), now)
+        jobs += fam.dcgm_jobs(grouped, skip=covered)
+        return sorted(jobs, key=lambda j: (j.node, j.gpu, j.job_id))
+
+    @staticmethod
+    def _dcgm_job_query() -> str:
+        by = "UUID, gpu, Hostname, hostname, instance, pod, namespace, hpc_job"
+        held = [fam.selector(fam.DCGM_PRESENCE, f'{k}!=""') for k in ("pod", "hpc_job")]
+        return f"group by ({by}) ({held[0]} or {held[1]})"
+
+    def current_processes(self) -> list[ProcessReading]:
+        now = self.clock.now()
+        series = self.client.query(f"{fam.PROCESS} or count({fam.UP})", now)
+        rows = [s for s in series if s.labels.get("__name__") == fam.PROCESS]
+        if not rows and not any(s.value for s in series if not s.labels):
+            raise NotAvailableOnBackendError("GPU processes", "Prometheus holds no gpulens exporter series")
+        out = [
+            ProcessReading(
+                node=s.labels.get("node", ""),
+                gpu=int(s.labels.get("gpu", "0")),
+                uuid=s.labels.get("uuid", ""),
+                pid=int(s.labels.get("pid", "0")),
+                memory_used_bytes=round(s.value),
+                command=s.labels.get("command") or None,
+                user=s.labels.get("user") or None,
+                job_id=s.labels.get("job_id") or None,
+            )
+            for s in rows
+            if s.labels.get("pid", "").isdigit()
+        ]
+        return sorted(out, key=lambda p: (p.node, p.gpu, p.pid))
+
+    # --- over time ---------------------------------------------------------------------------------------------
+
+    def _step(self, start: float, end: float, max_points: int) -> tuple[float, float, float]:
+        """A step of whole seconds, at least ``min_step``, and the range aligned to it."""
+        step = max(self.min_step_s, math.ceil((end - start) / max(1, max_points - 1)))
+        return math.floor(start / step) * step, math.ceil(end / step) * step, float(step)
+
+    def field_query(
+        self, field: str, matchers: Mapping[bool, str], step: float, aggregates: Sequence[str] = ("mean", "min", "max")
+    ) -> str:
+        """One PromQL expression giving every source's mean, min and max (gauges; only ``aggregates``) or rate
+        (counters) per step, each series tagged ``gl="<aggregate>:<source index>"``."""
+        stored = schema.FIELD_BY_NAME.get(field)
+        if stored is None:
+            known = ", ".join(schema.FIELD_BY_NAME)
+            raise ValueError(f"unknown fields {field}; known: {known}")
+        window = f"[{step:g}s]"
+        counter_window = f"[{max(step, 4 * self.min_step_s):g}s]"
+        parts = []
+        for i, source in enumerate(fam.sources(field)):
+            selected = source.selector(matchers[source.dcgm])
+            if source.name == fam.XIDS:
+                parts.append(_tag(f"sum without (xid) (rate({selected}{counter_window}))", f"rate:{i}"))
+            elif stored.kind == "counter":
+                parts.append(_tag(f"rate({selected}{counter_window})", f"rate:{i}"))
+            elif stored.kind == "bitmask":
+                parts.append(_tag(f"max_over_time({selected}{window})", f"max:{i}"))
+            else:
+                parts += [_tag(f"{fn}({selected}{window})", f"{a}:{i}") for a, fn in _AGGREGATES if a in aggregates]
+        return " or ".join(parts)
+
+    def series(
+        self,
+        uuids: Sequence[str] | None,
+        fields: Sequence[str],
+        start: float,
+        end: float,
+        max_points: int = 1000,
+        *,
+        aggregates: Mapping[str, Sequence[str]] | None = None,
+    ) -> dict[str, SeriesData]:
+        """Time series per GPU (all GPUs when ``uuids`` is None); buckets are ``step`` wide, stamped at their start.
+
+        ``aggregates``: per gauge field, the aggregates wanted of mean, min and max (all by default); one left out
+        reads as the mean."""
+        if max_points < 2:
+            raise ValueError("max_points must be at least 2")
+        if end < start:
+            raise ValueError("end is before start")
+        unknown = [f for f in fields if f not in schema.FIELD_BY_NAME]
+        if unknown:
+            raise ValueError(f"unknown fields {', '.join(unknown)}; known: {', '.join(schema.FIELD_BY_NAME)}")
+        if uuids is not None and not uuids:
+            return {}
+        lo, hi, step = self._step(start, end, max_points)
+        matchers = {
+            False: "" if uuids is None else f"uuid=~{regex_of(uuids)}",
+            True: "" if uuids is None else f"UUID=~{regex_of(uuids)}",
+        }
+        # per GPU, "field/aggregate" -> bucket start -> value
+        points: dict[str, dict[str, dict[float, float]]] = defaultdict(dict)
+        for field in fields:
+            sources = fam.sources(field)
+            if not sources:
+                continue  # nothing in Prometheus holds it: no values, not zeros
+            chosen: dict[tuple[str, str], int] = {}  # (uuid, aggregate) -> rank of the source read
+            wanted = (aggregates or {}).get(field, ("mean", "min", "max"))
+            promql = self.field_query(field, matchers, step, wanted)
+            for s in self.client.query_range(promql, lo + step, hi + step, step):
+                uuid = fam.uuid_of(s.labels)
+                agg, _, index = s.labels.get("gl", "").partition(":")
+                if uuid is None or not index.isdigit():
+                    continue
+                source = sources[int(index)]
+                rank = (0 if source.dcgm else 10) + source.rank  # gpulens families first, then 4.6+ names
+                if chosen.get((uuid, agg), -1) > rank:
+                    continue
+                key = f"{field}/{agg}"
+                if chosen.get((uuid, agg)) != rank:
+                    points[uuid][key] = {}
+                chosen[(uuid, agg)] = rank
+                _fill(points[uuid][key], s, source, step)
+        out: dict[str, SeriesData] = {}
+        for uuid, tables in points.items():
+            times = sorted({t for table in tables.values() for t in table})
+            values: dict[str, tuple[float | None, ...]] = {}
+            minimum: dict[str, tuple[float | None, ...]] = {}
+            maximum: dict[str, tuple[float | None, ...]] = {}
+            for field in fields:
+                kind = schema.FIELD_BY_NAME[field].kind
+                main = tables.get(
+                    f"{field}/{'rate' if kind == 'counter' else 'max' if kind == 'bitmask' else 'mean'}", {}
+                )
+                values[field] = tuple(main.get(t) for t in times)
+                low, high = tables.get(f"{field}/min"), tables.get(f"{field}/max")
+                minimum[field] = values[field] if low is None else tuple(low.get(t) for t in times)
+                maximum[field] = (
+                    values[field] if high is None or kind == "bitmask" else tuple(high.get(t) for t in times)
+                )
+            out[uuid] = SeriesData(uuid, "prometheus", step, tuple(times), values, minimum, maximum)
+        return out
+
+    def jobs(self, start: float, end: float, *, job_id: str | None = None) -> list[JobSummary]:
+        lo, hi, step = self._step(start, end, JOB_POINTS + 1)
+        own = "" if job_id is None else f"job_id={quote(job_id)}"
+        held = fam.JOB_INFO + "{" + own + "}"
+        by = "UUID, gpu, Hostname, hostname, instance, pod, namespace, hpc_job"
+        dcgm = [fam.selector(fam.DCGM_PRESENCE, f'{k}!=""') for k in ("pod", "hpc_job")]
+        membership = f"{held} or group by ({by}) ({dcgm[0]} or {dcgm[1]})"
+        # job -> uuid -> set of step times held; uuid -> node
+        held_at: dict[str, dict[str, set[float]]] = defaultdict(lambda: defaultdict(set))
+        users: dict[str, str] = {}
+        nodes: dict[str, str] = {}
+        for s in self.client.query_range(membership, lo + step, hi + step, step):
+            uuid = fam.uuid_of(s.labels)
+            if uuid is None:
+                continue
+            nodes[uuid] = s.labels.get("node") or fam.dcgm_node(s.labels)
+            for job in fam.job_of(s.labels):
+                if job_id is not None and job != job_id:
+                    continue
+                held_at[job][uuid] |= {t - step for t, _ in s.samples if lo <= t - step < hi}
+                if s.labels.get("user"):
+                    users[job] = s.labels["user"]
+        if not held_at:
+            return []
+        gpus = sorted({uuid for members in held_at.values() for uuid in members})
+        wanted = {"utilization_ratio": ("mean",), "memory_used_bytes": ("mean", "max")}
+        data = self.series(gpus, list(wanted), lo, hi, JOB_POINTS + 1, aggregates=wanted)
+        return sorted(
+            (_summary(job, members, users.get(job), nodes, data, step) for job, members in held_at.items()),
+            key=lambda j: (-j.gpu_hours, j.job_id),
+        )
+
+    def gpu_info(self, *, uuids: Sequence[str] | None = None) -> list[GpuInfo]:
+        return [
+            GpuInfo(
+                r.node, r.gpu, r.uuid, r.model, r.pci_bus_id, r.driver_version, r.mig_enabled, r.timestamp, r.timestamp
+            )
+            for r in self.latest_readings(uuids=uuids)
+        ]
+
+    def link_outages(self, start: float, end: float) -> list[LinkOutage]:
+        lo, hi, step = self._step(start, end, 500)
+        out = []
+        for s in self.client.query_range(f"{fam.LINK_ACTIVE} == 0", lo, hi, step):
+            labels = s.labels
+            if not labels.get("uuid") or not labels.get("link", "").isdigit():
+                continue
+            runs: list[list[float]] = []
+            for t, _ in s.samples:
+                if runs and t - runs[-1][1] <= step * 1.5:
+                    runs[-1][1] = t
+                else:
+                    runs.append([t, t])
+            for since, until in runs:
+                ongoing = until >= hi - step
+                gpu = int(labels.get("gpu", "0"))
+                out.append(
+                    LinkOutage(
+                        labels.get("node", ""),
+                        gpu,
+                        labels["uuid"],
+                        int(labels["link"]),
+                        since,
+                        None if ongoing else until,
+                        None,
+                    )
+                )
+        return sorted(out, key=lambda o: (o.node, o.gpu, o.link, o.since))
+
+    def target_health(self) -> list[TargetHealth]:
+        now = self.clock.now()
+        series = self.client.query('{__name__=~"up|scrape_duration_seconds|scrape_samples_scraped"}', now)
+        targets: dict[tuple[str, str], dict[str, Any]] = {}
+        for s in series:
+            key = (s.labels.get("job", ""), s.labels.get("instance", ""))
+            targets.setdefault(key, {})[s.labels.get("__name__", "")] = s.value
+            targets[key]["time"] = s.samples[-1][0]
+        return [
+            TargetHealth(
+                target=f"{job}/{instance}" if job else instance,
+                url=instance,
+                kind="prometheus",
+                timestamp=values["time"],
+                up=values.get("up", 0.0) == 1.0,
+                scrape_duration_seconds=values.get("scrape_duration_seconds"),
+                samples=round(values.get("scrape_samples_scraped", 0.0)),
+                last_error=None if values.get("up", 0.0) == 1.0 else "down in Prometheus (its /targets page says why)",
+            )
+            for (job, instance), values in sorted(targets.items())
+        ]
+
+
+def _fill(table: dict[float, float], s: PromSeries, source: fam.Source, step: float) -> None:
+    """Add one series' samples to ``table`` (bucket start -> value) in gpulens units; throttle reasons OR'd in."""
+    bit = fam.THROTTLE_BITS.get(s.labels.get("reason", "")) if source.name == fam.THROTTLE else None
+    for t, v in s.samples:
+        if not math.isfinite(v):
+            continue
+        if bit is not None:
+            table[t - step] = float(int(table.get(t - step, 0)) | (bit if v else 0))
+        elif source.name != fam.THROTTLE:
+            table[t - step] = v * source.factor
+
+
+def _summary(
+    job_id: str,
+    members: Mapping[str, set[float]],
+    user: str | None,
+    nodes: Mapping[str, str],
+    data: Mapping[str, SeriesData],
+    step: float,
+) -> JobSummary:
+    util: list[float] = []
+    mem: list[float] = []
+    mem_max: float | None = None
+    for uuid, times in members.items():
+        series = data.get(uuid)
+        if series is None:
+            continue
+        for i, t in enumerate(series.timestamps):
+            if t not in times:
+                continue
+            u, m, top = (
+                series.values["utilization_ratio"][i],
+                series.values["memory_used_bytes"][i],
+                series.maximum["memory_used_bytes"][i],
+            )
+            if u is not None:
+                util.append(u)
+            if m is not None:
+                mem.append(m)
+            if top is not None:
+                mem_max = top if mem_max is None else max(mem_max, top)
+    mean = sum(util) / len(util) if util else None
+    stddev = math.sqrt(max(0.0, sum(u * u for u in util) / len(util) - mean * mean)) if mean is not None else None
+    every = [t for times in members.values() for t in times]
+    return JobSummary(
+        job_id=job_id,
+        user=user,
+        gpus=tuple(sorted(members)),
+        nodes=tuple(sorted({nodes[u] for u in members if u in nodes})),
+        first_seen=min(every) if every else 0.0,
+        last_seen=(max(every) + step) if every else 0.0,
+        gpu_hours=len(every) * step / 3600.0,
+        utilization_ratio_mean=mean,
+        utilization_ratio_stddev=stddev,
+        memory_used_bytes_mean=sum(mem) / len(mem) if mem else None,
+        memory_used_bytes_max=None if mem_max is None else round(mem_max),
+        resolution="prometheus",
+    )

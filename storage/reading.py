@@ -1,0 +1,148 @@
+"""The read interface of a store: what the dashboard, ``gpulens query`` and the alert engine read, whatever holds it.
+
+``StoreReader`` is the protocol; ``SqlReader`` serves it from the SQL store (``storage.latest``, ``timeseries``,
+``jobstats``, ``inventory``) and ``storage.prometheus.PromReader`` from a Prometheus-compatible query API. A store
+that cannot give something raises ``NotAvailableOnBackendError``, which the callers show as "not available on this
+backend": never as zero or as an empty success.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from gpulens.clock import Clock
+from gpulens.model import GpuJob, GpuReading, ProcessReading, TargetHealth
+from storage import inventory, jobstats, latest, timeseries
+from storage.db import Database
+from storage.inventory import GpuInfo, LinkOutage
+from storage.jobstats import JobSummary
+from storage.timeseries import SeriesData
+
+NOT_AVAILABLE = "not available on this backend"
+
+
+class NotAvailableOnBackendError(Exception):
+    """The store cannot give ``what`` (the Prometheus backend has no process table, for example)."""
+
+    def __init__(self, what: str, backend: str) -> None:
+        super().__init__(f"{what}: {NOT_AVAILABLE} ({backend})")
+        self.what = what
+        self.backend = backend
+
+
+class TooManySeriesError(ValueError):
+    """A query would return more series than the reader's limit; the message says how to narrow it."""
+
+
+class StoreReader(Protocol):
+    """Read access to the monitoring history. Records are the core's; units are SI."""
+
+    url_redacted: str  # the store's URL without credentials, for pages and logs
+    clock: Clock
+    backend: str  # "sqlite" | "postgresql" | "prometheus"
+
+    def scrub(self, text: str) -> str:
+        """``text`` with the store's secrets replaced by ``***``."""
+        ...
+
+    def latest_readings(
+        self,
+        *,
+        node: str | None = None,
+        uuids: Sequence[str] | None = None,
+        max_age_s: float | None = None,
+        fields: Sequence[str] | None = None,
+    ) -> list[GpuReading]:
+        """The newest reading of every GPU (of ``node`` / ``uuids`` only, if given), by node and index.
+
+        ``fields``: the reading fields the caller needs (identity, ``up`` and ``timestamp`` always come); a store
+        may leave the others ``None`` to read less (Prometheus does: fewer series per GPU)."""
+        ...
+
+    def current_jobs(self) -> list[GpuJob]:
+        """The jobs holding each GPU now."""
+        ...
+
+    def current_processes(self) -> list[ProcessReading]:
+        """The processes of each GPU's latest reading; raises ``NotAvailableOnBackendError`` where none are kept."""
+        ...
+
+    def series(
+        self, uuids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000
+    ) -> dict[str, SeriesData]:
+        """Time series of ``fields`` for ``uuids`` over [start, end], at most ``max_points`` per GPU."""
+        ...
+
+    def jobs(self, start: float, end: float, *, job_id: str | None = None) -> list[JobSummary]:
+        """Every job (or only ``job_id``) that held a GPU during [start, end], most GPU-hours first."""
+        ...
+
+    def gpu_info(self, *, uuids: Sequence[str] | None = None) -> list[GpuInfo]:
+        """Static info of every GPU known (of ``uuids`` only, if given), by node and index."""
+        ...
+
+    def link_outages(self, start: float, end: float) -> list[LinkOutage]:
+        """NVLinks reported inactive at some time in [start, end]."""
+        ...
+
+    def target_health(self) -> list[TargetHealth]:
+        """The latest health of every scrape target, by name."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SqlReader:
+    """``StoreReader`` over the SQL store."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.url_redacted = db.url_redacted
+        self.clock = db.clock
+        self.backend = db.dialect
+
+    def scrub(self, text: str) -> str:
+        return self.db.scrub(text)
+
+    def latest_readings(
+        self,
+        *,
+        node: str | None = None,
+        uuids: Sequence[str] | None = None,
+        max_age_s: float | None = None,
+        fields: Sequence[str] | None = None,
+    ) -> list[GpuReading]:
+        return latest.latest_readings(self.db, max_age_s=max_age_s, node=node, uuids=uuids)
+
+    def current_jobs(self) -> list[GpuJob]:
+        return latest.latest_snapshot_parts(self.db)[0]
+
+    def current_processes(self) -> list[ProcessReading]:
+        return latest.latest_snapshot_parts(self.db)[1]
+
+    def series(
+        self, uuids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000
+    ) -> dict[str, SeriesData]:
+        return timeseries.series(self.db, uuids, fields, start, end, max_points)
+
+    def jobs(self, start: float, end: float, *, job_id: str | None = None) -> list[JobSummary]:
+        return jobstats.jobs(self.db, start, end, job_id=job_id)
+
+    def gpu_info(self, *, uuids: Sequence[str] | None = None) -> list[GpuInfo]:
+        info = inventory.gpu_info(self.db)
+        return info if uuids is None else [g for g in info if g.uuid in set(uuids)]
+
+    def link_outages(self, start: float, end: float) -> list[LinkOutage]:
+        return inventory.link_outages(self.db, start, end)
+
+    def target_health(self) -> list[TargetHealth]:
+        return inventory.target_health(self.db)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def reader_of(store: Database | StoreReader) -> StoreReader:
+    """``store`` as a reader: a ``Database`` is wrapped in ``SqlReader``."""
+    return SqlReader(store) if isinstance(store, Database) else store

@@ -1,0 +1,321 @@
+"""The Prometheus read backend against a real Prometheus scraping simulated exporters (tests/storage/promstack.py):
+``gpulens query`` agrees with the SQL path, ``gpulens alerts run`` fires CommunicationStall on the stalled job over
+either data source and delivers it to a webhook, the dashboard pages render with data in Chromium, what Prometheus
+lacks is said, and the commands that write refuse a Prometheus URL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpulens.config import ConfigError
+from gpulens.model import GpuReading
+from gpulens.settings import StoreAuth
+from storage.connect import open_existing_database
+from storage.prometheus import PromReader
+from storage.reading import NotAvailableOnBackendError, SqlReader, TooManySeriesError
+from tests.prom import wait_for
+from tests.storage.promstack import FROZEN_NODES, NODES, Hook, Stack, fired, run_gpulens, running_stack
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> Iterator[Stack]:
+    with running_stack(tmp_path_factory.mktemp("promstack"), prometheus_bin) as running:
+        # both servers hold every GPU before any test reads them
+        wait_for(running.prom_gl, "count(gpulens_gpu_up)", lambda r: bool(r) and r[0]["value"][1] == "16")
+        wait_for(running.prom_dcgm, "count(DCGM_FI_DEV_GPU_UTIL)", lambda r: bool(r) and r[0]["value"][1] == "8")
+        wait_until(lambda: len(sql_readings(running.sql_url)) == 8, 60, "the collector's first rounds")
+        yield running
+
+
+def sql_readings(url: str) -> list[GpuReading]:
+    try:
+        sql = SqlReader(open_existing_database(url))
+    except ConfigError:
+        return []  # the collector has not created it yet
+    try:
+        return [r for r in sql.latest_readings() if r.node in FROZEN_NODES]
+    finally:
+        sql.close()
+
+
+def reader(base: str, **changes: Any) -> PromReader:
+    return PromReader("prometheus+" + base, StoreAuth(min_step_s=1.0, **changes))
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Equal up to the SQL store's precision (its compact units: deciwatts, KiB, ...)."""
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or isinstance(a, bool) or isinstance(b, bool):
+        return bool(a == b)
+    return math.isclose(float(a), float(b), rel_tol=2e-3, abs_tol=0.06)
+
+
+def test_query_latest_gives_every_gpu_with_the_values_of_the_sql_path(stack: Stack) -> None:
+    frozen = sql_readings(stack.sql_url)
+    assert len(frozen) == 8
+    out = run_gpulens("query", "latest", "--json", "--db", "prometheus+" + stack.prom_gl)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert {(r["node"], r["gpu"]) for r in rows} == {(n, i) for n in (*NODES, *FROZEN_NODES) for i in range(4)}
+    by_uuid = {r["uuid"]: r for r in rows}
+    compared = 0
+    for reading in frozen:
+        row = by_uuid[reading.uuid]
+        for name, value in vars_of(reading).items():
+            if name in ("timestamp", "xid_errors"):
+                continue
+            if name == "mig_enabled":  # not in the exporter's families: unknown, not False
+                assert row[name] is None
+                continue
+            assert _close(row[name], value), (reading.node, reading.gpu, name, row[name], value)
+            compared += value is not None
+        assert row["job_id"] == "frozen-train"
+        assert row["user"] == "alice"
+    assert compared > 8 * 30  # most fields of every GPU, not a few
+
+
+def vars_of(reading: GpuReading) -> dict[str, Any]:
+    return {name: getattr(reading, name) for name in reading.__dataclass_fields__}
+
+
+def test_dcgm_families_read_through_the_same_field_table(stack: Stack) -> None:
+    gl, dcgm = reader(stack.prom_gl), reader(stack.prom_dcgm)
+    ours = {r.uuid: r for r in gl.latest_readings() if r.node in NODES}
+    theirs = dcgm.latest_readings()
+    assert {(r.node, r.gpu, r.uuid, r.model) for r in theirs} == {
+        (r.node, r.gpu, r.uuid, r.model) for r in ours.values()
+    }
+    for r in theirs:
+        total = ours[r.uuid].memory_total_bytes
+        assert r.memory_total_bytes is not None
+        assert total is not None
+        assert math.isclose(r.memory_total_bytes, total, rel_tol=0.02)
+        assert r.sm_clock_hertz is not None
+        assert r.sm_clock_hertz > 1e9
+        assert r.utilization_ratio is not None
+        assert 0 <= r.utilization_ratio <= 1
+    one = dcgm.latest_readings(node="node-01")  # selected in PromQL by the Hostname label
+    assert [(r.node, r.gpu) for r in one] == [("node-01", i) for i in range(4)]
+    jobs = dcgm.current_jobs()
+    assert {(j.uuid, j.job_id) for j in jobs} == {(uuid, "llm-pretrain") for uuid in ours}  # from hpc_job
+    with pytest.raises(NotAvailableOnBackendError, match="not available on this backend"):
+        dcgm.current_processes()
+    assert len(gl.current_processes()) > 0  # the gpulens exporter exports its processes
+
+
+def test_one_query_per_field_whatever_the_gpu_count(stack: Stack) -> None:
+    gl = reader(stack.prom_gl)
+    readings = gl.latest_readings()
+    uuids = [r.uuid for r in readings]
+    live = {r.uuid for r in readings if r.node in NODES}  # the frozen exporter's energy does not grow
+    before = gl.client.stats.queries
+    now = time.time()
+    data = gl.series(uuids, ["utilization_ratio", "power_watts", "energy_joules_total"], now - 20, now, 10)
+    assert gl.client.stats.queries - before == 3
+    assert set(data) == set(uuids)
+    for uuid, series in data.items():
+        assert series.step_seconds == 3.0
+        assert all(t % 3 == 0 for t in series.timestamps)
+        assert all(lo <= mean <= hi for lo, mean, hi in zip(*(
+            getattr(series, k)["power_watts"] for k in ("minimum", "values", "maximum")), strict=True
+        ) if lo is not None and mean is not None and hi is not None)  # fmt: skip
+        rates = [v for v in series.values["energy_joules_total"] if v is not None]
+        assert rates
+        assert all(10 < v < 10_000 if uuid in live else v == 0 for v in rates)
+
+
+def test_a_query_over_the_series_limit_says_so(stack: Stack) -> None:
+    small = reader(stack.prom_gl, max_series=5)
+    with pytest.raises(TooManySeriesError, match=r"over the limit of 5 \(\[database\] max_series\)"):
+        small.latest_readings()
+
+
+def test_alerts_run_fires_the_stall_over_both_sources_and_delivers_it(stack: Stack) -> None:
+    for source in ("gl", "dcgm"):
+        alerts = wait_until(lambda s=source: fired(f"/{s}", "CommunicationStall"), 150, f"the stall alert ({source})")
+        assert {a["labels"]["job_id"] for a in alerts} == {"llm-pretrain"}
+        assert len({a["fingerprint"] for a in alerts}) == 1  # one alert for the job, not one per GPU or node
+        delivered = {a["labels"]["alertname"] for p in Hook.payloads[f"/{source}"] for a in p["alerts"]}
+        assert delivered == {"CommunicationStall"}  # nothing else goes wrong in this scenario
+
+
+def test_dashboard_pages_render_with_data_in_chromium(stack: Stack) -> None:
+    from dashboard.app import create_app
+    from tests.dashboard.browser import chromium, serving, wait_rendered
+
+    gl = reader(stack.prom_gl)
+    uuid = next(r.uuid for r in gl.latest_readings() if r.node == "node-00")
+    app = create_app(gl)
+    pages = {
+        "/": "node-00",
+        "/jobs": "llm-pretrain",
+        "/jobs/llm-pretrain": "node-01",
+        "/nodes/node-00": "python",  # its processes, from gpulens_process_gpu_memory_bytes
+        f"/gpus/{uuid}": "node-00",
+        "/interconnect": "eq-00:0",  # the first node, and its GPUs in the link-error table
+    }
+    with serving(app) as base, chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        for path, text in pages.items():
+            page.goto(base + path)
+            wait_rendered(page)
+            body = page.inner_text("body")
+            assert text in body, path
+            assert "Could not read the data" not in body, path
+            assert "No data yet" not in body, path
+            assert page.locator(".main-svg").count() > 0, path
+        assert errors == []
+    dcgm_app = create_app(reader(stack.prom_dcgm))
+    with serving(dcgm_app) as base, chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(base + "/nodes/node-01")
+        wait_rendered(page)
+        assert "GPU processes: not available on this backend" in page.inner_text("body")
+
+
+def test_commands_that_write_refuse_a_prometheus_url(tmp_path: Path) -> None:
+    for args in (
+        ["collector", "--db", "prometheus+http://127.0.0.1:9", "--target", "http://127.0.0.1:1"],
+        ["db", "upgrade", "--db", "prometheus+http://127.0.0.1:9"],
+        ["simulate", "examples/scenarios/stall.toml", "--db", "prometheus+http://127.0.0.1:9"],
+    ):
+        out = run_gpulens(*args)
+        assert out.returncode != 0
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1, out.stderr
+        assert "gpulens reads but never writes" in lines[0]
+        assert "docs/prometheus.md" in lines[0]
+
+
+def test_credentials_come_from_the_environment_and_never_the_url() -> None:
+    with_password = PromReader(
+        "prometheus+http://127.0.0.1:9", environ={"GPULENS_DB_USERNAME": "ops", "GPULENS_DB_PASSWORD": "s3cret"}
+    )
+    assert with_password.scrub("failed for s3cret") == "failed for ***"
+    assert with_password.client._headers["Authorization"].startswith("Basic ")
+    token = PromReader("prometheus+https://prom.example:443/prom", environ={"GPULENS_DB_BEARER_TOKEN": "tok-1"})
+    assert token.client._headers["Authorization"] == "Bearer tok-1"
+    assert token.client.base == "https://prom.example:443/prom"
+    mimir = PromReader("prometheus+http://mimir:8080/prometheus", StoreAuth(tenant="team-a"), environ={})
+    assert mimir.client._headers["X-Scope-OrgID"] == "team-a"
+    assert "Authorization" not in mimir.client._headers
+    with pytest.raises(ConfigError, match="not the URL"):
+        PromReader("prometheus+http://ops:pw@127.0.0.1:9", environ={})
+
+
+def test_silences_over_prometheus_live_in_the_alert_state_store(stack: Stack, tmp_path: Path) -> None:
+    config = tmp_path / "gpulens.toml"
+    config.write_text(f'[database]\nstate_url = "sqlite:///{tmp_path / "state.db"}"\n')
+    db = ["--config", str(config), "--db", "prometheus+" + stack.prom_gl]
+    added = run_gpulens("silence", "add", *db, "--match", "node=node-01", "--duration", "1h", "--comment", "repairs")
+    assert added.returncode == 0, added.stderr
+    listed = run_gpulens("silence", "list", *db, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [s["comment"] for s in json.loads(listed.stdout)] == ["repairs"]
+    assert (tmp_path / "state.db").exists()
+
+
+def test_gpulens_dashboard_serves_over_prometheus(stack: Stack, tmp_path: Path) -> None:
+    from tests.conftest import free_port, http_get
+    from tests.storage.promstack import gpulens, process, wait_http
+
+    port = free_port()
+    log = tmp_path / "dashboard.log"
+    proc = gpulens(
+        "dashboard", "--config", str(stack.config_gl), "--db", "prometheus+" + stack.prom_gl,
+        "--listen", f"127.0.0.1:{port}", log=log,
+    )  # fmt: skip
+    with process(proc, log):
+        wait_http(f"http://127.0.0.1:{port}/healthz", proc, log)
+        status, _, body = http_get(f"http://127.0.0.1:{port}/_dash-layout")
+        assert status == 200
+        assert b"prometheus" in body  # the shell names the store it reads ("+" comes JSON-escaped)
+    assert "reading prometheus+http://127.0.0.1" in log.read_text()
+
+
+def test_query_series_jobs_and_targets_over_prometheus(stack: Stack) -> None:
+    db = ["--db", "prometheus+" + stack.prom_gl, "--config", str(stack.config_gl)]  # min_step 1s
+    uuid = next(r.uuid for r in reader(stack.prom_gl).latest_readings(node="node-00"))
+    series = run_gpulens("query", "series", *db, "--gpu", uuid, "--field", "power_watts", "--since", "1m", "--json")
+    assert series.returncode == 0, series.stderr
+    rows = json.loads(series.stdout)
+    assert rows
+    assert {r["uuid"] for r in rows} == {uuid}
+    assert all(r["power_watts"] > 0 for r in rows)
+    jobs = run_gpulens("query", "jobs", *db, "--since", "5m", "--json")
+    assert jobs.returncode == 0, jobs.stderr
+    by_id = {j["job_id"]: j for j in json.loads(jobs.stdout)}
+    assert set(by_id) == {"llm-pretrain", "frozen-train"}
+    assert by_id["llm-pretrain"]["gpus"] == 8
+    assert by_id["llm-pretrain"]["nodes"] == 2
+    assert by_id["llm-pretrain"]["gpu_hours"] > 0
+    targets = run_gpulens("query", "targets", *db, "--json")
+    assert targets.returncode == 0, targets.stderr
+    health = json.loads(targets.stdout)
+    assert {t["target"].split("/")[0] for t in health} == {*NODES, *FROZEN_NODES}  # Prometheus's scrape jobs
+    assert all(t["up"] for t in health)
+
+
+@pytest.mark.parametrize("page", ["current.prom", "legacy.prom"])
+def test_every_dcgm_exporter_generation_reads_as_its_page_does(page: str, prometheus_bin: str, tmp_path: Path) -> None:
+    """A dcgm-exporter page (4.6+ base-unit names, or 2.x-4.5 names) read through Prometheus gives the records that
+    reading the page itself gives (gpulens.dcgmpage), but for the sample time."""
+    import dataclasses
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from gpulens.dcgmpage import parse_dcgm_metrics
+    from tests.prom import running_prometheus
+
+    text = (Path(__file__).parents[1] / "fixtures" / "dcgm" / page).read_text()
+
+    class Page(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    expected = parse_dcgm_metrics(text, node=None, timestamp=0.0)
+    try:
+        target = f"127.0.0.1:{server.server_address[1]}"
+        with running_prometheus(prometheus_bin, tmp_path, {"dcgm": (target, "/metrics")}) as base:
+            wait_for(base, "up", lambda r: bool(r) and r[0]["value"][1] == "1")
+            store = reader(base)
+            got = wait_until(lambda: store.latest_readings(), 30, "the page's GPUs in Prometheus")
+            jobs = store.current_jobs()
+            node = expected.gpus[0].node  # from the page's hostname (4.6+) or Hostname (earlier) label
+            assert [r.uuid for r in store.latest_readings(node=node)] == [r.uuid for r in got]
+            assert store.latest_readings(node="elsewhere") == []
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert expected.gpus
+    assert [dataclasses.replace(r, timestamp=0.0) for r in got] == list(expected.gpus)
+    assert sorted((j.uuid, j.job_id) for j in jobs) == sorted((j.uuid, j.job_id) for j in expected.jobs)

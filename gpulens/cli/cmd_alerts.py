@@ -99,11 +99,15 @@ def _run_rules(args: argparse.Namespace) -> int:
     try:
         state = open_database(state_url)
         try:
-            service = AlertService(state, alerting)
+            # Started: its notification worker delivers what the rounds decide, apart from them.
+            service = AlertService(state, alerting, interval_s=args.interval).start()
             announce = f"gpulens alerts run: rules every {args.interval:g}s over {store.url_redacted}"
             print(f"{announce}, alert state in {state.url_redacted}", file=sys.stderr, flush=True)
-            with stop_on_signals() as stop:
-                run_store_rules(store, service.hook, interval_s=args.interval, stop=stop, clock=time.time)
+            try:
+                with stop_on_signals() as stop:
+                    run_store_rules(store, service.hook, interval_s=args.interval, stop=stop, clock=time.time)
+            finally:
+                service.close()
         finally:
             state.close()
     finally:

@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection
 from gpulens.model import GpuReading, NodeSnapshot, TargetHealth
 from storage import schema
 from storage.db import Database, lock_tier
+from storage.rollup import PENDING
 
 # gpu.last_seen_ms moves at most once a minute per GPU, not every scrape (see schema.newest_sample_ms).
 LAST_SEEN_RESOLUTION_MS: Final = schema.MINUTE_MS
@@ -288,7 +289,10 @@ class Writer:
             return
         earliest = min(ts_ms for _, _, ts_ms in resolved)
         t = schema.tier_state
-        position = conn.execute(sa.select(t.c.position_ms).where(t.c.tier == "1m")).scalar_one_or_none()
+        # A bucket being rolled up slice by slice counts as rolled up already (see storage.rollup.PENDING).
+        position = conn.execute(
+            sa.select(sa.func.max(t.c.position_ms)).where(t.c.tier.in_(["1m", "1m" + PENDING]))
+        ).scalar_one_or_none()
         if position is not None and earliest < position:
             conn.execute(sa.insert(schema.rollup_dirty).values(tier="1m", from_ms=earliest))
 

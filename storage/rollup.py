@@ -99,8 +99,9 @@ def _from_samples_sql(dialect: str) -> str:
             "WITH RECURSIVE minutes(m) AS (SELECT :read_from / 60000 "
             "UNION ALL SELECT m + 1 FROM minutes WHERE m + 1 < (:hi + 59999) / 60000) "
         )
-        where += f" AND {minute} IN (SELECT m FROM minutes)"
-        read_where += f" AND {minute} IN (SELECT m FROM minutes)"
+        in_minutes = f" AND {minute} IN (SELECT m FROM minutes)"  # noqa: S608 (constant identifiers)
+        where += in_minutes
+        read_where += in_minutes
     aggregated = (
         f"SELECT gpu_id, {minute} AS minute, count(*) AS n, {', '.join(gauges)} "  # noqa: S608
         f"FROM gpu_sample WHERE {where} GROUP BY {minute}, gpu_id"

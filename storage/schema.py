@@ -71,6 +71,8 @@ class StoredField:
             return f"CASE WHEN {value} THEN 1 WHEN NOT {value} THEN 0 END" if dialect == "postgresql" else value
         scaled = value if self.unit == self.per_unit else f"({value} * {self.per_unit / self.unit!r})"
         rounded = value if self.is_int and self.unit == self.per_unit else f"round({scaled})"
+        if dialect == "sqlite" and rounded == value:  # a Python int binds as an SQLite integer already
+            return f"CASE WHEN {value} BETWEEN {-self.limit} AND {self.limit} THEN {value} END"
         cast = "bigint" if dialect == "postgresql" else "INTEGER"
         return f"CASE WHEN {scaled} BETWEEN {-self.limit} AND {self.limit} THEN CAST({rounded} AS {cast}) END"
 

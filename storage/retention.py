@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from storage import schema
 from storage.db import Database
+from storage.rollup import next_slice
 
 log = logging.getLogger(__name__)
 
@@ -185,10 +186,7 @@ class RetentionJob:
         elapsed = time.perf_counter() - started
         self.longest_step_s = max(self.longest_step_s, elapsed)
         if piece.kind in self._slice:
-            size = self._slice[piece.kind]
-            self._slice[piece.kind] = max(
-                1, min(2**20, round((size + size * max_seconds * 0.8 / max(elapsed, 1e-4)) / 2))
-            )
+            self._slice[piece.kind] = next_slice(self._slice[piece.kind], elapsed, max_seconds)
         return bool(self._pieces)
 
     def _start(self, now: float) -> None:

@@ -146,6 +146,13 @@ def _from_minutes_sql(dialect: str) -> str:
     )
 
 
+def next_slice(size: int, elapsed: float, max_seconds: float) -> int:
+    """The next slice of GPUs, from the last one's size and duration: aiming at 60 % of ``max_seconds``, moving
+    halfway there, and at most doubling, so one step slowed down or sped up by a busy machine does not swing it."""
+    estimate = size * max_seconds * 0.6 / max(elapsed, 1e-4)
+    return max(1, min(2 * size, round((size + estimate) / 2)))
+
+
 class Rollups:
     """Builds the 1-minute and 1-hour tables incrementally: ``step`` between scrape rounds, or ``run``."""
 
@@ -157,7 +164,8 @@ class Rollups:
         self._db = db
         self._settle_ms = round(settle_s * 1000)
         self._sql = {"1m": _from_samples_sql(db.dialect), "1h": _from_minutes_sql(db.dialect)}
-        self._slice = dict.fromkeys(("1m", "1h"), max(1, slice_gpus))
+        # An hour of a GPU is 60 minute rows to aggregate, a minute about 6 raw rows: start the hours smaller.
+        self._slice = {"1m": max(1, slice_gpus), "1h": max(1, slice_gpus // 16)}
         self._work: _Work | None = None
         self.longest_step_s = 0.0  # the longest step() so far, for the collector's metrics and the benchmark
 
@@ -192,10 +200,7 @@ class Rollups:
         self._roll(work, g1)
         elapsed = time.perf_counter() - started
         self.longest_step_s = max(self.longest_step_s, elapsed)
-        # Size the next slice of this tier to fit max_seconds (halfway to the estimate, so one slow step on a busy
-        # machine does not swing it).
-        estimate = slice_gpus * max_seconds * 0.8 / max(elapsed, 1e-4)
-        self._slice[work.tier.name] = max(1, min(2**20, round((slice_gpus + estimate) / 2)))
+        self._slice[work.tier.name] = next_slice(slice_gpus, elapsed, max_seconds)
         return True
 
     # --- planning -----------------------------------------------------------------------------------------------

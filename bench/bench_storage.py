@@ -182,14 +182,17 @@ def _measure_steps(prefix: str, db: Database, rolled: float, end: float, raw_row
         t = schema.tier_state
         conn.execute(sa.update(t).where(t.c.tier.in_(["1m", "1h"])).values(position_ms=round(rolled * 1000)))
     rollups = Rollups(db, settle_s=0)
-    steps = 0
-    started = time.perf_counter()
-    while rollups.step(end, max_seconds=max_seconds):
-        steps += 1
-    spent = time.perf_counter() - started
-    emit(f"{prefix}_rollup_step_rate", raw_rows / spent, "raw rows/s")
-    emit(f"{prefix}_rollup_steps", steps, "steps")
-    emit(f"{prefix}_rollup_longest_step", rollups.longest_step_s * 1000, "ms")
+    durations = []
+    more = True
+    while more:
+        started = time.perf_counter()
+        more = rollups.step(end, max_seconds=max_seconds)
+        durations.append(time.perf_counter() - started)
+    emit(f"{prefix}_rollup_step_rate", raw_rows / sum(durations), "raw rows/s")
+    emit(f"{prefix}_rollup_steps", len(durations), "steps")
+    emit(f"{prefix}_rollup_step_median", statistics.median(durations) * 1000, "ms")
+    emit(f"{prefix}_rollup_step_p95", statistics.quantiles(durations, n=20)[-1] * 1000, "ms")
+    emit(f"{prefix}_rollup_longest_step", max(durations) * 1000, "ms")
 
 
 # --- live rounds -----------------------------------------------------------------------------------------------------

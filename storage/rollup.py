@@ -249,6 +249,13 @@ class Rollups:
                 "ORDER BY ts_ms / 60000 LIMIT 1"
             )
         else:
+            # The BRIN index makes min() read every block range of [lo, limit): first look at lo's minute alone,
+            # which has samples whenever the collector is running.
+            in_first = (
+                "SELECT ts_ms FROM gpu_sample WHERE ts_ms >= :lo AND ts_ms < :lo + 60000 AND ts_ms < :limit LIMIT 1"
+            )
+            if conn.execute(sa.text(in_first), {"lo": lo, "limit": limit}).scalar() is not None:
+                return lo
             sql = "SELECT min(ts_ms) FROM gpu_sample WHERE ts_ms >= :lo AND ts_ms < :limit"
         first = conn.execute(sa.text(sql), {"lo": lo, "limit": limit}).scalar()
         return limit if first is None else max(lo, first - first % schema.MINUTE_MS)

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -366,7 +367,7 @@ def postgresql_server(bindir: Path, root: Path) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     data = root / "data"
-    quiet = {"check": True, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    quiet: dict[str, Any] = {"check": True, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     subprocess.run([*as_postgres, str(bindir / "initdb"), "-D", str(data), "--auth=trust", "-U", "postgres"], **quiet)
     options = (
         f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c shared_buffers=1GB -c max_wal_size=8GB "

@@ -8,7 +8,8 @@ generated inside the database with INSERT ... SELECT, in time order, as scrapes 
   ``gc.freeze()`` (Python's cyclic GC otherwise rescans every long-lived object every few rounds);
 - bytes on disk per GPU row (the sample table and its index) and the store's size;
 - the rate of ``Rollups.run`` over the history's last hour (rollup rows for the hours before it, and for 29
-  earlier days of hourly rows, are generated like the raw rows);
+  earlier days of hourly rows, are generated like the raw rows), then the same hour again with ``Rollups.step``
+  (as the collector runs it between scrape rounds): its rate, number of steps and longest step;
 - query latency (median of 5, warm): the latest reading of every GPU, one GPU's 24 hours at 1,000 points,
   and 30 days of one 16-GPU job (series of 2 fields for its 16 GPUs, plus its job summary).
 
@@ -32,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -173,6 +175,27 @@ def _summarize(db: Database) -> None:
         conn.exec_driver_sql("ANALYZE")
 
 
+def _measure_steps(prefix: str, db: Database, rolled: float, end: float, raw_rows: float, max_seconds: float) -> None:
+    """The same hour again with Rollups.step, as the collector runs it between rounds: the longest step matters."""
+    with db.write_transaction() as conn:
+        for table in (schema.gpu_rollup_1m, schema.gpu_rollup_1h):
+            conn.execute(sa.delete(table).where(table.c.ts_ms >= round(rolled * 1000)))
+        t = schema.tier_state
+        conn.execute(sa.update(t).where(t.c.tier.in_(["1m", "1h"])).values(position_ms=round(rolled * 1000)))
+    rollups = Rollups(db, settle_s=0)
+    durations = []
+    more = True
+    while more:
+        started = time.perf_counter()
+        more = rollups.step(end, max_seconds=max_seconds)
+        durations.append(time.perf_counter() - started)
+    emit(f"{prefix}_rollup_step_rate", raw_rows / sum(durations), "raw rows/s")
+    emit(f"{prefix}_rollup_steps", len(durations), "steps")
+    emit(f"{prefix}_rollup_step_median", statistics.median(durations) * 1000, "ms")
+    emit(f"{prefix}_rollup_step_p95", statistics.quantiles(durations, n=20)[-1] * 1000, "ms")
+    emit(f"{prefix}_rollup_longest_step", max(durations) * 1000, "ms")
+
+
 # --- live rounds -----------------------------------------------------------------------------------------------------
 
 
@@ -273,11 +296,16 @@ def run_backend(prefix: str, url: str, args: argparse.Namespace) -> None:
     log(f"{prefix}: generating rollup rows up to the last hour, and 29 earlier days of hourly rows")
     rolled = _generate_rollups(db, end, args.interval)
     log(f"{prefix}: rolling up the last hour with Rollups.run")
+    raw_rows = (end - rolled) / args.interval * args.nodes * args.gpus
     started = time.perf_counter()
     Rollups(db, settle_s=0).run(end)
     rollup_s = time.perf_counter() - started
-    emit(f"{prefix}_rollup_rate", (end - rolled) / args.interval * args.nodes * args.gpus / rollup_s, "raw rows/s")
+    emit(f"{prefix}_rollup_rate", raw_rows / rollup_s, "raw rows/s")
+    _measure_steps(prefix, db, rolled, end, raw_rows, args.step_seconds)
 
+    if db.dialect == "sqlite":  # what the rollups wrote to the WAL is checkpointed before the writes are timed
+        with db.engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
     writer = Writer(db)  # a restarted collector: loads its state from the store
     log(f"{prefix}: sustained writes, 2 x {args.write_rounds} rounds of {args.nodes * args.gpus} GPUs")
     t = end
@@ -339,7 +367,7 @@ def postgresql_server(bindir: Path, root: Path) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     data = root / "data"
-    quiet = {"check": True, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    quiet: dict[str, Any] = {"check": True, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     subprocess.run([*as_postgres, str(bindir / "initdb"), "-D", str(data), "--auth=trust", "-U", "postgres"], **quiet)
     options = (
         f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c shared_buffers=1GB -c max_wal_size=8GB "
@@ -364,6 +392,7 @@ def main() -> int:
     parser.add_argument("--hours", type=float, default=24)
     parser.add_argument("--interval", type=float, default=10)
     parser.add_argument("--write-rounds", type=int, default=20)
+    parser.add_argument("--step-seconds", type=float, default=0.05, help="Rollups.step's max_seconds")
     parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--dir", type=Path, default=None, help="where to build the stores (default: a temp dir)")
     args = parser.parse_args()

@@ -1,19 +1,22 @@
 """Retention: how long each tier is kept. PostgreSQL drops whole partitions; SQLite deletes in small transactions.
 
 Each tier's cutoff is recorded as its horizon in ``tier_state``, so ``timeseries.series`` does not choose a tier whose
-data for the range is gone.
+data for the range is gone. ``apply_retention`` does a whole pass at once; ``RetentionJob.step`` does the same pass
+in pieces sized to take about ``max_seconds`` each, for the collector to run between scrape rounds.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Final
 
 import sqlalchemy as sa
 
 from storage import schema
 from storage.db import Database
+from storage.rollup import next_slice
 
 log = logging.getLogger(__name__)
 
@@ -130,3 +133,132 @@ def _delete_small_tables(db: Database, raw_cutoff_ms: int, hour_cutoff_ms: int) 
             conn.execute(sa.delete(table).where(table.c.gpu_id.in_(gone)))
         gpus = conn.execute(sa.delete(g).where(g.c.last_seen_ms < hour_cutoff_ms)).rowcount
     return {"job_allocation.rows": jobs, "nvlink_down.rows": links, "target_health.rows": targets, "gpu.rows": gpus}
+
+
+@dataclass(slots=True)
+class _Piece:
+    """What is left of one part of a retention pass: a table to trim GPU slice by GPU slice, or partitions to drop."""
+
+    kind: str  # "drop" (PostgreSQL partitions) | "samples" | "rollup" (SQLite rows) | "finish"
+    table: str
+    cutoff_ms: int
+    partitions: list[tuple[str, int]] = field(default_factory=list)  # "drop": (name, start) left to drop
+    minute: int | None = None  # "samples": the minute being deleted
+    next_gpu: int = 0  # "samples", "rollup": the first GPU id of the next slice
+
+
+class RetentionJob:
+    """``apply_retention`` in pieces: each ``step`` is one short transaction, sized to take about ``max_seconds``.
+
+    A pass starts at the first ``step`` once ``every_s`` has gone by since the last one started. PostgreSQL drops one
+    partition per step. SQLite deletes raw samples one minute and one slice of GPUs at a time, whole minutes before
+    the cutoff's minute (the rest goes in the next pass), and rollup rows one slice of GPUs at a time. The last step
+    of a pass records the horizons and trims the small tables. ``removed`` counts what the current or last pass
+    removed, keyed as ``apply_retention``'s result.
+    """
+
+    def __init__(self, db: Database, retention: Retention, *, every_s: float = 3600.0, slice_gpus: int = 256) -> None:
+        self._db = db
+        self._retention = retention
+        self._every_s = every_s
+        self._pieces: list[_Piece] = []
+        self._started: float | None = None
+        self._slice = dict.fromkeys(("samples", "rollup"), max(1, slice_gpus))
+        self._cutoffs: dict[str, int] = {}
+        self.removed: dict[str, int] = {}
+        self.longest_step_s = 0.0
+
+    def step(self, now: float, *, max_seconds: float = 0.05) -> bool:
+        """Do one piece of the current pass (starting one if due); True while more of the pass is pending."""
+        if not self._pieces:
+            if self._started is not None and now - self._started < self._every_s:
+                return False
+            self._start(now)
+        started = time.perf_counter()
+        piece = self._pieces[0]
+        if piece.kind == "drop":
+            self._drop_one(piece)
+        elif piece.kind == "finish":
+            self._finish()
+            self._pieces.pop(0)
+        else:
+            self._delete_slice(piece)
+        elapsed = time.perf_counter() - started
+        self.longest_step_s = max(self.longest_step_s, elapsed)
+        if piece.kind in self._slice:
+            self._slice[piece.kind] = next_slice(self._slice[piece.kind], elapsed, max_seconds)
+        return bool(self._pieces)
+
+    def _start(self, now: float) -> None:
+        self._started = now
+        self.removed = {}
+        r = self._retention
+        self._cutoffs = {
+            "gpu_sample": round((now - r.raw_s) * 1000),
+            "gpu_rollup_1m": round((now - r.minute_s) * 1000),
+            "gpu_rollup_1h": round((now - r.hour_s) * 1000),
+        }
+        for table, cutoff in self._cutoffs.items():
+            if self._db.dialect == "postgresql":
+                width = schema.PARTITION_WIDTH_MS[table]
+                with self._db.session() as session:
+                    partitions = schema.existing_partitions(session.connection(), table)
+                gone = sorted(((n, s) for n, s in partitions.items() if s + width <= cutoff), key=lambda p: p[1])
+                self._pieces.append(_Piece("drop", table, cutoff, partitions=gone))
+                self.removed[f"{table}.partitions"] = 0
+            else:
+                self._pieces.append(_Piece("samples" if table == "gpu_sample" else "rollup", table, cutoff))
+                self.removed[f"{table}.rows"] = 0
+        self._pieces.append(_Piece("finish", "", 0))
+
+    def _drop_one(self, piece: _Piece) -> None:
+        if piece.partitions:
+            name, start = piece.partitions.pop(0)
+            with self._db.write_transaction() as conn:
+                conn.exec_driver_sql(f'DROP TABLE IF EXISTS "{name}"')
+            self._db.forget_partition(piece.table, start)
+            self.removed[f"{piece.table}.partitions"] += 1
+        if not piece.partitions:
+            self._pieces.pop(0)
+
+    def _delete_slice(self, piece: _Piece) -> None:
+        """SQLite: delete one slice of GPUs' old rows of the piece's table."""
+        size = self._slice[piece.kind]
+        with self._db.write_transaction() as conn:
+            last_gpu = conn.execute(sa.select(sa.func.max(schema.gpu.c.id))).scalar_one() or 0
+            if piece.kind == "samples" and piece.minute is None:
+                piece.minute = conn.exec_driver_sql(
+                    "SELECT ts_ms / 60000 FROM gpu_sample ORDER BY ts_ms / 60000 LIMIT 1"
+                ).scalar_one_or_none()
+                if piece.minute is None or piece.minute >= piece.cutoff_ms // schema.MINUTE_MS:
+                    self._pieces.pop(0)  # whole minutes only: the cutoff's own minute goes in the next pass
+                    return
+                piece.next_gpu = 0
+            g0 = piece.next_gpu
+            g1 = g0 + size if g0 + size <= last_gpu else 2**31 - 1  # the last slice takes any orphaned rows too
+            if piece.kind == "samples":
+                deleted = conn.exec_driver_sql(
+                    "DELETE FROM gpu_sample WHERE ts_ms / 60000 = ? AND gpu_id >= ? AND gpu_id < ?",
+                    (piece.minute, g0, g1),
+                ).rowcount
+            else:
+                deleted = conn.exec_driver_sql(
+                    f"DELETE FROM {piece.table} WHERE gpu_id >= ? AND gpu_id < ? AND ts_ms < ?",  # noqa: S608
+                    (g0, g1, piece.cutoff_ms),
+                ).rowcount
+        self.removed[f"{piece.table}.rows"] += deleted
+        piece.next_gpu = g1
+        if g1 > last_gpu:
+            if piece.kind == "samples":
+                piece.minute = None  # the next oldest minute, if any, on the next step
+            else:
+                self._pieces.pop(0)
+
+    def _finish(self) -> None:
+        with self._db.write_transaction() as conn:
+            t = schema.tier_state
+            for (_, cutoff), tier in zip(self._cutoffs.items(), schema.TIERS, strict=True):
+                conn.execute(sa.update(t).where(t.c.tier == tier).values(horizon_ms=cutoff))
+        self.removed.update(_delete_small_tables(self._db, self._cutoffs["gpu_sample"], self._cutoffs["gpu_rollup_1h"]))
+        if any(self.removed.values()):
+            log.info("retention removed %s", ", ".join(f"{k}={v}" for k, v in sorted(self.removed.items()) if v))

@@ -3,14 +3,22 @@
 The aggregate SQL itself comes from ``storage.aggregates``. Each tier keeps its position in ``tier_state``: every
 bucket below it is rolled up, so a restarted process resumes where the last one stopped. Samples written below the
 position (a replayed spool, a slow collector) leave a ``rollup_dirty`` mark and the next run recomputes their
-buckets; rollup rows are upserted, so recomputing is safe. Each run works in chunks, one transaction each, holding
-the tier's lock (``db.lock_tier``) so that writers of the tier's source queue behind it instead of slipping rows in
-unseen.
+buckets; rollup rows are upserted, so recomputing is safe.
+
+Two ways to drive it, one transaction per piece of work, each holding the tier's lock (``db.lock_tier``) so that
+writers of the tier's source queue behind it instead of slipping rows in unseen:
+
+- ``step(now, max_seconds)``, for the collector between scrape rounds: one GPU slice of one bucket per call, the
+  slice sized from the previous steps' durations to take about ``max_seconds``. While a bucket is rolled up slice
+  by slice, the row ``<tier>.pending`` of ``tier_state`` holds the bucket's end, and writers mark samples below it
+  as late, as if the position were already there; readers still see the old position until the bucket is done.
+- ``run(now)``: everything due, several buckets of all GPUs per transaction (catching up, tests, benchmarks).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Final
 
@@ -25,6 +33,8 @@ log = logging.getLogger(__name__)
 # A counter's increase in a bucket counts from the sample before the bucket's first; look this far back for it.
 # Every read of a range reads this much more, so it is kept to twice a slow (60 s) scrape interval.
 COUNTER_LOOKBACK_MS: Final = 2 * schema.MINUTE_MS
+PENDING: Final = ".pending"  # tier_state row "<tier>.pending": the end of the bucket being rolled up slice by slice
+_ALL_GPUS: Final = 2**31 - 1  # the end of the GPU id range of a slice that takes the rest
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +43,7 @@ class _Tier:
     table: str
     source: str
     width_ms: int
-    chunk_buckets: int  # buckets rolled up per transaction
+    chunk_buckets: int  # buckets per transaction in run()
     coarser: str | None  # the tier built from this one, told when old buckets are recomputed
 
 
@@ -41,6 +51,18 @@ _TIERS: Final = (
     _Tier("1m", "gpu_rollup_1m", "gpu_sample", schema.MINUTE_MS, 10, "1h"),
     _Tier("1h", "gpu_rollup_1h", "gpu_rollup_1m", schema.HOUR_MS, 1, None),
 )
+
+
+@dataclass(slots=True)
+class _Work:
+    """Buckets [lo, hi) of a tier, rolled up GPU slice by GPU slice (or all at once)."""
+
+    tier: _Tier
+    lo: int
+    hi: int
+    settled_id: int  # the tier's rollup_dirty marks up to this id are settled once the work is done
+    next_gpu: int  # the first GPU id of the next slice
+    last_gpu: int  # the largest GPU id when the work started
 
 
 def _rollup_columns() -> list[str]:
@@ -53,10 +75,11 @@ def _upsert_tail(columns: list[str]) -> str:
 
 
 def _from_samples_sql(dialect: str) -> str:
-    """1-minute buckets from raw samples.
+    """1-minute buckets of GPUs [g0, g1) from raw samples.
 
     Gauges and bitmasks are aggregated straight off the rows of the range; counters' increases need each sample's
-    predecessor (a window over a narrow projection: sorting wide rows for it measured twice as slow).
+    predecessor (a window over a narrow projection: sorting wide rows for it measured twice as slow). SQLite reads
+    the range one minute at a time through its minute-leading index, seeking the GPU range within each minute.
     """
     minute = f"ts_ms / {schema.MINUTE_MS}"
     gauges: list[str] = []
@@ -68,10 +91,17 @@ def _from_samples_sql(dialect: str) -> str:
         ]
         (counters if f.kind == "counter" else gauges).extend(named)
     inner = aggregates.window_columns(schema.SAMPLE_FIELDS, counters_only=True)
-    where, read_where = "ts_ms >= :lo AND ts_ms < :hi", "ts_ms >= :read_from AND ts_ms < :hi"
-    if dialect == "sqlite":  # read through the minute-leading unique index
-        where += f" AND {minute} BETWEEN :lo / {schema.MINUTE_MS} AND :hi / {schema.MINUTE_MS}"
-        read_where += f" AND {minute} BETWEEN :read_from / {schema.MINUTE_MS} AND :hi / {schema.MINUTE_MS}"
+    gpus = "gpu_id >= :g0 AND gpu_id < :g1"
+    where, read_where = f"ts_ms >= :lo AND ts_ms < :hi AND {gpus}", f"ts_ms >= :read_from AND ts_ms < :hi AND {gpus}"
+    cte = ""
+    if dialect == "sqlite":
+        cte = (
+            "WITH RECURSIVE minutes(m) AS (SELECT :read_from / 60000 "
+            "UNION ALL SELECT m + 1 FROM minutes WHERE m + 1 < (:hi + 59999) / 60000) "
+        )
+        in_minutes = f" AND {minute} IN (SELECT m FROM minutes)"  # noqa: S608 (constant identifiers)
+        where += in_minutes
+        read_where += in_minutes
     aggregated = (
         f"SELECT gpu_id, {minute} AS minute, count(*) AS n, {', '.join(gauges)} "  # noqa: S608
         f"FROM gpu_sample WHERE {where} GROUP BY {minute}, gpu_id"
@@ -92,14 +122,14 @@ def _from_samples_sql(dialect: str) -> str:
         for c in columns
     ]
     return (
-        f"INSERT INTO gpu_rollup_1m ({', '.join(columns)}) "  # noqa: S608 (identifiers are constants)
+        f"INSERT INTO gpu_rollup_1m ({', '.join(columns)}) {cte}"  # noqa: S608 (identifiers are constants)
         f"SELECT {', '.join(values)} FROM ({aggregated}) AS a LEFT JOIN ({increases}) AS c "
         f"ON c.gpu_id = a.gpu_id AND c.minute = a.minute WHERE true {_upsert_tail(columns)}"
     )
 
 
 def _from_minutes_sql(dialect: str) -> str:
-    """1-hour buckets from 1-minute ones: means weighted by sample counts."""
+    """1-hour buckets of GPUs [g0, g1) from 1-minute ones: means weighted by sample counts."""
     outer = ["r.gpu_id", f"(r.ts_ms / {schema.HOUR_MS}) * {schema.HOUR_MS}", "sum(r.n)", "sum(r.elapsed_ms)"]
     for f in schema.SAMPLE_FIELDS:
         outer += aggregates.summary(f, "1m", dialect, prefix="r.")
@@ -110,74 +140,106 @@ def _from_minutes_sql(dialect: str) -> str:
     columns = _rollup_columns()
     return (
         f"INSERT INTO gpu_rollup_1h ({', '.join(columns)}) "  # noqa: S608 (identifiers are constants)
-        f"SELECT {', '.join(outer)} FROM {join} WHERE r.gpu_id = g.id AND r.ts_ms >= :lo AND r.ts_ms < :hi "
+        f"SELECT {', '.join(outer)} FROM {join} WHERE g.id >= :g0 AND g.id < :g1 "
+        "AND r.gpu_id = g.id AND r.ts_ms >= :lo AND r.ts_ms < :hi "
         f"GROUP BY r.gpu_id, (r.ts_ms / {schema.HOUR_MS}) {_upsert_tail(columns)}"
     )
 
 
-class Rollups:
-    """Builds the 1-minute and 1-hour tables incrementally; ``run`` is what the collector schedules."""
+def next_slice(size: int, elapsed: float, max_seconds: float) -> int:
+    """The next slice of GPUs, from the last one's size and duration: aiming at 60 % of ``max_seconds``, moving
+    halfway there, and at most doubling, so one step slowed down or sped up by a busy machine does not swing it."""
+    estimate = size * max_seconds * 0.6 / max(elapsed, 1e-4)
+    return max(1, min(2 * size, round((size + estimate) / 2)))
 
-    def __init__(self, db: Database, *, settle_s: float = 30.0) -> None:
-        """``settle_s``: roll a minute up only this long after it ends, so most samples are in by then."""
+
+class Rollups:
+    """Builds the 1-minute and 1-hour tables incrementally: ``step`` between scrape rounds, or ``run``."""
+
+    def __init__(self, db: Database, *, settle_s: float = 30.0, slice_gpus: int = 256) -> None:
+        """``settle_s``: roll a minute up only this long after it ends, so most samples are in by then.
+
+        ``slice_gpus``: the GPUs of the first slice ``step`` rolls up; later slices are sized by measured time.
+        """
         self._db = db
         self._settle_ms = round(settle_s * 1000)
         self._sql = {"1m": _from_samples_sql(db.dialect), "1h": _from_minutes_sql(db.dialect)}
+        # An hour of a GPU is 60 minute rows to aggregate, a minute about 6 raw rows: start the hours smaller.
+        self._slice = {"1m": max(1, slice_gpus), "1h": max(1, slice_gpus // 16)}
+        self._work: _Work | None = None
+        self.longest_step_s = 0.0  # the longest step() so far, for the collector's metrics and the benchmark
 
     def run(self, now: float) -> int:
         """Roll up every complete bucket not yet rolled up, and recompute dirty ones. Returns rows written."""
         written = 0
+        if self._work is not None:  # the rest of a bucket that step() left half done
+            written += self._roll(self._work, _ALL_GPUS)
         for tier in _TIERS:
-            limit = self._limit(tier, round(now * 1000))
-            rows: int | None = -1
-            while rows is not None:
-                rows = self._step(tier, limit, skip_gap=rows == 0)
-                written += rows or 0
+            while (work := self._plan(tier, round(now * 1000), sliced=False)) is not None:
+                written += self._roll(work, _ALL_GPUS)
         return written
 
-    def _limit(self, tier: _Tier, now_ms: int) -> int:
+    def step(self, now: float, *, max_seconds: float = 0.05) -> bool:
+        """Roll up one GPU slice of one bucket, sized to take about ``max_seconds``; True while more is pending.
+
+        The collector calls it between scrape rounds, as long as it returns True and the next round is not due.
+        A call with nothing to do costs a few small queries.
+        """
+        started = time.perf_counter()
+        now_ms = round(now * 1000)
+        work = self._work
+        if work is None:
+            for tier in _TIERS:
+                work = self._work = self._plan(tier, now_ms, sliced=True)
+                if work is not None:
+                    break
+            if work is None:
+                return False
+        slice_gpus = self._slice[work.tier.name]
+        g1 = work.next_gpu + slice_gpus if work.next_gpu + slice_gpus <= work.last_gpu else _ALL_GPUS
+        self._roll(work, g1)
+        elapsed = time.perf_counter() - started
+        self.longest_step_s = max(self.longest_step_s, elapsed)
+        self._slice[work.tier.name] = next_slice(slice_gpus, elapsed, max_seconds)
+        return True
+
+    # --- planning -----------------------------------------------------------------------------------------------
+
+    def _limit(self, conn: Connection, tier: _Tier, now_ms: int) -> int:
         """Buckets that start below the limit are complete."""
         if tier.name == "1m":
             end = now_ms - self._settle_ms
         else:
-            with self._db.session() as session:
-                t = schema.tier_state
-                end = session.execute(sa.select(t.c.position_ms).where(t.c.tier == "1m")).scalar_one() or 0
+            t = schema.tier_state
+            end = conn.execute(sa.select(t.c.position_ms).where(t.c.tier == "1m")).scalar_one() or 0
         return end - end % tier.width_ms
 
-    def _step(self, tier: _Tier, limit: int, *, skip_gap: bool) -> int | None:
-        """Roll up one chunk in one transaction; None when there is nothing left to do.
-
-        ``skip_gap``: the last chunk was empty, so jump to the next raw sample rather than walk an idle stretch.
-        """
-        with self._db.write_transaction() as conn:
-            lock_tier(conn, tier.name, exclusive=True)
-            position, dirty = self._state(conn, tier)
+    def _plan(self, tier: _Tier, now_ms: int, *, sliced: bool) -> _Work | None:
+        """The next buckets of ``tier`` to roll up (one when ``sliced``), or None when it is up to date."""
+        with self._db.session() as session:
+            conn = session.connection()
+            limit = self._limit(conn, tier, now_ms)
+            t, d = schema.tier_state, schema.rollup_dirty
+            position = conn.execute(sa.select(t.c.position_ms).where(t.c.tier == tier.name)).scalar_one()
+            dirty, settled_id = conn.execute(
+                sa.select(sa.func.min(d.c.from_ms), sa.func.max(d.c.id)).where(d.c.tier == tier.name)
+            ).one()
             if position is None:
                 position = self._first_bucket(conn, tier)
                 if position is None:
                     return None
-            lo = min(position, dirty) if dirty is not None else position
-            if skip_gap and dirty is None and tier.name == "1m":
-                lo = self._next_sample_minute(conn, lo, limit)
+            if dirty is not None:
+                lo = min(position, dirty - dirty % tier.width_ms)
+            elif tier.name == "1m":
+                lo = self._next_sample_minute(conn, position, limit)  # skip a stretch without samples
+            else:
+                lo = position
             if lo >= limit:
                 return None
-            hi = min(limit, lo + tier.width_ms * tier.chunk_buckets)
-            self._db.ensure_partitions(tier.table, range(lo, hi, tier.width_ms))
-            params = {"lo": lo, "hi": hi, "read_from": lo - COUNTER_LOOKBACK_MS}
-            rows = int(conn.execute(sa.text(self._sql[tier.name]), params).rowcount)
-            self._advance(conn, tier, position, lo, hi)
-        log.debug("rollup %s: %d rows for [%d, %d)", tier.name, rows, lo, hi)
-        return rows
-
-    @staticmethod
-    def _state(conn: Connection, tier: _Tier) -> tuple[int | None, int | None]:
-        t, d = schema.tier_state, schema.rollup_dirty
-        position = conn.execute(sa.select(t.c.position_ms).where(t.c.tier == tier.name)).scalar_one()
-        dirty = conn.execute(sa.select(sa.func.min(d.c.from_ms)).where(d.c.tier == tier.name)).scalar_one()
-        if dirty is not None:
-            dirty -= dirty % tier.width_ms
-        return position, dirty
+            hi = min(limit, lo + tier.width_ms * (1 if sliced else tier.chunk_buckets))
+            g = schema.gpu.c.id
+            first_gpu, last_gpu = conn.execute(sa.select(sa.func.min(g), sa.func.max(g))).one()
+        return _Work(tier, lo, hi, settled_id or 0, first_gpu or 0, last_gpu or 0)
 
     def _next_sample_minute(self, conn: Connection, lo: int, limit: int) -> int:
         """The minute of the first raw sample in [lo, limit), or limit if there is none."""
@@ -187,6 +249,13 @@ class Rollups:
                 "ORDER BY ts_ms / 60000 LIMIT 1"
             )
         else:
+            # The BRIN index makes min() read every block range of [lo, limit): first look at lo's minute alone,
+            # which has samples whenever the collector is running.
+            in_first = (
+                "SELECT ts_ms FROM gpu_sample WHERE ts_ms >= :lo AND ts_ms < :lo + 60000 AND ts_ms < :limit LIMIT 1"
+            )
+            if conn.execute(sa.text(in_first), {"lo": lo, "limit": limit}).scalar() is not None:
+                return lo
             sql = "SELECT min(ts_ms) FROM gpu_sample WHERE ts_ms >= :lo AND ts_ms < :limit"
         first = conn.execute(sa.text(sql), {"lo": lo, "limit": limit}).scalar()
         return limit if first is None else max(lo, first - first % schema.MINUTE_MS)
@@ -197,17 +266,59 @@ class Rollups:
         first = conn.execute(sa.select(sa.func.min(schema.gpu.c.first_seen_ms))).scalar_one()
         return None if first is None else first - first % tier.width_ms
 
+    # --- rolling up ---------------------------------------------------------------------------------------------
+
+    def _roll(self, work: _Work, g1: int) -> int:
+        """Roll up the GPUs [work.next_gpu, g1) of the work's buckets in one transaction; finish the work at the end."""
+        tier = work.tier
+        done = g1 > work.last_gpu
+        with self._db.write_transaction() as conn:
+            lock_tier(conn, tier.name, exclusive=True)
+            if not done:
+                self._set_pending(conn, tier.name, work.hi)
+            self._db.ensure_partitions(tier.table, range(work.lo, work.hi, tier.width_ms))
+            params = {
+                "lo": work.lo,
+                "hi": work.hi,
+                "read_from": work.lo - COUNTER_LOOKBACK_MS,
+                "g0": work.next_gpu,
+                "g1": g1,
+            }
+            rows = int(conn.execute(sa.text(self._sql[tier.name]), params).rowcount)
+            if done:
+                self._advance(conn, work)
+        work.next_gpu = g1
+        if done and self._work is work:
+            self._work = None
+        log.debug("rollup %s: %d rows for [%d, %d), GPUs below %d", tier.name, rows, work.lo, work.hi, g1)
+        return rows
+
     @staticmethod
-    def _advance(conn: Connection, tier: _Tier, position: int, lo: int, hi: int) -> None:
-        """Move the position past [lo, hi); keep a dirty mark for what is left to recompute below the position."""
+    def _set_pending(conn: Connection, tier: str, hi: int | None) -> None:
+        t = schema.tier_state
+        conn.execute(sa.delete(t).where(t.c.tier == tier + PENDING))
+        if hi is not None:
+            conn.execute(sa.insert(t).values(tier=tier + PENDING, position_ms=hi))
+
+    @classmethod
+    def _advance(cls, conn: Connection, work: _Work) -> None:
+        """Move the position past the work; keep a dirty mark for what is left to recompute below the position.
+
+        Marks written while the work went on (their ids are above ``settled_id``) stay: their buckets are recomputed.
+        """
+        tier = work.tier
         t, d = schema.tier_state, schema.rollup_dirty
-        conn.execute(sa.delete(d).where(d.c.tier == tier.name))
-        if hi < position:
-            conn.execute(sa.insert(d).values(tier=tier.name, from_ms=hi))
-        conn.execute(sa.update(t).where(t.c.tier == tier.name).values(position_ms=max(position, hi)))
+        position = conn.execute(sa.select(t.c.position_ms).where(t.c.tier == tier.name)).scalar_one() or work.hi
+        conn.execute(sa.delete(d).where(d.c.tier == tier.name, d.c.id <= work.settled_id))
+        if work.hi < position:
+            conn.execute(sa.insert(d).values(tier=tier.name, from_ms=work.hi))
+        conn.execute(sa.update(t).where(t.c.tier == tier.name).values(position_ms=max(position, work.hi)))
+        cls._set_pending(conn, tier.name, None)
         if tier.coarser is None:
             return
-        coarser_position = conn.execute(sa.select(t.c.position_ms).where(t.c.tier == tier.coarser)).scalar_one()
-        if coarser_position is not None and lo < coarser_position:
+        coarser = conn.execute(
+            sa.select(sa.func.max(t.c.position_ms)).where(t.c.tier.in_([tier.coarser, tier.coarser + PENDING]))
+        ).scalar_one()
+        if coarser is not None and work.lo < coarser:
             lock_tier(conn, tier.coarser, exclusive=False)
-            conn.execute(sa.insert(d).values(tier=tier.coarser, from_ms=lo))
+            conn.execute(sa.insert(d).values(tier=tier.coarser, from_ms=work.lo))

@@ -71,6 +71,8 @@ class StoredField:
             return f"CASE WHEN {value} THEN 1 WHEN NOT {value} THEN 0 END" if dialect == "postgresql" else value
         scaled = value if self.unit == self.per_unit else f"({value} * {self.per_unit / self.unit!r})"
         rounded = value if self.is_int and self.unit == self.per_unit else f"round({scaled})"
+        if dialect == "sqlite" and rounded == value:  # a Python int binds as an SQLite integer already
+            return f"CASE WHEN {value} BETWEEN {-self.limit} AND {self.limit} THEN {value} END"
         cast = "bigint" if dialect == "postgresql" else "INTEGER"
         return f"CASE WHEN {scaled} BETWEEN {-self.limit} AND {self.limit} THEN CAST({rounded} AS {cast}) END"
 
@@ -81,8 +83,8 @@ class StoredField:
         """
         if self.is_bool or (self.unit == 1 and self.per_unit == 1):
             return column
-        if self.is_int:
-            return f"{column} * {self.unit}"
+        if self.is_int:  # widened first: KiB in a PostgreSQL integer times 1024 overflows it
+            return f"CAST({column} AS BIGINT) * {self.unit}" if dialect == "postgresql" else f"{column} * {self.unit}"
         real = f"CAST({column} AS {'DOUBLE PRECISION' if dialect == 'postgresql' else 'REAL'})"
         return f"{real} / {self.per_unit}" if self.per_unit != 1 else f"{real} * {self.unit}"
 
@@ -100,15 +102,19 @@ AGGREGATES: Final[dict[str, tuple[str, ...]]] = {
 
 # The stored units: (SI suffix, stored suffix, sql type, unit, per_unit) for float fields. A stored column is the
 # field's name with its SI suffix replaced by the stored one; other fields (counts, flags) are stored as they are.
+# Each type is the narrowest that holds the field's plausible range (0.1 W up to 214 kW, MHz up to 32 GHz, kB/s up to
+# 2.1 TB/s): PostgreSQL stores smallint in 2 bytes, integer in 4, bigint in 8 (SQLite sizes each value by itself).
 STORED_UNITS: Final = (
     ("_ratio", "_per10k", sa.SmallInteger, 1, 10_000),  # ten-thousandths
     ("_celsius", "_decicelsius", sa.SmallInteger, 1, 10),  # 0.1 degree
     ("_watts", "_deciwatts", sa.Integer, 1, 10),
     ("_joules_total", "_millijoules_total", sa.BigInteger, 1, 1000),
-    ("_hertz", "_mhz", sa.Integer, 1_000_000, 1),  # MHz, NVML's own resolution
-    ("_bytes_per_second", "_kb_per_second", sa.BigInteger, 1000, 1),  # kB/s (1000 B/s), NVML's own resolution
+    ("_hertz", "_mhz", sa.SmallInteger, 1_000_000, 1),  # MHz, NVML's own resolution
+    ("_bytes_per_second", "_kb_per_second", sa.Integer, 1000, 1),  # kB/s (1000 B/s), NVML's own resolution
 )
-KIB_SUFFIX: Final = ("_bytes", "_kib")  # integer byte counts are stored in KiB
+KIB_SUFFIX: Final = ("_bytes", "_kib")  # integer byte counts are stored in KiB, up to 2 TiB
+# Fields whose range needs more than their suffix's type: a GPU's NVLink throughput passes 2.1 TB/s (NVLink 5).
+WIDE_FIELDS: Final = frozenset({"nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second"})
 
 
 def _stored_field(name: str, annotation: str, kind: str) -> StoredField:
@@ -118,13 +124,15 @@ def _stored_field(name: str, annotation: str, kind: str) -> StoredField:
         si_suffix, stored_suffix = KIB_SUFFIX
         if name.endswith(si_suffix):
             column = name.removesuffix(si_suffix) + stored_suffix
-            return StoredField(name, column, kind, sa.BigInteger, unit=1024, is_int=True)
-        sql_type = sa.BigInteger if kind == "counter" else sa.Integer
+            return StoredField(name, column, kind, sa.Integer, unit=1024, is_int=True)
+        # Error counters fit 32 bits (NVML's PCIe replay counter is 32 bits); link states and row counts 16.
+        sql_type = sa.Integer if kind == "counter" else sa.SmallInteger
         return StoredField(name, name, kind, sql_type, is_int=True)
     for si_suffix, stored_suffix, float_type, unit, per_unit in STORED_UNITS:
         if annotation == "float | None" and name.endswith(si_suffix):
             column = name.removesuffix(si_suffix) + stored_suffix
-            return StoredField(name, column, kind, float_type, unit=unit, per_unit=per_unit)
+            sql_type = sa.BigInteger if name in WIDE_FIELDS else float_type
+            return StoredField(name, column, kind, sql_type, unit=unit, per_unit=per_unit)
     raise TypeError(f"no storage encoding for GpuReading.{name} ({annotation}): add one in storage/schema.py")
 
 
@@ -133,7 +141,7 @@ def _sample_fields() -> tuple[StoredField, ...]:
     fields = [StoredField("up", "up", "gauge", sa.SmallInteger, is_bool=True)]
     fields += [_stored_field(spec.field, annotations[spec.field], spec.type) for spec in GPU_FIELDS]
     fields.append(StoredField("throttle_reasons", "throttle_reasons", "bitmask", sa.Integer, is_int=True))
-    fields.append(StoredField("xid_total", "xid_total", "counter", sa.BigInteger, is_int=True))
+    fields.append(StoredField("xid_total", "xid_total", "counter", sa.Integer, is_int=True))
     return tuple(fields)
 
 
@@ -203,9 +211,36 @@ def _rollup_table(name: str) -> sa.Table:
     )
 
 
+# Columns narrowed on PostgreSQL by revision 0004 (smallint <- integer <- bigint). SQLite keeps declaring the wider
+# type of 0003: it stores each integer in as few bytes as its value needs whatever the declaration, and retyping a
+# column there would copy the whole table.
+_NARROWED_IN_0004: Final = frozenset(
+    {
+        *("memory_used_kib", "memory_total_kib", "memory_reserved_kib"),
+        *("pcie_tx_kb_per_second", "pcie_rx_kb_per_second"),
+        *("sm_clock_mhz", "memory_clock_mhz", "max_sm_clock_mhz", "max_memory_clock_mhz", "nvlink_links_active"),
+        *("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max"),
+        *("remapped_rows_correctable", "remapped_rows_uncorrectable", "pcie_replays_total", "xid_total"),
+        *("nvlink_crc_flit_errors_total", "nvlink_replay_errors_total", "nvlink_recovery_errors_total"),
+        *("ecc_corrected_errors_total", "ecc_uncorrected_errors_total"),
+    }
+)
+_WIDER: Final[dict[type[sa.types.TypeEngine[int]], type[sa.types.TypeEngine[int]]]] = {
+    sa.SmallInteger: sa.Integer,
+    sa.Integer: sa.BigInteger,
+}
+
+
+def _column_type(f: StoredField) -> sa.types.TypeEngine[int]:
+    """The type of ``f``'s sample column and of its rollup min/max columns."""
+    if f.column not in _NARROWED_IN_0004:
+        return f.sql_type()
+    return f.sql_type().with_variant(_WIDER[f.sql_type](), "sqlite")
+
+
 def _sample_columns() -> list[sa.Column[object]]:
     columns: list[sa.Column[object]] = [
-        sa.Column(f.column, f.sql_type(), nullable=f.name != "up") for f in SAMPLE_FIELDS
+        sa.Column(f.column, _column_type(f), nullable=f.name != "up") for f in SAMPLE_FIELDS
     ]
     columns.append(sa.Column("xid_errors", sa.Text))
     return columns
@@ -219,7 +254,7 @@ def _rollup_columns() -> list[sa.Column[object]]:
     for f in SAMPLE_FIELDS:
         for aggregate in f.aggregates:
             sql_type = (
-                sa.Double() if aggregate == "mean" else sa.BigInteger() if aggregate == "increase" else f.sql_type()
+                sa.Double() if aggregate == "mean" else sa.BigInteger() if aggregate == "increase" else _column_type(f)
             )
             columns.append(sa.Column(f"{f.column}_{aggregate}", sql_type))
     return columns

@@ -213,3 +213,32 @@ def test_gpulens_db_upgrade_migrates_an_existing_store(tmp_path: Path, capsys: p
         assert conn.execute(sa.text("SELECT power_deciwatts FROM gpu_sample")).scalar_one() == 3125
         assert conn.execute(sa.text("SELECT power_watts FROM gpu_sample_si")).scalar_one() == pytest.approx(312.5)
     db.close()
+
+
+def test_0004_narrows_the_columns_and_keeps_every_value(db_url: str) -> None:
+    """A store written at 0003 (same column names, wider types on PostgreSQL) reads the same after 0004."""
+    db = Database(db_url)
+    db.upgrade("0003")
+    writer = Writer(db)
+    writer.write([snapshot("n", T0 + 10 * k, gpus=2, job="j", power_watts=300.0 + k) for k in range(9)])
+    Rollups(db, settle_s=0).run(T0 + 90)
+    before = latest.latest_readings(db)
+    with db.engine.connect() as conn:
+        rollups_before = conn.execute(sa.text("SELECT * FROM gpu_rollup_1m_si ORDER BY ts_ms, uuid")).all()
+    db.upgrade()
+    assert latest.latest_readings(db) == before
+    with db.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT * FROM gpu_rollup_1m_si ORDER BY ts_ms, uuid")).all() == rollups_before
+        if db.dialect == "postgresql":
+            types: dict[str, str] = dict(
+                conn.execute(
+                    sa.text(
+                        "SELECT column_name, data_type FROM information_schema.columns "
+                        "WHERE table_name = 'gpu_sample' AND column_name IN ('sm_clock_mhz', 'memory_used_kib')"
+                    )
+                ).all()
+            )
+            assert types == {"sm_clock_mhz": "smallint", "memory_used_kib": "integer"}
+    writer.write([snapshot("n", T0 + 100, gpus=2, job="j", power_watts=400.0)])  # the same writer goes on
+    assert {r.power_watts for r in latest.latest_readings(db)} == {400.0}
+    db.close()

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from gpulens.clock import ManualClock
 from storage import inventory, jobstats, schema, timeseries
 from storage.db import Database
-from storage.retention import DAY_S, Retention, apply_retention
+from storage.retention import DAY_S, Retention, RetentionJob, apply_retention
 from storage.rollup import Rollups
 from storage.writer import Writer
 from tests.storage.conftest import T0
@@ -62,3 +62,33 @@ def test_forgotten_gpus_targets_and_jobs(db: Database) -> None:
 def test_retention_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         Retention(raw_s=0)
+
+
+def test_a_job_in_steps_removes_what_apply_retention_removes(db: Database, clock: ManualClock) -> None:
+    writer = Writer(db)
+    for day in range(10):
+        writer.write(
+            [
+                snapshot(f"n{n}", DAY0 + day * DAY_S + 60 * k, gpus=2, power_watts=300.0)
+                for k in range(3)
+                for n in range(3)
+            ]
+        )
+    now = DAY0 + 10 * DAY_S
+    clock.set(now)
+    Rollups(db, settle_s=0).run(now)
+    job = RetentionJob(db, Retention(raw_s=3 * DAY_S, minute_s=5 * DAY_S), every_s=3600, slice_gpus=2)
+    steps = 0
+    while job.step(now):
+        steps += 1
+    assert _sample_days(db) == [int(DAY0 // DAY_S) + d for d in (7, 8, 9)]
+    if db.dialect == "postgresql":
+        assert (job.removed["gpu_sample.partitions"], job.removed["gpu_rollup_1m.partitions"]) == (7, 5)
+    else:
+        assert (job.removed["gpu_sample.rows"], job.removed["gpu_rollup_1m.rows"]) == (7 * 3 * 6, 5 * 3 * 6)
+        assert steps >= 7 * 3  # at most one minute of samples per step
+    with db.session() as session:
+        horizons = dict(session.execute(sa.select(schema.tier_state.c.tier, schema.tier_state.c.horizon_ms)).all())
+    assert horizons["raw"] == round((now - 3 * DAY_S) * 1000)
+    assert not job.step(now + 60)  # the next pass starts an hour after this one
+    assert job.step(now + 3600)  # a new pass, with more pieces to go

@@ -27,14 +27,17 @@ from gpulens.logutil import LogOnce
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.settings import Settings
 from storage.db import Database, DatabaseUnavailableError
-from storage.retention import Retention, apply_retention
+from storage.retention import Retention, RetentionJob
 from storage.rollup import Rollups
 from storage.writer import Writer, WriteStats
 
 log = logging.getLogger(__name__)
 
-ROLLUP_EVERY_S = 60.0
 RETENTION_EVERY_S = 3600.0
+# Rollups and retention run in steps of about this long, between rounds, and stop this long before the next round is
+# due: one step at most overruns, so they delay a round by well under 100 ms (storage/rollup.py, retention.py).
+MAINTENANCE_STEP_S = 0.05
+MAINTENANCE_MARGIN_S = 0.2
 
 
 class CollectorMetrics:
@@ -110,8 +113,7 @@ class Collector:
         self._pool = ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="gpulens-scrape")
         self._log_once = LogOnce(log)
         self._db_down_since: float | None = None
-        self._last_rollup = 0.0
-        self._last_retention = 0.0
+        self._retention_job = RetentionJob(db, self._retention, every_s=RETENTION_EVERY_S)
         self._lock = threading.Lock()  # one round at a time, whoever calls
         self.metrics = CollectorMetrics()
         self._reported_dropped = 0
@@ -136,7 +138,6 @@ class Collector:
                 return RoundResult(time=now, snapshots=[], targets=[])
             result = self._assemble(now, results)
             self._store(result)
-            self._maintain(now)
             result.duration_s = time.perf_counter() - started
             self._observe(result)
         for hook in self._hooks:
@@ -144,6 +145,8 @@ class Collector:
                 hook(result)
             except Exception:
                 log.exception("a post-round hook failed")
+        with self._lock:  # after the round and its hooks, in the time left before the next one
+            self._maintain(now, until=started + self._settings.interval_s - MAINTENANCE_MARGIN_S)
         return result
 
     def _assemble(self, now: float, results: list[ScrapeResult]) -> RoundResult:
@@ -239,18 +242,17 @@ class Collector:
             replayed += 1
         return replayed
 
-    def _maintain(self, now: float) -> None:
+    def _maintain(self, now: float, *, until: float) -> None:
+        """Rollups, then retention, one short step at a time while work is pending and time is left."""
         if self._db_down_since is not None:
             return
         try:
-            if now - self._last_rollup >= ROLLUP_EVERY_S:
-                self._rollups.run(now)
-                self._last_rollup = now
-            if now - self._last_retention >= RETENTION_EVERY_S:
-                removed = apply_retention(self._db, now, self._retention)
-                self._last_retention = now
-                if any(removed.values()):
-                    log.info("retention removed %s", removed)
+            while time.perf_counter() + MAINTENANCE_STEP_S < until:
+                pending = self._rollups.step(now, max_seconds=MAINTENANCE_STEP_S)
+                if not pending:
+                    pending = self._retention_job.step(now, max_seconds=MAINTENANCE_STEP_S)
+                if not pending:
+                    break
         except DatabaseUnavailableError as exc:
             self._log_once("maintenance-db-down", "rollups/retention postponed: %s", exc)
 

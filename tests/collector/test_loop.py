@@ -260,3 +260,24 @@ def test_the_alert_engine_runs_after_each_round_and_survives_a_restart(
     states = {s.rule: s for s in again.engine.states.values()}
     assert states["ExporterDown"].state == "firing"
     assert states["ExporterDown"].fired_at == firing["ExporterDown"].fired_at
+
+
+def test_rollups_are_built_between_rounds_in_short_steps(cluster: tuple[str, ManualClock], tmp_path: Path) -> None:
+    """The loop rolls up finished minutes after each round (storage's stepped rollups), not in a separate run."""
+    base, real = cluster
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    db = Database(url, clock=real)
+    db.upgrade()
+    collector = Collector(settings_for(url, [f"{base}/node/node-00"], tmp_path), db, clock=real)
+    try:
+        for _ in range(15):  # two and a half minutes of 10 s rounds
+            collector.run_round()
+            real.advance(10)
+    finally:
+        collector.close()
+    with db.engine.connect() as conn:
+        minutes = conn.execute(sa.text("SELECT count(DISTINCT ts_ms) FROM gpu_rollup_1m")).scalar_one()
+        raw = conn.execute(sa.text("SELECT count(*) FROM gpu_sample")).scalar_one()
+    db.close()
+    assert raw > 0
+    assert minutes >= 1  # at least one whole minute has been rolled up by the loop

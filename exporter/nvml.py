@@ -197,6 +197,8 @@ class NvmlSource:
             rx = self._pcie_pool.submit(device.pcie_rate, calls, gpu, pynvml.NVML_PCIE_UTIL_RX_BYTES)
         try:
             utilization = device.utilization(calls, gpu)
+            encoder = device.codec_utilization(calls, gpu, "nvmlDeviceGetEncoderUtilization")
+            decoder = device.codec_utilization(calls, gpu, "nvmlDeviceGetDecoderUtilization")
             _choose_fields(gpu)
             fields, fields_time = read_field_values(calls, gpu, self._clock)
             nvlink = read_nvlink(calls, gpu, self._node, fields, fields_time, gpm if NVLINK in served else None)
@@ -218,6 +220,8 @@ class NvmlSource:
             driver_version=self._driver_version,
             mig_enabled=gpu.mig_enabled,
             utilization_ratio=utilization,
+            encoder_utilization_ratio=encoder,
+            decoder_utilization_ratio=decoder,
             memory_used_bytes=memory.used,
             memory_total_bytes=memory.total,
             memory_reserved_bytes=memory.reserved,

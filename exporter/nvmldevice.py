@@ -88,6 +88,13 @@ def utilization(calls: Calls, gpu: Gpu) -> float | None:
     return None if rates is None else int(rates.gpu) / 100
 
 
+def codec_utilization(calls: Calls, gpu: Gpu, function: str) -> float | None:
+    """The video encoder's or decoder's busy share (``nvmlDeviceGetEncoderUtilization`` / ``...Decoder...``): NVML
+    answers [percent, sampling period in µs]."""
+    answer = calls.call(gpu, function, gpu.handle)
+    return None if answer is None else int(answer[0]) / 100
+
+
 def pcie_rate(calls: Calls, gpu: Gpu, counter: int) -> float | None:
     """PCIe throughput in bytes/s; NVML samples it over 20 ms, so this call blocks that long."""
     return scaled(calls.call(gpu, "nvmlDeviceGetPcieThroughput", gpu.handle, counter), KIB)

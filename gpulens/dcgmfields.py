@@ -89,8 +89,8 @@ NVLINK_TOTAL: Final = "nvlink_total_bytes_per_second"
 XID_TARGET: Final = "xid"
 # Read as GPU series but with no place in GpuReading (MEM_COPY_UTIL is written from dram_active_ratio).
 MEM_COPY: Final = "mem_copy_utilization"
-ENCODER: Final = "encoder_utilization"
-DECODER: Final = "decoder_utilization"
+ENCODER: Final = "encoder_utilization_ratio"
+DECODER: Final = "decoder_utilization_ratio"
 
 
 # --- the table -----------------------------------------------------------------------------------------------------
@@ -353,8 +353,6 @@ def _reading_value(reading: GpuReading, target: str) -> float | int | bool | Non
         return reading.nvlink_tx_bytes_per_second + reading.nvlink_rx_bytes_per_second
     if target == MEM_COPY:  # DCGM recommends DRAM_ACTIVE over MEM_COPY_UTIL: the same quantity, better measured
         return reading.dram_active_ratio
-    if target in (ENCODER, DECODER):
-        return None
     value: float | int | bool | None = getattr(reading, target)
     return value
 

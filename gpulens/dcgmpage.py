@@ -58,8 +58,6 @@ from typing import Any, Final
 
 from gpulens.dcgmfields import (
     BY_NAME,
-    DECODER,
-    ENCODER,
     FREE,
     MEM_COPY,
     NVLINK_TOTAL,
@@ -83,7 +81,7 @@ _MIG_LOCAL_TARGETS: Final = _MIG_MEMORY_TARGETS | {
     "nvlink_tx_bytes_per_second",
     "nvlink_rx_bytes_per_second",
 }
-_NOT_READING_FIELDS: Final = frozenset({FREE, NVLINK_TOTAL, XID_TARGET, MEM_COPY, ENCODER, DECODER})
+_NOT_READING_FIELDS: Final = frozenset({FREE, NVLINK_TOTAL, XID_TARGET, MEM_COPY})
 # dcgm-exporter's own XID counter: XIDs seen per code within its window (--xid-count-window-size, 5 min).
 XID_COUNT_NAME: Final = "DCGM_EXP_XID_ERRORS_COUNT"
 _XID_CODE_LABELS: Final = ("xid", "err_code")

@@ -84,6 +84,8 @@ class GpuReading:
     sm_active_ratio: float | None = None
     tensor_active_ratio: float | None = None
     dram_active_ratio: float | None = None
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
     # XID code -> number of events seen since the source started (a counter per code).
     xid_errors: Mapping[int, int] = field(default_factory=dict)
 

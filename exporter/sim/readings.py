@@ -117,6 +117,8 @@ def gpu_reading(gpu: SimGpu, k: int, t: float, ts: float, state: GpuState, count
         remapped_rows_pending=False,
         remapped_rows_failure=False,
         sm_active_ratio=sm,
+        encoder_utilization_ratio=0.0,  # training and inference jobs do not use the video engines
+        decoder_utilization_ratio=0.0,
         tensor_active_ratio=tensor,
         dram_active_ratio=dram,
         xid_errors=counters.xids,

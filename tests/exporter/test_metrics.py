@@ -234,3 +234,12 @@ def test_dcgm_compat_writes_kubernetes_pods_driver_and_mig_instances() -> None:
     assert g.dram_active_ratio is not None
     assert families["DCGM_FI_DEV_MEM_COPY_UTIL"][0].value == pytest.approx(g.dram_active_ratio * 100)
     assert families["DCGM_FI_PROF_GR_ENGINE_ACTIVE"][0].value == pytest.approx(g.utilization_ratio)
+
+
+def test_dcgm_compat_writes_encoder_and_decoder_utilization_in_percent() -> None:
+    snap = node_snapshot(gpus=1)
+    snap = snap.replace(gpus=(h100("node-00", 0, 0.5, encoder_utilization_ratio=0.25, decoder_utilization_ratio=0.1),))
+    families = parse(render_metrics(snap, HEALTH, dcgm_compat=True))
+    assert [s.value for s in families["DCGM_FI_DEV_ENC_UTIL"]] == [pytest.approx(25.0)]
+    assert [s.value for s in families["DCGM_FI_DEV_DEC_UTIL"]] == [pytest.approx(10.0)]
+    assert [s.value for s in families["gpulens_gpu_encoder_utilization_ratio"]] == [pytest.approx(0.25)]

@@ -601,3 +601,12 @@ def test_real_source_closes_its_threads(real_gpu_count: int) -> None:
     assert len(source.read().gpus) == real_gpu_count
     source.close()
     assert _nvml_threads() == []
+
+
+def test_video_encoder_and_decoder_utilization_are_ratios(make_source: MakeSource) -> None:
+    fake = FakeNvml.h100_node(gpus=2)
+    fake.gpus[0].encoder_utilization = 37
+    fake.gpus[1].decoder_utilization = 5
+    gpus = make_source(fake).read().gpus
+    assert (gpus[0].encoder_utilization_ratio, gpus[0].decoder_utilization_ratio) == (0.37, 0.0)
+    assert (gpus[1].encoder_utilization_ratio, gpus[1].decoder_utilization_ratio) == (0.0, 0.05)

@@ -121,6 +121,8 @@ class FakeGpu:
     memory_reserved: int
     utilization: int = 0
     memory_utilization: int = 0
+    encoder_utilization: int = 0
+    decoder_utilization: int = 0
     temperature: int = 40
     memory_temperature: int = 45
     slowdown_temperature: int = 87
@@ -635,6 +637,16 @@ class FakeNvml(FakeGpmMixin):
             return pynvml.c_nvmlUtilization_t(gpu=gpu.utilization, memory=gpu.memory_utilization)
 
         return self._call("nvmlDeviceGetUtilizationRates", produce, handle=handle)
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: Any) -> list[int]:
+        return self._call(
+            "nvmlDeviceGetEncoderUtilization", lambda: [self._gpu(handle).encoder_utilization, 167_000], handle=handle
+        )
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: Any) -> list[int]:
+        return self._call(
+            "nvmlDeviceGetDecoderUtilization", lambda: [self._gpu(handle).decoder_utilization, 167_000], handle=handle
+        )
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         return self._call("nvmlDeviceGetPowerUsage", lambda: self._gpu(handle).power_mw, handle=handle)

@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_S: Final = 15.0
 PG_CONNECT_TIMEOUT_S: Final = 10
-URL_FORMS: Final = "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
+URL_FORMS: Final = (
+    "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB; commands that only read also take prometheus+http://HOST:PORT"
+)
 _SQLITE_UNAVAILABLE: Final = ("locked", "busy", "unable to open", "disk i/o", "readonly", "full")
 _LOCK_KEYS: Final = {"1m": 0x6770756C656E7301, "1h": 0x6770756C656E7302}  # "gpulens" + tier number
 

@@ -168,6 +168,8 @@ def test_the_theme_switches_and_sticks(page: Page, base_url: str) -> None:
     open_page(page, base_url + "/alerts")
     before = page.evaluate("document.documentElement.dataset.theme")
     page.locator("#shell-theme-toggle").click()
+    # The switch is a client-side callback: wait for it rather than read the attribute in the same instant.
+    page.wait_for_function(f"document.documentElement.dataset.theme !== {before!r}", timeout=15_000)
     after = page.evaluate("document.documentElement.dataset.theme")
     assert {before, after} == {"light", "dark"}
     page.reload()

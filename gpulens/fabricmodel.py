@@ -70,6 +70,14 @@ class NicReading:
     packet_sequence_errors_total: int | None = None
     local_ack_timeouts_total: int | None = None
     saturated_counters: tuple[str, ...] = ()
+    # Per-second rates of the counters above since the previous read of the same port, computed once at the source
+    # (``None`` on the first read, after a counter reset or for a saturated counter). ``transmit_wait_per_second``
+    # is in the port's own wait ticks per second; ``cnp_handled_per_second`` is RoCE congestion notifications the
+    # port reacted to (it was told to slow down).
+    transmit_bytes_per_second: float | None = None
+    receive_bytes_per_second: float | None = None
+    transmit_wait_per_second: float | None = None
+    cnp_handled_per_second: float | None = None
     pci_bus_id: str | None = None
     numa_node: int | None = None
     gpus: tuple[int, ...] = ()
@@ -122,3 +130,5 @@ class JobHostReading:
     cpu_limit_cores: float | None = None
     memory_used_bytes: int | None = None
     memory_limit_bytes: int | None = None
+    # CPU cores the job used on average since the previous read (the rate of ``cpu_seconds_total``); None at first.
+    cpu_used_cores: float | None = None

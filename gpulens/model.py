@@ -12,7 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-SNAPSHOT_SCHEMA: Final = 1
+from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
+
+# Schema 2 added the ``nics`` and ``host`` sections; schema-1 documents (older exporters) are still read.
+SNAPSHOT_SCHEMA: Final = 2
+SNAPSHOT_SCHEMAS_READ: Final = (1, 2)
 
 # Clock-event ("throttle") reason bits, as NVML defines them (nvmlClocksEventReason*).
 THROTTLE_REASONS: Final[tuple[tuple[str, int], ...]] = (
@@ -158,6 +162,11 @@ class NodeSnapshot:
     jobs: tuple[GpuJob, ...] = ()
     migs: tuple[MigReading, ...] = ()
     driver_version: str | None = None
+    # The node's RDMA ports (InfiniBand / RoCE), its host CPUs and memory, and each job's share of the host;
+    # empty / None where the source does not read them (dcgm-exporter pages, fabric reading off).
+    nics: tuple[NicReading, ...] = ()
+    host: HostReading | None = None
+    job_hosts: tuple[JobHostReading, ...] = ()
     # Cumulative counts of the source's own failures by reason (e.g. "nvml_not_supported").
     errors: Mapping[str, int] = field(default_factory=dict)
     # GPU uuid -> quantity ("pcie", "nvlink", "profiling") -> where its values came from ("gpm", "sample",
@@ -193,7 +202,7 @@ class SourceError(Exception):
 
 
 class SnapshotFormatError(ValueError):
-    """A snapshot document does not follow schema 1."""
+    """A snapshot document does not follow schema 1 or 2."""
 
 
 # --- JSON (de)serialisation of a snapshot: the /api/v1/snapshot document ------------------------------------------
@@ -224,12 +233,19 @@ def _record_to_json(record: Any) -> dict[str, Any]:
             if not value:
                 continue
             value = {str(k): v for k, v in value.items()}
+        elif isinstance(value, tuple):
+            if not value:
+                continue
+            value = list(value)
         out[name] = value
     return out
 
 
 def snapshot_to_json(snapshot: NodeSnapshot, health: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The ``/api/v1/snapshot`` document (schema 1). ``health`` is the exporter's own state."""
+    """The ``/api/v1/snapshot`` document (schema 2). ``health`` is the exporter's own state.
+
+    Schema 2 adds ``nics`` (one object per RDMA port, without its ``node``) and ``host`` (the node's CPUs and
+    memory, with ``jobs``: each job's share of the host, without ``node``); ``host`` is null where not read."""
     doc: dict[str, Any] = {
         "schema": SNAPSHOT_SCHEMA,
         "node": snapshot.node,
@@ -242,6 +258,8 @@ def snapshot_to_json(snapshot: NodeSnapshot, health: Mapping[str, Any] | None = 
         "processes": [_record_to_json(p) for p in snapshot.processes],
         "jobs": [_record_to_json(j) for j in snapshot.jobs],
         "migs": [_record_to_json(m) for m in snapshot.migs],
+        "nics": [_without_node(_record_to_json(n)) for n in snapshot.nics],
+        "host": _host_to_json(snapshot),
         "errors": dict(snapshot.errors),
     }
     if health is not None:
@@ -249,10 +267,24 @@ def snapshot_to_json(snapshot: NodeSnapshot, health: Mapping[str, Any] | None = 
     return doc
 
 
+def _without_node(obj: dict[str, Any]) -> dict[str, Any]:
+    obj.pop("node", None)
+    return obj
+
+
+def _host_to_json(snapshot: NodeSnapshot) -> dict[str, Any] | None:
+    if snapshot.host is None and not snapshot.job_hosts:
+        return None
+    host = _without_node(_record_to_json(snapshot.host)) if snapshot.host is not None else {}
+    host["jobs"] = [_without_node(_record_to_json(j)) for j in snapshot.job_hosts]
+    return host
+
+
 _INT_TYPES: Final = ("int", "int | None")
 _FLOAT_TYPES: Final = ("float", "float | None")
 _BOOL_TYPES: Final = ("bool", "bool | None")
 _STR_TYPES: Final = ("str", "str | None")
+_TUPLE_TYPES: Final[dict[str, type]] = {"tuple[str, ...]": str, "tuple[int, ...]": int}
 
 
 def _coerce(cls_name: str, name: str, annotation: str, value: Any) -> Any:
@@ -279,6 +311,11 @@ def _coerce(cls_name: str, name: str, annotation: str, value: Any) -> Any:
         if not isinstance(value, str):
             raise SnapshotFormatError(f"{cls_name}.{name}: expected a string, got {value!r:.40}")
         return value
+    if annotation in _TUPLE_TYPES:
+        item_type = _TUPLE_TYPES[annotation]
+        if not isinstance(value, list) or not all(isinstance(v, item_type) and not isinstance(v, bool) for v in value):
+            raise SnapshotFormatError(f"{cls_name}.{name}: expected an array of {item_type.__name__}")
+        return tuple(value)
     if name == "xid_errors":
         if not isinstance(value, dict):
             raise SnapshotFormatError(f"{cls_name}.xid_errors: expected an object")
@@ -313,11 +350,28 @@ def _record_from_json(cls: Any, data: Any) -> Any:
     return cls(**kwargs)
 
 
-def _records(cls: Any, doc: Mapping[str, Any], key: str) -> tuple[Any, ...]:
+def _records(cls: Any, doc: Mapping[str, Any], key: str, node: str | None = None) -> tuple[Any, ...]:
+    """The records of section ``key``; ``node`` fills the records' node where the document leaves it out."""
     items = doc.get(key, [])
+    if items is None:
+        return ()
     if not isinstance(items, list):
         raise SnapshotFormatError(f"{key}: expected an array")
+    if node is not None:
+        items = [{**item, "node": node} if isinstance(item, dict) else item for item in items]
     return tuple(_record_from_json(cls, item) for item in items)
+
+
+def _host(doc: Mapping[str, Any], node: str) -> tuple[HostReading | None, tuple[JobHostReading, ...]]:
+    host = doc.get("host")
+    if host is None:
+        return None, ()
+    if not isinstance(host, dict):
+        raise SnapshotFormatError("host: expected an object")
+    jobs = _records(JobHostReading, host, "jobs", node)
+    fields = {k: v for k, v in host.items() if k != "jobs"}
+    reading = _record_from_json(HostReading, {**fields, "node": node}) if fields else None
+    return reading, jobs
 
 
 def _links(doc: Mapping[str, Any], node: str) -> tuple[LinkReading, ...]:
@@ -355,10 +409,10 @@ def _links(doc: Mapping[str, Any], node: str) -> tuple[LinkReading, ...]:
 
 
 def snapshot_from_json(doc: Any) -> NodeSnapshot:
-    """Parse and type-check a schema-1 snapshot document. Raises ``SnapshotFormatError``."""
+    """Parse and type-check a schema-1 or schema-2 snapshot document. Raises ``SnapshotFormatError``."""
     if not isinstance(doc, dict):
         raise SnapshotFormatError("snapshot: expected a JSON object")
-    if doc.get("schema") != SNAPSHOT_SCHEMA:
+    if doc.get("schema") not in SNAPSHOT_SCHEMAS_READ:
         raise SnapshotFormatError(f"snapshot: unsupported schema {doc.get('schema')!r:.20}")
     node = _coerce("snapshot", "node", "str", doc.get("node"))
     timestamp = _coerce("snapshot", "time", "float", doc.get("time"))
@@ -367,6 +421,7 @@ def snapshot_from_json(doc: Any) -> NodeSnapshot:
         isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in errors.items()
     ):
         raise SnapshotFormatError("snapshot.errors: expected an object of integer counts")
+    host, job_hosts = _host(doc, node)
     return NodeSnapshot(
         node=node,
         timestamp=timestamp,
@@ -377,6 +432,9 @@ def snapshot_from_json(doc: Any) -> NodeSnapshot:
         processes=_records(ProcessReading, doc, "processes"),
         jobs=_records(GpuJob, doc, "jobs"),
         migs=_records(MigReading, doc, "migs"),
+        nics=_records(NicReading, doc, "nics", node),
+        host=host,
+        job_hosts=job_hosts,
         errors=dict(errors),
     )
 

@@ -19,7 +19,7 @@ def test_snapshot_json_round_trip_keeps_every_record() -> None:
     snap = node_snapshot(gpus=2)
     snap = snap.replace(gpus=(h100("node-00", 0, snap.timestamp, xid_errors={79: 1, 48: 2}), snap.gpus[1]))
     doc = json.loads(json.dumps(snapshot_to_json(snap, {"reason": "ok"})))
-    assert doc["schema"] == 1
+    assert doc["schema"] == 2
     assert doc["exporter"] == {"reason": "ok"}
     back = snapshot_from_json(doc)
     assert back.gpus == snap.gpus
@@ -32,7 +32,11 @@ def test_snapshot_json_round_trip_keeps_every_record() -> None:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d.update(schema=2), "schema"),
+        (lambda d: d.update(schema=3), "schema"),
+        (lambda d: d.update(nics=[{"device": "mlx5_0"}]), "port"),
+        (lambda d: d.update(nics=[{"device": "mlx5_0", "port": 1, "gpus": ["0"]}]), "gpus"),
+        (lambda d: d.update(host={"cpu_busy_ratio": "high"}), "cpu_busy_ratio"),
+        (lambda d: d.update(host={"jobs": [{"cpu_used_cores": 1.0}]}), "job_id"),
         (lambda d: d["gpus"][0].update(memory_used_bytes="lots"), "memory_used_bytes"),
         (lambda d: d["gpus"][0].update(utilization_ratio=True), "utilization_ratio"),
         (lambda d: d["gpus"][0].pop("uuid"), "uuid"),
@@ -71,3 +75,36 @@ def test_old_process_memory_key_is_read_and_the_new_one_written() -> None:
     [back] = snapshot_from_json(doc).processes
     assert back.memory_used_bytes == process["used_memory_bytes"]
     assert back.memory_used_bytes is not None
+
+
+def test_schema_2_carries_nics_and_host_and_schema_1_still_reads() -> None:
+    from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
+
+    snap = node_snapshot(gpus=2).replace(
+        nics=(
+            NicReading(
+                node="node-00",
+                device="mlx5_0",
+                port=1,
+                link_layer="InfiniBand",
+                up=True,
+                rate_bytes_per_second=50e9,
+                transmit_bytes_total=4096,
+                transmit_bytes_per_second=1e9,
+                saturated_counters=("symbol_errors_total",),
+                gpus=(0, 1),
+            ),
+        ),
+        host=HostReading(node="node-00", cpus=64, cpu_busy_ratio=0.25, memory_available_bytes=2**30),
+        job_hosts=(JobHostReading(node="node-00", job_id="77", cpu_seconds_total=12.5, cpu_used_cores=3.0),),
+    )
+    doc = json.loads(json.dumps(snapshot_to_json(snap)))
+    assert "node" not in doc["nics"][0] and doc["nics"][0]["gpus"] == [0, 1]
+    assert doc["host"]["jobs"] == [{"job_id": "77", "cpu_seconds_total": 12.5, "cpu_used_cores": 3.0}]
+    back = snapshot_from_json(doc)
+    assert back.nics == snap.nics
+    assert back.host == snap.host
+    assert back.job_hosts == snap.job_hosts
+    old = {k: v for k, v in doc.items() if k not in ("nics", "host")} | {"schema": 1}
+    old_back = snapshot_from_json(old)
+    assert old_back.gpus == snap.gpus and old_back.nics == () and old_back.host is None

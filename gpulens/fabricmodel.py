@@ -25,6 +25,19 @@ def port_is_up(state: str | None, phys_state: str | None) -> bool:
     return state == PORT_STATE_ACTIVE and phys_state == PORT_PHYS_STATE_LINK_UP
 
 
+def nic_id(node: str, device: str, port: int) -> str:
+    """The one string that names a port everywhere a key must be a string (series keys, URLs): ``node/device/port``."""
+    return f"{node}/{device}/{port}"
+
+
+def parse_nic_id(text: str) -> tuple[str, str, int] | None:
+    """``(node, device, port)`` from :func:`nic_id`'s string, ``None`` if it is not one."""
+    parts = text.rsplit("/", 2)
+    if len(parts) != 3 or not all(parts) or not parts[2].isdigit():
+        return None
+    return (parts[0], parts[1], int(parts[2]))
+
+
 @dataclass(frozen=True, slots=True)
 class NicReading:
     """One port of one RDMA device (an InfiniBand HCA port or a RoCE Ethernet port) at one instant.
@@ -86,6 +99,11 @@ class NicReading:
     def key(self) -> tuple[str, str, int]:
         """What names one port across readings: (node, device, port)."""
         return (self.node, self.device, self.port)
+
+    @property
+    def id(self) -> str:
+        """:func:`nic_id` of this port."""
+        return nic_id(self.node, self.device, self.port)
 
     @property
     def is_roce(self) -> bool:

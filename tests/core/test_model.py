@@ -108,3 +108,13 @@ def test_schema_2_carries_nics_and_host_and_schema_1_still_reads() -> None:
     old = {k: v for k, v in doc.items() if k not in ("nics", "host")} | {"schema": 1}
     old_back = snapshot_from_json(old)
     assert old_back.gpus == snap.gpus and old_back.nics == () and old_back.host is None
+
+
+def test_nic_id_round_trips() -> None:
+    from gpulens.fabricmodel import NicReading, nic_id, parse_nic_id
+
+    assert (
+        NicReading(node="node-03", device="mlx5_2", port=1).id == nic_id("node-03", "mlx5_2", 1) == "node-03/mlx5_2/1"
+    )
+    assert parse_nic_id("node-03/mlx5_2/1") == ("node-03", "mlx5_2", 1)
+    assert parse_nic_id("mlx5_2/1") is None and parse_nic_id("a/b/c") is None

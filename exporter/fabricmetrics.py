@@ -121,8 +121,8 @@ def fabric_families(snapshot: NodeSnapshot) -> Iterator[Family]:
     )
     width = Family("gpulens_nic_link_width", "Lanes the port negotiated (1, 2, 4, 8).", labels=NIC_LABELS)
     saturated = Family(
-        "gpulens_nic_counter_saturated",
-        "1 for a counter stopped at its maximum (it no longer counts until reset; its rate reads 0).",
+        "gpulens_nic_saturated",
+        "1 for a counter stopped at its maximum: it no longer counts until reset, so rate() reads 0.",
         labels=[*NIC_LABELS, "counter"],
     )
     for n, prefix in zip(nics, prefixes, strict=True):

@@ -69,6 +69,7 @@ HW_COUNTERS: Final[tuple[tuple[str, str], ...]] = (
     ("packet_seq_err", "packet_sequence_errors_total"),
     ("local_ack_timeout_err", "local_ack_timeouts_total"),
 )
+
 _STATE: Final = re.compile(r"\d+:\s*(\S.*)")
 _RATE: Final = re.compile(r"(\d+(?:\.\d+)?) Gb/sec(?: \((\d+)X(?: (\w+))?\))?")
 _PCI_ADDRESS: Final = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")

@@ -1,4 +1,5 @@
-"""The node agent: build the source, the job mapper, the poller and the server, then serve until told to stop."""
+"""The node agent: build the source, the job mapper, the fabric reader, the poller and the server, then serve until
+told to stop."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from exporter.httpserver import ExporterServer, Routes
-from exporter.poller import OnDemandNode, Poller
+from exporter.poller import Enricher, OnDemandNode, Poller
 from exporter.webconfig import WebConfig, load_web_config
 from gpulens.config import ConfigError
-from gpulens.model import GpuSource
+from gpulens.model import GpuSource, NodeSnapshot
 from gpulens.netaddr import parse_listen
 
 
@@ -26,6 +27,8 @@ class ExporterOptions:
     dcgm_compat: bool = False
     job_map_dir: str | None = None
     proc_root: str = "/proc"
+    sysfs_root: str = "/"
+    fabric: bool = True
     web_config: str | None = None
     scenario: str | None = None
     speed: float = 1.0
@@ -69,9 +72,24 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
             source = _nvml_source(options)
         from exporter.jobmap import JobMapper
 
-        enrich = JobMapper(proc_root=options.proc_root, job_map_dir=options.job_map_dir).enrich
+        enrichers: list[Enricher] = [JobMapper(proc_root=options.proc_root, job_map_dir=options.job_map_dir).enrich]
+        if options.fabric:  # after the job mapping: the job cgroups are found from the GPU processes
+            from exporter.fabric.node import FabricReader
+
+            fabric = FabricReader(options.node, sysfs_root=options.sysfs_root, proc_root=options.proc_root)
+            enrichers.append(fabric.enrich)
+        enrich = _chain(enrichers)
     poller = Poller(source, interval_s=options.interval_s, enrich=enrich, dcgm_compat=options.dcgm_compat)
     return Routes(single=poller), poller, source.close
+
+
+def _chain(enrichers: list[Enricher]) -> Enricher:
+    def enrich(snapshot: NodeSnapshot) -> NodeSnapshot:
+        for step in enrichers:
+            snapshot = step(snapshot)
+        return snapshot
+
+    return enrich
 
 
 FIRST_COLLECTION_WAIT_S = 5.0

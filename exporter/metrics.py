@@ -9,11 +9,12 @@ escaped once. The output is checked by prometheus_client's parser and by promtoo
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import gpulens
+from exporter.fabricmetrics import fabric_families
+from exporter.promfamily import Family, escape_label, render_labels
 from gpulens.dcgmfields import COMPAT_FIELDS, COMPAT_LABELS, MIG_MEMORY_TARGETS, compat_value, mig_memory_value
 from gpulens.metriccatalogue import GPU_FIELDS, GPU_LABELS
 from gpulens.model import THROTTLE_REASONS, GpuReading, MigReading, NodeSnapshot
@@ -28,52 +29,6 @@ class ExporterHealth:
     collect_errors: Mapping[str, int] = field(default_factory=dict)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(names: Sequence[str], values: Sequence[str]) -> str:
-    return ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True))
-
-
-def _format(value: float | int | bool) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    if math.isfinite(value):
-        return repr(float(value))
-    return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
-
-
-class Family:
-    """One metric family being rendered: its HELP and TYPE lines and its samples."""
-
-    __slots__ = ("help", "label_names", "name", "samples", "type")
-
-    def __init__(self, name: str, help: str, labels: Sequence[str] = (), *, type: str = "gauge") -> None:
-        self.name = name
-        self.help = help
-        self.type = type
-        self.label_names = tuple(labels)
-        self.samples: list[str] = []
-
-    def add_metric(self, values: Sequence[str], value: float | int | bool) -> None:
-        self.add_rendered(_labels(self.label_names, values), value)
-
-    def add_rendered(self, labels: str, value: float | int | bool) -> None:
-        """Add a sample whose label text (``a="x",b="y"``) is already escaped."""
-        self.samples.append(
-            f"{self.name}{{{labels}}} {_format(value)}\n" if labels else f"{self.name} {_format(value)}\n"
-        )
-
-    def render(self) -> str:
-        if not self.samples:
-            return ""
-        help_text = self.help.replace("\\", "\\\\").replace("\n", "\\n")
-        return f"# HELP {self.name} {help_text}\n# TYPE {self.name} {self.type}\n" + "".join(self.samples)
-
-
 def _gpu_labels(g: GpuReading) -> list[str]:
     return [g.node, str(g.gpu), g.uuid, g.model]
 
@@ -81,7 +36,7 @@ def _gpu_labels(g: GpuReading) -> list[str]:
 def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
     gpus = snapshot.gpus
     # Each GPU's identity labels are escaped once and reused by every series of that GPU.
-    prefixes = [_labels(GPU_LABELS, _gpu_labels(g)) for g in gpus]
+    prefixes = [render_labels(GPU_LABELS, _gpu_labels(g)) for g in gpus]
     info = Family(
         "gpulens_gpu_info",
         "Static GPU identity; always 1.",
@@ -90,7 +45,9 @@ def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
     up = Family("gpulens_gpu_up", "1 while the GPU answers, 0 once it is lost.", labels=list(GPU_LABELS))
     for g, prefix in zip(gpus, prefixes, strict=True):
         driver = g.driver_version or snapshot.driver_version or ""
-        info.add_rendered(prefix + "," + _labels(("pci_bus_id", "driver_version"), (g.pci_bus_id or "", driver)), 1)
+        info.add_rendered(
+            prefix + "," + render_labels(("pci_bus_id", "driver_version"), (g.pci_bus_id or "", driver)), 1
+        )
         up.add_rendered(prefix, g.up)
     yield info
     yield up
@@ -103,7 +60,7 @@ def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
     )
     for g, prefix in zip(gpus, prefixes, strict=True):
         for quantity, source in sorted(snapshot.metric_sources.get(g.uuid, {}).items()):
-            sources.add_rendered(f'{prefix},quantity="{_escape(quantity)}",source="{_escape(source)}"', 1)
+            sources.add_rendered(f'{prefix},quantity="{escape_label(quantity)}",source="{escape_label(source)}"', 1)
     yield sources
 
     families: dict[str, Family] = {}
@@ -113,7 +70,7 @@ def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
             label_names = [*GPU_LABELS, *(k for k, _ in spec.labels)]
             family = Family(spec.family, spec.help, labels=label_names, type=spec.type)
             families[spec.family] = family
-        extra = "".join(f',{k}="{_escape(v)}"' for k, v in spec.labels)
+        extra = "".join(f',{k}="{escape_label(v)}"' for k, v in spec.labels)
         for g, prefix in zip(gpus, prefixes, strict=True):
             value = getattr(g, spec.field)
             if value is not None:
@@ -167,7 +124,7 @@ def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
         if owner is None:
             continue
         mig_labels = ("mig_uuid", "gpu_instance_id", "profile")
-        rendered = owner + "," + _labels(mig_labels, (mig.mig_uuid, str(mig.gpu_instance_id), mig.profile or ""))
+        rendered = owner + "," + render_labels(mig_labels, (mig.mig_uuid, str(mig.gpu_instance_id), mig.profile or ""))
         if mig.memory_used_bytes is not None:
             mig_used.add_rendered(rendered, mig.memory_used_bytes)
         if mig.memory_total_bytes is not None:
@@ -256,10 +213,10 @@ def _dcgm_families(snapshot: NodeSnapshot, last_xid: Mapping[str, int]) -> Itera
         driver = g.driver_version or snapshot.driver_version or ""
         namespace, pod = pods.get(g.uuid if mig is None else mig.mig_uuid, ("", ""))
         values = [str(g.gpu), g.uuid, g.pci_bus_id or "", f"nvidia{g.gpu}", g.model, g.node, driver, "", namespace, pod]
-        text = _labels(COMPAT_LABELS, values)
+        text = render_labels(COMPAT_LABELS, values)
         if mig is None:
             return text
-        return text + "," + _labels(("GPU_I_PROFILE", "GPU_I_ID"), (mig.profile or "", str(mig.gpu_instance_id)))
+        return text + "," + render_labels(("GPU_I_PROFILE", "GPU_I_ID"), (mig.profile or "", str(mig.gpu_instance_id)))
 
     for row in COMPAT_FIELDS:
         # dcgm-exporter's names are kept byte for byte; its cumulative fields lack the _total suffix that a
@@ -306,6 +263,7 @@ def render_metrics(
     families: list[Iterable[Family]] = []
     if snapshot is not None:
         families.append(_gpulens_families(snapshot))
+        families.append(fabric_families(snapshot))
         if dcgm_compat:
             families.append(_dcgm_families(snapshot, last_xid or {}))
     families.append(_exporter_families(health))

@@ -11,7 +11,17 @@ import sys
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.metrics import ExporterHealth, render_metrics
+from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, LinkReading, MigReading, NodeSnapshot, ProcessReading
+
+
+def _every_field(cls: type, given: dict[str, object]) -> dict[str, object]:
+    """``given`` plus a value for every other numeric field of the record ``cls``, so each renders a sample."""
+    values = dict(given)
+    for f in dataclasses.fields(cls):
+        if f.name not in values and str(f.type).startswith(("int", "float")):
+            values[f.name] = 1
+    return values
 
 
 def _full_snapshot() -> NodeSnapshot:
@@ -39,6 +49,25 @@ def _full_snapshot() -> NodeSnapshot:
         jobs=(GpuJob("n", 0, "GPU-0", "j", "u"),),
         migs=(MigReading("n", 0, "GPU-0", "MIG-0", 1, 0, "p", 1, 1),),
         metric_sources={"GPU-0": {"pcie": "gpm"}},
+        nics=(
+            NicReading(
+                **_every_field(  # type: ignore[arg-type]
+                    NicReading,
+                    {
+                        "node": "n",
+                        "device": "mlx5_0",
+                        "port": 1,
+                        "link_layer": "InfiniBand",
+                        "up": True,
+                        "saturated_counters": ("symbol_error",),
+                        "pci_bus_id": "0000:17:00.0",
+                        "gpus": (0,),
+                    },
+                )
+            ),
+        ),
+        host=HostReading(**_every_field(HostReading, {"node": "n"})),  # type: ignore[arg-type]
+        job_hosts=(JobHostReading(**_every_field(JobHostReading, {"node": "n", "job_id": "j"})),),  # type: ignore[arg-type]
     )
 
 
@@ -53,6 +82,8 @@ def metrics_reference() -> str:
         "Every `gpulens_gpu_*` series also carries `node`, `gpu` (index), `uuid` and `model`, except",
         "`gpulens_gpu_job_info`, whose labels are exactly `node, gpu, uuid, job_id, user`. Units are in the names.",
         "A value the GPU cannot give is omitted, never exported as 0 or NaN.",
+        "`gpulens_nic_*` series (RDMA ports) carry `node, device, port` instead, `gpulens_host_*` series `node` and",
+        "`gpulens_job_*` series `node, job_id`; docs/fabric.md describes where they come from.",
         "",
         "| family | type | labels beyond node, gpu, uuid, model | help |",
         "|---|---|---|---|",

@@ -12,11 +12,16 @@
   ``cpu.cfs_period_us``, ``memory.usage_in_bytes``, ``memory.limit_in_bytes`` under the controllers' mount
   directories (``<cgroup_root>/cpu,cpuacct/...``, ``<cgroup_root>/memory/...``).
 
+A job's ``cpu_used_cores`` is the rate of its ``cpu_seconds_total`` since the previous read of the same job and
+cgroup, by the injected clock's monotonic time (``gpulens.counters.counter_rate``): ``None`` on the first read and
+after the counter went down (a new cgroup under the same job id).
+
 A process's ``environ`` and ``cmdline`` are never opened. Nothing here raises; failures are counted in ``errors``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -25,6 +30,8 @@ from typing import Final
 
 from exporter.fabric.sysread import AttributeReader
 from exporter.jobmap import job_id_from_cgroup_paths
+from gpulens.clock import Clock, SystemClock
+from gpulens.counters import counter_rate
 from gpulens.fabricmodel import HostReading, JobHostReading
 from gpulens.logutil import ErrorCounter
 
@@ -186,12 +193,15 @@ class JobHostReader:
         proc_root: str = "/proc",
         cgroup_root: str = "/sys/fs/cgroup",
         reader: AttributeReader | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.node = node
         self._proc_root = proc_root
         self._cgroup_root = cgroup_root
         self._reader = reader if reader is not None else AttributeReader("host", ErrorCounter(logger))
+        self._clock = clock if clock is not None else SystemClock()
         self._unified: bool | None = None
+        self._previous: dict[tuple[str, str | None], tuple[float, float | None]] = {}
 
     @property
     def errors(self) -> Mapping[str, int]:
@@ -205,7 +215,8 @@ class JobHostReader:
         return self._unified
 
     def read(self, pids: Iterable[int]) -> tuple[JobHostReading, ...]:
-        """One reading per job among ``pids``' processes, ordered by job id."""
+        """One reading per job among ``pids``' processes, ordered by job id, with ``cpu_used_cores`` filled in."""
+        now = self._clock.monotonic()
         jobs: dict[str, JobHostReading] = {}
         for pid in pids:
             found = self._job_of(pid)
@@ -214,7 +225,18 @@ class JobHostReader:
                 reading = self._read_v2(job_id, entries) if self.unified else self._read_v1(job_id, entries)
                 if reading is not None:
                     jobs[job_id] = reading
-        return tuple(jobs[job_id] for job_id in sorted(jobs))
+        previous, self._previous = self._previous, {}  # a job no longer seen is forgotten
+        out = []
+        for job_id in sorted(jobs):
+            reading = jobs[job_id]
+            key = (job_id, reading.cgroup)
+            before = previous.get(key)
+            self._previous[key] = (now, reading.cpu_seconds_total)
+            if before is not None:
+                cores = counter_rate(before[1], reading.cpu_seconds_total, now - before[0])
+                reading = dataclasses.replace(reading, cpu_used_cores=cores)
+            out.append(reading)
+        return tuple(out)
 
     def _job_of(self, pid: int) -> tuple[str, list[tuple[str, tuple[str, ...], str]]] | None:
         path = os.path.join(self._proc_root, str(pid), "cgroup")

@@ -17,11 +17,17 @@ Assumptions about the counters, as the kernel's ``Documentation/ABI/stable/sysfs
   ``saturated_counters`` and counted under ``ib_saturated``: it has stopped and its rate reads zero until reset.
   A 64-bit counter passing through 0xFFFFFFFF would be flagged for one read; that is the accepted false positive.
 
+Rates (``transmit_bytes_per_second``, ``receive_bytes_per_second``, ``transmit_wait_per_second``,
+``cnp_handled_per_second``) are computed here, at the source, from the previous read of the same port and the injected
+clock's monotonic time (``gpulens.counters.counter_rate``): ``None`` on a port's first read, after a counter went down
+(a reset) and for a counter listed in ``saturated_counters``.
+
 Nothing here raises: a missing file is ``None``, an unreadable or garbled one ``None`` plus a count in ``errors``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -30,6 +36,8 @@ from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from exporter.fabric.sysread import AttributeReader
+from gpulens.clock import Clock, SystemClock
+from gpulens.counters import counter_rate
 from gpulens.fabricmodel import NicReading, port_is_up
 from gpulens.logutil import ErrorCounter
 
@@ -98,14 +106,41 @@ def _natural(name: str) -> tuple[str, int]:
     return (stem, int(digits) if digits else -1)
 
 
-class IbPortReader:
-    """Reads every RDMA port of the node; ``root`` is the filesystem root sysfs hangs from (``/`` on a host)."""
+def with_rates(reading: NicReading, previous: NicReading | None, elapsed_seconds: float | None) -> NicReading:
+    """``reading`` with its per-second rates since ``previous`` (the same port's last read), ``elapsed_seconds`` ago.
 
-    def __init__(self, node: str, *, root: str = "/", reader: AttributeReader | None = None) -> None:
+    A counter listed in ``saturated_counters`` (by its file name in ``counters/``) has no rate.
+    """
+
+    def rate(field: str, counter_file: str | None) -> float | None:
+        if previous is None or (counter_file is not None and counter_file in reading.saturated_counters):
+            return None
+        return counter_rate(getattr(previous, field), getattr(reading, field), elapsed_seconds)
+
+    return dataclasses.replace(
+        reading,
+        transmit_bytes_per_second=rate("transmit_bytes_total", "port_xmit_data"),
+        receive_bytes_per_second=rate("receive_bytes_total", "port_rcv_data"),
+        transmit_wait_per_second=rate("transmit_wait_total", "port_xmit_wait"),
+        cnp_handled_per_second=rate("cnp_handled_total", None),
+    )
+
+
+class IbPortReader:
+    """Reads every RDMA port of the node; ``root`` is the filesystem root sysfs hangs from (``/`` on a host).
+
+    The reader remembers each port's previous reading and its time (``clock.monotonic()``) for the rates.
+    """
+
+    def __init__(
+        self, node: str, *, root: str = "/", reader: AttributeReader | None = None, clock: Clock | None = None
+    ) -> None:
         self.node = node
         self._class_dir = os.path.join(root, "sys", "class", "infiniband")
         self._reader = reader if reader is not None else AttributeReader("ib", ErrorCounter(logger))
+        self._clock = clock if clock is not None else SystemClock()
         self._devices: dict[tuple[str, str], _Device] = {}
+        self._previous: dict[tuple[str, int], tuple[float, NicReading]] = {}
 
     @property
     def errors(self) -> Mapping[str, int]:
@@ -114,13 +149,23 @@ class IbPortReader:
 
     def read(self) -> tuple[NicReading, ...]:
         """One reading per port, ordered by device then port; ``()`` on a node without RDMA devices."""
+        now = self._clock.monotonic()
         readings: list[NicReading] = []
+        previous = self._previous
+        self._previous = {}  # a port that disappeared (driver unloaded) starts afresh when it comes back
         for name in sorted(self._list(self._class_dir), key=_natural):
             device = self._device(name)
             ports_dir = os.path.join(device.directory, "ports")
             for port in sorted(int(entry) for entry in self._list(ports_dir) if entry.isdigit()):
                 path = os.path.join(ports_dir, str(port))
-                readings.append(self._read_port(name, port, path, device.pci_bus_id, device.numa_node))
+                reading = self._read_port(name, port, path, device.pci_bus_id, device.numa_node)
+                before = previous.get((name, port))
+                if before is None:
+                    reading = with_rates(reading, None, None)
+                else:
+                    reading = with_rates(reading, before[1], now - before[0])
+                self._previous[(name, port)] = (now, reading)
+                readings.append(reading)
         return tuple(readings)
 
     def _list(self, path: str) -> list[str]:

@@ -23,6 +23,8 @@ examples:
   gpulens exporter --source sim --scenario examples/scenarios/stall.toml --node node-01 --speed 10
   # every node of a simulated cluster from one process: /node/<name>/metrics
   gpulens exporter --source sim --scenario examples/scenarios/healthy.toml --all-nodes --listen 127.0.0.1:9410
+  # in a container with the host's root mounted read-only at /host (RDMA ports, PCIe, cgroups, /proc)
+  gpulens exporter --sysfs-root /host --proc-root /host/proc
   # TLS and basic auth (Prometheus exporter-toolkit format)
   gpulens exporter --web-config /etc/gpulens/web.yml
 """
@@ -49,7 +51,20 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--dcgm-compat", action="store_true", help="also export dcgm-exporter-named families")
     p.add_argument("--job-map-dir", default=None, help="Slurm prolog files named by GPU UUID or index")
-    p.add_argument("--proc-root", default="/proc", help="where to read processes' cgroup, status and comm")
+    p.add_argument(
+        "--proc-root", default="/proc", help="the host's /proc: processes' cgroup, status and comm, CPU and memory"
+    )
+    p.add_argument(
+        "--sysfs-root",
+        default="/",
+        help="where the host's sys/ hangs: RDMA ports (sys/class/infiniband), PCIe topology and job cgroups "
+        "(sys/fs/cgroup) are read under it",
+    )
+    p.add_argument(
+        "--no-fabric",
+        action="store_true",
+        help="do not read RDMA ports, host CPU and memory or job cgroups (GPUs only)",
+    )
     p.add_argument("--web-config", default=None, help="TLS and basic-auth config (exporter-toolkit YAML)")
     p.add_argument("--scenario", default=None, help="scenario TOML for --source sim")
     p.add_argument("--speed", type=positive_float, default=1.0, help="virtual time speed-up for --source sim")
@@ -69,6 +84,8 @@ def _run_exporter(args: argparse.Namespace) -> int:
             existing_directory("--job-map-dir", args.job_map_dir, "the directory the Slurm prolog writes, /run/gpustat")
         if args.proc_root != "/proc":
             existing_directory("--proc-root", args.proc_root, "the host's /proc, mounted in the container")
+        if args.sysfs_root != "/":
+            existing_directory("--sysfs-root", args.sysfs_root, "the directory the host's sys/ hangs from, e.g. /host")
     options = ExporterOptions(
         source=args.source,
         listen=args.listen,
@@ -79,6 +96,8 @@ def _run_exporter(args: argparse.Namespace) -> int:
         dcgm_compat=args.dcgm_compat,
         job_map_dir=args.job_map_dir,
         proc_root=args.proc_root,
+        sysfs_root=args.sysfs_root,
+        fabric=not args.no_fabric,
         web_config=args.web_config,
         scenario=args.scenario,
         speed=args.speed,

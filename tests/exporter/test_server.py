@@ -73,12 +73,12 @@ def test_metrics_are_served_plain_and_gzipped(server: ExporterServer) -> None:
     assert gzip.decompress(zipped) == body
 
 
-def test_snapshot_is_schema_1_and_parses_back(server: ExporterServer, source: StaticSource) -> None:
+def test_snapshot_is_schema_2_and_parses_back(server: ExporterServer, source: StaticSource) -> None:
     status, headers, body = http_get(url(server, "/api/v1/snapshot"))
     assert status == 200
     assert headers["Content-Type"] == "application/json"
     doc = json.loads(body)
-    assert doc["schema"] == 1
+    assert doc["schema"] == 2  # schema 2 added the nics and host sections
     assert doc["exporter"]["reason"] == "ok"
     snap = snapshot_from_json(doc)
     assert snap.gpus == source.snapshot.replace(timestamp=snap.timestamp).gpus

@@ -9,7 +9,7 @@ input pipeline) act through the job's phase and its ``fabric_pace``.
 
 Ports alike (same rate and layer, same jobs on their GPUs, same faults) share a :class:`PortContext` and its
 running sums of traffic, transmit wait and congestion notifications; each port scales them by its own fixed weight
-(within 3 %), so ``*_total`` counters and ``*_per_second`` rates always agree.
+(within 2 %), so ``*_total`` counters and ``*_per_second`` rates always agree.
 """
 
 from __future__ import annotations
@@ -33,14 +33,16 @@ PEAK_SHARE_SPREAD: Final = 0.30
 EVAL_SHARE: Final = 0.01  # of the peak: a metric all-reduce now and then
 CHECKPOINT_SHARE: Final = 0.45  # of the port's rate, written to network storage
 CHECKPOINT_READ_SHARE: Final = 0.004
-CEILING: Final = 0.95  # the most of its (current) rate a port moves
+CEILING: Final = 0.95  # the most of its (current) rate a port moves, before its weight (so at most ~97 %)
 WAIT_TICKS_PER_S: Final = 2_000.0  # transmit wait at full rate on a healthy fabric
 CONGESTED_WAIT_TICKS_PER_S: Final = 4_000_000.0
 CNP_PER_S: Final = 20.0  # RoCE congestion notifications at full rate on a healthy fabric
 CONGESTED_CNP_PER_S: Final = 60_000.0
 CNP_SENT_SHARE: Final = 0.6  # of those handled: what the port's own receive side sends back
 BYTES_PER_PACKET: Final = 4096  # the IB MTU's payload; RoCE at MTU 4200 carries the same
-JITTER: Final = 0.03
+JITTER: Final = 0.03  # step to step
+WEIGHT_SPREAD: Final = 0.02  # port to port, fixed
+AT_CEILING_JITTER: Final = 0.01
 
 # One step's rates (per second, before a port's weight): transmit and receive bytes, transmit wait, CNPs handled.
 Rates = tuple[float, float, float, float]
@@ -82,6 +84,17 @@ class SimPort:
     base_symbol_errors: int
     base_link_downed: int
     idle: NicReading | None = None  # a port with nothing to move and no faults reads the same every step
+
+
+def _jittered(share: float, ceiling: float, u: float) -> float:
+    """A share of the port's rate with noise, at most ``ceiling`` (a port at its ceiling wavers just under it)."""
+    if share >= ceiling:
+        return ceiling * (1.0 - AT_CEILING_JITTER * u)
+    return min(ceiling, share * (1.0 + noise.spread(u, JITTER)))
+
+
+HEALTHY: Final = PortState()  # shared by every port without faults: never adjusted
+NO_ERRORS: Final = PortCounters()
 
 
 def port_state(faults: tuple[FaultSpec, ...], t: float) -> PortState:
@@ -139,7 +152,7 @@ class Fabric:
             node=node.name,
             spec=nic,
             context=self._context(node, nic),
-            weight=1.0 + noise.spread(u[0], JITTER),
+            weight=1.0 + noise.spread(u[0], WEIGHT_SPREAD),
             base_bytes=(int(u[1] * 4e14), int(u[2] * 4e14)),
             base_wait=int(u[3] * 5e6),
             base_symbol_errors=int(8 * u[4]) if u[5] < 0.1 else 0,
@@ -149,6 +162,8 @@ class Fabric:
     def _context(self, node: NodeSpec, nic: NicSpec) -> PortContext:
         jobs: list[PortJob] = []
         for job in self._by_node.get(node.name, []):
+            if job.kind != "training" or not (self._spans[job.id] or job.checkpoint_every_s is not None):
+                continue  # it never uses the fabric
             held = sum(1 for g in job.gpus if g.node == node.name and g.index in nic.gpus)
             if held:
                 jobs.append(PortJob(job, held / len(nic.gpus), self._spans[job.id], self._peaks[job.id]))
@@ -214,8 +229,8 @@ class Fabric:
                 rx += CHECKPOINT_READ_SHARE * place.held
         ceiling = CEILING * state.rate_share
         u = noise.draw(ctx.key, k) if tx or rx or state.congested else None
-        tx_share = min(ceiling, tx * (1.0 + noise.spread(u[0], JITTER))) if u else 0.0
-        rx_share = min(ceiling, rx * (1.0 + noise.spread(u[1], JITTER))) if u else 0.0
+        tx_share = _jittered(tx, ceiling, u[0]) if u else 0.0
+        rx_share = _jittered(rx, ceiling, u[1]) if u else 0.0
         busy = max(tx_share, rx_share)
         if state.congested:
             assert u is not None
@@ -232,19 +247,18 @@ class Fabric:
         return tuple(self._reading(port, k, t) for port in self.ports.get(node, ()))
 
     def _reading(self, port: SimPort, k: int, t: float) -> NicReading:
-        ctx = port.context
         if port.idle is not None:
             return port.idle
-        static = not ctx.jobs and not ctx.faults
+        ctx = port.context
         spec = port.spec
-        state = port_state(ctx.faults, t) if ctx.faults else PortState()
-        errors = port_counters(ctx.faults, t, self._scale) if ctx.faults else PortCounters()
+        faults = ctx.faults
+        state = port_state(faults, t) if faults else HEALTHY
+        errors = port_counters(faults, t, self._scale) if faults else NO_ERRORS
         w = port.weight
         scale = w * self._scale
-        tx, rx, wait, cnp = (r * w for r in ctx.ledger.rates(k))
-        tx_sum, rx_sum, wait_sum, cnp_sum = (s * scale for s in ctx.ledger.through(k))
-        tx_total = port.base_bytes[0] + int(tx_sum)
-        rx_total = port.base_bytes[1] + int(rx_sum)
+        (tx, rx, wait, cnp), (tx_sum, rx_sum, wait_sum, cnp_sum) = ctx.ledger.at(k)
+        tx_total = port.base_bytes[0] + int(tx_sum * scale)
+        rx_total = port.base_bytes[1] + int(rx_sum * scale)
         roce = ctx.roce
         reading = NicReading(
             node=port.node,
@@ -261,7 +275,7 @@ class Fabric:
             receive_bytes_total=rx_total,
             transmit_packets_total=tx_total // BYTES_PER_PACKET,
             receive_packets_total=rx_total // BYTES_PER_PACKET,
-            transmit_wait_total=port.base_wait + int(wait_sum),
+            transmit_wait_total=port.base_wait + int(wait_sum * scale),
             symbol_errors_total=port.base_symbol_errors + errors.symbol_errors,
             link_downed_total=port.base_link_downed + errors.link_downed,
             link_error_recovery_total=port.base_link_downed + errors.link_error_recovery,
@@ -269,19 +283,19 @@ class Fabric:
             local_link_integrity_errors_total=errors.local_link_integrity_errors,
             excessive_buffer_overrun_errors_total=0,
             transmit_discards_total=0,
-            cnp_sent_total=int(cnp_sum * CNP_SENT_SHARE) if roce else None,
-            cnp_handled_total=int(cnp_sum) if roce else None,
+            cnp_sent_total=int(cnp_sum * scale * CNP_SENT_SHARE) if roce else None,
+            cnp_handled_total=int(cnp_sum * scale) if roce else None,
             out_of_sequence_total=0 if roce else None,
             packet_sequence_errors_total=0 if roce else None,
             local_ack_timeouts_total=0 if roce else None,
-            transmit_bytes_per_second=round(tx, 1),
-            receive_bytes_per_second=round(rx, 1),
-            transmit_wait_per_second=round(wait, 1),
-            cnp_handled_per_second=round(cnp, 2) if roce else None,
+            transmit_bytes_per_second=round(tx * w, 1),
+            receive_bytes_per_second=round(rx * w, 1),
+            transmit_wait_per_second=round(wait * w, 1),
+            cnp_handled_per_second=round(cnp * w, 2) if roce else None,
             pci_bus_id=spec.pci_bus_id,
             numa_node=spec.numa_node,
             gpus=spec.gpus,
         )
-        if static:
+        if not faults and not ctx.jobs:  # nothing will ever change on it
             port.idle = reading
         return reading

@@ -169,7 +169,7 @@ class HostSim:
                 continue
             limit_cores = CORES_PER_GPU * local
             ledger = self._ledger(job)
-            share = ledger.rates(k)[0]
+            (share,), (used_share,) = ledger.at(k)
             phase = self._phase_of(job.id, k)
             checkpointing |= phase is not None and phase.mode in (CHECKPOINT, CHECKPOINT_WRITE)
             memory_limit = int(host.memory_bytes * MEMORY_LIMIT_SHARE * local / spec.gpus) // GIB * GIB
@@ -186,7 +186,7 @@ class HostSim:
                     job_id=job.id,
                     cgroup=self._cgroups[job.id],
                     cgroup_version=2,
-                    cpu_seconds_total=round(ledger.through(k)[0] * limit_cores * self._scale, 3),
+                    cpu_seconds_total=round(used_share * limit_cores * self._scale, 3),
                     cpu_limit_cores=limit_cores,
                     memory_used_bytes=memory,
                     memory_limit_bytes=memory_limit,

@@ -23,30 +23,33 @@ class RateLedger:
         self._prefix = [array("d", [0.0]) for _ in range(width)]
         self._tail = tuple(rates_at(last_step))
         self._lock = threading.Lock()
+        self._zero = (0.0,) * width
+        self._recent: tuple[int, tuple[float, ...], tuple[float, ...]] = (-1, self._zero, self._zero)
 
-    def through(self, k: int) -> tuple[float, ...]:
-        """Each rate's integral from the scenario's start to the end of step ``k`` (zero before the start)."""
+    def at(self, k: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Step ``k``'s rates (as the running sums give them, so that the two always agree) and each rate's
+        integral from the scenario's start to the end of step ``k`` (zero before the start)."""
+        recent = self._recent
+        if recent[0] == k:
+            return recent[1], recent[2]
         if k < 0:
-            return (0.0,) * self._width
+            return self._zero, self._zero
         upto = min(k + 1, self._last)
-        with self._lock:
-            prefix = self._prefix
-            for i in range(len(prefix[0]) - 1, upto):
-                rates = self._rates_at(i)
-                for column, rate in zip(prefix, rates, strict=True):
-                    column.append(column[i] + rate * self._step)
-            done = tuple(column[upto] for column in prefix)
+        prefix = self._prefix
+        if len(prefix[0]) <= upto:
+            with self._lock:
+                for i in range(len(prefix[0]) - 1, upto):
+                    rates = self._rates_at(i)
+                    for column, rate in zip(prefix, rates, strict=True):
+                        column.append(column[i] + rate * self._step)
+        done = tuple(column[upto] for column in prefix)
         extra = k + 1 - upto
-        if extra <= 0:
-            return done
-        return tuple(d + extra * r * self._step for d, r in zip(done, self._tail, strict=True))
-
-    def rates(self, k: int) -> tuple[float, ...]:
-        """Step ``k``'s rates, as the running sums give them (so that they and the totals always agree)."""
-        if k < 0:
-            return (0.0,) * self._width
-        if k >= self._last:
-            return self._tail
-        self.through(k)
-        with self._lock:
-            return tuple((column[k + 1] - column[k]) / self._step for column in self._prefix)
+        if extra > 0:
+            step = self._step
+            totals = tuple(d + extra * r * step for d, r in zip(done, self._tail, strict=True))
+            rates = self._tail
+        else:
+            totals = done
+            rates = tuple((column[k + 1] - column[k]) / self._step for column in prefix)
+        self._recent = (k, rates, totals)
+        return rates, totals

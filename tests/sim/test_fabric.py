@@ -262,3 +262,36 @@ def test_malformed_port_faults_and_nodes_name_file_key_and_line(
     assert (err.file, err.key) == (str(path), key)
     assert message in err.message
     assert err.line == marked_line(text)
+
+
+def test_a_live_cluster_counts_at_the_real_rate() -> None:
+    """Served at ``speed`` x real time, counters grow by rate x real seconds (``counter_scale = 1/speed``)."""
+    scenario = parse_scenario(BASE, source="test.toml")
+    plain, live = SimCluster(scenario), SimCluster(scenario, counter_scale=0.1)
+    t0, t1 = at(scenario, 5), at(scenario, 5) + STEP
+    for sim, scale in ((plain, 1.0), (live, 0.1)):
+        a, b = sim.snapshot("node-00", t0), sim.snapshot("node-00", t1)
+        sent = num(b.nics[0].transmit_bytes_total) - num(a.nics[0].transmit_bytes_total)
+        assert sent == pytest.approx(num(b.nics[0].transmit_bytes_per_second) * STEP * scale, abs=4.0)
+        cpu_a, cpu_b = a.job_hosts[0], b.job_hosts[0]
+        used = num(cpu_b.cpu_seconds_total) - num(cpu_a.cpu_seconds_total)
+        assert used == pytest.approx(num(cpu_b.cpu_used_cores) * STEP * scale, abs=0.05)
+    assert (
+        plain.snapshot("node-00", t1).nics[0].transmit_bytes_per_second
+        == live.snapshot("node-00", t1).nics[0].transmit_bytes_per_second
+    )
+
+
+def test_a_single_node_job_writes_its_checkpoints_over_the_ports_and_nothing_else() -> None:
+    sim = cluster("", BASE.replace("memory_fraction = 0.6", 'memory_fraction = 0.6\ncheckpoint_every = "10m"'))
+    s = sim.scenario
+    busy = 0
+    for t in steps(s, 2, 25):
+        snap = sim.snapshot("node-02", t)
+        small = [g for g in snap.gpus if g.gpu >= 4]
+        sending = [p for p in snap.nics if num(p.transmit_bytes_per_second) > 0]
+        assert {p.device for p in sending} <= {"mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7"}  # next to its GPUs
+        if sending:
+            busy += 1
+            assert max(num(g.utilization_ratio) for g in small) < 0.1  # the GPUs idle meanwhile
+    assert 2 <= busy <= 6  # two checkpoints of 1-3 steps

@@ -186,3 +186,16 @@ def test_host_memory_pressure(base: SimCluster) -> None:
     assert healthy is not None
     assert num(healthy.cpu_iowait_ratio) < 0.02
     assert num(healthy.memory_available_bytes) > 0.5 * num(healthy.memory_total_bytes)
+
+
+def test_fabric_saturation() -> None:
+    sim = cluster(fault("fabric_saturation", 'job = "train"', "20m", "5m"))
+    s = sim.scenario
+    for t in steps(s, 20, 25):
+        for p in job_ports(sim, t):
+            assert 0.9 <= num(p.transmit_bytes_per_second) / num(p.rate_bytes_per_second) <= 0.97
+            assert 0.9 <= num(p.receive_bytes_per_second) / num(p.rate_bytes_per_second) <= 0.97
+        assert min(num(r.utilization_ratio) for r in readings(sim, TRAIN_GPUS, t)) > 0.9
+        assert all(num(p.transmit_bytes_per_second) == 0.0 for p in sim.snapshot("node-02", t).nics)
+    after = [num(p.transmit_bytes_per_second) / num(p.rate_bytes_per_second) for p in job_ports(sim, at(s, 26))]
+    assert max(after) < 0.6

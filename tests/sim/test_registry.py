@@ -43,6 +43,7 @@ def test_targets_and_phase_priorities() -> None:
         "ib_link_flap",
         "host_memory_pressure",
         "host_cpu_contention",
+        "fabric_saturation",
     ]
 
 

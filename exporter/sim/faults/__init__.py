@@ -13,6 +13,7 @@ from .comm_stall import CommStall, CommStallParams
 from .dead_profiling import DeadProfiling, DeadProfilingParams
 from .exporter_down import ExporterDown, ExporterDownParams
 from .fabric_congestion import FabricCongestion, FabricCongestionParams
+from .fabric_saturation import FabricSaturation, FabricSaturationParams
 from .gpu_lost import GpuLost, GpuLostParams
 from .hang_blocked import HangBlocked, HangBlockedParams
 from .hang_mixed import HangMixed, HangMixedParams
@@ -60,6 +61,7 @@ FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
         IbDegraded(),
         IbErrors(),
         FabricCongestion(),
+        FabricSaturation(),
         HostCpuContention(),
         HostMemoryPressure(),
     )
@@ -89,6 +91,7 @@ AnyFaultParams = (
     | IbDegradedParams
     | IbErrorsParams
     | FabricCongestionParams
+    | FabricSaturationParams
     | HostCpuContentionParams
     | HostMemoryPressureParams
 )

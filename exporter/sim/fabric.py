@@ -133,6 +133,7 @@ class Fabric:
         self._step = scenario.step_s
         self._last_step = math.ceil(scenario.duration_s / scenario.step_s) + 1
         self._contexts: dict[tuple[object, ...], PortContext] = {}
+        self._jobs = {j.id: j for j in scenario.jobs}
         self._peaks = {
             j.id: PEAK_SHARE_MIN + PEAK_SHARE_SPREAD * noise.unit(scenario.seed, "fabric", j.id) for j in scenario.jobs
         }
@@ -193,7 +194,7 @@ class Fabric:
             return False
         if fault.nic is not None:
             return fault.node == node and fault.nic == nic.device
-        job = next((j for j in self._scenario.jobs if j.id == fault.job), None)
+        job = self._jobs.get(fault.job or "")
         return job is not None and any(g.node == node and g.index in nic.gpus for g in job.gpus)
 
     # ------------------------------------------------------------------------------------------ per step

@@ -110,6 +110,7 @@ class HostSim:
         self._step = scenario.step_s
         self._last_step = math.ceil(scenario.duration_s / scenario.step_s) + 1
         self._specs = {n.name: n for n in scenario.nodes}
+        self._jobs = {j.id: j for j in scenario.jobs}
         self._local: dict[str, list[tuple[JobSpec, int]]] = {n.name: [] for n in scenario.nodes}
         for job in scenario.jobs:
             counts: dict[str, int] = {}
@@ -131,7 +132,7 @@ class HostSim:
             return False
         if fault.node is not None:
             return fault.node == node
-        job = next((j for j in self._scenario.jobs if j.id == fault.job), None)
+        job = self._jobs.get(fault.job or "")
         return job is not None and any(g.node == node for g in job.gpus)
 
     def _cpu_share(self, job: JobSpec, k: int) -> float:

@@ -376,8 +376,6 @@ class _Resolver:
             raise self.fail("faults", i, "node", f"missing required key (a {kind.name} fault names {alternatives})")
         if kind.target == "nic" and nic is None:
             raise self.fail("faults", i, "nic", f"missing required key (a {kind.name} fault names {alternatives})")
-        if kind.target != "nic" and nic is not None:
-            raise self.fail("faults", i, "nic", f"a {kind.name} fault names {alternatives}, not a nic")
         return kind.target
 
     def _fault_nic(self, i: int, node: NodeSpec | None, device: str) -> str:

@@ -233,6 +233,21 @@ MALFORMED = {
         "faults[0].job",
         "needs a training job",
     ),
+    "host memory pressure naming nothing": (
+        BASE + '\n[[faults]]  # <-\nkind = "host_memory_pressure"\nat = "5m"\n',
+        "faults[0].node",
+        "missing required key (a host_memory_pressure fault names a node, or a job)",
+    ),
+    "host memory pressure naming a node and a job": (
+        BASE + '\n[[faults]]\nkind = "host_memory_pressure"\nnode = "node-02"\njob = "small"  # <-\nat = "5m"\n',
+        "faults[0].job",
+        "not both",
+    ),
+    "host memory pressure naming a nic": (
+        BASE + '\n[[faults]]\nkind = "host_memory_pressure"\nnode = "node-02"\nnic = "mlx5_0"  # <-\nat = "5m"\n',
+        "faults[0].nic",
+        "names a node or a job, not a nic",
+    ),
     "an unknown link layer": (
         BASE.replace("gpus_per_node = 4\n", 'gpus_per_node = 4\nnic_link_layer = "Myrinet"  # <-\n', 1),
         "nodes[0].nic_link_layer",

@@ -199,3 +199,22 @@ def test_fabric_saturation() -> None:
         assert all(num(p.transmit_bytes_per_second) == 0.0 for p in sim.snapshot("node-02", t).nics)
     after = [num(p.transmit_bytes_per_second) / num(p.rate_bytes_per_second) for p in job_ports(sim, at(s, 26))]
     assert max(after) < 0.6
+
+
+def test_host_memory_pressure_on_a_job_presses_the_hosts_of_its_nodes(base: SimCluster) -> None:
+    sim = cluster(fault("host_memory_pressure", 'job = "train"', "20m", "10m"))
+    t = at(sim.scenario, 25)
+    for node in ("node-00", "node-01"):
+        host = sim.snapshot(node, t).host
+        assert host is not None
+        assert num(host.memory_available_bytes) < 0.01 * num(host.memory_total_bytes)
+    assert max(num(r.utilization_ratio) for r in readings(sim, TRAIN_GPUS, t)) < 0.25
+    assert sim.snapshot("node-02", t) == base.snapshot("node-02", t)
+
+
+def test_fabric_congestion_on_a_job_congests_every_port_next_to_its_gpus() -> None:
+    sim = cluster(fault("fabric_congestion", 'job = "train"', "20m", "10m"))
+    ports = job_ports(sim, at(sim.scenario, 25))
+    assert len(ports) == 16
+    assert min(num(p.transmit_wait_per_second) for p in ports) > 1_000_000
+    assert max(num(p.transmit_wait_per_second) for p in sim.snapshot("node-02", at(sim.scenario, 25)).nics) == 0

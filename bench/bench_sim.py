@@ -3,7 +3,10 @@
 The scenario mixes 100 eight-node training jobs (800 nodes), 800 single-GPU inference jobs (100 nodes), notebooks
 and idle nodes. ``sim_snapshot_1000x8`` is the steady state: the next step after the previous snapshot, which is
 what an exporter serving the cluster in (scaled) real time computes. ``sim_snapshot_1000x8_cold`` is the first
-snapshot of a fresh cluster 25 minutes into the scenario: it also sums every GPU's energy over those 25 minutes.
+snapshot of a fresh cluster 25 minutes into the scenario: it also sums every GPU's energy, every RDMA port's
+traffic and every job's CPU time over those 25 minutes. Each node's snapshot carries its 8 GPUs and, since issue 12,
+its 8 RDMA ports (400 Gb/s InfiniBand, traffic from the training jobs that span nodes), its host and each job's
+cgroup; ``sim_ports_1000x8`` counts the ports read per round.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ def snapshot_all(sim: SimCluster, t: float) -> float:
     return time.perf_counter() - began
 
 
+def ports(sim: SimCluster, t: float) -> int:
+    return sum(len(sim.snapshot(node, t).nics) for node in sim.node_names())
+
+
 def main() -> int:
     text = scenario_text()
     began = time.perf_counter()
@@ -60,6 +67,7 @@ def main() -> int:
     print(f"sim_snapshot_1000x8_cold: {cold:.2f} s")
     print(f"sim_snapshot_1000x8: {best:.2f} s")
     print(f"sim_snapshot_per_node: {best / NODES * 1000:.2f} ms")
+    print(f"sim_ports_1000x8: {ports(sim, t + 5 * scenario.step_s)} ports")
     return 0
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from exporter.sim import SimCluster, parse_scenario
+from pathlib import Path
+
+from exporter.sim import SimCluster, load_scenario, parse_scenario
 from tests.sim.support import BASE, STEP, at, cluster
 
 
@@ -47,3 +49,14 @@ def test_readings_carry_noise_from_step_to_step_and_gpu_to_gpu() -> None:
     ranks = sim.snapshot("node-00", at(s, 5)).gpus
     assert len({r.power_watts for r in ranks}) == len(ranks)
     assert len({r.nvlink_tx_bytes_per_second for r in ranks}) == len(ranks)
+
+
+def test_ports_hosts_and_fabric_faults_are_reproducible_in_any_order() -> None:
+    path = Path(__file__).parents[2] / "examples" / "scenarios" / "fabric.toml"
+    first, second = SimCluster(load_scenario(path)), SimCluster(load_scenario(path))
+    s = first.scenario
+    times = [at(s, m) for m in (0, 9, 21, 27, 44, 55, 59)]
+    forward = {(n, t): first.snapshot(n, t) for t in times for n in first.node_names()}
+    backward = {(n, t): second.snapshot(n, t) for t in reversed(times) for n in reversed(second.node_names())}
+    assert forward == backward
+    assert all(snap.nics and snap.host is not None for snap in forward.values())

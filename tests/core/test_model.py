@@ -5,13 +5,8 @@ import math
 
 import pytest
 
-from gpulens.model import (
-    THROTTLE_MASK,
-    SnapshotFormatError,
-    snapshot_from_json,
-    snapshot_to_json,
-    throttle_reason_names,
-)
+from gpulens.model import THROTTLE_MASK, SnapshotFormatError, throttle_reason_names
+from gpulens.snapshotcodec import snapshot_from_json, snapshot_to_json
 from tests.fakes.static_source import h100, node_snapshot
 
 
@@ -99,7 +94,8 @@ def test_schema_2_carries_nics_and_host_and_schema_1_still_reads() -> None:
         job_hosts=(JobHostReading(node="node-00", job_id="77", cpu_seconds_total=12.5, cpu_used_cores=3.0),),
     )
     doc = json.loads(json.dumps(snapshot_to_json(snap)))
-    assert "node" not in doc["nics"][0] and doc["nics"][0]["gpus"] == [0, 1]
+    assert "node" not in doc["nics"][0]
+    assert doc["nics"][0]["gpus"] == [0, 1]
     assert doc["host"]["jobs"] == [{"job_id": "77", "cpu_seconds_total": 12.5, "cpu_used_cores": 3.0}]
     back = snapshot_from_json(doc)
     assert back.nics == snap.nics
@@ -107,7 +103,9 @@ def test_schema_2_carries_nics_and_host_and_schema_1_still_reads() -> None:
     assert back.job_hosts == snap.job_hosts
     old = {k: v for k, v in doc.items() if k not in ("nics", "host")} | {"schema": 1}
     old_back = snapshot_from_json(old)
-    assert old_back.gpus == snap.gpus and old_back.nics == () and old_back.host is None
+    assert old_back.gpus == snap.gpus
+    assert old_back.nics == ()
+    assert old_back.host is None
 
 
 def test_nic_id_round_trips() -> None:
@@ -117,4 +115,5 @@ def test_nic_id_round_trips() -> None:
         NicReading(node="node-03", device="mlx5_2", port=1).id == nic_id("node-03", "mlx5_2", 1) == "node-03/mlx5_2/1"
     )
     assert parse_nic_id("node-03/mlx5_2/1") == ("node-03", "mlx5_2", 1)
-    assert parse_nic_id("mlx5_2/1") is None and parse_nic_id("a/b/c") is None
+    assert parse_nic_id("mlx5_2/1") is None
+    assert parse_nic_id("a/b/c") is None

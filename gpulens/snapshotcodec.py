@@ -177,7 +177,7 @@ def _object_struct(cls: type, *, node_implied: bool, extra: Sequence[tuple[Any, 
         ("node", str, "") if node_implied and f.name == "node" else _field_spec(f, hints)
         for f in dataclasses.fields(cls)
     ]
-    return msgspec.defstruct(f"{cls.__name__}Object", [*fields, *extra], kw_only=True)
+    return msgspec.defstruct(f"{cls.__name__}Object", [*fields, *extra], kw_only=True, gc=False)
 
 
 class _RowType(typing.NamedTuple):
@@ -201,11 +201,11 @@ def _row_type(cls: type, columns: tuple[str, ...], implied: tuple[str, ...], sec
     supplied = tuple(n for n in implied if n not in columns)
     # The supplied fields are set after decoding; no JSON value decodes as UNSET, so a row with extra values fails.
     fields += [(n, msgspec.UnsetType, msgspec.UNSET) for n in supplied]
-    struct = msgspec.defstruct(f"{cls.__name__}Row", fields, array_like=True)
+    struct = msgspec.defstruct(f"{cls.__name__}Row", fields, array_like=True, gc=False)
     return _RowType(columns, msgspec.json.Decoder(list[struct]), supplied)  # type: ignore[valid-type]
 
 
-_TABLE: Final[Any] = msgspec.defstruct("Table", [("columns", list[str]), ("rows", msgspec.Raw)])
+_TABLE: Final[Any] = msgspec.defstruct("Table", [("columns", list[str]), ("rows", msgspec.Raw)], gc=False)
 _LINK_TABLE_IMPLIED: Final = ("node", "uuid")
 _HOST_JOB: Final = _object_struct(JobHostReading, node_implied=True)
 _HOST: Final = _object_struct(
@@ -246,6 +246,7 @@ _DOCUMENT: Final[Any] = msgspec.defstruct(
         ("errors", dict[str, int], msgspec.field(default_factory=dict)),
     ],
     kw_only=True,
+    gc=False,
 )
 _DECODER: Final = msgspec.json.Decoder(_DOCUMENT)
 _SCHEMA_ONLY: Final[msgspec.json.Decoder[Any]] = msgspec.json.Decoder(
@@ -264,6 +265,8 @@ def _format_error(exc: msgspec.ValidationError, section: str = "", columns: Sequ
     text = str(exc)
     match = _AT.match(text)
     what, where, key = (match["what"], match["where"], match["key"]) if match else (text, "", None)
+    if not section and where.startswith(".links["):  # the row layout's link rows: name the column
+        section, columns, where = "links", LINK_COLUMNS, where[len(".links") :]
     if section and columns:
         cell = _ROW_CELL.match(where)
         if cell is not None:

@@ -8,6 +8,7 @@ older exporter does (the row layout). Also the decode alone: CPU per document of
 from __future__ import annotations
 
 import dataclasses
+import gc
 import gzip
 import signal
 import statistics
@@ -81,31 +82,45 @@ def main() -> None:
         finally:
             exporter.send_signal(signal.SIGINT)
             exporter.wait(timeout=30)
-    for suffix, (walls, cpus) in figures.items():
+    for suffix, (walls, cpus, gcs) in figures.items():
         print(f"collector_round_1000x8_sqlite{suffix}_wall: {min(walls):.2f} s")
         print(f"collector_round_1000x8_sqlite{suffix}_cpu: {min(cpus):.2f} s")
         print(f"collector_round_1000x8_sqlite{suffix}_wall_median: {statistics.median(walls):.2f} s")
         print(f"collector_round_1000x8_sqlite{suffix}_cpu_median: {statistics.median(cpus):.2f} s")
+        print(f"collector_round_1000x8_sqlite{suffix}_gc_median: {statistics.median(gcs):.2f} s")
     for layout, (per_doc, size) in decode.items():
         print(f"snapshot_decode_{layout}: {per_doc * 1e6:.0f} us per document ({size} bytes, 8 GPUs, 144 links)")
 
 
-def _rounds(settings: object, db: Database) -> tuple[list[float], list[float]]:
+def _rounds(settings: object, db: Database) -> tuple[list[float], list[float], list[float]]:
+    """Wall, CPU and garbage-collector seconds of each measured round (the collector keeps a round's records until
+    the next, so each round's ~170,000 new records are what the cyclic collector walks over and over)."""
     collector = Collector(settings, db)  # type: ignore[arg-type]
-    walls, cpus = [], []
+    walls, cpus, gcs = [], [], []
+    in_gc = [0.0, 0.0]  # start of the running collection, seconds in collections so far
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            in_gc[0] = time.perf_counter()
+        else:
+            in_gc[1] += time.perf_counter() - in_gc[0]
+
+    gc.callbacks.append(on_gc)
     try:
         print("# warm-up round (the exporter renders every node once)", file=sys.stderr, flush=True)
         collector.run_round()
         for _ in range(ROUNDS):
-            cpu0, wall0 = time.process_time(), time.perf_counter()
+            cpu0, wall0, gc0 = time.process_time(), time.perf_counter(), in_gc[1]
             result = collector.run_round()
             walls.append(time.perf_counter() - wall0)
             cpus.append(time.process_time() - cpu0)
+            gcs.append(in_gc[1] - gc0)
             assert result.written
             assert sum(len(s.gpus) for s in result.snapshots) == 8000
     finally:
+        gc.callbacks.remove(on_gc)
         collector.close()
-    return walls, cpus
+    return walls, cpus, gcs
 
 
 def _decode_cpu(port: int, layout: str) -> tuple[float, int]:

@@ -192,3 +192,23 @@ def test_an_old_exporter_that_ignores_the_layout_is_read_in_rows(old_exporter: s
     assert result.snapshot.processes == snap.processes
     assert all(p.memory_used_bytes is not None for p in result.snapshot.processes)
     assert result.rejected == {}
+
+
+def test_the_spool_writes_columnar_and_still_reads_a_row_layout_round(tmp_path: Path) -> None:
+    from collector.spool import Spool
+    from gpulens.model import TargetHealth
+
+    snap = node_snapshot("node-03", gpus=2, t=1_700_000_000.0)
+    health = TargetHealth(target="t", url="http://t/api/v1/snapshot", kind="gpulens", timestamp=1.0, up=True)
+    spool = Spool(tmp_path / "spool")
+    path = spool.append([snap], [health])
+    written = json.loads(gzip.decompress(path.read_bytes()))
+    assert written["snapshots"][0]["layout"] == "columnar"
+    assert spool.load(path).snapshots == (snap,)
+    # A round spooled by a collector before the columnar layout: row-layout snapshots.
+    old = tmp_path / "spool" / "0000000000000007.json.gz"
+    doc = {"snapshots": [snapshot_to_json(snap)], "targets": [dataclasses.asdict(health)]}
+    old.write_bytes(gzip.compress(orjson.dumps(doc)))
+    loaded = spool.load(old)
+    assert loaded.snapshots == (snap,)
+    assert loaded.targets == (health,)

@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from gpulens.model import THROTTLE_MASK, SnapshotFormatError, throttle_reason_names
+from gpulens.model import THROTTLE_MASK, NodeSnapshot, SnapshotFormatError, throttle_reason_names
 from gpulens.snapshotcodec import (
     LAYOUT_COLUMNAR,
     SnapshotNotJSONError,
@@ -48,7 +50,7 @@ def test_snapshot_json_round_trip_keeps_every_record() -> None:
         (lambda d: d["gpus"][0].update(xid_errors={"seventy": 1}), "xid_errors"),
     ],
 )
-def test_malformed_snapshot_is_rejected_with_the_field(mutate, message) -> None:
+def test_malformed_snapshot_is_rejected_with_the_field(mutate: Callable[[Any], object], message: str) -> None:
     doc = json.loads(json.dumps(snapshot_to_json(node_snapshot(gpus=1))))
     mutate(doc)
     with pytest.raises(SnapshotFormatError, match=message):
@@ -126,7 +128,7 @@ def test_nic_id_round_trips() -> None:
     assert parse_nic_id("a/b/c") is None
 
 
-def _full_snapshot():  # type: ignore[no-untyped-def]
+def _full_snapshot() -> NodeSnapshot:
     """Every section filled: GPUs (one with XIDs), links, processes, jobs, a MIG, a NIC, the host and a job's share."""
     from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
     from gpulens.model import MigReading
@@ -185,7 +187,7 @@ def test_a_column_this_reader_does_not_know_is_ignored() -> None:
     assert snapshot_from_json(doc).gpus == snap.gpus
 
 
-def _columnar_cell(doc: dict, section: str, column: str, value: object) -> None:
+def _columnar_cell(doc: dict[str, Any], section: str, column: str, value: object) -> None:
     doc[section]["rows"][0][doc[section]["columns"].index(column)] = value
 
 
@@ -208,7 +210,7 @@ def _columnar_cell(doc: dict, section: str, column: str, value: object) -> None:
         (lambda d: d["gpus"].pop("columns"), "columns"),
     ],
 )
-def test_malformed_columnar_snapshot_is_rejected_with_the_field(mutate, message) -> None:
+def test_malformed_columnar_snapshot_is_rejected_with_the_field(mutate: Callable[[Any], object], message: str) -> None:
     doc = json.loads(snapshot_to_bytes(_full_snapshot(), layout=LAYOUT_COLUMNAR))
     mutate(doc)
     with pytest.raises(SnapshotFormatError, match=message):

@@ -186,7 +186,7 @@ class _RowType(typing.NamedTuple):
     implied: tuple[str, ...]  # fields not among the columns that the document supplies (node, a link's uuid)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=256)  # bounded: the column lists come from the documents
 def _row_type(cls: type, columns: tuple[str, ...], implied: tuple[str, ...], section: str) -> _RowType:
     """A decoder of rows of ``columns`` (each a JSON array) for records ``cls``; raises for a bad column list."""
     hints = typing.get_type_hints(cls)
@@ -196,8 +196,11 @@ def _row_type(cls: type, columns: tuple[str, ...], implied: tuple[str, ...], sec
         no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if no_default and f.name not in columns and f.name not in implied:
             raise SnapshotFormatError(f"{section}.columns: missing column {f.name!r}")
-    # A column this reader does not know (from a newer exporter) is read as any value and left out of the records.
-    fields: list[tuple[Any, ...]] = [(c, hints.get(c, Any)) for c in columns]
+    # A column this reader does not know (from a newer exporter) is read as any value, under a name of ours (its
+    # own need not be an identifier), and left out of the records.
+    fields: list[tuple[Any, ...]] = [
+        (c, hints[c]) if c in hints else (f"unknown_{i}", Any) for i, c in enumerate(columns)
+    ]
     supplied = tuple(n for n in implied if n not in columns)
     # The supplied fields are set after decoding; no JSON value decodes as UNSET, so a row with extra values fails.
     fields += [(n, msgspec.UnsetType, msgspec.UNSET) for n in supplied]

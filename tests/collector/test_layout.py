@@ -15,16 +15,19 @@ from typing import Any, ClassVar
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from collector.loop import Collector
-from collector.scrape import Scraper
+from collector.scrape import Scraper, sanitize
 from collector.targets import Target
 from exporter.httpserver import ExporterServer, Routes
 from exporter.poller import OnDemandNode, Published
 from exporter.sim import LiveTime, SimAllNodes, SimCluster, parse_scenario
 from gpulens.clock import ManualClock
+from gpulens.model import SnapshotFormatError
 from gpulens.settings import TargetSettings, default_settings
-from gpulens.snapshotcodec import snapshot_to_json
+from gpulens.snapshotcodec import snapshot_from_bytes, snapshot_to_bytes, snapshot_to_json
 from storage import latest
 from storage.db import Database
 from tests.conftest import http_get
@@ -212,3 +215,27 @@ def test_the_spool_writes_columnar_and_still_reads_a_row_layout_round(tmp_path: 
     loaded = spool.load(old)
     assert loaded.snapshots == (snap,)
     assert loaded.targets == (health,)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(data=st.data())
+def test_fuzzed_columnar_documents_are_read_or_rejected_with_a_reason(data: st.DataObject) -> None:
+    """Cut or mutated columnar text is either a sane snapshot or a SnapshotFormatError, never another exception."""
+    text = snapshot_to_bytes(node_snapshot("n", gpus=2, t=1_700_000_000.0), layout="columnar")
+    choice = data.draw(st.integers(0, 2))
+    if choice == 0:
+        text = text[: data.draw(st.integers(0, len(text)))]
+    elif choice == 1:
+        pos = data.draw(st.integers(0, len(text) - 1))
+        text = text[:pos] + data.draw(st.binary(max_size=5)) + text[pos + 1 :]
+    else:  # a column renamed: unknown to this reader, or one it needs gone
+        name = data.draw(st.sampled_from([b'"uuid"', b'"pid"', b'"link"', b'"active"', b'"memory_used_bytes"']))
+        text = text.replace(name, b'"' + data.draw(st.text(max_size=8)).encode() + b'"', 1)
+    try:
+        parsed = snapshot_from_bytes(text)
+    except SnapshotFormatError:
+        return
+    kept, _ = sanitize(parsed, 1_700_000_000.0, 300)
+    for g in kept.gpus:
+        assert g.memory_used_bytes is None or g.memory_used_bytes >= 0
+        assert g.utilization_ratio is None or 0 <= g.utilization_ratio <= 1

@@ -178,10 +178,11 @@ def test_the_columnar_layout_is_tables_without_the_node() -> None:
     assert len(doc["gpus"]["rows"]) == 2
 
 
-def test_a_column_this_reader_does_not_know_is_ignored() -> None:
+@pytest.mark.parametrize("column", ["fan_speed_ratio", "fan speed", "", "__init__", "replace", "1st"])
+def test_a_column_this_reader_does_not_know_is_ignored(column: str) -> None:
     snap = _full_snapshot()
     doc = json.loads(snapshot_to_bytes(snap, layout=LAYOUT_COLUMNAR))
-    doc["gpus"]["columns"].append("fan_speed_ratio")  # what a newer exporter might add
+    doc["gpus"]["columns"].append(column)  # what a newer (or a broken) exporter might add
     for row in doc["gpus"]["rows"]:
         row.append(0.4)
     assert snapshot_from_json(doc).gpus == snap.gpus

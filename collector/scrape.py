@@ -3,6 +3,9 @@
 A target that hangs, refuses, answers 500 or garbage costs at most its own timeout and never raises: the result
 carries the target's health (up, error, duration, samples) and the per-reason counts of what was rejected.
 
+A gpulens exporter is asked for the columnar snapshot (``?layout=columnar``, docs/snapshot.md); an older exporter
+ignores the parameter and serves the row layout, which the document names and the codec reads just the same.
+
 ``kind = "dcgm"`` targets are converted by ``gpulens.dcgmnode.DcgmPageReader``, the same converter the exporter's
 ``dcgm`` source uses; the scraper keeps one reader per target (keyed by target name, replaced when the target's URL
 or node changes), which remembers the GPUs seen (a vanished GPU is reported down) and counts XIDs. That memory is
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import http.client
 import logging
 import math
@@ -23,17 +27,17 @@ import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter, is_not
 from typing import Final
 from urllib.parse import urlsplit
-
-import orjson
 
 from collector.targets import Target
 from gpulens.clock import Clock, SystemClock
 from gpulens.config import ConfigError
 from gpulens.dcgmnode import DcgmPageError, DcgmPageReader
 from gpulens.httpfetch import Deadline, DeadlineHTTPConnection, DeadlineHTTPSConnection, read_body, redact_url
-from gpulens.model import GpuReading, NodeSnapshot, SnapshotFormatError, TargetHealth, snapshot_from_json
+from gpulens.model import GpuReading, NodeSnapshot, SnapshotFormatError, TargetHealth
+from gpulens.snapshotcodec import LAYOUT_COLUMNAR, SnapshotNotJSONError, snapshot_from_bytes
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,14 @@ _NON_NEGATIVE: Final = tuple(
     for f in dataclasses.fields(GpuReading)
     if str(f.type) in ("int | None", "float | None") and f.name not in ("gpu", "timestamp")
 )
+_TEMPERATURES: Final = ("temperature_celsius", "memory_temperature_celsius")
+# The checks read many fields of 8,000 readings a round: fetch them with C getters, skip the unknowns (None) in C.
+_non_negative = attrgetter(*_NON_NEGATIVE)
+_ratios = attrgetter(*_RATIO_FIELDS)
+_temperatures = attrgetter(*_TEMPERATURES)
+_known = functools.partial(is_not, None)
+# Query parameter asking a gpulens exporter for the columnar snapshot; older exporters ignore it.
+COLUMNAR_QUERY = f"layout={LAYOUT_COLUMNAR}"
 
 
 class ScrapeError(Exception):
@@ -61,21 +73,15 @@ def _reject_reason(g: GpuReading, now: float, future_tolerance_s: float) -> str 
     """Why a reading is absurd, or None when it is plausible."""
     if not math.isfinite(g.timestamp) or g.timestamp > now + future_tolerance_s:
         return "future_timestamp"
-    for name in _NON_NEGATIVE:
-        value = getattr(g, name)
-        if value is not None and value < 0:
-            return "negative_value"
-    for name in _RATIO_FIELDS:
-        value = getattr(g, name)
-        if value is not None and value > 1.0:
-            return "ratio_above_one"
+    if min(filter(_known, _non_negative(g)), default=0) < 0:
+        return "negative_value"
+    if max(filter(_known, _ratios(g)), default=0) > 1.0:
+        return "ratio_above_one"
     used, total = g.memory_used_bytes, g.memory_total_bytes
     if used is not None and total is not None and used > total * 1.05:
         return "memory_above_total"
-    for name in ("temperature_celsius", "memory_temperature_celsius"):
-        value = getattr(g, name)
-        if value is not None and value > 250:
-            return "absurd_temperature"
+    if max(filter(_known, _temperatures(g)), default=0) > 250:
+        return "absurd_temperature"
     if g.power_watts is not None and g.power_watts > 20_000:
         return "absurd_power"
     return None
@@ -198,11 +204,11 @@ class Scraper:
     # -- parsing ----------------------------------------------------------------------------------------------------
 
     def _parse(self, target: Target, body: bytes, now: float) -> tuple[NodeSnapshot, dict[str, int]]:
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ScrapeError("the response is not UTF-8") from None
         if target.kind == "dcgm":
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ScrapeError("the response is not UTF-8") from None
             try:
                 result = self._reader(target).read(text, now)
             except DcgmPageError as exc:
@@ -211,9 +217,9 @@ class Scraper:
             merge_counts(rejected, result.problems)
             return snapshot, rejected
         try:
-            snapshot = snapshot_from_json(orjson.loads(body))
-        except orjson.JSONDecodeError as exc:
-            raise ScrapeError(f"the response is not JSON ({exc.msg} at line {exc.lineno})") from None
+            snapshot = snapshot_from_bytes(body)
+        except SnapshotNotJSONError as exc:
+            raise ScrapeError(f"the response is not JSON ({exc})") from None
         except SnapshotFormatError as exc:
             raise ScrapeError(f"the snapshot is malformed: {exc}") from None
         if snapshot.timestamp > now + self._future:
@@ -271,7 +277,10 @@ class Scraper:
             raise ScrapeError(f"not an http(s) URL: {redact_url(url)}")
         scheme, host = parts.scheme, parts.hostname
         port = parts.port or (443 if scheme == "https" else 80)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        query = parts.query
+        if target.kind != "dcgm":  # a gpulens exporter: ask for the columnar layout
+            query = f"{query}&{COLUMNAR_QUERY}" if query else COLUMNAR_QUERY
+        path = (parts.path or "/") + (f"?{query}" if query else "")
         headers = self._headers(target)
         deadline = Deadline(self._timeout)  # one deadline for the whole request, retry included
         with self._lock:

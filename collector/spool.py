@@ -18,13 +18,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
-from gpulens.model import NodeSnapshot, SnapshotFormatError, TargetHealth, snapshot_from_json, snapshot_to_json
+from gpulens.model import NodeSnapshot, SnapshotFormatError, TargetHealth
+from gpulens.snapshotcodec import LAYOUT_COLUMNAR, snapshot_from_bytes, snapshot_to_json
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^(\d{16})\.json\.gz$")
+
+
+class _SpooledDocument(msgspec.Struct):
+    # Each snapshot stays JSON text until the snapshot codec decodes it (either layout: older spools hold rows).
+    snapshots: list[msgspec.Raw]
+    targets: list[dict[str, Any]]
+
+
+_DECODER = msgspec.json.Decoder(_SpooledDocument)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +72,7 @@ class Spool:
 
     def append(self, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth]) -> Path:
         doc: dict[str, Any] = {
-            "snapshots": [snapshot_to_json(s) for s in snapshots],
+            "snapshots": [snapshot_to_json(s, layout=LAYOUT_COLUMNAR) for s in snapshots],
             "targets": [dataclasses.asdict(t) for t in targets],
         }
         data = gzip.compress(orjson.dumps(doc), compresslevel=1)
@@ -99,10 +110,10 @@ class Spool:
     def load(self, path: Path) -> SpooledRound:
         """Read one spooled round. Raises ``ValueError`` for a damaged file (which the caller sets aside)."""
         try:
-            doc = orjson.loads(gzip.decompress(path.read_bytes()))
-            snapshots = tuple(snapshot_from_json(s) for s in doc["snapshots"])
-            targets = tuple(TargetHealth(**t) for t in doc["targets"])
-        except (OSError, EOFError, gzip.BadGzipFile, orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            doc = _DECODER.decode(gzip.decompress(path.read_bytes()))
+            snapshots = tuple(snapshot_from_bytes(s) for s in doc.snapshots)
+            targets = tuple(TargetHealth(**t) for t in doc.targets)
+        except (OSError, EOFError, gzip.BadGzipFile, msgspec.DecodeError, TypeError) as exc:
             raise ValueError(f"spooled round {path.name} is damaged: {exc}") from None
         except SnapshotFormatError as exc:
             raise ValueError(f"spooled round {path.name} is damaged: {exc}") from None

@@ -18,11 +18,12 @@ from collections.abc import Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Final
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from exporter.connections import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_WORKERS, Connection, ConnectionPool
-from exporter.poller import NodeEndpoint
+from exporter.poller import NodeEndpoint, Published
 from exporter.webconfig import WebConfig
+from gpulens.snapshotcodec import LAYOUT_ROWS, LAYOUTS
 
 log = logging.getLogger(__name__)
 
@@ -195,14 +196,23 @@ class _Handler(BaseHTTPRequestHandler):
             if published.snapshot is None:
                 # No current snapshot (collection failing or stale): say so rather than serve old data as new.
                 self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"status": "unhealthy", **published.health_doc})
-            elif self._gzip_accepted():
-                self._send(HTTPStatus.OK, published.snapshot_json_gzip, JSON_CONTENT_TYPE, {"Content-Encoding": "gzip"})
             else:
-                self._send(HTTPStatus.OK, published.snapshot_json, JSON_CONTENT_TYPE)
+                self._snapshot(published)
         elif published.healthy:
             self._json(HTTPStatus.OK, {"status": "ok", **published.health_doc})
         else:
             self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"status": "unhealthy", **published.health_doc})
+
+    def _snapshot(self, published: Published) -> None:
+        """The snapshot in the layout the client asked for (``?layout=columnar``; docs/snapshot.md), rows by default."""
+        [layout] = parse_qs(urlsplit(self.path).query).get("layout", [LAYOUT_ROWS])[-1:]
+        if layout not in LAYOUTS:
+            self._json(HTTPStatus.BAD_REQUEST, {"error": f"unknown layout {layout[:40]!r}; use one of {list(LAYOUTS)}"})
+        elif self._gzip_accepted():
+            body = published.snapshot_body(layout, gzipped=True)
+            self._send(HTTPStatus.OK, body, JSON_CONTENT_TYPE, {"Content-Encoding": "gzip"})
+        else:
+            self._send(HTTPStatus.OK, published.snapshot_body(layout, gzipped=False), JSON_CONTENT_TYPE)
 
     def _gzip_accepted(self) -> bool:
         return "gzip" in self.headers.get("Accept-Encoding", "")

@@ -15,12 +15,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-import orjson
-
 from exporter.metrics import ExporterHealth, LastXidTracker, render_metrics
 from gpulens.clock import Clock, SystemClock
 from gpulens.logutil import ErrorCounter
-from gpulens.model import GpuSource, MultiNodeSource, NodeSnapshot, NodeUnavailableError, snapshot_to_json
+from gpulens.model import GpuSource, MultiNodeSource, NodeSnapshot, NodeUnavailableError
+from gpulens.snapshotcodec import LAYOUT_COLUMNAR, LAYOUT_ROWS, snapshot_to_bytes
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +60,33 @@ class Published:
 
     @functools.cached_property
     def snapshot_json(self) -> bytes:
-        if self.snapshot is None:
-            raise ValueError("no current snapshot")
-        # orjson: 6x faster than json.dumps here, which matters when one process serves 1,000 simulated nodes.
-        return orjson.dumps(snapshot_to_json(self.snapshot, self.health_doc))
+        """The snapshot document in the row layout (the default)."""
+        return self._snapshot_bytes(LAYOUT_ROWS)
 
     @functools.cached_property
     def snapshot_json_gzip(self) -> bytes:
         return gzip.compress(self.snapshot_json, compresslevel=GZIP_LEVEL)
+
+    @functools.cached_property
+    def snapshot_json_columnar(self) -> bytes:
+        """The snapshot document in the columnar layout (what the collector asks for)."""
+        return self._snapshot_bytes(LAYOUT_COLUMNAR)
+
+    @functools.cached_property
+    def snapshot_json_columnar_gzip(self) -> bytes:
+        return gzip.compress(self.snapshot_json_columnar, compresslevel=GZIP_LEVEL)
+
+    def snapshot_body(self, layout: str, *, gzipped: bool) -> bytes:
+        """The snapshot document in ``layout`` (``rows`` or ``columnar``), gzipped or not; rendered once each."""
+        if layout == LAYOUT_COLUMNAR:
+            return self.snapshot_json_columnar_gzip if gzipped else self.snapshot_json_columnar
+        return self.snapshot_json_gzip if gzipped else self.snapshot_json
+
+    def _snapshot_bytes(self, layout: str) -> bytes:
+        if self.snapshot is None:
+            raise ValueError("no current snapshot")
+        # orjson: 6x faster than json.dumps here, which matters when one process serves 1,000 simulated nodes.
+        return snapshot_to_bytes(self.snapshot, self.health_doc, layout=layout)
 
 
 class NodeEndpoint(Protocol):

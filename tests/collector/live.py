@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from gpulens.model import snapshot_to_json
+from gpulens.snapshotcodec import snapshot_to_json
 from tests.fakes.static_source import node_snapshot
 
 GPUS = 2

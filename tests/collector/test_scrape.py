@@ -19,8 +19,8 @@ from collector.spool import Spool
 from collector.targets import FileSd, Target, TargetSet, in_shard, shard_of
 from exporter.httpserver import ExporterServer, Routes
 from exporter.poller import Poller
-from gpulens.model import snapshot_to_json
 from gpulens.settings import FileSdSettings, TlsAuth, parse_settings
+from gpulens.snapshotcodec import snapshot_to_json
 from tests.conftest import free_port
 from tests.fakes.static_source import StaticSource, h100, node_snapshot
 
@@ -187,7 +187,8 @@ def test_absurd_readings_are_rejected_one_by_one() -> None:
 @given(data=st.data())
 def test_fuzzed_payloads_never_crash_the_ingest(data: st.DataObject) -> None:
     """Random and mutated snapshot documents are either accepted (and sane) or rejected with a reason."""
-    from gpulens.model import SnapshotFormatError, snapshot_from_json
+    from gpulens.model import SnapshotFormatError
+    from gpulens.snapshotcodec import snapshot_from_json
 
     doc = snapshot_to_json(node_snapshot("n", gpus=2, t=1_700_000_000.0))
     text = json.dumps(doc)

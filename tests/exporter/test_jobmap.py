@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from exporter.jobmap import JobMapper, job_id_from_cgroup_paths
-from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading, snapshot_to_json
+from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading
+from gpulens.snapshotcodec import snapshot_to_json
 
 NODE = "node07"
 UUIDS = (

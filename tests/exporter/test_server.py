@@ -23,7 +23,8 @@ from exporter.poller import OnDemandNode, Poller
 from exporter.webconfig import load_web_config
 from gpulens.clock import ManualClock
 from gpulens.config import ConfigError
-from gpulens.model import NodeUnavailableError, SourceError, snapshot_from_json
+from gpulens.model import NodeUnavailableError, SourceError
+from gpulens.snapshotcodec import snapshot_from_json
 from tests.conftest import http_get
 from tests.fakes.static_source import StaticSource, node_snapshot
 

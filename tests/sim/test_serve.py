@@ -15,7 +15,7 @@ import pytest
 
 from exporter.sim import LiveTime, SimCluster, parse_scenario
 from gpulens.clock import ManualClock
-from gpulens.model import snapshot_from_json
+from gpulens.snapshotcodec import snapshot_from_json
 from tests.conftest import free_port, http_get
 from tests.prom import running_prometheus, wait_for
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ def store(tmp_path: Path) -> str:
     now = time.time()
     writer = Writer(db)
     writer.write([fabric_snapshot("node-01", now - 10, 0), fabric_snapshot("node-02", now - 10, 0)])
-    down = {"state": "DOWN", "phys_state": "Polling", "up": False, "transmit_bytes_per_second": 0.0}
+    down: dict[str, Any] = {"state": "DOWN", "phys_state": "Polling", "up": False, "transmit_bytes_per_second": 0.0}
     writer.write(
         [fabric_snapshot("node-01", now, 1, transmit_bytes_per_second=25e9), fabric_snapshot("node-02", now, 1, **down)]
     )

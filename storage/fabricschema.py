@@ -174,7 +174,7 @@ FABRIC_FAMILIES: Final = (NIC, HOST, JOB_HOST)
 FAMILIES: Final = (GPU, *FABRIC_FAMILIES)
 
 
-_WIDTH: Final[dict[type[sa.types.TypeEngine[int]], int]] = {sa.BigInteger: 8, sa.Integer: 4, sa.SmallInteger: 2}
+_WIDTH: Final[dict[type, int]] = {sa.BigInteger: 8, sa.Integer: 4, sa.SmallInteger: 2}
 
 
 def _sample_table(family: Family) -> sa.Table:
@@ -183,7 +183,7 @@ def _sample_table(family: Family) -> sa.Table:
 
     The columns go widest first (8-byte, then 4-byte, then 2-byte integers): PostgreSQL aligns each value to its
     width, so this order leaves no padding inside a row (measured: 149 -> 134 bytes of heap per port row)."""
-    columns: list[sa.Column[object]] = [
+    columns: list[sa.Column[int]] = [
         sa.Column(family.key, sa.Integer, nullable=False),
         sa.Column("ts_ms", sa.BigInteger, nullable=False),
         *(sa.Column(f.column, f.sql_type(), nullable=f.name != "up") for f in family.fields),

@@ -8,8 +8,10 @@ buckets; rollup rows are upserted, so recomputing is safe.
 Two ways to drive it, one transaction per piece of work, each holding the tier's lock (``db.lock_tier``) so that
 writers of the tier's source queue behind it instead of slipping rows in unseen:
 
-- ``step(now, max_seconds)``, for the collector between scrape rounds: one GPU slice of one bucket per call, the
-  slice sized from the previous steps' durations to take about ``max_seconds``. While a bucket is rolled up slice
+- ``step(now, max_seconds)``, for the collector between scrape rounds: one slice of one bucket per call, the
+  slice sized from the previous steps' durations to take about ``max_seconds``. A bucket is rolled up family by
+  family (``fabricschema.FAMILIES``: GPUs, then RDMA ports, hosts and jobs' hosts), each slice by slice of its ids;
+  the position moves when the last family's last slice is done. While a bucket is rolled up slice
   by slice, the row ``<tier>.pending`` of ``tier_state`` holds the bucket's end, and writers mark samples below it
   as late, as if the position were already there; readers still see the old position until the bucket is done.
 - ``run(now)``: everything due, several buckets of all GPUs per transaction (catching up, tests, benchmarks).

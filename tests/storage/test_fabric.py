@@ -234,3 +234,29 @@ def test_latest_nics_of_one_node_reads_only_that_nodes_rows(db: Database) -> Non
     walk(plan[0]["Plan"])
     assert scanned  # one newest row of each of the node's two ports
     assert sum(scanned) <= 2, scanned
+
+
+def test_si_views_read_the_fabric_tables_in_si_units(db: Database) -> None:
+    _write_rounds(db, 5, state="INIT")
+    Rollups(db).run(H0 + 600)
+    with db.engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT * FROM nic_sample_si WHERE device = 'mlx5_1' ORDER BY ts_ms DESC")).first()
+        minute = conn.execute(sa.text("SELECT * FROM nic_rollup_1m_si ORDER BY ts_ms")).mappings().first()
+        host = conn.execute(sa.text("SELECT * FROM host_sample_si")).mappings().first()
+        job = conn.execute(sa.text("SELECT * FROM job_host_rollup_1m_si")).mappings().first()
+    assert row is not None
+    port = row._mapping
+    assert (port["node"], port["device"], port["port"], port["gpus"]) == ("n1", "mlx5_1", 1, "1")
+    assert (port["state"], port["phys_state"], port["link_speed"]) == ("INIT", "LinkUp", "NDR")
+    assert port["rate_bytes_per_second"] == NDR
+    assert port["transmit_bytes_total"] == 4 * 10**9
+    assert port["cnp_handled_per_second"] == pytest.approx(0.5)
+    assert minute is not None
+    assert minute["transmit_bytes_per_second_mean"] == pytest.approx(1e8)
+    assert minute["receive_bytes_total_increase"] > 0
+    assert host is not None
+    assert host["memory_total_bytes"] == 2048 * GIB
+    assert host["cpu_busy_ratio"] == pytest.approx(0.25)
+    assert job is not None
+    assert job["cpu_used_cores_mean"] == pytest.approx(4.0)
+    assert job["job_id"] == "j1"

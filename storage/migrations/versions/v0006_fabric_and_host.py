@@ -4,8 +4,9 @@ Three dimension tables (``nic``, ``host``, ``job_host``) give each port, node an
 each has a raw sample table and 1-minute and 1-hour rollup tables shaped like the GPU ones (``storage.fabricschema``
 describes them): samples keyed ``(<key>, ts_ms)`` with SQLite's minute-leading unique index and PostgreSQL's day
 partitions, their columns widest first (no alignment padding); rollups with ``n``, ``elapsed_ms`` and
-``<column>_min/_mean/_max`` (gauges) or ``_increase`` (counters). The column lists are frozen here. Existing tables
-are untouched.
+``<column>_min/_mean/_max`` (gauges) or ``_increase`` (counters). Each table gets an SI view, ``<table>_si``
+(``nic_sample_si``: the port's node, device, port, link layer and GPUs joined, states by name). The column lists are
+frozen here. Existing tables are untouched.
 
 Revision ID: 0006
 Revises: 0005
@@ -16,6 +17,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+
+from storage import views
+from storage.schema import StoredField
 
 revision = "0006"
 down_revision: str | None = "0005"
@@ -74,6 +78,55 @@ _FAMILIES: list[tuple[str, str, list[tuple[str, str, str]], list[str]]] = [
         [],
     ),
 ]
+
+
+# (family, SI field, stored column, unit, per_unit, is_bool, is_int): how the SI views decode each column, frozen.
+_DECODE = [
+    ("nic", "up", "up", 1, 1, True, False),
+    ("nic", "rate_bytes_per_second", "rate_kb_per_second", 1000, 1, False, False),
+    ("nic", "link_width", "link_width", 1, 1, False, True),
+    ("nic", "transmit_bytes_per_second", "transmit_kb_per_second", 1000, 1, False, False),
+    ("nic", "receive_bytes_per_second", "receive_kb_per_second", 1000, 1, False, False),
+    ("nic", "transmit_wait_per_second", "transmit_wait_per_second", 1, 1, False, False),
+    ("nic", "cnp_handled_per_second", "cnp_handled_deci_per_second", 1, 10, False, False),
+    *(("nic", column, column, 1, 1, False, True) for column, kind, _ in _FAMILIES[0][2] if kind == "counter"),
+    ("host", "cpu_busy_ratio", "cpu_busy_per10k", 1, 10_000, False, False),
+    ("host", "cpu_iowait_ratio", "cpu_iowait_per10k", 1, 10_000, False, False),
+    *(
+        ("host", f"memory_{m}_bytes", f"memory_{m}_mib", 1 << 20, 1, False, True)
+        for m in ("used", "available", "total")
+    ),
+    ("job_host", "cpu_seconds_total", "cpu_milliseconds_total", 1, 1000, False, False),
+    ("job_host", "cpu_used_cores", "cpu_used_centicores", 1, 100, False, False),
+    ("job_host", "cpu_limit_cores", "cpu_limit_centicores", 1, 100, False, False),
+    *(("job_host", f"memory_{m}_bytes", f"memory_{m}_mib", 1 << 20, 1, False, True) for m in ("used", "limit")),
+]
+_CODES = [
+    ("state", "state_code", ("DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER")),
+    (
+        "phys_state",
+        "phys_state_code",
+        ("Sleep", "Polling", "Disabled", "PortConfigurationTraining", "LinkUp", "LinkErrorRecovery", "Phy Test"),
+    ),
+    ("link_speed", "link_speed_code", ("SDR", "DDR", "QDR", "FDR10", "FDR", "EDR", "HDR", "NDR", "XDR")),
+]
+
+
+def _fields(family: str, columns: list[tuple[str, str, str]]) -> list[StoredField]:
+    kinds = {column: (kind, sql_type) for column, kind, sql_type in columns}
+    return [
+        StoredField(name, column, kinds[column][0], _TYPES[kinds[column][1]], unit, per_unit, is_bool, is_int)
+        for owner, name, column, unit, per_unit, is_bool, is_int in _DECODE
+        if owner == family
+    ]
+
+
+def _views(conn: sa.Connection) -> None:
+    for family, key, columns, _ in _FAMILIES:
+        fields = _fields(family, columns)
+        for tier in ("raw", "1m", "1h"):
+            codes = _CODES if family == "nic" and tier == "raw" else []
+            conn.exec_driver_sql(views.fabric_view_sql(family, key, tier, conn.dialect.name, fields, codes))
 
 
 def _seen() -> list[sa.Column[object]]:
@@ -173,9 +226,13 @@ def upgrade() -> None:
     for family, key, fields, raw in _FAMILIES:
         _samples(family, key, fields, raw)
         _rollups(family, key, fields)
+    _views(op.get_bind())
 
 
 def downgrade() -> None:
+    for family, _, _, _ in _FAMILIES:
+        for table in (f"{family}_sample", f"{family}_rollup_1m", f"{family}_rollup_1h"):
+            op.execute(f"DROP VIEW IF EXISTS {table}_si")
     for family, _, _, _ in reversed(_FAMILIES):
         for table in (f"{family}_rollup_1h", f"{family}_rollup_1m", f"{family}_sample"):
             op.drop_table(table)

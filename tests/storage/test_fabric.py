@@ -260,3 +260,16 @@ def test_si_views_read_the_fabric_tables_in_si_units(db: Database) -> None:
     assert job is not None
     assert job["cpu_used_cores_mean"] == pytest.approx(4.0)
     assert job["job_id"] == "j1"
+
+
+def test_a_late_round_recomputes_the_fabric_rollups(db: Database) -> None:
+    _write_rounds(db, 6)  # three minutes
+    rollups = Rollups(db)
+    rollups.run(H0 + 600)
+    before = fabric.nic_series(db, ["n1/mlx5_0/1"], ["transmit_bytes_per_second"], H0, H0 + 180, max_points=4)
+    assert before["n1/mlx5_0/1"].resolution == "1m"
+    assert before["n1/mlx5_0/1"].maximum["transmit_bytes_per_second"][0] == pytest.approx(1e8)
+    Writer(db).write([fabric_snapshot("n1", H0 + 15, 0, transmit_bytes_per_second=9e8)])  # replayed from a spool
+    rollups.run(H0 + 600)
+    after = fabric.nic_series(db, ["n1/mlx5_0/1"], ["transmit_bytes_per_second"], H0, H0 + 180, max_points=4)
+    assert after["n1/mlx5_0/1"].maximum["transmit_bytes_per_second"][0] == pytest.approx(9e8)

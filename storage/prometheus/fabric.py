@@ -14,14 +14,23 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
+from gpulens.clock import Clock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading, nic_id, parse_nic_id
-from storage.prometheus.client import PromSeries, quote, regex_of
+from storage.prometheus.client import PromClient, PromSeries, quote, regex_of
 from storage.timeseries import SeriesData
 
-if TYPE_CHECKING:
-    from storage.prometheus.reader import PromReader
+
+class PromReader(Protocol):
+    """What these reads use of ``storage.prometheus.reader.PromReader`` (which calls them)."""
+
+    client: PromClient
+    clock: Clock
+    min_step_s: float
+
+    def _step(self, start: float, end: float, max_points: int) -> tuple[float, float, float]: ...
+
 
 NIC_INFO: Final = "gpulens_nic_info"
 NIC_UP: Final = "gpulens_nic_up"

@@ -77,7 +77,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> Itera
             prometheus_bin, tmp_path_factory.mktemp("prom"), {"agent": (target, "/metrics")}
         ) as base:
             wait_for(
-                base, "min(count_over_time(gpulens_nic_up[1m]))", lambda r: bool(r) and float(r[0]["value"][1]) >= 5
+                base, "min(count_over_time(gpulens_nic_up[1m]))", lambda r: bool(r) and float(r[0]["value"][1]) >= 15
             )
             yield base
     finally:
@@ -87,8 +87,8 @@ def prom(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> Itera
 
 @pytest.fixture
 def reader(prom: str) -> Iterator[PromReader]:
-    # rate() windows are four scrape intervals: 4 s here (a PromQL rate is approximate: within a quarter below)
-    prom_reader = PromReader("prometheus+" + prom, StoreAuth(min_step_s=1.0))
+    # rate() windows are four times min_step: 12 s here, a dozen scrapes (a PromQL rate extrapolates: within a quarter)
+    prom_reader = PromReader("prometheus+" + prom, StoreAuth(min_step_s=3.0))
     yield prom_reader
     prom_reader.close()
 

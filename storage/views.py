@@ -57,3 +57,44 @@ def create_views(conn: Connection, fields: Sequence[StoredField]) -> None:
 def drop_views(conn: Connection) -> None:
     for view in VIEWS.values():
         conn.exec_driver_sql(f"DROP VIEW IF EXISTS {view}")
+
+
+# --- the fabric and host tables (revision 0006) -------------------------------------------------------------------
+
+FABRIC_DIMENSIONS: Final = {
+    "nic": ("node", "device", "port", "link_layer", "gpus"),
+    "host": ("node",),
+    "job_host": ("node", "job_id"),
+}
+Codes = Sequence[tuple[str, str, Sequence[str]]]  # (SI name, stored code column, the names; code = position + 1)
+
+
+def fabric_view_sql(
+    family: str, key: str, tier: str, dialect: str, fields: Sequence[StoredField], codes: Codes = ()
+) -> str:
+    """``CREATE VIEW <table>_si`` of one fabric family's tier table (``raw``, ``1m``, ``1h``) in SI units, with its
+    dimension's columns joined and (raw rows) the coded states as their names."""
+    real = "DOUBLE PRECISION" if dialect == "postgresql" else "REAL"
+    table = f"{family}_sample" if tier == "raw" else f"{family}_rollup_{tier}"
+    ts = (
+        "to_timestamp(s.ts_ms / 1000.0)"
+        if dialect == "postgresql"
+        else "strftime('%Y-%m-%dT%H:%M:%fZ', s.ts_ms / 1000.0, 'unixepoch')"
+    )
+    columns = [f"{ts} AS ts", "s.ts_ms", *(f"d.{c}" for c in FABRIC_DIMENSIONS[family])]
+    if tier == "raw":
+        columns += [f"{f.sql_decode(f's.{f.column}', dialect)} AS {f.name}" for f in fields]
+        for name, column, names in codes:
+            cases = " ".join(f"WHEN {i} THEN '{value}'" for i, value in enumerate(names, start=1))
+            columns.append(f"CASE s.{column} {cases} END AS {name}")
+    else:
+        columns += ["s.n AS samples", f"CAST(s.elapsed_ms AS {real}) / 1000 AS elapsed_seconds"]
+        columns += [
+            f"{f.sql_decode(f's.{f.column}_{aggregate}', dialect)} AS {f.name}_{aggregate}"
+            for f in fields
+            for aggregate in f.aggregates
+        ]
+    return (
+        f"CREATE VIEW {table}_si AS SELECT {', '.join(columns)} "  # noqa: S608 (constant identifiers)
+        f"FROM {table} AS s JOIN {family} AS d ON d.id = s.{key}"
+    )

@@ -10,13 +10,14 @@ backend"), a store with no port at all is :data:`NO_PORTS`; neither is ever draw
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from alerts.state import AlertState
 from dashboard.grid import natural_key
 from gpulens.fabricmodel import NicReading, nic_id
+from gpulens.model import GpuReading
 from gpulens.ratios import busiest_direction, share
 from storage.reading import NOT_AVAILABLE, NotAvailableOnBackendError, StoreReader
 from storage.timeseries import SeriesData
@@ -25,17 +26,14 @@ T = TypeVar("T")
 
 NO_PORTS: Final = "no fabric data (the exporter reads no RDMA ports)"
 # The error counters a port's error rate adds up (per second over the range; the store returns counters as rates).
-ERROR_FIELDS: Final = (
-    "symbol_errors_total",
-    "link_downed_total",
-    "receive_errors_total",
-    "local_link_integrity_errors_total",
-)
+# A link going down is the port's state (and the flapping alert's business), not an error count.
+ERROR_FIELDS: Final = ("symbol_errors_total", "receive_errors_total", "local_link_integrity_errors_total")
 TRAFFIC_FIELDS: Final = ("transmit_bytes_per_second", "receive_bytes_per_second", "rate_bytes_per_second")
 SATURATED_AT: Final = 0.9  # a direction at 90 % of the port's rate or more
 ERROR_POINTS: Final = 4  # an error rate over the range needs only a few buckets
-# Problems in the order a table lists them (the first a port has decides its place).
-PROBLEMS: Final = ("down", "degraded", "errors", "saturated")
+# Problems in the order a table lists them (the first a port has decides its place). A stale port is one whose
+# node has not reported for a while: its last state is shown, but not as now.
+PROBLEMS: Final = ("down", "degraded", "errors", "saturated", "stale")
 # The alert engine's rules about a port (labels node, device, port): shown beside what the page derives itself.
 FABRIC_RULES: Final = frozenset(
     {"IbLinkDown", "IbLinkFlapping", "IbLinkDegraded", "IbErrors", "FabricCongestion", "FabricBandwidthSaturated"}
@@ -126,16 +124,21 @@ def port_statuses(
     nics: Sequence[NicReading],
     error_rates: Mapping[str, float] | None = None,
     firing: Mapping[str, Sequence[str]] | None = None,
+    stale_nodes: Collection[str] = (),
 ) -> list[PortStatus]:
     """Every port with its problems, problems first (down, degraded, errors, saturated), then by node and device.
 
     ``error_rates``: errors per second over the range by NIC id (:func:`error_rates`); a port absent from it counted
-    none in the range if its counters are known. ``firing``: the fabric alerts firing per NIC id."""
+    none in the range if its counters are known. ``firing``: the fabric alerts firing per NIC id. ``stale_nodes``:
+    nodes with no recent reading; their ports are only "stale" (no load: their last traffic is not now's)."""
     best = _best(nics)
     rates = error_rates or {}
     alerts = firing or {}
     out = []
     for n in nics:
+        if n.node in stale_nodes:
+            out.append(PortStatus(n, ("stale",), None, None, rates.get(n.id), "", tuple(alerts.get(n.id, ()))))
+            continue
         tx = share(n.transmit_bytes_per_second, n.rate_bytes_per_second) if n.up else None
         rx = share(n.receive_bytes_per_second, n.rate_bytes_per_second) if n.up else None
         known = any(getattr(n, f) is not None for f in ERROR_FIELDS)
@@ -147,7 +150,7 @@ def port_statuses(
             "errors": bool(error_rate),
             "saturated": max(tx or 0.0, rx or 0.0) >= SATURATED_AT,
         }
-        problems = tuple(p for p in PROBLEMS if found[p])
+        problems = tuple(p for p in PROBLEMS if found.get(p))
         out.append(PortStatus(n, problems, tx, rx, error_rate, why, tuple(alerts.get(n.id, ()))))
     out.sort(key=_order)
     return out
@@ -156,6 +159,16 @@ def port_statuses(
 def _order(s: PortStatus) -> tuple[object, ...]:
     rank = PROBLEMS.index(s.problems[0]) if s.problems else (len(PROBLEMS) - 1 if s.alerts else len(PROBLEMS))
     return (rank, natural_key(s.nic.node), natural_key(s.nic.device), s.nic.port)
+
+
+def stale_nodes(readings: Iterable[GpuReading], now: float, stale_after_s: float) -> set[str]:
+    """The nodes none of whose GPUs has reported within ``stale_after_s`` (their exporter is down or behind)."""
+    seen, fresh = set(), set()
+    for r in readings:
+        seen.add(r.node)
+        if now - r.timestamp <= stale_after_s:
+            fresh.add(r.node)
+    return seen - fresh
 
 
 def error_rates(store: StoreReader, nics: Sequence[NicReading], start: float, end: float) -> dict[str, float]:
@@ -195,7 +208,8 @@ def firing_on_ports(active: Iterable[AlertState]) -> dict[str, list[str]]:
 
 @dataclass(frozen=True, slots=True)
 class NodeFabric:
-    """One node's fabric in a line: ports up of all, the busiest port's load, whether any port counts errors."""
+    """One node's fabric in a line: ports up of all, the busiest port's load, whether any port counts errors, and
+    whether it is stale (no recent reading: the counts are its last ones)."""
 
     node: str
     up: int
@@ -203,6 +217,10 @@ class NodeFabric:
     worst_load: float | None
     errors: bool
     problems: tuple[str, ...]  # of PROBLEMS, over its ports
+
+    @property
+    def stale(self) -> bool:
+        return "stale" in self.problems
 
 
 def node_fabric(statuses: Sequence[PortStatus]) -> dict[str, NodeFabric]:

@@ -29,7 +29,14 @@ PORT_COLUMNS: Final = (
     "problems",
 )
 NUMERIC: Final = ("rate", "errors/s", "wait/s")
-PROBLEM_TONE: Final = {"down": "down", "degraded": "down", "errors": "down", "saturated": "warning"}
+PROBLEM_TONE: Final = {
+    "down": "down",
+    "degraded": "down",
+    "errors": "down",
+    "saturated": "warning",
+    "stale": "stale",
+}
+PORT_ROWS: Final = 100  # problems come first, so the first hundred ports hold every one worth reading
 
 
 def gap_text(nics: Sequence[NicReading] | Unavailable, what: str = "fabric") -> str | None:
@@ -73,15 +80,18 @@ def _layer(n: NicReading) -> str:
     return kind + lanes
 
 
-def _state(n: NicReading) -> html.Span:
+def _state(n: NicReading, stale: bool) -> html.Span:
     text = "up" if n.up else "down"
-    return html.Span(text, className=f"gl-flag {text}", title=f"{n.state or '?'} / {n.phys_state or '?'}")
+    title = f"{n.state or '?'} / {n.phys_state or '?'}" + (": its node's last reading, not recent" if stale else "")
+    return html.Span(text, className=f"gl-flag {'stale' if stale else text}", title=title)
 
 
 def _problems(s: PortStatus) -> list[Cell]:
     cells: list[Cell] = []
     for p in s.problems:
         label = f"degraded: {s.degraded_detail}" if p == "degraded" else p
+        if p == "stale":
+            label = "stale: no recent reading"
         cells.append(flag(label, PROBLEM_TONE[p]))
     cells += [flag(rule, "firing") for rule in s.alerts]
     return cells
@@ -104,7 +114,7 @@ def ports_table(
                 node_link(n.node, state),
                 f"{n.device}/{n.port}",
                 _layer(n),
-                _state(n),
+                _state(n, "stale" in s.problems),
                 gbit_text(n.rate_bytes_per_second),
                 load_bar(s.tx_ratio, rate_text(n.transmit_bytes_per_second)),
                 load_bar(s.rx_ratio, rate_text(n.receive_bytes_per_second)),
@@ -122,7 +132,9 @@ def ports_table(
     return html.Div(
         [
             html.Div(hint, className="gl-hint"),
-            table(PORT_COLUMNS, rows, numeric=NUMERIC, row_classes=classes, table_id="ic-fabric-table"),
+            table(
+                PORT_COLUMNS, rows, numeric=NUMERIC, row_classes=classes, table_id="ic-fabric-table", limit=PORT_ROWS
+            ),
         ]
     )
 
@@ -138,10 +150,15 @@ def fabric_card(summaries: Mapping[str, NodeFabric] | Unavailable) -> html.Div:
         return card("Fabric ports", MISSING, summaries.reason)
     if not summaries:
         return card("Fabric ports", MISSING, "no RDMA ports read")
-    up = sum(s.up for s in summaries.values())
-    total = sum(s.total for s in summaries.values())
+    fresh = [s for s in summaries.values() if not s.stale]
+    up = sum(s.up for s in fresh)
+    total = sum(s.total for s in fresh)
     down = total - up
-    return card("Fabric ports", f"{up:,}/{total:,}", f"{down} down" if down else "all up", "bad" if down else "ok")
+    detail = f"{down} down" if down else "all up"
+    stale = sum(s.total for s in summaries.values() if s.stale)
+    if stale:
+        detail += f" · {stale} stale"
+    return card("Fabric ports up", f"{up:,}/{total:,}", detail, "bad" if down else "ok")
 
 
 def node_fabric_table(
@@ -162,8 +179,11 @@ def node_fabric_table(
             rows.append([name, html.Span("no RDMA ports read", className="gl-hint"), "", "", ""])
             classes.append("")
             continue
-        up = html.Span(f"{s.up}/{s.total}", className=f"gl-flag {'up' if s.up == s.total else 'down'}")
-        problems = [flag(p, PROBLEM_TONE[p]) for p in s.problems if p != "errors"]
+        tone = "stale" if s.stale else "up" if s.up == s.total else "down"
+        up = html.Span(f"{s.up}/{s.total}", className=f"gl-flag {tone}")
+        problems = [flag(p, PROBLEM_TONE[p]) for p in s.problems if p not in ("errors", "stale")]
+        if s.stale:
+            problems.append(flag("stale: no recent reading", "stale"))
         rows.append(
             [
                 name,
@@ -173,7 +193,7 @@ def node_fabric_table(
                 html.Span(problems) if problems else "",
             ]
         )
-        classes.append("flagged" if s.up < s.total else "")
+        classes.append("flagged" if s.up < s.total and not s.stale else "")
     return table(
         ["node", "NICs up", "busiest NIC", "errors", "problems"],
         rows,

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from dash import html
+from dash import dcc, html
 
 from dashboard import ids
-from dashboard.components import graph_panel
+from dashboard.components import GRAPH_CONFIG, graph_panel, panel
 from dashboard.fabric import (
     NO_PORTS,
     TRAFFIC_FIELDS,
@@ -129,13 +129,14 @@ def cpu_figure(host: JobHost, *, start: float, end: float, periods: Sequence[Per
     )
 
 
-def _ports_text(host: JobHost) -> str:
+def ports_text(host: JobHost) -> str:
+    """The job's ports in a line: how many, their rate together, the ones down now."""
     if isinstance(host.nics, Unavailable) or not host.nics:
         return ""
     rate = sum(n.rate_bytes_per_second or 0.0 for n in host.nics)
     down = [f"{n.node} {n.device}" for n in host.nics if not n.up]
     nodes = len({n.node for n in host.nics})
-    text = f" · {len(host.nics)} ports on {nodes} node(s), {gbit_text(rate)} ({rate_text(rate)}) together"
+    text = f"{len(host.nics)} ports on {nodes} node(s), {gbit_text(rate)} ({rate_text(rate)}) together"
     return text + (f" · down now: {', '.join(down)}" if down else "")
 
 
@@ -146,11 +147,14 @@ def job_host_panels(
     if host is None:
         return []
     return [
-        graph_panel(
-            ids.JOB_FABRIC_CHART,
-            "Fabric traffic of each node (the RDMA ports next to the job's GPUs, busier direction, of their rate)"
-            + _ports_text(host),
-            fabric_figure(host, start=start, end=end, bins=bins, periods=periods),
+        panel(
+            "Fabric traffic of each node (the RDMA ports next to the job's GPUs, busier direction, of their rate)",
+            html.Div(ports_text(host), className="gl-hint"),
+            dcc.Graph(
+                id=ids.JOB_FABRIC_CHART,
+                figure=fabric_figure(host, start=start, end=end, bins=bins, periods=periods),
+                config=GRAPH_CONFIG,
+            ),
         ),
         graph_panel(
             ids.JOB_HOST_CPU,

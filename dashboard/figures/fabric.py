@@ -21,6 +21,7 @@ from gpulens.ratios import busiest_direction, share
 
 NIC_RADIUS: Final = 1.75  # GPUs sit on the unit circle, their ports outside it
 SPREAD: Final = 0.16  # radians between ports next to the same GPUs
+CORNER: Final = 1.95  # where ports next to no GPU go: the bottom corners
 FABRIC_LOAD: Final = Metric(
     "fabric", "Fabric (of the ports' rate)", lambda r: None, percent_text, 0, 1, "Viridis", ((0.0, "0%"),)
 )
@@ -35,7 +36,7 @@ def nic_load(n: NicReading) -> float | None:
 
 def nic_positions(nics: Sequence[NicReading], gpu_angles: Mapping[int, float]) -> list[tuple[NicReading, float, float]]:
     """Where each port goes: outside the mean angle of its GPUs (ports sharing GPUs fanned out); ports next to no
-    GPU shown (or with no affinity known) in a row along the bottom."""
+    GPU (or with no affinity known) in the bottom corners, right then left, stacking upwards."""
     placed: list[tuple[NicReading, float, float]] = []
     groups: dict[float, list[NicReading]] = {}
     loose: list[NicReading] = []
@@ -51,8 +52,8 @@ def nic_positions(nics: Sequence[NicReading], gpu_angles: Mapping[int, float]) -
             a = angle + (i - (len(members) - 1) / 2) * SPREAD
             placed.append((n, NIC_RADIUS * math.cos(a), NIC_RADIUS * math.sin(a)))
     for i, n in enumerate(loose):
-        x = (i - (len(loose) - 1) / 2) * 0.6
-        placed.append((n, x, -NIC_RADIUS - 0.4))
+        side = 1 if i % 2 == 0 else -1
+        placed.append((n, side * CORNER, -CORNER + 0.55 * (i // 2)))
     return placed
 
 

@@ -168,8 +168,8 @@ def node_topology(
                 hoverinfo="skip",
             )
         )
-    reach = 1.45 if not nics else 2.1
-    low = -1.3 if not nics else -2.35 if any(not n.gpus for n in nics) else -2.05
+    reach = 1.45 if not nics else 2.2
+    low = -1.3 if not nics else -2.2
     return go.Figure(
         data=traces,
         layout=base_layout(

@@ -30,7 +30,15 @@ from dashboard.components import (
     view_state,
 )
 from dashboard.context import Context, PageError, guarded
-from dashboard.fabric import NO_PORTS, Unavailable, available, error_rates, firing_on_ports, port_statuses
+from dashboard.fabric import (
+    NO_PORTS,
+    Unavailable,
+    available,
+    error_rates,
+    firing_on_ports,
+    port_statuses,
+    stale_nodes,
+)
 from dashboard.fabricview import ports_table
 from dashboard.figures.links import link_load, node_topology, pcie_degraded
 from dashboard.figures.style import empty_figure, palette_color
@@ -174,7 +182,8 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
         node_topology(node_readings, down_now, node_nics) if node_readings else empty_figure("no node chosen", 380)
     )
     firing = firing_on_ports(context.alerts.active()) if context.alerts is not None else {}
-    statuses = nics if isinstance(nics, Unavailable) else port_statuses(nics, _rates_of(rates), firing)
+    stale = stale_nodes(readings, now, context.stale_after_s)
+    statuses = nics if isinstance(nics, Unavailable) else port_statuses(nics, _rates_of(rates), firing, stale)
     errors = html.Div(
         [
             html.Div(f"{chosen}: error rates over the range" if chosen else "", className="gl-hint"),

@@ -40,6 +40,7 @@ from dashboard.fabric import (
     firing_on_ports,
     node_fabric,
     port_statuses,
+    stale_nodes,
 )
 from dashboard.fabricview import fabric_card, node_fabric_table
 from dashboard.figures.grids import cluster_map, gpu_heatmap
@@ -49,7 +50,7 @@ from dashboard.grid import DEFAULT_SORT, NODES_PER_PAGE, SORTS, GridPage, grid_c
 from dashboard.heatmaps import DEFAULT_METRIC, METRIC_FIELDS, METRICS, Metric
 from dashboard.paths import node_path
 from dashboard.summary import IDLE_BELOW, SUMMARY_FIELDS, Headline, headline
-from dashboard.timerange import minute_text, resolve_range
+from dashboard.timerange import TimeRange, minute_text, resolve_range
 from gpulens.fabricmodel import NicReading
 from gpulens.model import TargetHealth
 from gpulens.ratios import memory_used_ratio, power_limit_ratio
@@ -225,7 +226,8 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
     span, readings, jobs, targets, firing, nics = guarded(context, load)
     cells = grid_cells(readings, jobs, now=now, stale_after_s=context.stale_after_s)
     grid = select_page(cells, metric, text=text, sort=sort, page=page - 1)
-    fabric = guarded(context, lambda: fabric_of(context, nics, grid.nodes, span.start, span.end, firing))
+    stale = stale_nodes(readings, now, context.stale_after_s)
+    fabric = guarded(context, lambda: fabric_of(context, nics, grid.nodes, span, firing, stale))
     head = headline(cells)
     alerts_firing = None if firing is None else sum(1 for a in firing if a.state == "firing")
     show_map = len(grid.rows) > grid.per_page
@@ -258,19 +260,20 @@ def fabric_of(
     context: Context,
     nics: list[NicReading] | Unavailable,
     nodes: Sequence[str],
-    start: float,
-    end: float,
+    span: TimeRange,
     firing: Sequence[AlertState] | None,
+    stale: set[str],
 ) -> dict[str, NodeFabric] | Unavailable:
     """Every node's fabric in a line; the error rates (one query) only for the ports of the ``nodes`` shown."""
     if isinstance(nics, Unavailable):
         return nics
-    shown = set(nodes)
+    shown = [n for n in nics if n.node in set(nodes)]
     try:
-        rates = available(lambda: error_rates(context.store, [n for n in nics if n.node in shown], start, end))
+        rates = available(lambda: error_rates(context.store, shown, span.start, span.end))
     except TooManySeriesError:
         rates = Unavailable()
-    statuses = port_statuses(nics, None if isinstance(rates, Unavailable) else rates, firing_on_ports(firing or ()))
+    known = None if isinstance(rates, Unavailable) else rates
+    statuses = port_statuses(nics, known, firing_on_ports(firing or ()), stale)
     return node_fabric(statuses)
 
 

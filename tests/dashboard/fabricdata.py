@@ -65,7 +65,9 @@ class FabricWriter:
         return snap.replace(nics=nics, host=self._host(snap, minute), job_hosts=self._job_hosts(snap, minute, dt, jobs))
 
     def _nics(self, snap: NodeSnapshot, minute: float, dt: float, jobs: dict[str, set[int]]) -> tuple[NicReading, ...]:
-        devices = [(f"mlx5_{i}", (i,), "InfiniBand", NDR) for i in range(8)]
+        devices: list[tuple[str, tuple[int, ...], str, float]] = [
+            (f"mlx5_{i}", (i,), "InfiniBand", NDR) for i in range(8)
+        ]
         if snap.node == STORAGE_PORT[0]:
             devices.append((STORAGE_PORT[1], (), "Ethernet", ROCE_200))
         multi = jobs.get(MULTI_NODE_JOB, set())
@@ -135,7 +137,8 @@ class FabricWriter:
         out = []
         for job_id, gpus in sorted(jobs.items()):
             limit = CPU_LIMIT_PER_GPU * len(gpus)
-            used = limit * (0.6 if minute < 40 else 0.05) if job_id == MULTI_NODE_JOB else limit * 0.3
+            busy = 0.6 if snap.node == "node-00" else 0.5
+            used = limit * (busy if minute < 40 else 0.05) if job_id == MULTI_NODE_JOB else limit * 0.3
             key = (snap.node, job_id)
             self.cpu_seconds[key] += used * dt
             out.append(

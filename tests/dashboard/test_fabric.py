@@ -21,6 +21,7 @@ from dashboard.fabric import (
     node_fabric,
     node_traffic,
     port_statuses,
+    stale_nodes,
 )
 from dashboard.fabricview import count_rate_text, fabric_card, load_bar, node_fabric_table, ports_table
 from dashboard.figures.fabric import nic_positions
@@ -29,7 +30,7 @@ from dashboard.figures.style import DOWN_COLOR
 from gpulens.fabricmodel import NicReading
 from storage.reading import NotAvailableOnBackendError
 from storage.timeseries import SeriesData
-from tests.dashboard.test_figures import as_data, reading
+from tests.dashboard.test_figures import T0, as_data, reading
 from tests.dashboard.test_pages import text_of
 
 NDR = 50e9
@@ -168,7 +169,21 @@ def test_the_node_fabric_column() -> None:
     assert "3/3" in text
     assert "node-03 no RDMA ports read" in text  # a node with GPUs and no port: said, not zero
     card = fabric_card(summaries)
-    assert text_of(card) == "Fabric ports 5/6 1 down"
+    assert text_of(card) == "Fabric ports up 5/6 1 down"
+
+
+def test_a_stale_nodes_ports_are_stale_not_busy_or_idle() -> None:
+    statuses = port_statuses(cluster(), None, None, stale_nodes={"node-00"})
+    stale = [s for s in statuses if s.nic.node == "node-00"]
+    assert {s.problems for s in stale} == {("stale",)}
+    assert {s.load for s in stale} == {None}  # its last traffic is not now's
+    assert statuses[-1].nic.node == "node-01"  # an up port with no problem comes after the stale ones
+    summaries = node_fabric(statuses)
+    assert summaries["node-00"].stale
+    assert text_of(fabric_card(summaries)) == "Fabric ports up 2/3 1 down · 3 stale"
+    assert "stale: no recent reading" in text_of(node_fabric_table(["node-00"], summaries, ViewState()))
+    assert stale_nodes([reading("node-00"), reading("node-01")], T0 + 200, 120) == {"node-00", "node-01"}
+    assert stale_nodes([reading("node-00")], T0 + 60, 120) == set()
 
 
 def test_the_ports_table_lists_every_port_with_its_state_and_alerts() -> None:
@@ -231,7 +246,7 @@ def test_the_topology_places_each_port_beside_its_gpus() -> None:
     assert "down" in nics["text"][1]
     placed = {n.device: (x, y) for n, x, y in nic_positions(ports, {i: 1.5708 - 0.7854 * i for i in range(8)})}
     assert placed["mlx5_0"][1] > 1.7  # GPU 0 is at the top: its port above it
-    assert placed["mlx5_8"][1] < -2  # next to no GPU: the row along the bottom
+    assert placed["mlx5_8"] == (1.95, -1.95)  # next to no GPU: the bottom right corner
     assert figure["layout"]["height"] == 460
     plain = as_data(node_topology(gpus))
     assert plain["layout"]["height"] == 380  # no ports: the GPU topology as before

@@ -109,17 +109,18 @@ def ports_table(
     classes = []
     for s in statuses:
         n = s.nic
+        stale = "stale" in s.problems
         rows.append(
             [
                 node_link(n.node, state),
                 f"{n.device}/{n.port}",
                 _layer(n),
-                _state(n, "stale" in s.problems),
+                _state(n, stale),
                 gbit_text(n.rate_bytes_per_second),
                 load_bar(s.tx_ratio, rate_text(n.transmit_bytes_per_second)),
                 load_bar(s.rx_ratio, rate_text(n.receive_bytes_per_second)),
                 count_rate_text(s.error_rate),
-                count_rate_text(n.transmit_wait_per_second),
+                MISSING if stale else count_rate_text(n.transmit_wait_per_second),
                 gpus_text(n.gpus) or MISSING,
                 html.Span(_problems(s)) if s.problems or s.alerts else "",
             ]
@@ -147,9 +148,9 @@ def node_link(node: str, state: ViewState) -> dcc.Link:
 def fabric_card(summaries: Mapping[str, NodeFabric] | Unavailable) -> html.Div:
     """The overview's headline card: ports up of all, cluster-wide."""
     if isinstance(summaries, Unavailable):
-        return card("Fabric ports", MISSING, summaries.reason)
+        return card("Fabric ports up", MISSING, summaries.reason)
     if not summaries:
-        return card("Fabric ports", MISSING, "no RDMA ports read")
+        return card("Fabric ports up", MISSING, "no RDMA ports read")
     fresh = [s for s in summaries.values() if not s.stale]
     up = sum(s.up for s in fresh)
     total = sum(s.total for s in fresh)

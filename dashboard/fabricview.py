@@ -92,7 +92,7 @@ def _problems(s: PortStatus) -> list[Cell]:
         label = f"degraded: {s.degraded_detail}" if p == "degraded" else p
         if p == "stale":
             label = "stale: no recent reading"
-        cells.append(flag(label, PROBLEM_TONE[p]))
+        cells.append(flag(label, f"{PROBLEM_TONE[p]} {p}"))
     cells += [flag(rule, "firing") for rule in s.alerts]
     return cells
 
@@ -182,7 +182,7 @@ def node_fabric_table(
             continue
         tone = "stale" if s.stale else "up" if s.up == s.total else "down"
         up = html.Span(f"{s.up}/{s.total}", className=f"gl-flag {tone}")
-        problems = [flag(p, PROBLEM_TONE[p]) for p in s.problems if p not in ("errors", "stale")]
+        problems = [flag(p, f"{PROBLEM_TONE[p]} {p}") for p in s.problems if p not in ("errors", "stale")]
         if s.stale:
             problems.append(flag("stale: no recent reading", "stale"))
         rows.append(

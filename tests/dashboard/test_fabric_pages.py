@@ -72,7 +72,7 @@ def table_rows(view: Any) -> list[str]:
                     walk(item)
             return
         if type(node).__name__ == "Tbody":
-            found.extend(text_of(row) for row in props["children"])
+            found.extend(" ".join(text_of(row).split()) for row in props["children"])
             return
         walk(props.get("children"))
 

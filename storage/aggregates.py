@@ -10,7 +10,8 @@ aggregates are produced here, from either source (raw samples, or the rows of a 
   milliseconds it spans; bitmasks: OR), which ``storage.series`` and ``storage.jobstats`` read and ``merged`` ends.
 
 Raw counters need each sample's predecessor: ``window_columns`` is the projection (``d_<column>``, ``dt``) that the
-outer aggregates read, over a window ``w`` partitioned by GPU and ordered by time. Everything is in stored units.
+outer aggregates read, over a window ``w`` partitioned by GPU (or any family's key: ``storage.fabricschema``) and
+ordered by time. Everything is in stored units.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from collections.abc import Sequence
 from storage.schema import StoredField
 
 
-def window_columns(fields: Sequence[StoredField], *, counters_only: bool = False) -> list[str]:
-    """The inner projection of raw samples that the raw aggregates read: time gap and counter deltas over ``w``."""
-    inner = ["gpu_id", "ts_ms", "ts_ms - LAG(ts_ms) OVER w AS dt"]
+def window_columns(fields: Sequence[StoredField], *, counters_only: bool = False, key: str = "gpu_id") -> list[str]:
+    """The inner projection of raw samples that the raw aggregates read: time gap and counter deltas over ``w``.
+
+    ``key``: the column naming a series (``gpu_id``, or another family's key: ``storage.fabricschema``)."""
+    inner = [key, "ts_ms", "ts_ms - LAG(ts_ms) OVER w AS dt"]
     for f in fields:
         c = f.column
         if f.kind == "counter":

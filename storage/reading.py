@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from gpulens.clock import Clock
+from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, ProcessReading, TargetHealth
-from storage import inventory, jobstats, latest, timeseries
+from storage import fabric, inventory, jobstats, latest, timeseries
 from storage.db import Database
 from storage.inventory import GpuInfo, LinkOutage
 from storage.jobstats import JobSummary
@@ -90,6 +91,38 @@ class StoreReader(Protocol):
         """The latest health of every scrape target, by name."""
         ...
 
+    def latest_nics(self, *, node: str | None = None, max_age_s: float | None = None) -> list[NicReading]:
+        """The newest reading of every RDMA port (of ``node`` / newer than ``max_age_s`` only, if given), by node,
+        device and port."""
+        ...
+
+    def latest_hosts(self, *, node: str | None = None) -> list[HostReading]:
+        """The newest reading of every node's CPUs and memory (of ``node`` only, if given), by node."""
+        ...
+
+    def latest_job_hosts(self, *, job_id: str | None = None) -> list[JobHostReading]:
+        """Each running job's share of each of its nodes (of ``job_id`` only, if given), by job and node."""
+        ...
+
+    def nic_series(
+        self, nic_ids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000
+    ) -> dict[str, SeriesData]:
+        """Series of port ``fields`` keyed by nic id (``node/device/port``, also in ``SeriesData.uuid``): rates and
+        ``up`` as means, error counters (``*_total``) as rates per second."""
+        ...
+
+    def host_series(
+        self, nodes: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000
+    ) -> dict[str, SeriesData]:
+        """Series of host ``fields`` (cpu_busy_ratio, cpu_iowait_ratio, memory_used/available_bytes) by node."""
+        ...
+
+    def job_host_series(
+        self, job_id: str, fields: Sequence[str], start: float, end: float, max_points: int = 1000
+    ) -> dict[str, SeriesData]:
+        """Series of the job's ``fields`` (cpu_used_cores, memory_used_bytes) on each of its nodes, by node."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -138,6 +171,30 @@ class SqlReader:
 
     def target_health(self) -> list[TargetHealth]:
         return inventory.target_health(self.db)
+
+    def latest_nics(self, *, node: str | None = None, max_age_s: float | None = None) -> list[NicReading]:
+        return fabric.latest_nics(self.db, node=node, max_age_s=max_age_s)
+
+    def latest_hosts(self, *, node: str | None = None) -> list[HostReading]:
+        return fabric.latest_hosts(self.db, node=node)
+
+    def latest_job_hosts(self, *, job_id: str | None = None) -> list[JobHostReading]:
+        return fabric.latest_job_hosts(self.db, job_id=job_id)
+
+    def nic_series(
+        self, nic_ids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000
+    ) -> dict[str, SeriesData]:
+        return fabric.nic_series(self.db, nic_ids, fields, start, end, max_points)
+
+    def host_series(
+        self, nodes: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000
+    ) -> dict[str, SeriesData]:
+        return fabric.host_series(self.db, nodes, fields, start, end, max_points)
+
+    def job_host_series(
+        self, job_id: str, fields: Sequence[str], start: float, end: float, max_points: int = 1000
+    ) -> dict[str, SeriesData]:
+        return fabric.job_host_series(self.db, job_id, fields, start, end, max_points)
 
     def close(self) -> None:
         self.db.close()

@@ -1,5 +1,7 @@
 """Retention: how long each tier is kept. PostgreSQL drops whole partitions; SQLite deletes in small transactions.
 
+Every family's tables (GPUs, RDMA ports, hosts, jobs' hosts: ``storage.fabricschema.FAMILIES``) are kept alike.
+
 Each tier's cutoff is recorded as its horizon in ``tier_state``, so ``timeseries.series`` does not choose a tier whose
 data for the range is gone. ``apply_retention`` does a whole pass at once; ``RetentionJob.step`` does the same pass
 in pieces sized to take about ``max_seconds`` each, for the collector to run between scrape rounds.
@@ -14,8 +16,9 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from storage import schema
+from storage import fabricschema, schema
 from storage.db import Database
+from storage.fabricschema import FAMILIES, Family
 from storage.rollup import next_slice
 
 log = logging.getLogger(__name__)
@@ -38,29 +41,39 @@ class Retention:
             raise ValueError("retention periods must be positive")
 
 
+def _tier_cutoffs(now: float, retention: Retention) -> dict[str, int]:
+    return {
+        "raw": round((now - retention.raw_s) * 1000),
+        "1m": round((now - retention.minute_s) * 1000),
+        "1h": round((now - retention.hour_s) * 1000),
+    }
+
+
+def _table_cutoffs(tier_cutoffs: dict[str, int]) -> dict[str, tuple[Family, str, int]]:
+    """Every tier table of every family (GPUs, ports, hosts, jobs' hosts): (family, tier, cutoff)."""
+    return {f.table(tier): (f, tier, tier_cutoffs[tier]) for f in FAMILIES for tier in schema.TIERS}
+
+
 def apply_retention(db: Database, now: float, retention: Retention) -> dict[str, int]:
     """Remove data older than the retention periods.
 
     Returns counts keyed ``TABLE.rows`` (rows deleted) or ``TABLE.partitions`` (PostgreSQL partitions dropped).
     A PostgreSQL partition goes once all of it is past the cutoff, so up to a partition's width more is kept.
     """
-    cutoffs = {
-        "gpu_sample": round((now - retention.raw_s) * 1000),
-        "gpu_rollup_1m": round((now - retention.minute_s) * 1000),
-        "gpu_rollup_1h": round((now - retention.hour_s) * 1000),
-    }
+    tier_cutoffs = _tier_cutoffs(now, retention)
     removed: dict[str, int] = {}
-    for (table, cutoff), tier in zip(cutoffs.items(), schema.TIERS, strict=True):
+    for table, (family, tier, cutoff) in _table_cutoffs(tier_cutoffs).items():
         if db.dialect == "postgresql":
             removed[f"{table}.partitions"] = _drop_partitions(db, table, cutoff)
-        elif table == "gpu_sample":
-            removed[f"{table}.rows"] = _delete_samples(db, cutoff)
+        elif tier == "raw":
+            removed[f"{table}.rows"] = _delete_samples(db, cutoff, family)
         else:
-            removed[f"{table}.rows"] = _delete_rollups(db, table, cutoff)
-        with db.write_transaction() as conn:
-            t = schema.tier_state
+            removed[f"{table}.rows"] = _delete_rollups(db, table, cutoff, family)
+    with db.write_transaction() as conn:
+        t = schema.tier_state
+        for tier, cutoff in tier_cutoffs.items():
             conn.execute(sa.update(t).where(t.c.tier == tier).values(horizon_ms=cutoff))
-    removed.update(_delete_small_tables(db, cutoffs["gpu_sample"], cutoffs["gpu_rollup_1h"]))
+    removed.update(_delete_small_tables(db, tier_cutoffs["raw"], tier_cutoffs["1h"]))
     if any(removed.values()):
         log.info("retention removed %s", ", ".join(f"{k}={v}" for k, v in sorted(removed.items()) if v))
     return removed
@@ -81,32 +94,34 @@ def _drop_partitions(db: Database, table: str, cutoff_ms: int) -> int:
     return dropped
 
 
-def _delete_samples(db: Database, cutoff_ms: int) -> int:
+def _delete_samples(db: Database, cutoff_ms: int, family: Family = fabricschema.GPU) -> int:
     """SQLite: delete raw samples a few minutes at a time along the minute-leading index."""
+    table = family.sample
     cutoff_minute = cutoff_ms // schema.MINUTE_MS
     deleted = 0
     while True:
         with db.write_transaction() as conn:
             oldest = conn.exec_driver_sql(
-                "SELECT ts_ms / 60000 FROM gpu_sample ORDER BY ts_ms / 60000 LIMIT 1"
+                f"SELECT ts_ms / 60000 FROM {table} ORDER BY ts_ms / 60000 LIMIT 1"  # noqa: S608
             ).scalar_one_or_none()
             if oldest is None or oldest > cutoff_minute:
                 return deleted
             upto = min(cutoff_minute + 1, oldest + _SQLITE_SAMPLE_CHUNK_MINUTES)
             deleted += conn.exec_driver_sql(
-                "DELETE FROM gpu_sample WHERE ts_ms / 60000 >= ? AND ts_ms / 60000 < ? AND ts_ms < ?",
+                f"DELETE FROM {table} WHERE ts_ms / 60000 >= ? AND ts_ms / 60000 < ? AND ts_ms < ?",  # noqa: S608
                 (oldest, upto, cutoff_ms),
             ).rowcount
             if upto > cutoff_minute:
                 return deleted
 
 
-def _delete_rollups(db: Database, table: str, cutoff_ms: int) -> int:
-    """SQLite: delete a rollup table's old rows a few hundred GPUs at a time (the table is clustered by GPU)."""
+def _delete_rollups(db: Database, table: str, cutoff_ms: int, family: Family = fabricschema.GPU) -> int:
+    """SQLite: delete a rollup table's old rows a few hundred ids at a time (the table is clustered by id)."""
+    dimension = schema.metadata.tables[family.dimension]
     with db.session() as session:
-        gpu_ids = list(session.execute(sa.select(schema.gpu.c.id).order_by(schema.gpu.c.id)).scalars())
+        gpu_ids = list(session.execute(sa.select(dimension.c.id).order_by(dimension.c.id)).scalars())
     rollup = schema.metadata.tables[table]
-    statement = sa.delete(rollup).where(rollup.c.gpu_id == sa.bindparam("b_gpu"), rollup.c.ts_ms < cutoff_ms)
+    statement = sa.delete(rollup).where(rollup.c[family.key] == sa.bindparam("b_gpu"), rollup.c.ts_ms < cutoff_ms)
     deleted = 0
     for i in range(0, len(gpu_ids), _SQLITE_ROLLUP_CHUNK_GPUS):
         with db.write_transaction() as conn:
@@ -132,7 +147,17 @@ def _delete_small_tables(db: Database, raw_cutoff_ms: int, hour_cutoff_ms: int) 
         for table in (a, n, p):
             conn.execute(sa.delete(table).where(table.c.gpu_id.in_(gone)))
         gpus = conn.execute(sa.delete(g).where(g.c.last_seen_ms < hour_cutoff_ms)).rowcount
-    return {"job_allocation.rows": jobs, "nvlink_down.rows": links, "target_health.rows": targets, "gpu.rows": gpus}
+        # Ports, hosts and jobs' hosts not seen for the hourly period: their rows are gone already.
+        fabric = {
+            f"{d.name}.rows": conn.execute(sa.delete(d).where(d.c.last_seen_ms < hour_cutoff_ms)).rowcount
+            for d in (fabricschema.nic, fabricschema.host, fabricschema.job_host)
+        }
+    return {
+        "job_allocation.rows": jobs,
+        "nvlink_down.rows": links,
+        "target_health.rows": targets,
+        "gpu.rows": gpus,
+    } | fabric
 
 
 @dataclass(slots=True)
@@ -142,6 +167,7 @@ class _Piece:
     kind: str  # "drop" (PostgreSQL partitions) | "samples" | "rollup" (SQLite rows) | "finish"
     table: str
     cutoff_ms: int
+    family: Family = fabricschema.GPU
     partitions: list[tuple[str, int]] = field(default_factory=list)  # "drop": (name, start) left to drop
     minute: int | None = None  # "samples": the minute being deleted
     next_gpu: int = 0  # "samples", "rollup": the first GPU id of the next slice
@@ -164,7 +190,7 @@ class RetentionJob:
         self._pieces: list[_Piece] = []
         self._started: float | None = None
         self._slice = dict.fromkeys(("samples", "rollup"), max(1, slice_gpus))
-        self._cutoffs: dict[str, int] = {}
+        self._cutoffs: dict[str, int] = {}  # per tier
         self.removed: dict[str, int] = {}
         self.longest_step_s = 0.0
 
@@ -192,13 +218,8 @@ class RetentionJob:
     def _start(self, now: float) -> None:
         self._started = now
         self.removed = {}
-        r = self._retention
-        self._cutoffs = {
-            "gpu_sample": round((now - r.raw_s) * 1000),
-            "gpu_rollup_1m": round((now - r.minute_s) * 1000),
-            "gpu_rollup_1h": round((now - r.hour_s) * 1000),
-        }
-        for table, cutoff in self._cutoffs.items():
+        self._cutoffs = _tier_cutoffs(now, self._retention)
+        for table, (family, tier, cutoff) in _table_cutoffs(self._cutoffs).items():
             if self._db.dialect == "postgresql":
                 width = schema.PARTITION_WIDTH_MS[table]
                 with self._db.session() as session:
@@ -207,7 +228,7 @@ class RetentionJob:
                 self._pieces.append(_Piece("drop", table, cutoff, partitions=gone))
                 self.removed[f"{table}.partitions"] = 0
             else:
-                self._pieces.append(_Piece("samples" if table == "gpu_sample" else "rollup", table, cutoff))
+                self._pieces.append(_Piece("samples" if tier == "raw" else "rollup", table, cutoff, family=family))
                 self.removed[f"{table}.rows"] = 0
         self._pieces.append(_Piece("finish", "", 0))
 
@@ -224,11 +245,13 @@ class RetentionJob:
     def _delete_slice(self, piece: _Piece) -> None:
         """SQLite: delete one slice of GPUs' old rows of the piece's table."""
         size = self._slice[piece.kind]
+        key = piece.family.key
         with self._db.write_transaction() as conn:
-            last_gpu = conn.execute(sa.select(sa.func.max(schema.gpu.c.id))).scalar_one() or 0
+            dimension = schema.metadata.tables[piece.family.dimension]
+            last_gpu = conn.execute(sa.select(sa.func.max(dimension.c.id))).scalar_one() or 0
             if piece.kind == "samples" and piece.minute is None:
                 piece.minute = conn.exec_driver_sql(
-                    "SELECT ts_ms / 60000 FROM gpu_sample ORDER BY ts_ms / 60000 LIMIT 1"
+                    f"SELECT ts_ms / 60000 FROM {piece.table} ORDER BY ts_ms / 60000 LIMIT 1"  # noqa: S608
                 ).scalar_one_or_none()
                 if piece.minute is None or piece.minute >= piece.cutoff_ms // schema.MINUTE_MS:
                     self._pieces.pop(0)  # whole minutes only: the cutoff's own minute goes in the next pass
@@ -238,12 +261,12 @@ class RetentionJob:
             g1 = g0 + size if g0 + size <= last_gpu else 2**31 - 1  # the last slice takes any orphaned rows too
             if piece.kind == "samples":
                 deleted = conn.exec_driver_sql(
-                    "DELETE FROM gpu_sample WHERE ts_ms / 60000 = ? AND gpu_id >= ? AND gpu_id < ?",
+                    f"DELETE FROM {piece.table} WHERE ts_ms / 60000 = ? AND {key} >= ? AND {key} < ?",  # noqa: S608
                     (piece.minute, g0, g1),
                 ).rowcount
             else:
                 deleted = conn.exec_driver_sql(
-                    f"DELETE FROM {piece.table} WHERE gpu_id >= ? AND gpu_id < ? AND ts_ms < ?",  # noqa: S608
+                    f"DELETE FROM {piece.table} WHERE {key} >= ? AND {key} < ? AND ts_ms < ?",  # noqa: S608
                     (g0, g1, piece.cutoff_ms),
                 ).rowcount
         self.removed[f"{piece.table}.rows"] += deleted
@@ -257,8 +280,8 @@ class RetentionJob:
     def _finish(self) -> None:
         with self._db.write_transaction() as conn:
             t = schema.tier_state
-            for (_, cutoff), tier in zip(self._cutoffs.items(), schema.TIERS, strict=True):
+            for tier, cutoff in self._cutoffs.items():
                 conn.execute(sa.update(t).where(t.c.tier == tier).values(horizon_ms=cutoff))
-        self.removed.update(_delete_small_tables(self._db, self._cutoffs["gpu_sample"], self._cutoffs["gpu_rollup_1h"]))
+        self.removed.update(_delete_small_tables(self._db, self._cutoffs["raw"], self._cutoffs["1h"]))
         if any(self.removed.values()):
             log.info("retention removed %s", ", ".join(f"{k}={v}" for k, v in sorted(self.removed.items()) if v))

@@ -27,6 +27,7 @@ from sqlalchemy.engine import Connection
 
 from storage import aggregates, schema
 from storage.db import Database, lock_tier
+from storage.fabricschema import FAMILIES, Family
 
 log = logging.getLogger(__name__)
 
@@ -55,27 +56,30 @@ _TIERS: Final = (
 
 @dataclass(slots=True)
 class _Work:
-    """Buckets [lo, hi) of a tier, rolled up GPU slice by GPU slice (or all at once)."""
+    """Buckets [lo, hi) of a tier, rolled up family by family (GPUs, then ports, hosts, jobs: ``FAMILIES``), each
+    slice by slice of its ids (or all at once)."""
 
     tier: _Tier
     lo: int
     hi: int
     settled_id: int  # the tier's rollup_dirty marks up to this id are settled once the work is done
-    next_gpu: int  # the first GPU id of the next slice
-    last_gpu: int  # the largest GPU id when the work started
+    next_gpu: int  # the first id of the next slice (of the family being rolled up)
+    last_gpu: int  # the family's largest id when its turn started
+    family: int = 0  # the position in FAMILIES of the family being rolled up
+    done: bool = False
 
 
-def _rollup_columns() -> list[str]:
-    return ["gpu_id", "ts_ms", "n", "elapsed_ms", *aggregates.rollup_columns(schema.SAMPLE_FIELDS)]
+def _rollup_columns(family: Family) -> list[str]:
+    return [family.key, "ts_ms", "n", "elapsed_ms", *aggregates.rollup_columns(family.fields)]
 
 
 def _upsert_tail(columns: list[str]) -> str:
     updates = ", ".join(f"{c} = excluded.{c}" for c in columns[2:])
-    return f"ON CONFLICT (gpu_id, ts_ms) DO UPDATE SET {updates}"
+    return f"ON CONFLICT ({columns[0]}, ts_ms) DO UPDATE SET {updates}"
 
 
-def _from_samples_sql(dialect: str) -> str:
-    """1-minute buckets of GPUs [g0, g1) from raw samples.
+def _from_samples_sql(dialect: str, family: Family) -> str:
+    """1-minute buckets of the family's ids [g0, g1) (GPUs, ports, ...) from raw samples.
 
     Gauges and bitmasks are aggregated straight off the rows of the range; counters' increases need each sample's
     predecessor (a window over a narrow projection: sorting wide rows for it measured twice as slow). SQLite reads
@@ -84,14 +88,15 @@ def _from_samples_sql(dialect: str) -> str:
     minute = f"ts_ms / {schema.MINUTE_MS}"
     gauges: list[str] = []
     counters: list[str] = []
-    for f in schema.SAMPLE_FIELDS:
+    key, samples = family.key, family.sample
+    for f in family.fields:
         named = [
             f"{sql} AS {f.column}_{aggregate}"
             for sql, aggregate in zip(aggregates.summary(f, "raw", dialect), f.aggregates, strict=True)
         ]
         (counters if f.kind == "counter" else gauges).extend(named)
-    inner = aggregates.window_columns(schema.SAMPLE_FIELDS, counters_only=True)
-    gpus = "gpu_id >= :g0 AND gpu_id < :g1"
+    inner = aggregates.window_columns(family.fields, counters_only=True, key=key)
+    gpus = f"{key} >= :g0 AND {key} < :g1"
     where, read_where = f"ts_ms >= :lo AND ts_ms < :hi AND {gpus}", f"ts_ms >= :read_from AND ts_ms < :hi AND {gpus}"
     cte = ""
     if dialect == "sqlite":
@@ -103,16 +108,16 @@ def _from_samples_sql(dialect: str) -> str:
         where += in_minutes
         read_where += in_minutes
     aggregated = (
-        f"SELECT gpu_id, {minute} AS minute, count(*) AS n, {', '.join(gauges)} "  # noqa: S608
-        f"FROM gpu_sample WHERE {where} GROUP BY {minute}, gpu_id"
+        f"SELECT {key}, {minute} AS minute, count(*) AS n, {', '.join(gauges)} "  # noqa: S608
+        f"FROM {samples} WHERE {where} GROUP BY {minute}, {key}"
     )
     increases = (
-        f"SELECT gpu_id, {minute} AS minute, sum(dt) AS elapsed_ms, {', '.join(counters)} "  # noqa: S608
-        f"FROM (SELECT {', '.join(inner)} FROM gpu_sample WHERE {read_where} "
-        "WINDOW w AS (PARTITION BY gpu_id ORDER BY ts_ms)) AS x "
-        f"WHERE ts_ms >= :lo GROUP BY gpu_id, {minute}"
+        f"SELECT {key}, {minute} AS minute, {', '.join(['sum(dt) AS elapsed_ms', *counters])} "  # noqa: S608
+        f"FROM (SELECT {', '.join(inner)} FROM {samples} WHERE {read_where} "
+        f"WINDOW w AS (PARTITION BY {key} ORDER BY ts_ms)) AS x "
+        f"WHERE ts_ms >= :lo GROUP BY {key}, {minute}"
     )
-    columns = _rollup_columns()
+    columns = _rollup_columns(family)
     values = [
         f"a.minute * {schema.MINUTE_MS}"
         if c == "ts_ms"
@@ -122,27 +127,29 @@ def _from_samples_sql(dialect: str) -> str:
         for c in columns
     ]
     return (
-        f"INSERT INTO gpu_rollup_1m ({', '.join(columns)}) {cte}"  # noqa: S608 (identifiers are constants)
+        f"INSERT INTO {family.table('1m')} ({', '.join(columns)}) {cte}"  # noqa: S608 (identifiers are constants)
         f"SELECT {', '.join(values)} FROM ({aggregated}) AS a LEFT JOIN ({increases}) AS c "
-        f"ON c.gpu_id = a.gpu_id AND c.minute = a.minute WHERE true {_upsert_tail(columns)}"
+        f"ON c.{key} = a.{key} AND c.minute = a.minute WHERE true {_upsert_tail(columns)}"
     )
 
 
-def _from_minutes_sql(dialect: str) -> str:
-    """1-hour buckets of GPUs [g0, g1) from 1-minute ones: means weighted by sample counts."""
-    outer = ["r.gpu_id", f"(r.ts_ms / {schema.HOUR_MS}) * {schema.HOUR_MS}", "sum(r.n)", "sum(r.elapsed_ms)"]
-    for f in schema.SAMPLE_FIELDS:
+def _from_minutes_sql(dialect: str, family: Family) -> str:
+    """1-hour buckets of the family's ids [g0, g1) from 1-minute ones: means weighted by sample counts."""
+    key = family.key
+    outer = [f"r.{key}", f"(r.ts_ms / {schema.HOUR_MS}) * {schema.HOUR_MS}", "sum(r.n)", "sum(r.elapsed_ms)"]
+    for f in family.fields:
         outer += aggregates.summary(f, "1m", dialect, prefix="r.")
-    # The 1-minute table is clustered by GPU: drive the read GPU by GPU (SQLite's CROSS JOIN keeps this order).
-    join = (
-        "gpu AS g CROSS JOIN gpu_rollup_1m AS r" if dialect == "sqlite" else "gpu AS g JOIN gpu_rollup_1m AS r ON true"
+    # The 1-minute table is clustered by id: drive the read id by id (SQLite's CROSS JOIN keeps this order).
+    minutes = family.table("1m")
+    join = f"{family.dimension} AS g " + (
+        f"CROSS JOIN {minutes} AS r" if dialect == "sqlite" else f"JOIN {minutes} AS r ON true"
     )
-    columns = _rollup_columns()
+    columns = _rollup_columns(family)
     return (
-        f"INSERT INTO gpu_rollup_1h ({', '.join(columns)}) "  # noqa: S608 (identifiers are constants)
+        f"INSERT INTO {family.table('1h')} ({', '.join(columns)}) "  # noqa: S608 (identifiers are constants)
         f"SELECT {', '.join(outer)} FROM {join} WHERE g.id >= :g0 AND g.id < :g1 "
-        "AND r.gpu_id = g.id AND r.ts_ms >= :lo AND r.ts_ms < :hi "
-        f"GROUP BY r.gpu_id, (r.ts_ms / {schema.HOUR_MS}) {_upsert_tail(columns)}"
+        f"AND r.{key} = g.id AND r.ts_ms >= :lo AND r.ts_ms < :hi "
+        f"GROUP BY r.{key}, (r.ts_ms / {schema.HOUR_MS}) {_upsert_tail(columns)}"
     )
 
 
@@ -163,9 +170,13 @@ class Rollups:
         """
         self._db = db
         self._settle_ms = round(settle_s * 1000)
-        self._sql = {"1m": _from_samples_sql(db.dialect), "1h": _from_minutes_sql(db.dialect)}
+        self._sql = {("1m", f.name): _from_samples_sql(db.dialect, f) for f in FAMILIES} | {
+            ("1h", f.name): _from_minutes_sql(db.dialect, f) for f in FAMILIES
+        }
         # An hour of a GPU is 60 minute rows to aggregate, a minute about 6 raw rows: start the hours smaller.
-        self._slice = {"1m": max(1, slice_gpus), "1h": max(1, slice_gpus // 16)}
+        self._slice = {
+            (t, f.name): max(1, slice_gpus // (16 if t == "1h" else 1)) for t in ("1m", "1h") for f in FAMILIES
+        }
         self._work: _Work | None = None
         self.longest_step_s = 0.0  # the longest step() so far, for the collector's metrics and the benchmark
 
@@ -173,10 +184,17 @@ class Rollups:
         """Roll up every complete bucket not yet rolled up, and recompute dirty ones. Returns rows written."""
         written = 0
         if self._work is not None:  # the rest of a bucket that step() left half done
-            written += self._roll(self._work, _ALL_GPUS)
+            written += self._roll_all(self._work)
         for tier in _TIERS:
             while (work := self._plan(tier, round(now * 1000), sliced=False)) is not None:
-                written += self._roll(work, _ALL_GPUS)
+                written += self._roll_all(work)
+        return written
+
+    def _roll_all(self, work: _Work) -> int:
+        """Every family of the work, one transaction each; the last one finishes the work."""
+        written = 0
+        while not work.done:
+            written += self._roll(work, _ALL_GPUS)
         return written
 
     def step(self, now: float, *, max_seconds: float = 0.05) -> bool:
@@ -195,12 +213,13 @@ class Rollups:
                     break
             if work is None:
                 return False
-        slice_gpus = self._slice[work.tier.name]
+        kind = (work.tier.name, FAMILIES[work.family].name)
+        slice_gpus = self._slice[kind]
         g1 = work.next_gpu + slice_gpus if work.next_gpu + slice_gpus <= work.last_gpu else _ALL_GPUS
         self._roll(work, g1)
         elapsed = time.perf_counter() - started
         self.longest_step_s = max(self.longest_step_s, elapsed)
-        self._slice[work.tier.name] = next_slice(slice_gpus, elapsed, max_seconds)
+        self._slice[kind] = next_slice(slice_gpus, elapsed, max_seconds)
         return True
 
     # --- planning -----------------------------------------------------------------------------------------------
@@ -269,14 +288,17 @@ class Rollups:
     # --- rolling up ---------------------------------------------------------------------------------------------
 
     def _roll(self, work: _Work, g1: int) -> int:
-        """Roll up the GPUs [work.next_gpu, g1) of the work's buckets in one transaction; finish the work at the end."""
+        """Roll up the ids [work.next_gpu, g1) of the work's family and buckets in one transaction; then go on to the
+        next family, or finish the work after the last."""
         tier = work.tier
-        done = g1 > work.last_gpu
+        family = FAMILIES[work.family]
+        last_family = work.family == len(FAMILIES) - 1
+        done = g1 > work.last_gpu and last_family
         with self._db.write_transaction() as conn:
             lock_tier(conn, tier.name, exclusive=True)
             if not done:
                 self._set_pending(conn, tier.name, work.hi)
-            self._db.ensure_partitions(tier.table, range(work.lo, work.hi, tier.width_ms))
+            self._db.ensure_partitions(family.table(tier.name), range(work.lo, work.hi, tier.width_ms))
             params = {
                 "lo": work.lo,
                 "hi": work.hi,
@@ -284,13 +306,21 @@ class Rollups:
                 "g0": work.next_gpu,
                 "g1": g1,
             }
-            rows = int(conn.execute(sa.text(self._sql[tier.name]), params).rowcount)
+            rows = int(conn.execute(sa.text(self._sql[(tier.name, family.name)]), params).rowcount)
             if done:
                 self._advance(conn, work)
+            elif g1 > work.last_gpu:  # the family is done: the next one's ids
+                work.family += 1
+                dimension = FAMILIES[work.family].dimension
+                first, last = conn.exec_driver_sql(f"SELECT min(id), max(id) FROM {dimension}").one()  # noqa: S608
+                g1, work.last_gpu = first or 0, last or 0
+        log.debug(
+            "rollup %s %s: %d rows for [%d, %d), ids below %d", tier.name, family.name, rows, work.lo, work.hi, g1
+        )
         work.next_gpu = g1
+        work.done = done
         if done and self._work is work:
             self._work = None
-        log.debug("rollup %s: %d rows for [%d, %d), GPUs below %d", tier.name, rows, work.lo, work.hi, g1)
         return rows
 
     @staticmethod

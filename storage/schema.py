@@ -284,7 +284,11 @@ gpu_rollup_1m: Final = _rollup_table("gpu_rollup_1m")
 gpu_rollup_1h: Final = _rollup_table("gpu_rollup_1h")
 
 # PostgreSQL range partitions: their width, aligned to the epoch (1-day partitions start at midnight UTC).
-PARTITION_WIDTH_MS: Final = {"gpu_sample": DAY_MS, "gpu_rollup_1m": DAY_MS, "gpu_rollup_1h": 30 * DAY_MS}
+PARTITION_WIDTH_MS: Final = {
+    f"{family}_{table}": width
+    for family in ("gpu", "nic", "host", "job_host")  # the families of storage.fabricschema
+    for table, width in (("sample", DAY_MS), ("rollup_1m", DAY_MS), ("rollup_1h", 30 * DAY_MS))
+}
 
 # Rollup bookkeeping: per tier, everything below position_ms is rolled up; horizon_ms is the retention cutoff last
 # applied (data older than it may be gone). Late writes below a position leave a rollup_dirty mark.

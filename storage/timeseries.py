@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from storage import aggregates, schema, tiers
 from storage.db import Database
+from storage.fabricschema import GPU, Family
 from storage.rollup import COUNTER_LOOKBACK_MS
 
 
@@ -40,41 +41,47 @@ def _partials(tier: str, fields: Sequence[schema.StoredField]) -> list[str]:
     return out
 
 
-def _segment_sql(tier: str, fields: Sequence[schema.StoredField], i: int, minutes: str) -> str:
-    """Per GPU and bucket (ts_ms / :step), the partial aggregates of ``fields`` over [lo_i, hi_i) of one tier."""
+def _segment_sql(family: Family, tier: str, fields: Sequence[schema.StoredField], i: int, minutes: str) -> str:
+    """Per id and bucket (ts_ms / :step), the partial aggregates of ``fields`` over [lo_i, hi_i) of one tier."""
     partials = ", ".join(_partials(tier, fields))
+    key = family.key
     if tier != "raw":
         return (
-            f"SELECT gpu_id, ts_ms / :step AS b, {partials} FROM {tiers.TIER_TABLE[tier]} "  # noqa: S608
-            f"WHERE gpu_id IN :ids AND ts_ms >= :lo_{i} AND ts_ms < :hi_{i} GROUP BY gpu_id, ts_ms / :step"
+            f"SELECT {key}, ts_ms / :step AS b, {partials} FROM {family.table(tier)} "  # noqa: S608
+            f"WHERE {key} IN :ids AND ts_ms >= :lo_{i} AND ts_ms < :hi_{i} GROUP BY {key}, ts_ms / :step"
         )
-    inner = aggregates.window_columns(fields)
+    inner = aggregates.window_columns(fields, key=key)
     return (
-        f"SELECT gpu_id, ts_ms / :step AS b, {partials} FROM (SELECT {', '.join(inner)} "  # noqa: S608
-        f"FROM gpu_sample WHERE gpu_id IN :ids AND ts_ms >= :read_from_{i} AND ts_ms < :hi_{i} {minutes} "
-        f"WINDOW w AS (PARTITION BY gpu_id ORDER BY ts_ms)) AS x WHERE ts_ms >= :lo_{i} GROUP BY gpu_id, ts_ms / :step"
+        f"SELECT {key}, ts_ms / :step AS b, {partials} FROM (SELECT {', '.join(inner)} "  # noqa: S608
+        f"FROM {family.sample} WHERE {key} IN :ids AND ts_ms >= :read_from_{i} AND ts_ms < :hi_{i} {minutes} "
+        f"WINDOW w AS (PARTITION BY {key} ORDER BY ts_ms)) AS x WHERE ts_ms >= :lo_{i} GROUP BY {key}, ts_ms / :step"
     )
 
 
-def _series_sql(dialect: str, plan: Sequence[tiers.Segment], fields: Sequence[schema.StoredField]) -> str:
-    """All segments' partial aggregates, merged per GPU and bucket into means, rates and ORs in stored units."""
+def _series_sql(
+    dialect: str, plan: Sequence[tiers.Segment], fields: Sequence[schema.StoredField], family: Family = GPU
+) -> str:
+    """All segments' partial aggregates, merged per id and bucket into means, rates and ORs in stored units."""
     cte, minutes = "", ""
     for i, segment in enumerate(plan):
         if segment.tier == "raw":
             cte, minutes = tiers.minutes_cte(dialect, f":read_from_{i}", f":hi_{i}")
-    union = " UNION ALL ".join(_segment_sql(seg.tier, fields, i, minutes) for i, seg in enumerate(plan))
+    union = " UNION ALL ".join(_segment_sql(family, seg.tier, fields, i, minutes) for i, seg in enumerate(plan))
     finals = [sql for j, f in enumerate(fields) for sql in aggregates.merged(f, j, dialect)]
     return (
-        f"{cte}SELECT gpu_id, b, {', '.join(finals)} FROM ({union}) AS u "  # noqa: S608 (constant identifiers)
-        "GROUP BY gpu_id, b ORDER BY gpu_id, b"
+        f"{cte}SELECT {family.key}, b, {', '.join(finals)} FROM ({union}) AS u "  # noqa: S608 (constant identifiers)
+        f"GROUP BY {family.key}, b ORDER BY {family.key}, b"
     )
 
 
-def _fields(names: Sequence[str]) -> list[schema.StoredField]:
-    unknown = [name for name in names if name not in schema.FIELD_BY_NAME]
+def stored_fields(
+    names: Sequence[str], known: Mapping[str, schema.StoredField] = schema.FIELD_BY_NAME
+) -> list[schema.StoredField]:
+    """The stored fields named ``names`` among ``known``; an unknown name raises ``ValueError``."""
+    unknown = [name for name in names if name not in known]
     if unknown:
-        raise ValueError(f"unknown fields {', '.join(unknown)}; known: {', '.join(schema.FIELD_BY_NAME)}")
-    return [schema.FIELD_BY_NAME[name] for name in names]
+        raise ValueError(f"unknown fields {', '.join(unknown)}; known: {', '.join(known)}")
+    return [known[name] for name in names]
 
 
 def _gpu_ids(session: Session, uuids: Iterable[str]) -> dict[int, str]:
@@ -95,14 +102,29 @@ def series(
 
     Unknown UUIDs are left out of the result; an unknown field raises ``ValueError``.
     """
+    stored = stored_fields(fields)
+    with db.session() as session:
+        ids = _gpu_ids(session, uuids)
+    return family_series(db, GPU, ids, stored, start, end, max_points)
+
+
+def family_series(
+    db: Database,
+    family: Family,
+    ids: Mapping[int, str],
+    stored: Sequence[schema.StoredField],
+    start: float,
+    end: float,
+    max_points: int = 1000,
+) -> dict[str, SeriesData]:
+    """Time series of ``stored`` fields of the family's rows ``ids`` (id -> the name to key the result and to put in
+    ``SeriesData.uuid``) over [start, end], at most ``max_points`` per row."""
     if max_points < 2:
         raise ValueError("max_points must be at least 2")
     if end < start:
         raise ValueError("end is before start")
-    stored = _fields(fields)
     start_ms, end_ms = round(start * 1000), round(end * 1000)
     with db.session() as session:
-        ids = _gpu_ids(session, uuids)
         plan = tiers.plan(tiers.tier_state(session), start_ms, end_ms, (end_ms - start_ms) / (max_points - 1))
         step = tiers.step_ms(start_ms, end_ms, max_points, tiers.TIER_WIDTH_MS[plan[0].tier])
         rows: Sequence[Sequence[Any]] = []
@@ -111,7 +133,7 @@ def series(
             for i, segment in enumerate(plan):
                 params |= {f"lo_{i}": segment.lo_ms, f"hi_{i}": segment.hi_ms}
                 params[f"read_from_{i}"] = segment.lo_ms - COUNTER_LOOKBACK_MS
-            sql = sa.text(_series_sql(db.dialect, plan, stored)).bindparams(sa.bindparam("ids", expanding=True))
+            sql = sa.text(_series_sql(db.dialect, plan, stored, family)).bindparams(sa.bindparam("ids", expanding=True))
             rows = session.execute(sql, params).all()
     by_gpu: dict[int, list[Sequence[Any]]] = {gpu_id: [] for gpu_id in ids}
     for row in rows:

@@ -4,7 +4,8 @@ Each GPU reading becomes one wide row of ``gpu_sample``: ``INSERT OR IGNORE`` ex
 temporary table then ``INSERT ... SELECT ... ON CONFLICT DO NOTHING`` on PostgreSQL. Values travel in SI units and
 the SQL statement encodes them (``StoredField.sql_encode``), which keeps the Python work per reading to one tuple.
 
-Jobs, processes and inactive NVLinks are written only when they change. The writer keeps what it has stored per GPU
+RDMA ports, hosts and jobs' cgroups go in the same transaction (``storage.fabricwriter``). Jobs, processes and
+inactive NVLinks are written only when they change. The writer keeps what it has stored per GPU
 in memory, compares each node's snapshot with the node's previous one, and reloads its state from the database after
 any failure, so a failed transaction never leaves memory and database apart.
 """
@@ -25,6 +26,7 @@ from sqlalchemy.engine import Connection
 from gpulens.model import GpuReading, NodeSnapshot, TargetHealth
 from storage import schema
 from storage.db import Database, lock_tier
+from storage.fabricwriter import FabricWriter, fabric_times
 from storage.rollup import PENDING
 
 # gpu.last_seen_ms moves at most once a minute per GPU, not every scrape (see schema.newest_sample_ms).
@@ -87,6 +89,9 @@ class WriteStats:
     link_rows: int = 0
     job_rows: int = 0
     target_rows: int = 0
+    nic_rows: int = 0
+    host_rows: int = 0
+    job_host_rows: int = 0
 
 
 @dataclass(slots=True)
@@ -190,32 +195,37 @@ class Writer:
         self._db = db
         self._gpus: dict[str, _GpuState] | None = None
         self._signatures: dict[str, tuple[Any, ...] | None] = {}
+        self._fabric = FabricWriter(db.dialect)
 
     def write(self, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth] = ()) -> WriteStats:
         """Store a scrape round in one transaction. Raises ``DatabaseUnavailableError`` (nothing written)."""
         readings = self._readings(snapshots)
         times = [round(reading.timestamp * 1000) for reading in readings]
+        fabric = fabric_times(snapshots)
         stats = WriteStats()
         try:
-            if times:  # every day from the oldest reading to the newest
-                self._db.ensure_partitions("gpu_sample", (*range(min(times), max(times), schema.DAY_MS), max(times)))
+            for table, ts in (("gpu_sample", times), *((f"{n}_sample", fabric) for n in ("nic", "host", "job_host"))):
+                if ts:  # every day from the oldest reading to the newest
+                    self._db.ensure_partitions(table, (*range(min(ts), max(ts), schema.DAY_MS), max(ts)))
             with self._db.write_transaction() as conn:
                 gpus = self._gpus = self._gpus if self._gpus is not None else self._load(conn)
                 lock_tier(conn, "1m", exclusive=False)
                 resolved = self._resolve_gpus(conn, readings, times, gpus)
                 stats.gpu_rows = self._insert_samples(conn, resolved)
-                if times:
-                    self._mark_late(conn, min(times))
+                if times or fabric:
+                    self._mark_late(conn, min(times + fabric))
                 self._update_last_seen(conn, resolved)
                 # Without duplicates, the readings are the snapshots' own, in order: each node's slice is reused.
                 by_snapshot = resolved if len(readings) == sum(len(s.gpus) for s in snapshots) else None
                 changes = self._changes(snapshots, gpus, by_snapshot)
                 stats.job_rows, stats.link_rows, stats.process_rows = self._write_changes(conn, changes)
                 stats.target_rows = self._write_targets(conn, targets)
+                stats.nic_rows, stats.host_rows, stats.job_host_rows = self._fabric.write(conn, snapshots)
         except BaseException:
             # The state was updated as the round went; the commit may or may not have happened. Reload it.
             self._gpus = None
             self._signatures = {}
+            self._fabric.reset()
             raise
         return stats
 

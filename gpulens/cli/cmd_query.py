@@ -25,6 +25,8 @@ examples:
   gpulens query latest --json | jq '.[] | select(.utilization_ratio < 0.1)'
   gpulens query series --gpu GPU-1234 --field utilization_ratio --field power_watts --since 1h
   gpulens query jobs --since 24h
+  gpulens query nics                                 # every RDMA port: state, rate, traffic, GPUs, errors
+  gpulens query nics --node node-03 --json | jq '.[] | select(.up | not)'
   gpulens query targets --config gpulens.toml
 """
 
@@ -45,6 +47,7 @@ def register(sub: Any) -> None:
         ("series", "one or more fields of one or more GPUs over time"),
         ("jobs", "per-job aggregates"),
         ("targets", "the health of every scrape target"),
+        ("nics", "every RDMA port (InfiniBand or RoCE): state, rate, traffic against its rate, GPUs, errors"),
     ):
         q = qsub.add_parser(name, help=help_text, epilog=QUERY_EXAMPLES, formatter_class=Formatter)
         add_db_flags(q)
@@ -55,6 +58,8 @@ def register(sub: Any) -> None:
             q.add_argument("--gpu", action="append", required=True, help="GPU UUID; repeatable")
             q.add_argument("--field", action="append", required=True, help="field name; repeatable")
             q.add_argument("--points", type=positive_int, default=100, help="at most this many points per series")
+        if name == "nics":
+            q.add_argument("--node", help="only this node's ports")
         add_log_level(q)
         q.set_defaults(func=_run_query)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from gpulens.cli.base import UsageError
 from gpulens.cli.table import render_table
+from gpulens.ratios import share
 from storage.db import Database
 from storage.reading import StoreReader, reader_of
 
@@ -81,6 +82,41 @@ def _jobs(db: StoreReader, args: argparse.Namespace, now: float) -> list[dict[st
     ]
 
 
+_NIC_COLUMNS = (
+    "node",
+    "device",
+    "port",
+    "link_layer",
+    "state",
+    "rate_bytes_per_second",
+    "transmit_bytes_per_second",
+    "transmit_rate_ratio",
+    "receive_bytes_per_second",
+    "receive_rate_ratio",
+    "gpus",
+    "symbol_errors_total",
+    "link_downed_total",
+    "receive_errors_total",
+    "local_link_integrity_errors_total",
+)
+
+
+def _nics(db: StoreReader, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every port's latest reading; ``state`` is "ACTIVE/LinkUp" where known, else up/down; traffic as a share of
+    the port's rate (``transmit_rate_ratio``, ``receive_rate_ratio``); ``gpus`` as "4,5"."""
+    rows = []
+    for n in db.latest_nics(node=args.node):
+        row = dataclasses.asdict(n)
+        states = [s for s in (n.state, n.phys_state) if s]
+        row["state"] = "/".join(states) if states else ("up" if n.up else "down")
+        row["gpus"] = ",".join(str(g) for g in n.gpus) or None
+        row["saturated_counters"] = list(n.saturated_counters)
+        row["transmit_rate_ratio"] = share(n.transmit_bytes_per_second, n.rate_bytes_per_second)
+        row["receive_rate_ratio"] = share(n.receive_bytes_per_second, n.rate_bytes_per_second)
+        rows.append(row)
+    return rows
+
+
 def _targets(db: StoreReader) -> list[dict[str, Any]]:
     return [dataclasses.asdict(t) for t in db.target_health()]
 
@@ -110,6 +146,9 @@ def run_query(store: Database | StoreReader, args: argparse.Namespace, now: floa
             "utilization_ratio_mean",
             "memory_used_bytes_max",
         )
+    elif args.what == "nics":
+        rows = _nics(db, args)
+        columns = _NIC_COLUMNS
     else:
         rows = _targets(db)
         columns = ("target", "up", "node", "samples", "rejected", "scrape_duration_seconds", "timestamp", "last_error")

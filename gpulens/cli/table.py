@@ -8,6 +8,8 @@ from typing import Any
 
 from gpulens.config import format_timestamp
 
+_NETWORK_RATES = frozenset({"rate_bytes_per_second", "transmit_bytes_per_second", "receive_bytes_per_second"})
+
 
 def _cell(key: str, value: Any) -> str:
     if value is None:
@@ -19,6 +21,8 @@ def _cell(key: str, value: Any) -> str:
             return "-"
         if key in ("time", "timestamp", "first_seen", "last_seen", "start", "end") or key.endswith("_at"):
             return format_timestamp(value)
+        if key in _NETWORK_RATES:  # in bits, as links are sold: "400 Gb/s"
+            return f"{value * 8 / 1e9:.4g} Gb/s"
         if key.endswith("_bytes"):
             return f"{value / 1024**3:.1f} GiB"
         if key.endswith("_ratio"):

@@ -22,11 +22,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from gpulens.clock import Clock, SystemClock
+from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, ProcessReading, TargetHealth
 from gpulens.settings import StoreAuth
 from storage import schema
 from storage.inventory import GpuInfo, LinkOutage
 from storage.jobstats import JOB_POINTS, JobSummary
+from storage.prometheus import fabric
 from storage.prometheus import families as fam
 from storage.prometheus.client import PromClient, PromSeries, quote, regex_of
 from storage.reading import NotAvailableOnBackendError
@@ -369,6 +371,32 @@ class PromReader:
             )
             for (job, instance), values in sorted(targets.items())
         ]
+
+    # --- the fabric and the host (storage.prometheus.fabric) -----------------------------------------------------
+
+    def latest_nics(self, *, node: str | None = None, max_age_s: float | None = None) -> list[NicReading]:
+        return fabric.latest_nics(self, node=node, max_age_s=max_age_s)
+
+    def latest_hosts(self, *, node: str | None = None) -> list[HostReading]:
+        return fabric.latest_hosts(self, node=node)
+
+    def latest_job_hosts(self, *, job_id: str | None = None) -> list[JobHostReading]:
+        return fabric.latest_job_hosts(self, job_id=job_id)
+
+    def nic_series(
+        self, nic_ids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000
+    ) -> dict[str, SeriesData]:
+        return fabric.nic_series(self, nic_ids, fields, start, end, max_points)
+
+    def host_series(
+        self, nodes: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000
+    ) -> dict[str, SeriesData]:
+        return fabric.host_series(self, nodes, fields, start, end, max_points)
+
+    def job_host_series(
+        self, job_id: str, fields: Sequence[str], start: float, end: float, max_points: int = 1000
+    ) -> dict[str, SeriesData]:
+        return fabric.job_host_series(self, job_id, fields, start, end, max_points)
 
 
 def _fill(table: dict[float, float], s: PromSeries, source: fam.Source, step: float) -> None:

@@ -71,7 +71,14 @@ def test_upgrade_is_idempotent_and_matches_the_schema(db: Database) -> None:
         assert list(tiers) == ["1h", "1m", "raw"]
 
 
-_DIALECT_INDEXES = ("ux_gpu_sample_minute_gpu_ts", "ux_gpu_sample_gpu_ts", "ix_gpu_sample_ts_brin")
+_DIALECT_INDEXES = (
+    *("ux_gpu_sample_minute_gpu_ts", "ux_gpu_sample_gpu_ts", "ix_gpu_sample_ts_brin"),
+    *(
+        f"{prefix}_{family}_sample_{suffix}"
+        for family in ("nic", "host", "job_host")
+        for prefix, suffix in (("ux", "minute_key_ts"), ("ux", "key_ts"), ("ix", "ts_brin"))
+    ),
+)
 
 
 def _comparable(obj: object, name: str | None, type_: str, reflected: bool, compare_to: object) -> bool:

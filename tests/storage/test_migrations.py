@@ -17,12 +17,13 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 from gpulens.cli import main
-from storage import latest, schema, timeseries, views
+from storage import fabric, latest, schema, timeseries, views
 from storage.db import MIGRATIONS_DIR, Database
 from storage.rollup import Rollups
 from storage.writer import Writer
 from tests.storage.conftest import T0
 from tests.storage.data import snapshot, uuid_of
+from tests.storage.fabricdata import fabric_snapshot
 
 MINUTE0 = round(T0 - T0 % 3600) * 1000  # an hour boundary, in ms
 UUID = "GPU-0003"
@@ -243,3 +244,30 @@ def test_0004_narrows_the_columns_and_keeps_every_value(db_url: str) -> None:
     Writer(db).write([snapshot("n", T0 + 100, gpus=2, job="j", power_watts=400.0)])
     assert {r.power_watts for r in latest.latest_readings(db) if r.node == "n"} == {400.0}
     db.close()
+
+
+def test_0006_adds_the_fabric_tables_to_a_store_at_0005(db_url: str) -> None:
+    """A store at 0005 keeps its GPU rows through 0006, then takes ports, hosts and jobs' hosts; downgrading drops
+    only the new tables."""
+    db = Database(db_url)
+    db.upgrade("0005")
+    Writer(db).write([snapshot("n", T0, gpus=2, power_watts=300.0)])
+    db.upgrade()
+    assert {r.power_watts for r in latest.latest_readings(db)} == {300.0}
+    Writer(db).write([fabric_snapshot("n", T0 + 10, 1)])
+    assert [n.device for n in fabric.latest_nics(db)] == ["mlx5_0", "mlx5_1"]
+    assert [h.node for h in fabric.latest_hosts(db)] == ["n"]
+    _downgrade(db, "0005")
+    with db.engine.connect() as conn:
+        tables = set(sa.inspect(conn).get_table_names())
+    assert not tables & {"nic", "nic_sample", "host_rollup_1m", "job_host_rollup_1h"}
+    assert {"gpu", "gpu_sample"} <= tables
+    db.close()
+
+
+def _downgrade(db: Database, revision: str) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with db.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, revision)

@@ -1,0 +1,247 @@
+"""The fabric and host reads of ``PromReader``: RDMA ports, nodes' CPUs and memory and jobs' cgroups from the
+``gpulens_nic_*``, ``gpulens_host_*`` and ``gpulens_job_*`` families the node agent exports (docs/metrics.md).
+
+One PromQL query per field. Port series carry ``node, device, port`` (``gpulens_nic_info`` adds ``link_layer``,
+``gpus`` and ``pci_bus_id``); host series ``node``; job series ``node, job_id``. Rates come from ``rate()`` over a
+window of four scrape intervals (at least a minute): the bytes, transmit wait and CNP rates of a port and a job's CPU
+cores. What the families do not hold is ``None`` in the records (a port's ``state`` and ``phys_state``, only ``up``
+is exported; a job's cgroup path). A series reads means per step (min and max are the same as the mean).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from gpulens.fabricmodel import HostReading, JobHostReading, NicReading, nic_id, parse_nic_id
+from storage.prometheus.client import PromSeries, quote, regex_of
+from storage.timeseries import SeriesData
+
+if TYPE_CHECKING:
+    from storage.prometheus.reader import PromReader
+
+NIC_INFO: Final = "gpulens_nic_info"
+NIC_UP: Final = "gpulens_nic_up"
+# NicReading field -> (family, how): "gauge" read as it is, "rate" the family's rate per second.
+NIC_FIELDS: Final[dict[str, tuple[str, str]]] = {
+    "up": (NIC_UP, "gauge"),
+    "rate_bytes_per_second": ("gpulens_nic_link_speed_bytes_per_second", "gauge"),
+    "link_width": ("gpulens_nic_link_width", "gauge"),
+    "transmit_bytes_per_second": ("gpulens_nic_transmit_bytes_total", "rate"),
+    "receive_bytes_per_second": ("gpulens_nic_receive_bytes_total", "rate"),
+    "transmit_wait_per_second": ("gpulens_nic_transmit_wait_total", "rate"),
+    "cnp_handled_per_second": ("gpulens_nic_cnp_handled_total", "rate"),
+    **{
+        f"{name}_total": (f"gpulens_nic_{name}_total", "gauge")
+        for name in (
+            "transmit_bytes",
+            "receive_bytes",
+            "transmit_wait",
+            "link_downed",
+            "symbol_errors",
+            "receive_errors",
+            "local_link_integrity_errors",
+            "link_error_recovery",
+            "transmit_discards",
+            "cnp_handled",
+        )
+    },
+}
+HOST_FIELDS: Final[dict[str, str]] = {
+    "cpus": "gpulens_host_cpus",
+    "cpu_busy_ratio": "gpulens_host_cpu_busy_ratio",
+    "cpu_iowait_ratio": "gpulens_host_cpu_iowait_ratio",
+    "memory_total_bytes": "gpulens_host_memory_total_bytes",
+    "memory_used_bytes": "gpulens_host_memory_used_bytes",
+    "memory_available_bytes": "gpulens_host_memory_available_bytes",
+}
+JOB_FIELDS: Final[dict[str, tuple[str, str]]] = {
+    "cpu_seconds_total": ("gpulens_job_cpu_seconds_total", "gauge"),
+    "cpu_used_cores": ("gpulens_job_cpu_seconds_total", "rate"),
+    "cpu_limit_cores": ("gpulens_job_cpu_limit_cores", "gauge"),
+    "memory_used_bytes": ("gpulens_job_memory_used_bytes", "gauge"),
+    "memory_limit_bytes": ("gpulens_job_memory_limit_bytes", "gauge"),
+}
+# Series fields: a counter's series is its rate per second, as on the SQL path.
+NIC_SERIES: Final = frozenset(
+    {"transmit_bytes_per_second", "receive_bytes_per_second", "transmit_wait_per_second", "cnp_handled_per_second"}
+    | {"rate_bytes_per_second", "up", "link_width"}
+    | {name for name in NIC_FIELDS if name.endswith("_total")}
+)
+HOST_SERIES: Final = frozenset(HOST_FIELDS) - {"cpus"}
+JOB_SERIES: Final = frozenset({"cpu_used_cores", "cpu_limit_cores", "memory_used_bytes", "memory_limit_bytes"})
+_INTS: Final = frozenset({"link_width", "cpus", "memory_total_bytes", "memory_used_bytes", "memory_available_bytes"})
+_INTS_JOB: Final = frozenset({"memory_used_bytes", "memory_limit_bytes"})
+
+
+def _selector(family: str, matchers: str) -> str:
+    return f"{family}{{{matchers}}}"
+
+
+def _window(reader: PromReader, step: float = 0.0) -> str:
+    return f"[{max(step, 4 * reader.min_step_s, 60.0):g}s]"
+
+
+def _instant(reader: PromReader, family: str, how: str, matchers: str) -> str:
+    """The PromQL of one field now: a rate over the window, or a gauge as it is."""
+    selected = _selector(family, matchers)
+    return f"rate({selected}{_window(reader)})" if how == "rate" else selected
+
+
+def _ranged(reader: PromReader, family: str, rate: bool, matchers: str) -> Callable[[float], str]:
+    """The PromQL of one field over steps: a rate over the step (at least the window), or the step's mean."""
+    selected = _selector(family, matchers)
+    if rate:
+        return lambda step: f"rate({selected}{_window(reader, step)})"
+    return lambda step: f"avg_over_time({selected}[{step:g}s])"
+
+
+def _nic_key(labels: Mapping[str, str]) -> tuple[str, str, int] | None:
+    port = labels.get("port", "")
+    if not labels.get("node") or not labels.get("device") or not port.isdigit():
+        return None
+    return (labels["node"], labels["device"], int(port))
+
+
+def _natural(name: str) -> tuple[str, int]:
+    stem = name.rstrip("0123456789")
+    return (stem, int(name[len(stem) :]) if len(stem) < len(name) else -1)
+
+
+def _value(v: float, integer: bool) -> Any:
+    if not math.isfinite(v):
+        return None
+    return round(v) if integer else v
+
+
+def latest_nics(reader: PromReader, *, node: str | None, max_age_s: float | None) -> list[NicReading]:
+    now = reader.clock.now()
+    matchers = "" if node is None else f"node={quote(node)}"
+    ports: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for s in reader.client.query(_selector(NIC_INFO, matchers), now):
+        key = _nic_key(s.labels)
+        if key is not None:
+            gpus = tuple(int(g) for g in s.labels.get("gpus", "").split(",") if g.strip().isdigit())
+            ports[key] = {
+                "link_layer": s.labels.get("link_layer") or None,
+                "pci_bus_id": s.labels.get("pci_bus_id") or None,
+                "gpus": gpus,
+            }
+    if max_age_s is not None:
+        times = reader.client.query(f"timestamp({_selector(NIC_UP, matchers)})", now)
+        fresh = {_nic_key(s.labels) for s in times if s.value >= now - max_age_s}
+        ports = {key: fields for key, fields in ports.items() if key in fresh}
+    for field, (family, how) in NIC_FIELDS.items():
+        integer = field == "link_width" or field.endswith("_total")
+        for s in reader.client.query(_instant(reader, family, how, matchers), now):
+            key = _nic_key(s.labels)
+            if key in ports:
+                ports[key][field] = bool(s.value) if field == "up" else _value(s.value, integer)
+    readings = [NicReading(*key, **fields) for key, fields in ports.items()]
+    return sorted(readings, key=lambda n: (n.node, _natural(n.device), n.port))
+
+
+def latest_hosts(reader: PromReader, *, node: str | None) -> list[HostReading]:
+    now = reader.clock.now()
+    matchers = "" if node is None else f"node={quote(node)}"
+    hosts: dict[str, dict[str, Any]] = defaultdict(dict)
+    for field, family in HOST_FIELDS.items():
+        for s in reader.client.query(_selector(family, matchers), now):
+            if s.labels.get("node"):
+                hosts[s.labels["node"]][field] = _value(s.value, field in _INTS)
+    return [HostReading(node, **fields) for node, fields in sorted(hosts.items())]
+
+
+def latest_job_hosts(reader: PromReader, *, job_id: str | None) -> list[JobHostReading]:
+    now = reader.clock.now()
+    matchers = "" if job_id is None else f"job_id={quote(job_id)}"
+    jobs: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
+    for field, (family, how) in JOB_FIELDS.items():
+        for s in reader.client.query(_instant(reader, family, how, matchers), now):
+            if s.labels.get("node") and s.labels.get("job_id"):
+                jobs[(s.labels["job_id"], s.labels["node"])][field] = _value(s.value, field in _INTS_JOB)
+    return [JobHostReading(node, job, **fields) for (job, node), fields in sorted(jobs.items())]
+
+
+def _check(fields: Sequence[str], known: frozenset[str]) -> None:
+    unknown = [f for f in fields if f not in known]
+    if unknown:
+        raise ValueError(f"unknown fields {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+
+
+def _series(
+    reader: PromReader,
+    queries: Mapping[str, Callable[[float], str]],
+    key_of: Callable[[Mapping[str, str]], str | None],
+    start: float,
+    end: float,
+    max_points: int,
+) -> dict[str, SeriesData]:
+    """One range query per field (``queries``: field -> the PromQL for a step), keyed by ``key_of(labels)``."""
+    if max_points < 2:
+        raise ValueError("max_points must be at least 2")
+    if end < start:
+        raise ValueError("end is before start")
+    lo, hi, step = reader._step(start, end, max_points)
+    points: dict[str, dict[str, dict[float, float]]] = defaultdict(lambda: defaultdict(dict))
+    for field, promql in queries.items():
+        series: list[PromSeries] = reader.client.query_range(promql(step), lo + step, hi + step, step)
+        for s in series:
+            key = key_of(s.labels)
+            if key is None:
+                continue
+            for t, v in s.samples:
+                if math.isfinite(v):
+                    points[key][field][t - step] = v
+    out: dict[str, SeriesData] = {}
+    for key, tables in sorted(points.items()):
+        times = sorted({t for table in tables.values() for t in table})
+        values = {field: tuple(tables.get(field, {}).get(t) for t in times) for field in queries}
+        out[key] = SeriesData(key, "prometheus", step, tuple(times), values, values, values)
+    return out
+
+
+def nic_series(
+    reader: PromReader, nic_ids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int
+) -> dict[str, SeriesData]:
+    _check(fields, NIC_SERIES)
+    wanted = {key for key in map(parse_nic_id, nic_ids) if key is not None}
+    if not wanted:
+        return {}
+    matchers = f"node=~{regex_of(k[0] for k in wanted)}, device=~{regex_of(k[1] for k in wanted)}"
+    queries = {
+        field: _ranged(
+            reader, NIC_FIELDS[field][0], NIC_FIELDS[field][1] == "rate" or field.endswith("_total"), matchers
+        )
+        for field in fields
+    }
+
+    def key_of(labels: Mapping[str, str]) -> str | None:
+        key = _nic_key(labels)
+        return nic_id(*key) if key in wanted and key is not None else None
+
+    return _series(reader, queries, key_of, start, end, max_points)
+
+
+def host_series(
+    reader: PromReader, nodes: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int
+) -> dict[str, SeriesData]:
+    _check(fields, HOST_SERIES)
+    if not nodes:
+        return {}
+    matchers = f"node=~{regex_of(nodes)}"
+    queries = {field: _ranged(reader, HOST_FIELDS[field], False, matchers) for field in fields}
+    return _series(reader, queries, lambda labels: labels.get("node") or None, start, end, max_points)
+
+
+def job_host_series(
+    reader: PromReader, job_id: str, fields: Sequence[str], start: float, end: float, max_points: int
+) -> dict[str, SeriesData]:
+    _check(fields, JOB_SERIES)
+    matchers = f"job_id={quote(job_id)}"
+    queries = {
+        field: _ranged(reader, JOB_FIELDS[field][0], JOB_FIELDS[field][1] == "rate", matchers) for field in fields
+    }
+    return _series(reader, queries, lambda labels: labels.get("node") or None, start, end, max_points)

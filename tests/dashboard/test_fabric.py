@@ -250,3 +250,12 @@ def test_the_topology_places_each_port_beside_its_gpus() -> None:
     assert figure["layout"]["height"] == 460
     plain = as_data(node_topology(gpus))
     assert plain["layout"]["height"] == 380  # no ports: the GPU topology as before
+
+
+def test_the_ports_table_builds_only_the_rows_it_sends() -> None:
+    many = [nic(f"node-{i:04d}", f"mlx5_{d}") for i in range(125) for d in range(8)]
+    view = ports_table(port_statuses(many), ViewState())
+    text = text_of(view)
+    assert text.startswith("1000 ports · 0 down · problems first · showing the first 100")
+    body = view.children[1].children[0].children[1]  # the table's wrapper, its table, its body
+    assert len(body.children) == 100

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -76,21 +77,19 @@ class _Rows:
 
 
 def _getter(family: Family) -> Callable[[Any], tuple[Any, ...]]:
-    names = [f.name for f in family.fields]
-
-    def values(reading: Any) -> tuple[Any, ...]:
-        return tuple(getattr(reading, name) for name in names)
-
-    return values
+    """A record's stored field values as one tuple, in column order (C-level: a round has thousands of ports)."""
+    return attrgetter(*(f.name for f in family.fields))
 
 
 _NIC_VALUES: Final = _getter(NIC)
 _HOST_VALUES: Final = _getter(HOST)
 _JOB_VALUES: Final = _getter(JOB_HOST)
+_NIC_NAMES: Final[Callable[[NicReading], tuple[str | None, ...]]] = attrgetter(*(a for a, _, _ in NIC_CODES))
+_NIC_STATIC: Final = attrgetter("link_layer", "pci_bus_id", "numa_node", "gpus")
 
 
-def _nic_codes(n: NicReading) -> tuple[int | None, ...]:
-    return tuple(fabricschema.encode_code(names, getattr(n, attr)) for attr, _, names in NIC_CODES)
+def _nic_codes(names: tuple[str | None, ...]) -> tuple[int | None, ...]:
+    return tuple(fabricschema.encode_code(known, name) for (_, _, known), name in zip(NIC_CODES, names, strict=True))
 
 
 def fabric_times(snapshots: Sequence[NodeSnapshot]) -> list[int]:
@@ -105,6 +104,7 @@ class FabricWriter:
         self._dialect = dialect
         self._rows = {f.name: _Rows(f, dialect) for f in (NIC, HOST, JOB_HOST)}
         self._dims: dict[str, dict[tuple[Any, ...], _Dimension]] | None = None
+        self._codes: dict[tuple[str | None, ...], tuple[int | None, ...]] = {}  # port state names -> their codes
 
     def reset(self) -> None:
         """Forget what is stored (after a failed transaction): reloaded on the next write."""
@@ -117,13 +117,21 @@ class FabricWriter:
         dims = self._dims = self._dims if self._dims is not None else self._load(conn)
         rows: dict[str, dict[tuple[int, int], tuple[Any, ...]]] = {"nic": {}, "host": {}, "job_host": {}}
         due: dict[str, dict[int, int]] = {"nic": {}, "host": {}, "job_host": {}}
+        nic_dims, nic_rows, codes = dims["nic"], rows["nic"], self._codes
         for s in sorted(snapshots, key=lambda s: s.timestamp):  # a later duplicate of (key, ms) wins
             ts = round(s.timestamp * 1000)
             for n in s.nics:
-                gpus = ",".join(map(str, n.gpus))
-                d = self._dimension(conn, dims, "nic", n.key, (n.link_layer, n.pci_bus_id, n.numa_node, gpus), ts)
-                rows["nic"][(d.id, ts)] = (*_NIC_VALUES(n), *_nic_codes(n), d.id, ts)
-                self._seen(due["nic"], d, ts)
+                static = _NIC_STATIC(n)
+                d = nic_dims.get(n.key)
+                if d is None or d.static != static:
+                    d = self._dimension(conn, dims, "nic", n.key, static, ts)
+                names = _NIC_NAMES(n)
+                code = codes.get(names)
+                if code is None:
+                    code = codes[names] = _nic_codes(names)
+                nic_rows[(d.id, ts)] = (*_NIC_VALUES(n), *code, d.id, ts)
+                if ts - d.stored_last_seen_ms >= schema.MINUTE_MS:
+                    self._seen(due["nic"], d, ts)
             if s.host is not None:
                 h: HostReading = s.host
                 d = self._dimension(conn, dims, "host", (h.node,), (h.cpus,), ts)
@@ -162,11 +170,19 @@ class FabricWriter:
             columns = [table.c[c] for c in (*keys, *static, "id", "last_seen_ms")]
             out[name] = {
                 tuple(row[: len(keys)]): _Dimension(
-                    row.id, tuple(row[len(keys) : len(keys) + len(static)]), row.last_seen_ms
+                    row.id, self._static_of(name, tuple(row[len(keys) : len(keys) + len(static)])), row.last_seen_ms
                 )
                 for row in conn.execute(sa.select(*columns))
             }
         return out
+
+    @staticmethod
+    def _static_of(name: str, stored: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A dimension row's static columns as the writer compares them (a port's GPUs as a tuple of indices)."""
+        if name != "nic":
+            return stored
+        *rest, gpus = stored
+        return (*rest, tuple(int(g) for g in gpus.split(",") if g) if gpus else ())
 
     def _dimension(
         self,
@@ -182,6 +198,8 @@ class FabricWriter:
             return known
         table = schema.metadata.tables[name]
         values = dict(zip(self._STATIC[name], static, strict=True))
+        if name == "nic":  # the GPU indices as text: "4,5"
+            values["gpus"] = ",".join(map(str, values["gpus"]))
         insert = (postgresql.insert if self._dialect == "postgresql" else sqlite.insert)(table).values(
             **dict(zip(self._KEYS[name], key, strict=True)), **values, first_seen_ms=ts, last_seen_ms=ts
         )

@@ -3,9 +3,10 @@
 
 One PromQL query per field. Port series carry ``node, device, port`` (``gpulens_nic_info`` adds ``link_layer``,
 ``gpus`` and ``pci_bus_id``); host series ``node``; job series ``node, job_id``. Rates come from ``rate()`` over a
-window of four scrape intervals (at least a minute): the bytes, transmit wait and CNP rates of a port and a job's CPU
-cores. What the families do not hold is ``None`` in the records (a port's ``state`` and ``phys_state``, only ``up``
-is exported; a job's cgroup path). A series reads means per step (min and max are the same as the mean).
+window of four scrape intervals (``[database] min_step``; at least a series' step): the bytes, transmit wait and CNP
+rates of a port, a job's CPU cores, and the error counters of a port's series. What the families do not hold is
+``None`` in the records (a port's ``state`` and ``phys_state``: only ``up`` is exported; a job's cgroup path). A
+series reads means per step (min and max are the same as the mean).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def _selector(family: str, matchers: str) -> str:
 
 
 def _window(reader: PromReader, step: float = 0.0) -> str:
-    return f"[{max(step, 4 * reader.min_step_s, 60.0):g}s]"
+    return f"[{max(step, 4 * reader.min_step_s):g}s]"
 
 
 def _instant(reader: PromReader, family: str, how: str, matchers: str) -> str:

@@ -1,0 +1,150 @@
+"""``PromReader``'s fabric and host reads against a real Prometheus scraping a page of the node agent's
+``gpulens_nic_*``, ``gpulens_host_*`` and ``gpulens_job_*`` families (counters growing at known rates)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from gpulens.settings import StoreAuth
+from storage.prometheus import PromReader
+from tests.prom import running_prometheus, wait_for
+
+GIB = 1024**3
+PORTS = (
+    'node="n1",device="mlx5_0",port="1"',
+    'node="n1",device="mlx5_1",port="1"',
+    'node="n2",device="mlx5_0",port="1"',
+)
+
+
+def page(elapsed: float) -> str:
+    lines = []
+    for i, labels in enumerate(PORTS):
+        up = 0 if i == 1 else 1
+        lines += [
+            f'gpulens_nic_info{{{labels},link_layer="InfiniBand",gpus="{i},{i + 1}",pci_bus_id="0000:1{i}:00.0"}} 1',
+            f"gpulens_nic_up{{{labels}}} {up}",
+            f"gpulens_nic_link_speed_bytes_per_second{{{labels}}} 5e10",
+            f"gpulens_nic_link_width{{{labels}}} 4",
+            f"gpulens_nic_transmit_bytes_total{{{labels}}} {1e8 * elapsed * up:.0f}",
+            f"gpulens_nic_receive_bytes_total{{{labels}}} {2e8 * elapsed * up:.0f}",
+            f"gpulens_nic_transmit_wait_total{{{labels}}} {10 * elapsed:.0f}",
+            f"gpulens_nic_link_downed_total{{{labels}}} {3 * i}",
+            f"gpulens_nic_symbol_errors_total{{{labels}}} 0",
+            f"gpulens_nic_receive_errors_total{{{labels}}} 0",
+        ]
+    for node in ("n1", "n2"):
+        lines += [
+            f'gpulens_host_cpus{{node="{node}"}} 64',
+            f'gpulens_host_cpu_busy_ratio{{node="{node}"}} 0.25',
+            f'gpulens_host_cpu_iowait_ratio{{node="{node}"}} 0.02',
+            f'gpulens_host_memory_total_bytes{{node="{node}"}} {2048 * GIB}',
+            f'gpulens_host_memory_used_bytes{{node="{node}"}} {512 * GIB}',
+            f'gpulens_host_memory_available_bytes{{node="{node}"}} {1536 * GIB}',
+            f'gpulens_job_cpu_seconds_total{{node="{node}",job_id="j1"}} {4 * elapsed:.3f}',
+            f'gpulens_job_cpu_limit_cores{{node="{node}",job_id="j1"}} 8',
+            f'gpulens_job_memory_used_bytes{{node="{node}",job_id="j1"}} {16 * GIB}',
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> Iterator[str]:
+    started = time.time()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = page(time.time() - started).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    target = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        with running_prometheus(
+            prometheus_bin, tmp_path_factory.mktemp("prom"), {"agent": (target, "/metrics")}
+        ) as base:
+            wait_for(
+                base, "min(count_over_time(gpulens_nic_up[1m]))", lambda r: bool(r) and float(r[0]["value"][1]) >= 5
+            )
+            yield base
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def reader(prom: str) -> Iterator[PromReader]:
+    # rate() windows are four scrape intervals: 4 s here (a PromQL rate is approximate: within a quarter below)
+    prom_reader = PromReader("prometheus+" + prom, StoreAuth(min_step_s=1.0))
+    yield prom_reader
+    prom_reader.close()
+
+
+def test_latest_ports_hosts_and_jobs(reader: PromReader) -> None:
+    nics = reader.latest_nics()
+    assert [(n.node, n.device, n.port) for n in nics] == [("n1", "mlx5_0", 1), ("n1", "mlx5_1", 1), ("n2", "mlx5_0", 1)]
+    first = nics[0]
+    assert first.up is True
+    assert first.link_layer == "InfiniBand"
+    assert first.gpus == (0, 1)
+    assert first.pci_bus_id == "0000:10:00.0"
+    assert first.rate_bytes_per_second == 5e10
+    assert first.link_width == 4
+    assert first.transmit_bytes_per_second == pytest.approx(1e8, rel=0.25)
+    assert first.receive_bytes_per_second == pytest.approx(2e8, rel=0.25)
+    assert first.transmit_wait_per_second == pytest.approx(10, rel=0.2)
+    assert nics[1].up is False
+    assert nics[1].link_downed_total == 3
+    assert first.state is None  # only up is exported
+    assert [n.device for n in reader.latest_nics(node="n2")] == ["mlx5_0"]
+    assert len(reader.latest_nics(max_age_s=30)) == 3
+
+    hosts = reader.latest_hosts()
+    assert [h.node for h in hosts] == ["n1", "n2"]
+    assert hosts[0].cpus == 64
+    assert hosts[0].cpu_busy_ratio == 0.25
+    assert hosts[0].memory_used_bytes == 512 * GIB
+    assert [h.node for h in reader.latest_hosts(node="n2")] == ["n2"]
+
+    jobs = reader.latest_job_hosts(job_id="j1")
+    assert [(j.job_id, j.node) for j in jobs] == [("j1", "n1"), ("j1", "n2")]
+    assert jobs[0].cpu_used_cores == pytest.approx(4.0, rel=0.25)
+    assert jobs[0].cpu_limit_cores == 8
+    assert jobs[0].memory_used_bytes == 16 * GIB
+    assert reader.latest_job_hosts(job_id="other") == []
+
+
+def test_series_of_ports_hosts_and_jobs(reader: PromReader) -> None:
+    now = time.time()
+    fields = ["transmit_bytes_per_second", "up", "link_downed_total"]
+    data = reader.nic_series(["n1/mlx5_0/1", "n1/mlx5_1/1", "n9/mlx5_0/1"], fields, now - 30, now, max_points=10)
+    assert sorted(data) == ["n1/mlx5_0/1", "n1/mlx5_1/1"]
+    port = data["n1/mlx5_0/1"]
+    assert port.uuid == "n1/mlx5_0/1"
+    assert port.resolution == "prometheus"
+    rates = [v for v in port.values["transmit_bytes_per_second"] if v is not None]
+    assert rates
+    assert max(rates) == pytest.approx(1e8, rel=0.25)  # the last step may reach past now: partly covered
+    assert {v for v in data["n1/mlx5_1/1"].values["up"] if v is not None} == {0.0}
+    assert {v for v in port.values["link_downed_total"] if v is not None} == {0.0}
+    host = reader.host_series(["n2"], ["cpu_busy_ratio", "memory_available_bytes"], now - 30, now, max_points=10)
+    assert list(host) == ["n2"]
+    assert {v for v in host["n2"].values["cpu_busy_ratio"] if v is not None} == {0.25}
+    job = reader.job_host_series("j1", ["cpu_used_cores", "memory_used_bytes"], now - 30, now, max_points=10)
+    assert sorted(job) == ["n1", "n2"]
+    assert max(v for v in job["n1"].values["cpu_used_cores"] if v is not None) == pytest.approx(4.0, rel=0.25)
+    with pytest.raises(ValueError, match="unknown fields power_watts"):
+        reader.nic_series(["n1/mlx5_0/1"], ["power_watts"], now - 30, now)

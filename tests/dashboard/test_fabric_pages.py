@@ -92,11 +92,11 @@ def test_the_interconnect_lists_every_port_problems_first(store: Store) -> None:
     assert rows[1].startswith("node-02 mlx5_2/1 IB 2X NDR up 200 Gb/s")
     assert "degraded: 2X of 4X" in rows[1]
     assert rows[2].startswith("node-00 mlx5_5/1")
-    assert rows[2].endswith("errors")
+    assert "errors" in rows[2].split()  # (the alert engine's fabric rules, where they fire, are flagged after)
     assert rows[3].startswith("node-02 mlx5_5/1")
     assert "93%" in rows[3]
-    assert rows[3].endswith("saturated")
-    assert all(row.endswith("stale: no recent reading") for row in rows[4:12])  # node-04's exporter is down
+    assert "saturated" in rows[3].split()
+    assert all("stale: no recent reading" in row for row in rows[4:12])  # node-04's exporter is down
     assert {row.split()[0] for row in rows[4:12]} == {"node-04"}
     assert any(row.startswith("node-02 mlx5_8/1 RoCE") for row in rows)
     assert "7 of 8 RDMA ports up" in note

@@ -237,7 +237,7 @@ def node_fabric(statuses: Sequence[PortStatus]) -> dict[str, NodeFabric]:
             up=sum(1 for s in ports if s.nic.up),
             total=len(ports),
             worst_load=max(loads) if loads else None,
-            errors="errors" in seen or any(s.alerts for s in ports),
+            errors="errors" in seen or any("IbErrors" in s.alerts for s in ports),
             problems=tuple(p for p in PROBLEMS if p in seen),
         )
     return out

@@ -3,9 +3,12 @@ traffic, the honest words for a gap, the topology's ports, and the one bounded q
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
+
+import pytest
 
 from alerts.state import AlertState
 from dashboard.components import ViewState
@@ -259,3 +262,10 @@ def test_the_ports_table_builds_only_the_rows_it_sends() -> None:
     assert text.startswith("1000 ports · 0 down · problems first · showing the first 100")
     body = view.children[1].children[0].children[1]  # the table's wrapper, its table, its body
     assert len(body.children) == 100
+
+
+def test_a_port_shared_by_a_gpu_pair_sits_between_them() -> None:
+    angles = {0: math.pi / 2, 1: 0.0}  # GPU 0 at the top, GPU 1 to the right
+    ((_, x, y),) = nic_positions([nic(device="mlx5_0", gpus=(0, 1))], angles)
+    assert x == pytest.approx(y, abs=0.01)  # on the diagonal between them
+    assert math.hypot(x, y) == pytest.approx(1.75)

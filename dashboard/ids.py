@@ -83,6 +83,7 @@ OVERVIEW_MAP: Final = "overview-map"
 OVERVIEW_MAP_PANEL: Final = "overview-map-panel"  # hidden while every node fits one page
 OVERVIEW_HEATMAP: Final = "overview-heatmap"
 OVERVIEW_TARGETS: Final = "overview-targets"
+OVERVIEW_FABRIC: Final = "overview-fabric"  # the fabric column of the nodes shown
 
 # --- node (/nodes/<node>) and GPU (/gpus/<uuid>) --------------------------------------------------------------------
 
@@ -127,6 +128,9 @@ JOB_NVLINK: Final = "job-chart-nvlink"
 JOB_POWER: Final = "job-chart-power"
 JOB_GPUS: Final = "job-gpus"
 JOB_ALERTS: Final = "job-alerts"
+JOB_FABRIC: Final = "job-fabric"  # the job's fabric traffic and host CPU, under its GPUs' charts
+JOB_FABRIC_CHART: Final = "job-chart-fabric"
+JOB_HOST_CPU: Final = "job-chart-host-cpu"
 
 # --- interconnect (/interconnect) -----------------------------------------------------------------------------------
 
@@ -137,6 +141,8 @@ IC_DEGRADED: Final = "ic-degraded"
 IC_ERRORS: Final = "ic-errors"
 IC_ERROR_CHART: Final = "ic-error-chart"
 IC_TOPOLOGY: Final = "ic-topology"
+IC_TOPOLOGY_NOTE: Final = "ic-topology-note"  # the chosen node's fabric in words, or why it has none
+IC_FABRIC: Final = "ic-fabric"  # the table of every RDMA port
 
 # --- alerts (/alerts) -----------------------------------------------------------------------------------------------
 

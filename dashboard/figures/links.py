@@ -10,9 +10,19 @@ from typing import Any, Final
 
 import plotly.graph_objects as go
 
-from dashboard.figures.style import DOWN_COLOR, LIMIT_COLOR, PALETTE, STALE_COLOR, base_layout, empty_figure
+from dashboard.figures.fabric import nic_traces
+from dashboard.figures.style import (
+    DOWN_COLOR,
+    LIMIT_COLOR,
+    PALETTE,
+    STALE_COLOR,
+    base_layout,
+    empty_figure,
+    load_color,
+)
 from dashboard.formatting import gpu_label, percent_text, rate_text, round_sig
 from dashboard.paths import gpu_path
+from gpulens.fabricmodel import NicReading
 from gpulens.hardware import nvlink_max_bytes_per_second
 from gpulens.model import GpuReading
 from gpulens.ratios import nvlink_utilization_ratio, pcie_utilization_ratio
@@ -86,12 +96,15 @@ def link_load(readings: Sequence[GpuReading], *, top: int = LOAD_TOP) -> go.Figu
     )
 
 
-def node_topology(readings: Sequence[GpuReading], down_links: Mapping[str, int] | None = None) -> go.Figure:
+def node_topology(
+    readings: Sequence[GpuReading], down_links: Mapping[str, int] | None = None, nics: Sequence[NicReading] = ()
+) -> go.Figure:
     """A node's GPUs around its NVSwitch fabric: an edge per GPU, as wide as its active links and coloured by load
     (green idle to red saturated; red dotted without NVLink on an NVLink node). Each GPU shows its PCIe link; a GPU
     that is down, has NVLinks down or a PCIe link below its maximum is red. Click a GPU for its page.
 
-    ``down_links`` counts inactive NVLinks per GPU UUID, where known.
+    ``down_links`` counts inactive NVLinks per GPU UUID, where known. ``nics``: the node's RDMA ports, drawn outside
+    the GPUs they sit next to (``dashboard.figures.fabric``).
     """
     gpus = sorted(readings, key=lambda r: r.gpu)
     if not gpus:
@@ -107,9 +120,10 @@ def node_topology(readings: Sequence[GpuReading], down_links: Mapping[str, int] 
         for r, x, y in zip(gpus, xs, ys, strict=True):
             if r.nvlink_links_active:
                 width = 1 + r.nvlink_links_active / 3
-                traces.append(_edge((0.0, 0.0), (x, y), width, _load_color(nvlink_utilization_ratio(r) or 0.0), None))
+                traces.append(_edge((0.0, 0.0), (x, y), width, load_color(nvlink_utilization_ratio(r) or 0.0), None))
             else:
                 traces.append(_edge((0.0, 0.0), (x, y), 2, DOWN_COLOR, "dot"))
+    traces.extend(nic_traces(nics, {r.gpu: (x, y) for r, x, y in zip(gpus, xs, ys, strict=True)}))
     labels, hovers, colors = [], [], []
     for r in gpus:
         missing = down.get(r.uuid, 0)
@@ -154,12 +168,14 @@ def node_topology(readings: Sequence[GpuReading], down_links: Mapping[str, int] 
                 hoverinfo="skip",
             )
         )
+    reach = 1.45 if not nics else 2.2
+    low = -1.3 if not nics else -2.2
     return go.Figure(
         data=traces,
         layout=base_layout(
-            height=380,
-            xaxis={"visible": False, "range": [-1.45, 1.45], "fixedrange": True},
-            yaxis={"visible": False, "range": [-1.3, 1.3], "scaleanchor": "x", "fixedrange": True},
+            height=380 if not nics else 460,
+            xaxis={"visible": False, "range": [-reach, reach], "fixedrange": True},
+            yaxis={"visible": False, "range": [low, -low], "scaleanchor": "x", "fixedrange": True},
             margin={"l": 4, "r": 4, "t": 4, "b": 4},
         ),
     )
@@ -173,11 +189,3 @@ def _edge(a: tuple[float, float], b: tuple[float, float], width: float, color: s
         line={"width": width, "color": color, "dash": dash},
         hoverinfo="skip",
     )
-
-
-def _load_color(ratio: float) -> str:
-    """Green (idle link) to red (saturated)."""
-    ratio = max(0.0, min(1.0, ratio))
-    red = round(60 + 180 * ratio)
-    green = round(170 - 120 * ratio)
-    return f"rgb({red},{green},80)"

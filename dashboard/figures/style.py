@@ -34,6 +34,12 @@ def palette_color(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
 
+def load_color(ratio: float) -> str:
+    """Green (an idle link) to red (a saturated one)."""
+    ratio = max(0.0, min(1.0, ratio))
+    return f"rgb({round(60 + 180 * ratio)},{round(170 - 120 * ratio)},80)"
+
+
 def epoch_ms(times: Iterable[float]) -> list[int]:
     """Seconds since the epoch as the integer milliseconds a date axis takes (half the bytes of ISO strings)."""
     return [round(t * 1000) for t in times]

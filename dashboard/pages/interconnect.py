@@ -1,5 +1,6 @@
 """Interconnect (``/interconnect``): PCIe and NVLink throughput of every GPU against its link maximum, degraded links,
-link error counters, and one node's GPU-to-GPU topology with its link errors over the range.
+link error counters, one node's GPU-to-GPU topology with its RDMA ports beside their GPUs, its link errors over the
+range, and the fabric: every InfiniBand/RoCE port with its state, traffic against its rate, error and wait rates.
 """
 
 from __future__ import annotations
@@ -29,6 +30,16 @@ from dashboard.components import (
     view_state,
 )
 from dashboard.context import Context, PageError, guarded
+from dashboard.fabric import (
+    NO_PORTS,
+    Unavailable,
+    available,
+    error_rates,
+    firing_on_ports,
+    port_statuses,
+    stale_nodes,
+)
+from dashboard.fabricview import ports_table
 from dashboard.figures.links import link_load, node_topology, pcie_degraded
 from dashboard.figures.style import empty_figure, palette_color
 from dashboard.figures.timeseries import PER_SECOND, Line, time_series
@@ -37,8 +48,10 @@ from dashboard.grid import natural_key
 from dashboard.panels import ERROR_FIELDS
 from dashboard.paths import gpu_path, node_path
 from dashboard.timerange import minute_text, resolve_range
+from gpulens.fabricmodel import NicReading
 from gpulens.model import GpuReading
 from storage.inventory import LinkOutage
+from storage.reading import TooManySeriesError
 from storage.timeseries import SeriesData
 
 PATH: Final = "/interconnect"
@@ -66,7 +79,9 @@ def layout(**query: Any) -> html.Div:
     node = str(query.get("node") or "")[:200]
     return html.Div(
         [
-            page_header("Interconnect", "PCIe and NVLink: load, degraded links, errors, topology", IDS, state),
+            page_header(
+                "Interconnect", "PCIe, NVLink and the fabric: load, degraded links, errors, topology", IDS, state
+            ),
             html.Div(id=IDS.status),
             html.Div(
                 className="gl-two",
@@ -83,6 +98,7 @@ def layout(**query: Any) -> html.Div:
                     panel(
                         "Node topology",
                         graph(ids.IC_TOPOLOGY),
+                        html.Div(id=ids.IC_TOPOLOGY_NOTE, className="gl-hint"),
                         controls=dcc.Dropdown(
                             id=ids.IC_NODE,
                             # The URL's node is an option from the start: a value outside the options is dropped.
@@ -94,6 +110,7 @@ def layout(**query: Any) -> html.Div:
                     ),
                 ],
             ),
+            panel("Fabric ports: InfiniBand and RoCE (now)", html.Div(id=ids.IC_FABRIC)),
             html.Div(
                 className="gl-two",
                 children=[
@@ -119,6 +136,8 @@ def register(app: Dash, context: Context) -> None:
         Output(ids.IC_TOPOLOGY, "figure"),
         Output(ids.IC_DEGRADED, "children"),
         Output(ids.IC_ERRORS, "children"),
+        Output(ids.IC_FABRIC, "children"),
+        Output(ids.IC_TOPOLOGY_NOTE, "children"),
         Output(IDS.updated, "children"),
         *toolbar_inputs(IDS),
         Input(ids.IC_NODE, "value"),
@@ -130,7 +149,7 @@ def register(app: Dash, context: Context) -> None:
             return render(context, state, node)
         except PageError as problem:
             blank = empty_figure("no data")
-            return problem.banner, blank, [], node, blank, None, None, problem.as_of
+            return problem.banner, blank, [], node, blank, None, None, None, None, problem.as_of
 
 
 def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, ...]:
@@ -144,9 +163,11 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
         mine = [r for r in readings if r.node == chosen]
         series = context.store.series([r.uuid for r in mine], LINK_ERROR_FIELDS, span.start, span.end, 240)
         outages = context.store.link_outages(span.start, span.end)
-        return span, readings, nodes, chosen, series, outages
+        nics = available(context.store.latest_nics)
+        rates = _error_rates(context, nics, span.start, span.end)
+        return span, readings, nodes, chosen, series, outages, nics, rates
 
-    span, readings, nodes, chosen, series, outages = guarded(context, load)
+    span, readings, nodes, chosen, series, outages, nics, rates = guarded(context, load)
     fresh = [r for r in readings if now - r.timestamp <= context.stale_after_s]
     status = None
     if not readings:
@@ -156,7 +177,13 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
     for outage in outages:
         if outage.until is None:
             down_now[outage.uuid] += 1
-    topology = node_topology(node_readings, down_now) if node_readings else empty_figure("no node chosen", 380)
+    node_nics = [] if isinstance(nics, Unavailable) else [n for n in nics if n.node == chosen]
+    topology = (
+        node_topology(node_readings, down_now, node_nics) if node_readings else empty_figure("no node chosen", 380)
+    )
+    firing = firing_on_ports(context.alerts.active()) if context.alerts is not None else {}
+    stale = stale_nodes(readings, now, context.stale_after_s)
+    statuses = nics if isinstance(nics, Unavailable) else port_statuses(nics, _rates_of(rates), firing, stale)
     errors = html.Div(
         [
             html.Div(f"{chosen}: error rates over the range" if chosen else "", className="gl-hint"),
@@ -173,7 +200,40 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
         topology,
         degraded_table(fresh, outages, state),
         errors,
+        ports_table(statuses, state, rates_note=rates.reason if isinstance(rates, Unavailable) else None),
+        topology_note(chosen, nics, node_nics),
         f"as of {minute_text(now)} · {span.label}",
+    )
+
+
+def _error_rates(
+    context: Context, nics: list[NicReading] | Unavailable, start: float, end: float
+) -> dict[str, float] | Unavailable:
+    """The error rates of the ports that counted errors (one query), or why they cannot be read."""
+    if isinstance(nics, Unavailable):
+        return nics
+    try:
+        return available(lambda: error_rates(context.store, nics, start, end))
+    except TooManySeriesError:
+        return Unavailable("too many ports with errors to read their rates; totals are in each port's counters")
+
+
+def _rates_of(rates: dict[str, float] | Unavailable) -> dict[str, float] | None:
+    return None if isinstance(rates, Unavailable) else rates
+
+
+def topology_note(chosen: str | None, nics: list[NicReading] | Unavailable, mine: list[NicReading]) -> str:
+    """Under the topology: the chosen node's ports in a line, or why none are drawn."""
+    if chosen is None:
+        return ""
+    if isinstance(nics, Unavailable):
+        return f"RDMA ports: {nics.reason}"
+    if not mine:
+        return f"{chosen}: {NO_PORTS}"
+    up = sum(1 for n in mine if n.up)
+    return (
+        f"{chosen}: {up} of {len(mine)} RDMA ports up, each drawn outside the GPUs it sits next to (dotted: "
+        "PCIe affinity; colour: the busier direction of its rate, red when down)"
     )
 
 

@@ -1,5 +1,6 @@
 """Job (``/jobs/<job_id>``): the job's GPUs over time (utilization, NVLink traffic, power: one row per GPU, so a
-512-GPU job reads as well as a 2-GPU one), with the periods its stall, straggler and idle alerts fired marked.
+512-GPU job reads as well as a 2-GPU one), with the periods its stall, straggler and idle alerts fired marked; under
+them its fabric traffic (the RDMA ports next to its GPUs, per node) and its host CPU (its cgroup, per node).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dashboard.flags import FLAG_ORDER, JOB_FLAGS, alert_jobs, job_flags, job_pe
 from dashboard.formatting import gpu_label, percent_text
 from dashboard.grid import natural_key
 from dashboard.heatmaps import METRICS, Metric
+from dashboard.jobhost import job_host_panels, read_job_host
 from dashboard.pages.alerts import alerts_table, fired_newest_first
 from dashboard.paths import gpu_path, node_path
 from dashboard.timerange import minute_text, resolve_range
@@ -72,6 +74,7 @@ def layout(job_id: str = "", **query: Any) -> html.Div:
             page_header(f"Job {name}", html.Span(id=ids.JOB_INFO), IDS, state),
             html.Div(id=IDS.status),
             html.Div(id=ids.JOB_CHARTS),
+            html.Div(id=ids.JOB_FABRIC),
             panel("Alerts about this job", html.Div(id=ids.JOB_ALERTS)),
             panel("GPUs", html.Div(id=ids.JOB_GPUS)),
             html.Div(name, id=ids.JOB_ID, hidden=True),
@@ -89,6 +92,7 @@ def register(app: Dash, context: Context) -> None:
         Output(ids.JOB_CHARTS, "children"),
         Output(ids.JOB_GPUS, "children"),
         Output(ids.JOB_ALERTS, "children"),
+        Output(ids.JOB_FABRIC, "children"),
         Output(IDS.updated, "children"),
         *toolbar_inputs(IDS),
         State(ids.JOB_ID, "children"),
@@ -99,7 +103,7 @@ def register(app: Dash, context: Context) -> None:
         try:
             return render(context, state, job_id)
         except PageError as problem:
-            return problem.banner, "", [], None, None, problem.as_of
+            return problem.banner, "", [], None, None, [], problem.as_of
 
 
 def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
@@ -111,19 +115,20 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         found = context.store.jobs(span.start, span.end, job_id=job_id)
         summary = found[0] if found else None
         if summary is None:
-            return span, None, [], {}, [], []
+            return span, None, [], {}, [], [], None
         places = {g.uuid: g for g in context.store.gpu_info(uuids=summary.gpus)}
         points = max(60, min(600, POINT_BUDGET // max(1, len(summary.gpus))))
         series = context.store.series(summary.gpus, FIELDS, span.start, span.end, points)
         active = reader.active() if reader is not None else []
         history = reader.history(span.start, span.end) if reader is not None else []
-        return span, summary, list(places.values()), series, active, history
+        host = read_job_host(context.store, job_id, list(places.values()), span.start, span.end)
+        return span, summary, list(places.values()), series, active, history, host
 
-    span, summary, places, series, active, history = guarded(context, load)
+    span, summary, places, series, active, history, host = guarded(context, load)
     updated = f"as of {minute_text(now)} · {span.label}"
     if summary is None:
         note = " It may have run outside the range: try a longer one."
-        return banner("info", f"No GPU held by job {job_id!r} in this range.", note), "", [], None, None, updated
+        return banner("info", f"No GPU held by job {job_id!r} in this range.", note), "", [], None, None, [], updated
     gpus = sorted(places, key=lambda g: (natural_key(g.node), g.gpu))
     periods = job_periods(history, job_id, now=now)
     rows = [_row(g.node, g.gpu, series.get(g.uuid)) for g in gpus]
@@ -182,7 +187,8 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         summaries = [a.summary or a.rule for a in mine if a.state == "firing" and a.rule in JOB_FLAGS]
         status = banner("bad", "The alert engine flags this job.", None, summaries)
     alerts = alerts_table(episodes, state, empty="no alert about this job fired in this range")
-    return status, info, charts, gpu_table, alerts, updated
+    fabric = job_host_panels(host, start=span.start, end=span.end, bins=BINS, periods=periods)
+    return status, info, charts, gpu_table, alerts, fabric, updated
 
 
 def _row(node: str, index: int, data: SeriesData | None) -> tuple[Row, Row, Row]:

@@ -1,4 +1,5 @@
-"""Overview (``/``): headline figures, the node x GPU heatmap by a chosen metric, scrape-target health.
+"""Overview (``/``): headline figures, the node x GPU heatmap by a chosen metric, the fabric of the nodes it shows
+(RDMA ports up of all, the busiest port, errors), scrape-target health.
 
 At 1,000 nodes the heatmap pages through the nodes (filtered by name, sorted by name, value or problems) and a
 cluster map above it shows every node as one cell; a click on the map jumps to the node's page of the heatmap, a
@@ -7,10 +8,12 @@ click on a heatmap cell opens the GPU.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final
 
 from dash import Dash, Input, Output, State, ctx, dcc, html
 
+from alerts.state import AlertState
 from dashboard import ids
 from dashboard.components import (
     Cell,
@@ -29,6 +32,17 @@ from dashboard.components import (
     view_state,
 )
 from dashboard.context import Context, PageError, guarded
+from dashboard.fabric import (
+    NodeFabric,
+    Unavailable,
+    available,
+    error_rates,
+    firing_on_ports,
+    node_fabric,
+    port_statuses,
+    stale_nodes,
+)
+from dashboard.fabricview import fabric_card, node_fabric_table
 from dashboard.figures.grids import cluster_map, gpu_heatmap
 from dashboard.figures.style import empty_figure
 from dashboard.formatting import MISSING, bytes_text, percent_text, watts_text
@@ -36,9 +50,11 @@ from dashboard.grid import DEFAULT_SORT, NODES_PER_PAGE, SORTS, GridPage, grid_c
 from dashboard.heatmaps import DEFAULT_METRIC, METRIC_FIELDS, METRICS, Metric
 from dashboard.paths import node_path
 from dashboard.summary import IDLE_BELOW, SUMMARY_FIELDS, Headline, headline
-from dashboard.timerange import minute_text, resolve_range
+from dashboard.timerange import TimeRange, minute_text, resolve_range
+from gpulens.fabricmodel import NicReading
 from gpulens.model import TargetHealth
 from gpulens.ratios import memory_used_ratio, power_limit_ratio
+from storage.reading import TooManySeriesError
 
 PATH: Final = "/"
 TITLE: Final = "Overview · gpulens"
@@ -96,6 +112,15 @@ def layout(**query: Any) -> html.Div:
                 ),
             ),
             panel("GPUs by node", graph(ids.OVERVIEW_HEATMAP), controls=controls),
+            panel(
+                "Fabric of these nodes",
+                html.Div(
+                    "InfiniBand and RoCE ports: up of all, the busiest port's busier direction of its rate, errors "
+                    "counted in the range. A node opens its topology.",
+                    className="gl-hint",
+                ),
+                html.Div(id=ids.OVERVIEW_FABRIC),
+            ),
             panel("Scrape targets", html.Div(id=ids.OVERVIEW_TARGETS)),
             dcc.Store(id=ids.OVERVIEW_PAGE, data=parse_page(query.get("page")) + 1),
             dcc.Store(id=ids.OVERVIEW_PAGES, data=1),
@@ -143,6 +168,7 @@ def register(app: Dash, context: Context) -> None:
         Output(ids.OVERVIEW_PREV, "disabled"),
         Output(ids.OVERVIEW_NEXT, "disabled"),
         Output(ids.OVERVIEW_PAGES, "data"),
+        Output(ids.OVERVIEW_FABRIC, "children"),
         Output(ids.OVERVIEW_TARGETS, "children"),
         Output(IDS.updated, "children"),
         *toolbar_inputs(IDS),
@@ -168,7 +194,7 @@ def register(app: Dash, context: Context) -> None:
             return render(context, state, metric_key, sort, text or "", page)
         except PageError as problem:
             blank = empty_figure("no data")
-            return (problem.banner, [], blank, {"display": "none"}, blank, "", True, True, 1, None, problem.as_of)
+            return (problem.banner, [], blank, {"display": "none"}, blank, "", True, True, 1, None, None, problem.as_of)
 
 
 def next_page(trigger: object, page: int, count: int, click: dict[str, Any] | None) -> int:
@@ -194,11 +220,14 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
         jobs = context.store.current_jobs()
         targets = context.store.target_health()
         firing = context.alerts.active() if context.alerts is not None else None
-        return span, readings, jobs, targets, firing
+        nics = available(context.store.latest_nics)
+        return span, readings, jobs, targets, firing, nics
 
-    span, readings, jobs, targets, firing = guarded(context, load)
+    span, readings, jobs, targets, firing, nics = guarded(context, load)
     cells = grid_cells(readings, jobs, now=now, stale_after_s=context.stale_after_s)
     grid = select_page(cells, metric, text=text, sort=sort, page=page - 1)
+    stale = stale_nodes(readings, now, context.stale_after_s)
+    fabric = guarded(context, lambda: fabric_of(context, nics, grid.nodes, span, firing, stale))
     head = headline(cells)
     alerts_firing = None if firing is None else sum(1 for a in firing if a.state == "firing")
     show_map = len(grid.rows) > grid.per_page
@@ -213,7 +242,7 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
     info = f"nodes {first} to {last} of {len(grid.rows)} · page {grid.page + 1}/{grid.pages}" if grid.rows else ""
     return (
         status_banner(head, targets, now),
-        headline_cards(head, alerts_firing),
+        [*headline_cards(head, alerts_firing), fabric_card(fabric)],
         map_figure,
         {"display": "block" if show_map else "none"},
         heatmap,
@@ -221,9 +250,31 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
         grid.page == 0,
         grid.page >= grid.pages - 1,
         grid.pages,
+        node_fabric_table(grid.nodes, fabric, state),
         targets_table(targets, state),
         f"as of {minute_text(now)} · {span.label}",
     )
+
+
+def fabric_of(
+    context: Context,
+    nics: list[NicReading] | Unavailable,
+    nodes: Sequence[str],
+    span: TimeRange,
+    firing: Sequence[AlertState] | None,
+    stale: set[str],
+) -> dict[str, NodeFabric] | Unavailable:
+    """Every node's fabric in a line; the error rates (one query) only for the ports of the ``nodes`` shown."""
+    if isinstance(nics, Unavailable):
+        return nics
+    shown = [n for n in nics if n.node in set(nodes)]
+    try:
+        rates = available(lambda: error_rates(context.store, shown, span.start, span.end))
+    except TooManySeriesError:
+        rates = Unavailable()
+    known = None if isinstance(rates, Unavailable) else rates
+    statuses = port_statuses(nics, known, firing_on_ports(firing or ()), stale)
+    return node_fabric(statuses)
 
 
 def node_map(grid: GridPage, metric: Metric) -> Any:

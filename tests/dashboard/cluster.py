@@ -1,5 +1,6 @@
 """A database filled from a simulated scenario, and the alerts the engine raised on it (for tests, screenshots and the
-bench): the same simulator, writer and alert engine the collector runs, stepped through virtual time.
+bench): the same simulator, writer and alert engine the collector runs, stepped through virtual time. Each node's
+fabric, host and job cgroups are added to its snapshots by ``tests.dashboard.fabricdata``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from alerts.state import AlertState, Silence
 from exporter.sim import SimCluster, load_scenario
 from storage.db import Database
 from storage.writer import Writer
+from tests.dashboard.fabricdata import FabricWriter
 
 SCENARIO: Final = Path(__file__).with_name("cluster.toml")
 STALLED_JOB: Final = "llm-pretrain"
@@ -66,7 +68,9 @@ def fill(db: Database, scenario: Path = SCENARIO) -> Filled:
     db.upgrade()
     writer = Writer(db)
     episodes: dict[tuple[str, float], AlertState] = {}
-    for t, snapshots, targets in rounds(cluster, spec.start, end, spec.step_s):
+    fabric = FabricWriter(spec.start)
+    for t, read, targets in rounds(cluster, spec.start, end, spec.step_s):
+        snapshots = [fabric.add(s) for s in read]
         writer.write(snapshots, targets)
         outcome = engine.process(t, snapshots, targets)
         for state in outcome.result.states.values():

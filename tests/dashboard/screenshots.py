@@ -1,4 +1,4 @@
-"""Regenerate docs/screenshots: ``python -m tests.dashboard.screenshots [DIR]``.
+"""Regenerate docs/screenshots: ``python -m tests.dashboard.screenshots [DIR]`` (``--fabric``: only the fabric's).
 
 Fills a temporary database from the test scenario (a stall, a straggler, saturated GPUs, a lost GPU, an exporter
 down), serves the dashboard at the scenario's end, and photographs every page with headless Debian Chromium.
@@ -39,7 +39,24 @@ def shoot(page: Page, url: str, path: Path) -> None:
     print(path, file=sys.stderr)
 
 
-def main(out: Path) -> int:
+def shoot_part(page: Page, url: str, selector: str, path: Path) -> None:
+    """Only the part of the page ``selector`` names (the page's own data loaded and drawn first)."""
+    page.goto(url)
+    wait_rendered(page)
+    page.wait_for_timeout(300)
+    page.locator(selector).screenshot(path=str(path))
+    print(path, file=sys.stderr)
+
+
+def shoot_fabric(page: Page, base: str, out: Path) -> None:
+    """The fabric views: every port and a node's topology with its ports; a job's fabric traffic and host CPU; the
+    overview's fabric column."""
+    shoot(page, base + "/interconnect?node=node-01", out / "interconnect-fabric.png")
+    shoot_part(page, base + f"/jobs/{STALLED_JOB}", "#job-fabric", out / "job-fabric.png")
+    shoot(page, base + "/", out / "overview-fabric.png")
+
+
+def main(out: Path, only_fabric: bool = False) -> int:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,14 +76,17 @@ def main(out: Path) -> int:
         }
         with serving(create_app(db, alerts=filled.alerts)) as base, chromium() as browser:
             light = themed_page(browser, "light")
-            for name, path in pages.items():
-                shoot(light, base + path, out / f"{name}.png")
-            dark = themed_page(browser, "dark")
-            shoot(dark, base + "/", out / "overview-dark.png")
-            shoot(dark, base + f"/jobs/{STALLED_JOB}", out / "job-dark.png")
+            if not only_fabric:
+                for name, path in pages.items():
+                    shoot(light, base + path, out / f"{name}.png")
+                dark = themed_page(browser, "dark")
+                shoot(dark, base + "/", out / "overview-dark.png")
+                shoot(dark, base + f"/jobs/{STALLED_JOB}", out / "job-dark.png")
+            shoot_fabric(light, base, out)
         db.close()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/screenshots")))
+    args = [a for a in sys.argv[1:] if a != "--fabric"]
+    sys.exit(main(Path(args[0]) if args else Path("docs/screenshots"), only_fabric="--fabric" in sys.argv[1:]))

@@ -205,3 +205,62 @@ def test_auto_refresh_reads_the_data_again(page: Page, base_url: str) -> None:
     page.locator("#alerts-refresh").click()
     page.get_by_role("option", name="off").click()
     page.wait_for_function("() => location.search.includes('refresh=off')")
+
+
+# --- the fabric -----------------------------------------------------------------------------------------------------
+
+
+def test_the_interconnect_shows_every_port_and_the_nodes_topology_with_its_ports(page: Page, base_url: str) -> None:
+    open_page(page, base_url + "/interconnect?node=node-01")
+    rows = page.locator("#ic-fabric-table tbody tr")
+    expect(rows).to_have_count(33)
+    first = rows.first.locator("td")
+    assert first.nth(0).inner_text() == "node-01"
+    assert first.nth(1).inner_text() == "mlx5_3/1"
+    assert first.nth(3).inner_text() == "down"
+    assert "flagged" in (rows.first.get_attribute("class") or "")
+    assert rows.nth(1).locator(".gl-flag.degraded").inner_text() == "degraded: 2X of 4X"
+    saturated = page.locator("#ic-fabric-table tr", has_text="mlx5_5/1").filter(has_text="node-02")
+    assert saturated.locator(".gl-bar.bad .gl-bar-text").first.inner_text() == "93%"
+    # Each label drawn in the topology, as its lines: ["mlx5_3", "down"], ["GPU 0", "Gen5 x16"], ...
+    labels = page.evaluate(
+        """() => Array.from(document.querySelectorAll('#ic-topology .scatterlayer text')).map(t =>
+            Array.from(t.querySelectorAll('tspan.line')).map(line => line.textContent))"""
+    )
+    ports = {lines[0]: lines[1] for lines in labels if lines and lines[0].startswith("mlx5_")}
+    assert set(ports) == {f"mlx5_{i}" for i in range(8)}
+    assert ports["mlx5_3"] == "down"
+    assert ports["mlx5_0"] == "0%"  # the stalled job moves nothing now
+    assert page.locator("#ic-topology-note").inner_text().startswith("node-01: 7 of 8 RDMA ports up")
+    # A node in the table opens its topology.
+    page.locator("#ic-fabric-table").get_by_role("link", name="node-02").first.click()
+    page.wait_for_function("() => location.search.includes('node=node-02')")
+    wait_rendered(page)
+    expect(page.locator("#ic-topology-note")).to_contain_text("node-02: 9 of 9 RDMA ports up")
+
+
+def test_a_node_without_ports_says_so_in_the_browser(page: Page, base_url: str) -> None:
+    open_page(page, base_url + "/interconnect?node=node-03")
+    expect(page.locator("#ic-topology-note")).to_have_text("node-03: no fabric data (the exporter reads no RDMA ports)")
+
+
+def test_the_job_page_shows_its_fabric_traffic_and_host_cpu(page: Page, base_url: str) -> None:
+    open_page(page, f"{base_url}/jobs/{STALLED_JOB}")
+    fabric = page.locator("#job-chart-fabric")
+    assert sorted(fabric.locator(".ytick text").all_text_contents()) == ["node-00 (8 NICs)", "node-01 (8 NICs)"]
+    assert fabric.locator(".cbtitle").text_content() == "Fabric (of the ports' rate)"
+    cpu = page.locator("#job-chart-host-cpu")
+    assert cpu.locator(".legendtext").all_text_contents() == ["node-00", "node-01", "limit 64 cores"]
+    expect(page.locator("#job-fabric")).to_contain_text("down now: node-01 mlx5_3")
+
+
+def test_the_overview_has_a_fabric_column(page: Page, base_url: str) -> None:
+    open_page(page, base_url + "/")
+    rows = page.locator("#overview-fabric-table tbody tr")
+    expect(rows).to_have_count(5)
+    cells = [rows.nth(i).locator("td").nth(1).inner_text() for i in range(5)]
+    assert cells == ["8/8", "7/8", "9/9", "no RDMA ports read", "8/8"]
+    assert rows.nth(0).locator(".gl-flag.down").inner_text() == "errors"
+    assert rows.nth(4).locator(".gl-flag.stale").last.inner_text() == "stale: no recent reading"
+    card = page.locator(".gl-card", has_text="Fabric ports up")
+    assert card.locator(".gl-card-value").inner_text() == "24/25"

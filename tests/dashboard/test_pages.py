@@ -124,7 +124,7 @@ def test_jobs_page_flags_the_stalled_straggling_and_idle_jobs(store: Store) -> N
 
 
 def test_job_page_marks_the_stall_on_its_charts(store: Store) -> None:
-    status, info, charts, _gpus, alerts_part, _ = job.render(context_of(store), ViewState(), STALLED_JOB)
+    status, info, charts, _gpus, alerts_part, _fabric, _ = job.render(context_of(store), ViewState(), STALLED_JOB)
     assert "stalled" in text_of(info)
     assert "16 GPUs on 2 node(s)" in text_of(info)
     assert "16 GPUs at 100% with no NVLink traffic" in text_of(status)
@@ -155,7 +155,7 @@ def test_node_and_gpu_pages_chart_every_metric(store: Store) -> None:
 
 
 def test_interconnect_shows_degraded_links_and_errors(store: Store) -> None:
-    _status, load, options, chosen, _topology, degraded, errors, _ = interconnect.render(
+    _status, load, options, chosen, _topology, degraded, errors, _fabric, _note, _ = interconnect.render(
         context_of(store), ViewState(), None
     )
     assert chosen == "node-00"

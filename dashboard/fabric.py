@@ -1,0 +1,316 @@
+"""The fabric as the pages read it: each RDMA port's problems (down, degraded, errors, saturated) in the order that
+puts problems first, a node's fabric in one line, and a job's fabric traffic and host CPU per node, from the
+store's NIC and host records (``storage.reading``: ``latest_nics``, ``nic_series``, ``latest_job_hosts``,
+``job_host_series``). Pure but for :func:`error_rates`, which makes the one bounded query a panel's error rates take.
+
+Gaps are kept honest: a store that cannot give the fabric is :class:`Unavailable` (said as "not available on this
+backend"), a store with no port at all is :data:`NO_PORTS`; neither is ever drawn as zero.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, TypeVar
+
+from alerts.state import AlertState
+from dashboard.grid import natural_key
+from gpulens.fabricmodel import NicReading, nic_id
+from gpulens.model import GpuReading
+from gpulens.ratios import busiest_direction, share
+from storage.reading import NOT_AVAILABLE, NotAvailableOnBackendError, StoreReader
+from storage.timeseries import SeriesData
+
+T = TypeVar("T")
+
+NO_PORTS: Final = "no fabric data (the exporter reads no RDMA ports)"
+# The error counters a port's error rate adds up (per second over the range; the store returns counters as rates).
+# A link going down is the port's state (and the flapping alert's business), not an error count.
+ERROR_FIELDS: Final = ("symbol_errors_total", "receive_errors_total", "local_link_integrity_errors_total")
+TRAFFIC_FIELDS: Final = ("transmit_bytes_per_second", "receive_bytes_per_second", "rate_bytes_per_second")
+SATURATED_AT: Final = 0.9  # a direction at 90 % of the port's rate or more
+ERROR_POINTS: Final = 4  # an error rate over the range needs only a few buckets
+# Problems in the order a table lists them (the first a port has decides its place). A stale port is one whose
+# node has not reported for a while: its last state is shown, but not as now.
+PROBLEMS: Final = ("down", "degraded", "errors", "saturated", "stale")
+# The alert engine's rules about a port (labels node, device, port): shown beside what the page derives itself.
+FABRIC_RULES: Final = frozenset(
+    {"IbLinkDown", "IbLinkFlapping", "IbLinkDegraded", "IbErrors", "FabricCongestion", "FabricBandwidthSaturated"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """The store cannot give this part of the fabric; ``reason`` says so in the page's words."""
+
+    reason: str = NOT_AVAILABLE
+
+
+def available(call: Callable[[], T]) -> T | Unavailable:
+    """``call()``, or :class:`Unavailable` where the backend raises ``NotAvailableOnBackendError``."""
+    try:
+        return call()
+    except NotAvailableOnBackendError:
+        return Unavailable()
+
+
+@dataclass(frozen=True, slots=True)
+class PortStatus:
+    """One port as the tables show it: its reading, what is wrong with it, its load and its error rate."""
+
+    nic: NicReading
+    problems: tuple[str, ...]  # of PROBLEMS, in that order
+    tx_ratio: float | None  # transmit traffic of the port's rate
+    rx_ratio: float | None
+    error_rate: float | None  # error counts per second over the range (None: not counted by this port)
+    degraded_detail: str = ""  # "200 Gb/s of 400 Gb/s" when degraded
+    alerts: tuple[str, ...] = ()  # the alert engine's fabric rules firing on this port
+
+    @property
+    def load(self) -> float | None:
+        return busiest_direction(self.tx_ratio, self.rx_ratio)
+
+
+def gbit_text(rate_bytes_per_second: float | None) -> str:
+    """A port's rate as network datasheets write it: ``400 Gb/s``."""
+    if rate_bytes_per_second is None:
+        return "\u2013"
+    gbit = rate_bytes_per_second * 8 / 1e9
+    return f"{gbit:.0f} Gb/s" if gbit >= 10 else f"{gbit:.3g} Gb/s"
+
+
+def gpus_text(gpus: Sequence[int]) -> str:
+    """GPU indices as ranges: ``0-3,6``."""
+    if not gpus:
+        return ""
+    ordered = sorted(set(gpus))
+    parts, first, last = [], ordered[0], ordered[0]
+    for g in [*ordered[1:], None]:
+        if g is not None and g == last + 1:
+            last = g
+            continue
+        parts.append(str(first) if first == last else f"{first}-{last}")
+        if g is not None:
+            first = last = g
+    return ",".join(parts)
+
+
+def _best(nics: Iterable[NicReading]) -> dict[tuple[str, str | None], tuple[float, int]]:
+    """Per (node, link layer), the highest rate and width any of its ports that are up negotiated."""
+    best: dict[tuple[str, str | None], tuple[float, int]] = {}
+    for n in nics:
+        if not n.up:
+            continue
+        rate, width = best.get((n.node, n.link_layer), (0.0, 0))
+        best[(n.node, n.link_layer)] = (max(rate, n.rate_bytes_per_second or 0.0), max(width, n.link_width or 0))
+    return best
+
+
+def degraded(nic: NicReading, best: tuple[float, int]) -> str:
+    """Why an up port is degraded: its rate or width below the best its node's ports of the same kind reached
+    (sysfs gives no port maximum; a node's ports are cabled alike). Empty when it is not."""
+    rate, width = best
+    if not nic.up:
+        return ""
+    if nic.link_width and width and nic.link_width < width:
+        return f"{nic.link_width}X of {width}X"
+    if nic.rate_bytes_per_second and rate and nic.rate_bytes_per_second < rate * 0.99:
+        return f"{gbit_text(nic.rate_bytes_per_second)} of {gbit_text(rate)}"
+    return ""
+
+
+def port_statuses(
+    nics: Sequence[NicReading],
+    error_rates: Mapping[str, float] | None = None,
+    firing: Mapping[str, Sequence[str]] | None = None,
+    stale_nodes: Collection[str] = (),
+) -> list[PortStatus]:
+    """Every port with its problems, problems first (down, degraded, errors, saturated), then by node and device.
+
+    ``error_rates``: errors per second over the range by NIC id (:func:`error_rates`); a port absent from it counted
+    none in the range if its counters are known. ``firing``: the fabric alerts firing per NIC id. ``stale_nodes``:
+    nodes with no recent reading; their ports are only "stale" (no load: their last traffic is not now's)."""
+    best = _best(nics)
+    rates = error_rates or {}
+    alerts = firing or {}
+    out = []
+    for n in nics:
+        if n.node in stale_nodes:
+            out.append(PortStatus(n, ("stale",), None, None, rates.get(n.id), "", tuple(alerts.get(n.id, ()))))
+            continue
+        tx = share(n.transmit_bytes_per_second, n.rate_bytes_per_second) if n.up else None
+        rx = share(n.receive_bytes_per_second, n.rate_bytes_per_second) if n.up else None
+        known = any(getattr(n, f) is not None for f in ERROR_FIELDS)
+        error_rate = rates.get(n.id, 0.0 if known else None)
+        why = degraded(n, best.get((n.node, n.link_layer), (0.0, 0)))
+        found = {
+            "down": not n.up,
+            "degraded": bool(why),
+            "errors": bool(error_rate),
+            "saturated": max(tx or 0.0, rx or 0.0) >= SATURATED_AT,
+        }
+        problems = tuple(p for p in PROBLEMS if found.get(p))
+        out.append(PortStatus(n, problems, tx, rx, error_rate, why, tuple(alerts.get(n.id, ()))))
+    out.sort(key=_order)
+    return out
+
+
+def _order(s: PortStatus) -> tuple[object, ...]:
+    rank = PROBLEMS.index(s.problems[0]) if s.problems else (len(PROBLEMS) - 1 if s.alerts else len(PROBLEMS))
+    return (rank, natural_key(s.nic.node), natural_key(s.nic.device), s.nic.port)
+
+
+def stale_nodes(readings: Iterable[GpuReading], now: float, stale_after_s: float) -> set[str]:
+    """The nodes none of whose GPUs has reported within ``stale_after_s`` (their exporter is down or behind)."""
+    seen, fresh = set(), set()
+    for r in readings:
+        seen.add(r.node)
+        if now - r.timestamp <= stale_after_s:
+            fresh.add(r.node)
+    return seen - fresh
+
+
+def error_rates(store: StoreReader, nics: Sequence[NicReading], start: float, end: float) -> dict[str, float]:
+    """Errors per second over [start, end] of the ports that have counted any error: one query, for those ports
+    only (a counter that stands at zero cannot have risen in the range), a few buckets each."""
+    counted = [n.id for n in nics if any(getattr(n, f) for f in ERROR_FIELDS)]
+    if not counted:
+        return {}
+    series = store.nic_series(counted, ERROR_FIELDS, start, end, ERROR_POINTS)
+    return {nic: _mean_sum(data) for nic, data in series.items()}
+
+
+def _mean_sum(data: SeriesData) -> float:
+    """The mean over the buckets of the sum of the error rates (a bucket with no value adds nothing)."""
+    if not data.timestamps:
+        return 0.0
+    total = 0.0
+    for f in ERROR_FIELDS:
+        total += sum(v for v in data.values.get(f, ()) if v is not None)
+    return total / len(data.timestamps)
+
+
+def firing_on_ports(active: Iterable[AlertState]) -> dict[str, list[str]]:
+    """The fabric rules firing, by the NIC id their labels name (node, device, port)."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for a in active:
+        rule = a.rule
+        if a.state != "firing" or rule not in FABRIC_RULES:
+            continue
+        node, device, port = a.labels.get("node"), a.labels.get("device"), a.labels.get("port")
+        if node and device and port and port.isdigit():
+            key = nic_id(node, device, int(port))
+            if rule not in out[key]:
+                out[key].append(rule)
+    return dict(out)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFabric:
+    """One node's fabric in a line: ports up of all, the busiest port's load, whether any port counts errors, and
+    whether it is stale (no recent reading: the counts are its last ones)."""
+
+    node: str
+    up: int
+    total: int
+    worst_load: float | None
+    errors: bool
+    problems: tuple[str, ...]  # of PROBLEMS, over its ports
+
+    @property
+    def stale(self) -> bool:
+        return "stale" in self.problems
+
+
+def node_fabric(statuses: Sequence[PortStatus]) -> dict[str, NodeFabric]:
+    """Per node, its fabric summary (only nodes with ports: the others have no fabric data)."""
+    by_node: dict[str, list[PortStatus]] = defaultdict(list)
+    for s in statuses:
+        by_node[s.nic.node].append(s)
+    out = {}
+    for node, ports in by_node.items():
+        loads = [s.load for s in ports if s.load is not None]
+        seen = {p for s in ports for p in s.problems}
+        out[node] = NodeFabric(
+            node,
+            up=sum(1 for s in ports if s.nic.up),
+            total=len(ports),
+            worst_load=max(loads) if loads else None,
+            errors="errors" in seen or any("IbErrors" in s.alerts for s in ports),
+            problems=tuple(p for p in PROBLEMS if p in seen),
+        )
+    return out
+
+
+# --- a job's share of the fabric and the host -------------------------------------------------------------------------
+
+
+def job_nics(nics: Iterable[NicReading], gpus: Mapping[str, set[int]]) -> list[NicReading]:
+    """The ports a job's traffic leaves by: on each of its nodes, the ports next to its GPUs there. On a node whose
+    ports name no GPU (affinity unknown), all of the node's ports."""
+    by_node: dict[str, list[NicReading]] = defaultdict(list)
+    for n in nics:
+        if n.node in gpus:
+            by_node[n.node].append(n)
+    out = []
+    for node, ports in by_node.items():
+        if any(n.gpus for n in ports):
+            out += [n for n in ports if gpus[node].intersection(n.gpus)]
+        else:
+            out += ports
+    return sorted(out, key=lambda n: (natural_key(n.node), natural_key(n.device), n.port))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTraffic:
+    """A job's fabric traffic on one node: the sum over its ports per time, and the ports' summed rate."""
+
+    node: str
+    ports: tuple[str, ...]  # device names
+    times: tuple[float, ...]
+    transmit: tuple[float | None, ...]  # bytes per second
+    receive: tuple[float | None, ...]
+    rate: tuple[float | None, ...]  # the ports' summed rate, bytes per second
+
+    @property
+    def load(self) -> list[float | None]:
+        """The busier direction of the ports' summed rate, per time."""
+        directions = zip(self.transmit, self.receive, self.rate, strict=True)
+        return [share(busiest_direction(t, r), c) for t, r, c in directions]
+
+
+def node_traffic(nics: Sequence[NicReading], series: Mapping[str, SeriesData]) -> list[NodeTraffic]:
+    """Per node (by name), the sums of its ports' transmit, receive and rate series per bucket (a port's missing
+    rate is its latest one; a bucket where no port reported stays a gap)."""
+    sums: dict[str, dict[float, list[float]]] = defaultdict(dict)
+    ports: dict[str, list[str]] = defaultdict(list)
+    for n in nics:
+        ports[n.node].append(n.device)
+        data = series.get(n.id)
+        if data is None:
+            continue
+        v = data.values
+        columns = [v.get(f, ()) or (None,) * len(data.timestamps) for f in TRAFFIC_FIELDS]
+        for i, t in enumerate(data.timestamps):
+            tx, rx, rate = (c[i] for c in columns)
+            if tx is None and rx is None:
+                continue
+            acc = sums[n.node].setdefault(t, [0.0, 0.0, 0.0])
+            acc[0] += tx or 0.0
+            acc[1] += rx or 0.0
+            acc[2] += rate if rate is not None else (n.rate_bytes_per_second or 0.0)
+    out = []
+    for node in sorted(ports, key=natural_key):
+        points = sorted(sums.get(node, {}).items())
+        out.append(
+            NodeTraffic(
+                node,
+                tuple(ports[node]),
+                tuple(t for t, _ in points),
+                tuple(p[0] for _, p in points),
+                tuple(p[1] for _, p in points),
+                tuple(p[2] or None for _, p in points),
+            )
+        )
+    return out

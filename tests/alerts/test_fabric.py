@@ -69,7 +69,8 @@ def test_link_down_names_node_device_port_gpus_and_job() -> None:
 def test_link_down_without_a_job_has_no_job_label() -> None:
     up = pair()
     [c] = run([[up], [down(up)]], IB_LINK_DOWN)
-    assert "job" not in c.labels and "job_id" not in c.labels
+    assert "job" not in c.labels
+    assert "job_id" not in c.labels
     assert c.summary.startswith("node-03 mlx5_2 (GPUs 4-5): ")
 
 
@@ -102,7 +103,8 @@ def flapping(downs: Sequence[int]) -> list[list[NicReading]]:
 def test_flapping_fires_above_flaps_max_in_the_window() -> None:
     [c] = run(flapping([0, 0, 1, 1, 2, 2, 3]), IB_LINK_FLAPPING, JOB)
     assert c.value == 3.0
-    assert c.labels["gpus"] == "4-5" and c.labels["job"] == "llm"
+    assert c.labels["gpus"] == "4-5"
+    assert c.labels["job"] == "llm"
     assert c.summary == "node-03 mlx5_2 (GPUs 4-5, job llm): InfiniBand link went down 3 times in the last 15m (up now)"
     assert run(flapping([0, 1, 1, 2]), IB_LINK_FLAPPING) == []  # twice: not more than flaps_max
     assert run(flapping([0, 1, 1, 2, 3]), IB_LINK_FLAPPING, flaps_max=3) == []  # configurable
@@ -146,7 +148,8 @@ def test_a_port_at_half_its_peers_rate_is_degraded_from_the_first_round() -> Non
     ports = rails("node-03")
     ports[2] = replace(ports[2], rate_bytes_per_second=NDR / 2)
     [c] = run([ports], IB_LINK_DEGRADED)
-    assert c.labels["device"] == "mlx5_2" and c.labels["gpus"] == "2"
+    assert c.labels["device"] == "mlx5_2"
+    assert c.labels["gpus"] == "2"
     assert "50% of its peers' 50.0 GB/s" in c.summary
 
 
@@ -195,13 +198,16 @@ def test_a_counter_reset_counts_from_zero() -> None:
 
 def busy(share: float, wait: float, **fields: Any) -> list[NicReading]:
     rate = NDR * share
-    return [pair(transmit_bytes_per_second=rate, receive_bytes_per_second=rate, transmit_wait_per_second=wait, **fields)]
+    return [
+        pair(transmit_bytes_per_second=rate, receive_bytes_per_second=rate, transmit_wait_per_second=wait, **fields)
+    ]
 
 
 def test_transmit_wait_far_above_the_ports_baseline_with_traffic_down_is_congestion() -> None:
     rounds = [busy(0.4, 800.0)] * 10 + [busy(0.13, 4e6)]
     [c] = run(rounds, FABRIC_CONGESTION, JOB)
-    assert c.labels["device"] == "mlx5_2" and c.labels["job"] == "llm"
+    assert c.labels["device"] == "mlx5_2"
+    assert c.labels["job"] == "llm"
     assert "transmit wait 4e+06/s, 5000x its usual 800/s" in c.summary
     assert "(13% of rate)" in c.summary
 

@@ -119,8 +119,9 @@ def ib_link_down(rule: AlertRule, history: History, now: float) -> list[Candidat
 def flaps(fabric: FabricWindow, nic: NicReading, since: float) -> int:
     """How often the port went down from ``since`` on: its link_downed counter's rise, or the down rounds seen."""
     counted = fabric.increase(nic.key, since, lambda n: n.link_downed_total)
-    seen = fabric.down_rounds(nic.key, since)
-    return max(int(counted or 0), seen)
+    if nic.link_downed_total is not None and counted is not None:
+        return int(counted)
+    return fabric.down_rounds(nic.key, since)
 
 
 def ib_link_flapping(rule: AlertRule, history: History, now: float) -> list[Candidate]:
@@ -234,11 +235,16 @@ def fabric_congestion(rule: AlertRule, history: History, now: float) -> list[Can
         rate, traffic = nic.rate_bytes_per_second, _traffic(nic)
         if not nic.up or not rate or traffic is None or traffic >= rule.threshold("traffic_ratio_max") * rate:
             continue
+        wait, cnp = nic.transmit_wait_per_second, nic.cnp_handled_per_second
+        if (wait is None or wait < rule.threshold("wait_min_per_second")) and (
+            cnp is None or cnp < rule.threshold("cnp_min_per_second")
+        ):
+            continue  # the floors first: most ports are nowhere near them, and a baseline costs a median
         base = history.fabric.baseline(nic.key)
         signs = []
         for name, now_value, usual, ratio, floor in (
-            ("transmit wait", nic.transmit_wait_per_second, base.wait, "wait_ratio", "wait_min_per_second"),
-            ("CNPs handled", nic.cnp_handled_per_second, base.cnp, "cnp_ratio", "cnp_min_per_second"),
+            ("transmit wait", wait, base.wait, "wait_ratio", "wait_min_per_second"),
+            ("CNPs handled", cnp, base.cnp, "cnp_ratio", "cnp_min_per_second"),
         ):
             if now_value is None or usual is None:
                 continue

@@ -64,9 +64,10 @@ class _Reference:
     def note(self, now: float, value: float | None, window_s: float) -> None:
         if value is None:
             return
-        usual = self.median()
-        if self.settled() and usual is not None and value > REFERENCE_FIT_RATIO * usual and value > 1.0:
-            return  # far above the usual level: congestion, not a baseline
+        if value > 1.0 and self.settled():
+            usual = self.median()
+            if usual is not None and value > REFERENCE_FIT_RATIO * usual:
+                return  # far above the usual level: congestion, not a baseline
         self.values.append((now, value))
         while self.values[0][0] < now - window_s:
             self.values.popleft()
@@ -100,6 +101,7 @@ class FabricWindow:
         self._wait: dict[PortKey, _Reference] = {}
         self._cnp: dict[PortKey, _Reference] = {}
         self._latest: list[NicReading] = []
+        self._by_node: dict[str, list[NicReading]] = {}
         self._latest_hosts: dict[str, HostReading] = {}
         self._latest_job_hosts: dict[str, list[JobHostReading]] = {}
         self._gpu_jobs: dict[tuple[str, int], tuple[str, ...]] = {}
@@ -128,6 +130,9 @@ class FabricWindow:
                 self._latest_job_hosts.setdefault(share.job_id, []).append(share)
                 self._job_hosts.setdefault((share.node, share.job_id), deque()).append((now, share))
         self._latest = latest
+        self._by_node = {}
+        for nic in latest:
+            self._by_node.setdefault(nic.node, []).append(nic)
         self._gpu_jobs = {k: tuple(sorted(v)) for k, v in gpu_jobs.items()}
         self._job_nodes = {k: frozenset(v) for k, v in job_nodes.items()}
 
@@ -162,8 +167,9 @@ class FabricWindow:
         """The latest round's ports, in snapshot order."""
         return self._latest
 
-    def node_nics(self, node: str) -> list[NicReading]:
-        return [n for n in self._latest if n.node == node]
+    def node_nics(self, node: str) -> Sequence[NicReading]:
+        """The latest round's ports of one node."""
+        return self._by_node.get(node, ())
 
     def port_series(self, key: PortKey) -> Sequence[tuple[float, NicReading]]:
         """A port's ``(round time, reading)`` pairs in the window, oldest first."""
@@ -215,7 +221,7 @@ class FabricWindow:
 
     def job_nics(self, gpus: Mapping[str, Sequence[int]]) -> list[NicReading]:
         """The latest readings of the ports next to the job's GPUs (``gpus``: indices by node)."""
-        return [n for n in self._latest if set(n.gpus) & set(gpus.get(n.node, ()))]
+        return [n for node, held in gpus.items() for n in self._by_node.get(node, ()) if set(n.gpus) & set(held)]
 
     def host(self, node: str) -> HostReading | None:
         return self._latest_hosts.get(node)

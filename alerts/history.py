@@ -7,6 +7,8 @@ busy, data moving, clocks even), kept for ``window_s`` back from the newest such
 The stall and straggler detectors compare the present with it, so a stall that lasts longer than the window still
 has a baseline. And it keeps its *pauses* (``JobPause``): since when some GPU of it has been idle, and the longest
 such pause it came back from after it had begun its work (checkpoints, data-loader waits), however long ago.
+``History.fabric`` (``alerts.fabrichistory.FabricWindow``) keeps the same window of the RDMA ports, the hosts and the
+jobs' host shares.
 """
 
 from __future__ import annotations

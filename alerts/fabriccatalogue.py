@@ -98,7 +98,7 @@ FABRIC_RULES: Final[tuple[AlertRule, ...]] = (
         thresholds={"utilization_ratio": 0.9},
         meaning="The port's traffic in one direction is at least `utilization_ratio` of its rate, sustained: the "
         "inter-node link is the job's bottleneck. Short bursts (a checkpoint written to network storage) are "
-        "shorter than `for`.",
+        "shorter than `for`; a port running below its own highest rate is left to IbLinkDegraded.",
         action="Usually a property of the job (data-parallel all-reduce across nodes); more rails, gradient "
         "compression or a layout with less inter-node traffic help.",
     ),

@@ -272,6 +272,9 @@ def fabric_saturated(rule: AlertRule, history: History, now: float) -> list[Cand
         present = [(name, v) for name, v in directions if v is not None]
         if not nic.up or not rate or not present:
             continue
+        best = history.fabric.memory(nic.key).best_rate
+        if best and rate < best:
+            continue  # degraded: its lower ceiling is IbLinkDegraded's to report
         name, value = max(present, key=lambda d: d[1])
         if value < share * rate:
             continue

@@ -271,3 +271,10 @@ def test_healthy_ports_raise_nothing_under_any_port_rule() -> None:
     for rounds in (single, checkpoint):
         for name in PORT_RULES:
             assert run(rounds, name, {i: ("solo", "bob") for i in range(8)}) == [], name
+
+
+def test_a_degraded_port_full_at_its_halved_rate_is_left_to_ib_link_degraded() -> None:
+    halved = {"rate_bytes_per_second": NDR / 2, "link_width": 2}
+    rounds = [busy(0.4, 800.0)] * 3 + [busy(0.475, 800.0, **halved)]  # 95% of the halved rate
+    assert run(rounds, FABRIC_SATURATED) == []
+    assert len(run(rounds, IB_LINK_DEGRADED)) == 1

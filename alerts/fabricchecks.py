@@ -315,5 +315,6 @@ def fabric_evidence(
     up = sum(1 for n in nics if n.up)
     seen = f"The job's {len(nics)} NICs: {up} up, {rate_text(traffic)} in all."
     if faults:
-        return "; ".join(faults), f"{seen} {'; '.join(faults)}."
+        shown = faults[0] if len(faults) == 1 else f"{faults[0]}; {len(faults) - 1} more of its NICs down or flapping"
+        return shown, f"{seen} {'; '.join(faults)}."
     return None, seen

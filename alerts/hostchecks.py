@@ -31,7 +31,7 @@ def _starved(rule: AlertRule, share: JobHostReading | None, host: HostReading | 
         if host.memory_available_bytes is not None and host.memory_total_bytes:
             available = host.memory_available_bytes / host.memory_total_bytes
             if available < rule.threshold("memory_available_ratio_min"):
-                text += f" with {percent(available)} memory available (memory pressure)"
+                text += f" with {available * 100:.1f}% memory available (memory pressure)"
         out.append(text)
     return out
 

@@ -226,6 +226,18 @@ def cause_text(source: AlertState) -> str:
     return " ".join(parts)
 
 
+def join_causes(causes: Sequence[str]) -> str:
+    """Causes joined by ``; ``, those of one rule on one node as one: ``IbLinkDown node-00 mlx5_0,mlx5_1``."""
+    grouped: dict[str, list[str]] = {}
+    for cause in causes:
+        parts = cause.split(" ", 2)
+        head, rest = (" ".join(parts[:2]), parts[2]) if len(parts) == 3 else (cause, "")
+        grouped.setdefault(head, [])
+        if rest:
+            grouped[head].append(rest)
+    return "; ".join(f"{head} {','.join(rest)}" if rest else head for head, rest in grouped.items())
+
+
 def _inhibitor(
     states: Iterable[AlertState], inhibitions: Sequence[Inhibition]
 ) -> Callable[[AlertState], list[str] | None]:
@@ -371,8 +383,9 @@ def _mute(
         causes = inhibited(s)
         muted = "silenced" if silenced(s.labels) else "inhibited" if causes is not None else None
         annotations = s.annotations
-        if causes and annotations.get("cause") != "; ".join(causes):
-            annotations = {**annotations, "cause": "; ".join(causes)}
+        cause = join_causes(causes or [])
+        if cause and annotations.get("cause") != cause:
+            annotations = {**annotations, "cause": cause}
         out[fp] = (
             s if s.muted == muted and annotations is s.annotations else replace(s, muted=muted, annotations=annotations)
         )

@@ -12,7 +12,7 @@ from alerts.catalogue import COMMUNICATION_STALL, IB_LINK_DOWN, JOB_INPUT_BOUND,
 from alerts.engine import AlertEngine
 from alerts.grouping import Route
 from alerts.rules import builtin_rules, evaluate
-from alerts.state import FIRING, Inhibition, cause_text, step
+from alerts.state import FIRING, Inhibition, cause_text, join_causes, step
 from gpulens.fabricmodel import NicReading
 from gpulens.model import GpuReading, NodeSnapshot
 
@@ -90,7 +90,7 @@ def test_without_a_cpu_limit_the_nodes_cpus_are_the_limit() -> None:
 def test_memory_pressure_and_iowait_make_a_job_input_bound() -> None:
     pressure = {"cpu_iowait_ratio": 0.45, "memory_available_bytes": 1 << 34}  # 1.6% of 1 TiB
     [c] = input_feed(3, host_fields=pressure).candidates([INPUT])
-    assert "node-00 iowait 45% with 2% memory available (memory pressure)" in c.summary
+    assert "node-00 iowait 45% with 1.6% memory available (memory pressure)" in c.summary
 
 
 def test_not_input_bound_busy_gpus_an_idle_host_or_a_job_never_busy() -> None:
@@ -221,3 +221,20 @@ def test_cause_text() -> None:
     fired = step({}, [_state("ExporterDown", node="n3")], {r.name: r for r in builtin_rules()}, 0.0)
     [s] = fired.states.values()
     assert cause_text(s) == "ExporterDown n3"
+
+
+def test_causes_of_one_rule_on_one_node_are_joined() -> None:
+    assert join_causes(["IbLinkDown n0 mlx5_0", "IbLinkDown n0 mlx5_1", "IbLinkDown n1 mlx5_0"]) == (
+        "IbLinkDown n0 mlx5_0,mlx5_1; IbLinkDown n1 mlx5_0"
+    )
+    assert join_causes(["ExporterDown n3"]) == "ExporterDown n3"
+    assert join_causes([]) == ""
+
+
+def test_a_stall_with_many_ports_down_names_the_first_and_counts_the_rest() -> None:
+    def all_down(node: str) -> list[NicReading]:
+        return [down(p, 1) for p in rails(node, link_downed_total=0)] if node == "node-01" else rails(node)
+
+    [c] = stall_feed(all_down).candidates([STALL])
+    assert c.summary.endswith("node-01 mlx5_0 (GPU 0) is down since 00:05 UTC; 7 more of its NICs down or flapping")
+    assert c.description.count("is down since") == 8

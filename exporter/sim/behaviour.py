@@ -71,7 +71,7 @@ class JobBehaviour:
             return None
         active = [f for f in self.faults if f.active(t)] if self.faults else []
         if active:
-            taken = _taken_over(active)
+            taken = _taken_over(active, t)
             if taken is not None:
                 return taken
         kind = self.job.kind
@@ -150,13 +150,12 @@ class JobBehaviour:
         return JobPhase(QUIET)
 
 
-def _taken_over(active: list[FaultSpec]) -> JobPhase | None:
-    """The phase of the first active fault (by priority) whose kind takes over its job's phase."""
-    kinds = {f.kind: f for f in active}
+def _taken_over(active: list[FaultSpec], t: float) -> JobPhase | None:
+    """The phase of the first active fault (by priority) whose kind takes over its job's phase at ``t``."""
     for kind in PHASE_KINDS:
-        fault = kinds.get(kind.name)
-        if fault is not None:
-            return kind.job_phase(fault)
+        for fault in active:
+            if fault.kind == kind.name and kind.takes_phase(fault, t):
+                return kind.job_phase(fault)
     return None
 
 

@@ -20,8 +20,10 @@ from gpulens.model import GpuJob, GpuReading, LinkReading, NodeSnapshot, NodeUna
 from . import noise
 from .behaviour import JobBehaviour, activity, combine, rank_shaper
 from .clockevents import IDLE, SW_POWER_CAP
+from .fabric import Fabric
 from .faults import FAULT_KINDS, LEAK_TARGET_SHARE
 from .gpus import EnergyLedger, GpuContext, SimGpu, make_gpu
+from .host import HostSim
 from .readings import DRIVER_VERSION, gpu_reading, link_readings, lost_reading, process_readings
 from .specs import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario
 from .stepstate import Activity, GpuState, JobPhase, Placement, idle_activity
@@ -79,6 +81,8 @@ class SimCluster:
             for n in scenario.nodes
         }
         self._last: dict[str, tuple[int, NodeSnapshot]] = {}
+        self._fabric = Fabric(scenario, self._behaviours, self._phase, counter_scale)
+        self._hosts = HostSim(scenario, self._phase, counter_scale)
 
     @property
     def scenario(self) -> Scenario:
@@ -119,8 +123,13 @@ class SimCluster:
     # ------------------------------------------------------------------------------------------ set-up
 
     def _job_faults(self, job: JobSpec) -> tuple[FaultSpec, ...]:
-        """Faults that act through the job's phases: job-scoped ones and stragglers among its GPUs."""
-        return tuple(f for f in self._scenario.faults if f.job == job.id)
+        """Faults that act through the job's phases: job-scoped ones, stragglers among its GPUs, and fabric and
+        host faults that hit it."""
+        return tuple(
+            f
+            for f in self._scenario.faults
+            if (f.job == job.id and not FAULT_KINDS[f.kind].fabric) or job.id in f.jobs_hit
+        )
 
     def _gpu(self, node: NodeSpec, index: int) -> SimGpu:
         ref = GpuRef(node.name, index)
@@ -163,6 +172,8 @@ class SimCluster:
 
     @staticmethod
     def _role(fault: FaultSpec, ref: GpuRef, jobs: list[JobSpec]) -> str | None:
+        if FAULT_KINDS[fault.kind].fabric:  # it reaches GPUs only through the jobs it hits
+            return "job" if any(j.id in fault.jobs_hit for j in jobs) else None
         if fault.gpu == ref or ref in fault.ranks:
             return "self"
         if fault.node == ref.node:
@@ -234,6 +245,7 @@ class SimCluster:
             readings.append(reading)
             links.extend(link_readings(gpu, reading))
             processes.extend(process_readings(gpu, state, reading))
+        host, job_hosts = self._hosts.readings(node, k, t)
         return NodeSnapshot(
             node=node,
             timestamp=ts,
@@ -243,4 +255,7 @@ class SimCluster:
             processes=tuple(processes),
             jobs=tuple(jobs),
             driver_version=DRIVER_VERSION,
+            nics=self._fabric.readings(node, k, t),
+            host=host,
+            job_hosts=job_hosts,
         )

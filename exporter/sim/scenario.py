@@ -16,10 +16,11 @@ from typing import Any, Final
 from gpulens.config import ConfigError, TomlLocator, format_duration, parse_duration, parse_timestamp
 from gpulens.typedinput import read_text
 
-from .faults import FAULT_KINDS, FAULT_TARGETS, FaultCheckError, ScenarioView
-from .faults.kind import FaultParams
+from .faults import FAULT_KINDS, FAULT_TARGETS, FaultCheckError, FaultKind, ScenarioView
+from .faults.kind import REACHES_PORT_USERS, FaultParams
 from .gpuranges import GpuRanges, listing
 from .models import CATALOGUE, GpuModel
+from .nics import LINK_LAYERS, NicLayout, default_layout, node_nics
 from .scenario_input import ClusterInput, JobInput, ScenarioInput, read_input
 from .specs import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario
 
@@ -161,9 +162,32 @@ class _Resolver:
             if name in overrides:
                 raise self.fail("nodes", i, "name", f"node {name!r} is overridden twice")
             node_model = model if node.gpu_model is None else self._model("nodes", i, node.gpu_model)
-            overrides[name] = NodeSpec(name, node_model, node.gpus_per_node or gpus)
+            node_gpus = node.gpus_per_node or gpus
+            overrides[name] = NodeSpec(name, node_model, node_gpus, node_nics(node_gpus, self._layout(i, node_model)))
+        plain = node_nics(gpus, default_layout(model.name))
         for name in names:
-            self.nodes[name] = overrides.get(name) or NodeSpec(name, model, gpus)
+            self.nodes[name] = overrides.get(name) or NodeSpec(name, model, gpus, plain)
+
+    def _layout(self, i: int, model: GpuModel) -> NicLayout:
+        """A ``[[nodes]]`` table's RDMA ports: the model's defaults with its ``nics``, ``nic_rate_gbps`` and
+        ``nic_link_layer`` overrides."""
+        node = self.typed.nodes[i]
+        layout = default_layout(model.name)
+        layer = layout.link_layer
+        if node.nic_link_layer is not None:
+            layer = node.nic_link_layer.strip()
+            if layer not in LINK_LAYERS:
+                raise self.fail(
+                    "nodes",
+                    i,
+                    "nic_link_layer",
+                    f"unknown link layer {layer!r:.40} (expected one of: InfiniBand, Ethernet)",
+                )
+        return NicLayout(
+            node.nics or layout.count,
+            layout.rate_gbps if node.nic_rate_gbps is None else float(node.nic_rate_gbps),
+            layer,
+        )
 
     def _node_names(self, cluster: ClusterInput) -> list[str]:
         if isinstance(cluster.nodes, int):
@@ -299,14 +323,15 @@ class _Resolver:
 
     def _fault(self, i: int, params: FaultParams) -> FaultSpec:
         kind = FAULT_KINDS[str(params.__struct_config__.tag)]
-        target = kind.target
         at = self.time("faults", i, "at", params.at)
         assert at is not None
         self.inside("faults", i, "at", at)
-        named = self.text("faults", i, target, getattr(params, target))
+        target = self._target_key(i, kind, params)
+        named = self.text("faults", i, "node" if target == "nic" else target, getattr(params, target_field(target)))
         job = self._fault_job(i, named) if target == "job" else None
         gpu = self.ranges.one_gpu("faults", i, "gpu", named) if target == "gpu" else None
-        node = self.ranges.known_node("faults", i, "node", named).name if target == "node" else None
+        node_spec = self.ranges.known_node("faults", i, "node", named) if target in ("node", "nic") else None
+        nic = self._fault_nic(i, node_spec, getattr(params, "nic", "")) if target == "nic" else None
         if gpu is not None and kind.job_bound:
             job = self._gpu_holder(i, kind.name, gpu, at)
         raw_ranks = kind.ranks(params)
@@ -318,18 +343,79 @@ class _Resolver:
             end=self._fault_end(i, params, kind.single_event, at, job),
             job=job.id if job else None,
             gpu=gpu,
-            node=node,
+            node=None if node_spec is None else node_spec.name,
             ranks=ranks,
+            nic=nic,
+            jobs_hit=self._jobs_hit(kind, job, node_spec, nic, at),
+            step_s=self.step,
             **kind.extras(params),
         )
         if job is not None and not (job.start <= fault.start and fault.end <= job.end + 1e-9):
             key = "duration" if getattr(params, "duration", None) is not None else "at"
             raise self.fail("faults", i, key, f"the fault must lie inside job {job.id!r}'s run")
         try:
-            kind.check(fault, job, ScenarioView(self.nodes, self.jobs))
+            kind.check(fault, job, ScenarioView(self.nodes, self.jobs, self.step))
         except FaultCheckError as problem:
             raise self.fail("faults", i, problem.key, problem.message) from None
         return fault
+
+    def _target_key(self, i: int, kind: FaultKind, params: FaultParams) -> str:
+        """Which target the fault names: its kind's, or ``job`` for a kind that may name a job instead."""
+        if not kind.job_target and kind.target != "nic":
+            return kind.target
+        job = getattr(params, "job", None)
+        node = getattr(params, "node", None)
+        nic = getattr(params, "nic", None)
+        named = "a node and a nic" if kind.target == "nic" else "a node"
+        alternatives = f"{named}, or a job" if kind.job_target else named
+        if job is not None:
+            if node is not None or nic is not None:
+                raise self.fail("faults", i, "job", f"a {kind.name} fault names {alternatives}, not both")
+            return "job"
+        if node is None:
+            raise self.fail("faults", i, "node", f"missing required key (a {kind.name} fault names {alternatives})")
+        if kind.target == "nic" and nic is None:
+            raise self.fail("faults", i, "nic", f"missing required key (a {kind.name} fault names {alternatives})")
+        if kind.target != "nic" and nic is not None:
+            raise self.fail("faults", i, "nic", f"a {kind.name} fault names {alternatives}, not a nic")
+        return kind.target
+
+    def _fault_nic(self, i: int, node: NodeSpec | None, device: str) -> str:
+        """The RDMA device a fault names, which must be one of its node's ports."""
+        assert node is not None
+        device = self.text("faults", i, "nic", device)
+        if node.nic(device) is None:
+            have = listing(n.device for n in node.nics) if node.nics else "no RDMA ports"
+            raise self.fail(
+                "faults", i, "nic", f"{node.name} ({node.model.name}) has no RDMA device {device!r:.40} (it has {have})"
+            )
+        return device
+
+    def _jobs_hit(
+        self, kind: FaultKind, job: JobSpec | None, node: NodeSpec | None, nic: str | None, at: float
+    ) -> tuple[str, ...]:
+        """The jobs a fabric or host fault reaches (docs/scenarios.md): the job it names, else, by its kind, the
+        jobs spanning nodes whose GPUs use its port at ``at``, or every job on its node at ``at``."""
+        if not kind.fabric:
+            return ()
+        if job is not None:
+            return (job.id,)
+        if node is None or kind.reaches is None:
+            return ()
+        spec = node.nic(nic) if nic is not None else None
+        hit: list[str] = []
+        for other in self.jobs.values():
+            if not other.running(at):
+                continue
+            local = [g.index for g in other.gpus if g.node == node.name]
+            if kind.reaches == REACHES_PORT_USERS:
+                spans = len({g.node for g in other.gpus}) >= 2
+                if spec is None or not spans or not set(local) & set(spec.gpus):
+                    continue
+            elif not local:
+                continue
+            hit.append(other.id)
+        return tuple(hit)
 
     def _fault_job(self, i: int, job_id: str) -> JobSpec:
         job = self.jobs.get(job_id)
@@ -353,6 +439,11 @@ class _Resolver:
         if end > self.end + 1e-9:
             raise self.fail("faults", i, "duration", "the fault runs past the end of the scenario")
         return end
+
+
+def target_field(target: str) -> str:
+    """The key of a fault's table that names its target (a port is named by ``node``, then ``nic``)."""
+    return "node" if target == "nic" else target
 
 
 def _is_duration(value: Any) -> bool:

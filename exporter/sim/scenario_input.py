@@ -24,6 +24,7 @@ from gpulens.typedinput import InputStruct, convert, dotted, split_path
 
 from .faults import FAULT_KINDS, AnyFaultParams
 from .faults.kind import DurationValue, TimeValue
+from .nics import MAX_NICS
 
 MAX_GPUS_PER_NODE: Final = 64
 
@@ -32,6 +33,8 @@ _MISSING = re.compile(r"^object missing required field (\S+)$")
 
 GpuCount = Annotated[int, Meta(ge=1, le=MAX_GPUS_PER_NODE)]
 NodeCount = Annotated[int, Meta(ge=1)]
+NicCount = Annotated[int, Meta(ge=1, le=MAX_NICS)]
+NicRate = Annotated[float, Meta(gt=0, le=3200)]  # Gb/s
 
 
 class ClusterInput(InputStruct, frozen=True):
@@ -52,6 +55,9 @@ class NodeInput(InputStruct, frozen=True):
     name: str
     gpu_model: str | None = None
     gpus_per_node: GpuCount | None = None
+    nics: NicCount | None = None  # RDMA ports (default by GPU model, docs/scenarios.md)
+    nic_rate_gbps: NicRate | None = None
+    nic_link_layer: str | None = None  # "InfiniBand" or "Ethernet" (RoCE)
 
 
 class JobInput(InputStruct, frozen=True):

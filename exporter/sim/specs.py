@@ -23,10 +23,29 @@ class GpuRef:
 
 
 @dataclass(frozen=True, slots=True)
+class NicSpec:
+    """One RDMA port of a node: its device name, link, placement and the GPUs it is nearest to."""
+
+    device: str  # "mlx5_0"
+    port: int
+    link_layer: str  # "InfiniBand" or "Ethernet" (RoCE)
+    rate_bytes_per_second: float
+    link_width: int
+    link_speed: str | None  # per-lane speed name ("NDR"), None when the rate has none
+    gpus: tuple[int, ...]
+    pci_bus_id: str
+    numa_node: int
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSpec:
     name: str
     model: GpuModel
     gpus: int
+    nics: tuple[NicSpec, ...] = ()  # the scenario reader fills them in from the model's defaults and overrides
+
+    def nic(self, device: str) -> NicSpec | None:
+        return next((n for n in self.nics if n.device == device), None)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -55,7 +74,9 @@ class FaultSpec:
     """A fault from ``start`` to ``end`` (epoch seconds) on a job, a GPU or a node, as its kind requires.
 
     ``job`` is the job a job-scoped fault names, and for a ``straggler`` the training job it slows down. ``ranks``
-    are the GPUs of its job that a kind taking ranks (``hang_mixed``) acts on alone.
+    are the GPUs of its job that a kind taking ranks (``hang_mixed``) acts on alone. ``nic`` is the device a
+    fabric fault names on ``node``; ``jobs_hit`` the jobs a fabric or host fault on a port or node reaches (those
+    using the port, or running on the node, at its start); ``count`` a kind's repeat count (``ib_link_flap``).
     """
 
     index: int  # its position among the scenario's [[faults]]
@@ -67,6 +88,10 @@ class FaultSpec:
     node: str | None = None
     xid: int | None = None
     ranks: tuple[GpuRef, ...] = ()
+    nic: str | None = None
+    jobs_hit: tuple[str, ...] = ()
+    count: int | None = None
+    step_s: float = 0.0  # the scenario's step: an effect that must last a step to be seen (a flap) knows it
 
     def active(self, t: float) -> bool:
         return self.start <= t < self.end

@@ -26,6 +26,7 @@ QUIET: Final = "quiet"
 EVAL: Final = "eval"
 CHECKPOINT_WRITE: Final = "checkpoint_write"
 WARMUP: Final = "warmup"
+STARVED: Final = "starved"  # training, its input pipeline starved (host CPU or memory): GPUs mostly idle
 
 # A rank spinning in a collective draws about what the GPU draws idle: measured on an H200, 123 W spinning against
 # 122 W idle right after load (docs/domain.md §7). The simulator has one idle level (load 0.01), so a spinning rank,
@@ -81,7 +82,8 @@ class JobPhase:
 
     mode: str
     comm_fraction: float = 0.0  # training: the part of the step spent in all-reduce
-    intensity: float = 0.0  # inference and notebook: the load level; warm-up: the share of it done
+    intensity: float = 0.0  # inference and notebook: the load level; warm-up: the share of it done; starved:
+    # the share of its cgroup CPU limit the job's input pipeline uses
     all_reduce: Levels | None = None
     link_share: float | None = None
     activity: Callable[[Placement], Activity] | None = None
@@ -128,3 +130,33 @@ class Counters:
     nvlink_recovery: int = 0
     pcie_replays: int = 0
     xids: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PortState:
+    """One RDMA port during one step, before traffic; fabric fault kinds adjust it in place."""
+
+    up: bool = True
+    state: str = "ACTIVE"
+    phys_state: str = "LinkUp"
+    rate_share: float = 1.0  # of the port's own rate (a degraded link trains at half)
+    link_width: int | None = None  # None: the port's own width
+    congested: bool = False
+
+
+@dataclass(slots=True)
+class PortCounters:
+    """A port's fault-driven error counters at one time: what its faults have added since they began."""
+
+    symbol_errors: int = 0
+    link_downed: int = 0
+    link_error_recovery: int = 0
+    receive_errors: int = 0
+    local_link_integrity_errors: int = 0
+
+
+@dataclass(slots=True)
+class HostState:
+    """A node's host during one step, before noise; host fault kinds adjust it in place."""
+
+    memory_pressure: bool = False

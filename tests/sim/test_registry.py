@@ -9,7 +9,7 @@ import msgspec
 
 from exporter.sim import FAULT_KINDS, load_scenario
 from exporter.sim.faults import FAULT_TARGETS, PHASE_KINDS, AnyFaultParams
-from tests.sim import test_faults
+from tests.sim import test_fabric_faults, test_faults
 
 ROOT = Path(__file__).parents[2]
 
@@ -28,7 +28,7 @@ def test_each_kind_reads_its_own_params_struct() -> None:
 
 
 def test_targets_and_phase_priorities() -> None:
-    assert set(FAULT_TARGETS.values()) == {"job", "gpu", "node"}
+    assert set(FAULT_TARGETS.values()) == {"job", "gpu", "node", "nic"}
     priorities = [k.phase_priority for k in PHASE_KINDS]
     assert priorities == sorted(priorities)
     assert len(set(priorities)) == len(priorities)
@@ -39,21 +39,27 @@ def test_targets_and_phase_priorities() -> None:
         "hang_mixed",
         "idle_allocated",
         "nvlink_saturation",
+        "ib_link_down",
+        "ib_link_flap",
+        "host_memory_pressure",
+        "host_cpu_contention",
     ]
 
 
 def test_every_kind_is_documented_with_its_target() -> None:
     text = (ROOT / "docs" / "scenarios.md").read_text()
-    rows = dict(re.findall(r"^\| `(\w+)` \| (job|gpu|node) \|", text, re.MULTILINE))
+    rows = dict(re.findall(r"^\| `(\w+)` \| (job|gpu|node|nic)\b[^|]* \|", text, re.MULTILINE))
     assert rows == dict(FAULT_TARGETS)
 
 
-def test_the_faults_example_has_every_kind() -> None:
-    scenario = load_scenario(ROOT / "examples" / "scenarios" / "faults.toml")
-    assert {f.kind for f in scenario.faults} == set(FAULT_KINDS)
+def test_the_faults_examples_have_every_kind() -> None:
+    gpu = load_scenario(ROOT / "examples" / "scenarios" / "faults.toml")
+    fabric = load_scenario(ROOT / "examples" / "scenarios" / "fabric.toml")
+    assert {f.kind for f in fabric.faults} == {name for name, k in FAULT_KINDS.items() if k.fabric}
+    assert {f.kind for f in gpu.faults} == {name for name, k in FAULT_KINDS.items() if not k.fabric}
 
 
 def test_every_kind_has_a_signature_test() -> None:
-    tests = [name for name in dir(test_faults) if name.startswith("test_")]
+    tests = [name for module in (test_faults, test_fabric_faults) for name in dir(module) if name.startswith("test_")]
     for kind in FAULT_KINDS:
         assert any(t == f"test_{kind}" or t.startswith(f"test_{kind}_") for t in tests), kind

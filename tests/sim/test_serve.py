@@ -154,6 +154,9 @@ def test_all_nodes_serves_a_hundred_node_scenario_from_one_process(all_nodes: in
         snap = snapshot_from_json(json.loads(body))
         assert snap.node == name
         assert len(snap.gpus) == 8
+        assert [n.device for n in snap.nics] == [f"mlx5_{i}" for i in range(8)]  # schema 2: the fabric and host
+        assert snap.host is not None
+        assert snap.host.cpus == 224
         assert abs(snap.timestamp - started) < 120  # live: stamped with the real clock, not 2026-01-01
         jobs |= {j.job_id for j in snap.jobs}
     assert jobs == {"big-train", "serve"}

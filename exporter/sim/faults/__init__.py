@@ -12,10 +12,17 @@ from typing import Final, get_args
 from .comm_stall import CommStall, CommStallParams
 from .dead_profiling import DeadProfiling, DeadProfilingParams
 from .exporter_down import ExporterDown, ExporterDownParams
+from .fabric_congestion import FabricCongestion, FabricCongestionParams
 from .gpu_lost import GpuLost, GpuLostParams
 from .hang_blocked import HangBlocked, HangBlockedParams
 from .hang_mixed import HangMixed, HangMixedParams
 from .hang_spinning import HangSpinning, HangSpinningParams
+from .host_cpu_contention import HostCpuContention, HostCpuContentionParams
+from .host_memory_pressure import HostMemoryPressure, HostMemoryPressureParams
+from .ib_degraded import IbDegraded, IbDegradedParams
+from .ib_errors import IbErrors, IbErrorsParams
+from .ib_link_down import IbLinkDown, IbLinkDownParams
+from .ib_link_flap import IbLinkFlap, IbLinkFlapParams
 from .idle_allocated import IdleAllocated, IdleAllocatedParams
 from .kind import FaultCheckError, FaultKind, FaultParams, ScenarioView
 from .memory_leak import LEAK_TARGET_SHARE, MemoryLeak, MemoryLeakParams
@@ -48,6 +55,13 @@ FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
         PcieSaturation(),
         NvlinkSaturation(),
         DeadProfiling(),
+        IbLinkDown(),
+        IbLinkFlap(),
+        IbDegraded(),
+        IbErrors(),
+        FabricCongestion(),
+        HostCpuContention(),
+        HostMemoryPressure(),
     )
 }
 
@@ -70,6 +84,13 @@ AnyFaultParams = (
     | PcieSaturationParams
     | NvlinkSaturationParams
     | DeadProfilingParams
+    | IbLinkDownParams
+    | IbLinkFlapParams
+    | IbDegradedParams
+    | IbErrorsParams
+    | FabricCongestionParams
+    | HostCpuContentionParams
+    | HostMemoryPressureParams
 )
 assert set(get_args(AnyFaultParams)) == {k.params for k in FAULT_KINDS.values()}, "register each kind's params"
 assert all(k.params.__struct_config__.tag == name for name, k in FAULT_KINDS.items()), "params tag != kind name"

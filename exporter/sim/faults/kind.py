@@ -16,10 +16,14 @@ from typing import Any, ClassVar, Final
 
 from exporter.sim.models import GpuModel
 from exporter.sim.specs import FaultSpec, JobSpec, NodeSpec
-from exporter.sim.stepstate import Counters, GpuState, JobPhase, RankShare
+from exporter.sim.stepstate import Counters, GpuState, HostState, JobPhase, PortCounters, PortState, RankShare
 from gpulens.typedinput import InputStruct
 
-TARGET_KEYS: Final = ("job", "gpu", "node")
+TARGET_KEYS: Final = ("job", "gpu", "node", "nic")
+# What a fault on a port or a node reaches (FaultKind.reaches): the jobs spanning nodes whose GPUs use the port, or
+# every job on the node.
+REACHES_PORT_USERS: Final = "port"
+REACHES_NODE_JOBS: Final = "node"
 
 # A time as a scenario writes it: an offset such as "20m", a number of seconds, or an RFC 3339 time.
 TimeValue = str | int | float
@@ -48,6 +52,31 @@ class NodeFaultParams(FaultParams, frozen=True):
     duration: DurationValue | None = None
 
 
+class NicFaultParams(FaultParams, frozen=True):
+    """A fault on one RDMA port: ``node`` and ``nic`` (its device name, e.g. ``mlx5_2``)."""
+
+    node: str
+    nic: str
+    duration: DurationValue | None = None
+
+
+class NicOrJobFaultParams(FaultParams, frozen=True):
+    """A fault on one RDMA port (``node`` and ``nic``), or on the ports next to a job's GPUs (``job``)."""
+
+    node: str | None = None
+    nic: str | None = None
+    job: str | None = None
+    duration: DurationValue | None = None
+
+
+class NodeOrJobFaultParams(FaultParams, frozen=True):
+    """A fault on a node's host (``node``), or on the hosts of a job's nodes (``job``)."""
+
+    node: str | None = None
+    job: str | None = None
+    duration: DurationValue | None = None
+
+
 class FaultCheckError(Exception):
     """A fault that its kind rejects; the scenario reader reports it at ``key`` of the fault's table."""
 
@@ -63,6 +92,7 @@ class ScenarioView:
 
     nodes: Mapping[str, NodeSpec]
     jobs: Mapping[str, JobSpec]
+    step_s: float = 0.0
 
 
 class FaultKind:
@@ -70,7 +100,7 @@ class FaultKind:
 
     name: ClassVar[str]
     params: ClassVar[type[FaultParams]]
-    target: ClassVar[str]  # the key naming what it acts on: "job", "gpu" or "node"
+    target: ClassVar[str]  # the key naming what it acts on: "job", "gpu", "node" or "nic" (with "node")
     # Acts while a job runs: its window must lie inside the job's, it lasts until the job ends without a
     # duration, and while it acts the job takes no data-loader or checkpoint pauses. A GPU-scoped kind acts in
     # the job holding its GPU at ``at``.
@@ -79,13 +109,19 @@ class FaultKind:
     phase_priority: ClassVar[int | None] = None  # takes over its job's phase (job_phase); the lowest wins
     shapes_ranks: ClassVar[bool] = False  # reshapes its training job's ranks (rank_share)
     takes_node_offline: ClassVar[bool] = False  # reading its node fails while it acts
+    # Fabric and host kinds act on RDMA ports and hosts; they reach GPUs only through the jobs they hit
+    # (FaultSpec.jobs_hit): the job they name, or what ``reaches`` says for a port or a node.
+    fabric: ClassVar[bool] = False
+    job_target: ClassVar[bool] = False  # a "nic" or "node" kind that may name a ``job`` instead
+    reaches: ClassVar[str | None] = None  # REACHES_PORT_USERS, REACHES_NODE_JOBS or None (no job feels it)
 
     # ----------------------------------------------------------------------------------------- validation
 
     def unknown_key(self, key: str) -> str:
         """The message for a key this kind's ``params`` lacks."""
         if key in TARGET_KEYS:
-            return f"a {self.name} fault names a {self.target}, not a {key}"
+            named = "a node and a nic" if self.target == "nic" else f"a {self.target}"
+            return f"a {self.name} fault names {named}{' or a job' if self.job_target else ''}, not a {key}"
         if key == "xid":
             return "only xid faults take an xid code"
         return "unknown key"
@@ -118,6 +154,25 @@ class FaultKind:
     def count(self, fault: FaultSpec, elapsed_s: float, counters: Counters) -> None:
         """What the fault has added to its GPU's counters ``elapsed_s`` after it began."""
 
+    def takes_phase(self, fault: FaultSpec, t: float) -> bool:
+        """Whether the fault takes over its job's phase at ``t`` (kinds with a ``phase_priority``; a flapping
+        link only while it is down)."""
+        return True
+
+    def fabric_pace(self, fault: FaultSpec, t: float) -> float:
+        """How fast a job it hits moves its inter-node traffic at ``t``, against a healthy job (fabric kinds)."""
+        return 1.0
+
+    def port(self, fault: FaultSpec, t: float, state: PortState) -> None:
+        """What the fault does to its port (or each port next to its job's GPUs) during the step at ``t``."""
+
+    def port_count(self, fault: FaultSpec, t: float, elapsed_s: float, counters: PortCounters) -> None:
+        """What the fault has added to its port's error counters by ``t``, ``elapsed_s`` (in counter seconds)
+        after it began."""
+
+    def host(self, fault: FaultSpec, t: float, state: HostState) -> None:
+        """What the fault does to its node's host (or each host of its job) during the step at ``t``."""
+
     def offline_message(self, fault: FaultSpec, node: str, until: str) -> str:
         """Why ``node`` cannot be read (kinds that take it offline)."""
         return f"{node}: unavailable (simulated {self.name} until {until})"
@@ -127,3 +182,15 @@ def require_multi_gpu_training(kind: FaultKind, job: JobSpec | None) -> None:
     """Communication faults need a training job whose ranks talk to each other."""
     if job is not None and (job.kind != "training" or len(job.gpus) < 2):
         raise FaultCheckError(kind.target, f"a {kind.name} fault needs a training job with 2 or more GPUs")
+
+
+def require_multi_node_training(kind: FaultKind, job: JobSpec | None) -> None:
+    """A fault a job feels through the fabric needs a training job spanning two or more nodes."""
+    if job is not None and (job.kind != "training" or len({g.node for g in job.gpus}) < 2):
+        raise FaultCheckError("job", f"a {kind.name} fault needs a training job that spans 2 or more nodes")
+
+
+def require_training(kind: FaultKind, job: JobSpec | None) -> None:
+    """An input-pipeline fault needs a training job (one that reads data every step)."""
+    if job is not None and job.kind != "training":
+        raise FaultCheckError("job", f"a {kind.name} fault needs a training job")

@@ -1,0 +1,32 @@
+"""Fault kind ``ib_degraded``: an RDMA port trains at half its lanes (width 4 -> 2), so its rate halves.
+
+The port stays up (ACTIVE, LinkUp), its ``rate_bytes_per_second`` and ``link_width`` halve, and whatever traffic
+its jobs send is capped below the new rate.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from exporter.sim.specs import FaultSpec
+from exporter.sim.stepstate import PortState
+
+from .kind import FaultKind, NicFaultParams
+
+DEGRADED_RATE_SHARE: Final = 0.5
+DEGRADED_WIDTH: Final = 2
+
+
+class IbDegradedParams(NicFaultParams, frozen=True, tag="ib_degraded"):
+    """``node``, ``nic``, ``at``, ``duration``."""
+
+
+class IbDegraded(FaultKind):
+    name = "ib_degraded"
+    params = IbDegradedParams
+    target = "nic"
+    fabric = True
+
+    def port(self, fault: FaultSpec, t: float, state: PortState) -> None:
+        state.rate_share = min(state.rate_share, DEGRADED_RATE_SHARE)
+        state.link_width = DEGRADED_WIDTH

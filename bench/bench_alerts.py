@@ -145,8 +145,8 @@ def main() -> int:
     print("\n| fault kind | injected | calling for an alert | detected |\n|---|---|---|---|")
     for kind, k in sorted(kinds.items()):
         print(f"| `{kind}` | {k.injected} | {k.alerting} | {k.detected} |")
-    total = [sum(getattr(k, f) for k in kinds.values()) for f in ("injected", "alerting", "detected")]
-    print(f"| all | {total[0]} | {total[1]} | {total[2]} |")
+    sums = [sum(getattr(k, f) for k in kinds.values()) for f in ("injected", "alerting", "detected")]
+    print(f"| all | {sums[0]} | {sums[1]} | {sums[2]} |")
     print("\n| rule | alerts required | detected | fired | false |\n|---|---|---|---|---|")
     for rule, r in sorted(rules.items()):
         print(f"| `{rule}` | {r.required} | {r.detected} | {r.fired} | {r.false} |")

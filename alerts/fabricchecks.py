@@ -36,19 +36,19 @@ def gpus_text(gpus: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def port_name(nic: NicReading) -> str:
-    """``node-03 mlx5_2`` (``port 2`` added for a second port)."""
-    return f"{nic.node} {nic.device}" + (f" port {nic.port}" if nic.port != 1 else "")
+def port_name(nic: NicReading, always: bool = False) -> str:
+    """``node-03 mlx5_2`` (``port 2`` added for a port other than 1, or ``always``)."""
+    return f"{nic.node} {nic.device}" + (f" port {nic.port}" if always or nic.port != 1 else "")
 
 
-def port_place(nic: NicReading, jobs: Sequence[str]) -> str:
-    """``node-03 mlx5_2 (GPUs 4-5, job llm)``: the port, its GPUs and the jobs holding them."""
+def port_place(nic: NicReading, jobs: Sequence[str], always: bool = True) -> str:
+    """``node-03 mlx5_2 port 1 (GPUs 4-5, job llm)``: the port, its GPUs and the jobs holding them."""
     parts = []
     if nic.gpus:
         parts.append(f"GPU{'s' if len(nic.gpus) > 1 else ''} {gpus_text(nic.gpus)}")
     if jobs:
         parts.append(f"job{'s' if len(jobs) > 1 else ''} {', '.join(jobs)}")
-    return port_name(nic) + (f" ({', '.join(parts)})" if parts else "")
+    return port_name(nic, always) + (f" ({', '.join(parts)})" if parts else "")
 
 
 def clock_text(t: float) -> str:
@@ -301,7 +301,7 @@ def fabric_evidence(
         return None, ""
     faults = []
     for nic in nics:
-        place = port_place(nic, ())
+        place = port_place(nic, (), always=False)
         since = link_down_since(fabric, nic)
         count = flaps(fabric, nic, now - window_s)
         if since is not None and count > 1:

@@ -151,6 +151,27 @@ def test_faults_example_raises_each_faults_alert() -> None:
     assert sum(k.injected for k in kinds.values()) == 17
 
 
+def test_fabric_example_raises_each_faults_alert_on_its_port_and_job() -> None:
+    outcome = run((EXAMPLES / "fabric.toml").read_text(), "fabric.toml")
+    assert_clean(outcome)
+    ports = {
+        (a.alertname, a.labels["node"], a.labels["device"], a.labels.get("job", ""))
+        for a in outcome.fired
+        if "device" in a.labels
+    }
+    congested = {("FabricCongestion", n, f"mlx5_{i}", "finetune") for n in ("node-02", "node-03") for i in range(8)}
+    assert ports == {
+        ("IbLinkDegraded", "node-05", "mlx5_1", "a100-train"),
+        ("IbLinkDown", "node-01", "mlx5_2", "pretrain"),
+        ("IbLinkFlapping", "node-02", "mlx5_5", "finetune"),
+        ("IbErrors", "node-06", "mlx5_3", "a100-train"),
+        *congested,
+    }
+    inputs = {(a.labels["job_id"], a.labels["node"]) for a in outcome.fired if a.alertname == "JobInputBound"}
+    assert inputs == {("local", "node-04"), ("serve", "node-07")}
+    assert len(outcome.fired) == len(ports) + len(inputs)  # each once; the 4-minute link-down is shorter than a stall
+
+
 # ------------------------------------------------------------------------------------------------ own scenarios
 
 JOB_CASES = [

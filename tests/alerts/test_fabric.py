@@ -61,7 +61,7 @@ def test_link_down_names_node_device_port_gpus_and_job() -> None:
         "gpus": "4-5",
         "job": "llm",
     }
-    assert c.summary.startswith("node-03 mlx5_2 (GPUs 4-5, job llm): InfiniBand link down since ")
+    assert c.summary.startswith("node-03 mlx5_2 port 1 (GPUs 4-5, job llm): InfiniBand link down since ")
     assert "(DOWN, Polling)" in c.summary
     assert c.value == 10.0  # down for one round interval so far
 
@@ -71,7 +71,7 @@ def test_link_down_without_a_job_has_no_job_label() -> None:
     [c] = run([[up], [down(up)]], IB_LINK_DOWN)
     assert "job" not in c.labels
     assert "job_id" not in c.labels
-    assert c.summary.startswith("node-03 mlx5_2 (GPUs 4-5): ")
+    assert c.summary.startswith("node-03 mlx5_2 port 1 (GPUs 4-5): ")
 
 
 def test_ports_never_up_or_disabled_are_not_down_alerts() -> None:
@@ -105,7 +105,7 @@ def test_flapping_fires_above_flaps_max_in_the_window() -> None:
     assert c.value == 3.0
     assert c.labels["gpus"] == "4-5"
     assert c.labels["job"] == "llm"
-    assert c.summary == "node-03 mlx5_2 (GPUs 4-5, job llm): InfiniBand link went down 3 times in the last 15m (up now)"
+    assert c.summary == "node-03 mlx5_2 port 1 (GPUs 4-5, job llm): InfiniBand link went down 3 times in the last 15m (up now)"
     assert run(flapping([0, 1, 1, 2]), IB_LINK_FLAPPING) == []  # twice: not more than flaps_max
     assert run(flapping([0, 1, 1, 2, 3]), IB_LINK_FLAPPING, flaps_max=3) == []  # configurable
 
@@ -172,7 +172,7 @@ def errors(field: str, values: Sequence[int]) -> list[list[NicReading]]:
 def test_climbing_symbol_errors_fire() -> None:
     [c] = run(errors("symbol_errors_total", [0, 20, 40, 60]), IB_ERRORS, JOB)
     assert c.value == 60.0
-    assert c.summary == "node-03 mlx5_2 (GPUs 4-5, job llm): InfiniBand errors: 60 symbol errors in the last 10m"
+    assert c.summary == "node-03 mlx5_2 port 1 (GPUs 4-5, job llm): InfiniBand errors: 60 symbol errors in the last 10m"
 
 
 def test_a_few_symbol_errors_do_not_fire() -> None:
@@ -237,7 +237,7 @@ def test_roce_cnps_far_above_baseline_are_congestion() -> None:
 
 def test_traffic_at_90_percent_of_rate_is_saturation() -> None:
     [c] = run([busy(0.93, 1000.0)], FABRIC_SATURATED, JOB)
-    assert c.summary == "node-03 mlx5_2 (GPUs 4-5, job llm): InfiniBand TX at 46.5 GB/s, 93% of its 50.0 GB/s"
+    assert c.summary == "node-03 mlx5_2 port 1 (GPUs 4-5, job llm): InfiniBand TX at 46.5 GB/s, 93% of its 50.0 GB/s"
     assert c.labels["port"] == "1"
 
 

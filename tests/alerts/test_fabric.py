@@ -278,3 +278,16 @@ def test_a_degraded_port_full_at_its_halved_rate_is_left_to_ib_link_degraded() -
     rounds = [busy(0.4, 800.0)] * 3 + [busy(0.475, 800.0, **halved)]  # 95% of the halved rate
     assert run(rounds, FABRIC_SATURATED) == []
     assert len(run(rounds, IB_LINK_DEGRADED)) == 1
+
+
+def test_the_fabric_window_forgets_ports_not_seen_for_the_window() -> None:
+    feed = Feed(window_s=60.0)
+    gpus = [healthy_gpu("node-03", i) for i in range(8)]
+    feed.add([fabric_snapshot("node-03", gpus, [pair()])])
+    fabric = feed.history.fabric
+    assert fabric.memory(pair().key).best_rate == NDR
+    for _ in range(8):
+        feed.add([fabric_snapshot("node-03", gpus)])
+    assert fabric.nics == []
+    assert fabric.port_series(pair().key) == ()
+    assert fabric.memory(pair().key).best_rate is None  # gone with the port

@@ -105,7 +105,9 @@ def test_flapping_fires_above_flaps_max_in_the_window() -> None:
     assert c.value == 3.0
     assert c.labels["gpus"] == "4-5"
     assert c.labels["job"] == "llm"
-    assert c.summary == "node-03 mlx5_2 port 1 (GPUs 4-5, job llm): InfiniBand link went down 3 times in the last 15m (up now)"
+    assert c.summary == (
+        "node-03 mlx5_2 port 1 (GPUs 4-5, job llm): InfiniBand link went down 3 times in the last 15m (up now)"
+    )
     assert run(flapping([0, 1, 1, 2]), IB_LINK_FLAPPING) == []  # twice: not more than flaps_max
     assert run(flapping([0, 1, 1, 2, 3]), IB_LINK_FLAPPING, flaps_max=3) == []  # configurable
 

@@ -145,19 +145,6 @@ def ib_link_flapping(rule: AlertRule, history: History, now: float) -> list[Cand
 # ------------------------------------------------------------------------------------------------ rate
 
 
-def _peer_rate(fabric: FabricWindow, nic: NicReading) -> float | None:
-    """The median rate of the node's other up ports of the same link layer."""
-    rates = sorted(
-        p.rate_bytes_per_second
-        for p in fabric.node_nics(nic.node)
-        if p.key != nic.key and p.up and p.link_layer == nic.link_layer and p.rate_bytes_per_second
-    )
-    if not rates:
-        return None
-    mid = len(rates) // 2
-    return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2.0
-
-
 def ib_link_degraded(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     ratio = rule.threshold("peer_rate_ratio")
     fabric = history.fabric
@@ -173,7 +160,7 @@ def ib_link_degraded(rule: AlertRule, history: History, now: float) -> list[Cand
         if memory.best_rate and rate < memory.best_rate:
             problems.append(f"{rate_text(rate)} instead of its {rate_text(memory.best_rate)}")
             ceiling = memory.best_rate
-        peers = _peer_rate(fabric, nic)
+        peers = fabric.peer_rate(nic)
         if peers and rate < ratio * peers:
             problems.append(f"{percent(rate / peers)} of its peers' {rate_text(peers)}")
             ceiling = max(ceiling, peers)

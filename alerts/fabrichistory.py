@@ -48,12 +48,18 @@ def _median(values: Iterable[float]) -> float | None:
 
 
 class _Reference:
-    """A port's recent usual level of one rate (wait ticks or CNPs per second)."""
+    """A port's recent usual level of one rate (wait ticks or CNPs per second).
 
-    __slots__ = ("values",)
+    Whether a round fits is judged against a median refreshed every REFERENCE_SETTLED_ROUNDS rounds (a median per
+    port per round would cost more than all the port rules together); ``median`` itself is always current.
+    """
+
+    __slots__ = ("age", "usual", "values")
 
     def __init__(self) -> None:
         self.values: deque[tuple[float, float]] = deque()
+        self.usual: float | None = None
+        self.age = 0
 
     def median(self) -> float | None:
         return _median(v for _, v in self.values)
@@ -65,9 +71,11 @@ class _Reference:
         if value is None:
             return
         if value > 1.0 and self.settled():
-            usual = self.median()
-            if usual is not None and value > REFERENCE_FIT_RATIO * usual:
+            if self.usual is None or self.age >= REFERENCE_SETTLED_ROUNDS:
+                self.usual, self.age = self.median(), 0
+            if self.usual is not None and value > REFERENCE_FIT_RATIO * self.usual:
                 return  # far above the usual level: congestion, not a baseline
+        self.age += 1
         self.values.append((now, value))
         while self.values[0][0] < now - window_s:
             self.values.popleft()
@@ -102,6 +110,8 @@ class FabricWindow:
         self._cnp: dict[PortKey, _Reference] = {}
         self._latest: list[NicReading] = []
         self._by_node: dict[str, list[NicReading]] = {}
+        self._rates: dict[tuple[str, str | None], list[float]] = {}  # up ports' rates by node and link layer
+        self._port_jobs: dict[PortKey, tuple[str, ...]] = {}  # port_jobs of this round, as asked
         self._latest_hosts: dict[str, HostReading] = {}
         self._latest_job_hosts: dict[str, list[JobHostReading]] = {}
         self._gpu_jobs: dict[tuple[str, int], tuple[str, ...]] = {}
@@ -121,8 +131,12 @@ class FabricWindow:
                 job_nodes.setdefault(job.job_id, set()).add(job.node)
             for nic in snap.nics:
                 latest.append(nic)
-                self._ports.setdefault(nic.key, deque()).append((now, nic))
-                self._remember(now, nic)
+                key = nic.key
+                series = self._ports.get(key)
+                if series is None:
+                    series = self._ports[key] = deque()
+                series.append((now, nic))
+                self._remember(now, key, nic)
             if snap.host is not None:
                 self._latest_hosts[snap.node] = snap.host
                 self._hosts.setdefault(snap.node, deque()).append((now, snap.host))
@@ -131,23 +145,34 @@ class FabricWindow:
                 self._job_hosts.setdefault((share.node, share.job_id), deque()).append((now, share))
         self._latest = latest
         self._by_node = {}
+        self._rates = {}
         for nic in latest:
             self._by_node.setdefault(nic.node, []).append(nic)
+            if nic.up and nic.rate_bytes_per_second:
+                self._rates.setdefault((nic.node, nic.link_layer), []).append(nic.rate_bytes_per_second)
         self._gpu_jobs = {k: tuple(sorted(v)) for k, v in gpu_jobs.items()}
         self._job_nodes = {k: frozenset(v) for k, v in job_nodes.items()}
+        self._port_jobs = {}
 
-    def _remember(self, now: float, nic: NicReading) -> None:
-        memory = self._memory.setdefault(nic.key, PortMemory())
+    def _remember(self, now: float, key: PortKey, nic: NicReading) -> None:
+        memory = self._memory.get(key)
+        if memory is None:
+            memory = self._memory[key] = PortMemory()
         memory.seen = now
         if nic.up:
             memory.last_up = now
             memory.down_since = None
-            if nic.rate_bytes_per_second and (memory.best_rate is None or nic.rate_bytes_per_second > memory.best_rate):
-                memory.best_rate = nic.rate_bytes_per_second
-            if nic.link_width and (memory.best_width is None or nic.link_width > memory.best_width):
-                memory.best_width = nic.link_width
-            self._wait.setdefault(nic.key, _Reference()).note(now, nic.transmit_wait_per_second, self.window_s)
-            self._cnp.setdefault(nic.key, _Reference()).note(now, nic.cnp_handled_per_second, self.window_s)
+            rate, width = nic.rate_bytes_per_second, nic.link_width
+            if rate and (memory.best_rate is None or rate > memory.best_rate):
+                memory.best_rate = rate
+            if width and (memory.best_width is None or width > memory.best_width):
+                memory.best_width = width
+            for table, value in ((self._wait, nic.transmit_wait_per_second), (self._cnp, nic.cnp_handled_per_second)):
+                if value is not None:
+                    reference = table.get(key)
+                    if reference is None:
+                        reference = table[key] = _Reference()
+                    reference.note(now, value, self.window_s)
         elif memory.last_up is not None and memory.down_since is None:
             memory.down_since = now
 
@@ -191,10 +216,13 @@ class FabricWindow:
         series = self._ports.get(key)
         if not series:
             return None
+        first, end = value(series[0][1]), value(series[-1][1])
+        if first is not None and first == end and len(series) >= 2:
+            return 0.0  # unchanged over the whole window: a counter that only rises did not rise in part of it
         i = bisect.bisect_left(series, since, key=lambda entry: entry[0])
         if i >= len(series) - 1:
             return None
-        start, end = value(series[i][1]), value(series[-1][1])
+        start = value(series[i][1])
         if start is None or end is None:
             return None
         return float(end - start if end >= start else end)
@@ -212,8 +240,18 @@ class FabricWindow:
 
     def port_jobs(self, nic: NicReading) -> tuple[str, ...]:
         """The jobs holding any of the port's GPUs this round."""
-        found = {job for gpu in nic.gpus for job in self._gpu_jobs.get((nic.node, gpu), ())}
-        return tuple(sorted(found))
+        known = self._port_jobs.get(nic.key)
+        if known is None:
+            found = {job for gpu in nic.gpus for job in self._gpu_jobs.get((nic.node, gpu), ())}
+            known = self._port_jobs[nic.key] = tuple(sorted(found))
+        return known
+
+    def peer_rate(self, nic: NicReading) -> float | None:
+        """The median rate of the node's other up ports of the same link layer this round."""
+        rates = sorted(self._rates.get((nic.node, nic.link_layer), ()))
+        if nic.up and nic.rate_bytes_per_second in rates:
+            rates.remove(nic.rate_bytes_per_second)
+        return _median(rates)
 
     def job_nodes(self, job_id: str) -> frozenset[str]:
         """The nodes the job holds GPUs on this round."""

@@ -60,15 +60,14 @@ def layer_text(nic: NicReading) -> str:
     return "RoCE" if nic.is_roce else "InfiniBand"
 
 
-def _ports(history: History) -> Iterator[tuple[NicReading, tuple[str, ...]]]:
-    fabric = history.fabric
-    for nic in fabric.nics:
-        yield nic, fabric.port_jobs(nic)
+def _ports(history: History) -> Iterator[NicReading]:
+    yield from history.fabric.nics
 
 
 def _candidate(
-    rule: AlertRule, nic: NicReading, jobs: Sequence[str], value: float | None, what: str, description: str
+    rule: AlertRule, history: History, nic: NicReading, value: float | None, what: str, description: str
 ) -> Candidate:
+    jobs = history.fabric.port_jobs(nic)
     subject = {
         "node": nic.node,
         "device": nic.device,
@@ -100,10 +99,11 @@ def link_down_since(fabric: FabricWindow, nic: NicReading) -> float | None:
 
 def ib_link_down(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     out = []
-    for nic, jobs in _ports(history):
+    for nic in _ports(history):
         since = link_down_since(history.fabric, nic)
         if since is None:
             continue
+        jobs = history.fabric.port_jobs(nic)
         state = ", ".join(s for s in (nic.state, nic.phys_state) if s) or "state unknown"
         downs = "unknown" if nic.link_downed_total is None else str(nic.link_downed_total)
         what = f"{layer_text(nic)} link down since {clock_text(since)} ({state})"
@@ -112,7 +112,7 @@ def ib_link_down(rule: AlertRule, history: History, now: float) -> list[Candidat
             + (f"Job {', '.join(jobs)} loses this rail: its collectives across nodes stall. " if jobs else "")
             + f"Link-down events counted by the port: {downs}."
         )
-        out.append(_candidate(rule, nic, jobs, now - since, what, description))
+        out.append(_candidate(rule, history, nic, now - since, what, description))
     return out
 
 
@@ -128,7 +128,7 @@ def ib_link_flapping(rule: AlertRule, history: History, now: float) -> list[Cand
     window = rule.threshold("window_s")
     limit = rule.threshold("flaps_max")
     out = []
-    for nic, jobs in _ports(history):
+    for nic in _ports(history):
         count = flaps(history.fabric, nic, now - window)
         if count <= limit:
             continue
@@ -138,7 +138,7 @@ def ib_link_flapping(rule: AlertRule, history: History, now: float) -> list[Cand
             f"The port's link went down {count} times within {format_duration(window)} (more than "
             f"{limit:g}): each time the collectives crossing it stall."
         )
-        out.append(_candidate(rule, nic, jobs, float(count), what, description))
+        out.append(_candidate(rule, history, nic, float(count), what, description))
     return out
 
 
@@ -149,7 +149,7 @@ def ib_link_degraded(rule: AlertRule, history: History, now: float) -> list[Cand
     ratio = rule.threshold("peer_rate_ratio")
     fabric = history.fabric
     out = []
-    for nic, jobs in _ports(history):
+    for nic in _ports(history):
         rate = nic.rate_bytes_per_second
         if not nic.up or not rate:
             continue
@@ -172,7 +172,7 @@ def ib_link_degraded(rule: AlertRule, history: History, now: float) -> list[Cand
             f"The port is up at {rate_text(rate)}{speed}, below its maximum of {rate_text(ceiling)}: every "
             "collective crossing it runs at its pace."
         )
-        out.append(_candidate(rule, nic, jobs, rate / ceiling, what, description))
+        out.append(_candidate(rule, history, nic, rate / ceiling, what, description))
     return out
 
 
@@ -188,7 +188,7 @@ _ERRORS: Final = (
 def ib_errors(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     window = rule.threshold("window_s")
     out = []
-    for nic, jobs in _ports(history):
+    for nic in _ports(history):
         found: dict[str, float] = {}
         over = False
         for name, limit, get in _ERRORS:
@@ -204,7 +204,7 @@ def ib_errors(rule: AlertRule, history: History, now: float) -> list[Candidate]:
             f"Physical-layer errors on the port within {format_duration(window)}: {', '.join(parts)}. A link with "
             "climbing errors retransmits, and is the next to flap or go down."
         )
-        out.append(_candidate(rule, nic, jobs, sum(found.values()), what, description))
+        out.append(_candidate(rule, history, nic, sum(found.values()), what, description))
     return out
 
 
@@ -218,7 +218,7 @@ def _traffic(nic: NicReading) -> float | None:
 
 def fabric_congestion(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     out = []
-    for nic, jobs in _ports(history):
+    for nic in _ports(history):
         rate, traffic = nic.rate_bytes_per_second, _traffic(nic)
         if not nic.up or not rate or traffic is None or traffic >= rule.threshold("traffic_ratio_max") * rate:
             continue
@@ -246,14 +246,14 @@ def fabric_congestion(rule: AlertRule, history: History, now: float) -> list[Can
             f"The port waits to send far more than usual ({'; '.join(signs)}) while it moves only "
             f"{rate_text(traffic)} of its {rate_text(rate)}: the fabric beyond it is congested."
         )
-        out.append(_candidate(rule, nic, jobs, traffic / rate, what, description))
+        out.append(_candidate(rule, history, nic, traffic / rate, what, description))
     return out
 
 
 def fabric_saturated(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     share = rule.threshold("utilization_ratio")
     out = []
-    for nic, jobs in _ports(history):
+    for nic in _ports(history):
         rate = nic.rate_bytes_per_second
         directions = (("TX", nic.transmit_bytes_per_second), ("RX", nic.receive_bytes_per_second))
         present = [(name, v) for name, v in directions if v is not None]
@@ -268,7 +268,7 @@ def fabric_saturated(rule: AlertRule, history: History, now: float) -> list[Cand
         what = f"{layer_text(nic)} {name} at {rate_text(value)}, {percent(value / rate)} of its {rate_text(rate)}"
         description = f"{layer_text(nic)} {name} throughput {rate_text(value)} against a port rate of {rate_text(rate)}"
         description += "; sustained, the inter-node link is the bottleneck."
-        out.append(_candidate(rule, nic, jobs, value / rate, what, description))
+        out.append(_candidate(rule, history, nic, value / rate, what, description))
     return out
 
 

@@ -2,8 +2,10 @@
 
 The pieces, in the order a scrape round flows through them:
 
-- ``history.History``: the rolling window of recent rounds the rules look at;
-- ``rules.evaluate``: every rule's conditions that hold now (``Candidate``);
+- ``history.History``: the rolling window of recent rounds the rules look at (``fabrichistory``: its RDMA ports,
+  hosts and jobs' host shares);
+- ``rules.evaluate``: every rule's conditions that hold now (``Candidate``): ``checks`` (GPUs and nodes), ``detect``
+  (hung and straggling jobs), ``fabricchecks`` (InfiniBand/RoCE ports), ``hostchecks`` (jobs starved by their host);
 - ``state.step``: pending -> firing -> resolved, ``for``, ``keep_firing_for``, inhibition and silences;
 - ``grouping.Grouper``: routes and Alertmanager-like grouping into ``Notification``s;
 - ``notify.delivery.Delivery``: the outbox and the one retry stage, through ``notify.slack`` and ``notify.webhook``.

@@ -12,6 +12,16 @@ from typing import Final
 from gpulens.hardware import NVLINK_DEFAULT_LINK_BYTES_PER_SECOND
 
 from .base import AlertRule
+from .fabriccatalogue import (
+    FABRIC_CONGESTION,
+    FABRIC_RULES,
+    FABRIC_SATURATED,
+    IB_ERRORS,
+    IB_LINK_DEGRADED,
+    IB_LINK_DOWN,
+    IB_LINK_FLAPPING,
+    JOB_INPUT_BOUND,
+)
 
 MEMORY_SATURATED: Final = "GpuMemorySaturated"
 THERMAL_THROTTLING: Final = "GpuThermalThrottling"
@@ -147,6 +157,7 @@ BUILTIN_RULES: Final[tuple[AlertRule, ...]] = (
             "memory_held_ratio": 0.5,
             "blocked_after_s": 11 * MINUTE,
             "blocked_baseline_traffic_min_bytes_per_second": 3e9,
+            "fabric_window_s": 10 * MINUTE,
         },
         meaning="A multi-GPU job hangs (an NCCL hang): NVLink and PCIe traffic fell below `quiet_ratio` of the "
         "job's own recent baseline on every GPU, and its GPUs show one of three signatures (the `signature` label): "
@@ -155,7 +166,10 @@ BUILTIN_RULES: Final[tuple[AlertRule, ...]] = (
         "(at least `memory_held_ratio` of the baseline); `mixed`, some spinning and cold, the others idle. `blocked` "
         "and `mixed` count only after the job has paused for `blocked_after_s` and for longer than any pause it came "
         "back from (checkpoints), and only for jobs whose baseline moved "
-        "`blocked_baseline_traffic_min_bytes_per_second` per GPU. See 'How stall detection works'.",
+        "`blocked_baseline_traffic_min_bytes_per_second` per GPU. For a job on several nodes the alert also says "
+        "what its NICs show (a port down, or down and up again within `fabric_window_s`, its traffic); a firing "
+        "`IbLinkDown` or `IbLinkFlapping` on one of the job's ports marks it as the cause. See 'How stall detection "
+        "works'.",
         action="The job makes no progress: look at its logs for the rank that died or hangs (NCCL_DEBUG=INFO, "
         "py-spy dump), and at XidError/GpuLost alerts on its GPUs; restart it from its last checkpoint.",
     ),
@@ -226,6 +240,19 @@ BUILTIN_RULES: Final[tuple[AlertRule, ...]] = (
         "It mutes the node's other alerts, which keep their last state until the node answers again.",
         action="Check the node and the exporter service (systemctl status gpulens-exporter, its log).",
     ),
+    *FABRIC_RULES,
 )
+
+__all__ = [
+    "BUILTIN_NAMES",
+    "BUILTIN_RULES",
+    "FABRIC_CONGESTION",
+    "FABRIC_SATURATED",
+    "IB_ERRORS",
+    "IB_LINK_DEGRADED",
+    "IB_LINK_DOWN",
+    "IB_LINK_FLAPPING",
+    "JOB_INPUT_BOUND",
+]
 
 BUILTIN_NAMES: Final = tuple(rule.name for rule in BUILTIN_RULES)

@@ -18,7 +18,10 @@ in one of three signatures (the ``signature`` label):
 The last two look like a healthy pause (a checkpoint, a data-loader wait) until they last longer than one: they
 count only once the job has been pausing for ``blocked_after_s`` and for longer than the longest pause it came back
 from, and only for a job whose reference moved at least ``blocked_baseline_traffic_min_bytes_per_second`` per GPU
-(collectives, not an inference server's host traffic: an idle server is not a hang).
+(collectives, not an inference server's host traffic: an idle server is not a hang). For a job on several nodes
+the alert also says what the job's NICs (the ports next to its GPUs) show: a port down, or down and up again within
+``fabric_window_s``, goes into the summary ("...; node-03 mlx5_2 (GPUs 4-5) is down since 12:03 UTC"), their state
+and traffic into the description and the ``fabric`` annotation.
 
 A straggler is one GPU (at most half of the job) whose SM clock is below ``clock_ratio`` of its peers' median or
 that alone has a slowdown reason, whose power differs from its peers' median, while the peers wait: their power fell
@@ -39,6 +42,7 @@ from gpulens.model import THROTTLE_REASONS, GpuReading, throttle_reason_names
 
 from .base import AlertRule, Candidate, gpu_name, percent, rate_text, rule_labels
 from .checks import HW_POWER_BRAKE_BIT, HW_SLOWDOWN, SW_POWER_CAP, THERMAL_BITS
+from .fabricchecks import fabric_evidence
 from .history import History, JobRound, JobView, Round
 
 # Clock reasons that make a rank slow (idle, sync boost and application clocks do not).
@@ -245,9 +249,26 @@ def _stall_candidate(
             "pause the job came back from: the spinning ranks wait in a collective for ranks that are blocked "
             "or gone."
         )
-    description = evidence + (f" User {view.user}." if view.user else "")
+    fault, fabric = _fabric(rule, history, view, now)
+    if fault:
+        summary_text += f"; {fault}"
+    description = evidence + (f" {fabric}" if fabric else "") + (f" User {view.user}." if view.user else "")
     labels = rule_labels(rule, {"job_id": view.job_id, "user": view.user or "", "signature": signature})
-    return Candidate(rule.name, labels, traffic_now / base.traffic, summary_text, description)
+    annotations = {"fabric": fabric} if fabric else {}
+    return Candidate(rule.name, labels, traffic_now / base.traffic, summary_text, description, annotations=annotations)
+
+
+def _fabric(rule: AlertRule, history: History, view: JobView, now: float) -> tuple[str | None, str]:
+    """What the ports of a job on several nodes show (see ``fabricchecks.fabric_evidence``)."""
+    latest = history.latest
+    assert latest is not None
+    gpus: dict[str, list[int]] = {}
+    for uuid in view.gpus:
+        if (reading := latest.gpus.get(uuid)) is not None:
+            gpus.setdefault(reading.node, []).append(reading.gpu)
+    if len(gpus) < 2:
+        return None, ""
+    return fabric_evidence(history, gpus, rule.threshold("fabric_window_s"), now)
 
 
 def _idle(rule: AlertRule, reading: GpuReading) -> bool:

@@ -7,6 +7,8 @@ busy, data moving, clocks even), kept for ``window_s`` back from the newest such
 The stall and straggler detectors compare the present with it, so a stall that lasts longer than the window still
 has a baseline. And it keeps its *pauses* (``JobPause``): since when some GPU of it has been idle, and the longest
 such pause it came back from after it had begun its work (checkpoints, data-loader waits), however long ago.
+``History.fabric`` (``alerts.fabrichistory.FabricWindow``) keeps the same window of the RDMA ports, the hosts and the
+jobs' host shares.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, TargetHealth
+
+from .fabrichistory import FabricWindow
 
 # A round is part of a job's reference when the job's median GPU is at least this busy and moves at least this much
 # data (NVLink + PCIe, both directions), and its slowest SM clock is within this share of the median clock. Once the
@@ -161,7 +165,7 @@ class JobPause:
 class _Track:
     """One job's summaries: the rounds of the window, its reference rounds, and its pauses."""
 
-    __slots__ = ("longest_pause_s", "pause_since", "reference", "rounds", "worked")
+    __slots__ = ("last_busy", "longest_pause_s", "pause_since", "reference", "rounds", "worked")
 
     def __init__(self) -> None:
         self.rounds: deque[JobRound] = deque()
@@ -169,8 +173,11 @@ class _Track:
         self.pause_since: float | None = None
         self.longest_pause_s = 0.0
         self.worked = False  # it has had a reference round: a pause before that is its start, not a phase
+        self.last_busy: float | None = None  # the latest round its median GPU was busy (any number of GPUs)
 
     def note_pause(self, summary: JobRound, began_work: bool) -> None:
+        if summary.utilization_median is not None and summary.utilization_median >= REFERENCE_MIN_UTILIZATION:
+            self.last_busy = summary.time
         if summary.is_pause:
             if self.pause_since is None:
                 self.pause_since = summary.time
@@ -194,6 +201,7 @@ class History:
         self._node_seen: dict[str, float] = {}
         self._target_down_since: dict[str, float] = {}
         self._since: dict[tuple[str, float], tuple[float, GpuReading] | None] = {}  # reading_since, this round
+        self.fabric = FabricWindow(window_s)  # the RDMA ports, hosts and jobs' host shares (alerts.fabrichistory)
 
     # ------------------------------------------------------------------------------------------ adding
 
@@ -228,6 +236,7 @@ class History:
         for uuid, reading in gpus.items():
             self._series.setdefault(uuid, deque()).append((now, reading))
         self._summarise_jobs(round_)
+        self.fabric.add(now, snapshots)
         self._expire(now)
 
     @staticmethod
@@ -274,6 +283,7 @@ class History:
                 track.rounds.popleft()
         for node in [n for n, seen in self._node_seen.items() if seen < horizon]:
             del self._node_seen[node]
+        self.fabric.expire(horizon)
 
     # ------------------------------------------------------------------------------------------ reading
 
@@ -320,6 +330,11 @@ class History:
         """The job's current pause and the longest it came back from (see ``JobPause``)."""
         track = self._tracks.get(job_id)
         return JobPause(track.pause_since, track.longest_pause_s) if track else JobPause(None, 0.0)
+
+    def job_last_busy(self, job_id: str) -> float | None:
+        """The latest round in which the job's median GPU was busy (kept while the job is in the window)."""
+        track = self._tracks.get(job_id)
+        return track.last_busy if track else None
 
     def target_down_since(self, target: str) -> float | None:
         """When the target's current run of failed scrapes began, or ``None`` while it answers."""

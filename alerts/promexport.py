@@ -6,12 +6,16 @@ translate one to one, with the thresholds and ``for`` durations of the given rul
 approximations of both, given here, but the collector's detectors are more careful (baseline lengths, pauses, dead
 profiling counters); docs/alerts.md explains the difference. ``CommunicationStall`` is exported as three rules, one
 per ``signature`` (spinning, blocked, mixed); the blocked and mixed ones wait ``blocked_after_s`` more.
+
+The fabric rules translate over the ``gpulens_nic_*`` families, labelled ``node``, ``device`` and ``port`` (and
+``gpus`` from ``gpulens_nic_info``); their baselines (a port's highest rate, its usual transmit wait) are
+approximated over the last hour or day. ``NOT_EXPORTED`` lists the rules PromQL cannot express, with the reason.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -22,9 +26,16 @@ from .catalogue import (
     COMMUNICATION_STALL,
     ECC_UNCORRECTABLE,
     EXPORTER_DOWN,
+    FABRIC_CONGESTION,
+    FABRIC_SATURATED,
     GPU_LOST,
     HW_POWER_BRAKE,
+    IB_ERRORS,
+    IB_LINK_DEGRADED,
+    IB_LINK_DOWN,
+    IB_LINK_FLAPPING,
     IDLE_ALLOCATED,
+    JOB_INPUT_BOUND,
     JOB_STRAGGLER,
     MEMORY_SATURATED,
     NVLINK_ERRORS,
@@ -37,6 +48,14 @@ from .catalogue import (
 )
 
 _JOB = "max by (node, gpu, uuid, job_id, user) (gpulens_gpu_job_info)"
+_PORT = "on(node, device, port)"
+_GPUS = f"* {_PORT} group_left(gpus) max by (node, device, port, gpus) (gpulens_nic_info)"
+
+# Builtins with no Prometheus rule, and why (docs/alerts.md repeats it).
+NOT_EXPORTED: Final = {
+    JOB_INPUT_BOUND: "it needs each job's cgroup CPU limit beside its GPUs' idle share and a checkpoint's writes, "
+    "which the exported families do not join (the job CPU family carries no limit)",
+}
 
 
 def _duration(seconds: float) -> str:
@@ -129,8 +148,48 @@ def _expr(rule: AlertRule) -> str | None:
         )
     if name == GPU_LOST:
         return "gpulens_gpu_up == 0"
+    fabric = _fabric_expr(rule)
+    if fabric is not None:
+        return fabric
     if name == EXPORTER_DOWN:
         return 'up{job=~".*gpulens.*"} == 0'
+    return None
+
+
+def _fabric_expr(rule: AlertRule) -> str | None:
+    """The fabric rules over the ``gpulens_nic_*`` families (values are ``0`` or the measured one)."""
+    t = rule.threshold
+    name = rule.name
+    speed = "gpulens_nic_link_speed_bytes_per_second"
+    if name == IB_LINK_DOWN:
+        return (
+            f"((gpulens_nic_up == 0) and {_PORT} (max_over_time(gpulens_nic_up[1h]) == 1 "
+            f"or gpulens_nic_link_downed_total > 0)) {_GPUS}"
+        )
+    if name == IB_LINK_FLAPPING:
+        window = _duration(t("window_s"))
+        return f"increase(gpulens_nic_link_downed_total[{window}]) > {t('flaps_max'):g}"
+    if name == IB_LINK_DEGRADED:
+        return (
+            f"({speed} < max_over_time({speed}[1d]) or {speed} < on(node) group_left() "
+            f"({t('peer_rate_ratio'):g} * quantile by (node) (0.5, {speed}))) and {_PORT} gpulens_nic_up == 1"
+        )
+    if name == IB_ERRORS:
+        window = _duration(t("window_s"))
+        return f"increase(gpulens_nic_symbol_errors_total[{window}]) > {t('symbol_errors_max'):g}"
+    if name == FABRIC_CONGESTION:
+        wait = "rate(gpulens_nic_transmit_wait_total[5m])"
+        return (
+            f"{wait} >= {t('wait_ratio'):g} * quantile_over_time(0.5, {wait}[1h:5m]) "
+            f"and {wait} >= {t('wait_min_per_second'):g} "
+            f"and {_PORT} rate(gpulens_nic_transmit_bytes_total[5m]) < {_PORT} ({t('traffic_ratio_max'):g} * {speed})"
+        )
+    if name == FABRIC_SATURATED:
+        share = t("utilization_ratio")
+        return " or ".join(
+            f"rate(gpulens_nic_{direction}_bytes_total[2m]) >= {_PORT} ({share:g} * {speed})"
+            for direction in ("transmit", "receive")
+        )
     return None
 
 
@@ -181,12 +240,13 @@ def _stall_exprs(rule: AlertRule) -> list[tuple[str, str, float]]:
 
 
 def _entry(rule: AlertRule, expr: str, for_s: float, labels: dict[str, str]) -> dict[str, Any]:
+    subject = "gpu }} {{ $labels.job_id" if "gpulens_nic_" not in expr else "device }} {{ $labels.port"
     entry: dict[str, Any] = {
         "alert": rule.name,
         "expr": expr,
         "labels": {"severity": rule.severity, **dict(rule.labels), **labels},
         "annotations": {
-            "summary": f"{rule.name} on {{{{ $labels.node }}}} {{{{ $labels.gpu }}}} {{{{ $labels.job_id }}}}",
+            "summary": f"{rule.name} on {{{{ $labels.node }}}} {{{{ $labels.{subject} }}}}",
             "description": rule.meaning,
             "runbook": rule.action,
         },
@@ -202,6 +262,8 @@ def prometheus_rules(rules: Sequence[AlertRule], *, group: str = "gpulens") -> d
     """A Prometheus rules document for the builtin rules among ``rules`` (user rules are skipped)."""
     out = []
     for rule in rules:
+        if rule.name in NOT_EXPORTED:
+            continue
         if rule.name == COMMUNICATION_STALL:
             out += [_entry(rule, expr, for_s, {"signature": sig}) for sig, expr, for_s in _stall_exprs(rule)]
             continue

@@ -66,6 +66,9 @@ class FiredAlert:
     starts_at: float
     summary: str
     ends_at: float | None = None
+    # The annotations and muting when it fired (a stall a down link inhibits carries its ``cause``); not in to_json.
+    annotations: dict[str, str] = field(default_factory=dict)
+    muted: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """``{"alertname", "severity", "labels", "startsAt", "endsAt", "summary"}`` with RFC 3339 times."""
@@ -97,6 +100,8 @@ class AlertTimeline:
                     labels=dict(transition.labels),
                     starts_at=transition.at,
                     summary=state.summary,
+                    annotations=dict(state.annotations),
+                    muted=state.muted,
                 )
                 self.alerts.append(fired)
                 self._open[transition.fingerprint] = fired

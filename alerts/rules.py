@@ -13,16 +13,23 @@ from typing import Any, Final
 
 from gpulens.config import ConfigError, parse_duration
 
-from . import checks, detect
+from . import checks, detect, fabricchecks, hostchecks
 from .base import SEVERITIES, AlertRule, Candidate, Threshold
 from .catalogue import (
     BUILTIN_RULES,
     COMMUNICATION_STALL,
     ECC_UNCORRECTABLE,
     EXPORTER_DOWN,
+    FABRIC_CONGESTION,
+    FABRIC_SATURATED,
     GPU_LOST,
     HW_POWER_BRAKE,
+    IB_ERRORS,
+    IB_LINK_DEGRADED,
+    IB_LINK_DOWN,
+    IB_LINK_FLAPPING,
     IDLE_ALLOCATED,
+    JOB_INPUT_BOUND,
     JOB_STRAGGLER,
     MEMORY_SATURATED,
     NVLINK_ERRORS,
@@ -56,6 +63,13 @@ CHECKS: Final[Mapping[str, Check]] = {
     ECC_UNCORRECTABLE: checks.ecc_uncorrectable,
     GPU_LOST: checks.gpu_lost,
     EXPORTER_DOWN: checks.exporter_down,
+    IB_LINK_DOWN: fabricchecks.ib_link_down,
+    IB_LINK_FLAPPING: fabricchecks.ib_link_flapping,
+    IB_LINK_DEGRADED: fabricchecks.ib_link_degraded,
+    IB_ERRORS: fabricchecks.ib_errors,
+    FABRIC_CONGESTION: fabricchecks.fabric_congestion,
+    FABRIC_SATURATED: fabricchecks.fabric_saturated,
+    JOB_INPUT_BOUND: hostchecks.job_input_bound,
     THRESHOLD_CHECK: threshold_check,
 }
 

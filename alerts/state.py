@@ -2,14 +2,16 @@
 
 ``step`` takes the previous states (keyed by fingerprint), this round's candidates and ``now``, and returns the new
 states and what changed. It also applies inhibition (a firing ``ExporterDown`` mutes its node's other alerts, a firing
-``GpuLost`` its GPU's) and silences: a muted alert keeps its state, but its transitions carry ``muted`` and are not
-notified. Nothing here reads a clock or a database; storage persists the states so that a restarted collector
-neither forgets a firing alert nor notifies it again.
+``GpuLost`` its GPU's, a firing ``IbLinkDown`` or ``IbLinkFlapping`` the ``CommunicationStall`` of the jobs on its
+GPUs, which it annotates with its ``cause``) and silences: a muted alert keeps its state, but its transitions carry
+``muted`` and are not notified. Nothing here reads a clock or a database; storage persists the states so that a
+restarted collector neither forgets a firing alert nor notifies it again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -17,7 +19,7 @@ from typing import Any, Final
 from gpulens.config import format_timestamp
 
 from .base import AlertRule, Candidate, dashboard_link
-from .catalogue import EXPORTER_DOWN, GPU_LOST
+from .catalogue import COMMUNICATION_STALL, EXPORTER_DOWN, GPU_LOST, IB_LINK_DOWN, IB_LINK_FLAPPING
 from .matchers import Matcher, matchers_from_json, matchers_to_json
 
 PENDING: Final = "pending"
@@ -190,29 +192,77 @@ def silencer(silences: Iterable[Silence], now: float) -> Callable[[Mapping[str, 
 
 @dataclass(frozen=True)
 class Inhibition:
-    """A firing ``source`` alert mutes every other alert whose ``equal`` labels have the same values."""
+    """A firing ``source`` alert mutes every other alert whose ``equal`` labels have the same values.
+
+    With ``targets``, only alerts of those rules. A source label that lists several values (comma-separated: a port
+    whose GPUs two jobs hold) matches each of them. With ``cause``, the muted alert is annotated ``cause`` with the
+    source (``IbLinkDown node-03 mlx5_2``): it still shows, marked as caused by the source, but is not notified on
+    its own; the source's notification is the one that pages.
+    """
 
     source: str
     equal: tuple[str, ...]
+    targets: tuple[str, ...] = ()
+    cause: bool = False
 
 
-DEFAULT_INHIBITIONS: Final = (Inhibition(EXPORTER_DOWN, ("node",)), Inhibition(GPU_LOST, ("uuid",)))
+DEFAULT_INHIBITIONS: Final = (
+    Inhibition(EXPORTER_DOWN, ("node",)),
+    Inhibition(GPU_LOST, ("uuid",)),
+    # A link down (or flapping) under a job's GPUs explains the job's stall: annotated and muted, never hidden.
+    Inhibition(IB_LINK_DOWN, ("job_id",), (COMMUNICATION_STALL,), cause=True),
+    Inhibition(IB_LINK_FLAPPING, ("job_id",), (COMMUNICATION_STALL,), cause=True),
+)
 
 
-def _inhibitor(states: Iterable[AlertState], inhibitions: Sequence[Inhibition]) -> Callable[[AlertState], bool]:
-    keys: set[tuple[str, tuple[str, ...]]] = set()
-    for rule in inhibitions:
+def cause_text(source: AlertState) -> str:
+    """``IbLinkDown node-03 mlx5_2``: a source alert the way a muted alert's ``cause`` names it."""
+    labels = source.labels
+    parts = [source.rule, *(labels[k] for k in ("node", "device") if labels.get(k))]
+    if labels.get("device") and labels.get("port") not in (None, "", "1"):
+        parts.append(f"port {labels['port']}")
+    if not labels.get("node") and labels.get("uuid"):
+        parts.append(labels["uuid"])
+    return " ".join(parts)
+
+
+def join_causes(causes: Sequence[str]) -> str:
+    """Causes joined by ``; ``, those of one rule on one node as one: ``IbLinkDown node-00 mlx5_0,mlx5_1``."""
+    grouped: dict[str, list[str]] = {}
+    for cause in causes:
+        parts = cause.split(" ", 2)
+        head, rest = (" ".join(parts[:2]), parts[2]) if len(parts) == 3 else (cause, "")
+        grouped.setdefault(head, [])
+        if rest:
+            grouped[head].append(rest)
+    return "; ".join(f"{head} {','.join(rest)}" if rest else head for head, rest in grouped.items())
+
+
+def _inhibitor(
+    states: Iterable[AlertState], inhibitions: Sequence[Inhibition]
+) -> Callable[[AlertState], list[str] | None]:
+    """For an alert: ``None`` when nothing inhibits it, else the causes to annotate it with (maybe none)."""
+    keys: dict[tuple[int, tuple[str, ...]], list[str]] = {}
+    for i, rule in enumerate(inhibitions):
         for s in states:
             if s.rule == rule.source and s.state == FIRING and all(s.labels.get(k) for k in rule.equal):
-                keys.add((rule.source, tuple(s.labels[k] for k in rule.equal)))
+                values = [s.labels[k].split(",") for k in rule.equal]
+                for combo in itertools.product(*values):
+                    keys.setdefault((i, combo), []).append(cause_text(s))
 
-    def inhibited(state: AlertState) -> bool:
-        for rule in inhibitions:
-            if state.rule == rule.source or not all(state.labels.get(k) for k in rule.equal):
+    def inhibited(state: AlertState) -> list[str] | None:
+        found: list[str] | None = None
+        for i, rule in enumerate(inhibitions):
+            if state.rule == rule.source or (rule.targets and state.rule not in rule.targets):
                 continue
-            if (rule.source, tuple(state.labels[k] for k in rule.equal)) in keys:
-                return True
-        return False
+            if not all(state.labels.get(k) for k in rule.equal):
+                continue
+            causes = keys.get((i, tuple(state.labels[k] for k in rule.equal)))
+            if causes is not None:
+                found = found or []
+                if rule.cause:
+                    found += [c for c in causes if c not in found]
+        return found
 
     return inhibited
 
@@ -330,8 +380,15 @@ def _mute(
     inhibited = _inhibitor(states.values(), inhibitions)
     out = {}
     for fp, s in states.items():
-        muted = "silenced" if silenced(s.labels) else "inhibited" if inhibited(s) else None
-        out[fp] = s if s.muted == muted else replace(s, muted=muted)
+        causes = inhibited(s)
+        muted = "silenced" if silenced(s.labels) else "inhibited" if causes is not None else None
+        annotations = s.annotations
+        cause = join_causes(causes or [])
+        if cause and annotations.get("cause") != cause:
+            annotations = {**annotations, "cause": cause}
+        out[fp] = (
+            s if s.muted == muted and annotations is s.annotations else replace(s, muted=muted, annotations=annotations)
+        )
     return out
 
 

@@ -4,9 +4,11 @@
 whole engine (history, rules, state machine, grouping, in-memory outbox); ``alerts_engine_1h_8x8`` is the engine's
 share of it (snapshots computed beforehand). The detection figures come from replaying the example scenarios and
 generated ones (every fault kind and confounder, the three hang signatures, the healthy phases that look like a
-hang, 2/8/32 nodes, four GPU models, several seeds and steps) and matching the alerts that fired against what each
-fault calls for (tests/alerts/expect.py). They are reported per fault (a fault is detected when every alert it calls
-for fired on the right subject) and per rule ((alert, subject) pairs required, detected, fired, false).
+hang, the fabric and host faults by port and by job, 2/4/8/32 nodes, four GPU models, several seeds and steps) and
+matching the alerts that fired against what each fault calls for (tests/alerts/expect.py). They are reported per
+fault (a fault is detected when every alert it calls for fired on the right subject) and per rule ((alert, subject)
+pairs required, detected, fired, false); ``alerts_fabric_faults_*`` count the fabric and host fault kinds, and
+``alerts_stalls_marked_with_their_link`` the stalls a down or flapping link muted and annotated with its cause.
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ from tests.alerts import scenarios
 from tests.alerts.expect import BOUNDED, Outcome, run, tally
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "scenarios"
+FABRIC_KINDS = (
+    "ib_link_down",
+    "ib_link_flap",
+    "ib_degraded",
+    "ib_errors",
+    "fabric_congestion",
+    "host_cpu_contention",
+    "host_memory_pressure",
+)
 
 
 def replay_speed() -> tuple[float, float, int]:
@@ -72,6 +83,17 @@ def cases() -> list[tuple[str, str]]:
     for nodes, model, step in ((2, "H100-SXM5-80GB", "10s"), (2, "L40S", "30s"), (8, "A100-SXM4-80GB", "10s")):
         seed += 1
         out.append((f"phases-{nodes}-{model}", scenarios.phases(nodes, model, seed, step)))
+    for nodes, model, step, by_job in (
+        (4, "H100-SXM5-80GB", "10s", False),
+        (4, "A100-SXM4-80GB", "15s", True),
+        (4, "L40S", "10s", True),
+        (8, "H200-SXM-141GB", "30s", False),
+        (8, "L40S", "15s", False),
+        (32, "H100-SXM5-80GB", "10s", True),
+    ):
+        seed += 1
+        name = f"fabric-{nodes}-{model}" + ("-by-job" if by_job else "")
+        out.append((name, scenarios.fabric_faults(nodes, model, seed, step, by_job)))
     for model in ("H100-SXM5-80GB", "L40S"):
         seed += 1
         out.append((f"job-32-{model}-wide", scenarios.job_faults(32, model, seed, "wide")))
@@ -115,11 +137,16 @@ def main() -> int:
         ]
         print(f"alerts_stall_{signature}_time_to_detect: {min(mine):.0f}-{max(mine):.0f} s over {len(mine)}")
     kinds, rules = tally(outcomes)
+    fabric = [kinds[k] for k in FABRIC_KINDS if k in kinds]
+    print(f"alerts_fabric_faults_injected: {sum(k.injected for k in fabric)} faults")
+    print(f"alerts_fabric_faults_detected: {sum(k.detected for k in fabric)} faults")
+    caused = [a for o in outcomes for a in o.fired if a.alertname == "CommunicationStall" and "cause" in a.annotations]
+    print(f"alerts_stalls_marked_with_their_link: {len(caused)} alerts")
     print("\n| fault kind | injected | calling for an alert | detected |\n|---|---|---|---|")
     for kind, k in sorted(kinds.items()):
         print(f"| `{kind}` | {k.injected} | {k.alerting} | {k.detected} |")
-    total = [sum(getattr(k, f) for k in kinds.values()) for f in ("injected", "alerting", "detected")]
-    print(f"| all | {total[0]} | {total[1]} | {total[2]} |")
+    sums = [sum(getattr(k, f) for k in kinds.values()) for f in ("injected", "alerting", "detected")]
+    print(f"| all | {sums[0]} | {sums[1]} | {sums[2]} |")
     print("\n| rule | alerts required | detected | fired | false |\n|---|---|---|---|---|")
     for rule, r in sorted(rules.items()):
         print(f"| `{rule}` | {r.required} | {r.detected} | {r.fired} | {r.false} |")

@@ -11,15 +11,21 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from alerts.base import AlertRule
 from alerts.catalogue import (
     COMMUNICATION_STALL,
     EXPORTER_DOWN,
+    FABRIC_CONGESTION,
     GPU_LOST,
+    IB_ERRORS,
+    IB_LINK_DEGRADED,
+    IB_LINK_DOWN,
+    IB_LINK_FLAPPING,
     IDLE_ALLOCATED,
+    JOB_INPUT_BOUND,
     JOB_STRAGGLER,
     MEMORY_SATURATED,
     NVLINK_ERRORS,
@@ -46,6 +52,13 @@ HANG_SIGNATURES: Final = {
     "hang_spinning": "spinning",
     "hang_blocked": "blocked",
     "hang_mixed": "mixed",
+}
+# The fabric fault kinds that raise one alert per port they act on.
+PORT_ALERTS: Final = {
+    "ib_link_down": IB_LINK_DOWN,
+    "ib_degraded": IB_LINK_DEGRADED,
+    "ib_errors": IB_ERRORS,
+    "fabric_congestion": FABRIC_CONGESTION,
 }
 
 
@@ -173,6 +186,8 @@ class _Expectations:
                 self.add(IDLE_ALLOCATED, {**_gpu(ref), "job_id": str(f.job)}, s, e, cause)
         elif f.kind == "exporter_down":
             self.add(EXPORTER_DOWN, {"node": str(f.node)}, s, e, cause)
+        elif f.kind in PORT_ALERTS or f.kind in ("ib_link_flap", "host_cpu_contention", "host_memory_pressure"):
+            self.fabric(f, cause)
         elif f.kind == "nvlink_saturation":
             job = self.jobs[str(f.job)]
             for ref in job.gpus:
@@ -190,6 +205,44 @@ class _Expectations:
         idle = self.jobs[str(f.job)].gpus if signature == "blocked" else f.ranks
         for ref in idle:
             self.add(IDLE_ALLOCATED, {**_gpu(ref), "job_id": str(f.job)}, f.start, f.end, cause + " (idle rank)")
+
+    def ports(self, f: FaultSpec) -> list[dict[str, str]]:
+        """The ports a fabric fault acts on: the one it names, or every port next to its job's GPUs."""
+        if f.nic is not None:
+            return [{"node": str(f.node), "device": f.nic}]
+        job = self.jobs[str(f.job)]
+        out = []
+        for name in dict.fromkeys(g.node for g in job.gpus):
+            held = {g.index for g in job.gpus if g.node == name}
+            out += [{"node": name, "device": n.device} for n in self.nodes[name].nics if held & set(n.gpus)]
+        return out
+
+    def fabric(self, f: FaultSpec, cause: str) -> None:
+        """A port fault's alert on each port; a down link also hangs the multi-node training jobs on it (their stall,
+        inhibited and annotated with the link as its cause); a flap fires once enough flaps fall in the window; a
+        starved job is input-bound (under memory pressure, every training job on the node)."""
+        s, e = f.start, f.end
+        if f.kind in PORT_ALERTS:
+            for match in self.ports(f):
+                self.add(PORT_ALERTS[f.kind], match, s, e, cause)
+        if f.kind == "ib_link_down":
+            for job_id in f.jobs_hit:
+                job = self.jobs[job_id]
+                if job.kind == "training" and len({g.node for g in job.gpus}) >= 2:
+                    self.add(COMMUNICATION_STALL, {"job_id": job_id, "signature": "spinning"}, s, e, cause)
+        elif f.kind == "ib_link_flap":
+            rule = self.rules[IB_LINK_FLAPPING]
+            limit, count = int(rule.threshold("flaps_max")), f.count or 3
+            gap = (e - s) / count
+            required = count > limit and limit * gap < rule.threshold("window_s")
+            self.out.append(Expected(IB_LINK_FLAPPING, self.ports(f)[0], s, e, required, cause))
+        elif f.kind == "host_cpu_contention":
+            self.add(JOB_INPUT_BOUND, {"job_id": str(f.job)}, s, e, cause)
+        elif f.kind == "host_memory_pressure":
+            for job_id in [str(f.job)] if f.job else f.jobs_hit:
+                self.add(JOB_INPUT_BOUND, {"job_id": job_id}, s, e, cause)
+                if self.jobs[job_id].kind != "training":  # an inference server or notebook may never have been busy
+                    self.out[-1] = replace(self.out[-1], required=False)
 
     def memory_leak(self, f: FaultSpec, cause: str) -> None:
         """The leak climbs linearly to LEAK_TARGET_SHARE over 90% of its window; it saturates once it passes 95%."""

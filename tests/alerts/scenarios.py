@@ -7,6 +7,9 @@ three jobs of that shape through the three hang signatures (spinning, blocked, m
 holds only confounders: training with data-loader pauses and checkpoints, jobs that start and end mid-run, single- and
 multi-GPU inference, notebooks, idle GPUs, a node with dead profiling counters; ``phases`` adds the training phases
 that look like part of a hang: checkpoints of up to 15 minutes, evaluation phases, a slow first step.
+``fabric_faults`` puts every fabric and host fault kind on its own port, node or job, beside the fabric's
+confounders (a job on one node with no fabric traffic, checkpoints written over the fabric, a job that never spans
+nodes).
 """
 
 from __future__ import annotations
@@ -47,14 +50,19 @@ def _job(job_id: str, kind: str, gpus: list[str], user: str = "u", **extra: str)
 
 
 def _fault(
-    kind: str, target_key: str, target: str, at: str, duration: str | None = None, **extra: int | list[str]
+    kind: str, target_key: str, target: str, at: str, duration: str | None = None, **extra: int | str | list[str]
 ) -> list[str]:
     lines = ["", "[[faults]]", f'kind = "{kind}"', f'{target_key} = "{target}"', f'at = "{at}"']
     if duration is not None:
         lines.append(f'duration = "{duration}"')
     for key, value in extra.items():
-        listed = ", ".join(f'"{v}"' for v in value) if isinstance(value, list) else ""
-        lines.append(f"{key} = [{listed}]" if isinstance(value, list) else f"{key} = {value}")
+        if isinstance(value, list):
+            listed = ", ".join(f'"{v}"' for v in value)
+            lines.append(f"{key} = [{listed}]")
+        elif isinstance(value, str):
+            lines.append(f'{key} = "{value}"')
+        else:
+            lines.append(f"{key} = {value}")
     return lines
 
 
@@ -234,4 +242,49 @@ def phases(nodes: int, model: str, seed: int, step: str = "10s") -> str:
         template = _PHASES[3] if name == last and nodes > 1 else _PHASES[i % len(_PHASES)]
         lines += _job(f"phases-{name}", "training", [f"{name}:0-7"], **template)
         i += 1
+    return "\n".join(lines) + "\n"
+
+
+# The simulator's RDMA ports per node by GPU model (HGX: one per GPU; DGX A100: one per GPU pair; L40S: two RoCE).
+NICS_PER_NODE: Final = {"H100-SXM5-80GB": 8, "H200-SXM-141GB": 8, "A100-SXM4-80GB": 4, "L40S": 2}
+
+
+def nic_of(model: str, gpu: int) -> str:
+    """The port next to GPU ``gpu`` on a node of ``model`` (the simulator shares the GPUs out in order)."""
+    return f"mlx5_{gpu * NICS_PER_NODE[model] // GPUS_PER_NODE}"
+
+
+def fabric_faults(nodes: int, model: str, seed: int, step: str = "10s", by_job: bool = False) -> str:
+    """Every fabric and host fault kind on its own target (60 minutes, 4 nodes or more).
+
+    A two-node job ``multi`` (node 0 and 1, all GPUs) loses a port (5m-13m: it hangs), sees another flap three times
+    (20m-26m) and starves for CPU (32m-42m); a two-node job ``pair`` (GPUs 0-3 of nodes 2 and 3) runs through
+    congestion (25m-35m) and memory pressure on node 2 (45m-55m), with ``solo`` (GPUs 4-7 of node 2, never spanning
+    nodes, checkpointing over the fabric); one port has climbing errors (10m-20m), another trains at half its
+    rate (15m-30m). With ``by_job`` the link-down and congestion faults name the job instead of one port.
+    """
+    if nodes < 4:
+        raise ValueError("fabric_faults needs 4 nodes or more")
+    n0, n1, n2, n3 = (node(i, nodes) for i in range(4))
+    lines = _header(nodes, model, seed, "60m", step)
+    lines += _job("multi", "training", [f"{n0}:0-7", f"{n1}:0-7"], user="alice", checkpoint_every="9m")
+    lines += _job("pair", "training", [f"{n2}:0-3", f"{n3}:0-3"], user="bob", checkpoint_every="8m")
+    lines += _job("solo", "training", [f"{n2}:4-7"], user="carol", checkpoint_every="6m")
+    lines += _job("serve", "inference", [f"{n3}:4"], user="svc")
+    lines += _job("nb", "notebook", [f"{n3}:5"], user="dan")
+    for chunk in _background(nodes, {}, start_node=4):
+        lines += chunk
+    if by_job:
+        lines += _fault("ib_link_down", "job", "multi", "5m", "8m")
+    else:
+        lines += _fault("ib_link_down", "node", n1, "5m", "8m", nic=nic_of(model, 2))
+    lines += _fault("ib_errors", "node", n2, "10m", "10m", nic=nic_of(model, 6))
+    lines += _fault("ib_degraded", "node", n3, "15m", "15m", nic=nic_of(model, 7))
+    lines += _fault("ib_link_flap", "node", n0, "20m", "6m", nic=nic_of(model, 5), count=3)
+    if by_job:
+        lines += _fault("fabric_congestion", "job", "pair", "25m", "10m")
+    else:
+        lines += _fault("fabric_congestion", "node", n2, "25m", "10m", nic=nic_of(model, 0))
+    lines += _fault("host_cpu_contention", "job", "multi", "32m", "10m")
+    lines += _fault("host_memory_pressure", "node", n2, "45m", "10m")
     return "\n".join(lines) + "\n"

@@ -7,10 +7,20 @@ written out by hand, so that the expectation logic cannot hide a mistake it shar
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 
+from alerts.catalogue import (
+    COMMUNICATION_STALL,
+    FABRIC_CONGESTION,
+    IB_ERRORS,
+    IB_LINK_DEGRADED,
+    IB_LINK_DOWN,
+    IB_LINK_FLAPPING,
+    JOB_INPUT_BOUND,
+)
 from alerts.rules import builtin_rules
 
 from . import scenarios
@@ -141,6 +151,27 @@ def test_faults_example_raises_each_faults_alert() -> None:
     assert sum(k.injected for k in kinds.values()) == 17
 
 
+def test_fabric_example_raises_each_faults_alert_on_its_port_and_job() -> None:
+    outcome = run((EXAMPLES / "fabric.toml").read_text(), "fabric.toml")
+    assert_clean(outcome)
+    ports = {
+        (a.alertname, a.labels["node"], a.labels["device"], a.labels.get("job", ""))
+        for a in outcome.fired
+        if "device" in a.labels
+    }
+    congested = {("FabricCongestion", n, f"mlx5_{i}", "finetune") for n in ("node-02", "node-03") for i in range(8)}
+    assert ports == {
+        ("IbLinkDegraded", "node-05", "mlx5_1", "a100-train"),
+        ("IbLinkDown", "node-01", "mlx5_2", "pretrain"),
+        ("IbLinkFlapping", "node-02", "mlx5_5", "finetune"),
+        ("IbErrors", "node-06", "mlx5_3", "a100-train"),
+        *congested,
+    }
+    inputs = {(a.labels["job_id"], a.labels["node"]) for a in outcome.fired if a.alertname == "JobInputBound"}
+    assert inputs == {("local", "node-04"), ("serve", "node-07")}
+    assert len(outcome.fired) == len(ports) + len(inputs)  # each once; the 4-minute link-down is shorter than a stall
+
+
 # ------------------------------------------------------------------------------------------------ own scenarios
 
 JOB_CASES = [
@@ -246,3 +277,45 @@ def test_confounders_raise_nothing(nodes: int, model: str, seed: int, pcie_node:
     outcome = run(scenarios.healthy(nodes, model, seed, pcie_node), f"healthy-{nodes}-{model}")
     assert outcome.fired == [], outcome.describe()
     assert outcome.rounds == 270
+
+
+FABRIC_CASES = [
+    (4, "H100-SXM5-80GB", 41, "10s", False),
+    (4, "A100-SXM4-80GB", 42, "10s", True),
+    (4, "L40S", 43, "15s", False),
+    (8, "H200-SXM-141GB", 44, "10s", True),
+]
+
+
+@pytest.mark.parametrize(("nodes", "model", "seed", "step", "by_job"), FABRIC_CASES)
+def test_fabric_and_host_faults(nodes: int, model: str, seed: int, step: str, by_job: bool) -> None:
+    """Each fabric and host fault raises its alert on the right node, port and job; the confounders (a job on one
+    node, checkpoints over the fabric, a job that never spans nodes) and the other nodes raise nothing."""
+    outcome = run(scenarios.fabric_faults(nodes, model, seed, step, by_job), f"fabric-{nodes}-{model}")
+    assert_clean(outcome)
+    assert_in_time(outcome, float(step.removesuffix("s")))
+    n0, n1, n2, n3 = (scenarios.node(i, nodes) for i in range(4))
+    ports = {(a.alertname, a.labels["node"], a.labels["device"]) for a in outcome.fired if "device" in a.labels}
+    nic = functools.partial(scenarios.nic_of, model)
+    assert (IB_ERRORS, n2, nic(6)) in ports
+    assert (IB_LINK_DEGRADED, n3, nic(7)) in ports
+    assert (IB_LINK_FLAPPING, n0, nic(5)) in ports
+    down = {(n, d) for name, n, d in ports if name == IB_LINK_DOWN}
+    congested = {(n, d) for name, n, d in ports if name == FABRIC_CONGESTION}
+    per_node = scenarios.NICS_PER_NODE[model]
+    if by_job:  # every port next to the job's GPUs
+        assert down == {(n, f"mlx5_{i}") for n in (n0, n1) for i in range(per_node)}
+        assert congested == {(n, nic(g)) for n in (n2, n3) for g in range(4)}
+    else:
+        assert down == {(n1, nic(2))}
+        assert congested == {(n2, nic(0))}
+    inputs = sorted(a.labels["job_id"] for a in outcome.fired if a.alertname == JOB_INPUT_BOUND)
+    assert inputs == ["multi", "pair", "solo"]
+    [stall] = [a for a in outcome.fired if a.alertname == COMMUNICATION_STALL]
+    assert stall.labels["job_id"] == "multi"
+    assert stall.muted == "inhibited"  # the link's alert pages; the stall shows, marked with its cause
+    assert stall.annotations["cause"].startswith(f"{IB_LINK_DOWN} ")
+    assert " is down since " in stall.summary
+    links = [a for a in outcome.fired if a.alertname == IB_LINK_DOWN]
+    assert all(a.labels["job"] == "multi" for a in links)
+    assert all(a.labels["gpus"] for a in links)

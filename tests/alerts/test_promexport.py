@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from alerts.catalogue import BUILTIN_NAMES
-from alerts.promexport import prometheus_rules_yaml
+from alerts.promexport import NOT_EXPORTED, prometheus_rules_yaml
 from alerts.rules import builtin_rules
 
 SHIPPED = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "rules" / "gpulens.yml"
@@ -20,15 +20,16 @@ def test_promtool_checks_the_exported_rules(promtool: str, tmp_path: Path) -> No
     path.write_text(prometheus_rules_yaml(builtin_rules()))
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    # CommunicationStall is exported once per signature
-    assert f"SUCCESS: {len(BUILTIN_NAMES) + 2} rules found" in result.stdout
+    # CommunicationStall is exported once per signature; JobInputBound is not exportable
+    assert NOT_EXPORTED.keys() == {"JobInputBound"}
+    assert f"SUCCESS: {len(BUILTIN_NAMES) - len(NOT_EXPORTED) + 2} rules found" in result.stdout
 
 
 def test_every_builtin_is_exported_with_its_severity_and_for() -> None:
     doc = yaml.safe_load(prometheus_rules_yaml(builtin_rules()))
     rules = doc["groups"][0]["rules"]
     exported = {r["alert"]: r for r in rules}
-    assert set(exported) == set(BUILTIN_NAMES)
+    assert set(exported) == set(BUILTIN_NAMES) - set(NOT_EXPORTED)
     stalls = {r["labels"]["signature"]: r for r in rules if r["alert"] == "CommunicationStall"}
     assert set(stalls) == {"spinning", "blocked", "mixed"}
     assert {r["labels"]["severity"] for r in stalls.values()} == {"critical"}
@@ -55,3 +56,15 @@ def test_the_shipped_rules_file_is_current() -> None:
         check=True,
     )
     assert SHIPPED.read_text() == result.stdout, "regenerate deploy/prometheus/rules/gpulens.yml"
+
+
+def test_fabric_rules_are_exported_over_the_nic_families() -> None:
+    doc = yaml.safe_load(prometheus_rules_yaml(builtin_rules({"IbLinkFlapping": {"flaps_max": 4, "window_s": "30m"}})))
+    exported = {r["alert"]: r for r in doc["groups"][0]["rules"]}
+    assert exported["IbLinkFlapping"]["expr"] == "increase(gpulens_nic_link_downed_total[30m]) > 4"
+    assert "gpulens_nic_info" in exported["IbLinkDown"]["expr"]  # the port's GPUs join in as `gpus`
+    assert exported["IbLinkDown"]["for"] == "1m"
+    assert exported["FabricBandwidthSaturated"]["labels"]["severity"] == "warning"
+    for name in ("IbLinkDown", "IbLinkDegraded", "IbErrors", "FabricCongestion", "FabricBandwidthSaturated"):
+        assert "gpulens_nic_" in exported[name]["expr"], name
+        assert "$labels.device" in exported[name]["annotations"]["summary"], name

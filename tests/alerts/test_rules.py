@@ -45,6 +45,13 @@ CONTRACT = {
     "EccUncorrectable",
     "GpuLost",
     "ExporterDown",
+    "IbLinkDown",
+    "IbLinkFlapping",
+    "IbLinkDegraded",
+    "IbErrors",
+    "FabricCongestion",
+    "FabricBandwidthSaturated",
+    "JobInputBound",
 }
 
 

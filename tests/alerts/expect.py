@@ -19,6 +19,7 @@ from alerts.catalogue import (
     COMMUNICATION_STALL,
     EXPORTER_DOWN,
     FABRIC_CONGESTION,
+    FABRIC_SATURATED,
     GPU_LOST,
     IB_ERRORS,
     IB_LINK_DEGRADED,
@@ -59,6 +60,7 @@ PORT_ALERTS: Final = {
     "ib_degraded": IB_LINK_DEGRADED,
     "ib_errors": IB_ERRORS,
     "fabric_congestion": FABRIC_CONGESTION,
+    "fabric_saturation": FABRIC_SATURATED,
 }
 
 

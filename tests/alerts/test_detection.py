@@ -160,16 +160,24 @@ def test_fabric_example_raises_each_faults_alert_on_its_port_and_job() -> None:
         if "device" in a.labels
     }
     congested = {("FabricCongestion", n, f"mlx5_{i}", "finetune") for n in ("node-02", "node-03") for i in range(8)}
+    saturated = {
+        ("FabricBandwidthSaturated", n, f"mlx5_{i}", "a100-train") for n in ("node-05", "node-06") for i in range(4)
+    }
     assert ports == {
         ("IbLinkDegraded", "node-05", "mlx5_1", "a100-train"),
         ("IbLinkDown", "node-01", "mlx5_2", "pretrain"),
         ("IbLinkFlapping", "node-02", "mlx5_5", "finetune"),
         ("IbErrors", "node-06", "mlx5_3", "a100-train"),
         *congested,
+        *saturated,
     }
     inputs = {(a.labels["job_id"], a.labels["node"]) for a in outcome.fired if a.alertname == "JobInputBound"}
     assert inputs == {("local", "node-04"), ("serve", "node-07")}
-    assert len(outcome.fired) == len(ports) + len(inputs)  # each once; the 4-minute link-down is shorter than a stall
+    stalls = [a for a in outcome.fired if a.alertname == "CommunicationStall"]
+    # pretrain hangs on its 10-minute link-down: its stall shows, muted by the link and annotated with it
+    assert [(a.labels["job_id"], a.muted is not None) for a in stalls] == [("pretrain", True)]
+    assert "IbLinkDown node-01 mlx5_2" in stalls[0].annotations.get("cause", "")
+    assert len(outcome.fired) == len(ports) + len(inputs) + len(stalls)  # each once
 
 
 # ------------------------------------------------------------------------------------------------ own scenarios

@@ -214,6 +214,9 @@ class Collector:
             ("link", stats.link_rows),
             ("job", stats.job_rows),
             ("target", stats.target_rows),
+            ("nic_sample", stats.nic_rows),
+            ("host_sample", stats.host_rows),
+            ("job_host_sample", stats.job_host_rows),
         ):
             if rows:
                 self.metrics.rows.labels(table).inc(rows)

@@ -30,6 +30,7 @@ from gpulens.settings import TargetSettings, default_settings
 from gpulens.snapshotcodec import snapshot_from_bytes, snapshot_to_bytes, snapshot_to_json
 from storage import latest
 from storage.db import Database
+from storage.reading import SqlReader
 from tests.conftest import http_get
 from tests.fakes.static_source import node_snapshot
 
@@ -133,6 +134,13 @@ def test_the_collector_reads_the_simulator_in_the_columnar_layout(
         assert round_.written
         assert sum(len(s.gpus) for s in round_.snapshots) == 12
         assert {g.node for g in latest.latest_readings(db)} == {"node-00", "node-01", "node-02"}
+        # the fabric rides along: every port and host read is stored and counted in the collector's own metrics
+        ports = sum(len(s.nics) for s in round_.snapshots)
+        rows = collector.metrics.registry.get_sample_value
+        assert ports > 0
+        assert rows("gpulens_collector_rows_written_total", {"table": "nic_sample"}) == ports
+        assert rows("gpulens_collector_rows_written_total", {"table": "host_sample"}) == 3
+        assert {n.node for n in SqlReader(db).latest_nics()} == {"node-00", "node-01", "node-02"}
     finally:
         db.close()
     assert set(served_layouts) == {"columnar"}

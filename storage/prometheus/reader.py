@@ -28,6 +28,7 @@ from storage import schema
 from storage.inventory import GpuInfo, LinkOutage
 from storage.jobstats import JOB_POINTS, JobSummary
 from storage.prometheus import families as fam
+from storage.prometheus import jobquery
 from storage.prometheus.client import PromClient, PromSeries, quote, regex_of
 from storage.reading import NotAvailableOnBackendError
 from storage.timeseries import SeriesData
@@ -280,36 +281,9 @@ class PromReader:
         return out
 
     def jobs(self, start: float, end: float, *, job_id: str | None = None) -> list[JobSummary]:
+        """One instant query, aggregated by job in Prometheus (``storage.prometheus.jobquery``)."""
         lo, hi, step = self._step(start, end, JOB_POINTS + 1)
-        own = "" if job_id is None else f"job_id={quote(job_id)}"
-        held = fam.JOB_INFO + "{" + own + "}"
-        by = "UUID, gpu, Hostname, hostname, instance, pod, namespace, hpc_job"
-        dcgm = [fam.selector(fam.DCGM_PRESENCE, f'{k}!=""') for k in ("pod", "hpc_job")]
-        membership = f"{held} or group by ({by}) ({dcgm[0]} or {dcgm[1]})"
-        # job -> uuid -> set of step times held; uuid -> node
-        held_at: dict[str, dict[str, set[float]]] = defaultdict(lambda: defaultdict(set))
-        users: dict[str, str] = {}
-        nodes: dict[str, str] = {}
-        for s in self.client.query_range(membership, lo + step, hi + step, step):
-            uuid = fam.uuid_of(s.labels)
-            if uuid is None:
-                continue
-            nodes[uuid] = s.labels.get("node") or fam.dcgm_node(s.labels)
-            for job in fam.job_of(s.labels):
-                if job_id is not None and job != job_id:
-                    continue
-                held_at[job][uuid] |= {t - step for t, _ in s.samples if lo <= t - step < hi}
-                if s.labels.get("user"):
-                    users[job] = s.labels["user"]
-        if not held_at:
-            return []
-        gpus = sorted({uuid for members in held_at.values() for uuid in members})
-        wanted = {"utilization_ratio": ("mean",), "memory_used_bytes": ("mean", "max")}
-        data = self.series(gpus, list(wanted), lo, hi, JOB_POINTS + 1, aggregates=wanted)
-        return sorted(
-            (_summary(job, members, users.get(job), nodes, data, step) for job, members in held_at.items()),
-            key=lambda j: (-j.gpu_hours, j.job_id),
-        )
+        return jobquery.summaries(self.client.query(jobquery.summary_query(job_id, lo, hi, step), hi), step)
 
     def gpu_info(self, *, uuids: Sequence[str] | None = None) -> list[GpuInfo]:
         return [
@@ -381,51 +355,3 @@ def _fill(table: dict[float, float], s: PromSeries, source: fam.Source, step: fl
             table[t - step] = float(int(table.get(t - step, 0)) | (bit if v else 0))
         elif source.name != fam.THROTTLE:
             table[t - step] = v * source.factor
-
-
-def _summary(
-    job_id: str,
-    members: Mapping[str, set[float]],
-    user: str | None,
-    nodes: Mapping[str, str],
-    data: Mapping[str, SeriesData],
-    step: float,
-) -> JobSummary:
-    util: list[float] = []
-    mem: list[float] = []
-    mem_max: float | None = None
-    for uuid, times in members.items():
-        series = data.get(uuid)
-        if series is None:
-            continue
-        for i, t in enumerate(series.timestamps):
-            if t not in times:
-                continue
-            u, m, top = (
-                series.values["utilization_ratio"][i],
-                series.values["memory_used_bytes"][i],
-                series.maximum["memory_used_bytes"][i],
-            )
-            if u is not None:
-                util.append(u)
-            if m is not None:
-                mem.append(m)
-            if top is not None:
-                mem_max = top if mem_max is None else max(mem_max, top)
-    mean = sum(util) / len(util) if util else None
-    stddev = math.sqrt(max(0.0, sum(u * u for u in util) / len(util) - mean * mean)) if mean is not None else None
-    every = [t for times in members.values() for t in times]
-    return JobSummary(
-        job_id=job_id,
-        user=user,
-        gpus=tuple(sorted(members)),
-        nodes=tuple(sorted({nodes[u] for u in members if u in nodes})),
-        first_seen=min(every) if every else 0.0,
-        last_seen=(max(every) + step) if every else 0.0,
-        gpu_hours=len(every) * step / 3600.0,
-        utilization_ratio_mean=mean,
-        utilization_ratio_stddev=stddev,
-        memory_used_bytes_mean=sum(mem) / len(mem) if mem else None,
-        memory_used_bytes_max=None if mem_max is None else round(mem_max),
-        resolution="prometheus",
-    )

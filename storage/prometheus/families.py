@@ -33,6 +33,7 @@ XIDS: Final = "gpulens_gpu_xid_errors_total"
 JOB_INFO: Final = "gpulens_gpu_job_info"
 PROCESS: Final = "gpulens_process_gpu_memory_bytes"
 LINK_ACTIVE: Final = "gpulens_gpu_nvlink_link_active"
+LINKS_ACTIVE: Final = "gpulens_gpu_nvlink_links_active"  # the count per GPU
 READING_FAMILIES: Final = tuple(sorted({INFO, UP, THROTTLE, XIDS} | {spec.family for spec in GPU_FIELDS}))
 DCGM_NAMES: Final = tuple(sorted(BY_NAME))
 # A GPU's dcgm-exporter identity is in every series; the utilization names say that a GPU exports at all.

@@ -1,5 +1,5 @@
 """The Prometheus backend's query cost is bounded by the page, not the cluster: each dashboard page makes the same
-number of queries over 2 nodes as over 6 (with three times the GPUs and jobs), and the job summaries are one
+number of queries over 4 nodes as over 12 (with three times the GPUs and jobs), and the job summaries are one
 query, aggregated by job in Prometheus, whose answer agrees with summing the per-GPU series by hand.
 
 The history is backfilled TSDB blocks (``tests.storage.promblocks``, the bench's generator) served by a real
@@ -44,12 +44,12 @@ def end() -> int:
 
 @pytest.fixture(scope="module")
 def readers(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str, end: int) -> Iterator[dict[int, PromReader]]:
-    """Readers over two Prometheus servers holding the same half hour of 2 and of 6 nodes."""
+    """Readers over two Prometheus servers holding the same half hour of 4 and of 12 nodes."""
     from contextlib import ExitStack
 
     out = {}
     with ExitStack() as stack:
-        for nodes in (2, 6):
+        for nodes in (4, 12):
             work = tmp_path_factory.mktemp(f"blocks{nodes}")
             create_blocks("promtool", work, nodes, end - (SAMPLES - 1) * STEP_S, STEP_S, SAMPLES)
             base = stack.enter_context(running_prometheus(prometheus_bin, work, {}, interval_s=STEP_S, flags=FLAGS))
@@ -84,31 +84,35 @@ def queries_of(store: PromReader, load: Callable[[], Any]) -> int:
 
 
 def test_queries_per_page_do_not_grow_with_the_gpus_or_the_jobs(readers: dict[int, PromReader], end: int) -> None:
-    small, large = readers[2], readers[6]
-    assert len(large.latest_readings()) == 3 * len(small.latest_readings()) == 48
+    small, large = readers[4], readers[12]
+    assert len(large.latest_readings()) == 3 * len(small.latest_readings()) == 96
     assert len(large.jobs(end - 3600, end)) > len(small.jobs(end - 3600, end)) >= 2
     counts = {size: {name: queries_of(r, load) for name, load in pages(r).items()} for size, r in readers.items()}
-    assert counts[2] == counts[6]
-    assert all(0 < n <= 40 for n in counts[6].values()), counts[6]
+    assert counts[4] == counts[12]
+    assert all(0 < n <= 40 for n in counts[12].values()), counts[12]
 
 
-def test_job_summaries_are_one_query_aggregated_by_job(readers: dict[int, PromReader], end: int) -> None:
-    store = readers[6]
-    before = (store.client.stats.queries, store.client.stats.series)
-    summaries = store.jobs(end - 1800, end)
-    queries, series = store.client.stats.queries - before[0], store.client.stats.series - before[1]
-    assert queries == 1
-    # one series per (job, GPU) held, and nine aggregates per job: never one per sample
-    assert series == sum(len(s.gpus) for s in summaries) + 9 * len(summaries)
-    lay = layout(6, SAMPLES)
-    expected = {job for held in lay.jobs.values() for job, *_ in held}
-    assert {s.job_id for s in summaries} == expected
-    assert store.jobs(end - 1800, end, job_id="job-1") == [s for s in summaries if s.job_id == "job-1"]
+def test_job_summaries_are_a_fixed_number_of_queries_answered_by_job(readers: dict[int, PromReader], end: int) -> None:
+    cost = {}
+    for nodes, store in readers.items():
+        before = (store.client.stats.queries, store.client.stats.series)
+        summaries = store.jobs(end - 1800, end)
+        cost[nodes] = (store.client.stats.queries - before[0], store.client.stats.series - before[1])
+        expected = {job for held in layout(nodes, SAMPLES).jobs.values() for job, *_ in held}
+        assert {s.job_id for s in summaries} == expected
+        one = store.jobs(end - 1800, end, job_id="job-1")
+        assert one == [s for s in summaries if s.job_id == "job-1"]
+    # the same queries whatever the cluster (both have GPUs that changed jobs: 12 with them, 8 without) ...
+    assert cost[4][0] == cost[12][0] <= 12
+    # ... and answers that grow with the GPUs, not with the samples: at most a few series per GPU
+    assert cost[12][1] <= 96 * 10
 
 
 def test_job_summaries_agree_with_the_per_gpu_series_summed_by_hand(readers: dict[int, PromReader], end: int) -> None:
-    """The aggregate PromQL against the plain per-GPU reads: GPU-hours, utilization mean and spread, memory."""
-    store = readers[6]
+    """The aggregate PromQL against the plain per-GPU reads (every step's mean of each GPU the job held then):
+    GPU-hours and first and last step exactly; utilization and memory (from every sample of the GPUs a job held
+    throughout, from each step's means for those that changed jobs) within 2 %."""
+    store = readers[12]
     start = end - 1800
     lo, hi, step = store._step(start, end, JOB_POINTS + 1)
     summaries = {s.job_id: s for s in store.jobs(start, end)}
@@ -123,11 +127,11 @@ def test_job_summaries_agree_with_the_per_gpu_series_summed_by_hand(readers: dic
         memory = [v for uuid, t in steps if (v := _at(data[uuid], "memory_used_bytes", t)) is not None]
         peak = max(v for uuid, t in steps if (v := _at(data[uuid], "memory_used_bytes", t, top=True)) is not None)
         mean = sum(util) / len(util)
-        assert summary.utilization_ratio_mean == pytest.approx(mean, rel=1e-6)
+        assert summary.utilization_ratio_mean == pytest.approx(mean, rel=0.02)
         spread = math.sqrt(max(0.0, sum(u * u for u in util) / len(util) - mean * mean))
-        assert summary.utilization_ratio_stddev == pytest.approx(spread, rel=1e-3, abs=1e-6)
-        assert summary.memory_used_bytes_mean == pytest.approx(sum(memory) / len(memory), rel=1e-6)
-        assert summary.memory_used_bytes_max == pytest.approx(peak, rel=1e-9)
+        assert summary.utilization_ratio_stddev == pytest.approx(spread, abs=0.02)
+        assert summary.memory_used_bytes_mean == pytest.approx(sum(memory) / len(memory), rel=0.02)
+        assert summary.memory_used_bytes_max == pytest.approx(peak, rel=0.02)
         assert summary.first_seen == min(t for _, t in steps)
         assert summary.last_seen == max(t for _, t in steps) + step
         compared += 1

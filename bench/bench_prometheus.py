@@ -11,6 +11,8 @@ queries and series returned. Usage: ``python -m bench.bench_prometheus [NODES] [
 
 from __future__ import annotations
 
+import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -65,6 +67,7 @@ def browser_loads(store: Any, names: list[str]) -> dict[str, float]:
     from dashboard.app import create_app
     from tests.dashboard.browser import chromium, serving, wait_rendered
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no request log between the figures
     uuid = store.latest_readings(node=names[1])[0].uuid
     paths = {
         "overview": "/",
@@ -91,15 +94,19 @@ def browser_loads(store: Any, names: list[str]) -> dict[str, float]:
 
 
 def main() -> int:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    nodes = int(args[0]) if args else NODES
+    with tempfile.TemporaryDirectory(prefix="gpulens-bench-prom-") as temporary:
+        return measure(Path(temporary), nodes)
+
+
+def measure(work: Path, nodes: int) -> int:
     from gpulens.settings import StoreAuth
     from storage.prometheus import PromReader
     from tests.prom import running_prometheus
     from tests.storage.promblocks import GPUS, create_blocks
 
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    nodes = int(args[0]) if args else NODES
     gpus = nodes * GPUS
-    work = Path(tempfile.mkdtemp(prefix="gpulens-bench-prom-"))
     (work / "prom").mkdir()
     samples = HOURS * 3600 // STEP_S + 1
     # the history ends a step before a 2-hour boundary: one TSDB block, one pass of promtool over the input
@@ -110,6 +117,7 @@ def main() -> int:
     print(f"prometheus_history_samples_{gpus}_gpus: {series * samples} samples")
     print(f"prometheus_history_backfill_{gpus}_gpus: {time.perf_counter() - began:.0f} s")
     names = [f"node-{n:04d}" for n in range(nodes)]
+    print(f"prometheus_load_average_before: {os.getloadavg()[0]:.1f} runnable", flush=True)
     with running_prometheus("prometheus", work / "prom", {}, interval_s=STEP_S, flags=BLOCK_FLAGS) as base:
         store = PromReader(
             "prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=FixedClock(end + STEP_S / 2), timeout_s=120
@@ -130,6 +138,7 @@ def main() -> int:
         if "--no-browser" not in sys.argv:
             for name, ms in browser_loads(store, names).items():
                 print(f"prometheus_{name}_page_browser_{gpus}_gpus: {ms:.0f} ms")
+    print(f"prometheus_load_average_after: {os.getloadavg()[0]:.1f} runnable")
     return 0
 
 

@@ -131,19 +131,20 @@ def gpulens_readings(series: Sequence[PromSeries], times: Mapping[str, float], n
     for s in series:
         labels = s.labels
         uuid, name = labels.get("uuid"), labels.get("__name__", "")
-        if not uuid or not labels.get("gpu", "").isdigit():
+        if not uuid:
             continue
-        fields = gpus.setdefault(
-            uuid,
-            {
+        fields = gpus.get(uuid)
+        if fields is None:
+            if not labels.get("gpu", "").isdigit():
+                continue
+            fields = gpus[uuid] = {
                 "node": labels.get("node", ""),
                 "gpu": int(labels["gpu"]),
                 "uuid": uuid,
                 "model": labels.get("model", "unknown"),
                 "timestamp": times.get(uuid, s.samples[-1][0] if s.samples else now),
                 "xid_errors": {},
-            },
-        )
+            }
         value = s.value
         if name == INFO:
             fields["pci_bus_id"] = labels.get("pci_bus_id") or None

@@ -1,12 +1,14 @@
 """``PromReader``: the store read interface (``storage.reading.StoreReader``) over a Prometheus-compatible query API.
 
-Query cost is bounded by what a page shows, never by the GPU count: ``latest_readings`` is four instant queries
-(the gpulens families, their sample times, the dcgm-exporter families, theirs), ``series`` one range query per
-field whatever the number of GPUs (mean, min and max of each step in one result), ``jobs`` one range query for the
-jobs' membership plus the utilization and memory series. Ranges are step-aligned (a panel refreshed a second later
-asks for the same points, which Thanos and Mimir cache), never finer than ``[database] min_step`` (the scrape
-interval), gauges read with ``avg/min/max_over_time`` and counters with ``rate`` over the step, where the SQL path
-reads its rollups. A result over ``[database] max_series`` series is refused with a message saying so.
+Query cost is bounded by what a page shows, never by the GPU count: ``latest_readings`` is up to four instant
+queries (the gpulens families, their sample times, the dcgm-exporter families, theirs), ``series`` one range query
+per field whatever the number of GPUs (mean, min and max of each step in one result), ``jobs`` aggregated by job in
+Prometheus (``storage.prometheus.jobquery``). A call's independent queries are sent at once (``PARALLEL``), and only
+for the families the store holds (its metric names, read at most every ``NAMES_TTL_S``). Ranges are
+step-aligned (a panel refreshed a second later asks for the same points, which Thanos and Mimir cache), never finer
+than ``[database] min_step`` (the scrape interval), gauges read with ``avg/min/max_over_time`` and counters with
+``rate`` over the step, where the SQL path reads its rollups. A result over ``[database] max_series`` series is
+refused with a message saying so.
 
 What Prometheus does not hold is said, not faked: processes exist only where gpulens exporters export them
 (``gpulens_process_gpu_memory_bytes``); over dcgm-exporter data alone ``current_processes`` raises

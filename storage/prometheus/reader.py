@@ -370,12 +370,13 @@ class PromReader:
         lo, hi, step = self._step(start, end, 500)
         selected = fam.LINK_ACTIVE
         if self._exists(fam.LINKS_ACTIVE):
-            # Only the GPUs whose count of active links changed in the range, or has a link down at its end, are
-            # read link by link: one series per GPU scanned over the range instead of one per link (18 on an H100).
-            window = f"[{round(hi - lo)}s]"
-            changed = f"min_over_time({fam.LINKS_ACTIVE}{window}) < max_over_time({fam.LINKS_ACTIVE}{window})"
-            down = f"group by (uuid) ({fam.LINK_ACTIVE} == 0)"
-            gpus = {s.labels["uuid"] for s in self.client.query(f"{changed} or {down}", hi) if s.labels.get("uuid")}
+            # Only the GPUs whose count of active links changed in the range, or is below their model's most at its
+            # end (a link down all along), are read link by link: one series per GPU instead of one per link (18 on
+            # an H100).
+            window, count = f"[{round(hi - lo)}s]", fam.LINKS_ACTIVE
+            changed = f"min_over_time({count}{window}) < max_over_time({count}{window})"
+            fewer = f"{count} < on (model) group_left max by (model) ({count})"
+            gpus = {s.labels["uuid"] for s in self.client.query(f"{changed} or {fewer}", hi) if s.labels.get("uuid")}
             if not gpus:
                 return []
             selected = f"{fam.LINK_ACTIVE}{{uuid=~{regex_of(gpus)}}}"

@@ -7,7 +7,8 @@ Every node exports what one gpulens exporter node exports (its series and labels
 scrape adds and Prometheus's own ``up``/``scrape_*`` series per target. Values vary per GPU and per sample (gauges
 within their range, counters growing); jobs hold whole nodes, one to four nodes each or half a node, and every third
 group of nodes changes jobs halfway through the history (the series churn of real job turnover); one node in ten is
-idle.
+idle. Two links go down: link 5 of node 2's GPU 3 halfway through, link 0 of node 5's GPU 0 all along
+(``LINK_FAULTS``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ _CONSTANT = re.compile(
     r"_(info|up|link_active|throttle_active|links_active|pcie_link_generation|pcie_link_width|limit_watts|"
     r"total_bytes|max_clock_hertz|slowdown_temperature_celsius|remapped_rows\w*)$"
 )
+# NVLink outages: (node index, GPU) -> (link, first sample down; -1: the second half)
+LINK_FAULTS = {(2, 3): (5, -1), (5, 0): (0, 0)}
 _TARGET_SERIES = (("up", "1"), ("scrape_duration_seconds", "0.012"), ("scrape_samples_scraped", "553"))
 
 
@@ -113,6 +116,21 @@ def _values(name: str, base: float, seed: int, samples: int, idle: bool) -> Iter
     )
 
 
+def _link_faults(name: str, labels: str, node: int, values: list[str], samples: int) -> list[str]:
+    """``LINK_FAULTS`` applied to a link's state or a GPU's count of active links."""
+    gpu = re.search(r'gpu="(\d+)"', labels)
+    fault = LINK_FAULTS.get((node, int(gpu.group(1)) if gpu else -1))
+    if fault is None:
+        return values
+    link, first = fault
+    down = range(first if first >= 0 else samples // 2, samples)
+    if name.endswith("links_active"):
+        return [f"{float(v) - 1:g}" if k in down else v for k, v in enumerate(values)]
+    if f'link="{link}"' not in labels:
+        return values
+    return ["0" if k in down else v for k, v in enumerate(values)]
+
+
 def write_openmetrics(out: IO[str], lay: Layout, start: int, step: int, samples: int) -> int:
     """Write every node's series over ``samples`` samples ``step`` seconds apart from ``start``; return the
     number of series written."""
@@ -130,6 +148,8 @@ def write_openmetrics(out: IO[str], lay: Layout, start: int, step: int, samples:
                 own = re.sub(r'job_id="[^"]*"', f'job_id="{held[-1][0]}"', own)
             prefix = f"{name}{{{own},{scrape}}} " if own else f"{name}{{{scrape}}} "
             values = _values(name, float(value), n * 1000 + i, samples, node in lay.idle)
+            if name in ("gpulens_gpu_nvlink_link_active", "gpulens_gpu_nvlink_links_active"):
+                values = _link_faults(name, labels, n, list(values), samples)
             out.write("".join(f"{prefix}{v} {t}\n" for v, t in zip(values, times, strict=True)))
             count += 1
         for job_id, user, gpus, first, last in lay.jobs[node]:

@@ -138,6 +138,20 @@ def test_job_summaries_agree_with_the_per_gpu_series_summed_by_hand(readers: dic
     assert compared == len(summaries) >= 4  # job-0, job-1, job-2a and job-2b (its turnover halfway)
 
 
+def test_link_outages_are_found_from_the_count_of_active_links(readers: dict[int, PromReader], end: int) -> None:
+    """Link by link only for GPUs whose count changed or is below their model's: both outages, and nothing else."""
+    store = readers[12]
+    start = end - (SAMPLES - 1) * STEP_S
+    outages = store.link_outages(start, end + STEP_S)
+    found = {(o.node, o.gpu, o.link, o.until is None) for o in outages}
+    assert found == {("node-0002", 3, 5, True), ("node-0005", 0, 0, True)}
+    halfway = next(o for o in outages if o.node == "node-0002")
+    assert start + (SAMPLES // 2 - 1) * STEP_S <= halfway.since <= start + (SAMPLES // 2 + 1) * STEP_S
+    assert next(o for o in outages if o.node == "node-0005").since <= start + STEP_S
+    # before the first outage began, only the link down all along (fewer active links than its model's others)
+    assert {(o.node, o.gpu, o.link) for o in store.link_outages(start, start + 10 * STEP_S)} == {("node-0005", 0, 0)}
+
+
 def _at(series: Any, field: str, t: float, *, top: bool = False) -> float | None:
     if t not in series.timestamps:
         return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -147,7 +147,7 @@ def write_openmetrics(out: IO[str], lay: Layout, start: int, step: int, samples:
                     continue
                 own = re.sub(r'job_id="[^"]*"', f'job_id="{held[-1][0]}"', own)
             prefix = f"{name}{{{own},{scrape}}} " if own else f"{name}{{{scrape}}} "
-            values = _values(name, float(value), n * 1000 + i, samples, node in lay.idle)
+            values: Iterable[str] = _values(name, float(value), n * 1000 + i, samples, node in lay.idle)
             if name in ("gpulens_gpu_nvlink_link_active", "gpulens_gpu_nvlink_links_active"):
                 values = _link_faults(name, labels, n, list(values), samples)
             out.write("".join(f"{prefix}{v} {t}\n" for v, t in zip(values, times, strict=True)))

@@ -1,17 +1,18 @@
 """Job summaries over a time range, aggregated by job inside Prometheus: a query count that does not grow with the
 GPUs or the jobs, and answers that grow with the jobs and with the GPUs that changed jobs, never with the samples.
 
-1. One instant query (``pairs_query``) over the whole range, with range functions on raw series (one pass, no
-   per-step evaluation): every (job, GPU) pair held in the range (``count_over_time`` of the membership series,
-   labelled ``job_id, uuid, node, user``: the page's GPUs, nodes and user), and per GPU the count, mean and standard
-   deviation of its utilization samples and the mean and peak of its memory. A pair is *settled* when the job held
-   the GPU at every utilization sample of the range: the job takes the GPU's statistics whole.
+1. Instant queries over the whole range, with range functions on raw series (one pass, no per-step evaluation):
+   every (job, GPU) pair held in the range (``count_over_time`` of the membership series, labelled
+   ``job_id, uuid, node, user``: the page's GPUs, nodes and user); then, at once, per GPU the count, mean and
+   standard deviation of its utilization samples and the mean and peak of its memory. A pair is *settled* when the
+   job held the GPU at every utilization sample of the range: the job takes the GPU's statistics whole.
 2. At the same time, one range query at the range's step (``held_query``): the GPUs each job held at each step,
    counted by job in PromQL (its GPU-steps, hence GPU-hours, and first and last step), as the SQL path counts
    allocations.
-3. Only when pairs were unsettled (a job came or went in the range), one range query (``unsettled_query``) of those
-   GPUs' membership and per-step mean utilization and mean and peak memory, summed per job here: exact, and as
-   costly as the turnover is large.
+3. Only when pairs were unsettled (a job came or went in the range: a GPU held by several jobs, or for fewer
+   samples than others), at the same time as the statistics, range queries (``unsettled_queries``) of those GPUs'
+   membership and per-step mean utilization and mean and peak memory, summed per job here: exact, and as costly as
+   the turnover is large.
 
 Membership is gpulens's ``gpulens_gpu_job_info`` or, for dcgm-exporter series, its ``pod``/``namespace`` labels
 (``<namespace>/<pod>``) and ``hpc_job`` label, turned into ``job_id``, ``uuid`` and ``node`` labels with
@@ -167,49 +168,62 @@ class _Job:
 
 
 class Summaries:
-    """The answers, in order (``add_pairs``, then ``add_held`` and ``add_unsettled``), made into job summaries."""
+    """The answers (``add_pairs`` first, then the others in any order) made into job summaries."""
 
     def __init__(self, step: float) -> None:
         self.step = step
         self.jobs: dict[str, _Job] = defaultdict(_Job)
+        self.held: dict[tuple[str, str], float] = {}  # (job, GPU) -> samples held in the range
         self.unsettled: set[str] = set()  # GPUs read per step
         self.unsettled_pairs: set[tuple[str, str]] = set()
+        self.late: set[str] = set()  # GPUs found unsettled only by their statistics
         self.dcgm = False  # some pair comes from dcgm-exporter's labels
         self.overlap = False  # some pair comes from both sources
 
-    def add_pairs(self, results: Mapping[str, Sequence[PromSeries]]) -> None:
-        """Pairs and per-GPU statistics; the settled pairs take their GPU's statistics whole."""
-        held: dict[tuple[str, str], float] = {}
-        gpus: dict[str, dict[str, float]] = defaultdict(dict)
-        for tag, result in results.items():
-            if tag != "pair":
-                for s in result:
-                    if s.labels.get("uuid") and math.isfinite(s.value):
-                        gpus[s.labels["uuid"]][tag] = s.value
-        for s in results.get("pair", ()):
+    def add_pairs(self, result: Sequence[PromSeries]) -> None:
+        """The pairs. Unsettled at once, before the statistics come: the GPUs held by more than one job in the range
+        and the pairs held for fewer samples than the longest held (the others are checked in ``add_stats``)."""
+        for s in result:
             uuid, job = s.labels.get("uuid"), s.labels.get("job_id")
-            if not uuid or not math.isfinite(s.value):
-                continue
-            if not job:
+            if not uuid or not job or not math.isfinite(s.value):
                 continue
             dcgm = s.labels.get("gl_source") == "dcgm"
             self.dcgm = self.dcgm or dcgm
-            if (job, uuid) in held:
+            if (job, uuid) in self.held:
                 self.overlap = True
                 if dcgm:
                     continue
-            held[(job, uuid)] = s.value
+            self.held[(job, uuid)] = s.value
             entry = self.jobs[job]
             entry.gpus.add(uuid)
             if s.labels.get("node"):
                 entry.nodes.add(s.labels["node"])
             if s.labels.get("user"):
                 entry.user = s.labels["user"]
-        for (job, uuid), count in held.items():
+        longest = max(self.held.values(), default=0.0)
+        jobs_of: dict[str, int] = defaultdict(int)
+        for _, uuid in self.held:
+            jobs_of[uuid] += 1
+        for (_job, uuid), count in self.held.items():
+            if jobs_of[uuid] > 1 or count < longest:
+                self.unsettled.add(uuid)
+        self.unsettled_pairs = {(job, uuid) for job, uuid in self.held if uuid in self.unsettled}
+
+    def add_stats(self, results: Mapping[str, Sequence[PromSeries]]) -> None:
+        """Per-GPU statistics: each settled pair (held at every utilization sample of its GPU) takes its GPU's
+        whole; a pair held for fewer goes to ``late`` (read per step after all)."""
+        gpus: dict[str, dict[str, float]] = defaultdict(dict)
+        for tag, result in results.items():
+            for s in result:
+                if s.labels.get("uuid") and math.isfinite(s.value):
+                    gpus[s.labels["uuid"]][tag] = s.value
+        for (job, uuid), count in self.held.items():
+            if uuid in self.unsettled:
+                continue
             stats = gpus.get(uuid, {})
             n = stats.get("n", 0.0)
             if count < n:
-                self.unsettled.add(uuid)
+                self.late.add(uuid)
                 self.unsettled_pairs.add((job, uuid))
                 continue
             got = self.jobs[job].stats

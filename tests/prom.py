@@ -6,7 +6,7 @@ import json
 import subprocess
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -90,7 +90,9 @@ def query(base: str, promql: str) -> list[dict[str, Any]]:
     return result
 
 
-def wait_for(base: str, promql: str, predicate, timeout: float = 60) -> list[dict[str, Any]]:
+def wait_for(
+    base: str, promql: str, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 60
+) -> list[dict[str, Any]]:
     """Poll a query until ``predicate(result)`` holds; fail with the last result."""
     deadline = time.monotonic() + timeout
     result: list[dict[str, Any]] = []

@@ -1,15 +1,19 @@
-"""The dashboard over Prometheus: queries, series and time per page for a simulated cluster of ``NODES`` x 8 GPUs.
+"""The dashboard over Prometheus: time, queries and series per page for a simulated cluster of ``NODES`` x 8 GPUs.
 
-One ``--all-nodes`` exporter serves the cluster; a real Prometheus (Debian's package) scrapes every node every
-``SCRAPE_S`` seconds; after ``WARM_S`` seconds each page's data loading runs (the page's render function with a
-``PromReader``, as the dashboard calls it) over the last 15 minutes. Printed per page: PromQL queries, series
-returned, and milliseconds (the median of ``REPEAT`` loads). Usage: ``python -m bench.bench_prometheus [NODES]``.
+A real Prometheus (Debian's package) serves ``HOURS`` hours of history, one sample every ``STEP_S`` seconds, of
+every series ``NODES`` gpulens exporter nodes export (about 550 per node, jobs and their turnover included; written
+as TSDB blocks with ``promtool``: ``tests.storage.promblocks``). Then each page's data loading runs as the dashboard
+runs it (the page's render function with a ``PromReader``, server-side) over the dashboard's default range (the
+last hour), and, unless ``--no-browser``, each page loads whole in headless Chromium (the dashboard app over the same
+reader: request, callbacks, charts drawn). Printed per page: milliseconds (the median of ``REPEAT`` loads), PromQL
+queries and series returned. Usage: ``python -m bench.bench_prometheus [NODES] [--no-browser]``.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -17,74 +21,124 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-NODES = 50
-SCRAPE_S = 5
-WARM_S = 60
-REPEAT = 5
+NODES = 1000
+HOURS = 1
+STEP_S = 60
+REPEAT = 3
+BLOCK_FLAGS = ("--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h")
 
 
-def scenario(names: list[str]) -> str:
-    listed = ", ".join(f'"{n}"' for n in names)
-    lines = ["[cluster]", f"nodes = [{listed}]", "gpus_per_node = 8", "seed = 3", 'duration = "4h"', 'step = "10s"']
-    for j in range(len(names) // 8):
-        gpus = ", ".join(f'"{n}"' for n in names[8 * j : 8 * j + 8])
-        lines += ["[[jobs]]", f'id = "train-{j}"', 'user = "u"', 'kind = "training"', f"gpus = [{gpus}]"]
-    return "\n".join(lines) + "\n"
+class FixedClock:
+    """The end of the written history is "now" for every page."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def now(self) -> float:
+        return self.at
+
+    def monotonic(self) -> float:
+        return time.monotonic()
 
 
-def main() -> int:
+def page_loads(store: Any, names: list[str]) -> dict[str, Callable[[], Any]]:
     from dashboard.components import ViewState
     from dashboard.context import Context
     from dashboard.grid import DEFAULT_SORT
     from dashboard.heatmaps import DEFAULT_METRIC
     from dashboard.pages import gpu, interconnect, job, jobs, node, overview
+    from dashboard.timerange import DEFAULT_RANGE
+
+    context = Context(db=store, clock=store.clock)
+    state = ViewState(range=DEFAULT_RANGE)
+    some = store.latest_readings(node=names[1])[0].uuid
+    return {
+        "overview": lambda: overview.render(context, state, DEFAULT_METRIC, DEFAULT_SORT, "", 1),
+        "jobs": lambda: jobs.render(context, state, "all", "", 1),
+        "job": lambda: job.render(context, state, "job-1"),  # two nodes, 16 GPUs
+        "node": lambda: node.render(context, state, names[1]),
+        "gpu": lambda: gpu.render(context, state, some),
+        "interconnect": lambda: interconnect.render(context, state, names[1]),
+    }
+
+
+def browser_loads(store: Any, names: list[str]) -> dict[str, float]:
+    """Milliseconds to load each page whole in headless Chromium (the median of ``REPEAT``)."""
+    from dashboard.app import create_app
+    from tests.dashboard.browser import chromium, serving, wait_rendered
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no request log between the figures
+    uuid = store.latest_readings(node=names[1])[0].uuid
+    paths = {
+        "overview": "/",
+        "jobs": "/jobs",
+        "job": "/jobs/job-1",
+        "node": f"/nodes/{names[1]}",
+        "gpu": f"/gpus/{uuid}",
+        "interconnect": "/interconnect",
+    }
+    out = {}
+    with serving(create_app(store, clock=store.clock)) as base, chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        for name, path in paths.items():
+            times = []
+            for _ in range(REPEAT):
+                began = time.perf_counter()
+                page.goto(base + path)
+                wait_rendered(page, timeout_ms=120_000)
+                times.append(time.perf_counter() - began)
+                if "Could not read the data" in page.inner_text("body"):
+                    raise RuntimeError(f"{path} failed to load its data")
+            out[name] = statistics.median(times) * 1000
+    return out
+
+
+def main() -> int:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    nodes = int(args[0]) if args else NODES
+    with tempfile.TemporaryDirectory(prefix="gpulens-bench-prom-") as temporary:
+        return measure(Path(temporary), nodes)
+
+
+def measure(work: Path, nodes: int) -> int:
     from gpulens.settings import StoreAuth
     from storage.prometheus import PromReader
-    from tests.conftest import free_port
     from tests.prom import running_prometheus
+    from tests.storage.promblocks import GPUS, create_blocks
 
-    nodes = int(sys.argv[1]) if len(sys.argv) > 1 else NODES
-    work = Path(tempfile.mkdtemp(prefix="gpulens-bench-prom-"))
+    gpus = nodes * GPUS
+    (work / "prom").mkdir()
+    samples = HOURS * 3600 // STEP_S + 1
+    # the history ends a step before a 2-hour boundary: one TSDB block, one pass of promtool over the input
+    end = int(time.time()) // 7200 * 7200 - STEP_S
+    began = time.perf_counter()
+    series = create_blocks("promtool", work / "prom", nodes, end - (samples - 1) * STEP_S, STEP_S, samples)
+    print(f"prometheus_history_series_{gpus}_gpus: {series} series")
+    print(f"prometheus_history_samples_{gpus}_gpus: {series * samples} samples")
+    print(f"prometheus_history_backfill_{gpus}_gpus: {time.perf_counter() - began:.0f} s")
     names = [f"node-{n:04d}" for n in range(nodes)]
-    (work / "cluster.toml").write_text(scenario(names))
-    port = free_port()
-    exporter = subprocess.Popen(
-        [sys.executable, "-m", "gpulens.cli", "exporter", "--source", "sim", "--scenario", str(work / "cluster.toml"),
-         "--all-nodes", "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    jobs_ = {n: (f"127.0.0.1:{port}", f"/node/{n}/metrics") for n in names}
-    try:
-        time.sleep(3)
-        (work / "prom").mkdir()
-        with running_prometheus("prometheus", work / "prom", jobs_, interval_s=SCRAPE_S) as base:
-            time.sleep(WARM_S)
-            store = PromReader("prometheus+" + base, StoreAuth(min_step_s=SCRAPE_S))
-            context = Context(db=store, clock=store.clock)
-            state = ViewState(range="15m")
-            some = store.latest_readings(node=names[0])[0].uuid
-            pages: dict[str, Callable[[], Any]] = {
-                "overview": lambda: overview.render(context, state, DEFAULT_METRIC, DEFAULT_SORT, "", 1),
-                "jobs": lambda: jobs.render(context, state, "all", "", 1),
-                "job": lambda: job.render(context, state, "train-0"),
-                "node": lambda: node.render(context, state, names[0]),
-                "gpu": lambda: gpu.render(context, state, some),
-                "interconnect": lambda: interconnect.render(context, state, names[0]),
-            }
-            for name, load in pages.items():
-                times = []
-                for _ in range(REPEAT):
-                    before = (store.client.stats.queries, store.client.stats.series)
-                    began = time.perf_counter()
-                    load()
-                    times.append(time.perf_counter() - began)
-                queries = store.client.stats.queries - before[0]
-                series = store.client.stats.series - before[1]
-                print(f"prometheus_{name}_page_{nodes * 8}_gpus: {statistics.median(times) * 1000:.0f} ms, "
-                      f"{queries} queries, {series} series")  # fmt: skip
-    finally:
-        exporter.terminate()
-        exporter.wait(timeout=20)
+    print(f"prometheus_load_average_before: {os.getloadavg()[0]:.1f} runnable", flush=True)
+    with running_prometheus("prometheus", work / "prom", {}, interval_s=STEP_S, flags=BLOCK_FLAGS) as base:
+        store = PromReader(
+            "prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=FixedClock(end + STEP_S / 2), timeout_s=120
+        )
+        for name, load in page_loads(store, names).items():
+            times = []
+            for _ in range(REPEAT):
+                before = (store.client.stats.queries, store.client.stats.series)
+                began = time.perf_counter()
+                load()
+                times.append(time.perf_counter() - began)
+            queries = store.client.stats.queries - before[0]
+            returned = store.client.stats.series - before[1]
+            print(f"prometheus_{name}_page_data_{gpus}_gpus: {statistics.median(times) * 1000:.0f} ms")
+            print(f"prometheus_{name}_page_queries_{gpus}_gpus: {queries} queries")
+            print(f"prometheus_{name}_page_series_{gpus}_gpus: {returned} series")
+            sys.stdout.flush()
+        if "--no-browser" not in sys.argv:
+            for name, ms in browser_loads(store, names).items():
+                print(f"prometheus_{name}_page_browser_{gpus}_gpus: {ms:.0f} ms")
+    print(f"prometheus_load_average_after: {os.getloadavg()[0]:.1f} runnable")
     return 0
 
 

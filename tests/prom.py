@@ -6,7 +6,7 @@ import json
 import subprocess
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,11 +24,13 @@ def running_prometheus(
     *,
     extra: dict[str, dict[str, Any]] | None = None,
     interval_s: float = 1.0,
+    flags: Sequence[str] = (),
 ) -> Iterator[str]:
     """Start Prometheus scraping ``jobs`` ({job name: (host:port, metrics path)}) every ``interval_s`` (one second);
     yield its base URL.
 
-    ``extra``: more scrape-config keys by job name (``metric_relabel_configs``, ...)."""
+    ``extra``: more scrape-config keys by job name (``metric_relabel_configs``, ...); ``flags``: more command-line
+    flags."""
     config = {
         "global": {"scrape_interval": f"{interval_s * 1000:.0f}ms", "scrape_timeout": f"{interval_s * 900:.0f}ms"},
         "scrape_configs": [
@@ -51,6 +53,7 @@ def running_prometheus(
             f"--config.file={config_path}",
             f"--storage.tsdb.path={workdir / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{port}",
+            *flags,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -87,7 +90,9 @@ def query(base: str, promql: str) -> list[dict[str, Any]]:
     return result
 
 
-def wait_for(base: str, promql: str, predicate, timeout: float = 60) -> list[dict[str, Any]]:
+def wait_for(
+    base: str, promql: str, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 60
+) -> list[dict[str, Any]]:
     """Poll a query until ``predicate(result)`` holds; fail with the last result."""
     deadline = time.monotonic() + timeout
     result: list[dict[str, Any]] = []

@@ -124,18 +124,20 @@ class PromClient:
     def scrub(self, text: str) -> str:
         return scrub(text, *self._secrets)
 
-    def _post(self, path: str, form: Mapping[str, str]) -> Any:
+    def _post(self, path: str, form: Mapping[str, str], *, method: str = "POST") -> Any:
         import time
 
-        data = urllib.parse.urlencode(form).encode()
+        encoded = urllib.parse.urlencode(form)
+        data = encoded.encode() if method == "POST" else None
+        url = self.base + path + ("" if method == "POST" else "?" + encoded)
         headers = {**self._headers, "Content-Type": "application/x-www-form-urlencoded"}
         started = time.perf_counter()
         try:
             response = request(
-                self.base + path,
+                url,
                 timeout_s=self.timeout_s,
                 max_bytes=MAX_RESPONSE_BYTES,
-                method="POST",
+                method=method,
                 data=data,
                 headers=headers,
                 decode=True,
@@ -177,6 +179,12 @@ class PromClient:
 
     def _unavailable(self, problem: str) -> DatabaseUnavailableError:
         return DatabaseUnavailableError(self.scrub(f"Prometheus at {self.url_redacted} {problem}"))
+
+    def metric_names(self, start: float, end: float) -> set[str]:
+        """The metric names holding samples between ``start`` and ``end`` (the label values API: an index read)."""
+        form = {"start": f"{start:.3f}", "end": f"{end:.3f}"}
+        data = self._post("/api/v1/label/__name__/values", form, method="GET")
+        return {str(name) for name in data} if isinstance(data, list) else set()
 
     def query(self, promql: str, at: float, *, max_series: int | None = None) -> list[PromSeries]:
         """An instant query evaluated at ``at``."""

@@ -33,6 +33,7 @@ XIDS: Final = "gpulens_gpu_xid_errors_total"
 JOB_INFO: Final = "gpulens_gpu_job_info"
 PROCESS: Final = "gpulens_process_gpu_memory_bytes"
 LINK_ACTIVE: Final = "gpulens_gpu_nvlink_link_active"
+LINKS_ACTIVE: Final = "gpulens_gpu_nvlink_links_active"  # the count per GPU
 READING_FAMILIES: Final = tuple(sorted({INFO, UP, THROTTLE, XIDS} | {spec.family for spec in GPU_FIELDS}))
 DCGM_NAMES: Final = tuple(sorted(BY_NAME))
 # A GPU's dcgm-exporter identity is in every series; the utilization names say that a GPU exports at all.
@@ -130,19 +131,20 @@ def gpulens_readings(series: Sequence[PromSeries], times: Mapping[str, float], n
     for s in series:
         labels = s.labels
         uuid, name = labels.get("uuid"), labels.get("__name__", "")
-        if not uuid or not labels.get("gpu", "").isdigit():
+        if not uuid:
             continue
-        fields = gpus.setdefault(
-            uuid,
-            {
+        fields = gpus.get(uuid)
+        if fields is None:
+            if not labels.get("gpu", "").isdigit():
+                continue
+            fields = gpus[uuid] = {
                 "node": labels.get("node", ""),
                 "gpu": int(labels["gpu"]),
                 "uuid": uuid,
                 "model": labels.get("model", "unknown"),
                 "timestamp": times.get(uuid, s.samples[-1][0] if s.samples else now),
                 "xid_errors": {},
-            },
-        )
+            }
         value = s.value
         if name == INFO:
             fields["pci_bus_id"] = labels.get("pci_bus_id") or None

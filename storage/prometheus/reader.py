@@ -1,12 +1,14 @@
 """``PromReader``: the store read interface (``storage.reading.StoreReader``) over a Prometheus-compatible query API.
 
-Query cost is bounded by what a page shows, never by the GPU count: ``latest_readings`` is four instant queries
-(the gpulens families, their sample times, the dcgm-exporter families, theirs), ``series`` one range query per
-field whatever the number of GPUs (mean, min and max of each step in one result), ``jobs`` one range query for the
-jobs' membership plus the utilization and memory series. Ranges are step-aligned (a panel refreshed a second later
-asks for the same points, which Thanos and Mimir cache), never finer than ``[database] min_step`` (the scrape
-interval), gauges read with ``avg/min/max_over_time`` and counters with ``rate`` over the step, where the SQL path
-reads its rollups. A result over ``[database] max_series`` series is refused with a message saying so.
+Query cost is bounded by what a page shows, never by the GPU count: ``latest_readings`` is up to four instant
+queries (the gpulens families, their sample times, the dcgm-exporter families, theirs), ``series`` one range query
+per field whatever the number of GPUs (mean, min and max of each step in one result), ``jobs`` aggregated by job in
+Prometheus (``storage.prometheus.jobquery``). A call's independent queries are sent at once (``PARALLEL``), and only
+for the families the store holds (its metric names, read at most every ``NAMES_TTL_S``). Ranges are
+step-aligned (a panel refreshed a second later asks for the same points, which Thanos and Mimir cache), never finer
+than ``[database] min_step`` (the scrape interval), gauges read with ``avg/min/max_over_time`` and counters with
+``rate`` over the step, where the SQL path reads its rollups. A result over ``[database] max_series`` series is
+refused with a message saying so.
 
 What Prometheus does not hold is said, not faked: processes exist only where gpulens exporters export them
 (``gpulens_process_gpu_memory_bytes``); over dcgm-exporter data alone ``current_processes`` raises
@@ -18,7 +20,8 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from gpulens.clock import Clock, SystemClock
@@ -30,11 +33,15 @@ from storage.inventory import GpuInfo, LinkOutage
 from storage.jobstats import JOB_POINTS, JobSummary
 from storage.prometheus import fabric
 from storage.prometheus import families as fam
-from storage.prometheus.client import PromClient, PromSeries, quote, regex_of
+from storage.prometheus import jobquery
+from storage.prometheus.client import PromClient, PromQueryError, PromSeries, quote, regex_of
 from storage.reading import NotAvailableOnBackendError
 from storage.timeseries import SeriesData
 
 LOOKBACK_S: Final = 300.0  # Prometheus's default lookback: an instant query sees samples up to this old
+PARALLEL: Final = 4  # queries of one call in flight at once (Prometheus evaluates them on its cores)
+NAMES_TTL_S: Final = 30.0  # how long the list of metric names the store holds is trusted
+NAMES_LOOKBACK_S: Final = 8 * 86400.0  # the names of the longest range a page shows, and a day
 _AGGREGATES: Final = (("mean", "avg_over_time"), ("min", "min_over_time"), ("max", "max_over_time"))
 
 
@@ -60,6 +67,30 @@ class PromReader:
         self.url_redacted = self.client.url_redacted
         self.clock = clock or SystemClock()
         self.min_step_s = self.client.auth.min_step_s
+        self._names: tuple[float, frozenset[str]] | None = None  # (monotonic time read, metric names)
+
+    def _present(self) -> frozenset[str] | None:
+        """The metric names the store holds (read at most every ``NAMES_TTL_S``), so that no query asks for a
+        family that is not there: over gpulens exporters alone no dcgm-exporter name is read, and the reverse.
+        None (read every family) where the store does not answer the label values API."""
+        now = self.clock.monotonic()
+        if self._names is not None and now - self._names[0] < NAMES_TTL_S:
+            return self._names[1]
+        try:
+            at = self.clock.now()
+            names = frozenset(self.client.metric_names(at - NAMES_LOOKBACK_S, at + LOOKBACK_S))
+        except PromQueryError:
+            return None
+        if fam.UP in names or names & set(fam.DCGM_PRESENCE):  # GPUs there: keep it (until then, read again)
+            self._names = (now, names)
+        return names
+
+    def _exists(self, name: str) -> bool:
+        present = self._present()
+        return present is None or name in present
+
+    def _sources(self, field: str) -> list[fam.Source]:
+        return [s for s in fam.sources(field) if self._exists(s.name)]
 
     def scrub(self, text: str) -> str:
         return self.client.scrub(text)
@@ -90,21 +121,26 @@ class PromReader:
             return []
         now = self.clock.now()
         own = self._matchers(node, uuids, dcgm=False)
-        # A full read of the whole cluster (the alert engine's) goes a few families at a time, so that no one answer
-        # nears max_series (about 50 series per GPU in all); a page's read is one query.
-        whole = fields is None and node is None and uuids is None
-        series = self._instant(fam.reading_families(fields), own, now, chunk=1 if whole else 0)
-        times = self._times(f"timestamp({fam.UP}{{{own}}})", "uuid", now)
+        # A read of the whole cluster goes one family per query, the queries at once: no one answer nears max_series
+        # (about 50 series per GPU in all), and Prometheus encodes one answer while gpulens decodes another (at 8,000
+        # GPUs the overview's read takes 1.0 s so, 1.7 s as one query). A node's or GPUs' read is one query.
+        whole = node is None and uuids is None
+        dcgm_matchers = self._dcgm_matchers(node, uuids)
+        names = [n for n in fam.dcgm_names(fields) if self._exists(n)]
+        presence = " or ".join(fam.selector(fam.DCGM_PRESENCE, m) for m in dcgm_matchers)
+        # timestamp() drops __name__: keep it as a label first, or two names of one GPU would collide.
+        named = f'label_replace({presence}, "gl_name", "$1", "__name__", "(.+)")'
+        # the series and their sample times of both sources, at once
+        series, times, dcgm_series, dcgm_times = self._parallel(
+            lambda: self._instant(fam.reading_families(fields), own, now, chunk=1 if whole else 0),
+            lambda: self._times(f"timestamp({fam.UP}{{{own}}})", "uuid", now),
+            lambda: self._instant(names, dcgm_matchers, now, chunk=8 if whole else 0) if names else [],
+            lambda: self._times(f"max by (UUID) (timestamp({named}))", "UUID", now) if names else {},
+        )
         readings = fam.gpulens_readings(series, times, now)
         seen = {r.uuid for r in readings}
-        dcgm_matchers = self._dcgm_matchers(node, uuids)
-        dcgm_series = self._instant(fam.dcgm_names(fields), dcgm_matchers, now, chunk=8 if whole else 0)
         dcgm_series = [s for s in dcgm_series if node is None or fam.dcgm_node(s.labels) == node]
         if dcgm_series:
-            presence = " or ".join(fam.selector(fam.DCGM_PRESENCE, m) for m in dcgm_matchers)
-            # timestamp() drops __name__: keep it as a label first, or two names of one GPU would collide.
-            named = f'label_replace({presence}, "gl_name", "$1", "__name__", "(.+)")'
-            dcgm_times = self._times(f"max by (UUID) (timestamp({named}))", "UUID", now)
             readings += fam.dcgm_readings(dcgm_series, dcgm_times, now, skip=seen)[0]
         if max_age_s is not None:
             readings = [r for r in readings if r.timestamp >= now - max_age_s]
@@ -125,16 +161,32 @@ class PromReader:
         names per query."""
         alternatives = [matchers] if isinstance(matchers, str) else matchers
         groups = [names] if chunk <= 0 else [names[i : i + chunk] for i in range(0, len(names), chunk)]
-        out: list[PromSeries] = []
-        for group in groups:
-            out += self.client.query(" or ".join(fam.selector(group, m) for m in alternatives), now)
-        return out
+        if len(groups) == 1:
+            return self.client.query(" or ".join(fam.selector(groups[0], m) for m in alternatives), now)
+        with ThreadPoolExecutor(PARALLEL) as pool:
+            answers = pool.map(
+                lambda group: self.client.query(" or ".join(fam.selector(group, m) for m in alternatives), now), groups
+            )
+            return [s for answer in answers for s in answer]
+
+    @staticmethod
+    def _parallel(*calls: Callable[[], Any]) -> list[Any]:
+        """The calls' results, in order, the calls made at once (each query waits on Prometheus)."""
+        with ThreadPoolExecutor(PARALLEL) as pool:
+            futures = [pool.submit(call) for call in calls]
+            return [future.result() for future in futures]
 
     def _times(self, promql: str, label: str, now: float) -> dict[str, float]:
         return {s.labels[label]: s.value for s in self.client.query(promql, now) if s.labels.get(label)}
 
     def current_jobs(self) -> list[GpuJob]:
         now = self.clock.now()
+        dcgm = any(self._exists(n) for n in fam.DCGM_PRESENCE)
+        held, grouped, up = self._parallel(
+            lambda: self.client.query(fam.JOB_INFO, now),
+            lambda: self.client.query(self._dcgm_job_query(), now) if dcgm else [],
+            lambda: self.client.query(f"group by (uuid) ({fam.UP})", now) if dcgm else [],
+        )
         jobs = [
             GpuJob(
                 s.labels.get("node", ""),
@@ -143,11 +195,10 @@ class PromReader:
                 s.labels["job_id"],
                 s.labels.get("user") or None,
             )
-            for s in self.client.query(fam.JOB_INFO, now)
+            for s in held
             if s.labels.get("uuid") and s.labels.get("job_id") and s.labels.get("gpu", "").isdigit()
         ]
-        covered = {s.labels["uuid"] for s in self.client.query(fam.UP, now) if s.labels.get("uuid")}
-        grouped = self.client.query(self._dcgm_job_query(), now)
+        covered = {s.labels["uuid"] for s in up if s.labels.get("uuid")}
         jobs += fam.dcgm_jobs(grouped, skip=covered)
         return sorted(jobs, key=lambda j: (j.node, j.gpu, j.job_id))
 
@@ -198,7 +249,7 @@ class PromReader:
         window = f"[{step:g}s]"
         counter_window = f"[{max(step, 4 * self.min_step_s):g}s]"
         parts = []
-        for i, source in enumerate(fam.sources(field)):
+        for i, source in enumerate(self._sources(field)):
             selected = source.selector(matchers[source.dcgm])
             if source.name == fam.XIDS:
                 parts.append(_tag(f"sum without (xid) (rate({selected}{counter_window}))", f"rate:{i}"))
@@ -240,14 +291,15 @@ class PromReader:
         }
         # per GPU, "field/aggregate" -> bucket start -> value
         points: dict[str, dict[str, dict[float, float]]] = defaultdict(dict)
-        for field in fields:
-            sources = fam.sources(field)
-            if not sources:
-                continue  # nothing in Prometheus holds it: no values, not zeros
+        # nothing in Prometheus holds a field without sources: no values, not zeros
+        held = [f for f in fields if self._sources(f)]
+        promql = [self.field_query(f, matchers, step, (aggregates or {}).get(f, ("mean", "min", "max"))) for f in held]
+        with ThreadPoolExecutor(PARALLEL) as pool:  # one query per field, all at once
+            answers = list(pool.map(lambda q: self.client.query_range(q, lo + step, hi + step, step), promql))
+        for field, answer in zip(held, answers, strict=True):
+            sources = self._sources(field)
             chosen: dict[tuple[str, str], int] = {}  # (uuid, aggregate) -> rank of the source read
-            wanted = (aggregates or {}).get(field, ("mean", "min", "max"))
-            promql = self.field_query(field, matchers, step, wanted)
-            for s in self.client.query_range(promql, lo + step, hi + step, step):
+            for s in answer:
                 uuid = fam.uuid_of(s.labels)
                 agg, _, index = s.labels.get("gl", "").partition(":")
                 if uuid is None or not index.isdigit():
@@ -282,36 +334,42 @@ class PromReader:
         return out
 
     def jobs(self, start: float, end: float, *, job_id: str | None = None) -> list[JobSummary]:
+        """Aggregated by job in Prometheus (``storage.prometheus.jobquery``): at once the (job, GPU) pairs, the GPUs'
+        statistics and the GPUs held per step; once the pairs are in, where jobs came or went in the range, the
+        per-step reads of those GPUs. (One job: its pairs first, then its GPUs' statistics.)"""
         lo, hi, step = self._step(start, end, JOB_POINTS + 1)
-        own = "" if job_id is None else f"job_id={quote(job_id)}"
-        held = fam.JOB_INFO + "{" + own + "}"
-        by = "UUID, gpu, Hostname, hostname, instance, pod, namespace, hpc_job"
-        dcgm = [fam.selector(fam.DCGM_PRESENCE, f'{k}!=""') for k in ("pod", "hpc_job")]
-        membership = f"{held} or group by ({by}) ({dcgm[0]} or {dcgm[1]})"
-        # job -> uuid -> set of step times held; uuid -> node
-        held_at: dict[str, dict[str, set[float]]] = defaultdict(lambda: defaultdict(set))
-        users: dict[str, str] = {}
-        nodes: dict[str, str] = {}
-        for s in self.client.query_range(membership, lo + step, hi + step, step):
-            uuid = fam.uuid_of(s.labels)
-            if uuid is None:
-                continue
-            nodes[uuid] = s.labels.get("node") or fam.dcgm_node(s.labels)
-            for job in fam.job_of(s.labels):
-                if job_id is not None and job != job_id:
-                    continue
-                held_at[job][uuid] |= {t - step for t, _ in s.samples if lo <= t - step < hi}
-                if s.labels.get("user"):
-                    users[job] = s.labels["user"]
-        if not held_at:
-            return []
-        gpus = sorted({uuid for members in held_at.values() for uuid in members})
-        wanted = {"utilization_ratio": ("mean",), "memory_used_bytes": ("mean", "max")}
-        data = self.series(gpus, list(wanted), lo, hi, JOB_POINTS + 1, aggregates=wanted)
-        return sorted(
-            (_summary(job, members, users.get(job), nodes, data, step) for job, members in held_at.items()),
-            key=lambda j: (-j.gpu_hours, j.job_id),
-        )
+        out = jobquery.Summaries(step)
+        dcgm = any(self._exists(n) for n in fam.DCGM_PRESENCE)
+
+        def per_step(gpus: set[str]) -> dict[str, Any]:
+            queries = jobquery.unsettled_queries(job_id, sorted(gpus), step, self._sources, dcgm=out.dcgm)
+            return {tag: pool.submit(self.client.query_range, q, lo + step, hi, step) for tag, q in queries.items()}
+
+        with ThreadPoolExecutor(PARALLEL) as pool:
+            held = jobquery.held_query(job_id, dcgm=dcgm, overlap=False)
+            counted = pool.submit(self.client.query_range, held, lo + step, hi, step)
+            pairs = pool.submit(self.client.query, jobquery.pairs_query(job_id, lo, hi, dcgm=dcgm), hi)
+            stats: dict[str, Any] = {}
+            if job_id is None:  # every GPU's statistics, while the pairs come
+                queries = jobquery.stats_queries(lo, hi, self._sources)
+                stats = {tag: pool.submit(self.client.query, promql, hi) for tag, promql in queries.items()}
+            out.add_pairs(pairs.result())
+            if not out.held:
+                return []
+            if out.overlap:  # one GPU's job named by both sources: counted once, at a cost
+                held = jobquery.held_query(job_id, dcgm=True, overlap=True)
+                counted = pool.submit(self.client.query_range, held, lo + step, hi, step)
+            if job_id is not None:  # one job: its GPUs' statistics only
+                gpus = sorted({uuid for _, uuid in out.held})
+                queries = jobquery.stats_queries(lo, hi, self._sources, gpus)
+                stats = {tag: pool.submit(self.client.query, promql, hi) for tag, promql in queries.items()}
+            unsettled = per_step(out.unsettled) if out.unsettled else {}
+            out.add_stats({tag: future.result() for tag, future in stats.items()})
+            late = per_step(out.late) if out.late else {}
+            for answers in (unsettled, late):
+                out.add_unsettled({tag: future.result() for tag, future in answers.items()})
+            out.add_held(counted.result())
+        return out.result()
 
     def gpu_info(self, *, uuids: Sequence[str] | None = None) -> list[GpuInfo]:
         return [
@@ -323,8 +381,20 @@ class PromReader:
 
     def link_outages(self, start: float, end: float) -> list[LinkOutage]:
         lo, hi, step = self._step(start, end, 500)
+        selected = fam.LINK_ACTIVE
+        if self._exists(fam.LINKS_ACTIVE):
+            # Only the GPUs whose count of active links changed in the range, or is below their model's most at its
+            # end (a link down all along), are read link by link: one series per GPU instead of one per link (18 on
+            # an H100).
+            window, count = f"[{round(hi - lo)}s]", fam.LINKS_ACTIVE
+            changed = f"min_over_time({count}{window}) < max_over_time({count}{window})"
+            fewer = f"{count} < on (model) group_left max by (model) ({count})"
+            gpus = {s.labels["uuid"] for s in self.client.query(f"{changed} or {fewer}", hi) if s.labels.get("uuid")}
+            if not gpus:
+                return []
+            selected = f"{fam.LINK_ACTIVE}{{uuid=~{regex_of(gpus)}}}"
         out = []
-        for s in self.client.query_range(f"{fam.LINK_ACTIVE} == 0", lo, hi, step):
+        for s in self.client.query_range(f"{selected} == 0", lo, hi, step):
             labels = s.labels
             if not labels.get("uuid") or not labels.get("link", "").isdigit():
                 continue
@@ -409,51 +479,3 @@ def _fill(table: dict[float, float], s: PromSeries, source: fam.Source, step: fl
             table[t - step] = float(int(table.get(t - step, 0)) | (bit if v else 0))
         elif source.name != fam.THROTTLE:
             table[t - step] = v * source.factor
-
-
-def _summary(
-    job_id: str,
-    members: Mapping[str, set[float]],
-    user: str | None,
-    nodes: Mapping[str, str],
-    data: Mapping[str, SeriesData],
-    step: float,
-) -> JobSummary:
-    util: list[float] = []
-    mem: list[float] = []
-    mem_max: float | None = None
-    for uuid, times in members.items():
-        series = data.get(uuid)
-        if series is None:
-            continue
-        for i, t in enumerate(series.timestamps):
-            if t not in times:
-                continue
-            u, m, top = (
-                series.values["utilization_ratio"][i],
-                series.values["memory_used_bytes"][i],
-                series.maximum["memory_used_bytes"][i],
-            )
-            if u is not None:
-                util.append(u)
-            if m is not None:
-                mem.append(m)
-            if top is not None:
-                mem_max = top if mem_max is None else max(mem_max, top)
-    mean = sum(util) / len(util) if util else None
-    stddev = math.sqrt(max(0.0, sum(u * u for u in util) / len(util) - mean * mean)) if mean is not None else None
-    every = [t for times in members.values() for t in times]
-    return JobSummary(
-        job_id=job_id,
-        user=user,
-        gpus=tuple(sorted(members)),
-        nodes=tuple(sorted({nodes[u] for u in members if u in nodes})),
-        first_seen=min(every) if every else 0.0,
-        last_seen=(max(every) + step) if every else 0.0,
-        gpu_hours=len(every) * step / 3600.0,
-        utilization_ratio_mean=mean,
-        utilization_ratio_stddev=stddev,
-        memory_used_bytes_mean=sum(mem) / len(mem) if mem else None,
-        memory_used_bytes_max=None if mem_max is None else round(mem_max),
-        resolution="prometheus",
-    )

@@ -7,7 +7,7 @@ links), so no GPU model table is needed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from gpulens.config import format_duration
@@ -27,14 +27,9 @@ SW_POWER_CAP: Final = _BIT["sw_power_cap"]
 _GIB: Final = float(1 << 30)
 
 
-def _gpus(history: History) -> Iterator[tuple[GpuReading, Sequence[GpuJob]]]:
+def _gpus(history: History) -> Sequence[tuple[GpuReading, Sequence[GpuJob]]]:
     """The latest round's GPUs that are up, with the jobs holding each."""
-    latest = history.latest
-    if latest is None:
-        return
-    for uuid, reading in latest.gpus.items():
-        if reading.up:
-            yield reading, latest.gpu_jobs.get(uuid, ())
+    return history.up_gpus()
 
 
 def _candidate(
@@ -194,6 +189,21 @@ def _increase(
     return max(0.0, end - start), t_last - oldest[0]
 
 
+_PCIE_REPLAYS: Final = ("pcie_replays_total",)
+_NVLINK_ERRORS: Final = ("nvlink_crc_flit_errors_total", "nvlink_replay_errors_total", "nvlink_recovery_errors_total")
+_ECC_UNCORRECTED: Final = ("ecc_uncorrected_errors_total",)
+
+
+def _unchanged(history: History, reading: GpuReading, now: float, window_s: float, counters: Sequence[str]) -> bool:
+    """Whether no counter of ``counters`` grew over the window: ``_increase`` would find no increase in any of them
+    (no earlier reading, an unread counter, or the same value at both ends)."""
+    oldest = history.reading_since(reading.uuid, now - window_s)
+    if oldest is None:
+        return True
+    before = oldest[1]
+    return all(getattr(before, name) == getattr(reading, name) for name in counters)
+
+
 def pcie_degraded(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     busy_util = rule.threshold("busy_utilization")
     busy_traffic = rule.threshold("busy_traffic_ratio")
@@ -208,9 +218,11 @@ def pcie_degraded(rule: AlertRule, history: History, now: float) -> list[Candida
         slow = gen is not None and gen_max is not None and gen < gen_max
         if narrow:
             problems.append(f"x{width} instead of x{width_max}")
-        busy = _busy(reading, busy_util, busy_traffic)
+        busy = slow and _busy(reading, busy_util, busy_traffic)
         if slow and (narrow or busy):
             problems.append(f"Gen{gen} instead of Gen{gen_max}" + (" while busy" if busy else ""))
+        if not problems and _unchanged(history, reading, now, window, _PCIE_REPLAYS):
+            continue  # no replay counted in the window: nothing to report (the common case, checked cheaply)
         replays = _increase(history, reading.uuid, now, window, lambda r: r.pcie_replays_total)
         per_minute = replays[0] / replays[1] * 60.0 if replays else 0.0
         if per_minute > replay_limit:
@@ -242,8 +254,8 @@ def nvlink_errors(rule: AlertRule, history: History, now: float) -> list[Candida
     window = rule.threshold("window_s")
     out = []
     for reading, jobs in _gpus(history):
-        if not reading.nvlink_links_active:
-            continue
+        if not reading.nvlink_links_active or _unchanged(history, reading, now, window, _NVLINK_ERRORS):
+            continue  # no error counted in the window (the common case, checked cheaply)
         rates = {}
         for name, get in (
             ("CRC flits", lambda r: r.nvlink_crc_flit_errors_total),
@@ -292,6 +304,8 @@ def ecc_uncorrectable(rule: AlertRule, history: History, now: float) -> list[Can
     window = rule.threshold("window_s")
     out = []
     for reading, jobs in _gpus(history):
+        if not reading.remapped_rows_failure and _unchanged(history, reading, now, window, _ECC_UNCORRECTED):
+            continue  # no error counted in the window (the common case, checked cheaply)
         increase = _increase(history, reading.uuid, now, window, lambda r: r.ecc_uncorrected_errors_total)
         errors = increase[0] if increase else 0.0
         failed = bool(reading.remapped_rows_failure)

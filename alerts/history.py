@@ -12,11 +12,10 @@ such pause it came back from after it had begun its work (checkpoints, data-load
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, TargetHealth
 
@@ -49,8 +48,13 @@ def nvlink_bytes_per_second(reading: GpuReading) -> float | None:
 
 
 def _median(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
+    """``statistics.median`` of the values that are not ``None`` (inline: it runs for every job every round)."""
+    present = sorted([v for v in values if v is not None])
+    n = len(present)
+    if not n:
+        return None
+    mid = n // 2
+    return present[mid] if n % 2 else (present[mid - 1] + present[mid]) / 2
 
 
 def _max(values: Iterable[float | None]) -> float | None:
@@ -194,6 +198,11 @@ class History:
         self._node_seen: dict[str, float] = {}
         self._target_down_since: dict[str, float] = {}
         self._since: dict[tuple[str, float], tuple[float, GpuReading] | None] = {}  # reading_since, this round
+        self._round_since: dict[float, int] = {}  # since -> index of the first round at or after it, this round
+        self._up: list[tuple[GpuReading, Sequence[GpuJob]]] | None = None  # up_gpus, this round
+        self._missing: frozenset[str] | None = None  # missing_nodes, this round
+        self._lost: frozenset[str] | None = None  # lost_gpus, this round
+        self._memo: dict[Hashable, Any] = {}  # memo(), this round
 
     # ------------------------------------------------------------------------------------------ adding
 
@@ -225,6 +234,9 @@ class History:
         )
         self._rounds.append(round_)
         self._since.clear()
+        self._round_since.clear()
+        self._up = self._missing = self._lost = None
+        self._memo.clear()
         for uuid, reading in gpus.items():
             self._series.setdefault(uuid, deque()).append((now, reading))
         self._summarise_jobs(round_)
@@ -238,7 +250,7 @@ class History:
                 members.setdefault(job.job_id, []).append(job)
         views = {}
         for job_id, held in members.items():
-            ordered = sorted(held, key=lambda j: (j.node, j.gpu))
+            ordered = sorted(held, key=lambda j: (j.node, j.gpu)) if len(held) > 1 else held
             user = next((j.user for j in ordered if j.user), None)
             views[job_id] = JobView(job_id, user, tuple(j.uuid for j in ordered))
         return views
@@ -291,6 +303,17 @@ class History:
 
     def reading_since(self, uuid: str, since: float) -> tuple[float, GpuReading] | None:
         """The GPU's oldest reading taken at or after ``since`` (several rules ask the same in one round)."""
+        # Every GPU's series holds the rounds it appeared in: when the GPU is in the first round at or after
+        # ``since``, that round holds the answer (one bisect per ``since`` and round instead of one per GPU).
+        first = self._round_since.get(since)
+        if first is None:
+            first = self._round_since[since] = bisect.bisect_left(self._rounds, since, key=lambda r: r.time)
+        if first >= len(self._rounds):
+            return None
+        round_ = self._rounds[first]
+        reading = round_.gpus.get(uuid)
+        if reading is not None:
+            return round_.time, reading
         key = (uuid, since)
         if key in self._since:
             return self._since[key]
@@ -330,11 +353,30 @@ class History:
         latest = self.latest
         if latest is None:
             return frozenset()
-        return frozenset(node for node in self._node_seen if node not in latest.nodes)
+        if self._missing is None:
+            self._missing = frozenset(node for node in self._node_seen if node not in latest.nodes)
+        return self._missing
 
     def lost_gpus(self) -> frozenset[str]:
         """UUIDs of the GPUs that read ``up = false`` in the latest round."""
         latest = self.latest
         if latest is None:
             return frozenset()
-        return frozenset(uuid for uuid, r in latest.gpus.items() if not r.up)
+        if self._lost is None:
+            self._lost = frozenset(uuid for uuid, r in latest.gpus.items() if not r.up)
+        return self._lost
+
+    def memo(self) -> dict[Hashable, Any]:
+        """Scratch space for what rules derive from the latest round and share (a job's baseline): emptied by
+        each ``add``."""
+        return self._memo
+
+    def up_gpus(self) -> Sequence[tuple[GpuReading, Sequence[GpuJob]]]:
+        """The latest round's GPUs that are up, with the jobs holding each (computed once per round)."""
+        latest = self.latest
+        if latest is None:
+            return ()
+        if self._up is None:
+            jobs = latest.gpu_jobs
+            self._up = [(r, jobs.get(uuid, ())) for uuid, r in latest.gpus.items() if r.up]
+        return self._up

@@ -237,8 +237,12 @@ class History:
         self._round_since.clear()
         self._up = self._missing = self._lost = None
         self._memo.clear()
+        all_series = self._series
         for uuid, reading in gpus.items():
-            self._series.setdefault(uuid, deque()).append((now, reading))
+            series = all_series.get(uuid)
+            if series is None:  # not setdefault: it would build a deque for every GPU of every round
+                series = all_series[uuid] = deque()
+            series.append((now, reading))
         self._summarise_jobs(round_)
         self._expire(now)
 
@@ -301,16 +305,20 @@ class History:
         """A GPU's ``(round time, reading)`` pairs in the window, oldest first."""
         return self._series.get(uuid, ())
 
+    def round_since(self, since: float) -> Round | None:
+        """The oldest round taken at or after ``since`` (``None`` when there is none)."""
+        first = self._round_since.get(since)
+        if first is None:
+            first = self._round_since[since] = bisect.bisect_left(self._rounds, since, key=lambda r: r.time)
+        return self._rounds[first] if first < len(self._rounds) else None
+
     def reading_since(self, uuid: str, since: float) -> tuple[float, GpuReading] | None:
         """The GPU's oldest reading taken at or after ``since`` (several rules ask the same in one round)."""
         # Every GPU's series holds the rounds it appeared in: when the GPU is in the first round at or after
         # ``since``, that round holds the answer (one bisect per ``since`` and round instead of one per GPU).
-        first = self._round_since.get(since)
-        if first is None:
-            first = self._round_since[since] = bisect.bisect_left(self._rounds, since, key=lambda r: r.time)
-        if first >= len(self._rounds):
+        round_ = self.round_since(since)
+        if round_ is None:
             return None
-        round_ = self._rounds[first]
         reading = round_.gpus.get(uuid)
         if reading is not None:
             return round_.time, reading

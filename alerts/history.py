@@ -110,6 +110,8 @@ class JobRound:
 
 def summarise_job(time: float, readings: Sequence[GpuReading]) -> JobRound:
     """The ``JobRound`` of a job's up GPUs' readings."""
+    if len(readings) == 1:
+        return _summarise_one(time, readings[0])
     clocks = [r.sm_clock_hertz for r in readings if r.sm_clock_hertz]
     clock_median = _median(clocks)
     traffic = [traffic_bytes_per_second(r) for r in readings]
@@ -130,6 +132,28 @@ def summarise_job(time: float, readings: Sequence[GpuReading]) -> JobRound:
         clock_ratio_min=min(clocks) / clock_median if clocks and clock_median else None,
         memory_min=min(memory, default=None),
         memory_median=_median(memory),
+    )
+
+
+def _summarise_one(time: float, r: GpuReading) -> JobRound:
+    """``summarise_job`` of a single-GPU job (most jobs of an inference fleet), without the lists and medians."""
+    util, traffic, clock = r.utilization_ratio, traffic_bytes_per_second(r), r.sm_clock_hertz
+    memory = float(r.memory_used_bytes) if r.memory_used_bytes is not None else None
+    return JobRound(
+        time=time,
+        gpus=1,
+        utilization_min=util,
+        utilization_median=util,
+        utilization_max=util,
+        traffic_max=traffic,
+        traffic_median=traffic,
+        nvlink_median=nvlink_bytes_per_second(r),
+        power_max=r.power_watts,
+        power_median=r.power_watts,
+        sm_active_median=r.sm_active_ratio,
+        clock_ratio_min=clock / clock if clock else None,
+        memory_min=memory,
+        memory_median=memory,
     )
 
 

@@ -1,8 +1,11 @@
 """What ``History`` works out once per round for every rule (up GPUs, a window's first reading, the memo) follows
-each new round, and gives what the per-GPU series give."""
+each new round, and gives what the per-GPU series give; a single-GPU job's summary is the general one's."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from alerts.history import summarise_job
 from gpulens.model import GpuReading
 
 from .support import STEP, Feed, healthy_gpu, snapshot, uuid
@@ -41,3 +44,14 @@ def test_up_gpus_and_the_memo_follow_each_round() -> None:
     assert [r.gpu for r, _ in history.up_gpus()] == [0]
     assert history.lost_gpus() == {uuid("node-00", 1)}
     assert history.memo() == {}
+
+
+def test_a_single_gpu_jobs_summary_is_what_the_general_summary_gives() -> None:
+    for reading in (
+        healthy_gpu(),
+        healthy_gpu(utilization_ratio=0.02, sm_clock_hertz=0, power_watts=None, memory_used_bytes=None),
+        GpuReading(node="n", gpu=0, uuid="u", model="m", timestamp=0.0),
+    ):
+        one = summarise_job(100.0, [reading])
+        two = summarise_job(100.0, [reading, reading])  # the general path: medians of equal values
+        assert one == dataclasses.replace(two, gpus=1)

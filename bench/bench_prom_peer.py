@@ -3,7 +3,8 @@
 One ``--all-nodes`` simulator process serves ``--nodes`` nodes x 8 GPUs. The collector (``gpulens collector``: its
 alert engine included, into SQLite) and Prometheus (Debian's package) scrape every node every ``--interval`` seconds,
 both running at once. After ``--warm`` seconds, each process's CPU (utime + stime from /proc/<pid>/stat) is read
-over ``--minutes``; CPU per round is that divided by the rounds the window holds (window / interval, for both).
+over ``--minutes``; CPU per round is that divided by the rounds: the collector's own count of finished rounds,
+and window / interval for Prometheus (which scrapes each target on its schedule).
 
 Then, on the same data:
 - bytes per sample: Prometheus's WAL and head chunks over the samples it appended, and the block a TSDB snapshot
@@ -104,6 +105,13 @@ def prom_samples_appended(base: str) -> float:
     return float(match.group(1)) if match else float("nan")
 
 
+def collector_rounds(port: int) -> float:
+    """Rounds the collector has finished (its round-duration histogram's count, on its own /metrics)."""
+    text = get(f"http://127.0.0.1:{port}/metrics").decode()
+    match = re.search(r"^gpulens_collector_round_duration_seconds_count(?:\{[^}]*\})? (\S+)$", text, re.M)
+    return float(match.group(1)) if match else float("nan")
+
+
 def gpulens_bytes_per_value(url: str) -> tuple[float, int, int]:
     """(bytes of gpu_sample and its indexes, rows, non-null values) in the collector's SQLite file."""
     import sqlalchemy as sa
@@ -172,10 +180,13 @@ def main() -> int:
                 raise RuntimeError(f"{name} exited: see {work}")
         window = args.minutes * 60
         start = {name: cpu_seconds(procs[name].pid) for name in ("collector", "prometheus")}
+        rounds_before = collector_rounds(coll_port)
         began_at = time.time()
         time.sleep(window)
-        rounds = window / args.interval
-        cpu = {name: (cpu_seconds(procs[name].pid) - start[name]) / rounds for name in start}
+        # Prometheus scrapes every target on its schedule; the collector's rounds are counted (a round that overran
+        # the interval delays the next).
+        rounds = {"prometheus": window / args.interval, "collector": collector_rounds(coll_port) - rounds_before}
+        cpu = {name: (cpu_seconds(procs[name].pid) - start[name]) / max(rounds[name], 1) for name in start}
         loadavg = os.getloadavg()[0]
 
         # Queries, both stores holding the same minutes.
@@ -221,7 +232,8 @@ def main() -> int:
     gpus = args.nodes * 8
     tag = f"{args.nodes}x8"
     print(f"prompeer_load_average_{tag}: {loadavg:.1f}")
-    print(f"prompeer_collector_cpu_per_round_{tag}: {cpu['collector']:.3f} CPU-s (alert engine and SQLite included)")
+    print(f"prompeer_collector_cpu_per_round_{tag}: {cpu['collector']:.3f} CPU-s (alert engine and SQLite included; "
+          f"{rounds['collector']:.0f} rounds of {rounds['prometheus']:.0f} intervals)")  # fmt: skip
     print(f"prompeer_prometheus_cpu_per_round_{tag}: {cpu['prometheus']:.3f} CPU-s")
     print(f"prompeer_ratio_cpu_per_round_{tag}: {cpu['collector'] / cpu['prometheus']:.2f} gpulens/Prometheus")
     per_value = size / max(values, 1)

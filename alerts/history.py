@@ -302,11 +302,15 @@ class History:
         horizon = now - self.window_s
         while self._rounds and self._rounds[0].time < horizon:
             self._rounds.popleft()
-        for uuid in [u for u, s in self._series.items() if s[-1][0] < horizon]:
-            del self._series[uuid]
-        for series in self._series.values():
+        gone = []
+        for uuid, series in self._series.items():  # one pass over every GPU: it runs each round
+            if series[-1][0] < horizon:
+                gone.append(uuid)
+                continue
             while series[0][0] < horizon:
                 series.popleft()
+        for uuid in gone:
+            del self._series[uuid]
         for job_id in [j for j, t in self._tracks.items() if not t.rounds or t.rounds[-1].time < horizon]:
             del self._tracks[job_id]
         for track in self._tracks.values():

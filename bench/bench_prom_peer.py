@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -229,6 +230,7 @@ def main() -> int:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+    shutil.rmtree(work, ignore_errors=True)  # kept only when a run fails, to read the logs
     gpus = args.nodes * 8
     tag = f"{args.nodes}x8"
     print(f"prompeer_load_average_{tag}: {loadavg:.1f}")

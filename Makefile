@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: demo test lint typecheck unit bench install clean
 
@@ -30,7 +31,12 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
-bench: $(STAMP)
+# The benchmarks also need the peers they compare with (the `bench` extra: nvitop-exporter).
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(PY) -m bench
 
 clean:

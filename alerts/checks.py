@@ -7,8 +7,9 @@ links), so no GPU model table is needed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Final
+from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
+from typing import Any, Final
 
 from gpulens.config import format_duration
 from gpulens.hardware import pcie_max_bytes_per_second
@@ -17,7 +18,7 @@ from gpulens.model import THROTTLE_REASONS, GpuJob, GpuReading, throttle_reason_
 
 from .base import AlertRule, Candidate, gpu_name, gpu_subject, job_suffix, percent, rate_text, rule_labels
 from .catalogue import XID_MEANINGS
-from .history import History
+from .history import History, Round
 
 _BIT: Final = dict(THROTTLE_REASONS)
 THERMAL_BITS: Final = _BIT["sw_thermal"] | _BIT["hw_thermal"]
@@ -27,14 +28,9 @@ SW_POWER_CAP: Final = _BIT["sw_power_cap"]
 _GIB: Final = float(1 << 30)
 
 
-def _gpus(history: History) -> Iterator[tuple[GpuReading, Sequence[GpuJob]]]:
+def _gpus(history: History) -> Sequence[tuple[GpuReading, Sequence[GpuJob]]]:
     """The latest round's GPUs that are up, with the jobs holding each."""
-    latest = history.latest
-    if latest is None:
-        return
-    for uuid, reading in latest.gpus.items():
-        if reading.up:
-            yield reading, latest.gpu_jobs.get(uuid, ())
+    return history.up_gpus()
 
 
 def _candidate(
@@ -133,17 +129,26 @@ def hw_power_brake(rule: AlertRule, history: History, now: float) -> list[Candid
     return out
 
 
+def _busier(tx: float | None, rx: float | None) -> tuple[str, float]:
+    """The busier direction of the two that are read (at least one is), TX on a tie."""
+    if rx is None or (tx is not None and tx >= rx):
+        assert tx is not None
+        return "TX", tx
+    return "RX", rx
+
+
 def pcie_saturated(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     share = rule.threshold("utilization_ratio")
     out = []
     for reading, jobs in _gpus(history):
+        tx, rx = reading.pcie_tx_bytes_per_second, reading.pcie_rx_bytes_per_second
+        if tx is None and rx is None:
+            continue
         gen, width = reading.pcie_link_generation_max, reading.pcie_link_width_max
         ceiling = pcie_max_bytes_per_second(gen, width)
-        directions = (("TX", reading.pcie_tx_bytes_per_second), ("RX", reading.pcie_rx_bytes_per_second))
-        present = [(name, v) for name, v in directions if v is not None]
-        if ceiling is None or not present:
+        if ceiling is None:
             continue
-        name, rate = max(present, key=lambda d: d[1])
+        name, rate = _busier(tx, rx)
         if rate >= share * ceiling:
             what = f"PCIe {name} at {rate_text(rate)}, {percent(rate / ceiling)} of the Gen{gen} x{width} maximum"
             description = (
@@ -160,12 +165,11 @@ def nvlink_saturated(rule: AlertRule, history: History, now: float) -> list[Cand
     out = []
     for reading, jobs in _gpus(history):
         links = reading.nvlink_links_active
-        directions = (("TX", reading.nvlink_tx_bytes_per_second), ("RX", reading.nvlink_rx_bytes_per_second))
-        present = [(name, v) for name, v in directions if v is not None]
-        if not links or not present:
+        tx, rx = reading.nvlink_tx_bytes_per_second, reading.nvlink_rx_bytes_per_second
+        if not links or (tx is None and rx is None):
             continue
         ceiling = links * per_link
-        name, rate = max(present, key=lambda d: d[1])
+        name, rate = _busier(tx, rx)
         if rate >= share * ceiling:
             what = (
                 f"NVLink {name} at {rate_text(rate)}, {percent(rate / ceiling)} of {links} links x "
@@ -194,11 +198,36 @@ def _increase(
     return max(0.0, end - start), t_last - oldest[0]
 
 
+_PCIE_REPLAYS: Final = attrgetter("pcie_replays_total")
+_NVLINK_ERRORS: Final = attrgetter(
+    "nvlink_crc_flit_errors_total", "nvlink_replay_errors_total", "nvlink_recovery_errors_total"
+)
+_ECC_UNCORRECTED: Final = attrgetter("ecc_uncorrected_errors_total")
+
+
+def _unchanged(
+    history: History, start: Round | None, reading: GpuReading, since: float, counters: Callable[[GpuReading], Any]
+) -> bool:
+    """Whether no counter that ``counters`` reads grew since ``since`` (``start``: the window's first round):
+    ``_increase`` would find no increase in any of them (no earlier reading, an unread counter, or the same value at
+    both ends)."""
+    if start is None:
+        return True
+    before = start.gpus.get(reading.uuid)
+    if before is None:  # the GPU missed the window's first round
+        oldest = history.reading_since(reading.uuid, since)
+        if oldest is None:
+            return True
+        before = oldest[1]
+    return bool(counters(before) == counters(reading))
+
+
 def pcie_degraded(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     busy_util = rule.threshold("busy_utilization")
     busy_traffic = rule.threshold("busy_traffic_ratio")
     replay_limit = rule.threshold("replays_per_minute")
     window = rule.threshold("window_s")
+    start = history.round_since(now - window)
     out = []
     for reading, jobs in _gpus(history):
         gen, gen_max = reading.pcie_link_generation, reading.pcie_link_generation_max
@@ -208,9 +237,11 @@ def pcie_degraded(rule: AlertRule, history: History, now: float) -> list[Candida
         slow = gen is not None and gen_max is not None and gen < gen_max
         if narrow:
             problems.append(f"x{width} instead of x{width_max}")
-        busy = _busy(reading, busy_util, busy_traffic)
+        busy = slow and _busy(reading, busy_util, busy_traffic)
         if slow and (narrow or busy):
             problems.append(f"Gen{gen} instead of Gen{gen_max}" + (" while busy" if busy else ""))
+        if not problems and _unchanged(history, start, reading, now - window, _PCIE_REPLAYS):
+            continue  # no replay counted in the window: nothing to report (the common case, checked cheaply)
         replays = _increase(history, reading.uuid, now, window, lambda r: r.pcie_replays_total)
         per_minute = replays[0] / replays[1] * 60.0 if replays else 0.0
         if per_minute > replay_limit:
@@ -240,10 +271,11 @@ def _busy(reading: GpuReading, busy_util: float, busy_traffic: float) -> bool:
 def nvlink_errors(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     crc_limit = rule.threshold("crc_per_second")
     window = rule.threshold("window_s")
+    start = history.round_since(now - window)
     out = []
     for reading, jobs in _gpus(history):
-        if not reading.nvlink_links_active:
-            continue
+        if not reading.nvlink_links_active or _unchanged(history, start, reading, now - window, _NVLINK_ERRORS):
+            continue  # no error counted in the window (the common case, checked cheaply)
         rates = {}
         for name, get in (
             ("CRC flits", lambda r: r.nvlink_crc_flit_errors_total),
@@ -290,8 +322,11 @@ def xid_error(rule: AlertRule, history: History, now: float) -> list[Candidate]:
 
 def ecc_uncorrectable(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     window = rule.threshold("window_s")
+    start = history.round_since(now - window)
     out = []
     for reading, jobs in _gpus(history):
+        if not reading.remapped_rows_failure and _unchanged(history, start, reading, now - window, _ECC_UNCORRECTED):
+            continue  # no error counted in the window (the common case, checked cheaply)
         increase = _increase(history, reading.uuid, now, window, lambda r: r.ecc_uncorrected_errors_total)
         errors = increase[0] if increase else 0.0
         failed = bool(reading.remapped_rows_failure)

@@ -90,6 +90,16 @@ def baseline(reference: Sequence[JobRound], min_rounds: float) -> Baseline | Non
     )
 
 
+def _job_baseline(history: History, job_id: str, min_rounds: float) -> Baseline | None:
+    """``baseline`` of the job's reference, computed once a round for the rules that share it."""
+    memo = history.memo()
+    key = ("baseline", job_id, min_rounds)
+    if key not in memo:
+        memo[key] = baseline(history.job_reference(job_id), min_rounds)
+    found: Baseline | None = memo[key]
+    return found
+
+
 def _alive(value: float | None) -> bool:
     return value is not None and value >= ALIVE_PROFILING_RATIO
 
@@ -184,7 +194,7 @@ def communication_stall(rule: AlertRule, history: History, now: float) -> list[C
         summary = _current(history, latest, job_id)
         if summary is None:
             continue
-        base = baseline(history.job_reference(job_id), rule.threshold("baseline_rounds_min"))
+        base = _job_baseline(history, job_id, rule.threshold("baseline_rounds_min"))
         if base is None:
             out.append(_hold(rule, job_id))  # too new to have a baseline (or the history restarted): no judgement
             continue
@@ -328,7 +338,7 @@ def job_straggler(rule: AlertRule, history: History, now: float) -> list[Candida
     for job_id, view in latest.jobs.items():
         if len(view.gpus) < 2:
             continue
-        base = baseline(history.job_reference(job_id), rule.threshold("baseline_rounds_min"))
+        base = _job_baseline(history, job_id, rule.threshold("baseline_rounds_min"))
         readings = _up_readings(latest, view)
         if len(readings) < 2:
             continue

@@ -14,11 +14,10 @@ jobs' host shares.
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, TargetHealth
 
@@ -53,8 +52,13 @@ def nvlink_bytes_per_second(reading: GpuReading) -> float | None:
 
 
 def _median(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
+    """``statistics.median`` of the values that are not ``None`` (inline: it runs for every job every round)."""
+    present = sorted([v for v in values if v is not None])
+    n = len(present)
+    if not n:
+        return None
+    mid = n // 2
+    return present[mid] if n % 2 else (present[mid - 1] + present[mid]) / 2
 
 
 def _max(values: Iterable[float | None]) -> float | None:
@@ -110,6 +114,8 @@ class JobRound:
 
 def summarise_job(time: float, readings: Sequence[GpuReading]) -> JobRound:
     """The ``JobRound`` of a job's up GPUs' readings."""
+    if len(readings) == 1:
+        return _summarise_one(time, readings[0])
     clocks = [r.sm_clock_hertz for r in readings if r.sm_clock_hertz]
     clock_median = _median(clocks)
     traffic = [traffic_bytes_per_second(r) for r in readings]
@@ -130,6 +136,28 @@ def summarise_job(time: float, readings: Sequence[GpuReading]) -> JobRound:
         clock_ratio_min=min(clocks) / clock_median if clocks and clock_median else None,
         memory_min=min(memory, default=None),
         memory_median=_median(memory),
+    )
+
+
+def _summarise_one(time: float, r: GpuReading) -> JobRound:
+    """``summarise_job`` of a single-GPU job (most jobs of an inference fleet), without the lists and medians."""
+    util, traffic, clock = r.utilization_ratio, traffic_bytes_per_second(r), r.sm_clock_hertz
+    memory = float(r.memory_used_bytes) if r.memory_used_bytes is not None else None
+    return JobRound(
+        time=time,
+        gpus=1,
+        utilization_min=util,
+        utilization_median=util,
+        utilization_max=util,
+        traffic_max=traffic,
+        traffic_median=traffic,
+        nvlink_median=nvlink_bytes_per_second(r),
+        power_max=r.power_watts,
+        power_median=r.power_watts,
+        sm_active_median=r.sm_active_ratio,
+        clock_ratio_min=clock / clock if clock else None,
+        memory_min=memory,
+        memory_median=memory,
     )
 
 
@@ -202,6 +230,11 @@ class History:
         self._target_down_since: dict[str, float] = {}
         self._since: dict[tuple[str, float], tuple[float, GpuReading] | None] = {}  # reading_since, this round
         self.fabric = FabricWindow(window_s)  # the RDMA ports, hosts and jobs' host shares (alerts.fabrichistory)
+        self._round_since: dict[float, int] = {}  # since -> index of the first round at or after it, this round
+        self._up: list[tuple[GpuReading, Sequence[GpuJob]]] | None = None  # up_gpus, this round
+        self._missing: frozenset[str] | None = None  # missing_nodes, this round
+        self._lost: frozenset[str] | None = None  # lost_gpus, this round
+        self._memo: dict[Hashable, Any] = {}  # memo(), this round
 
     # ------------------------------------------------------------------------------------------ adding
 
@@ -233,8 +266,15 @@ class History:
         )
         self._rounds.append(round_)
         self._since.clear()
+        self._round_since.clear()
+        self._up = self._missing = self._lost = None
+        self._memo.clear()
+        all_series = self._series
         for uuid, reading in gpus.items():
-            self._series.setdefault(uuid, deque()).append((now, reading))
+            series = all_series.get(uuid)
+            if series is None:  # not setdefault: it would build a deque for every GPU of every round
+                series = all_series[uuid] = deque()
+            series.append((now, reading))
         self._summarise_jobs(round_)
         self.fabric.add(now, snapshots)
         self._expire(now)
@@ -247,7 +287,7 @@ class History:
                 members.setdefault(job.job_id, []).append(job)
         views = {}
         for job_id, held in members.items():
-            ordered = sorted(held, key=lambda j: (j.node, j.gpu))
+            ordered = sorted(held, key=lambda j: (j.node, j.gpu)) if len(held) > 1 else held
             user = next((j.user for j in ordered if j.user), None)
             views[job_id] = JobView(job_id, user, tuple(j.uuid for j in ordered))
         return views
@@ -271,11 +311,15 @@ class History:
         horizon = now - self.window_s
         while self._rounds and self._rounds[0].time < horizon:
             self._rounds.popleft()
-        for uuid in [u for u, s in self._series.items() if s[-1][0] < horizon]:
-            del self._series[uuid]
-        for series in self._series.values():
+        gone = []
+        for uuid, series in self._series.items():  # one pass over every GPU: it runs each round
+            if series[-1][0] < horizon:
+                gone.append(uuid)
+                continue
             while series[0][0] < horizon:
                 series.popleft()
+        for uuid in gone:
+            del self._series[uuid]
         for job_id in [j for j, t in self._tracks.items() if not t.rounds or t.rounds[-1].time < horizon]:
             del self._tracks[job_id]
         for track in self._tracks.values():
@@ -299,8 +343,23 @@ class History:
         """A GPU's ``(round time, reading)`` pairs in the window, oldest first."""
         return self._series.get(uuid, ())
 
+    def round_since(self, since: float) -> Round | None:
+        """The oldest round taken at or after ``since`` (``None`` when there is none)."""
+        first = self._round_since.get(since)
+        if first is None:
+            first = self._round_since[since] = bisect.bisect_left(self._rounds, since, key=lambda r: r.time)
+        return self._rounds[first] if first < len(self._rounds) else None
+
     def reading_since(self, uuid: str, since: float) -> tuple[float, GpuReading] | None:
         """The GPU's oldest reading taken at or after ``since`` (several rules ask the same in one round)."""
+        # Every GPU's series holds the rounds it appeared in: when the GPU is in the first round at or after
+        # ``since``, that round holds the answer (one bisect per ``since`` and round instead of one per GPU).
+        round_ = self.round_since(since)
+        if round_ is None:
+            return None
+        reading = round_.gpus.get(uuid)
+        if reading is not None:
+            return round_.time, reading
         key = (uuid, since)
         if key in self._since:
             return self._since[key]
@@ -345,11 +404,30 @@ class History:
         latest = self.latest
         if latest is None:
             return frozenset()
-        return frozenset(node for node in self._node_seen if node not in latest.nodes)
+        if self._missing is None:
+            self._missing = frozenset(node for node in self._node_seen if node not in latest.nodes)
+        return self._missing
 
     def lost_gpus(self) -> frozenset[str]:
         """UUIDs of the GPUs that read ``up = false`` in the latest round."""
         latest = self.latest
         if latest is None:
             return frozenset()
-        return frozenset(uuid for uuid, r in latest.gpus.items() if not r.up)
+        if self._lost is None:
+            self._lost = frozenset(uuid for uuid, r in latest.gpus.items() if not r.up)
+        return self._lost
+
+    def memo(self) -> dict[Hashable, Any]:
+        """Scratch space for what rules derive from the latest round and share (a job's baseline): emptied by
+        each ``add``."""
+        return self._memo
+
+    def up_gpus(self) -> Sequence[tuple[GpuReading, Sequence[GpuJob]]]:
+        """The latest round's GPUs that are up, with the jobs holding each (computed once per round)."""
+        latest = self.latest
+        if latest is None:
+            return ()
+        if self._up is None:
+            jobs = latest.gpu_jobs
+            self._up = [(r, jobs.get(uuid, ())) for uuid, r in latest.gpus.items() if r.up]
+        return self._up

@@ -282,13 +282,20 @@ class _Round:
     holds: list[Candidate] = field(default_factory=list)
     dashboard_url: str | None = None
     resolved_retention_s: float = RESOLVED_RETENTION_S
+    _holds_by_rule: dict[str, list[Candidate]] = field(default_factory=dict, compare=False, repr=False)
 
     def is_held(self, state: AlertState) -> bool:
         if self.held(state.rule, state.labels):
             return True
-        return any(
-            c.rule == state.rule and all(state.labels.get(k) == v for k, v in c.labels.items()) for c in self.holds
-        )
+        return any(all(state.labels.get(k) == v for k, v in c.labels.items()) for c in self._holds_of(state.rule))
+
+    def _holds_of(self, rule: str) -> Sequence[Candidate]:
+        """The holding candidates of one rule (indexed on first use: a round may hold many)."""
+        by_rule = self._holds_by_rule
+        if not by_rule and self.holds:
+            for c in self.holds:
+                by_rule.setdefault(c.rule, []).append(c)
+        return by_rule.get(rule, ())
 
 
 def step(

@@ -258,10 +258,11 @@ def fabric_faults(nodes: int, model: str, seed: int, step: str = "10s", by_job: 
     """Every fabric and host fault kind on its own target (60 minutes, 4 nodes or more).
 
     A two-node job ``multi`` (node 0 and 1, all GPUs) loses a port (5m-13m: it hangs), sees another flap three times
-    (20m-26m), starves for CPU (32m-42m) and runs its ports at line rate (46m-54m); a two-node job ``pair`` (GPUs 0-3 of nodes 2 and 3) runs through
-    congestion (25m-35m) and memory pressure on node 2 (45m-55m), with ``solo`` (GPUs 4-7 of node 2, never spanning
-    nodes, checkpointing over the fabric); one port has climbing errors (10m-20m), another trains at half its
-    rate (15m-30m). With ``by_job`` the link-down and congestion faults name the job instead of one port.
+    (20m-26m), starves for CPU (32m-42m) and runs its ports at line rate (46m-54m); a two-node job ``pair`` (GPUs 0-3
+    of nodes 2 and 3) runs through congestion (25m-35m) and memory pressure on node 2 (45m-55m), with ``solo`` (GPUs
+    4-7 of node 2, never spanning nodes, checkpointing over the fabric); one port has climbing errors (10m-20m),
+    another trains at half its rate (15m-30m). With ``by_job`` the link-down and congestion faults name the job
+    instead of one port.
     """
     if nodes < 4:
         raise ValueError("fabric_faults needs 4 nodes or more")

@@ -52,6 +52,13 @@ def _value_members() -> dict[int, str]:
 
 VALUE_MEMBERS: Final[dict[int, str]] = _value_members()
 
+# The members of each returned value, read through ctypes' own field descriptors: pynvml's structures override
+# attribute access in Python (to decode bytes, which these integer members never are), a cost paid per field.
+_STRUCT: Final = pynvml.c_nvmlFieldValue_t
+_RETURN: Final = _STRUCT.nvmlReturn.__get__
+_TYPE: Final = _STRUCT.valueType.__get__
+_VALUE: Final = _STRUCT.value.__get__
+
 
 NVLINK_ERROR_TOTALS: Final = (FI_NVLINK_CRC, FI_NVLINK_REPLAY, FI_NVLINK_RECOVERY)
 
@@ -86,12 +93,13 @@ def read_field_values(calls: Calls, gpu: Gpu, clock: Clock) -> tuple[FieldValues
     found: FieldValues = {}
     members = VALUE_MEMBERS
     for key, value in zip(gpu.fields, values, strict=True):
-        member = members.get(value.valueType) if value.nvmlReturn == SUCCESS else None
+        code = _RETURN(value, _STRUCT)
+        member = members.get(_TYPE(value, _STRUCT)) if code == SUCCESS else None
         if member is None:
-            _field_failed(calls, gpu, key, int(value.nvmlReturn))
+            _field_failed(calls, gpu, key, int(code))
             found[key] = None
         else:
-            number = getattr(value.value, member)
+            number = getattr(_VALUE(value, _STRUCT), member)
             found[key] = float(number) if member == "dVal" else int(number)
     return found, now
 

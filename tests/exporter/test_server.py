@@ -19,6 +19,7 @@ import pytest
 import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter import metrics as metrics_module
 from exporter import poller as poller_module
 from exporter.httpserver import ExporterServer, Routes
 from exporter.poller import OnDemandNode, Poller
@@ -80,7 +81,7 @@ def test_metrics_are_rendered_once_per_collection_and_only_when_scraped(
     server: ExporterServer, poller: Poller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     renders: list[bool] = []
-    render = poller_module.render_metrics
+    render = metrics_module.render_metrics
 
     def counting(*args: Any, **kwargs: Any) -> bytes:
         renders.append(True)

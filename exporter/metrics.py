@@ -1,10 +1,11 @@
 """Render a NodeSnapshot as Prometheus text: the gpulens families of the catalogue, plus dcgm-exporter names on demand.
 
-Rendering happens once per collection (the result is cached by the caller), never per scrape, and never touches
-hardware: it only reads the snapshot. The text is written here rather than through prometheus_client's registry:
-its generic writer re-validates and re-escapes every label of every sample, which made rendering an 8-GPU node cost
-~6 ms of CPU per collection, a third of the exporter's whole budget at a 1 s interval. Here each GPU's label set is
-escaped once. The output is checked by prometheus_client's parser and by promtool in the tests.
+Rendering happens at most once per collection, on the first scrape after it (the result is cached by the caller,
+``exporter.poller.Published``), and never touches hardware: it only reads the snapshot. The text is written here
+rather than through prometheus_client's registry: its generic writer re-validates and re-escapes every label of
+every sample, which made rendering an 8-GPU node cost ~6 ms of CPU per collection, a third of the exporter's whole
+budget at a 1 s interval. Here each GPU's label set is escaped once. The output is checked by prometheus_client's
+parser and by promtool in the tests.
 """
 
 from __future__ import annotations

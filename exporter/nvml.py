@@ -1,12 +1,14 @@
 """The NVML source: ``NvmlSource`` reads every GPU of this node through NVIDIA's management library (``pynvml``).
 
 Static facts (identity, maximum clocks and PCIe link, slowdown temperature, MIG mode, NVLink count) are read once at
-start-up, dynamic values on every ``read()``. The GPUs are read in parallel on a persistent thread pool, because some
-NVML calls block: the PCIe throughput call samples for 20 ms (used only where GPM does not measure PCIe). The parts
-live in their own modules, the only ones that import ``pynvml``: the error choke point (``exporter.nvmlcalls``), the
-GPU state (``nvmlgpu``), per-device reads (``nvmldevice``), batched field values (``nvmlfields``), GPM interval
-averages (``nvmlgpm``), NVLink (``nvmllinks``), MIG (``nvmlmig``) and the XID event thread (``nvmlxid``). This module
-assembles them into ``NodeSnapshot`` records, with where each GPU's PCIe, NVLink and profiling values came from.
+start-up, dynamic values on every ``read()``, and values that change rarely (power limit, PCIe replay, ECC and
+row-remapping totals, NVLink states, the MIG layout) every ``SLOW_REFRESH_S`` (10 s). The GPUs are read in parallel
+on a persistent thread pool, because some NVML calls block: the PCIe throughput call samples for 20 ms (used only
+where GPM does not measure PCIe). The parts live in their own modules, the only ones that import ``pynvml``: the error
+choke point (``exporter.nvmlcalls``), the GPU state (``nvmlgpu``), per-device reads (``nvmldevice``), batched field
+values (``nvmlfields``), GPM interval averages (``nvmlgpm``), NVLink (``nvmllinks``), MIG (``nvmlmig``) and the XID
+event thread (``nvmlxid``). This module assembles them into ``NodeSnapshot`` records, with where each GPU's PCIe,
+NVLink and profiling values came from.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from exporter import nvmldevice as device
 from exporter.nvmlcalls import Calls, GpuLostError, as_int, as_text, scaled, start_nvml
 from exporter.nvmlfields import FI_MEMORY_TEMP, field_ids, read_field_values
 from exporter.nvmlgpm import NVLINK, PCIE, PROFILING, close_gpm, forget, open_gpm, read_gpm, sources
-from exporter.nvmlgpu import Gpu
+from exporter.nvmlgpu import SLOW_REFRESH_S, Gpu
 from exporter.nvmllinks import LINK_STATE_REFRESH_S, count_links, nvlink_errors, read_nvlink, remote_pci_bus_id
 from exporter.nvmlmig import read_migs
 from exporter.nvmlxid import XidWatcher
@@ -34,7 +36,7 @@ from gpulens.model import GpuReading, LinkReading, MigReading, NodeSnapshot, Pro
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LINK_STATE_REFRESH_S", "MAX_WORKERS", "NvmlSource"]
+__all__ = ["LINK_STATE_REFRESH_S", "MAX_WORKERS", "SLOW_REFRESH_S", "NvmlSource"]
 
 MAX_WORKERS: Final = 32
 
@@ -160,6 +162,7 @@ class NvmlSource:
         except GpuLostError:
             self._errors.count("nvml_gpu_lost")
             forget(gpu)
+            gpu.slow = gpu.mig_layout = None  # read afresh once it answers again
             if not was_lost:
                 log.warning("GPU %d (%s) is lost (fallen off the bus?): reported down", gpu.index, gpu.uuid)
             return _GpuRead(self._down(gpu, timestamp))
@@ -205,9 +208,9 @@ class NvmlSource:
             crc_flit, replay, recovery = nvlink_errors(calls, gpu, fields, fields_time)
             thermal = device.thermal(calls, gpu)
             link = device.pcie_link(calls, gpu)
-            health = device.health(calls, gpu)
+            slow = device.slow_values(calls, gpu, fields_time)
             processes = device.processes(calls, gpu, self._node)
-            migs = read_migs(calls, gpu, self._node)
+            migs = read_migs(calls, gpu, self._node, fields_time)
         finally:
             wait((tx, rx))
         reading = GpuReading(
@@ -229,7 +232,7 @@ class NvmlSource:
             memory_temperature_celsius=scaled(fields.get((FI_MEMORY_TEMP, 0)), 1),
             slowdown_temperature_celsius=gpu.slowdown_temperature_celsius,
             power_watts=thermal.power_watts,
-            power_limit_watts=thermal.power_limit_watts,
+            power_limit_watts=slow.power_limit_watts,
             energy_joules_total=thermal.energy_joules_total,
             sm_clock_hertz=thermal.sm_clock_hertz,
             memory_clock_hertz=thermal.memory_clock_hertz,
@@ -242,19 +245,19 @@ class NvmlSource:
             pcie_link_generation_max=gpu.pcie_link_generation_max,
             pcie_link_width=link.width,
             pcie_link_width_max=gpu.pcie_link_width_max,
-            pcie_replays_total=link.replays,
+            pcie_replays_total=slow.pcie_replays,
             nvlink_tx_bytes_per_second=nvlink.tx_bytes_per_second,
             nvlink_rx_bytes_per_second=nvlink.rx_bytes_per_second,
             nvlink_links_active=nvlink.active,
             nvlink_crc_flit_errors_total=crc_flit,
             nvlink_replay_errors_total=replay,
             nvlink_recovery_errors_total=recovery,
-            ecc_corrected_errors_total=health.ecc_corrected,
-            ecc_uncorrected_errors_total=health.ecc_uncorrected,
-            remapped_rows_correctable=health.rows_correctable,
-            remapped_rows_uncorrectable=health.rows_uncorrectable,
-            remapped_rows_pending=health.rows_pending,
-            remapped_rows_failure=health.rows_failure,
+            ecc_corrected_errors_total=slow.ecc_corrected,
+            ecc_uncorrected_errors_total=slow.ecc_uncorrected,
+            remapped_rows_correctable=slow.rows_correctable,
+            remapped_rows_uncorrectable=slow.rows_uncorrectable,
+            remapped_rows_pending=slow.rows_pending,
+            remapped_rows_failure=slow.rows_failure,
             sm_active_ratio=gpm.get("sm_active") if PROFILING in served else None,
             tensor_active_ratio=gpm.get("tensor_active") if PROFILING in served else None,
             dram_active_ratio=gpm.get("dram_active") if PROFILING in served else None,

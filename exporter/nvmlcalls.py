@@ -123,7 +123,7 @@ class Calls:
         ``unsupported`` is the reason NotSupported is counted under.
         """
         what = key or name
-        if self.is_missing(what):
+        if what in self._missing:  # read without the lock: a set's membership test is atomic, and this runs per call
             return None, FUNCTION_NOT_FOUND
         function = getattr(self._nvml, name, None)
         if function is None:

@@ -1,15 +1,17 @@
-"""Per-device NVML reads: a GPU's static facts (read once) and its dynamic values (memory, utilization, thermal and
-power, clocks, PCIe, ECC and row remapping, compute processes), each converted once to gpulens units.
+"""Per-device NVML reads: a GPU's static facts (read once), its dynamic values (memory, utilization, thermal and
+power, clocks, PCIe, compute processes) and the values that change rarely (power limit, PCIe replays, ECC and row
+remapping: ``SlowValues``, reused for ``SLOW_REFRESH_S``), each converted once to gpulens units.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Final, NamedTuple
 
 import pynvml
 
 from exporter.nvmlcalls import Calls, as_int, as_text, scaled
-from exporter.nvmlgpu import KIB, Gpu
+from exporter.nvmlgpu import KIB, Gpu, SlowValues
 from gpulens.model import ProcessReading
 
 MHZ: Final = 1_000_000
@@ -29,7 +31,6 @@ class Memory(NamedTuple):
 class Thermal(NamedTuple):
     temperature_celsius: float | None
     power_watts: float | None
-    power_limit_watts: float | None
     energy_joules_total: float | None
     sm_clock_hertz: float | None
     memory_clock_hertz: float | None
@@ -39,16 +40,6 @@ class Thermal(NamedTuple):
 class PcieLink(NamedTuple):
     generation: int | None
     width: int | None
-    replays: int | None
-
-
-class Health(NamedTuple):
-    ecc_corrected: int | None = None
-    ecc_uncorrected: int | None = None
-    rows_correctable: int | None = None
-    rows_uncorrectable: int | None = None
-    rows_pending: bool | None = None
-    rows_failure: bool | None = None
 
 
 def read_static(calls: Calls, gpu: Gpu) -> None:
@@ -105,7 +96,6 @@ def thermal(calls: Calls, gpu: Gpu) -> Thermal:
     return Thermal(
         temperature_celsius=scaled(first(gpu, _TEMPERATURE_CALLS, h, pynvml.NVML_TEMPERATURE_GPU), 1),
         power_watts=scaled(call(gpu, "nvmlDeviceGetPowerUsage", h), 1 / MILLI),
-        power_limit_watts=scaled(call(gpu, "nvmlDeviceGetEnforcedPowerLimit", h), 1 / MILLI),
         energy_joules_total=scaled(call(gpu, "nvmlDeviceGetTotalEnergyConsumption", h), 1 / MILLI),
         sm_clock_hertz=scaled(call(gpu, "nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_SM), MHZ),
         memory_clock_hertz=scaled(call(gpu, "nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_MEM), MHZ),
@@ -114,16 +104,27 @@ def thermal(calls: Calls, gpu: Gpu) -> Thermal:
 
 
 def pcie_link(calls: Calls, gpu: Gpu) -> PcieLink:
+    """The current PCIe link (it trains down at idle and back up under load, so it is read every time)."""
     call, h = calls.call, gpu.handle
     return PcieLink(
         generation=as_int(call(gpu, "nvmlDeviceGetCurrPcieLinkGeneration", h)),
         width=as_int(call(gpu, "nvmlDeviceGetCurrPcieLinkWidth", h)),
-        replays=as_int(call(gpu, "nvmlDeviceGetPcieReplayCounter", h)),
     )
 
 
-def health(calls: Calls, gpu: Gpu) -> Health:
+def slow_values(calls: Calls, gpu: Gpu, now: float) -> SlowValues:
+    """The GPU's ``SlowValues``, read again once ``SLOW_REFRESH_S`` has passed since monotonic time ``now`` last did."""
+    if gpu.slow is not None and gpu.fresh(gpu.slow[0], now):
+        return gpu.slow[1]
+    values = _read_slow(calls, gpu)
+    gpu.slow = (now, values)
+    return values
+
+
+def _read_slow(calls: Calls, gpu: Gpu) -> SlowValues:
     call, h = calls.call, gpu.handle
+    power_limit = scaled(call(gpu, "nvmlDeviceGetEnforcedPowerLimit", h), 1 / MILLI)
+    replays = as_int(call(gpu, "nvmlDeviceGetPcieReplayCounter", h))
     corrected = call(
         gpu, "nvmlDeviceGetTotalEccErrors", h, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC
     )
@@ -131,11 +132,12 @@ def health(calls: Calls, gpu: Gpu) -> Health:
         gpu, "nvmlDeviceGetTotalEccErrors", h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
     )
     rows = call(gpu, "nvmlDeviceGetRemappedRows", h)
-    result = Health(as_int(corrected), as_int(uncorrected))
+    result = SlowValues(power_limit, replays, as_int(corrected), as_int(uncorrected))
     if rows is None:
         return result
     correctable, uncorrectable, pending, failure = rows
-    return result._replace(
+    return dataclasses.replace(
+        result,
         rows_correctable=int(correctable),
         rows_uncorrectable=int(uncorrectable),
         rows_pending=bool(pending),

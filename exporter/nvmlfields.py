@@ -8,7 +8,7 @@ value's type tag says which member of its union holds the number.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any, Final
+from typing import Final
 
 import pynvml
 
@@ -52,6 +52,13 @@ def _value_members() -> dict[int, str]:
 
 VALUE_MEMBERS: Final[dict[int, str]] = _value_members()
 
+# The members of each returned value, read through ctypes' own field descriptors: pynvml's structures override
+# attribute access in Python (to decode bytes, which these integer members never are), a cost paid per field.
+_STRUCT: Final = pynvml.c_nvmlFieldValue_t
+_RETURN: Final = _STRUCT.nvmlReturn.__get__
+_TYPE: Final = _STRUCT.valueType.__get__
+_VALUE: Final = _STRUCT.value.__get__
+
 
 NVLINK_ERROR_TOTALS: Final = (FI_NVLINK_CRC, FI_NVLINK_REPLAY, FI_NVLINK_RECOVERY)
 
@@ -83,20 +90,26 @@ def read_field_values(calls: Calls, gpu: Gpu, clock: Clock) -> tuple[FieldValues
     now = clock.monotonic()
     if values is None:
         return {}, now
-    return {key: _field_value(calls, gpu, key, value) for key, value in zip(gpu.fields, values, strict=True)}, now
+    found: FieldValues = {}
+    members = VALUE_MEMBERS
+    for key, value in zip(gpu.fields, values, strict=True):
+        code = _RETURN(value, _STRUCT)
+        member = members.get(_TYPE(value, _STRUCT)) if code == SUCCESS else None
+        if member is None:
+            _field_failed(calls, gpu, key, int(code))
+            found[key] = None
+        else:
+            number = getattr(_VALUE(value, _STRUCT), member)
+            found[key] = float(number) if member == "dVal" else int(number)
+    return found, now
 
 
-def _field_value(calls: Calls, gpu: Gpu, key: tuple[int, int], value: Any) -> float | None:
+def _field_failed(calls: Calls, gpu: Gpu, key: tuple[int, int], code: int) -> None:
+    """Give a field that did not answer (or answered with a type tag this library lacks) its meaning."""
     field_id, scope = key
     what = _FIELD_NAMES.get(field_id, f"field {field_id}") + ("" if scope in (0, ALL_LINKS) else f"[{scope}]")
-    code = int(value.nvmlReturn)
-    member = VALUE_MEMBERS.get(int(value.valueType)) if code == SUCCESS else None
-    if member is None:
-        # Drivers that cannot sum over all links refuse that scope; the per-link counters stand in for it.
-        quiet = LINK_END if scope == ALL_LINKS else frozenset()
-        calls.failed(gpu, what, UNKNOWN if code == SUCCESS else code, quiet=quiet)
-        if code == NOT_SUPPORTED and field_id in NVLINK_ERROR_TOTALS:
-            gpu.nvlink_errors_per_link.add(field_id)  # from the next read, summed over the links instead
-        return None
-    number = getattr(value.value, member)
-    return float(number) if member == "dVal" else int(number)
+    # Drivers that cannot sum over all links refuse that scope; the per-link counters stand in for it.
+    quiet = LINK_END if scope == ALL_LINKS else frozenset()
+    calls.failed(gpu, what, UNKNOWN if code == SUCCESS else code, quiet=quiet)
+    if code == NOT_SUPPORTED and field_id in NVLINK_ERROR_TOTALS:
+        gpu.nvlink_errors_per_link.add(field_id)  # from the next read, summed over the links instead

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 KIB: Final = 1024  # NVML's "KB/s" (PCIe throughput) and "KiB" (NVLink counters) are both 1024 bytes
+SLOW_REFRESH_S: Final = 10.0  # how long values that change rarely (``SlowValues``, the MIG layout) are reused
 
 
 class CounterRates:
@@ -24,6 +25,33 @@ class CounterRates:
         if previous is None or kib < previous[0] or now <= previous[1]:
             return None
         return (kib - previous[0]) * KIB / (now - previous[1])
+
+
+@dataclass(frozen=True, slots=True)
+class SlowValues:
+    """Values that change rarely, read every ``SLOW_REFRESH_S`` instead of every collection (``exporter.nvmldevice``):
+    the enforced power limit (set by an administrator), and the PCIe replay, ECC and row-remapping totals (counters
+    that rise on rare faults; the XID events of the same faults arrive at once through ``exporter.nvmlxid``)."""
+
+    power_limit_watts: float | None = None
+    pcie_replays: int | None = None
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    rows_correctable: int | None = None
+    rows_uncorrectable: int | None = None
+    rows_pending: bool | None = None
+    rows_failure: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigIdentity:
+    """One MIG device of the layout: its handle and what does not change while it exists (``exporter.nvmlmig``)."""
+
+    handle: Any
+    mig_uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int | None
+    profile: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +108,10 @@ class Gpu:
     # sums cached as field id -> (when read, sum).
     nvlink_errors_per_link: set[int] = field(default_factory=set)
     link_errors: dict[int, tuple[float, int | None]] = field(default_factory=dict)
+    # (when read, values) of what changes rarely, and of the MIG layout; reused for ``SLOW_REFRESH_S``.
+    slow: tuple[float, SlowValues] | None = None
+    mig_layout: tuple[float, tuple[MigIdentity, ...]] | None = None
+
+    def fresh(self, read_at: float | None, now: float) -> bool:
+        """Whether something read at monotonic time ``read_at`` may still be reused at ``now``."""
+        return read_at is not None and 0 <= now - read_at < SLOW_REFRESH_S

@@ -1,8 +1,9 @@
 """Collect in the background, serve the snapshot: a scrape never waits for hardware.
 
-A ``Poller`` reads its source every interval on its own thread, enriches the snapshot with jobs, renders the
-/metrics text and the snapshot JSON once, and publishes them. An ``OnDemandNode`` serves one node of a
-``MultiNodeSource`` (the simulator's ``--all-nodes``), computing and caching per snapshot time instead.
+A ``Poller`` reads its source every interval on its own thread, enriches the snapshot with jobs, and publishes it;
+the /metrics text and the snapshot JSON are rendered at most once per collection, by the first request for them. An
+``OnDemandNode`` serves one node of a ``MultiNodeSource`` (the simulator's ``--all-nodes``), computing and caching per
+snapshot time instead.
 """
 
 from __future__ import annotations
@@ -159,8 +160,9 @@ class Poller:
                 self._unavailable = False
                 self._collections += 1
         self._last_duration = time.perf_counter() - started
+        # The /metrics text is rendered by the first scrape that asks for it, once per collection: collections that
+        # no scrape reads (Prometheus scrapes every 15-60 s, collections run every second) cost no rendering.
         published = self._render()
-        published.metrics_gzip  # noqa: B018 - render in the collection thread, so scrapes only copy bytes
         with self._lock:
             self._published = published
         self._first_done.set()

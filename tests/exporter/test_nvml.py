@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import pynvml
 import pytest
 
-from exporter.nvml import LINK_STATE_REFRESH_S, NvmlSource
+from exporter.nvml import LINK_STATE_REFRESH_S, SLOW_REFRESH_S, NvmlSource
 from gpulens.clock import ManualClock
 from gpulens.model import THROTTLE_MASK, SourceError
 from tests.fakes.fake_nvml import GIB, MIB, FakeNvml, h100_gpu, l40s_gpu
@@ -304,7 +304,11 @@ def test_not_supported_values_are_none_and_counted(make_source: MakeSource) -> N
     assert snapshot.gpus[1].power_watts == pytest.approx(612.5)
     assert snapshot.gpus[1].memory_temperature_celsius == 70.0
     assert snapshot.errors == {"nvml_not_supported": 3}
-    assert source.read().errors == {"nvml_not_supported": 6}
+    # The power and the memory temperature are asked again on every read; the remapped rows, which change rarely,
+    # once SLOW_REFRESH_S has passed.
+    assert source.read().errors == {"nvml_not_supported": 5}
+    _clock(fake).advance(SLOW_REFRESH_S)
+    assert source.read().errors == {"nvml_not_supported": 8}
 
 
 def test_old_driver_falls_back_to_older_calls_and_skips_missing_ones(
@@ -390,6 +394,65 @@ def test_mig_enabled_gpu_has_mig_devices_and_no_utilization(make_source: MakeSou
         (10, 0, "1g.10gb"),
     ]
     assert [(m.memory_used_bytes, m.memory_total_bytes) for m in migs] == [(GIB, 9984 * MIB), (2 * GIB, 9984 * MIB)]
+
+
+def test_mig_layout_is_enumerated_every_slow_refresh_and_memory_on_every_read(make_source: MakeSource) -> None:
+    fake = FakeNvml.h100_node(gpus=1)
+    fake.enable_mig(0, devices=2)
+    clock = _clock(fake)
+    source = make_source(fake)
+    source.read()
+    enumerated = fake.calls["nvmlDeviceGetMigDeviceHandleByIndex"]
+    assert enumerated == 7  # every slot once
+
+    fake.gpus[0].migs[0].memory_used = 3 * GIB
+    clock.advance(1)
+    migs = sorted(source.read().migs, key=lambda m: m.gpu_instance_id)
+    assert [m.memory_used_bytes for m in migs] == [3 * GIB, 2 * GIB]  # memory: read every time
+    assert fake.calls["nvmlDeviceGetMigDeviceHandleByIndex"] == enumerated  # the layout: reused
+
+    fake.enable_mig(0, devices=3)  # reconfigured by an administrator
+    clock.advance(SLOW_REFRESH_S)
+    assert len(source.read().migs) == 3
+    assert fake.calls["nvmlDeviceGetMigDeviceHandleByIndex"] == 2 * enumerated
+
+
+def test_mig_layout_is_enumerated_again_at_once_when_a_device_memory_fails(make_source: MakeSource) -> None:
+    fake = FakeNvml.h100_node(gpus=1)
+    fake.enable_mig(0, devices=2)
+    clock = _clock(fake)
+    source = make_source(fake)
+    source.read()
+    enumerated = fake.calls["nvmlDeviceGetMigDeviceHandleByIndex"]
+    fake.fail(0, "nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_NOT_FOUND)
+    clock.advance(1)
+    migs = source.read().migs
+    assert [m.memory_used_bytes for m in migs] == [None, None]  # still reported, as before the layout was cached
+    assert fake.calls["nvmlDeviceGetMigDeviceHandleByIndex"] == 2 * enumerated
+
+
+def test_values_that_change_rarely_are_read_every_slow_refresh(make_source: MakeSource) -> None:
+    fake = FakeNvml.h100_node(gpus=2)
+    clock = _clock(fake)
+    source = make_source(fake)
+    source.read()
+    fake.change(0, ecc_corrected=9, power_limit_mw=500_000, pcie_replays=7, remapped_rows=(2, 0, 1, 0), power_mw=1000)
+    clock.advance(1)
+    gpu = source.read().gpus[0]
+    assert gpu.power_watts == pytest.approx(1.0)  # dynamic: read every time
+    assert (gpu.ecc_corrected_errors_total, gpu.pcie_replays_total, gpu.remapped_rows_pending) == (5, 2, False)
+    assert gpu.power_limit_watts == pytest.approx(700.0)
+    for function in ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetRemappedRows"):
+        assert fake.calls[function] == 2  # once per GPU
+    assert fake.calls["nvmlDeviceGetTotalEccErrors"] == 2 * 2  # corrected and uncorrected
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 2 * 2
+
+    clock.advance(SLOW_REFRESH_S)
+    gpu = source.read().gpus[0]
+    assert (gpu.ecc_corrected_errors_total, gpu.pcie_replays_total) == (9, 7)
+    assert (gpu.remapped_rows_correctable, gpu.remapped_rows_pending) == (2, True)
+    assert gpu.power_limit_watts == pytest.approx(500.0)
+    assert fake.calls["nvmlDeviceGetTotalEccErrors"] == 2 * 2 * 2
 
 
 def test_compute_processes_by_pid_with_unknown_memory_as_none(make_source: MakeSource) -> None:

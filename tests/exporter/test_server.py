@@ -12,12 +12,15 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 import pytest
 import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter import metrics as metrics_module
+from exporter import poller as poller_module
 from exporter.httpserver import ExporterServer, Routes
 from exporter.poller import OnDemandNode, Poller
 from exporter.webconfig import load_web_config
@@ -72,6 +75,29 @@ def test_metrics_are_served_plain_and_gzipped(server: ExporterServer) -> None:
     status, headers, zipped = http_get(url(server, "/metrics"), headers={"Accept-Encoding": "gzip"})
     assert headers["Content-Encoding"] == "gzip"
     assert gzip.decompress(zipped) == body
+
+
+def test_metrics_are_rendered_once_per_collection_and_only_when_scraped(
+    server: ExporterServer, poller: Poller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    renders: list[bool] = []
+    render = metrics_module.render_metrics
+
+    def counting(*args: Any, **kwargs: Any) -> bytes:
+        renders.append(True)
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(poller_module, "render_metrics", counting)
+    for _ in range(3):
+        poller.collect_once()  # collections that no scrape reads
+    assert renders == []
+    zipped = [http_get(url(server, "/metrics"), headers={"Accept-Encoding": "gzip"})[2] for _ in range(2)]
+    plain = http_get(url(server, "/metrics"))[2]
+    assert len(renders) == 1  # plain and gzipped, three scrapes: one render
+    assert gzip.decompress(zipped[0]) == gzip.decompress(zipped[1]) == plain
+    poller.collect_once()
+    http_get(url(server, "/metrics"))
+    assert len(renders) == 2
 
 
 def test_snapshot_is_schema_2_and_parses_back(server: ExporterServer, source: StaticSource) -> None:

@@ -25,7 +25,7 @@ from exporter.metrics import ExporterHealth, render_metrics
 from exporter.nvml import NvmlSource
 from gpulens.cli.main import main
 from gpulens.clock import ManualClock
-from gpulens.model import SNAPSHOT_SCHEMA, snapshot_from_json
+from gpulens.snapshotcodec import SNAPSHOT_SCHEMA, snapshot_from_json
 from tests.conftest import http_get
 from tests.exporter.fabric.conftest import GPU_BUS_IDS, STAT_LATER, SYSFS, V2_CGROUP, V2_PROC
 from tests.exporter.test_metrics import promtool_check

@@ -271,3 +271,43 @@ def _downgrade(db: Database, revision: str) -> None:
     with db.engine.begin() as conn:
         config.attributes["connection"] = conn
         command.downgrade(config, revision)
+
+
+def test_0007_orders_the_sample_columns_widest_first_and_keeps_every_row(db_url: str) -> None:
+    """Rows in two day partitions read the same through the SI view after 0007; on PostgreSQL the columns go bigints,
+    integers, smallints, then the text, in partitions of the same names, and the writer's idempotent insert (which
+    needs the unique index) goes on working."""
+    db = Database(db_url)
+    db.upgrade("0006")
+    writer = Writer(db)
+    writer.write([snapshot("n", T0, gpus=2, job="j", power_watts=300.0, xid_errors={79: 2})])
+    writer.write([snapshot("n", T0 + 86_400, gpus=2, power_watts=350.5, memory_used_bytes=5 * 2**30)])
+    query = sa.text("SELECT * FROM gpu_sample_si ORDER BY ts_ms, gpu")
+    with db.engine.connect() as conn:
+        before = [dict(row) for row in conn.execute(query).mappings()]
+        partitions = set(schema.existing_partitions(conn, "gpu_sample")) if db.dialect == "postgresql" else set()
+    db.upgrade()
+    with db.engine.connect() as conn:
+        after = [dict(row) for row in conn.execute(query).mappings()]
+        if db.dialect == "postgresql":
+            assert set(schema.existing_partitions(conn, "gpu_sample")) == partitions
+            assert len(partitions) >= 2
+            kinds = conn.execute(
+                sa.text(
+                    "SELECT data_type FROM information_schema.columns WHERE table_name = 'gpu_sample' "
+                    "AND table_schema = current_schema() ORDER BY ordinal_position"
+                )
+            ).scalars()
+            widths = [{"bigint": 8, "integer": 4, "smallint": 2}.get(kind, 0) for kind in kinds]
+            assert widths == sorted(widths, reverse=True)
+            assert widths[-1] == 0  # xid_errors
+            indexes = conn.execute(
+                sa.text("SELECT indexname FROM pg_indexes WHERE tablename = 'gpu_sample' ORDER BY 1")
+            ).scalars()
+            assert list(indexes) == ["ix_gpu_sample_ts_brin", "ux_gpu_sample_gpu_ts"]
+    assert len(after) == len(before) == 4
+    assert after == before
+    assert Writer(db).write([snapshot("n", T0 + 86_400, gpus=2)]).gpu_rows == 0  # stored already: skipped
+    assert Writer(db).write([snapshot("n", T0 + 86_410, gpus=2, power_watts=400.0)]).gpu_rows == 2
+    assert {r.power_watts for r in latest.latest_readings(db)} == {400.0}
+    db.close()

@@ -283,14 +283,18 @@ def test_0007_orders_the_sample_columns_widest_first_and_keeps_every_row(db_url:
     writer.write([snapshot("n", T0, gpus=2, job="j", power_watts=300.0, xid_errors={79: 2})])
     writer.write([snapshot("n", T0 + 86_400, gpus=2, power_watts=350.5, memory_used_bytes=5 * 2**30)])
     query = sa.text("SELECT * FROM gpu_sample_si ORDER BY ts_ms, gpu")
+    partition_indexes = sa.text("SELECT indexname FROM pg_indexes WHERE tablename LIKE 'gpu_sample_p%' ORDER BY 1")
     with db.engine.connect() as conn:
         before = [dict(row) for row in conn.execute(query).mappings()]
-        partitions = set(schema.existing_partitions(conn, "gpu_sample")) if db.dialect == "postgresql" else set()
+        if db.dialect == "postgresql":
+            partitions = set(schema.existing_partitions(conn, "gpu_sample"))
+            indexes_before = list(conn.execute(partition_indexes).scalars())
     db.upgrade()
     with db.engine.connect() as conn:
         after = [dict(row) for row in conn.execute(query).mappings()]
         if db.dialect == "postgresql":
             assert set(schema.existing_partitions(conn, "gpu_sample")) == partitions
+            assert list(conn.execute(partition_indexes).scalars()) == indexes_before  # the same names
             assert len(partitions) >= 2
             kinds = conn.execute(
                 sa.text(

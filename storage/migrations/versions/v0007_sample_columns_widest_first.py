@@ -75,6 +75,11 @@ def upgrade() -> None:
         old = f"{name}_0006"
         conn.exec_driver_sql(f'ALTER TABLE gpu_sample_0006 DETACH PARTITION "{name}"')
         conn.exec_driver_sql(f'ALTER TABLE "{name}" RENAME TO "{old}"')
+        for (index,) in conn.exec_driver_sql(
+            "SELECT indexname FROM pg_indexes WHERE tablename = %(old)s AND schemaname = current_schema()",
+            {"old": old},
+        ).all():  # the new partition's indexes take the same names
+            conn.exec_driver_sql(f'ALTER INDEX "{index}" RENAME TO "{index}_0006"')
         create_partition(conn, "gpu_sample", start)
         conn.exec_driver_sql(f'INSERT INTO gpu_sample ({names}) SELECT {names} FROM "{old}"')  # noqa: S608
         conn.exec_driver_sql(f'DROP TABLE "{old}"')

@@ -201,13 +201,17 @@ def _sample_table() -> sa.Table:
 
 
 def _rollup_table(name: str) -> sa.Table:
-    # Written in batches once a minute or hour and read one GPU at a time: clustered by (gpu_id, ts_ms).
-    return sa.Table(
-        name,
-        metadata,
+    # Written in batches once a minute or hour and read one GPU at a time: clustered by (gpu_id, ts_ms). Columns
+    # widest first, as for the samples (revision 0007).
+    columns: list[sa.Column[object]] = [
         sa.Column("gpu_id", sa.Integer, nullable=False),
         sa.Column("ts_ms", sa.BigInteger, nullable=False),
         *_rollup_columns(),
+    ]
+    return sa.Table(
+        name,
+        metadata,
+        *sorted(columns, key=_pg_width, reverse=True),
         sa.PrimaryKeyConstraint("gpu_id", "ts_ms"),
         sqlite_with_rowid=False,
         postgresql_partition_by="RANGE (ts_ms)",
@@ -244,6 +248,8 @@ def _column_type(f: StoredField) -> sa.types.TypeEngine[int]:
 def _pg_width(column: sa.Column[object]) -> int:
     """The bytes of a column's PostgreSQL type (0 for the text, which goes last)."""
     kind = column.type.dialect_impl(postgresql.dialect())  # type: ignore[no-untyped-call]
+    if isinstance(kind, sa.Float):
+        return 8  # double precision
     if not isinstance(kind, sa.Integer):
         return 0
     return 8 if isinstance(kind, sa.BigInteger) else 2 if isinstance(kind, sa.SmallInteger) else 4

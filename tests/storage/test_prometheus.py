@@ -19,6 +19,7 @@ from gpulens.config import ConfigError
 from gpulens.model import GpuReading
 from gpulens.settings import StoreAuth
 from storage.connect import open_existing_database
+from storage.db import DatabaseURLError
 from storage.prometheus import PromReader
 from storage.reading import NotAvailableOnBackendError, SqlReader, TooManySeriesError
 from tests.prom import wait_for
@@ -38,7 +39,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> Iter
 def sql_readings(url: str) -> list[GpuReading]:
     try:
         sql = SqlReader(open_existing_database(url))
-    except ConfigError:
+    except (ConfigError, DatabaseURLError):
         return []  # the collector has not created it yet
     try:
         return [r for r in sql.latest_readings() if r.node in FROZEN_NODES]

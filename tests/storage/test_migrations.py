@@ -271,3 +271,68 @@ def _downgrade(db: Database, revision: str) -> None:
     with db.engine.begin() as conn:
         config.attributes["connection"] = conn
         command.downgrade(config, revision)
+
+
+_TABLES_0007 = ("gpu_sample", "gpu_rollup_1m", "gpu_rollup_1h")
+
+
+def _stored_rows(db: Database) -> dict[str, list[dict[str, object]]]:
+    with db.engine.connect() as conn:
+        return {
+            table: [
+                dict(row) for row in conn.execute(sa.text(f"SELECT * FROM {table}_si ORDER BY ts_ms, gpu")).mappings()
+            ]
+            for table in _TABLES_0007
+        }
+
+
+def _pg_layout(db: Database) -> dict[str, tuple[list[str], list[str], list[int], list[str]]]:
+    """Per table: its partitions, its partitions' index names, the widths of its columns in order, its indexes."""
+    widths = {"bigint": 8, "double precision": 8, "integer": 4, "smallint": 2}
+    indexes = sa.text("SELECT indexname FROM pg_indexes WHERE tablename LIKE :t ORDER BY 1")
+    columns = sa.text(
+        "SELECT data_type FROM information_schema.columns WHERE table_name = :t "
+        "AND table_schema = current_schema() ORDER BY ordinal_position"
+    )
+    with db.engine.connect() as conn:
+        return {
+            table: (
+                sorted(schema.existing_partitions(conn, table)),
+                list(conn.execute(indexes, {"t": f"{table}_p%"}).scalars()),
+                [widths.get(kind, 0) for kind in conn.execute(columns, {"t": table}).scalars()],
+                list(conn.execute(indexes, {"t": table}).scalars()),
+            )
+            for table in _TABLES_0007
+        }
+
+
+def test_0007_orders_the_columns_widest_first_and_keeps_every_row(db_url: str) -> None:
+    """Samples in two day partitions and their rollups read the same through the SI views after 0007; on PostgreSQL
+    the columns go 8-byte types, integers, smallints, then the text, in partitions and indexes of the same names, and
+    the writer's idempotent insert (which needs the unique index) goes on working."""
+    db = Database(db_url)
+    db.upgrade("0006")
+    writer = Writer(db)
+    writer.write([snapshot("n", T0, gpus=2, job="j", power_watts=300.0, xid_errors={79: 2})])
+    writer.write([snapshot("n", T0 + 10, gpus=2, job="j", power_watts=320.0)])
+    writer.write([snapshot("n", T0 + 86_400, gpus=2, power_watts=350.5, memory_used_bytes=5 * 2**30)])
+    Rollups(db, settle_s=0).run(T0 + 86_400 + 7200)
+    before = _stored_rows(db)
+    layout = _pg_layout(db) if db.dialect == "postgresql" else {}
+    db.upgrade()
+    assert _stored_rows(db) == before
+    assert [len(before[table]) for table in _TABLES_0007] == [6, 4, 2]
+    if db.dialect == "postgresql":
+        after = _pg_layout(db)
+        for table in _TABLES_0007:
+            partitions, partition_indexes, widths, indexes = after[table]
+            old_partitions, old_partition_indexes, old_widths, old_indexes = layout[table]
+            assert (partitions, partition_indexes, indexes) == (old_partitions, old_partition_indexes, old_indexes)
+            assert len(partitions) >= (1 if table == "gpu_rollup_1h" else 2)
+            assert widths == sorted(old_widths, reverse=True) != old_widths
+        assert after["gpu_sample"][3] == ["ix_gpu_sample_ts_brin", "ux_gpu_sample_gpu_ts"]
+        assert after["gpu_sample"][2][-1] == 0  # xid_errors, the text, last
+    assert Writer(db).write([snapshot("n", T0 + 86_400, gpus=2)]).gpu_rows == 0  # stored already: skipped
+    assert Writer(db).write([snapshot("n", T0 + 86_410, gpus=2, power_watts=400.0)]).gpu_rows == 2
+    assert {r.power_watts for r in latest.latest_readings(db)} == {400.0}
+    db.close()

@@ -2,7 +2,8 @@
 
 Two stores written the same way, one with 10 nodes and one with 40, each with an hour of 10 s rounds rolled up;
 each page's server render is run against both with a SQLAlchemy event hook counting what reaches the database.
-The counts must not grow with the cluster, and each page view must open exactly one transaction (one snapshot).
+The counts must not grow with the cluster, and each page view must open exactly one transaction (one snapshot):
+on PostgreSQL, a REPEATABLE READ one.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import pytest
 import sqlalchemy as sa
 
 from bench.bench_dashboard import END, Cluster, build, stall_alert, timeline
+from dashboard import snapshot
 from dashboard.components import ViewState
 from dashboard.context import Context
 from dashboard.pages import gpu, interconnect, job, jobs, node, overview
 from gpulens.clock import ManualClock
 from storage.db import Database
+from storage.reading import SqlReader
 from storage.rollup import Rollups
+from tests.storage.conftest import PgServer, _pg_root, pg_server  # noqa: F401 (fixtures)
 
 SIZES = (10, 40)
 
@@ -85,3 +89,24 @@ def test_statement_count_does_not_grow_with_the_cluster(stores: dict[int, Counte
 def test_one_page_view_is_one_transaction(stores: dict[int, Counted], page: str) -> None:
     begins = [s for s in _statements(stores[40], page) if s.strip().upper().startswith("BEGIN")]
     assert len(begins) == 1, f"{page}: {len(begins)} transactions"
+
+
+def test_a_page_view_on_postgresql_is_one_repeatable_read_snapshot(pg_server: PgServer) -> None:  # noqa: F811
+    name = pg_server.create_database()
+    db = Database(pg_server.url(name), clock=ManualClock(END))
+    try:
+        db.upgrade()
+        cluster = Cluster(4, 8)
+        build(db, cluster, timeline(0.25, 60, 0.1, 10))
+        with snapshot.pinned(SqlReader(db)) as reader:
+            assert isinstance(reader, snapshot.SnapshotReader)
+            with reader.db.session() as session:
+                assert session.execute(sa.text("SHOW transaction_isolation")).scalar() == "repeatable read"
+        context = Context(db=db, clock=ManualClock(END), alerts=stall_alert(cluster))
+        status, info, *_ = node.render(context, ViewState(range="1h"), cluster.names[1])
+        assert status is None
+        assert info.startswith("8 x ")
+        assert jobs.render(context, ViewState(range="1h"), "all", "", 1)[1] is not None
+    finally:
+        db.close()
+        pg_server.drop_database(name)

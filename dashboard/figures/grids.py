@@ -256,15 +256,16 @@ def cluster_map(
         customdata=hover,
         zmin=metric.zmin,
         zmax=metric.zmax,
-        colorscale=metric.colorscale,
+        colorscale=[list(stop) for stop in colorscale(metric.colorscale)],
         showscale=False,
         hovertemplate="%{customdata}<extra></extra>",
         xgap=1,
         ygap=1,
+        **VALIDATE,
     )
-    return go.Figure(
-        data=[trace],
-        layout=base_layout(
+    return figure(
+        [trace],
+        base_layout(
             height=40 + 16 * rows,
             margin={"l": 4, "r": 4, "t": 4, "b": 4},
             xaxis={"visible": False, "fixedrange": True},

@@ -31,6 +31,7 @@ from werkzeug.serving import make_server
 
 from alerts.state import AlertState
 from dashboard.app import create_app
+from dashboard.webserve import CompressAndCache
 from gpulens.clock import ManualClock
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading
 from storage.db import Database
@@ -228,6 +229,7 @@ def main() -> int:
     parser.add_argument("--loads", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="where to build the store (default: a temp dir)")
     parser.add_argument("--store", type=Path, default=None, help="measure a store this bench built before (kept)")
+    parser.add_argument("--keep", action="store_true", help="keep the store built, for --store next time")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gpulens-dash-bench-", dir=args.dir))
     cluster = Cluster(args.nodes, args.gpus)
@@ -242,7 +244,10 @@ def main() -> int:
         finally:
             db.close()
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if args.keep and args.store is None:
+            log(f"store kept: {root / 'dashboard.db'}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
@@ -265,7 +270,7 @@ def make_store(path: Path, cluster: Cluster, args: argparse.Namespace) -> None:
 
 def measure_pages(db: Database, cluster: Cluster, loads: int) -> None:
     app = create_app(db, alerts=stall_alert(cluster))
-    seen = Callbacks()
+    seen, raw = Callbacks(), Callbacks()  # on the wire (gzip, time included), and before gzip
     node, _index, uuid = cluster.identity[1][3]
     pages = {
         "overview": "/",
@@ -278,13 +283,14 @@ def measure_pages(db: Database, cluster: Cluster, loads: int) -> None:
         "interconnect": "/interconnect",
         "alerts": "/alerts",
     }
-    with serving(timed(app.server.wsgi_app, seen)) as base:
+    with serving(timed(CompressAndCache(timed(app.server.wsgi_app, raw)), seen)) as base:  # as the dashboard serves
         log(f"loading {len(pages)} pages in headless Chromium")
         results = measure(base, pages, loads)
     for name, ms in results.items():
         emit(f"dashboard_{name}_render", ms, "ms")
     emit("dashboard_slowest_callback", max(seen.times_ms), "ms")
     emit("dashboard_largest_payload", max(seen.payloads) / 1000, "kB")
+    emit("dashboard_largest_payload_uncompressed", max(raw.payloads) / 1000, "kB")
 
 
 if __name__ == "__main__":

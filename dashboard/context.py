@@ -9,6 +9,7 @@ from typing import TypeVar
 
 from dash import html
 
+from dashboard import snapshot
 from dashboard.alertdata import AlertReader
 from dashboard.components import banner
 from dashboard.timerange import RangeError, minute_text
@@ -27,10 +28,16 @@ class Context:
     clock: Clock
     alerts: AlertReader | None = None
     stale_after_s: float = 120.0
-    store: StoreReader = field(init=False, repr=False)
+    base: StoreReader = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "store", reader_of(self.db))
+        object.__setattr__(self, "base", reader_of(self.db))
+
+    @property
+    def store(self) -> StoreReader:
+        """The reader of this page view: inside ``guarded``, one session and snapshot (``dashboard.snapshot``)."""
+        pinned = snapshot.current()
+        return pinned if pinned is not None else self.base
 
 
 class PageError(Exception):
@@ -43,14 +50,16 @@ class PageError(Exception):
 
 
 def guarded(context: Context, load: Callable[[], T]) -> T:
-    """Run a page's data loading; turn each failure into a ``PageError`` with a banner.
+    """Run a page's data loading in one session and snapshot of the store (``dashboard.snapshot``); turn each
+    failure into a ``PageError`` with a banner.
 
     The database being down is expected and said plainly (its message carries the URL without the password); any
     other failure is logged with its traceback here and shown only by type, so no detail (or secret) reaches the page.
     """
     as_of = f"as of {minute_text(context.clock.now())}"
     try:
-        return load()
+        with snapshot.pinned(context.base):
+            return load()
     except RangeError as exc:
         raise PageError(banner("warn", "Bad time range.", str(exc)), as_of) from None
     except TooManySeriesError as exc:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -16,6 +18,7 @@ from gpulens.model import GpuJob, GpuReading
 NODES_PER_PAGE: Final = 32
 SORTS: Final = {"name": "node name", "value": "highest value first", "problems": "problems first"}
 DEFAULT_SORT: Final = "name"
+_DIGITS: Final = re.compile(r"(\d+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,18 +84,11 @@ def node_rows(cells: Sequence[GridCell], metric: Metric) -> list[NodeRow]:
     return rows
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
-    """``node-2`` before ``node-10``."""
-    parts: list[tuple[int, int | str]] = []
-    token = ""
-    for ch in name:
-        if token and ch.isdigit() != token[-1].isdigit():
-            parts.append((0, int(token)) if token.isdigit() else (1, token))
-            token = ""
-        token += ch
-    if token:
-        parts.append((0, int(token)) if token.isdigit() else (1, token))
-    return tuple(parts)
+    """``node-2`` before ``node-10``. Cached: a page of 1,000 nodes sorts by it on every refresh."""
+    parts = _DIGITS.split(name)  # text, digits, text, digits, ..., text
+    return tuple((0, int(part)) if i % 2 else (1, part) for i, part in enumerate(parts) if part)
 
 
 _SORT_KEYS: Final[Mapping[str, Callable[[NodeRow], tuple[object, ...]]]] = {

@@ -3,8 +3,14 @@ for Dash's fingerprinted assets. A WSGI middleware around the Flask app that Das
 
 Dash serves its component bundles under ``/_dash-component-suites/<package>/<file>``, with the package version and
 the file's modification time in the name (``plotly.v2_35_2m1700000000.min.js``, see ``dash.fingerprint``): a new
-version is a new URL, so such a response can be cached for a year and marked immutable. The Plotly bundle is 4.8 MB;
-gzipped, about a third of that. Compressed fingerprinted assets are kept in memory (they never change).
+version is a new URL, so such a response can be cached for a year and marked immutable. So is an asset of the app's
+own folder, which Dash links as ``/assets/<file>?m=<modification time>`` (an edited file is a new URL): without it
+the browser revalidates the stylesheet and script on every page load before the page can start. The Plotly bundle is
+4.8 MB; gzipped, about a third of that. Compressed fingerprinted assets are kept in memory (they never change).
+
+Dash loads Plotly itself from a URL without a fingerprint (``.../plotly/package_data/plotly.min.js``), with an
+entity tag: the gzipped variant keeps a tag of its own (``"<tag>-gzip"``), so that the browser revalidates it (a
+304, no body) instead of fetching 4.8 MB again on every page load; compressed bodies with a tag are cached under it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 COMPONENT_SUITES: Final = "/_dash-component-suites/"
+ASSETS: Final = "/assets/"
+_ASSET_VERSION: Final = re.compile(r"^m=[0-9.]+$")  # Dash links each asset with its modification time
 _FINGERPRINT: Final = re.compile(r"^v[\w-]+m[0-9a-fA-F]+$")  # dash.fingerprint's: v<version>m<hash>
 IMMUTABLE: Final = "public, max-age=31536000, immutable"
 COMPRESSIBLE: Final = (
@@ -26,6 +34,7 @@ COMPRESSIBLE: Final = (
     "application/x-javascript",
     "image/svg+xml",
 )
+GZIP_TAG: Final = "-gzip"  # appended inside a compressed response's entity tag
 MIN_SIZE: Final = 512  # smaller bodies gain nothing from gzip's 20-byte header
 
 Environ = dict[str, Any]
@@ -39,6 +48,11 @@ def fingerprinted(path: str) -> bool:
         return False
     parts = path.rsplit("/", 1)[-1].split(".")
     return len(parts) > 2 and bool(_FINGERPRINT.match(parts[1]))
+
+
+def versioned_asset(path: str, query: str) -> bool:
+    """True for a file of the app's assets folder as Dash links it: ``/assets/x.css?m=<modification time>``."""
+    return path.startswith(ASSETS) and bool(_ASSET_VERSION.match(query))
 
 
 def accepts_gzip(environ: Environ) -> bool:
@@ -69,6 +83,7 @@ class CompressAndCache:
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         path = str(environ.get("PATH_INFO", ""))
+        _unmark_validators(environ)
         captured: dict[str, Any] = {}
         written: list[bytes] = []
 
@@ -85,15 +100,21 @@ class CompressAndCache:
                 close()
         status: str = captured["status"]
         headers = list(captured["headers"])
-        immutable = status.startswith("200") and fingerprinted(path)
+        immutable = status.startswith("200") and (
+            fingerprinted(path) or versioned_asset(path, str(environ.get("QUERY_STRING", "")))
+        )
         if immutable:
             headers = [(k, v) for k, v in headers if k.lower() != "cache-control"] + [("Cache-Control", IMMUTABLE)]
         if self._compressible(status, headers, body):
             headers = _set_vary(headers)
             if accepts_gzip(environ):
-                body = self._gzip(path if immutable else None, body)
+                etag = next((v for k, v in headers if k.lower() == "etag"), None)
+                key = path if immutable else (f"{path} {etag}" if etag is not None else None)
+                body = self._gzip(key, body)
                 headers = [(k, v) for k, v in headers if k.lower() not in ("content-length", "etag")]
                 headers += [("Content-Encoding", "gzip"), ("Content-Length", str(len(body)))]
+                if etag is not None:  # the compressed variant keeps a validator of its own (RFC 9110 8.8.3)
+                    headers.append(("ETag", _gzip_tag(etag)))
         start_response(status, headers, captured["exc_info"])
         return [body]
 
@@ -120,6 +141,18 @@ class CompressAndCache:
                 while len(self._cache) > self._limit:
                     self._cache.popitem(last=False)
         return packed
+
+
+def _gzip_tag(etag: str) -> str:
+    """The entity tag of the gzipped variant: the original one with ``GZIP_TAG`` before its closing quote."""
+    return f'{etag[:-1]}{GZIP_TAG}"' if etag.endswith('"') else etag
+
+
+def _unmark_validators(environ: Environ) -> None:
+    """A browser revalidates the gzipped variant with its tag; the app knows only its own, so take the mark off."""
+    tags = environ.get("HTTP_IF_NONE_MATCH")
+    if isinstance(tags, str) and GZIP_TAG in tags:
+        environ["HTTP_IF_NONE_MATCH"] = tags.replace(f'{GZIP_TAG}"', '"')
 
 
 def _set_vary(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:

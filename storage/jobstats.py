@@ -2,7 +2,8 @@
 
 A job is its allocations (``job_allocation``: one row per GPU and stretch of time). Each allocation's utilization and
 memory partial aggregates (``storage.aggregates``) are read over its window within the range, from the tiers that the
-plan (``storage.tiers``) picks for about ``JOB_POINTS`` buckets, then summed per job.
+plan (``storage.tiers``) picks for about ``JOB_POINTS`` buckets (the 1-minute rollups the collector keeps current, raw
+samples only after their position), and summed per job in SQL.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -62,74 +63,94 @@ class _JobStats:
             self.mem_max = float(mem_max) if self.mem_max is None else max(self.mem_max, float(mem_max))
 
 
-def _job_stats_sql(dialect: str, tier: str) -> str:
-    """Per allocation: utilization count/sum/sum of squares and memory count/sum/max within its window of [lo, hi)."""
+def _job_stats_sql(dialect: str, tier: str, one_job: bool) -> str:
+    """Per job: utilization count/sum/sum of squares and memory count/sum/max, each allocation's samples taken within
+    its own window of [lo, hi). Grouped in SQL, so that a page of 1,000 nodes gets one row per job, not per GPU."""
     util_n, util_sum, _, _ = aggregates.partials(_UTILIZATION, tier, "s.")
     mem_n, mem_sum, _, mem_max = aggregates.partials(_MEMORY, tier, "s.")
     stats = ", ".join([util_n, util_sum, aggregates.square_sum(_UTILIZATION, tier, "s."), mem_n, mem_sum, mem_max])
     cte, minutes = tiers.minutes_cte(dialect, ":lo", ":hi") if tier == "raw" else ("", "")
     return (
-        f"{cte}SELECT a.id, {stats} FROM job_allocation AS a JOIN {tiers.TIER_TABLE[tier]} AS s "  # noqa: S608
+        f"{cte}SELECT a.job_id, {stats} FROM job_allocation AS a JOIN {tiers.TIER_TABLE[tier]} AS s "  # noqa: S608
         "ON s.gpu_id = a.gpu_id AND s.ts_ms >= CASE WHEN a.start_ms > :lo THEN a.start_ms ELSE :lo END "
         "AND s.ts_ms < CASE WHEN a.end_ms IS NOT NULL AND a.end_ms < :hi THEN a.end_ms + 1 ELSE :hi END "
-        f"WHERE a.id IN :alloc {minutes.replace('ts_ms', 's.ts_ms')} GROUP BY a.id"
+        "WHERE a.start_ms < :hi AND (a.end_ms IS NULL OR a.end_ms >= :lo) "
+        f"{'AND a.job_id = :job ' if one_job else ''}{minutes.replace('ts_ms', 's.ts_ms')} GROUP BY a.job_id"
     )
 
 
 def jobs(db: Database, start: float, end: float, *, job_id: str | None = None) -> list[JobSummary]:
-    """Every job (or only ``job_id``) that held a GPU during [start, end], most GPU-hours first."""
+    """Every job (or only ``job_id``) that held a GPU during [start, end], most GPU-hours first.
+
+    Reads the allocations in the range (one row per GPU), then one grouped statement per tier of the plan: for a
+    range of an hour or more that is the 1-minute (or 1-hour) rollups up to the rollup position, and raw samples only
+    for the minutes after it, so the work grows with the GPUs and the number of buckets, not with the samples.
+    """
     start_ms, end_ms = round(start * 1000), round(end * 1000)
     a, g = schema.job_allocation, schema.gpu
     effective_end = sa.func.coalesce(a.c.end_ms, schema.newest_sample_ms(db.dialect), a.c.start_ms).label("end_ms")
     with db.session() as session:
         allocations = session.execute(
-            sa.select(a.c.id, a.c.job_id, a.c.user_name, a.c.start_ms, effective_end, g.c.uuid, g.c.node)
+            sa.select(a.c.job_id, a.c.user_name, a.c.start_ms, effective_end, g.c.uuid, g.c.node)
             .join(g, g.c.id == a.c.gpu_id)
             .where(a.c.start_ms <= end_ms, sa.or_(a.c.end_ms.is_(None), a.c.end_ms >= start_ms))
             .where(sa.true() if job_id is None else a.c.job_id == job_id)
         ).all()
-        allocations = [row for row in allocations if row.end_ms >= start_ms]
+        allocations = [row for row in allocations if row[3] >= start_ms]
         if not allocations:
             return []
         plan = tiers.plan(tiers.tier_state(session), start_ms, end_ms, (end_ms - start_ms) / JOB_POINTS)
-        stats: dict[int, _JobStats] = defaultdict(_JobStats)
+        stats: dict[str, _JobStats] = defaultdict(_JobStats)
         for segment in plan:
-            sql = sa.text(_job_stats_sql(db.dialect, segment.tier)).bindparams(sa.bindparam("alloc", expanding=True))
-            params = {
-                "alloc": [row.id for row in allocations],
-                "lo": segment.lo_ms,
-                "hi": segment.hi_ms,
-            }
+            sql = sa.text(_job_stats_sql(db.dialect, segment.tier, job_id is not None))
+            params: dict[str, Any] = {"lo": segment.lo_ms, "hi": segment.hi_ms}
+            if job_id is not None:
+                params["job"] = job_id
             for row in session.execute(sql, params):
                 stats[row[0]].add(row[1:])
     return _job_summaries(allocations, stats, start_ms, end_ms, plan[0].tier)
 
 
+@dataclass(slots=True)
+class _Held:
+    """What a job's allocations say: who, where, when, and GPU-milliseconds within the range."""
+
+    user: str | None = None
+    gpus: set[str] = field(default_factory=set)
+    nodes: set[str] = field(default_factory=set)
+    first_ms: int | None = None
+    last_ms: int | None = None
+    gpu_ms: int = 0
+
+
 def _job_summaries(
-    allocations: Sequence[Any], stats: Mapping[int, _JobStats], start_ms: int, end_ms: int, resolution: str
+    allocations: Sequence[Any], stats: Mapping[str, _JobStats], start_ms: int, end_ms: int, resolution: str
 ) -> list[JobSummary]:
-    by_job: dict[str, list[Any]] = defaultdict(list)
-    for row in allocations:
-        by_job[row.job_id].append(row)
+    held: dict[str, _Held] = defaultdict(_Held)
+    for job, user, alloc_start, alloc_end, uuid, node in allocations:
+        h = held[job]
+        if h.user is None:
+            h.user = user
+        h.gpus.add(uuid)
+        h.nodes.add(node)
+        h.first_ms = alloc_start if h.first_ms is None else min(h.first_ms, alloc_start)
+        h.last_ms = alloc_end if h.last_ms is None else max(h.last_ms, alloc_end)
+        h.gpu_ms += max(0, min(alloc_end, end_ms) - max(alloc_start, start_ms))
     out: list[JobSummary] = []
-    for job_id, rows in by_job.items():
-        total = _JobStats()
-        for row in rows:
-            part = stats.get(row.id)
-            if part is not None:
-                total.add((part.util_n, part.util_sum, part.util_sq, part.mem_n, part.mem_sum, part.mem_max))
-        gpu_ms = sum(max(0, min(row.end_ms, end_ms) - max(row.start_ms, start_ms)) for row in rows)
+    empty = _JobStats()
+    for job_id, h in held.items():
+        total = stats.get(job_id, empty)
         mean = total.util_sum / total.util_n if total.util_n else None
         stddev = math.sqrt(max(0.0, total.util_sq / total.util_n - mean * mean)) if mean is not None else None
         out.append(
             JobSummary(
                 job_id=job_id,
-                user=next((row.user_name for row in rows if row.user_name is not None), None),
-                gpus=tuple(sorted({row.uuid for row in rows})),
-                nodes=tuple(sorted({row.node for row in rows})),
-                first_seen=min(row.start_ms for row in rows) / 1000,
-                last_seen=max(row.end_ms for row in rows) / 1000,
-                gpu_hours=gpu_ms / schema.HOUR_MS,
+                user=h.user,
+                gpus=tuple(sorted(h.gpus)),
+                nodes=tuple(sorted(h.nodes)),
+                first_seen=(h.first_ms or 0) / 1000,
+                last_seen=(h.last_ms or 0) / 1000,
+                gpu_hours=h.gpu_ms / schema.HOUR_MS,
                 utilization_ratio_mean=None if mean is None else _UTILIZATION.to_si(mean),
                 utilization_ratio_stddev=None if stddev is None else _UTILIZATION.to_si(stddev),
                 memory_used_bytes_mean=_MEMORY.to_si(total.mem_sum / total.mem_n) if total.mem_n else None,

@@ -11,7 +11,16 @@ from typing import Any, Final
 
 import plotly.graph_objects as go
 
-from dashboard.figures.style import DOWN_COLOR, PALETTE, STALE_COLOR, base_layout, empty_figure
+from dashboard.figures.style import (
+    DOWN_COLOR,
+    PALETTE,
+    STALE_COLOR,
+    VALIDATE,
+    base_layout,
+    colorscale,
+    empty_figure,
+    figure,
+)
 from dashboard.formatting import celsius_text, gpu_label, percent_text, round_sig, watts_text
 from dashboard.heatmaps import Metric
 from dashboard.paths import gpu_path, job_path
@@ -113,6 +122,8 @@ def _matrix(
 
 
 def _cell_trace(m: _Matrix, nodes: Sequence[str], columns: int, **style: Any) -> go.Heatmap:
+    if isinstance(style.get("colorscale"), str):  # unvalidated traces get the stops, not the name
+        style["colorscale"] = [list(stop) for stop in colorscale(style["colorscale"])]
     return go.Heatmap(
         x=list(range(columns)),
         y=list(nodes),
@@ -122,6 +133,7 @@ def _cell_trace(m: _Matrix, nodes: Sequence[str], columns: int, **style: Any) ->
         xgap=2,
         ygap=2,
         **style,
+        **VALIDATE,
     )
 
 
@@ -179,7 +191,7 @@ def gpu_heatmap(
                 name="down or stale",
             )
         )
-    return go.Figure(data=traces, layout=base_layout(**_grid_axes(nodes, columns, 22)))
+    return figure(traces, base_layout(**_grid_axes(nodes, columns, 22)))
 
 
 def job_grid(cells: Sequence[GridCell], nodes: Sequence[str], *, show_text: bool = True) -> go.Figure:
@@ -219,7 +231,7 @@ def job_grid(cells: Sequence[GridCell], nodes: Sequence[str], *, show_text: bool
         texttemplate="%{text}" if show_text else None,
         textfont={"size": 9},
     )
-    return go.Figure(data=[trace], layout=base_layout(**_grid_axes(nodes, columns, 22)))
+    return figure([trace], base_layout(**_grid_axes(nodes, columns, 22)))
 
 
 def cluster_map(
@@ -244,15 +256,16 @@ def cluster_map(
         customdata=hover,
         zmin=metric.zmin,
         zmax=metric.zmax,
-        colorscale=metric.colorscale,
+        colorscale=[list(stop) for stop in colorscale(metric.colorscale)],
         showscale=False,
         hovertemplate="%{customdata}<extra></extra>",
         xgap=1,
         ygap=1,
+        **VALIDATE,
     )
-    return go.Figure(
-        data=[trace],
-        layout=base_layout(
+    return figure(
+        [trace],
+        base_layout(
             height=40 + 16 * rows,
             margin={"l": 4, "r": 4, "t": 4, "b": 4},
             xaxis={"visible": False, "fixedrange": True},

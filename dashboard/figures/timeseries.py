@@ -11,7 +11,7 @@ from typing import Any, Final
 import plotly.graph_objects as go
 
 from dashboard.figures.periods import Period, period_label, period_shape
-from dashboard.figures.style import PALETTE, base_layout, empty_figure, epoch_ms
+from dashboard.figures.style import PALETTE, VALIDATE, base_layout, empty_figure, epoch_ms, figure
 from dashboard.formatting import round_sig
 
 
@@ -75,6 +75,7 @@ def time_series(
             legendgroup=line.group,
             connectgaps=False,
             hovertemplate=f"{line.name}: %{{y:{axis.hoverformat}}}{axis.ticksuffix}<extra></extra>",
+            **VALIDATE,
         )
         for line in drawn
     ]
@@ -94,4 +95,4 @@ def time_series(
         shapes=[period_shape(p) for p in periods],
         annotations=[period_label(p) for p in periods],
     )
-    return go.Figure(data=traces, layout=layout)
+    return figure(traces, layout)

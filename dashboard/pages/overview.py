@@ -221,13 +221,13 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
         targets = context.store.target_health()
         firing = context.alerts.active() if context.alerts is not None else None
         nics = available(context.store.latest_nics)
-        return span, readings, jobs, targets, firing, nics
+        cells = grid_cells(readings, jobs, now=now, stale_after_s=context.stale_after_s)
+        grid = select_page(cells, metric, text=text, sort=sort, page=page - 1)
+        stale = stale_nodes(readings, now, context.stale_after_s)
+        fabric = fabric_of(context, nics, grid.nodes, span, firing, stale)  # in the same snapshot
+        return span, targets, firing, cells, grid, fabric
 
-    span, readings, jobs, targets, firing, nics = guarded(context, load)
-    cells = grid_cells(readings, jobs, now=now, stale_after_s=context.stale_after_s)
-    grid = select_page(cells, metric, text=text, sort=sort, page=page - 1)
-    stale = stale_nodes(readings, now, context.stale_after_s)
-    fabric = guarded(context, lambda: fabric_of(context, nics, grid.nodes, span, firing, stale))
+    span, targets, firing, cells, grid, fabric = guarded(context, load)
     head = headline(cells)
     alerts_firing = None if firing is None else sum(1 for a in firing if a.state == "firing")
     show_map = len(grid.rows) > grid.per_page

@@ -1,0 +1,42 @@
+/* gpulens dashboard: start loading Plotly as the page starts, not after the first callback answers.
+ *
+ * dcc.Graph loads plotly.min.js (4.8 MB) only when a graph is first rendered, i.e. after the page's callback has
+ * answered, and then compiles it: the two waits add up. Here the script is requested at once (async) and
+ * window.Plotly holds a promise until it has run; dcc.Graph's loader does Promise.resolve(window.Plotly || load()),
+ * so it waits on this promise instead of loading Plotly a second time. The bundle then sets window.Plotly itself.
+ * The alerts page draws no chart and skips it (Dash navigates between pages without reloading, so Plotly loaded on
+ * any page stays for the next).
+ */
+(function () {
+  "use strict";
+  if (window.Plotly) {
+    return;
+  }
+  var prefix = "/";
+  try {
+    var config = document.getElementById("_dash-config");
+    prefix = JSON.parse(config.textContent).requests_pathname_prefix || "/";
+  } catch (err) {
+    /* no config: the app is at the root */
+  }
+  if (window.location.pathname.indexOf(prefix + "alerts") === 0) {
+    return;
+  }
+  var script = document.createElement("script");
+  script.src = prefix + "_dash-component-suites/plotly/package_data/plotly.min.js";
+  script.async = true;
+  var loading = new Promise(function (resolve, reject) {
+    script.onload = function () {
+      resolve();
+    };
+    script.onerror = function (err) {
+      if (window.Plotly === loading) {
+        window.Plotly = undefined; /* dcc.Graph then tries its own load, and reports its own error */
+      }
+      reject(err);
+    };
+  });
+  loading.catch(function () {});
+  window.Plotly = loading;
+  document.head.appendChild(script);
+})();

@@ -1,0 +1,89 @@
+"""One consistent snapshot per page view: every read of one callback goes through one session and transaction.
+
+The storage reads each open ``Database.session()``; a page that makes six of them would see six moments of a store
+the collector writes to every 10 s. ``pinned(store)`` hands out a reader whose database returns *one* session, opened
+when the block starts and closed when it ends: SQLite reads one WAL snapshot (a deferred ``BEGIN``), PostgreSQL one
+``REPEATABLE READ`` transaction. The reader also remembers, for the block, the current jobs and processes (the
+storage reads both at once, and a page asks for each), so that they are read once. Readers other than the SQL one
+(Prometheus) are handed back as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, cast
+
+from gpulens.model import GpuJob, ProcessReading
+from storage import latest
+from storage.db import Database
+from storage.reading import SqlReader, StoreReader
+
+_PINNED: ContextVar[StoreReader | None] = ContextVar("gpulens_pinned_reader", default=None)
+
+
+class _OneSession:
+    """A ``Database`` stand-in whose ``session()`` is always the same open session (everything else delegates).
+
+    The session is typed ``Any``: only storage/ names SQLAlchemy."""
+
+    def __init__(self, db: Database, session: Any) -> None:
+        self._db = db
+        self._session = session
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+    @contextmanager
+    def session(self) -> Iterator[Any]:
+        yield self._session
+
+
+class SnapshotReader(SqlReader):
+    """``SqlReader`` over one open session; the current jobs and processes are read once."""
+
+    def __init__(self, db: Database, session: Any) -> None:
+        super().__init__(cast("Database", _OneSession(db, session)))
+        self._parts: tuple[list[GpuJob], list[ProcessReading]] | None = None
+
+    def _snapshot_parts(self) -> tuple[list[GpuJob], list[ProcessReading]]:
+        if self._parts is None:
+            self._parts = latest.latest_snapshot_parts(self.db)
+        return self._parts
+
+    def current_jobs(self) -> list[GpuJob]:
+        return list(self._snapshot_parts()[0])
+
+    def current_processes(self) -> list[ProcessReading]:
+        return list(self._snapshot_parts()[1])
+
+    def close(self) -> None:
+        """The session belongs to ``pinned``; closing a snapshot reader closes nothing."""
+
+
+def current() -> StoreReader | None:
+    """The reader pinned for this thread's page view, if one is."""
+    return _PINNED.get()
+
+
+@contextmanager
+def pinned(store: StoreReader) -> Iterator[StoreReader]:
+    """``store`` read through one session for the block (nested blocks reuse the outer one)."""
+    outer = _PINNED.get()
+    if outer is not None:
+        yield outer
+        return
+    if not isinstance(store, SqlReader) or isinstance(store, SnapshotReader):
+        yield store
+        return
+    db = store.db
+    with db.session() as session:
+        if db.dialect == "postgresql":  # one snapshot for every statement, not one per statement
+            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        reader = SnapshotReader(db, session)
+        token = _PINNED.set(reader)
+        try:
+            yield reader
+        finally:
+            _PINNED.reset(token)

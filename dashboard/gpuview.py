@@ -83,10 +83,12 @@ def load_gpu_view(
         span = resolve_range(state.range, state.start, state.end, now)
         store = context.store
         readings = [r for r in store.latest_readings(node=node, uuids=uuids) if shown(r)]
-        jobs = store.current_jobs()
+        # the jobs and processes of the node shown (a GPU page's node is its reading's): not the whole cluster's
+        scope = node if node is not None else (readings[0].node if uuids and readings else None)
+        jobs = store.current_jobs(node=scope)
         processes: list[ProcessReading] | None
         try:
-            processes = store.current_processes()
+            processes = store.current_processes(node=scope)
         except NotAvailableOnBackendError:
             processes = None
         shown_uuids = [r.uuid for r in readings]

@@ -45,18 +45,19 @@ class SnapshotReader(SqlReader):
 
     def __init__(self, db: Database, session: Any) -> None:
         super().__init__(cast("Database", _OneSession(db, session)))
-        self._parts: tuple[list[GpuJob], list[ProcessReading]] | None = None
+        self._parts: dict[str | None, tuple[list[GpuJob], list[ProcessReading]]] = {}
 
-    def _snapshot_parts(self) -> tuple[list[GpuJob], list[ProcessReading]]:
-        if self._parts is None:
-            self._parts = latest.latest_snapshot_parts(self.db)
-        return self._parts
+    def _snapshot_parts(self, node: str | None) -> tuple[list[GpuJob], list[ProcessReading]]:
+        parts = self._parts.get(node)
+        if parts is None:
+            parts = self._parts[node] = latest.latest_snapshot_parts(self.db, node=node)
+        return parts
 
-    def current_jobs(self) -> list[GpuJob]:
-        return list(self._snapshot_parts()[0])
+    def current_jobs(self, *, node: str | None = None) -> list[GpuJob]:
+        return list(self._snapshot_parts(node)[0])
 
-    def current_processes(self) -> list[ProcessReading]:
-        return list(self._snapshot_parts()[1])
+    def current_processes(self, *, node: str | None = None) -> list[ProcessReading]:
+        return list(self._snapshot_parts(node)[1])
 
     def close(self) -> None:
         """The session belongs to ``pinned``; closing a snapshot reader closes nothing."""

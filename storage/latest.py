@@ -126,20 +126,22 @@ def latest_readings(
     return sorted(readings, key=lambda r: (r.node, r.gpu))
 
 
-def latest_snapshot_parts(db: Database) -> tuple[list[GpuJob], list[ProcessReading]]:
-    """The jobs holding each GPU now and the processes of each GPU's latest reading."""
+def latest_snapshot_parts(db: Database, *, node: str | None = None) -> tuple[list[GpuJob], list[ProcessReading]]:
+    """The jobs holding each GPU now and the processes of each GPU's latest reading (of ``node``'s GPUs only)."""
     a, g, p = schema.job_allocation, schema.gpu, schema.process_latest
+    on_node = g.c.node == node if node is not None else sa.true()
     with db.session() as session:
         job_rows = session.execute(
             sa.select(g.c.node, g.c.gpu_index, g.c.uuid, a.c.job_id, a.c.user_name)
             .join(a, a.c.gpu_id == g.c.id)
-            .where(a.c.end_ms.is_(None))
+            .where(a.c.end_ms.is_(None), on_node)
             .order_by(g.c.node, g.c.gpu_index, a.c.job_id)
         ).all()
         process_rows = session.execute(
             sa.select(g.c.node, g.c.gpu_index, g.c.uuid, p.c.pid, p.c.memory_used_bytes, p.c.command)
             .add_columns(p.c.user_name, p.c.job_id)
             .join(p, p.c.gpu_id == g.c.id)
+            .where(on_node)
             .order_by(g.c.node, g.c.gpu_index, p.c.pid)
         ).all()
     jobs = [GpuJob(*row) for row in job_rows]

@@ -61,12 +61,13 @@ class StoreReader(Protocol):
         may leave the others ``None`` to read less (Prometheus does: fewer series per GPU)."""
         ...
 
-    def current_jobs(self) -> list[GpuJob]:
-        """The jobs holding each GPU now."""
+    def current_jobs(self, *, node: str | None = None) -> list[GpuJob]:
+        """The jobs holding each GPU (of ``node`` only, if given) now."""
         ...
 
-    def current_processes(self) -> list[ProcessReading]:
-        """The processes of each GPU's latest reading; raises ``NotAvailableOnBackendError`` where none are kept."""
+    def current_processes(self, *, node: str | None = None) -> list[ProcessReading]:
+        """The processes of each GPU's latest reading (of ``node`` only, if given); raises
+        ``NotAvailableOnBackendError`` where none are kept."""
         ...
 
     def series(
@@ -148,11 +149,11 @@ class SqlReader:
     ) -> list[GpuReading]:
         return latest.latest_readings(self.db, max_age_s=max_age_s, node=node, uuids=uuids)
 
-    def current_jobs(self) -> list[GpuJob]:
-        return latest.latest_snapshot_parts(self.db)[0]
+    def current_jobs(self, *, node: str | None = None) -> list[GpuJob]:
+        return latest.latest_snapshot_parts(self.db, node=node)[0]
 
-    def current_processes(self) -> list[ProcessReading]:
-        return latest.latest_snapshot_parts(self.db)[1]
+    def current_processes(self, *, node: str | None = None) -> list[ProcessReading]:
+        return latest.latest_snapshot_parts(self.db, node=node)[1]
 
     def series(
         self, uuids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000

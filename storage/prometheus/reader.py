@@ -178,7 +178,7 @@ class PromReader:
     def _times(self, promql: str, label: str, now: float) -> dict[str, float]:
         return {s.labels[label]: s.value for s in self.client.query(promql, now) if s.labels.get(label)}
 
-    def current_jobs(self) -> list[GpuJob]:
+    def current_jobs(self, *, node: str | None = None) -> list[GpuJob]:
         now = self.clock.now()
         dcgm = any(self._exists(n) for n in fam.DCGM_PRESENCE)
         held, grouped, up = self._parallel(
@@ -199,7 +199,7 @@ class PromReader:
         ]
         covered = {s.labels["uuid"] for s in up if s.labels.get("uuid")}
         jobs += fam.dcgm_jobs(grouped, skip=covered)
-        return sorted(jobs, key=lambda j: (j.node, j.gpu, j.job_id))
+        return sorted((j for j in jobs if node is None or j.node == node), key=lambda j: (j.node, j.gpu, j.job_id))
 
     @staticmethod
     def _dcgm_job_query() -> str:
@@ -207,7 +207,7 @@ class PromReader:
         held = [fam.selector(fam.DCGM_PRESENCE, f'{k}!=""') for k in ("pod", "hpc_job")]
         return f"group by ({by}) ({held[0]} or {held[1]})"
 
-    def current_processes(self) -> list[ProcessReading]:
+    def current_processes(self, *, node: str | None = None) -> list[ProcessReading]:
         now = self.clock.now()
         series = self.client.query(f"{fam.PROCESS} or count({fam.UP})", now)
         rows = [s for s in series if s.labels.get("__name__") == fam.PROCESS]
@@ -225,7 +225,7 @@ class PromReader:
                 job_id=s.labels.get("job_id") or None,
             )
             for s in rows
-            if s.labels.get("pid", "").isdigit()
+            if s.labels.get("pid", "").isdigit() and (node is None or s.labels.get("node", "") == node)
         ]
         return sorted(out, key=lambda p: (p.node, p.gpu, p.pid))
 

@@ -31,9 +31,8 @@ from gpulens.settings import StoreAuth
 from storage import schema
 from storage.inventory import GpuInfo, LinkOutage
 from storage.jobstats import JOB_POINTS, JobSummary
-from storage.prometheus import fabric
+from storage.prometheus import fabric, jobquery
 from storage.prometheus import families as fam
-from storage.prometheus import jobquery
 from storage.prometheus.client import PromClient, PromQueryError, PromSeries, quote, regex_of
 from storage.reading import NotAvailableOnBackendError
 from storage.timeseries import SeriesData

@@ -7,7 +7,7 @@ limits and its series.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -55,14 +55,25 @@ def _points(count: int) -> int:
     return max(60, min(600, POINT_BUDGET // max(1, count)))
 
 
+# A job on up to this many nodes reads its nodes' ports node by node; a wider one reads every port once (over
+# Prometheus every port of 1,000 nodes is ~136,000 series: a two-node job must not pay for them).
+PER_NODE_READS_MAX = 16
+
+
+def _latest_nics(store: StoreReader, placement: Mapping[str, set[int]]) -> list[NicReading]:
+    if len(placement) > PER_NODE_READS_MAX:
+        return store.latest_nics()
+    return [nic for node in sorted(placement) for nic in store.latest_nics(node=node)]
+
+
 def read_job_host(store: StoreReader, job_id: str, gpus: Sequence[GpuInfo], start: float, end: float) -> JobHost:
-    """The job's ports and their traffic (the ports' newest readings of its nodes, one query; their series, one
-    query) and its cgroup CPU (its newest cgroup readings, one query; their series, one query)."""
+    """The job's ports and their traffic (the ports' newest readings of its nodes, one query per node up to
+    ``PER_NODE_READS_MAX`` nodes; their series, one query) and its cgroup CPU (its newest cgroup readings, one
+    query; their series, one query)."""
     placement: dict[str, set[int]] = defaultdict(set)
     for g in gpus:
         placement[g.node].add(g.gpu)
-    only = next(iter(placement)) if len(placement) == 1 else None
-    latest = available(lambda: store.latest_nics(node=only))
+    latest = available(lambda: _latest_nics(store, placement))
     mine: list[NicReading] | Unavailable = latest if isinstance(latest, Unavailable) else job_nics(latest, placement)
     traffic: list[NodeTraffic] | Unavailable = []
     if isinstance(mine, Unavailable):

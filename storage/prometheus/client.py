@@ -10,7 +10,6 @@ command line; a store that cannot be reached raises ``DatabaseUnavailableError``
 from __future__ import annotations
 
 import base64
-import json
 import os
 import ssl
 import threading
@@ -21,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from http.client import HTTPException
 from typing import Any, Final
+
+import msgspec
 
 from gpulens.config import ConfigError
 from gpulens.httpfetch import redact_url, request, scrub
@@ -42,6 +43,49 @@ def regex_of(values: Any) -> str:
     import re
 
     return quote("|".join(re.escape(str(v)) for v in sorted(set(values))))
+
+
+class _Answer(msgspec.Struct):
+    """The API's envelope; ``data`` left encoded until its shape is known."""
+
+    status: str = ""
+    error: str = ""
+    data: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class _Data(msgspec.Struct):
+    resultType: str = ""  # noqa: N815 (the API's name)
+    result: msgspec.Raw = msgspec.Raw(b"[]")
+
+
+class _Item(msgspec.Struct):
+    """One series of a vector (``value``) or matrix (``values``) result; sample values are strings in the API,
+    read as floats (``strict=False``: "NaN", "Inf", "-Inf"; "+Inf" is read by ``_slow_items``)."""
+
+    metric: dict[str, str] = {}
+    value: tuple[float, float] | None = None
+    values: tuple[tuple[float, float], ...] = ()
+
+
+_ANSWER: Final = msgspec.json.Decoder(_Answer)
+_DATA: Final = msgspec.json.Decoder(_Data)
+_ITEMS: Final = msgspec.json.Decoder(list[_Item], strict=False)
+_ANY: Final = msgspec.json.Decoder()
+
+
+def _slow_items(raw: bytes) -> list[_Item]:
+    """The result read value by value (``float()`` reads "+Inf")."""
+    out = []
+    for item in _ANY.decode(raw):
+        value = item.get("value")
+        out.append(
+            _Item(
+                item.get("metric", {}),
+                None if value is None else (float(value[0]), float(value[1])),
+                tuple((float(t), float(v)) for t, v in item.get("values", ())),
+            )
+        )
+    return out
 
 
 class PromQueryError(ValueError):
@@ -160,22 +204,22 @@ class PromClient:
             except zlib.error:
                 body = b""
         try:
-            doc = json.loads(body)
-        except ValueError:
+            doc: _Answer | None = _ANSWER.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError):
             doc = None
         if response.status in (401, 403):
             raise ConfigError(
                 f"Prometheus at {self.url_redacted} answered HTTP {response.status}: check [database] username, "
                 "password_env/password_file or bearer_token_env/bearer_token_file"
             )
-        if not isinstance(doc, dict) or doc.get("status") != "success":
-            error = doc.get("error", "") if isinstance(doc, dict) else ""
+        if doc is None or doc.status != "success":
+            error = doc.error if doc is not None else ""
             if response.status >= 500 and not error:
                 raise self._unavailable(f"answered HTTP {response.status}")
             raise PromQueryError(
                 self.scrub(f"Prometheus at {self.url_redacted} refused a query: {error or response.status}")
             )
-        return doc["data"]
+        return doc.data
 
     def _unavailable(self, problem: str) -> DatabaseUnavailableError:
         return DatabaseUnavailableError(self.scrub(f"Prometheus at {self.url_redacted} {problem}"))
@@ -183,7 +227,7 @@ class PromClient:
     def metric_names(self, start: float, end: float) -> set[str]:
         """The metric names holding samples between ``start`` and ``end`` (the label values API: an index read)."""
         form = {"start": f"{start:.3f}", "end": f"{end:.3f}"}
-        data = self._post("/api/v1/label/__name__/values", form, method="GET")
+        data = _ANY.decode(self._post("/api/v1/label/__name__/values", form, method="GET"))
         return {str(name) for name in data} if isinstance(data, list) else set()
 
     def query(self, promql: str, at: float, *, max_series: int | None = None) -> list[PromSeries]:
@@ -198,10 +242,18 @@ class PromClient:
         form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
         return self._series(self._post("/api/v1/query_range", form), max_series, promql)
 
-    def _series(self, data: Any, max_series: int | None, promql: str) -> list[PromSeries]:
-        result = data.get("result", []) if isinstance(data, dict) else []
-        if data.get("resultType") == "scalar":
-            return [PromSeries({}, ((float(result[0]), float(result[1])),))]
+    def _series(self, raw: msgspec.Raw, max_series: int | None, promql: str) -> list[PromSeries]:
+        try:
+            data = _DATA.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise PromQueryError(f"Prometheus at {self.url_redacted} answered a query with no result") from None
+        if data.resultType == "scalar":
+            t, v = _ANY.decode(data.result)
+            return [PromSeries({}, ((float(t), float(v)),))]
+        try:
+            result = _ITEMS.decode(data.result)
+        except msgspec.ValidationError:
+            result = _slow_items(data.result)
         limit = self.auth.max_series if max_series is None else max_series
         if len(result) > limit:
             raise TooManySeriesError(
@@ -210,15 +262,7 @@ class PromClient:
             )
         with self._lock:
             self.stats.series += len(result)
-        out = []
-        for item in result:
-            labels = item.get("metric", {})
-            if "value" in item:
-                samples: tuple[tuple[float, float], ...] = ((float(item["value"][0]), float(item["value"][1])),)
-            else:
-                samples = tuple((float(t), float(v)) for t, v in item.get("values", []))
-            out.append(PromSeries(labels, samples))
-        return out
+        return [PromSeries(i.metric, i.values if i.value is None else (i.value,)) for i in result]
 
     def close(self) -> None:
         """Nothing held open: each query is one request."""

@@ -1,12 +1,13 @@
 """The fabric and host reads of ``PromReader``: RDMA ports, nodes' CPUs and memory and jobs' cgroups from the
 ``gpulens_nic_*``, ``gpulens_host_*`` and ``gpulens_job_*`` families the node agent exports (docs/metrics.md).
 
-One PromQL query per field. Port series carry ``node, device, port`` (``gpulens_nic_info`` adds ``link_layer``,
-``gpus`` and ``pci_bus_id``); host series ``node``; job series ``node, job_id``. Rates come from ``rate()`` over a
-window of four scrape intervals (``[database] min_step``; at least a series' step): the bytes, transmit wait and CNP
-rates of a port, a job's CPU cores, and the error counters of a port's series. What the families do not hold is
-``None`` in the records (a port's ``state`` and ``phys_state``: only ``up`` is exported; a job's cgroup path). A
-series reads means per step (min and max are the same as the mean).
+The latest values: the gauges in one query, each rate in one (at once); over time, one query per field. Port
+series carry ``node, device, port`` (``gpulens_nic_info`` adds ``link_layer``, ``gpus`` and ``pci_bus_id``); host
+series ``node``; job series ``node, job_id``. Rates come from ``rate()`` over a window of four scrape intervals
+(``[database] min_step``; at least a series' step): the bytes, transmit wait and CNP rates of a port, a job's CPU
+cores, and the error counters of a port's series. What the families do not hold is ``None`` in the records (a
+port's ``state`` and ``phys_state``: only ``up`` is exported; a job's cgroup path). A series reads means per step
+(min and max are the same as the mean).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, Protocol
 
 from gpulens.clock import Clock
@@ -108,6 +110,41 @@ def _ranged(reader: PromReader, family: str, rate: bool, matchers: str) -> Calla
     return lambda step: f"avg_over_time({selected}[{step:g}s])"
 
 
+def _latest(
+    reader: PromReader, fields: Mapping[str, tuple[str, str]], matchers: str, now: float, *, together: bool = True
+) -> dict[str, list[PromSeries]]:
+    """The latest values of ``fields`` (field -> (family, "gauge" or "rate")), by field, the queries at once: each
+    rate in a query of its own, the gauges in one selector if ``together`` (no ``or``: Prometheus's ``or`` of
+    many large answers costs more than the reads; ``[database] max_series`` for each family), else one each (a
+    large answer: the cluster's ports, where one answer of them all is slower to encode and decode)."""
+    gauges: dict[str, list[str]] = defaultdict(list)  # family -> fields
+    for field, (family, how) in fields.items():
+        if how != "rate" and together:
+            gauges[family].append(field)
+    limit = reader.client.auth.max_series
+    # (the fields of an answer, or None for the gauges, by name), the PromQL, the series allowed
+    queries: list[tuple[str | None, str, int]] = [
+        (field, _instant(reader, family, how, matchers), limit)
+        for field, (family, how) in fields.items()
+        if how == "rate" or not together
+    ]
+    if gauges:
+        selected = "{__name__=~" + quote("|".join(sorted(gauges))) + (f", {matchers}" if matchers else "") + "}"
+        queries.append((None, selected, limit * len(gauges)))
+    with ThreadPoolExecutor(4) as pool:
+        futures = [(name, pool.submit(reader.client.query, q, now, max_series=n)) for name, q, n in queries]
+        answers = [(name, future.result()) for name, future in futures]
+    out: dict[str, list[PromSeries]] = {field: [] for field in fields}
+    for named, answer in answers:
+        if named is not None:
+            out[named] = answer
+            continue
+        for s in answer:
+            for gauge in gauges.get(s.labels.get("__name__", ""), ()):
+                out[gauge].append(s)
+    return out
+
+
 def _nic_key(labels: Mapping[str, str]) -> tuple[str, str, int] | None:
     port = labels.get("port", "")
     if not labels.get("node") or not labels.get("device") or not port.isdigit():
@@ -143,9 +180,9 @@ def latest_nics(reader: PromReader, *, node: str | None, max_age_s: float | None
         times = reader.client.query(f"timestamp({_selector(NIC_UP, matchers)})", now)
         fresh = {_nic_key(s.labels) for s in times if s.value >= now - max_age_s}
         ports = {key: fields for key, fields in ports.items() if key in fresh}
-    for field, (family, how) in NIC_FIELDS.items():
+    for field, answer in _latest(reader, NIC_FIELDS, matchers, now, together=node is not None).items():
         integer = field == "link_width" or field.endswith("_total")
-        for s in reader.client.query(_instant(reader, family, how, matchers), now):
+        for s in answer:
             key = _nic_key(s.labels)
             if key in ports:
                 ports[key][field] = bool(s.value) if field == "up" else _value(s.value, integer)
@@ -157,8 +194,9 @@ def latest_hosts(reader: PromReader, *, node: str | None) -> list[HostReading]:
     now = reader.clock.now()
     matchers = "" if node is None else f"node={quote(node)}"
     hosts: dict[str, dict[str, Any]] = defaultdict(dict)
-    for field, family in HOST_FIELDS.items():
-        for s in reader.client.query(_selector(family, matchers), now):
+    host_fields = {field: (family, "gauge") for field, family in HOST_FIELDS.items()}
+    for field, answer in _latest(reader, host_fields, matchers, now).items():
+        for s in answer:
             if s.labels.get("node"):
                 hosts[s.labels["node"]][field] = _value(s.value, field in _INTS)
     return [HostReading(node, **fields) for node, fields in sorted(hosts.items())]
@@ -168,8 +206,8 @@ def latest_job_hosts(reader: PromReader, *, job_id: str | None) -> list[JobHostR
     now = reader.clock.now()
     matchers = "" if job_id is None else f"job_id={quote(job_id)}"
     jobs: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
-    for field, (family, how) in JOB_FIELDS.items():
-        for s in reader.client.query(_instant(reader, family, how, matchers), now):
+    for field, answer in _latest(reader, JOB_FIELDS, matchers, now).items():
+        for s in answer:
             if s.labels.get("node") and s.labels.get("job_id"):
                 jobs[(s.labels["job_id"], s.labels["node"])][field] = _value(s.value, field in _INTS_JOB)
     return [JobHostReading(node, job, **fields) for (job, node), fields in sorted(jobs.items())]

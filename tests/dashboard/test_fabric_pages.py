@@ -129,7 +129,8 @@ def test_the_job_page_shows_its_fabric_traffic_and_host_cpu(store: Store) -> Non
     text = text_of(fabric)
     assert "16 ports on 2 node(s), 6400 Gb/s" in text
     assert "down now: node-01 mlx5_3" in text
-    assert fabric_reads(recorder) == {"latest_nics": 1, "nic_series": 1, "latest_job_hosts": 1, "job_host_series": 1}
+    # its two nodes' ports, node by node (not the cluster's), then one series read of its own 16
+    assert fabric_reads(recorder) == {"latest_nics": 2, "nic_series": 1, "latest_job_hosts": 1, "job_host_series": 1}
     assert [len(ids) for ids in recorder.nic_ids] == [16]  # the ports next to its 16 GPUs, no other
 
 

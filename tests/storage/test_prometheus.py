@@ -347,3 +347,32 @@ def test_every_dcgm_exporter_generation_reads_as_its_page_does(page: str, promet
     assert expected.gpus
     assert [dataclasses.replace(r, timestamp=0.0) for r in got] == list(expected.gpus)
     assert sorted((j.uuid, j.job_id) for j in jobs) == sorted((j.uuid, j.job_id) for j in expected.jobs)
+
+
+def test_answers_decode_every_value_prometheus_writes() -> None:
+    """The fast decoder reads values as floats; an answer holding "+Inf" (which it refuses) is read value by value,
+    with the same series, labels and samples."""
+    import msgspec
+
+    client = PromReader("prometheus+http://127.0.0.1:9").client
+    matrix = {
+        "resultType": "matrix",
+        "result": [
+            {"metric": {"uuid": "GPU-a"}, "values": [[1.5, "0.25"], [2.5, "NaN"]]},
+            {"metric": {"uuid": "GPU-b"}, "values": [[1.5, "-Inf"], [2.5, "1e3"]]},
+        ],
+    }
+    fast = client._series(msgspec.Raw(json.dumps(matrix).encode()), None, "q")
+    assert [dict(s.labels) for s in fast] == [{"uuid": "GPU-a"}, {"uuid": "GPU-b"}]
+    assert fast[0].samples[0] == (1.5, 0.25)
+    assert math.isnan(fast[0].samples[1][1])
+    assert fast[1].samples == ((1.5, -math.inf), (2.5, 1000.0))
+    matrix["result"][1]["values"][0][1] = "+Inf"  # type: ignore[index]
+    slow = client._series(msgspec.Raw(json.dumps(matrix).encode()), None, "q")
+    assert slow[1].samples == ((1.5, math.inf), (2.5, 1000.0))
+    assert slow[0].samples[0] == (1.5, 0.25)
+    assert math.isnan(slow[0].samples[1][1])
+    vector = {"resultType": "vector", "result": [{"metric": {}, "value": [3.0, "+Inf"]}]}
+    assert client._series(msgspec.Raw(json.dumps(vector).encode()), None, "q")[0].samples == ((3.0, math.inf),)
+    scalar = {"resultType": "scalar", "result": [3.0, "7"]}
+    assert client._series(msgspec.Raw(json.dumps(scalar).encode()), None, "q")[0].value == 7.0

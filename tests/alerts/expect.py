@@ -237,7 +237,7 @@ class _Expectations:
             limit, count = int(rule.threshold("flaps_max")), f.count or 3
             gap = (e - s) / count
             required = count > limit and limit * gap < rule.threshold("window_s")
-            self.out.append(Expected(IB_LINK_FLAPPING, self.ports(f)[0], s, e, required, cause))
+            self.out += [Expected(IB_LINK_FLAPPING, port, s, e, required, cause) for port in self.ports(f)]
         elif f.kind == "host_cpu_contention":
             self.add(JOB_INPUT_BOUND, {"job_id": str(f.job)}, s, e, cause)
         elif f.kind == "host_memory_pressure":

@@ -180,6 +180,41 @@ def test_fabric_example_raises_each_faults_alert_on_its_port_and_job() -> None:
     assert len(outcome.fired) == len(ports) + len(inputs) + len(stalls)  # each once
 
 
+@pytest.mark.parametrize(
+    ("kind", "alertname"),
+    [("ib_link_flap", "IbLinkFlapping"), ("ib_degraded", "IbLinkDegraded"), ("ib_errors", "IbErrors")],
+)
+def test_a_port_fault_named_by_job_acts_on_every_port_next_to_its_gpus(kind: str, alertname: str) -> None:
+    text = f"""
+[cluster]
+nodes = 3
+gpus_per_node = 8
+gpu_model = "H100-SXM5-80GB"
+seed = 21
+start = "2026-01-01T00:00:00Z"
+duration = "30m"
+step = "10s"
+
+[[jobs]]
+id = "train"
+user = "alice"
+kind = "training"
+gpus = ["node-00:0-7", "node-01:0-3"]
+
+[[faults]]
+kind = "{kind}"
+job = "train"
+at = "5m"
+duration = "10m"
+"""
+    outcome = run(text, f"{kind}-by-job")
+    assert_clean(outcome)
+    ports = {(a.labels["node"], a.labels["device"]) for a in outcome.fired if a.alertname == alertname}
+    # the 8 ports of node-00 and the 4 next to GPUs 0-3 of node-01; none of node-02's, none of node-01's others
+    assert ports == {("node-00", f"mlx5_{i}") for i in range(8)} | {("node-01", f"mlx5_{i}") for i in range(4)}
+    assert {a.labels.get("job") for a in outcome.fired if a.alertname == alertname} == {"train"}
+
+
 # ------------------------------------------------------------------------------------------------ own scenarios
 
 JOB_CASES = [

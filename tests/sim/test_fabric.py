@@ -205,10 +205,10 @@ MALFORMED = {
         "faults[0].nic",
         "missing required key",
     ),
-    "a port fault naming a job": (
+    "a port fault naming a port and a job": (
         BASE + PORT_FAULT + 'nic = "mlx5_0"\njob = "train"  # <-\n',
         "faults[0].job",
-        "names a node and a nic, not a job",
+        "a ib_errors fault names a node and a nic, or a job, not both",
     ),
     "a node and a job at once": (
         BASE

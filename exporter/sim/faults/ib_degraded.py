@@ -11,20 +11,21 @@ from typing import Final
 from exporter.sim.specs import FaultSpec
 from exporter.sim.stepstate import PortState
 
-from .kind import FaultKind, NicFaultParams
+from .kind import FaultKind, NicOrJobFaultParams
 
 DEGRADED_RATE_SHARE: Final = 0.5
 DEGRADED_WIDTH: Final = 2
 
 
-class IbDegradedParams(NicFaultParams, frozen=True, tag="ib_degraded"):
-    """``node``, ``nic``, ``at``, ``duration``."""
+class IbDegradedParams(NicOrJobFaultParams, frozen=True, tag="ib_degraded"):
+    """``node`` and ``nic``, or ``job``; ``at``, ``duration``."""
 
 
 class IbDegraded(FaultKind):
     name = "ib_degraded"
     params = IbDegradedParams
     target = "nic"
+    job_target = True  # or every port next to the job's GPUs
     fabric = True
 
     def port(self, fault: FaultSpec, t: float, state: PortState) -> None:

@@ -8,21 +8,22 @@ from typing import Final
 from exporter.sim.specs import FaultSpec
 from exporter.sim.stepstate import PortCounters
 
-from .kind import FaultKind, NicFaultParams
+from .kind import FaultKind, NicOrJobFaultParams
 
 SYMBOL_ERRORS_PER_S: Final = 2.0
 RECEIVE_ERRORS_PER_S: Final = 0.8
 LINK_INTEGRITY_ERRORS_PER_S: Final = 0.1
 
 
-class IbErrorsParams(NicFaultParams, frozen=True, tag="ib_errors"):
-    """``node``, ``nic``, ``at``, ``duration``."""
+class IbErrorsParams(NicOrJobFaultParams, frozen=True, tag="ib_errors"):
+    """``node`` and ``nic``, or ``job``; ``at``, ``duration``."""
 
 
 class IbErrors(FaultKind):
     name = "ib_errors"
     params = IbErrorsParams
     target = "nic"
+    job_target = True  # or every port next to the job's GPUs
     fabric = True
 
     def port_count(self, fault: FaultSpec, t: float, elapsed_s: float, counters: PortCounters) -> None:

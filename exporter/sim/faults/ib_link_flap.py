@@ -18,14 +18,14 @@ from exporter.sim.stepstate import STALL, JobPhase, PortCounters, PortState
 
 from .comm_stall import spinning
 from .ib_link_down import take_down
-from .kind import REACHES_PORT_USERS, FaultCheckError, FaultKind, NicFaultParams, ScenarioView
+from .kind import REACHES_PORT_USERS, FaultCheckError, FaultKind, NicOrJobFaultParams, ScenarioView
 
 DEFAULT_FLAPS: Final = 3
 FLAP_DOWN_S: Final = 4.0  # how long each flap keeps the port down (at least one step)
 
 
-class IbLinkFlapParams(NicFaultParams, frozen=True, tag="ib_link_flap"):
-    """``node``, ``nic``, ``at``, ``duration``, ``count`` (flaps, default 3)."""
+class IbLinkFlapParams(NicOrJobFaultParams, frozen=True, tag="ib_link_flap"):
+    """``node`` and ``nic``, or ``job``; ``at``, ``duration``, ``count`` (flaps, default 3)."""
 
     count: Annotated[int, Meta(ge=1, le=1000)] = DEFAULT_FLAPS
 
@@ -56,6 +56,7 @@ class IbLinkFlap(FaultKind):
     name = "ib_link_flap"
     params = IbLinkFlapParams
     target = "nic"
+    job_target = True  # or every port next to the job's GPUs
     fabric = True
     reaches = REACHES_PORT_USERS
     phase_priority = 7

@@ -6,7 +6,9 @@ as TSDB blocks with ``promtool``: ``tests.storage.promblocks``). Then each page'
 runs it (the page's render function with a ``PromReader``, server-side) over the dashboard's default range (the
 last hour), and, unless ``--no-browser``, each page loads whole in headless Chromium (the dashboard app over the same
 reader: request, callbacks, charts drawn). Printed per page: milliseconds (the median of ``REPEAT`` loads), PromQL
-queries and series returned. Usage: ``python -m bench.bench_prometheus [NODES] [--no-browser]``.
+queries and series returned. Usage: ``python -m bench.bench_prometheus [NODES] [--no-browser] [--dir=DIR]
+[--pages=NAME,...]``: ``--dir`` keeps the built TSDB in ``DIR`` and reuses it when run again with the same ``NODES``
+(building takes minutes); ``--pages`` times only the named pages.
 """
 
 from __future__ import annotations
@@ -93,21 +95,35 @@ def browser_loads(store: Any, names: list[str]) -> dict[str, float]:
     return out
 
 
+def _option(name: str) -> str | None:
+    for arg in sys.argv[1:]:
+        if arg.startswith(f"--{name}="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def main() -> int:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     nodes = int(args[0]) if args else NODES
+    pages = _option("pages")
+    kept = _option("dir")
+    if kept is not None:
+        return measure(Path(kept), nodes, pages.split(",") if pages else None)
     with tempfile.TemporaryDirectory(prefix="gpulens-bench-prom-") as temporary:
-        return measure(Path(temporary), nodes)
+        return measure(Path(temporary), nodes, pages.split(",") if pages else None)
 
 
-def measure(work: Path, nodes: int) -> int:
-    from gpulens.settings import StoreAuth
-    from storage.prometheus import PromReader
-    from tests.prom import running_prometheus
+def build(work: Path, nodes: int) -> float:
+    """The history of ``nodes`` nodes under ``work / "prom"`` (kept there: reused when built before for as many
+    nodes); return the time of its end."""
     from tests.storage.promblocks import GPUS, create_blocks
 
     gpus = nodes * GPUS
-    (work / "prom").mkdir()
+    built = work / "built.txt"
+    if built.exists() and built.read_text().split()[0] == str(nodes):
+        print(f"prometheus_history_reused_{gpus}_gpus: {work}")
+        return float(built.read_text().split()[1])
+    (work / "prom").mkdir(parents=True, exist_ok=True)
     samples = HOURS * 3600 // STEP_S + 1
     # the history ends a step before a 2-hour boundary: one TSDB block, one pass of promtool over the input
     end = int(time.time()) // 7200 * 7200 - STEP_S
@@ -116,6 +132,18 @@ def measure(work: Path, nodes: int) -> int:
     print(f"prometheus_history_series_{gpus}_gpus: {series} series")
     print(f"prometheus_history_samples_{gpus}_gpus: {series * samples} samples")
     print(f"prometheus_history_backfill_{gpus}_gpus: {time.perf_counter() - began:.0f} s")
+    built.write_text(f"{nodes} {end}\n")
+    return float(end)
+
+
+def measure(work: Path, nodes: int, pages: list[str] | None = None) -> int:
+    from gpulens.settings import StoreAuth
+    from storage.prometheus import PromReader
+    from tests.prom import running_prometheus
+    from tests.storage.promblocks import GPUS
+
+    gpus = nodes * GPUS
+    end = build(work, nodes)
     names = [f"node-{n:04d}" for n in range(nodes)]
     print(f"prometheus_load_average_before: {os.getloadavg()[0]:.1f} runnable", flush=True)
     with running_prometheus("prometheus", work / "prom", {}, interval_s=STEP_S, flags=BLOCK_FLAGS) as base:
@@ -123,6 +151,8 @@ def measure(work: Path, nodes: int) -> int:
             "prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=FixedClock(end + STEP_S / 2), timeout_s=120
         )
         for name, load in page_loads(store, names).items():
+            if pages is not None and name not in pages:
+                continue
             times = []
             for _ in range(REPEAT):
                 before = (store.client.stats.queries, store.client.stats.series)

@@ -14,6 +14,7 @@ from dashboard.alertdata import AlertReader
 from dashboard.components import banner
 from dashboard.timerange import RangeError, minute_text
 from gpulens.clock import Clock
+from gpulens.gcpause import gc_paused
 from storage.db import Database, DatabaseUnavailableError
 from storage.reading import NotAvailableOnBackendError, StoreReader, TooManySeriesError, reader_of
 
@@ -58,7 +59,7 @@ def guarded(context: Context, load: Callable[[], T]) -> T:
     """
     as_of = f"as of {minute_text(context.clock.now())}"
     try:
-        with snapshot.pinned(context.base):
+        with snapshot.pinned(context.base), gc_paused():  # a page's records live until it is drawn
             return load()
     except RangeError as exc:
         raise PageError(banner("warn", "Bad time range.", str(exc)), as_of) from None

@@ -29,6 +29,15 @@ NO_PORTS: Final = "no fabric data (the exporter reads no RDMA ports)"
 # A link going down is the port's state (and the flapping alert's business), not an error count.
 ERROR_FIELDS: Final = ("symbol_errors_total", "receive_errors_total", "local_link_integrity_errors_total")
 TRAFFIC_FIELDS: Final = ("transmit_bytes_per_second", "receive_bytes_per_second", "rate_bytes_per_second")
+# The port fields a port's status reads (``port_statuses``, ``error_rates``): what the pages ask ``latest_nics`` for.
+STATUS_FIELDS: Final = (
+    "up",
+    "rate_bytes_per_second",
+    "link_width",
+    "transmit_bytes_per_second",
+    "receive_bytes_per_second",
+    *ERROR_FIELDS,
+)
 SATURATED_AT: Final = 0.9  # a direction at 90 % of the port's rate or more
 ERROR_POINTS: Final = 4  # an error rate over the range needs only a few buckets
 # Problems in the order a table lists them (the first a port has decides its place). A stale port is one whose

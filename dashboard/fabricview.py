@@ -10,7 +10,7 @@ from typing import Final
 from dash import dcc, html
 
 from dashboard.components import Cell, ViewState, card, flag, href, table
-from dashboard.fabric import NO_PORTS, NodeFabric, PortStatus, Unavailable, gbit_text, gpus_text
+from dashboard.fabric import NO_PORTS, STATUS_FIELDS, NodeFabric, PortStatus, Unavailable, gbit_text, gpus_text
 from dashboard.formatting import MISSING, percent_text, rate_text
 from gpulens.fabricmodel import NicReading
 
@@ -36,6 +36,8 @@ PROBLEM_TONE: Final = {
     "saturated": "warning",
     "stale": "stale",
 }
+# The port fields ``ports_table`` shows (what the interconnect page asks ``latest_nics`` for).
+PORT_TABLE_FIELDS: Final = (*STATUS_FIELDS, "link_speed", "transmit_wait_per_second")
 PORT_ROWS: Final = 100  # problems come first, so the first hundred ports hold every one worth reading
 
 

@@ -8,6 +8,7 @@ tier plan and aggregates as the GPU series. Everything comes back in SI units as
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -25,7 +26,13 @@ _STATIC: Final = {
     "host": ("node", "cpus"),
     "job_host": ("node", "job_id", "cgroup", "cgroup_version"),
 }
-_CONDITIONS: Final = {"node": "d.node = :node", "job_id": "d.job_id = :job_id", "cutoff": "d.last_seen_ms >= :cutoff"}
+NIC_READING_FIELDS: Final = tuple(f.name for f in dataclasses.fields(NicReading))
+_CONDITIONS: Final = {
+    "node": "d.node = :node",
+    "nodes": "d.node IN :nodes",
+    "job_id": "d.job_id = :job_id",
+    "cutoff": "d.last_seen_ms >= :cutoff",
+}
 
 
 def _columns(family: Family, dialect: str) -> list[str]:
@@ -60,8 +67,11 @@ def latest_sql(family: Family, dialect: str, conditions: Sequence[str]) -> str:
 
 def _latest(db: Database, family: Family, params: dict[str, Any]) -> list[dict[str, Any]]:
     """Each row as a dict of record fields (and ``timestamp``)."""
+    statement = sa.text(latest_sql(family, db.dialect, list(params)))
+    if "nodes" in params:
+        statement = statement.bindparams(sa.bindparam("nodes", expanding=True))
     with db.session() as session:
-        rows = session.execute(sa.text(latest_sql(family, db.dialect, list(params))), params).all()
+        rows = session.execute(statement, params).all()
     names = [*_STATIC[family.name], "timestamp", *(f.name for f in family.fields), *family.raw_columns]
     out = []
     for row in rows:
@@ -80,9 +90,31 @@ def _natural(name: str) -> tuple[str, int]:
     return (stem, int(name[len(stem) :]) if len(stem) < len(name) else -1)
 
 
-def latest_nics(db: Database, *, node: str | None = None, max_age_s: float | None = None) -> list[NicReading]:
-    """The newest reading of every port (of ``node``, newer than ``max_age_s``, if given), by node, device, port."""
+def check_nic_fields(fields: Sequence[str] | None) -> None:
+    """Raise ``ValueError`` for a name in ``fields`` that is not a ``NicReading`` field."""
+    unknown = [f for f in fields or () if f not in NIC_READING_FIELDS]
+    if unknown:
+        raise ValueError(f"unknown port fields {', '.join(unknown)}; known: {', '.join(NIC_READING_FIELDS)}")
+
+
+def latest_nics(
+    db: Database,
+    *,
+    node: str | None = None,
+    max_age_s: float | None = None,
+    fields: Sequence[str] | None = None,
+    nodes: Sequence[str] | None = None,
+) -> list[NicReading]:
+    """The newest reading of every port (of ``node`` / ``nodes``, newer than ``max_age_s``, if given), by node,
+    device, port.
+
+    ``fields`` (the fields a caller needs) is checked, and every field read: one row holds them all."""
+    check_nic_fields(fields)
+    if nodes is not None and not nodes:
+        return []
     params: dict[str, Any] = {} if node is None else {"node": node}
+    if nodes is not None:
+        params["nodes"] = sorted(set(nodes))
     cutoff = None if max_age_s is None else db.clock.now() - max_age_s
     if cutoff is not None:
         params["cutoff"] = round(cutoff * 1000) - 60_000  # the newest sample may be up to a minute past last_seen
@@ -97,6 +129,15 @@ def latest_nics(db: Database, *, node: str | None = None, max_age_s: float | Non
         record["up"] = bool(record["up"])
         out.append(NicReading(**record, gpus=tuple(int(g) for g in gpus.split(",") if g) if gpus else ()))
     return sorted(out, key=lambda n: (n.node, _natural(n.device), n.port))
+
+
+def nic_counts(db: Database) -> dict[str, tuple[int, int]]:
+    """Per node, its ports now: (up, all), counted from every port's newest reading."""
+    out: dict[str, tuple[int, int]] = {}
+    for n in latest_nics(db):
+        up, total = out.get(n.node, (0, 0))
+        out[n.node] = (up + int(n.up), total + 1)
+    return out
 
 
 def latest_hosts(db: Database, *, node: str | None = None) -> list[HostReading]:

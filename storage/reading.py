@@ -92,9 +92,25 @@ class StoreReader(Protocol):
         """The latest health of every scrape target, by name."""
         ...
 
-    def latest_nics(self, *, node: str | None = None, max_age_s: float | None = None) -> list[NicReading]:
-        """The newest reading of every RDMA port (of ``node`` / newer than ``max_age_s`` only, if given), by node,
-        device and port."""
+    def latest_nics(
+        self,
+        *,
+        node: str | None = None,
+        max_age_s: float | None = None,
+        fields: Sequence[str] | None = None,
+        nodes: Sequence[str] | None = None,
+    ) -> list[NicReading]:
+        """The newest reading of every RDMA port (of ``node`` / ``nodes`` / newer than ``max_age_s`` only, if
+        given), by node, device and port.
+
+        ``fields``: the ``NicReading`` fields the caller needs (identity, link layer, placement and ``up`` always
+        come); a store may leave the others ``None`` to read less (Prometheus does: one query fewer per field left
+        out, over every port). A name that is not a ``NicReading`` field raises ``ValueError``."""
+        ...
+
+    def nic_counts(self) -> dict[str, tuple[int, int]]:
+        """Per node, its RDMA ports now: (up, all) (counted in the store: one short answer per node, where
+        ``latest_nics`` reads every port's fields)."""
         ...
 
     def latest_hosts(self, *, node: str | None = None) -> list[HostReading]:
@@ -173,8 +189,18 @@ class SqlReader:
     def target_health(self) -> list[TargetHealth]:
         return inventory.target_health(self.db)
 
-    def latest_nics(self, *, node: str | None = None, max_age_s: float | None = None) -> list[NicReading]:
-        return fabric.latest_nics(self.db, node=node, max_age_s=max_age_s)
+    def latest_nics(
+        self,
+        *,
+        node: str | None = None,
+        max_age_s: float | None = None,
+        fields: Sequence[str] | None = None,
+        nodes: Sequence[str] | None = None,
+    ) -> list[NicReading]:
+        return fabric.latest_nics(self.db, node=node, max_age_s=max_age_s, fields=fields, nodes=nodes)
+
+    def nic_counts(self) -> dict[str, tuple[int, int]]:
+        return fabric.nic_counts(self.db)
 
     def latest_hosts(self, *, node: str | None = None) -> list[HostReading]:
         return fabric.latest_hosts(self.db, node=node)

@@ -39,7 +39,7 @@ from dashboard.fabric import (
     port_statuses,
     stale_nodes,
 )
-from dashboard.fabricview import ports_table
+from dashboard.fabricview import PORT_TABLE_FIELDS, ports_table
 from dashboard.figures.links import link_load, node_topology, pcie_degraded
 from dashboard.figures.style import empty_figure, palette_color
 from dashboard.figures.timeseries import PER_SECOND, Line, time_series
@@ -163,7 +163,7 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
         mine = [r for r in readings if r.node == chosen]
         series = context.store.series([r.uuid for r in mine], LINK_ERROR_FIELDS, span.start, span.end, 240)
         outages = context.store.link_outages(span.start, span.end)
-        nics = available(context.store.latest_nics)
+        nics = available(lambda: context.store.latest_nics(fields=PORT_TABLE_FIELDS))
         rates = _error_rates(context, nics, span.start, span.end)
         return span, readings, nodes, chosen, series, outages, nics, rates
 

@@ -8,7 +8,7 @@ click on a heatmap cell opens the GPU.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from dash import Dash, Input, Output, State, ctx, dcc, html
@@ -33,6 +33,7 @@ from dashboard.components import (
 )
 from dashboard.context import Context, PageError, guarded
 from dashboard.fabric import (
+    STATUS_FIELDS,
     NodeFabric,
     Unavailable,
     available,
@@ -220,11 +221,13 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
         jobs = context.store.current_jobs()
         targets = context.store.target_health()
         firing = context.alerts.active() if context.alerts is not None else None
-        nics = available(context.store.latest_nics)
         cells = grid_cells(readings, jobs, now=now, stale_after_s=context.stale_after_s)
         grid = select_page(cells, metric, text=text, sort=sort, page=page - 1)
+        # every node's ports counted in the store; the ports of the nodes shown read whole
+        counts = available(context.store.nic_counts)
+        nics = available(lambda: context.store.latest_nics(nodes=grid.nodes, fields=STATUS_FIELDS))
         stale = stale_nodes(readings, now, context.stale_after_s)
-        fabric = fabric_of(context, nics, grid.nodes, span, firing, stale)  # in the same snapshot
+        fabric = fabric_of(context, counts, nics, span, firing, stale)  # in the same snapshot
         return span, targets, firing, cells, grid, fabric
 
     span, targets, firing, cells, grid, fabric = guarded(context, load)
@@ -258,23 +261,29 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
 
 def fabric_of(
     context: Context,
-    nics: list[NicReading] | Unavailable,
-    nodes: Sequence[str],
+    counts: Mapping[str, tuple[int, int]] | Unavailable,
+    shown: list[NicReading] | Unavailable,
     span: TimeRange,
     firing: Sequence[AlertState] | None,
     stale: set[str],
 ) -> dict[str, NodeFabric] | Unavailable:
-    """Every node's fabric in a line; the error rates (one query) only for the ports of the ``nodes`` shown."""
-    if isinstance(nics, Unavailable):
-        return nics
-    shown = [n for n in nics if n.node in set(nodes)]
+    """Every node's fabric in a line: the nodes ``shown`` (their ports read whole; the error rates, one query, of
+    their ports) from their ports' problems, every other node from its ports ``counts`` (up, all: the card)."""
+    if isinstance(counts, Unavailable):
+        return counts
+    if isinstance(shown, Unavailable):
+        return shown
     try:
         rates = available(lambda: error_rates(context.store, shown, span.start, span.end))
     except TooManySeriesError:
         rates = Unavailable()
     known = None if isinstance(rates, Unavailable) else rates
-    statuses = port_statuses(nics, known, firing_on_ports(firing or ()), stale)
-    return node_fabric(statuses)
+    out = node_fabric(port_statuses(shown, known, firing_on_ports(firing or ()), stale))
+    for node, (up, total) in counts.items():
+        if node not in out:
+            problems = ("stale",) if node in stale else ("down",) if up < total else ()
+            out[node] = NodeFabric(node, up, total, None, False, problems)
+    return out
 
 
 def node_map(grid: GridPage, metric: Metric) -> Any:

@@ -24,6 +24,7 @@ from typing import Any, Final
 import msgspec
 
 from gpulens.config import ConfigError
+from gpulens.gcpause import gc_paused
 from gpulens.httpfetch import redact_url, request, scrub
 from gpulens.settings import StoreAuth
 from storage.db import DatabaseUnavailableError
@@ -243,6 +244,10 @@ class PromClient:
         return self._series(self._post("/api/v1/query_range", form), max_series, promql)
 
     def _series(self, raw: msgspec.Raw, max_series: int | None, promql: str) -> list[PromSeries]:
+        with gc_paused():  # the answer's objects live on: no collection walks them while it is built
+            return self._decoded(raw, max_series)
+
+    def _decoded(self, raw: msgspec.Raw, max_series: int | None) -> list[PromSeries]:
         try:
             data = _DATA.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError):

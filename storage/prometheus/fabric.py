@@ -20,6 +20,7 @@ from typing import Any, Final, Protocol
 
 from gpulens.clock import Clock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading, nic_id, parse_nic_id
+from storage.fabric import check_nic_fields
 from storage.prometheus.client import PromClient, PromSeries, quote, regex_of
 from storage.timeseries import SeriesData
 
@@ -163,11 +164,32 @@ def _value(v: float, integer: bool) -> Any:
     return round(v) if integer else v
 
 
-def latest_nics(reader: PromReader, *, node: str | None, max_age_s: float | None) -> list[NicReading]:
+def latest_nics(
+    reader: PromReader,
+    *,
+    node: str | None,
+    max_age_s: float | None,
+    fields: Sequence[str] | None = None,
+    nodes: Sequence[str] | None = None,
+) -> list[NicReading]:
+    """Every port's newest values of ``fields`` (all ``NIC_FIELDS`` if None; ``up`` always): one query per field
+    (the gauges of ``node`` or ``nodes`` in one), the others left ``None``; the ports' labels at the same time."""
+    check_nic_fields(fields)
+    if nodes is not None and not nodes:
+        return []
+    wanted = {f: how for f, how in NIC_FIELDS.items() if fields is None or f == "up" or f in fields}
     now = reader.clock.now()
-    matchers = "" if node is None else f"node={quote(node)}"
+    chosen = ([f"node={quote(node)}"] if node is not None else []) + (
+        [f"node=~{regex_of(nodes)}"] if nodes is not None else []
+    )
+    matchers = ", ".join(chosen)
+    with ThreadPoolExecutor(2) as pool:
+        info = pool.submit(reader.client.query, _selector(NIC_INFO, matchers), now)
+        stamped = f"timestamp({_selector(NIC_UP, matchers)})"
+        stamps = None if max_age_s is None else pool.submit(reader.client.query, stamped, now)
+        answers = _latest(reader, wanted, matchers, now, together=bool(chosen))
     ports: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for s in reader.client.query(_selector(NIC_INFO, matchers), now):
+    for s in info.result():
         key = _nic_key(s.labels)
         if key is not None:
             gpus = tuple(int(g) for g in s.labels.get("gpus", "").split(",") if g.strip().isdigit())
@@ -176,11 +198,10 @@ def latest_nics(reader: PromReader, *, node: str | None, max_age_s: float | None
                 "pci_bus_id": s.labels.get("pci_bus_id") or None,
                 "gpus": gpus,
             }
-    if max_age_s is not None:
-        times = reader.client.query(f"timestamp({_selector(NIC_UP, matchers)})", now)
-        fresh = {_nic_key(s.labels) for s in times if s.value >= now - max_age_s}
-        ports = {key: fields for key, fields in ports.items() if key in fresh}
-    for field, answer in _latest(reader, NIC_FIELDS, matchers, now, together=node is not None).items():
+    if max_age_s is not None and stamps is not None:
+        fresh = {_nic_key(s.labels) for s in stamps.result() if s.value >= now - max_age_s}
+        ports = {key: values for key, values in ports.items() if key in fresh}
+    for field, answer in answers.items():
         integer = field == "link_width" or field.endswith("_total")
         for s in answer:
             key = _nic_key(s.labels)
@@ -188,6 +209,21 @@ def latest_nics(reader: PromReader, *, node: str | None, max_age_s: float | None
                 ports[key][field] = bool(s.value) if field == "up" else _value(s.value, integer)
     readings = [NicReading(*key, **fields) for key, fields in ports.items()]
     return sorted(readings, key=lambda n: (n.node, _natural(n.device), n.port))
+
+
+def nic_counts(reader: PromReader) -> dict[str, tuple[int, int]]:
+    """Per node, its ports (``gpulens_nic_info`` series) and those up, counted by node in Prometheus (two queries,
+    one series per node each)."""
+    now = reader.clock.now()
+    with ThreadPoolExecutor(2) as pool:
+        every = pool.submit(reader.client.query, f"count by (node) ({NIC_INFO})", now)
+        up = pool.submit(reader.client.query, f"count by (node) ({NIC_UP} != 0)", now)
+        ups = {s.labels.get("node", ""): round(s.value) for s in up.result()}
+        return {
+            s.labels["node"]: (min(ups.get(s.labels["node"], 0), round(s.value)), round(s.value))
+            for s in every.result()
+            if s.labels.get("node")
+        }
 
 
 def latest_hosts(reader: PromReader, *, node: str | None) -> list[HostReading]:

@@ -443,8 +443,18 @@ class PromReader:
 
     # --- the fabric and the host (storage.prometheus.fabric) -----------------------------------------------------
 
-    def latest_nics(self, *, node: str | None = None, max_age_s: float | None = None) -> list[NicReading]:
-        return fabric.latest_nics(self, node=node, max_age_s=max_age_s)
+    def latest_nics(
+        self,
+        *,
+        node: str | None = None,
+        max_age_s: float | None = None,
+        fields: Sequence[str] | None = None,
+        nodes: Sequence[str] | None = None,
+    ) -> list[NicReading]:
+        return fabric.latest_nics(self, node=node, max_age_s=max_age_s, fields=fields, nodes=nodes)
+
+    def nic_counts(self) -> dict[str, tuple[int, int]]:
+        return fabric.nic_counts(self)
 
     def latest_hosts(self, *, node: str | None = None) -> list[HostReading]:
         return fabric.latest_hosts(self, node=node)

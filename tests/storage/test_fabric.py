@@ -76,6 +76,30 @@ def test_a_round_is_written_with_the_gpus_and_read_back_in_si(db: Database, cloc
     assert reader.latest_job_hosts(job_id="j2") == [jobs[1]]
 
 
+def test_ports_of_some_nodes_some_fields_and_each_nodes_counts(db: Database, clock: ManualClock) -> None:
+    """``nodes=`` reads those nodes' ports only (one statement), ``fields=`` is checked (every field is read: one
+    row holds them all), and ``nic_counts`` counts each node's ports up and in all as the newest readings say."""
+    writer = Writer(db)
+    writer.write([fabric_snapshot(node, H0, 0) for node in ("n1", "n2", "n3")])
+    writer.write([fabric_snapshot("n2", H0 + STEP, 1, state="DOWN", phys_state="Polling", up=False)])
+    clock.set(H0 + STEP)
+    reader = SqlReader(db)
+    every = reader.latest_nics()
+    some = reader.latest_nics(nodes=["n3", "n1"])
+    assert some == [n for n in every if n.node in ("n1", "n3")]
+    assert [n.node for n in some] == ["n1", "n1", "n3", "n3"]
+    assert reader.latest_nics(nodes=[]) == []
+    assert reader.latest_nics(fields=["up", "transmit_bytes_per_second"]) == every
+    with pytest.raises(ValueError, match="unknown port fields nope"):
+        reader.latest_nics(fields=["up", "nope"])
+    counts = reader.nic_counts()
+    assert counts == {"n1": (2, 2), "n2": (0, 2), "n3": (2, 2)}
+    assert counts == {
+        node: (sum(n.up for n in every if n.node == node), sum(1 for n in every if n.node == node))
+        for node in ("n1", "n2", "n3")
+    }
+
+
 def test_a_finished_job_is_not_on_its_node_any_more(db: Database) -> None:
     writer = Writer(db)
     writer.write([fabric_snapshot("n1", H0, 0, job="old")])

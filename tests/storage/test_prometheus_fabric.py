@@ -127,6 +127,46 @@ def test_latest_ports_hosts_and_jobs(reader: PromReader) -> None:
     assert reader.latest_job_hosts(job_id="other") == []
 
 
+def test_only_the_fields_and_nodes_asked_for_are_read(reader: PromReader) -> None:
+    """``fields=``: one query per field fewer for each left out, the values of those read the same as a whole read,
+    the others ``None``; ``nodes=``: those nodes' ports only; ``nic_counts``: each node's ports counted in
+    Prometheus, one series per node, as the whole read counts them."""
+    every = {n.key: n for n in reader.latest_nics()}
+    before = reader.client.stats.queries
+    reader.latest_nics()
+    whole = reader.client.stats.queries - before
+    wanted = ["rate_bytes_per_second", "link_width", "transmit_bytes_per_second", "link_downed_total"]
+    before = reader.client.stats.queries
+    some = reader.latest_nics(fields=wanted)
+    assert reader.client.stats.queries - before == 1 + len(wanted) + 1 < whole  # the labels, each field, up
+    assert [n.key for n in some] == list(every)
+    for n in some:
+        full = every[n.key]
+        assert (n.up, n.link_layer, n.gpus, n.pci_bus_id) == (full.up, full.link_layer, full.gpus, full.pci_bus_id)
+        assert (n.rate_bytes_per_second, n.link_width, n.link_downed_total) == (
+            full.rate_bytes_per_second,
+            full.link_width,
+            full.link_downed_total,
+        )
+        assert n.transmit_bytes_per_second == pytest.approx(full.transmit_bytes_per_second, rel=0.25)
+        assert (n.receive_bytes_per_second, n.transmit_wait_per_second, n.symbol_errors_total) == (None, None, None)
+    with pytest.raises(ValueError, match="unknown port fields nope"):
+        reader.latest_nics(fields=["nope"])
+
+    assert [n.key for n in reader.latest_nics(nodes=["n2"], fields=["up"])] == [("n2", "mlx5_0", 1)]
+    assert [n.key for n in reader.latest_nics(nodes=["n2", "n1"])] == list(every)
+    assert reader.latest_nics(nodes=[]) == []
+
+    before = (reader.client.stats.queries, reader.client.stats.series)
+    counts = reader.nic_counts()
+    assert (reader.client.stats.queries - before[0], reader.client.stats.series - before[1]) == (2, 4)
+    assert counts == {"n1": (1, 2), "n2": (1, 1)}
+    assert counts == {
+        node: (sum(n.up for n in every.values() if n.node == node), sum(1 for n in every.values() if n.node == node))
+        for node in ("n1", "n2")
+    }
+
+
 def test_series_of_ports_hosts_and_jobs(reader: PromReader) -> None:
     now = time.time()
     fields = ["transmit_bytes_per_second", "up", "link_downed_total"]

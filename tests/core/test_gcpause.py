@@ -1,0 +1,60 @@
+"""``gc_paused``: the collector off inside, on again after the last of nested and concurrent blocks, and left off
+when it was off before."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+from gpulens.gcpause import gc_paused
+
+
+def test_the_collector_is_off_inside_and_on_after_the_last_block() -> None:
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer block still holds it
+    assert gc.isenabled()
+
+
+def test_concurrent_blocks_end_with_the_collector_on() -> None:
+    inside, release = threading.Barrier(5), threading.Event()
+    seen = []
+
+    def hold() -> None:
+        with gc_paused():
+            inside.wait()
+            release.wait()
+            seen.append(gc.isenabled())
+
+    threads = [threading.Thread(target=hold) for _ in range(4)]
+    for t in threads:
+        t.start()
+    inside.wait()
+    assert not gc.isenabled()
+    release.set()
+    for t in threads:
+        t.join()
+    assert seen == [False] * 4  # each saw it off while its own block held it
+    assert gc.isenabled()
+
+
+def test_a_collector_off_before_stays_off() -> None:
+    gc.disable()
+    try:
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_the_collector_comes_back_after_an_exception() -> None:
+    try:
+        with gc_paused():
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert gc.isenabled()

@@ -157,9 +157,9 @@ def test_only_the_fields_and_nodes_asked_for_are_read(reader: PromReader) -> Non
     assert [n.key for n in reader.latest_nics(nodes=["n2", "n1"])] == list(every)
     assert reader.latest_nics(nodes=[]) == []
 
-    before = (reader.client.stats.queries, reader.client.stats.series)
+    queries, series = reader.client.stats.queries, reader.client.stats.series
     counts = reader.nic_counts()
-    assert (reader.client.stats.queries - before[0], reader.client.stats.series - before[1]) == (2, 4)
+    assert (reader.client.stats.queries - queries, reader.client.stats.series - series) == (2, 4)
     assert counts == {"n1": (1, 2), "n2": (1, 1)}
     assert counts == {
         node: (sum(n.up for n in every.values() if n.node == node), sum(1 for n in every.values() if n.node == node))

@@ -157,3 +157,29 @@ def _at(series: Any, field: str, t: float, *, top: bool = False) -> float | None
         return None
     values = series.maximum if top else series.values
     return values[field][series.timestamps.index(t)]  # type: ignore[no-any-return]
+
+
+def test_the_overviews_fabric_reads_grow_with_the_nodes_shown_not_the_ports(readers: dict[int, PromReader]) -> None:
+    """Every node's ports counted in Prometheus: one series per node and query, not one per port and field; the
+    shown nodes' ports read whole: the same series whatever the cluster."""
+    from dashboard.fabric import STATUS_FIELDS
+
+    cost = {}
+    for nodes, store in readers.items():
+        before = (store.client.stats.queries, store.client.stats.series)
+        counts = store.nic_counts()
+        counted = (store.client.stats.queries - before[0], store.client.stats.series - before[1])
+        every = store.latest_nics()
+        assert counts == {
+            node: (sum(n.up for n in every if n.node == node), sum(1 for n in every if n.node == node))
+            for node in {n.node for n in every}
+        }
+        assert len(counts) == nodes
+        before = (store.client.stats.queries, store.client.stats.series)
+        shown = store.latest_nics(nodes=["node-0001", "node-0002"], fields=STATUS_FIELDS)
+        cost[nodes] = (counted, (store.client.stats.queries - before[0], store.client.stats.series - before[1]))
+        assert shown == [n for n in store.latest_nics(fields=STATUS_FIELDS) if n.node in ("node-0001", "node-0002")]
+    assert cost[4][0] == (2, 2 * 4)  # two queries, one series per node each
+    assert cost[12][0] == (2, 2 * 12)
+    assert cost[4][1] == cost[12][1]  # the shown nodes' ports: the same queries and series
+    assert cost[12][1][0] == 4  # the ports' labels, the gauges in one selector, two rates

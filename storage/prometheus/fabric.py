@@ -1,7 +1,8 @@
 """The fabric and host reads of ``PromReader``: RDMA ports, nodes' CPUs and memory and jobs' cgroups from the
 ``gpulens_nic_*``, ``gpulens_host_*`` and ``gpulens_job_*`` families the node agent exports (docs/metrics.md).
 
-The latest values: the gauges in one query, each rate in one (at once); over time, one query per field. Port
+The latest values: the gauges in one query, each rate in one (at once), only the fields asked for; each node's
+ports up and in all counted by node in Prometheus (``nic_counts``); over time, one query per field. Port
 series carry ``node, device, port`` (``gpulens_nic_info`` adds ``link_layer``, ``gpus`` and ``pci_bus_id``); host
 series ``node``; job series ``node, job_id``. Rates come from ``rate()`` over a window of four scrape intervals
 (``[database] min_step``; at least a series' step): the bytes, transmit wait and CNP rates of a port, a job's CPU

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 
+import pytest
+
+from gpulens import gcpause
 from gpulens.gcpause import gc_paused
 
 
@@ -57,4 +61,25 @@ def test_the_collector_comes_back_after_an_exception() -> None:
             raise RuntimeError("boom")
     except RuntimeError:
         pass
+    assert gc.isenabled()
+
+
+def test_blocks_that_overlap_without_end_still_collect(monkeypatch: pytest.MonkeyPatch) -> None:
+    collected = []
+
+    def collect(*_args: int) -> int:
+        collected.append(1)
+        return 0
+
+    monkeypatch.setattr(gc, "collect", collect)
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    with gc_paused():
+        with gc_paused():
+            now[0] += gcpause.MAX_PAUSE_S / 2
+        assert collected == []  # a short pause: nothing
+        with gc_paused():
+            now[0] += gcpause.MAX_PAUSE_S
+        assert collected == [1]  # held too long by overlapping blocks: one collection
+        assert not gc.isenabled()
     assert gc.isenabled()

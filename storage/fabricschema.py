@@ -157,6 +157,10 @@ class Family:
     def sample(self) -> str:
         return f"{self.name}_sample"
 
+    def source(self, dialect: str) -> str:
+        """The FROM clause that reads every field of the raw samples (the GPU rows joined with their profile)."""
+        return schema.sample_source(dialect) if self.name == "gpu" else self.sample
+
     def table(self, tier: str) -> str:
         """The table of ``tier`` ("raw", "1m" or "1h")."""
         return self.sample if tier == "raw" else f"{self.name}_rollup_{tier}"

@@ -53,9 +53,10 @@ def _segment_sql(
             f"WHERE {key} IN :ids AND ts_ms >= :lo_{i} AND ts_ms < :hi_{i} GROUP BY {key}, ts_ms / :step"
         )
     inner = aggregates.window_columns(fields, key=key)
+    source = family.source(dialect, fields)  # the profiles joined only for a profile field
     return (
         f"SELECT {key}, ts_ms / :step AS b, {partials} FROM (SELECT {', '.join(inner)} "  # noqa: S608
-        f"FROM {family.source(dialect)} WHERE {key} IN :ids AND ts_ms >= :read_from_{i} AND ts_ms < :hi_{i} {minutes} "
+        f"FROM {source} WHERE {key} IN :ids AND ts_ms >= :read_from_{i} AND ts_ms < :hi_{i} {minutes} "
         f"WINDOW w AS (PARTITION BY {key} ORDER BY ts_ms)) AS x WHERE ts_ms >= :lo_{i} GROUP BY {key}, ts_ms / :step"
     )
 

@@ -166,3 +166,24 @@ def test_sqlite_reads_seek_the_minute_index_and_the_profile_key(sqlite_db: Datab
         assert profile_lines, (statement, plan)
         assert all("ux_gpu_sample_minute_gpu_ts" in line for line in sample_lines), (statement, plan)
         assert all("INTEGER PRIMARY KEY" in line for line in profile_lines), (statement, plan)
+
+
+def test_series_of_sample_fields_only_leave_the_profiles_out(sqlite_db: Database) -> None:
+    """A series of fields that live in the sample row reads no profile: the join is for profile fields only."""
+    db = sqlite_db
+    _write_rounds(Writer(db))
+    statements: list[str] = []
+
+    @event.listens_for(db.engine, "before_cursor_execute")
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+        statements.append(statement)
+
+    plain = timeseries.series(db, [uuid_of("n", 0)], ["utilization_ratio", "power_watts"], START, START + 30)
+    profiled = timeseries.series(db, [uuid_of("n", 0)], ["power_limit_watts"], START, START + 30)
+    event.remove(db.engine, "before_cursor_execute", record)
+    reads = [s for s in statements if "gpu_sample" in s]
+    assert len(reads) == 2
+    assert "gpu_profile" not in reads[0]
+    assert "gpu_profile" in reads[1]
+    assert plain[uuid_of("n", 0)].values["power_watts"] == (612.5, 612.5, 612.5)
+    assert profiled[uuid_of("n", 0)].values["power_limit_watts"] == (700.0, 650.0, 650.0)

@@ -8,8 +8,8 @@ and window / interval for Prometheus (which scrapes each target on its schedule)
 
 Then, on the same data:
 - bytes per sample: Prometheus's WAL and head chunks over the samples it appended, and the block a TSDB snapshot
-  (the head compacted, admin API) takes; gpulens's ``gpu_sample`` table and indexes (dbstat) over its non-null
-  values (rows x value columns that hold a value);
+  (the head compacted, admin API) takes; gpulens's ``gpu_sample`` and ``gpu_profile`` tables and indexes (dbstat)
+  over its non-null values (rows x value columns that hold a value, a row's profile values counted as its own);
 - "latest of every GPU": PromQL instant query ``{__name__=~"gpulens_gpu_.+"}`` against ``SqlReader.latest_readings``;
 - "one GPU over the range": PromQL ``query_range`` of the dashboard's chart fields for one uuid at the scrape step
   against ``SqlReader.series`` of the same fields (medians of ``REPEAT``).
@@ -114,20 +114,26 @@ def collector_rounds(port: int) -> float:
 
 
 def gpulens_bytes_per_value(url: str) -> tuple[float, int, int]:
-    """(bytes of gpu_sample and its indexes, rows, non-null values) in the collector's SQLite file."""
+    """(bytes of gpu_sample, gpu_profile and their indexes, rows, non-null values) in the collector's SQLite file."""
     import sqlalchemy as sa
 
     from bench.bench_storage import _sample_bytes
+    from storage import schema
     from storage.db import Database
 
     db = Database(url)
     try:
         size = _sample_bytes(db)
         with db.session() as session:
-            columns = [row[1] for row in session.execute(sa.text("PRAGMA table_info(gpu_sample)"))]
-            values = [c for c in columns if c not in ("gpu_id", "ts_ms")]
+            columns = [
+                row[1]
+                for table in ("gpu_sample", "gpu_profile")
+                for row in session.execute(sa.text(f"PRAGMA table_info({table})"))
+            ]
+            values = [c for c in columns if c not in ("gpu_id", "ts_ms", "profile_id", "key")]
             counted = ", ".join(f"count({c})" for c in values)
-            row = session.execute(sa.text(f"SELECT count(*), {counted} FROM gpu_sample")).one()
+            source = schema.sample_source(db.dialect)  # each row's profile values count as the row's
+            row = session.execute(sa.text(f"SELECT count(*), {counted} FROM {source}")).one()
     finally:
         db.close()
     return size, int(row[0]), int(sum(row[1:]))

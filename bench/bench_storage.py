@@ -6,7 +6,7 @@ generated inside the database with INSERT ... SELECT, in time order, as scrapes 
 - the sustained insert rate of ``Writer.write`` on top of that store, with rounds of full snapshots (jobs,
   processes, 18 NVLink states per GPU) from the exporter tests' H100 readings: as is, and again after
   ``gc.freeze()`` (Python's cyclic GC otherwise rescans every long-lived object every few rounds);
-- bytes on disk per GPU row (the sample table and its index) and the store's size;
+- bytes on disk per GPU row (the sample table, the profiles it names, and their indexes) and the store's size;
 - the rate of ``Rollups.run`` over the history's last hour (rollup rows for the hours before it, and for 29
   earlier days of hourly rows, are generated like the raw rows), then the same hour again with ``Rollups.step``
   (as the collector runs it between scrape rounds): its rate, number of steps and longest step;
@@ -100,10 +100,20 @@ def _value_sql(f: schema.StoredField, k: str = "k") -> str:
     return "0"
 
 
+def _profiles_sql() -> str:
+    """A profile (``gpu_profile``) for each GPU, keyed ``bench:<id>``: its fields' values are the GPU's own."""
+    fields = [f for f in schema.SAMPLE_FIELDS if f.profile]
+    columns = ", ".join(f.column for f in fields)
+    values = ", ".join(_value_sql(f, "0") for f in fields)
+    return f"INSERT INTO gpu_profile (key, {columns}) SELECT 'bench:' || g.id, {values} FROM gpu AS g"
+
+
 def _history_sql(dialect: str, interval_ms: int) -> str:
-    columns = ["gpu_id", "ts_ms", *(f.column for f in schema.SAMPLE_FIELDS)]
+    sample_fields = [f for f in schema.SAMPLE_FIELDS if not f.profile]
+    columns = ["gpu_id", "ts_ms", "profile_id", *(f.column for f in sample_fields)]
     ts = f"{round(START * 1000)} + CAST(k AS BIGINT) * {interval_ms} + g.id % 97"
-    values = ["g.id", ts, *map(_value_sql, schema.SAMPLE_FIELDS)]
+    values = ["g.id", ts, "(SELECT profile_id FROM gpu_profile WHERE key = 'bench:' || g.id)"]
+    values += map(_value_sql, sample_fields)
     rounds = (
         "generate_series(:k0, :k1 - 1) AS k"
         if dialect == "postgresql"
@@ -246,17 +256,17 @@ def _median_ms(function: Callable[[], object], repeat: int = 5) -> float:
 
 
 def _sample_bytes(db: Database) -> int:
-    """On-disk bytes of gpu_sample and its indexes (SQLite: dbstat; PostgreSQL: every partition)."""
+    """On-disk bytes of gpu_sample, gpu_profile and their indexes (SQLite: dbstat; PostgreSQL: every partition)."""
     with db.session() as session:
         if db.dialect == "sqlite":
             sql = (
-                "SELECT sum(pgsize) FROM dbstat WHERE name = 'gpu_sample' "
-                "OR name IN (SELECT name FROM sqlite_master WHERE tbl_name = 'gpu_sample' AND type = 'index')"
+                "SELECT sum(pgsize) FROM dbstat WHERE name IN ('gpu_sample', 'gpu_profile') OR name IN "
+                "(SELECT name FROM sqlite_master WHERE tbl_name IN ('gpu_sample', 'gpu_profile') AND type = 'index')"
             )
         else:
             sql = (
-                "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-                "WHERE i.inhparent = 'gpu_sample'::regclass"
+                "SELECT sum(pg_total_relation_size(c.oid)) + pg_total_relation_size('gpu_profile') "
+                "FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'gpu_sample'::regclass"
             )
         return int(session.execute(sa.text(sql)).scalar_one())
 
@@ -279,6 +289,8 @@ def run_backend(prefix: str, url: str, args: argparse.Namespace) -> None:
 
     log(f"{prefix}: generating {rounds * args.nodes * args.gpus:,} sample rows ({args.hours} h at {args.interval} s)")
     db.ensure_partitions("gpu_sample", range(round(START * 1000), round(end * 1000) + 1, schema.DAY_MS))
+    with db.write_transaction() as conn:
+        conn.execute(sa.text(_profiles_sql()))
     history = sa.text(_history_sql(db.dialect, interval_ms))
     started = time.perf_counter()
     chunk = max(1, round(3600 / args.interval))

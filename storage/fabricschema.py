@@ -13,6 +13,7 @@ table does not know is stored as 0 and read back as ``None``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -156,6 +157,12 @@ class Family:
     @property
     def sample(self) -> str:
         return f"{self.name}_sample"
+
+    def source(self, dialect: str, fields: Sequence[StoredField] | None = None) -> str:
+        """The FROM clause that reads ``fields`` (default: every field) of the raw samples: the GPU rows joined with
+        their profile when a field is the profile's."""
+        profiled = self.name == "gpu" and (fields is None or any(f.profile for f in fields))
+        return schema.sample_source(dialect) if profiled else self.sample
 
     def table(self, tier: str) -> str:
         """The table of ``tier`` ("raw", "1m" or "1h")."""

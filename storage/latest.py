@@ -42,7 +42,8 @@ class ClusterSummary:
 def reading_columns(dialect: str) -> tuple[str, list[int], int]:
     """The SELECT list of a GpuReading in field order, decoded to SI units by the database.
 
-    Returns the list, the positions of boolean fields (the database returns 0/1) and of the XID JSON.
+    Returns the list, the positions of boolean fields (the database returns 0/1) and of the XID JSON. The query
+    names the sample ``s``, its GPU ``g`` and the sample's profile (``gpu_profile``) ``p``.
     """
     static = {
         "node": "g.node",
@@ -62,7 +63,8 @@ def reading_columns(dialect: str) -> tuple[str, list[int], int]:
         if stored is None:
             columns.append(static[f.name])
         else:
-            columns.append(stored.sql_decode(f"s.{stored.column}", dialect))
+            alias = "p" if stored.profile else "s"
+            columns.append(stored.sql_decode(f"{alias}.{stored.column}", dialect))
         if str(f.type) in ("bool", "bool | None"):
             booleans.append(i)
     return ", ".join(columns), booleans, len(columns) - 1
@@ -78,15 +80,17 @@ def _latest_sql(dialect: str, max_age: bool, node: bool = False, uuids: bool = F
         return (
             f"SELECT {columns} FROM gpu AS g CROSS JOIN LATERAL "  # noqa: S608 (constant identifiers)
             "(SELECT * FROM gpu_sample AS x WHERE x.gpu_id = g.id AND x.ts_ms >= g.last_seen_ms "
-            f"AND x.ts_ms < g.last_seen_ms + 60000 ORDER BY x.ts_ms DESC LIMIT 1) AS s {fresh}"
+            f"AND x.ts_ms < g.last_seen_ms + 60000 ORDER BY x.ts_ms DESC LIMIT 1) AS s "
+            f"JOIN gpu_profile AS p ON p.profile_id = s.profile_id {fresh}"
         )
     return (
         # MATERIALIZED and CROSS JOIN keep SQLite's plan: one index seek per GPU, then one row fetch.
         "WITH latest AS MATERIALIZED (SELECT g.id AS gpu_id, (SELECT max(x.ts_ms) FROM gpu_sample AS x "  # noqa: S608
         "WHERE x.gpu_id = g.id AND x.ts_ms / 60000 IN (g.last_seen_ms / 60000, g.last_seen_ms / 60000 + 1) "
         f"AND x.ts_ms >= g.last_seen_ms) AS ts_ms FROM gpu AS g {fresh}) "
-        f"SELECT {columns} FROM latest AS l CROSS JOIN gpu AS g CROSS JOIN gpu_sample AS s "
-        "WHERE g.id = l.gpu_id AND s.ts_ms / 60000 = l.ts_ms / 60000 AND s.gpu_id = l.gpu_id AND s.ts_ms = l.ts_ms"
+        f"SELECT {columns} FROM latest AS l CROSS JOIN gpu AS g CROSS JOIN gpu_sample AS s CROSS JOIN gpu_profile AS p "
+        "WHERE g.id = l.gpu_id AND s.ts_ms / 60000 = l.ts_ms / 60000 AND s.gpu_id = l.gpu_id AND s.ts_ms = l.ts_ms "
+        "AND p.profile_id = s.profile_id"
     )
 
 

@@ -30,6 +30,7 @@ def recent_rounds(
     params = {"since": round(since * 1000), "until": round(until * 1000)}
     sql = (
         f"SELECT {columns} FROM gpu_sample AS s JOIN gpu AS g ON g.id = s.gpu_id "  # noqa: S608 (constant identifiers)
+        "JOIN gpu_profile AS p ON p.profile_id = s.profile_id "
         "WHERE s.ts_ms >= :since AND s.ts_ms <= :until ORDER BY s.ts_ms"
     )
     a, g = schema.job_allocation, schema.gpu

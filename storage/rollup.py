@@ -90,7 +90,7 @@ def _from_samples_sql(dialect: str, family: Family) -> str:
     minute = f"ts_ms / {schema.MINUTE_MS}"
     gauges: list[str] = []
     counters: list[str] = []
-    key, samples = family.key, family.sample
+    key, samples = family.key, family.source(dialect)
     for f in family.fields:
         named = [
             f"{sql} AS {f.column}_{aggregate}"

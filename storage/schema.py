@@ -51,6 +51,7 @@ class StoredField:
     per_unit: int = 1
     is_bool: bool = False
     is_int: bool = False  # the GpuReading field is an int (decode to int)
+    profile: bool = False  # stored once per distinct combination in ``gpu_profile``, not in every sample row
 
     @property
     def limit(self) -> int:
@@ -136,10 +137,25 @@ def _stored_field(name: str, annotation: str, kind: str) -> StoredField:
     raise TypeError(f"no storage encoding for GpuReading.{name} ({annotation}): add one in storage/schema.py")
 
 
+# The fields that change seldom on a GPU (limits, maxima, link widths, error counters): revision 0009 keeps each
+# distinct combination of their values once, in ``gpu_profile``, and a sample row names its combination by
+# ``profile_id``. A GPU's row then carries 21 columns fewer (see docs/storage.md, "Profiles").
+PROFILE_FIELDS: Final = (
+    *("memory_total_bytes", "memory_reserved_bytes", "slowdown_temperature_celsius", "power_limit_watts"),
+    *("max_sm_clock_hertz", "max_memory_clock_hertz"),
+    *("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max"),
+    *("pcie_replays_total", "nvlink_links_active"),
+    *("nvlink_crc_flit_errors_total", "nvlink_replay_errors_total", "nvlink_recovery_errors_total"),
+    *("ecc_corrected_errors_total", "ecc_uncorrected_errors_total"),
+    *("remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failure"),
+)
+
+
 def _sample_fields() -> tuple[StoredField, ...]:
     annotations = {f.name: str(f.type) for f in dataclasses.fields(GpuReading)}
     fields = [StoredField("up", "up", "gauge", sa.SmallInteger, is_bool=True)]
     fields += [_stored_field(spec.field, annotations[spec.field], spec.type) for spec in GPU_FIELDS]
+    fields = [dataclasses.replace(f, profile=f.name in PROFILE_FIELDS) for f in fields]
     fields.append(StoredField("throttle_reasons", "throttle_reasons", "bitmask", sa.Integer, is_int=True))
     fields.append(StoredField("xid_total", "xid_total", "counter", sa.Integer, is_int=True))
     return tuple(fields)
@@ -149,6 +165,8 @@ def _sample_fields() -> tuple[StoredField, ...]:
 # per-code counts themselves are kept as compact JSON in ``xid_errors`` (NULL when there are none).
 SAMPLE_FIELDS: Final[tuple[StoredField, ...]] = _sample_fields()
 FIELD_BY_NAME: Final[dict[str, StoredField]] = {f.name: f for f in SAMPLE_FIELDS}
+if {f.name for f in SAMPLE_FIELDS if f.profile} != set(PROFILE_FIELDS):  # pragma: no cover (a catalogue rename)
+    raise TypeError("PROFILE_FIELDS names a field that is not stored")
 
 # --- static info --------------------------------------------------------------------------------------------------
 
@@ -257,8 +275,9 @@ def _pg_width(column: sa.Column[object]) -> int:
 
 def _sample_columns() -> list[sa.Column[object]]:
     columns: list[sa.Column[object]] = [
-        sa.Column(f.column, _column_type(f), nullable=f.name != "up") for f in SAMPLE_FIELDS
+        sa.Column(f.column, _column_type(f), nullable=f.name != "up") for f in SAMPLE_FIELDS if not f.profile
     ]
+    columns.append(sa.Column("profile_id", sa.Integer, nullable=False))
     columns.append(sa.Column("xid_errors", sa.Text))
     return columns
 
@@ -278,6 +297,27 @@ def _rollup_columns() -> list[sa.Column[object]]:
 
 
 gpu_sample: Final = _sample_table()
+
+# Each distinct combination of the profile fields' stored values, once (revision 0009). ``key`` identifies a
+# combination for the writers: the JSON of its SI values as read (or, for rows converted by the migration, of the
+# stored values); two keys may hold the same stored values, which reads cannot tell apart.
+gpu_profile: Final = sa.Table(
+    "gpu_profile",
+    metadata,
+    sa.Column("profile_id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("key", sa.Text, nullable=False, unique=True),
+    *(sa.Column(f.column, _column_type(f)) for f in SAMPLE_FIELDS if f.profile),
+)
+
+
+def sample_source(dialect: str, sample: str = "gpu_sample", profile: str = "gpu_profile") -> str:
+    """The FROM clause that reads every field of the raw GPU samples: each row joined with its profile.
+
+    Column names are unique across the two tables, so a query names them unqualified. On SQLite, CROSS JOIN keeps
+    the samples as the outer loop (their minute-leading index), the profile a primary-key lookup per row.
+    """
+    join = "CROSS JOIN" if dialect == "sqlite" else "JOIN"
+    return f"{sample} {join} {profile} USING (profile_id)"
 
 
 def newest_sample_ms(dialect: str) -> sa.ScalarSelect[int]:

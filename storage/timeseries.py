@@ -41,7 +41,9 @@ def _partials(tier: str, fields: Sequence[schema.StoredField]) -> list[str]:
     return out
 
 
-def _segment_sql(family: Family, tier: str, fields: Sequence[schema.StoredField], i: int, minutes: str) -> str:
+def _segment_sql(
+    family: Family, tier: str, fields: Sequence[schema.StoredField], i: int, minutes: str, dialect: str
+) -> str:
     """Per id and bucket (ts_ms / :step), the partial aggregates of ``fields`` over [lo_i, hi_i) of one tier."""
     partials = ", ".join(_partials(tier, fields))
     key = family.key
@@ -51,9 +53,10 @@ def _segment_sql(family: Family, tier: str, fields: Sequence[schema.StoredField]
             f"WHERE {key} IN :ids AND ts_ms >= :lo_{i} AND ts_ms < :hi_{i} GROUP BY {key}, ts_ms / :step"
         )
     inner = aggregates.window_columns(fields, key=key)
+    source = family.source(dialect, fields)  # the profiles joined only for a profile field
     return (
         f"SELECT {key}, ts_ms / :step AS b, {partials} FROM (SELECT {', '.join(inner)} "  # noqa: S608
-        f"FROM {family.sample} WHERE {key} IN :ids AND ts_ms >= :read_from_{i} AND ts_ms < :hi_{i} {minutes} "
+        f"FROM {source} WHERE {key} IN :ids AND ts_ms >= :read_from_{i} AND ts_ms < :hi_{i} {minutes} "
         f"WINDOW w AS (PARTITION BY {key} ORDER BY ts_ms)) AS x WHERE ts_ms >= :lo_{i} GROUP BY {key}, ts_ms / :step"
     )
 
@@ -66,7 +69,9 @@ def _series_sql(
     for i, segment in enumerate(plan):
         if segment.tier == "raw":
             cte, minutes = tiers.minutes_cte(dialect, f":read_from_{i}", f":hi_{i}")
-    union = " UNION ALL ".join(_segment_sql(family, seg.tier, fields, i, minutes) for i, seg in enumerate(plan))
+    union = " UNION ALL ".join(
+        _segment_sql(family, seg.tier, fields, i, minutes, dialect) for i, seg in enumerate(plan)
+    )
     finals = [sql for j, f in enumerate(fields) for sql in aggregates.merged(f, j, dialect)]
     return (
         f"{cte}SELECT {family.key}, b, {', '.join(finals)} FROM ({union}) AS u "  # noqa: S608 (constant identifiers)

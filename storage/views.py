@@ -23,8 +23,11 @@ from storage.schema import StoredField
 VIEWS: Final = {"gpu_sample": "gpu_sample_si", "gpu_rollup_1m": "gpu_rollup_1m_si", "gpu_rollup_1h": "gpu_rollup_1h_si"}
 
 
-def view_sql(table: str, dialect: str, fields: Sequence[StoredField]) -> str:
-    """``CREATE VIEW`` of ``table`` (a key of ``VIEWS``) in SI units on ``dialect``."""
+def view_sql(table: str, dialect: str, fields: Sequence[StoredField], profiles: bool = False) -> str:
+    """``CREATE VIEW`` of ``table`` (a key of ``VIEWS``) in SI units on ``dialect``.
+
+    ``profiles``: the schema keeps the fields marked ``profile`` in ``gpu_profile`` (revision 0009 on), joined here.
+    """
     real = "DOUBLE PRECISION" if dialect == "postgresql" else "REAL"
     ts = (
         "to_timestamp(s.ts_ms / 1000.0)"
@@ -32,9 +35,12 @@ def view_sql(table: str, dialect: str, fields: Sequence[StoredField]) -> str:
         else "strftime('%Y-%m-%dT%H:%M:%fZ', s.ts_ms / 1000.0, 'unixepoch')"
     )
     columns = [f"{ts} AS ts", "s.ts_ms", "g.node", "g.gpu_index AS gpu", "g.uuid", "g.model"]
+    join = ""
     if table == "gpu_sample":
-        columns += [f"{f.sql_decode(f's.{f.column}', dialect)} AS {f.name}" for f in fields]
+        aliases = {f.name: "p" if profiles and f.profile else "s" for f in fields}
+        columns += [f"{f.sql_decode(f'{aliases[f.name]}.{f.column}', dialect)} AS {f.name}" for f in fields]
         columns.append("s.xid_errors")
+        join = " JOIN gpu_profile AS p ON p.profile_id = s.profile_id" if profiles else ""
     else:
         columns += ["s.n AS samples", f"CAST(s.elapsed_ms AS {real}) / 1000 AS elapsed_seconds"]
         columns += [
@@ -44,14 +50,15 @@ def view_sql(table: str, dialect: str, fields: Sequence[StoredField]) -> str:
         ]
     return (
         f"CREATE VIEW {VIEWS[table]} AS SELECT {', '.join(columns)} "  # noqa: S608 (constant identifiers)
-        f"FROM {table} AS s JOIN gpu AS g ON g.id = s.gpu_id"
+        f"FROM {table} AS s JOIN gpu AS g ON g.id = s.gpu_id{join}"
     )
 
 
-def create_views(conn: Connection, fields: Sequence[StoredField]) -> None:
-    """Create the SI view of every sample table, for a schema whose sample columns are ``fields``."""
+def create_views(conn: Connection, fields: Sequence[StoredField], profiles: bool = False) -> None:
+    """Create the SI view of every sample table, for a schema whose sample columns are ``fields`` (``profiles``:
+    those marked ``profile`` are in ``gpu_profile``, revision 0009 on)."""
     for table in VIEWS:
-        conn.exec_driver_sql(view_sql(table, conn.dialect.name, fields))
+        conn.exec_driver_sql(view_sql(table, conn.dialect.name, fields, profiles))
 
 
 def drop_views(conn: Connection) -> None:

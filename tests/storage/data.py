@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+
 from gpulens.model import GpuJob, LinkReading, NodeSnapshot, ProcessReading
+from storage import schema
+from storage.db import Database
 from tests.fakes.static_source import GIB, h100
 
 
@@ -40,3 +47,40 @@ def snapshot(
 
 def uuid_of(node: str, index: int) -> str:
     return h100(node, index, 0.0).uuid
+
+
+def write_wide(db: Database, snapshots: Sequence[NodeSnapshot]) -> None:
+    """Store the snapshots' GPU readings as the writer did before revision 0009 (every field in the sample row, no
+    ``gpu_profile``): for stores held at an older revision. GPU rows and samples only; values encoded alike."""
+    fields = schema.SAMPLE_FIELDS[:-1]  # xid_total (the last) is derived from xid_errors
+    pg = db.dialect == "postgresql"
+
+    def param(i: int, f: schema.StoredField) -> str:
+        kind = "boolean" if f.is_bool else "numeric" if f.is_int else "double precision"
+        return f"CAST(:p{i} AS {kind})" if pg else f":p{i}"
+
+    columns = ", ".join([*(f.column for f in fields), "gpu_id", "ts_ms", "xid_total", "xid_errors"])
+    values = ", ".join([*(f.sql_encode(param(i, f), db.dialect) for i, f in enumerate(fields)), ":g, :t, :x, :e"])
+    insert = sa.text(f"INSERT INTO gpu_sample ({columns}) VALUES ({values})")
+    with db.write_transaction() as conn:
+        for s in snapshots:
+            for r in s.gpus:
+                ts = round(r.timestamp * 1000)
+                if pg:
+                    schema.create_partition(conn, "gpu_sample", schema.partition_start("gpu_sample", ts))
+                gpu_id = conn.execute(sa.text("SELECT id FROM gpu WHERE uuid = :u"), {"u": r.uuid}).scalar()
+                if gpu_id is None:
+                    gpu = {"u": r.uuid, "n": r.node, "i": r.gpu, "m": r.model, "p": r.pci_bus_id, "t": ts}
+                    gpu_id = conn.execute(
+                        sa.text(
+                            "INSERT INTO gpu (uuid, node, gpu_index, model, pci_bus_id, first_seen_ms, last_seen_ms) "
+                            "VALUES (:u, :n, :i, :m, :p, :t, :t) RETURNING id"
+                        ),
+                        gpu,
+                    ).scalar_one()
+                seen = sa.text("UPDATE gpu SET last_seen_ms = :t WHERE id = :g AND last_seen_ms < :t")
+                conn.execute(seen, {"g": gpu_id, "t": ts})
+                xids = r.xid_errors
+                text = json.dumps({str(k): xids[k] for k in sorted(xids)}, separators=(",", ":")) if xids else None
+                params = {f"p{i}": getattr(r, f.name) for i, f in enumerate(fields)}
+                conn.execute(insert, {**params, "g": gpu_id, "t": ts, "x": sum(xids.values()), "e": text})

@@ -22,7 +22,7 @@ from storage.db import MIGRATIONS_DIR, Database
 from storage.rollup import Rollups
 from storage.writer import Writer
 from tests.storage.conftest import T0
-from tests.storage.data import snapshot, uuid_of
+from tests.storage.data import snapshot, uuid_of, write_wide
 from tests.storage.fabricdata import fabric_snapshot
 
 MINUTE0 = round(T0 - T0 % 3600) * 1000  # an hour boundary, in ms
@@ -251,7 +251,7 @@ def test_0006_adds_the_fabric_tables_to_a_store_at_0005(db_url: str) -> None:
     only the new tables."""
     db = Database(db_url)
     db.upgrade("0005")
-    Writer(db).write([snapshot("n", T0, gpus=2, power_watts=300.0)])
+    write_wide(db, [snapshot("n", T0, gpus=2, power_watts=300.0)])
     db.upgrade()
     assert {r.power_watts for r in latest.latest_readings(db)} == {300.0}
     Writer(db).write([fabric_snapshot("n", T0 + 10, 1)])
@@ -263,6 +263,24 @@ def test_0006_adds_the_fabric_tables_to_a_store_at_0005(db_url: str) -> None:
     assert not tables & {"nic", "nic_sample", "host_rollup_1m", "job_host_rollup_1h"}
     assert {"gpu", "gpu_sample"} <= tables
     db.close()
+
+
+def _roll_up_wide(db: Database, hours_before: float) -> None:
+    """Rollup rows (samples, mean power) written as plain SQL, as Rollups reads the samples of the current revision:
+    a minute row for every minute of samples, an hour row for the hours before ``hours_before``."""
+    with db.engine.begin() as conn:
+        for table, width, before in (("gpu_rollup_1m", 60_000, None), ("gpu_rollup_1h", 3_600_000, hours_before)):
+            if db.dialect == "postgresql":
+                for (ts,) in conn.execute(sa.text("SELECT DISTINCT ts_ms FROM gpu_sample")).all():
+                    schema.create_partition(conn, table, schema.partition_start(table, ts))
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {table} (gpu_id, ts_ms, n, elapsed_ms, power_deciwatts_mean) "
+                    f"SELECT gpu_id, ts_ms / {width} * {width}, count(*), 0, avg(power_deciwatts) FROM gpu_sample "
+                    f"WHERE ts_ms < :before GROUP BY gpu_id, ts_ms / {width}"
+                ),
+                {"before": round((before or 1e12) * 1000)},
+            )
 
 
 def _downgrade(db: Database, revision: str) -> None:
@@ -312,14 +330,13 @@ def test_0007_orders_the_columns_widest_first_and_keeps_every_row(db_url: str) -
     the writer's idempotent insert (which needs the unique index) goes on working."""
     db = Database(db_url)
     db.upgrade("0006")
-    writer = Writer(db)
-    writer.write([snapshot("n", T0, gpus=2, job="j", power_watts=300.0, xid_errors={79: 2})])
-    writer.write([snapshot("n", T0 + 10, gpus=2, job="j", power_watts=320.0)])
-    writer.write([snapshot("n", T0 + 86_400, gpus=2, power_watts=350.5, memory_used_bytes=5 * 2**30)])
-    Rollups(db, settle_s=0).run(T0 + 86_400 + 7200)
+    write_wide(db, [snapshot("n", T0, gpus=2, job="j", power_watts=300.0, xid_errors={79: 2})])
+    write_wide(db, [snapshot("n", T0 + 10, gpus=2, job="j", power_watts=320.0)])
+    write_wide(db, [snapshot("n", T0 + 86_400, gpus=2, power_watts=350.5, memory_used_bytes=5 * 2**30)])
+    _roll_up_wide(db, T0 + 86_400)
     before = _stored_rows(db)
     layout = _pg_layout(db) if db.dialect == "postgresql" else {}
-    db.upgrade()
+    db.upgrade("0007")
     assert _stored_rows(db) == before
     assert [len(before[table]) for table in _TABLES_0007] == [6, 4, 2]
     if db.dialect == "postgresql":
@@ -332,6 +349,8 @@ def test_0007_orders_the_columns_widest_first_and_keeps_every_row(db_url: str) -
             assert widths == sorted(old_widths, reverse=True) != old_widths
         assert after["gpu_sample"][3] == ["ix_gpu_sample_ts_brin", "ux_gpu_sample_gpu_ts"]
         assert after["gpu_sample"][2][-1] == 0  # xid_errors, the text, last
+    db.upgrade()
+    assert _stored_rows(db) == before
     assert Writer(db).write([snapshot("n", T0 + 86_400, gpus=2)]).gpu_rows == 0  # stored already: skipped
     assert Writer(db).write([snapshot("n", T0 + 86_410, gpus=2, power_watts=400.0)]).gpu_rows == 2
     assert {r.power_watts for r in latest.latest_readings(db)} == {400.0}

@@ -1,0 +1,193 @@
+"""The fields that change seldom leave the sample rows: each distinct combination is kept once, in ``gpu_profile``.
+
+Twenty-one fields of a GPU reading (memory total and reserved, slowdown temperature, power limit, maximum clocks,
+PCIe generation and width and their maxima, PCIe replays, active NVLinks, NVLink, ECC and row-remapping counters)
+stay the same from one scrape to the next for days. Each sample row carried all of them: 21 values and, on SQLite,
+21 header bytes a row. From this revision a row names its combination by ``profile_id`` and ``gpu_profile`` holds
+each combination's stored values once; reads join the two (``schema.sample_source``). Every value is kept as it was
+stored.
+
+The upgrade creates ``gpu_profile`` from the distinct combinations in ``gpu_sample`` (keyed ``stored:<values>``; the
+writer keys the combinations it adds by their SI values), then copies the samples into a new table without the 21
+columns, in batches of rows (SQLite) or one day partition at a time (PostgreSQL, which keeps the partitions' names,
+bounds and indexes, as revision 0007 did), and drops the old one. The SI views are dropped first and created again
+with the same columns. The downgrade copies the values back into the rows and drops ``gpu_profile``.
+
+Revision ID: 0009
+Revises: 0007 (0008 once the per-job aggregate revision is merged)
+Create Date: 2026-12-01
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from alembic import op
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection
+
+from storage import views
+from storage.schema import StoredField, create_partition, existing_partitions
+
+revision = "0009"
+down_revision: str | None = "0007"
+branch_labels: str | None = None
+depends_on: str | None = None
+
+# The profile fields of this revision, frozen (storage.schema.PROFILE_FIELDS may grow in later revisions).
+_PROFILE = (
+    *("memory_total_bytes", "memory_reserved_bytes", "slowdown_temperature_celsius", "power_limit_watts"),
+    *("max_sm_clock_hertz", "max_memory_clock_hertz"),
+    *("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max"),
+    *("pcie_replays_total", "nvlink_links_active"),
+    *("nvlink_crc_flit_errors_total", "nvlink_replay_errors_total", "nvlink_recovery_errors_total"),
+    *("ecc_corrected_errors_total", "ecc_uncorrected_errors_total"),
+    *("remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failure"),
+)
+_SQLITE_BATCH_ROWS = 50_000  # rows copied per statement on SQLite
+_WIDTHS = {"bigint": 8, "double precision": 8, "integer": 4, "smallint": 2}  # PostgreSQL; the text goes last
+
+
+def _fields() -> list[StoredField]:
+    """The sample fields (unchanged since 0005), those of this revision's profile marked."""
+    config = op.get_context().config
+    assert config is not None
+    script = ScriptDirectory.from_config(config).get_revision("0007")
+    assert script is not None
+    fields: list[StoredField] = script.module._fields_of_0005()
+    return [dataclasses.replace(f, profile=f.name in _PROFILE) for f in fields]
+
+
+def _profile_columns() -> list[str]:
+    return [f.column for f in _fields() if f.profile]
+
+
+def _columns(conn: Connection, table: str) -> list[tuple[str, str, bool]]:
+    """(name, SQL type, nullable) of ``table``'s columns, in their current order."""
+    if conn.dialect.name == "sqlite":
+        rows = conn.exec_driver_sql(f"PRAGMA table_info({table})").all()
+        return [(str(row[1]), str(row[2]), not row[3]) for row in rows]
+    rows = conn.exec_driver_sql(
+        "SELECT column_name, data_type, is_nullable FROM information_schema.columns "
+        "WHERE table_name = %(table)s AND table_schema = current_schema() ORDER BY ordinal_position",
+        {"table": table},
+    ).all()
+    return [(str(name), str(kind), nullable == "YES") for name, kind, nullable in rows]
+
+
+def _key(dialect: str, alias: str, columns: list[str]) -> str:
+    """SQL of a profile key from stored values: ``stored:`` and the values, NULL as ``null``."""
+    if dialect == "sqlite":
+        return "'stored:' || " + " || ',' || ".join(f"quote({alias}.{c})" for c in columns)
+    return "'stored:' || concat_ws(',', " + ", ".join(f"coalesce({alias}.{c}::text, 'null')" for c in columns) + ")"
+
+
+def upgrade() -> None:
+    conn = op.get_bind()
+    views.drop_views(conn)
+    old = _columns(conn, "gpu_sample")
+    profile = set(_profile_columns())
+    types = {name: kind for name, kind, _ in old}
+    kept = [c for c in old if c[0] not in profile]
+    at = next(i for i, c in enumerate(kept) if c[0] == "xid_errors")  # the text stays last
+    new = [*kept[:at], ("profile_id", "INTEGER" if conn.dialect.name == "sqlite" else "integer", False), *kept[at:]]
+    _create_profiles(conn, types)
+    join = f"JOIN gpu_profile AS p ON p.key = {_key(conn.dialect.name, 's', _profile_columns())}"
+    if conn.dialect.name == "sqlite":
+        _sqlite_copy(conn, new, join)
+    else:
+        _pg_copy(conn, new, join)
+    views.create_views(conn, _fields(), profiles=True)
+
+
+def downgrade() -> None:
+    conn = op.get_bind()
+    views.drop_views(conn)
+    old = _columns(conn, "gpu_sample")
+    profile = {name: kind for name, kind, _ in _columns(conn, "gpu_profile")}
+    kept = [c for c in old if c[0] != "profile_id"]
+    at = next(i for i, c in enumerate(kept) if c[0] == "xid_errors")
+    new = [*kept[:at], *((c, profile[c], True) for c in _profile_columns()), *kept[at:]]
+    join = "JOIN gpu_profile AS p ON p.profile_id = s.profile_id"
+    if conn.dialect.name == "sqlite":
+        _sqlite_copy(conn, new, join)
+    else:
+        _pg_copy(conn, new, join)
+    conn.exec_driver_sql("DROP TABLE gpu_profile")
+    views.create_views(conn, [dataclasses.replace(f, profile=False) for f in _fields()])
+
+
+def _select_list(new: list[tuple[str, str, bool]]) -> str:
+    """The copy's SELECT list: profile values and ids from ``p``, the rest from the sample ``s``."""
+    profile = {"profile_id", *_profile_columns()}
+    return ", ".join(f"{'p' if name in profile else 's'}.{name}" for name, _, _ in new)
+
+
+def _sqlite_copy(conn: Connection, new: list[tuple[str, str, bool]], join: str) -> None:
+    """Copy gpu_sample into a table of the columns ``new`` in batches of rowids, then put it in its place."""
+    definitions = ", ".join(f"{name} {kind}{'' if nullable else ' NOT NULL'}" for name, kind, nullable in new)
+    conn.exec_driver_sql(f"CREATE TABLE gpu_sample_0009 ({definitions})")
+    names = ", ".join(name for name, _, _ in new)
+    first, last = conn.exec_driver_sql("SELECT min(rowid), max(rowid) FROM gpu_sample").one()
+    if first is not None:
+        for lo in range(first, last + 1, _SQLITE_BATCH_ROWS):
+            conn.exec_driver_sql(
+                f"INSERT INTO gpu_sample_0009 ({names}) SELECT {_select_list(new)} "  # noqa: S608
+                f"FROM gpu_sample AS s {join} WHERE s.rowid >= ? AND s.rowid < ? ORDER BY s.rowid",
+                (lo, lo + _SQLITE_BATCH_ROWS),
+            )
+    conn.exec_driver_sql("DROP TABLE gpu_sample")
+    conn.exec_driver_sql("ALTER TABLE gpu_sample_0009 RENAME TO gpu_sample")
+    conn.exec_driver_sql("CREATE UNIQUE INDEX ux_gpu_sample_minute_gpu_ts ON gpu_sample (ts_ms / 60000, gpu_id, ts_ms)")
+
+
+def _create_profiles(conn: Connection, types: dict[str, str]) -> None:
+    """``gpu_profile`` with a row for each distinct combination of the profile columns in ``gpu_sample``."""
+    columns = _profile_columns()
+    key = (
+        "profile_id INTEGER NOT NULL PRIMARY KEY"  # a rowid alias all the same
+        if conn.dialect.name == "sqlite"
+        else "profile_id SERIAL PRIMARY KEY"  # what SQLAlchemy creates for an autoincrement integer key
+    )
+    definitions = ", ".join(f"{c} {types[c]}" for c in columns)
+    conn.exec_driver_sql(f"CREATE TABLE gpu_profile ({key}, key TEXT NOT NULL UNIQUE, {definitions})")
+    names = ", ".join(columns)
+    conn.exec_driver_sql(
+        f"INSERT INTO gpu_profile (key, {names}) SELECT {_key(conn.dialect.name, 'd', columns)}, {names} "  # noqa: S608
+        f"FROM (SELECT DISTINCT {names} FROM gpu_sample) AS d"
+    )
+
+
+def _rename_indexes(conn: Connection, table: str) -> None:
+    """Give ``table``'s indexes the suffix ``_0008``: the new table's take their names."""
+    for (index,) in conn.exec_driver_sql(
+        "SELECT indexname FROM pg_indexes WHERE tablename = %(table)s AND schemaname = current_schema()",
+        {"table": table},
+    ).all():
+        conn.exec_driver_sql(f'ALTER INDEX "{index}" RENAME TO "{index}_0008"')
+
+
+def _pg_copy(conn: Connection, new: list[tuple[str, str, bool]], join: str) -> None:
+    """A new gpu_sample parent of the columns ``new`` (widest first), filled one day partition at a time."""
+    ordered = sorted(new, key=lambda c: -_WIDTHS.get(c[1], 0))  # stable: ties keep their order
+    partitions = existing_partitions(conn, "gpu_sample")
+    conn.exec_driver_sql("ALTER TABLE gpu_sample RENAME TO gpu_sample_0008")
+    _rename_indexes(conn, "gpu_sample_0008")
+    definitions = ", ".join(f"{name} {kind}{'' if nullable else ' NOT NULL'}" for name, kind, nullable in ordered)
+    conn.exec_driver_sql(f"CREATE TABLE gpu_sample ({definitions}) PARTITION BY RANGE (ts_ms)")
+    conn.exec_driver_sql("CREATE UNIQUE INDEX ux_gpu_sample_gpu_ts ON gpu_sample (gpu_id, ts_ms)")
+    conn.exec_driver_sql(
+        "CREATE INDEX ix_gpu_sample_ts_brin ON gpu_sample USING brin (ts_ms) WITH (autosummarize = on)"
+    )
+    names = ", ".join(name for name, _, _ in ordered)
+    for name, start in sorted(partitions.items(), key=lambda item: item[1]):
+        old = f"{name}_0008"
+        conn.exec_driver_sql(f'ALTER TABLE gpu_sample_0008 DETACH PARTITION "{name}"')
+        conn.exec_driver_sql(f'ALTER TABLE "{name}" RENAME TO "{old}"')
+        _rename_indexes(conn, old)
+        create_partition(conn, "gpu_sample", start)
+        conn.exec_driver_sql(
+            f'INSERT INTO gpu_sample ({names}) SELECT {_select_list(ordered)} FROM "{old}" AS s {join}'  # noqa: S608
+        )
+        conn.exec_driver_sql(f'DROP TABLE "{old}"')
+    conn.exec_driver_sql("DROP TABLE gpu_sample_0008")

@@ -137,16 +137,15 @@ def _stored_field(name: str, annotation: str, kind: str) -> StoredField:
     raise TypeError(f"no storage encoding for GpuReading.{name} ({annotation}): add one in storage/schema.py")
 
 
-# The fields that change seldom on a GPU (limits, maxima, link widths, error counters): revision 0009 keeps each
+# The fields that change seldom on a GPU (limits, maxima, link widths, remapped rows): revision 0009 keeps each
 # distinct combination of their values once, in ``gpu_profile``, and a sample row names its combination by
-# ``profile_id``. A GPU's row then carries 21 columns fewer (see docs/storage.md, "Profiles").
+# ``profile_id``. A GPU's row then carries 15 columns fewer (see docs/storage.md, "Profiles"). Error counters stay
+# in the row: on a faulty GPU they grow every sample, and each value would be a new combination, kept for good.
 PROFILE_FIELDS: Final = (
     *("memory_total_bytes", "memory_reserved_bytes", "slowdown_temperature_celsius", "power_limit_watts"),
     *("max_sm_clock_hertz", "max_memory_clock_hertz"),
     *("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max"),
-    *("pcie_replays_total", "nvlink_links_active"),
-    *("nvlink_crc_flit_errors_total", "nvlink_replay_errors_total", "nvlink_recovery_errors_total"),
-    *("ecc_corrected_errors_total", "ecc_uncorrected_errors_total"),
+    "nvlink_links_active",
     *("remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failure"),
 )
 

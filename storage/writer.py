@@ -3,7 +3,7 @@
 Each GPU reading becomes one wide row of ``gpu_sample``: ``INSERT OR IGNORE`` executemany on SQLite; ``COPY`` into a
 temporary table then ``INSERT ... SELECT ... ON CONFLICT DO NOTHING`` on PostgreSQL. Values travel in SI units and
 the SQL statement encodes them (``StoredField.sql_encode``), which keeps the Python work per reading to one tuple.
-The 21 seldom-changing fields go in ``gpu_profile``, once per distinct combination; a row names its profile (see
+The 15 seldom-changing fields go in ``gpu_profile``, once per distinct combination; a row names its profile (see
 ``Writer._profile_id``).
 
 RDMA ports, hosts and jobs' cgroups go in the same transaction (``storage.fabricwriter``). Jobs, processes and

@@ -36,8 +36,8 @@ def _round(t: float, first: dict[str, Any], second: dict[str, Any]) -> list[Node
 
 
 def _write_rounds(writer: Writer) -> None:
-    """Three rounds: GPU 0's ECC counter and power limit change, then GPU 1's reserved memory turns unknown."""
-    changed = {"ecc_corrected_errors_total": 5, "power_limit_watts": 650.0}
+    """Three rounds: GPU 0's remapped rows and power limit change, then GPU 1's reserved memory turns unknown."""
+    changed = {"remapped_rows_correctable": 5, "power_limit_watts": 650.0}
     writer.write(_round(START + 1, {}, {}))
     writer.write(_round(START + 11, changed, {}))
     writer.write(_round(START + 21, changed, {"memory_reserved_bytes": None}))
@@ -47,9 +47,9 @@ def test_profile_values_round_trip_and_each_combination_is_stored_once(db: Datab
     _write_rounds(Writer(db))
     assert _profiles(db) == 3  # the H100's own values, GPU 0's changed ones, GPU 1's without reserved memory
     readings = {r.gpu: r for r in latest.latest_readings(db)}
-    assert (readings[0].ecc_corrected_errors_total, readings[0].power_limit_watts) == (5, 650.0)
+    assert (readings[0].remapped_rows_correctable, readings[0].power_limit_watts) == (5, 650.0)
     assert readings[0].memory_reserved_bytes == 2**29
-    assert (readings[1].ecc_corrected_errors_total, readings[1].memory_reserved_bytes) == (2, None)
+    assert (readings[1].remapped_rows_correctable, readings[1].memory_reserved_bytes) == (0, None)
     assert (readings[1].pcie_link_width_max, readings[1].max_sm_clock_hertz) == (16, 1.98e9)
     with db.engine.connect() as conn:
         rows = conn.execute(
@@ -79,8 +79,28 @@ def test_profile_values_round_trip_and_each_combination_is_stored_once(db: Datab
         ).one()
     assert tuple(minute) == (650.0, 700.0)
     restarted = Writer(db)  # loads the stored profiles: the same values name the same rows
-    restarted.write(_round(START + 31, {"ecc_corrected_errors_total": 5, "power_limit_watts": 650.0}, {}))
+    restarted.write(_round(START + 31, {"remapped_rows_correctable": 5, "power_limit_watts": 650.0}, {}))
     assert _profiles(db) == 3
+
+
+def test_error_counters_growing_every_sample_add_no_profile(db: Database) -> None:
+    """A faulty GPU's PCIe, NVLink and ECC counters grow every scrape: they stay in the rows, or each new value would
+    be a combination of its own, kept in gpu_profile (and in the writer's memory) for good."""
+    writer = Writer(db)
+    for i in range(6):
+        grown = {
+            "pcie_replays_total": 100 * i,
+            "nvlink_crc_flit_errors_total": 7 * i,
+            "ecc_corrected_errors_total": 2 + i,
+        }
+        writer.write(_round(START + 1 + 10 * i, grown, {}))
+    assert _profiles(db) == 1
+    newest = {r.gpu: r for r in latest.latest_readings(db)}[0]
+    assert (newest.pcie_replays_total, newest.nvlink_crc_flit_errors_total, newest.ecc_corrected_errors_total) == (
+        500,
+        35,
+        7,
+    )
 
 
 def test_0009_moves_the_profile_fields_and_keeps_every_value(db_url: str) -> None:
@@ -88,7 +108,7 @@ def test_0009_moves_the_profile_fields_and_keeps_every_value(db_url: str) -> Non
     db = Database(db_url)
     db.upgrade("0007")
     write_wide(db, [snapshot("n", START + 1, gpus=2, power_watts=300.0)])
-    write_wide(db, [snapshot("n", START + 11, gpus=2, ecc_corrected_errors_total=7, memory_reserved_bytes=None)])
+    write_wide(db, [snapshot("n", START + 11, gpus=2, remapped_rows_correctable=7, memory_reserved_bytes=None)])
     write_wide(db, [snapshot("n", START + 86_400, gpus=2, pcie_link_generation=3, remapped_rows_pending=True)])
 
     def si_rows() -> list[dict[str, Any]]:
@@ -105,7 +125,7 @@ def test_0009_moves_the_profile_fields_and_keeps_every_value(db_url: str) -> Non
     with db.engine.connect() as conn:
         columns = {c["name"] for c in sa.inspect(conn).get_columns("gpu_sample")}
     assert "profile_id" in columns
-    assert not columns & {"memory_total_kib", "ecc_corrected_errors_total"}
+    assert not columns & {"memory_total_kib", "remapped_rows_correctable"}
     readings = {r.gpu: r for r in latest.latest_readings(db)}
     assert (readings[0].pcie_link_generation, readings[0].remapped_rows_pending) == (3, True)
     assert Writer(db).write([snapshot("n", START + 86_410, gpus=2, power_watts=400.0)]).gpu_rows == 2
@@ -153,7 +173,7 @@ def test_sqlite_reads_seek_the_minute_index_and_the_profile_key(sqlite_db: Datab
             plans.append((statement, [str(row[3]) for row in rows]))
 
     latest.latest_readings(db, max_age_s=300)
-    timeseries.series(db, [uuid_of("n", 0)], ["power_limit_watts", "ecc_corrected_errors_total"], START, START + 30)
+    timeseries.series(db, [uuid_of("n", 0)], ["power_limit_watts", "remapped_rows_correctable"], START, START + 30)
     Rollups(db, settle_s=0).run(START + 120)
     event.remove(db.engine, "before_cursor_execute", explain)
     assert len(plans) >= 3

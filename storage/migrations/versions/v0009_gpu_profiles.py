@@ -1,14 +1,15 @@
 """The fields that change seldom leave the sample rows: each distinct combination is kept once, in ``gpu_profile``.
 
-Twenty-one fields of a GPU reading (memory total and reserved, slowdown temperature, power limit, maximum clocks,
-PCIe generation and width and their maxima, PCIe replays, active NVLinks, NVLink, ECC and row-remapping counters)
-stay the same from one scrape to the next for days. Each sample row carried all of them: 21 values and, on SQLite,
-21 header bytes a row. From this revision a row names its combination by ``profile_id`` and ``gpu_profile`` holds
+Fifteen fields of a GPU reading (memory total and reserved, slowdown temperature, power limit, maximum clocks,
+PCIe generation and width and their maxima, active NVLinks, remapped rows) stay the same from one scrape to the
+next for days. Each sample row carried all of them: 15 values and, on SQLite, 15 header bytes a row. The error
+counters (PCIe replays, NVLink, ECC) stay in the rows: on a faulty GPU they grow every sample, and each value would
+make a combination of its own, kept for good. From this revision a row names its combination by ``profile_id`` and ``gpu_profile`` holds
 each combination's stored values once; reads join the two (``schema.sample_source``). Every value is kept as it was
 stored.
 
 The upgrade creates ``gpu_profile`` from the distinct combinations in ``gpu_sample`` (keyed ``stored:<values>``; the
-writer keys the combinations it adds by their SI values), then copies the samples into a new table without the 21
+writer keys the combinations it adds by their SI values), then copies the samples into a new table without the 15
 columns, in batches of rows (SQLite) or one day partition at a time (PostgreSQL, which keeps the partitions' names,
 bounds and indexes, as revision 0007 did), and drops the old one. The SI views are dropped first and created again
 with the same columns. The downgrade copies the values back into the rows and drops ``gpu_profile``.
@@ -30,7 +31,7 @@ from storage import views
 from storage.schema import StoredField, create_partition, existing_partitions
 
 revision = "0009"
-down_revision: str | None = "0007"
+down_revision: str | None = "0008"
 branch_labels: str | None = None
 depends_on: str | None = None
 
@@ -39,9 +40,7 @@ _PROFILE = (
     *("memory_total_bytes", "memory_reserved_bytes", "slowdown_temperature_celsius", "power_limit_watts"),
     *("max_sm_clock_hertz", "max_memory_clock_hertz"),
     *("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max"),
-    *("pcie_replays_total", "nvlink_links_active"),
-    *("nvlink_crc_flit_errors_total", "nvlink_replay_errors_total", "nvlink_recovery_errors_total"),
-    *("ecc_corrected_errors_total", "ecc_uncorrected_errors_total"),
+    "nvlink_links_active",
     *("remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failure"),
 )
 _SQLITE_BATCH_ROWS = 50_000  # rows copied per statement on SQLite

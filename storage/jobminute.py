@@ -16,13 +16,14 @@ rollups by ``storage.jobstats``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from operator import attrgetter, mul
 from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpulens.model import NodeSnapshot
+from gpulens.model import GpuReading, NodeSnapshot
 from storage import schema
 
 TIER: Final = "job"  # its tier_state row: horizon_ms is the first minute the table covers
@@ -51,62 +52,122 @@ job_minute: Final = sa.Table(
 _Row = list[Any]  # [util_n, util_sum, util_sq, memory_n, memory_sum, memory_max]
 
 
-def _encoded(value: float | None, scale: float, limit: int) -> int | None:
-    """A value in stored units, as ``StoredField.sql_encode`` stores it (None when it would not fit)."""
-    if value is None:
+def _encoded(values: list[float], scale: float, limit: int) -> list[int]:
+    """Values in stored units, as ``StoredField.sql_encode`` stores them (one that would not fit is left out)."""
+    scaled = [value * scale for value in values]
+    if scaled and (min(scaled) < -limit or max(scaled) > limit):
+        scaled = [value for value in scaled if -limit <= value <= limit]
+    return list(map(round, scaled))
+
+
+_TIMESTAMP: Final = attrgetter("timestamp")
+_UUID: Final = attrgetter("uuid")
+_UTIL_OF: Final = attrgetter("utilization_ratio")
+_MEMORY_OF: Final = attrgetter("memory_used_bytes")
+_LAST_MS: Final = attrgetter("last_ms")
+_Groups = dict[tuple[int, frozenset[str]], tuple[list[float], list[float]]]
+
+
+def _node_at_once(gpus: Sequence[GpuReading], held: dict[str, set[str]], stored: Mapping[str, Any]) -> _Groups | None:
+    """The common case at C speed: every GPU of the node read at one time, newer than stored, held by the same jobs
+    (or none). None when the node is not that case."""
+    if len(set(map(_TIMESTAMP, gpus))) != 1:
         return None
-    scaled = value * scale
-    return round(scaled) if -limit <= scaled <= limit else None
+    ts_ms = round(gpus[0].timestamp * 1000)
+    uuids = list(map(_UUID, gpus))
+    if max(map(_LAST_MS, map(stored.__getitem__, uuids))) >= ts_ms:
+        return None
+    if not held:
+        return {}
+    jobs = next(iter(held.values()))
+    if len(held) != len(gpus) or any(other != jobs for other in held.values()) or held.keys() != set(uuids):
+        return None
+    utils = [value for value in map(_UTIL_OF, gpus) if value is not None]
+    memories = [value for value in map(_MEMORY_OF, gpus) if value is not None]
+    return {(ts_ms - ts_ms % schema.MINUTE_MS, frozenset(jobs)): (utils, memories)}
+
+
+def _each_reading(
+    gpus: Iterable[GpuReading],
+    held: dict[str, set[str]],
+    stored: Mapping[str, Any],
+    late: set[int],
+    seen: set[tuple[str, int]] | None,
+) -> _Groups:
+    """Reading by reading: a reading not newer than stored goes to ``late``; one in ``seen`` (when given) is
+    skipped."""
+    groups: _Groups = {}
+    for reading in gpus:
+        ts_ms = round(reading.timestamp * 1000)
+        minute = ts_ms - ts_ms % schema.MINUTE_MS
+        if ts_ms <= stored[reading.uuid].last_ms:
+            late.add(minute)
+            continue
+        jobs = held.get(reading.uuid)
+        if not jobs:
+            continue
+        if seen is not None:
+            if (reading.uuid, ts_ms) in seen:
+                continue
+            seen.add((reading.uuid, ts_ms))
+        key = (minute, frozenset(jobs))
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = ([], [])
+        if reading.utilization_ratio is not None:
+            group[0].append(reading.utilization_ratio)
+        if reading.memory_used_bytes is not None:
+            group[1].append(reading.memory_used_bytes)
+    return groups
 
 
 def increments(
-    snapshots: Sequence[NodeSnapshot], newest_ms: Callable[[str], int], *, unique: bool
+    snapshots: Sequence[NodeSnapshot], stored: Mapping[str, Any], *, unique: bool
 ) -> tuple[dict[tuple[int, str], _Row], set[int]]:
     """Per (minute, job): what the round's new readings add to the aggregate; and the minutes of the readings that are
-    not new (not newer than ``newest_ms(uuid)``, the GPU's newest stored reading before the round), to recompute.
+    not new, to recompute. ``stored``: per GPU UUID, an object whose ``last_ms`` is the GPU's newest stored reading
+    before the round (the writer's state); a reading is new when it is newer.
 
     A reading counts for every job that its own snapshot lists on its GPU, by a job row or by a process. ``unique``:
-    no (GPU, time) comes twice in the round (else a repeated one counts once, the last as the writer stores).
+    no (GPU, time) comes twice in the round (else a repeated one counts once, the last as the writer stores). The
+    GPUs of the same jobs and minute are gathered first, then encoded and summed with the per-value work in C.
     """
-    util_limit, memory_limit = _UTILIZATION.limit, _MEMORY.limit
-    out: dict[tuple[int, str], _Row] = {}
+    groups: _Groups = {}
     late: set[int] = set()
     seen: set[tuple[str, int]] = set()
     for snapshot in snapshots if unique else reversed(snapshots):  # a later duplicate wins, as it is the one stored
-        jobs_of: dict[str, set[str]] = {}
+        held: dict[str, set[str]] = {}
         for job in snapshot.jobs:
-            jobs_of.setdefault(job.uuid, set()).add(job.job_id)
+            held.setdefault(job.uuid, set()).add(job.job_id)
         for process in snapshot.processes:
             if process.job_id is not None:
-                jobs_of.setdefault(process.uuid, set()).add(process.job_id)
-        for reading in snapshot.gpus if unique else reversed(snapshot.gpus):
-            ts_ms = round(reading.timestamp * 1000)
-            minute = ts_ms - ts_ms % schema.MINUTE_MS
-            if ts_ms <= newest_ms(reading.uuid):
-                late.add(minute)
+                held.setdefault(process.uuid, set()).add(process.job_id)
+        gpus = snapshot.gpus
+        node = _node_at_once(gpus, held, stored) if unique else None
+        if node is None:
+            node = _each_reading(gpus if unique else gpus[::-1], held, stored, late, None if unique else seen)
+        for key, (utils, memories) in node.items():
+            group = groups.get(key)
+            if group is None:
+                groups[key] = (utils, memories)
+            else:
+                group[0].extend(utils)
+                group[1].extend(memories)
+    out: dict[tuple[int, str], _Row] = {}
+    for (minute, jobs), (utils, memories) in groups.items():
+        util = _encoded(utils, _UTIL_SCALE, _UTILIZATION.limit)
+        memory = _encoded(memories, _MEMORY_SCALE, _MEMORY.limit)
+        add = (len(util), sum(util), sum(map(mul, util, util)), len(memory), sum(memory))
+        top = max(memory) if memory else None
+        for job_id in jobs:
+            row = out.get((minute, job_id))
+            if row is None:
+                out[(minute, job_id)] = [*add, top]
                 continue
-            jobs = jobs_of.get(reading.uuid)
-            if not jobs:
-                continue
-            if not unique:
-                if (reading.uuid, ts_ms) in seen:
-                    continue
-                seen.add((reading.uuid, ts_ms))
-            util = _encoded(reading.utilization_ratio, _UTIL_SCALE, util_limit)
-            memory = _encoded(reading.memory_used_bytes, _MEMORY_SCALE, memory_limit)
-            for job_id in jobs:
-                row = out.get((minute, job_id))
-                if row is None:
-                    row = out[(minute, job_id)] = [0, 0, 0, 0, 0, None]
-                if util is not None:
-                    row[0] += 1
-                    row[1] += util
-                    row[2] += util * util
-                if memory is not None:
-                    row[3] += 1
-                    row[4] += memory
-                    if row[5] is None or memory > row[5]:
-                        row[5] = memory
+            for i in range(5):
+                row[i] += add[i]
+            if top is not None and (row[5] is None or top > row[5]):
+                row[5] = top
     return out, late
 
 

@@ -221,7 +221,7 @@ class Writer:
                 # Without duplicates, the readings are the snapshots' own, in order: each node's slice is reused.
                 unique = len(readings) == sum(len(s.gpus) for s in snapshots)
                 added, late = (
-                    jobminute.increments(snapshots, lambda uuid: gpus[uuid].last_ms, unique=unique)
+                    jobminute.increments(snapshots, gpus, unique=unique)
                     if self._job_minutes
                     else ({}, set())
                 )

@@ -39,9 +39,8 @@ class ClusterSummary:
     nodes_reporting: int
 
 
-def reading_columns(dialect: str, fields: frozenset[str] | None = None) -> tuple[str, list[int], int]:
-    """The SELECT list of a GpuReading in field order, decoded to SI units by the database; with ``fields``, the
-    other sample fields (but ``up``) are NULL, which the database neither reads nor decodes.
+def reading_columns(dialect: str) -> tuple[str, list[int], int]:
+    """The SELECT list of a GpuReading in field order, decoded to SI units by the database.
 
     Returns the list, the positions of boolean fields (the database returns 0/1) and of the XID JSON.
     """
@@ -54,7 +53,7 @@ def reading_columns(dialect: str, fields: frozenset[str] | None = None) -> tuple
         "pci_bus_id": "g.pci_bus_id",
         "driver_version": "g.driver_version",
         "mig_enabled": "g.mig_enabled",
-        "xid_errors": "s.xid_errors" if fields is None or "xid_errors" in fields else "NULL",
+        "xid_errors": "s.xid_errors",
     }
     columns: list[str] = []
     booleans: list[int] = []
@@ -62,19 +61,15 @@ def reading_columns(dialect: str, fields: frozenset[str] | None = None) -> tuple
         stored = schema.FIELD_BY_NAME.get(f.name)
         if stored is None:
             columns.append(static[f.name])
-        elif fields is None or f.name in fields or f.name == "up":
-            columns.append(stored.sql_decode(f"s.{stored.column}", dialect))
         else:
-            columns.append("NULL")
+            columns.append(stored.sql_decode(f"s.{stored.column}", dialect))
         if str(f.type) in ("bool", "bool | None"):
             booleans.append(i)
     return ", ".join(columns), booleans, len(columns) - 1
 
 
-def _latest_sql(
-    dialect: str, max_age: bool, node: bool = False, uuids: bool = False, fields: frozenset[str] | None = None
-) -> str:
-    columns = reading_columns(dialect, fields)[0]
+def _latest_sql(dialect: str, max_age: bool, node: bool = False, uuids: bool = False) -> str:
+    columns = reading_columns(dialect)[0]
     conditions = ["g.last_seen_ms >= :cutoff - 60000"] if max_age else []
     conditions += ["g.node = :node"] if node else []
     conditions += ["g.uuid IN :uuids"] if uuids else []
@@ -107,15 +102,10 @@ def reading_from_row(row: Sequence[Any], booleans: Sequence[int], xids: int) -> 
 
 
 def latest_readings(
-    db: Database,
-    *,
-    max_age_s: float | None = None,
-    node: str | None = None,
-    uuids: Sequence[str] | None = None,
-    fields: Sequence[str] | None = None,
+    db: Database, *, max_age_s: float | None = None, node: str | None = None, uuids: Sequence[str] | None = None
 ) -> list[GpuReading]:
     """The newest reading of every GPU (only those newer than ``max_age_s``, of ``node``, of ``uuids``, if given),
-    by node and index. ``fields``: the sample fields to read (``up`` always); the others are ``None``."""
+    by node and index."""
     params: dict[str, Any] = {"cutoff": round((db.clock.now() - max_age_s) * 1000)} if max_age_s is not None else {}
     if node is not None:
         params["node"] = node
@@ -124,8 +114,7 @@ def latest_readings(
             return []
         params["uuids"] = list(uuids)
     _, booleans, xids = reading_columns(db.dialect)
-    wanted = None if fields is None else frozenset(fields)
-    sql = sa.text(_latest_sql(db.dialect, max_age_s is not None, node is not None, uuids is not None, wanted))
+    sql = sa.text(_latest_sql(db.dialect, max_age_s is not None, node is not None, uuids is not None))
     if uuids is not None:
         sql = sql.bindparams(sa.bindparam("uuids", expanding=True))
     with db.session() as session:

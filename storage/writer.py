@@ -220,11 +220,7 @@ class Writer:
                 self._update_last_seen(conn, resolved)
                 # Without duplicates, the readings are the snapshots' own, in order: each node's slice is reused.
                 unique = len(readings) == sum(len(s.gpus) for s in snapshots)
-                added, late = (
-                    jobminute.increments(snapshots, gpus, unique=unique)
-                    if self._job_minutes
-                    else ({}, set())
-                )
+                added, late = jobminute.increments(snapshots, gpus, unique=unique) if self._job_minutes else ({}, set())
                 stats.job_minute_rows = jobminute.upsert(conn, self._db.dialect, added)
                 changes = self._changes(snapshots, gpus, resolved if unique else None)
                 stats.job_rows, stats.link_rows, stats.process_rows = self._write_changes(conn, changes)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import pytest
 
 from gpulens.clock import ManualClock
 from gpulens.model import NodeSnapshot
-from storage import inventory, jobstats, latest, schema, timeseries
+from storage import inventory, jobstats, latest, timeseries
 from storage.db import Database
 from storage.reading import SqlReader
 from storage.rollup import Rollups
@@ -45,23 +44,6 @@ def test_latest_readings_are_the_newest_per_gpu(db: Database, clock: ManualClock
     assert [r.node for r in latest.latest_readings(db, node="old", max_age_s=60)] == []
     reader = SqlReader(db)
     assert reader.latest_readings(node="n", uuids=[uuid_of("n", 0), uuid_of("old", 0)]) == readings[:1]
-
-
-def test_latest_readings_read_only_the_fields_asked_for(db: Database) -> None:
-    Writer(db).write([snapshot("n", T0, power_watts=300.0, utilization_ratio=0.5, xid_errors={79: 1})])
-    full = latest.latest_readings(db)
-    [narrow, _] = SqlReader(db).latest_readings(fields=["utilization_ratio"])
-    assert narrow.utilization_ratio == full[0].utilization_ratio == 0.5
-    assert (narrow.up, narrow.timestamp, narrow.uuid, narrow.model) == (True, T0, full[0].uuid, full[0].model)
-    assert full[0].power_watts == 300.0
-    assert full[0].xid_errors == {79: 1}
-    assert (narrow.power_watts, narrow.memory_total_bytes, narrow.xid_errors) == (None, None, {})
-    unread: dict[str, Any] = {
-        f.name: None
-        for f in dataclasses.fields(full[0])
-        if f.name in schema.FIELD_BY_NAME and f.name not in ("up", "utilization_ratio")
-    }
-    assert narrow == dataclasses.replace(full[0], **unread, xid_errors={})
 
 
 def test_series_downsamples_raw_data_to_max_points(db: Database) -> None:

@@ -7,11 +7,11 @@ alike, as the writer's job allocations do), so a job on many nodes sums its GPUs
 the jobs page reads one row per job and minute, not one per GPU and sample.
 
 The writer adds each round's new samples (``increments``, then ``upsert`` in the round's transaction). Only a reading
-newer than its GPU's newest stored one is added: one written again, or replayed late, is not, and instead the minutes
-of such readings are computed again from the raw samples and the job allocations (``recompute``), so that nothing is
-counted twice and a late sample still counts. ``tier_state`` row ``job``: ``horizon_ms`` is the first minute the
-table covers (minutes before it, from before the upgrade to revision 0008 or past retention, are read from the
-rollups by ``storage.jobstats``).
+newer than its GPU's newest stored one is added: one written again, or replayed late, is not. The newest stored again
+(an exporter serving the same snapshot) changes nothing; the minutes of older ones are computed again from the raw
+samples and the job allocations (``recompute``), so that nothing is counted twice and a late sample still counts.
+``tier_state`` row ``job``: ``horizon_ms`` is the first minute the table covers (minutes before it, from before the
+upgrade to revision 0008 or past retention, are read from the rollups by ``storage.jobstats``).
 """
 
 from __future__ import annotations
@@ -94,14 +94,16 @@ def _each_reading(
     late: set[int],
     seen: set[tuple[str, int]] | None,
 ) -> _Groups:
-    """Reading by reading: a reading not newer than stored goes to ``late``; one in ``seen`` (when given) is
-    skipped."""
+    """Reading by reading: a reading older than stored goes to ``late``, the newest stored again nowhere; one in
+    ``seen`` (when given) is skipped."""
     groups: _Groups = {}
     for reading in gpus:
         ts_ms = round(reading.timestamp * 1000)
         minute = ts_ms - ts_ms % schema.MINUTE_MS
-        if ts_ms <= stored[reading.uuid].last_ms:
-            late.add(minute)
+        newest = stored[reading.uuid].last_ms
+        if ts_ms <= newest:
+            if ts_ms < newest:  # the newest stored again (an exporter serving the same snapshot) changes nothing
+                late.add(minute)
             continue
         jobs = held.get(reading.uuid)
         if not jobs:
@@ -124,9 +126,10 @@ def _each_reading(
 def increments(
     snapshots: Sequence[NodeSnapshot], stored: Mapping[str, Any], *, unique: bool
 ) -> tuple[dict[tuple[int, str], _Row], set[int]]:
-    """Per (minute, job): what the round's new readings add to the aggregate; and the minutes of the readings that are
-    not new, to recompute. ``stored``: per GPU UUID, an object whose ``last_ms`` is the GPU's newest stored reading
-    before the round (the writer's state); a reading is new when it is newer.
+    """Per (minute, job): what the round's new readings add to the aggregate; and the minutes of the readings older
+    than stored, to recompute. ``stored``: per GPU UUID, an object whose ``last_ms`` is the GPU's newest stored
+    reading before the round (the writer's state); a reading is new when it is newer, and one at ``last_ms`` (the
+    newest stored again) is neither added nor recomputed.
 
     A reading counts for every job that its own snapshot lists on its GPU, by a job row or by a process. ``unique``:
     no (GPU, time) comes twice in the round (else a repeated one counts once, the last as the writer stores). The

@@ -139,6 +139,8 @@ def test_rounds_written_again_or_late_count_once(db: Database) -> None:
     for k in (0, 1, 2, 4, 5, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17):  # 3, 6 and 14 come late
         writer.write(rounds[k])
     once = stored(db)
+    assert writer.write(rounds[17]).job_minute_rows == 0  # the newest again (a stale exporter): nothing recomputed
+    assert Writer(db).write(rounds[17]).job_minute_rows == 0
     writer.write(rounds[9])  # written again by the same writer
     Writer(db).write(rounds[10] + rounds[11])  # and by a fresh one (state loaded from the store)
     assert stored(db) == once

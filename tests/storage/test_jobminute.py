@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
 
 from storage import jobminute, jobstats, schema, tiers
-from storage.db import Database
+from storage.db import MIGRATIONS_DIR, Database
 from storage.jobstats import JobSummary
 from storage.retention import Retention, RetentionJob, apply_retention
 from storage.rollup import Rollups
@@ -226,5 +228,24 @@ def test_the_upgrade_fills_the_aggregate_of_a_store_with_data(db_url: str) -> No
         assert horizon <= round(M0 * 1000)
         Writer(db).write([varied("a", M0 + 1200, 0, "wide")])  # the writer keeps it from here on
         assert stored(db)[-1][:3] == (round((M0 + 1200) * 1000), "wide", 2)
+    finally:
+        db.close()
+
+
+def test_the_downgrade_drops_the_aggregate_and_its_horizon(db_url: str) -> None:
+    db = Database(db_url)
+    try:
+        db.upgrade()
+        write_cluster(db)
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR))
+        with db.engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0007")
+        with db.session() as session:
+            assert not sa.inspect(session.connection()).has_table("job_minute")
+            assert jobminute.TIER not in tiers.tier_state(session)
+        db.upgrade()
+        assert stored(db) == from_samples(db)  # filled again from the samples on the way back up
     finally:
         db.close()

@@ -3,9 +3,9 @@
 The storage reads each open ``Database.session()``; a page that makes six of them would see six moments of a store
 the collector writes to every 10 s. ``pinned(store)`` hands out a reader whose database returns *one* session, opened
 when the block starts and closed when it ends: SQLite reads one WAL snapshot (a deferred ``BEGIN``), PostgreSQL one
-``REPEATABLE READ`` transaction. The reader also remembers, for the block, the current jobs and processes (the
-storage reads both at once, and a page asks for each), so that they are read once. Readers other than the SQL one
-(Prometheus) are handed back as they are.
+``REPEATABLE READ`` transaction. The reader also remembers, for the block, the current jobs and the processes, each
+read when first asked for (the cluster-wide pages ask only for the jobs), so that each is read once. Readers other
+than the SQL one (Prometheus) are handed back as they are.
 """
 
 from __future__ import annotations
@@ -41,23 +41,24 @@ class _OneSession:
 
 
 class SnapshotReader(SqlReader):
-    """``SqlReader`` over one open session; the current jobs and processes are read once."""
+    """``SqlReader`` over one open session; the current jobs and the processes are each read once, when asked for."""
 
     def __init__(self, db: Database, session: Any) -> None:
         super().__init__(cast("Database", _OneSession(db, session)))
-        self._parts: dict[str | None, tuple[list[GpuJob], list[ProcessReading]]] = {}
-
-    def _snapshot_parts(self, node: str | None) -> tuple[list[GpuJob], list[ProcessReading]]:
-        parts = self._parts.get(node)
-        if parts is None:
-            parts = self._parts[node] = latest.latest_snapshot_parts(self.db, node=node)
-        return parts
+        self._jobs: dict[str | None, list[GpuJob]] = {}
+        self._processes: dict[str | None, list[ProcessReading]] = {}
 
     def current_jobs(self, *, node: str | None = None) -> list[GpuJob]:
-        return list(self._snapshot_parts(node)[0])
+        jobs = self._jobs.get(node)
+        if jobs is None:
+            jobs = self._jobs[node] = latest.current_jobs(self.db, node=node)
+        return list(jobs)
 
     def current_processes(self, *, node: str | None = None) -> list[ProcessReading]:
-        return list(self._snapshot_parts(node)[1])
+        processes = self._processes.get(node)
+        if processes is None:
+            processes = self._processes[node] = latest.current_processes(self.db, node=node)
+        return list(processes)
 
     def close(self) -> None:
         """The session belongs to ``pinned``; closing a snapshot reader closes nothing."""

@@ -1,7 +1,8 @@
 """SQL storage: the schema and migrations, the writer, rollups, retention and the read path.
 
 The read path is ``storage.latest`` (the cluster now), ``storage.timeseries`` (series across tiers),
-``storage.jobstats`` (per-job statistics) and ``storage.inventory`` (GPU info, NVLink outages, target health).
+``storage.jobstats`` (per-job statistics, from the writer's per-job aggregate ``storage.jobminute``) and
+``storage.inventory`` (GPU info, NVLink outages, target health).
 
 Only this package imports SQLAlchemy. See docs/storage.md.
 """

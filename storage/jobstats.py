@@ -1,9 +1,10 @@
 """Job statistics over a time range: GPU-hours, utilization mean and spread, memory used, per job.
 
-A job is its allocations (``job_allocation``: one row per GPU and stretch of time). Each allocation's utilization and
-memory partial aggregates (``storage.aggregates``) are read over its window within the range, from the tiers that the
-plan (``storage.tiers``) picks for about ``JOB_POINTS`` buckets (the 1-minute rollups the collector keeps current, raw
-samples only after their position), and summed per job in SQL.
+A job is its allocations (``job_allocation``: one row per GPU and stretch of time), which give its GPUs, nodes, first
+and last seen and GPU-hours. Utilization and memory come from the per-job minute aggregate that the writer keeps
+(``storage.jobminute``), summed per job in SQL. For minutes before that aggregate's horizon, each allocation's partial
+aggregates (``storage.aggregates``) are read over its window from the tiers that the plan (``storage.tiers``) picks for
+about ``JOB_POINTS`` buckets (1-minute rollups, raw samples after their position), and summed per job in SQL.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
-from storage import aggregates, schema, tiers
+from storage import aggregates, jobminute, schema, tiers
 from storage.db import Database
 
 JOB_POINTS: Final = 24  # jobs() reads the coarsest tier that gives about this many buckets over its range
@@ -79,12 +80,21 @@ def _job_stats_sql(dialect: str, tier: str, one_job: bool) -> str:
     )
 
 
+def _aggregate_sql(one_job: bool) -> str:
+    """Per job: the sums of ``job_minute`` over the minutes that start within [lo, hi)."""
+    return (
+        "SELECT job_id, sum(util_n), sum(util_sum), sum(util_sq), sum(memory_n), sum(memory_sum), max(memory_max) "  # noqa: S608
+        f"FROM job_minute WHERE ts_ms >= :lo AND ts_ms < :hi {'AND job_id = :job ' if one_job else ''}GROUP BY job_id"
+    )
+
+
 def jobs(db: Database, start: float, end: float, *, job_id: str | None = None) -> list[JobSummary]:
     """Every job (or only ``job_id``) that held a GPU during [start, end], most GPU-hours first.
 
-    Reads the allocations in the range (one row per GPU), then one grouped statement per tier of the plan: for a
-    range of an hour or more that is the 1-minute (or 1-hour) rollups up to the rollup position, and raw samples only
-    for the minutes after it, so the work grows with the GPUs and the number of buckets, not with the samples.
+    Reads the allocations in the range (one row per GPU), then the per-job minute aggregate that the writer keeps
+    (``storage.jobminute``): one row per job and minute, whatever the number of GPUs. Minutes before the aggregate's
+    horizon (before the upgrade that created it, or past its retention) are read as before: one grouped statement per
+    tier of the plan, the 1-minute (or 1-hour) rollups up to the rollup position and raw samples after it.
     """
     start_ms, end_ms = round(start * 1000), round(end * 1000)
     a, g = schema.job_allocation, schema.gpu
@@ -99,16 +109,26 @@ def jobs(db: Database, start: float, end: float, *, job_id: str | None = None) -
         allocations = [row for row in allocations if row[3] >= start_ms]
         if not allocations:
             return []
-        plan = tiers.plan(tiers.tier_state(session), start_ms, end_ms, (end_ms - start_ms) / JOB_POINTS)
+        state = tiers.tier_state(session)
+        # No row: a store before revision 0008, without the aggregate; every minute from the rollups.
+        horizon = state[jobminute.TIER][1] if jobminute.TIER in state else end_ms + 1
+        params: dict[str, Any] = {} if job_id is None else {"job": job_id}
         stats: dict[str, _JobStats] = defaultdict(_JobStats)
-        for segment in plan:
-            sql = sa.text(_job_stats_sql(db.dialect, segment.tier, job_id is not None))
-            params: dict[str, Any] = {"lo": segment.lo_ms, "hi": segment.hi_ms}
-            if job_id is not None:
-                params["job"] = job_id
-            for row in session.execute(sql, params):
+        resolution = "1m"
+        if horizon is not None and start_ms < horizon:  # before the aggregate: the rollups, as before
+            plan = tiers.plan(state, start_ms, min(end_ms, horizon - 1), (end_ms - start_ms) / JOB_POINTS)
+            resolution = plan[0].tier
+            for segment in plan:
+                sql = sa.text(_job_stats_sql(db.dialect, segment.tier, job_id is not None))
+                for row in session.execute(sql, {**params, "lo": segment.lo_ms, "hi": segment.hi_ms}):
+                    stats[row[0]].add(row[1:])
+        lo = start_ms if horizon is None else max(start_ms, horizon)
+        if lo <= end_ms:
+            for row in session.execute(
+                sa.text(_aggregate_sql(job_id is not None)), {**params, "lo": lo, "hi": end_ms + 1}
+            ):
                 stats[row[0]].add(row[1:])
-    return _job_summaries(allocations, stats, start_ms, end_ms, plan[0].tier)
+    return _job_summaries(allocations, stats, start_ms, end_ms, resolution)
 
 
 @dataclass(slots=True)

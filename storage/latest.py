@@ -130,27 +130,38 @@ def latest_readings(
     return sorted(readings, key=lambda r: (r.node, r.gpu))
 
 
-def latest_snapshot_parts(db: Database, *, node: str | None = None) -> tuple[list[GpuJob], list[ProcessReading]]:
-    """The jobs holding each GPU now and the processes of each GPU's latest reading (of ``node``'s GPUs only)."""
-    a, g, p = schema.job_allocation, schema.gpu, schema.process_latest
+def current_jobs(db: Database, *, node: str | None = None) -> list[GpuJob]:
+    """The jobs holding each GPU now (of ``node``'s GPUs only), by node, index and job."""
+    a, g = schema.job_allocation, schema.gpu
     on_node = g.c.node == node if node is not None else sa.true()
     with db.session() as session:
-        job_rows = session.execute(
+        rows = session.execute(
             sa.select(g.c.node, g.c.gpu_index, g.c.uuid, a.c.job_id, a.c.user_name)
             .join(a, a.c.gpu_id == g.c.id)
             .where(a.c.end_ms.is_(None), on_node)
             .order_by(g.c.node, g.c.gpu_index, a.c.job_id)
         ).all()
-        process_rows = session.execute(
+    return [GpuJob(*row) for row in rows]
+
+
+def current_processes(db: Database, *, node: str | None = None) -> list[ProcessReading]:
+    """The processes of each GPU's latest reading (of ``node``'s GPUs only), by node, index and pid."""
+    g, p = schema.gpu, schema.process_latest
+    on_node = g.c.node == node if node is not None else sa.true()
+    with db.session() as session:
+        rows = session.execute(
             sa.select(g.c.node, g.c.gpu_index, g.c.uuid, p.c.pid, p.c.memory_used_bytes, p.c.command)
             .add_columns(p.c.user_name, p.c.job_id)
             .join(p, p.c.gpu_id == g.c.id)
             .where(on_node)
             .order_by(g.c.node, g.c.gpu_index, p.c.pid)
         ).all()
-    jobs = [GpuJob(*row) for row in job_rows]
-    processes = [ProcessReading(*row) for row in process_rows]
-    return jobs, processes
+    return [ProcessReading(*row) for row in rows]
+
+
+def latest_snapshot_parts(db: Database, *, node: str | None = None) -> tuple[list[GpuJob], list[ProcessReading]]:
+    """The jobs holding each GPU now and the processes of each GPU's latest reading (of ``node``'s GPUs only)."""
+    return current_jobs(db, node=node), current_processes(db, node=node)
 
 
 def cluster_summary(db: Database, *, max_age_s: float, known_within_s: float = KNOWN_WITHIN_S) -> ClusterSummary:

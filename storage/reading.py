@@ -166,10 +166,10 @@ class SqlReader:
         return latest.latest_readings(self.db, max_age_s=max_age_s, node=node, uuids=uuids)
 
     def current_jobs(self, *, node: str | None = None) -> list[GpuJob]:
-        return latest.latest_snapshot_parts(self.db, node=node)[0]
+        return latest.current_jobs(self.db, node=node)
 
     def current_processes(self, *, node: str | None = None) -> list[ProcessReading]:
-        return latest.latest_snapshot_parts(self.db, node=node)[1]
+        return latest.current_processes(self.db, node=node)
 
     def series(
         self, uuids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000

@@ -2,9 +2,11 @@
 
 Every family's tables (GPUs, RDMA ports, hosts, jobs' hosts: ``storage.fabricschema.FAMILIES``) are kept alike.
 
-Each tier's cutoff is recorded as its horizon in ``tier_state``, so ``timeseries.series`` does not choose a tier whose
-data for the range is gone. ``apply_retention`` does a whole pass at once; ``RetentionJob.step`` does the same pass
-in pieces sized to take about ``max_seconds`` each, for the collector to run between scrape rounds.
+The per-job minute aggregate (``storage.jobminute``) is kept as long as the 1-minute rollups, deleted a span of minutes
+at a time on either backend. Each tier's cutoff is recorded as its horizon in ``tier_state``, so ``timeseries.series``
+does not choose a tier whose data for the range is gone. ``apply_retention`` does a whole pass at once;
+``RetentionJob.step`` does the same pass in pieces sized to take about ``max_seconds`` each, for the collector to run
+between scrape rounds.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
-from storage import fabricschema, schema
+from storage import fabricschema, jobminute, schema
 from storage.db import Database
 from storage.fabricschema import FAMILIES, Family
 from storage.rollup import next_slice
@@ -26,6 +29,7 @@ log = logging.getLogger(__name__)
 DAY_S: Final = 86_400.0
 _SQLITE_SAMPLE_CHUNK_MINUTES: Final = 5  # raw rows deleted per transaction: this many minutes of samples
 _SQLITE_ROLLUP_CHUNK_GPUS: Final = 500  # rollup rows deleted per transaction: this many GPUs' old rows
+_JOB_MINUTE_CHUNK_MINUTES: Final = 60  # per-job aggregate rows deleted per step at first: this many minutes' rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +74,8 @@ def apply_retention(db: Database, now: float, retention: Retention) -> dict[str,
         else:
             removed[f"{table}.rows"] = _delete_rollups(db, table, cutoff, family)
     with db.write_transaction() as conn:
-        t = schema.tier_state
-        for tier, cutoff in tier_cutoffs.items():
-            conn.execute(sa.update(t).where(t.c.tier == tier).values(horizon_ms=cutoff))
+        removed["job_minute.rows"] = _delete_job_minutes(conn, tier_cutoffs["1m"])
+        _record_horizons(conn, tier_cutoffs)
     removed.update(_delete_small_tables(db, tier_cutoffs["raw"], tier_cutoffs["1h"]))
     if any(removed.values()):
         log.info("retention removed %s", ", ".join(f"{k}={v}" for k, v in sorted(removed.items()) if v))
@@ -130,6 +133,23 @@ def _delete_rollups(db: Database, table: str, cutoff_ms: int, family: Family = f
     return deleted
 
 
+def _delete_job_minutes(conn: Connection, below_ms: int) -> int:
+    m = jobminute.job_minute
+    return int(conn.execute(sa.delete(m).where(m.c.ts_ms < below_ms)).rowcount)
+
+
+def _record_horizons(conn: Connection, tier_cutoffs: dict[str, int]) -> None:
+    """Each tier's cutoff as its horizon; the per-job aggregate's moves up to the 1-minute tier's, never down."""
+    t = schema.tier_state
+    for tier, cutoff in tier_cutoffs.items():
+        conn.execute(sa.update(t).where(t.c.tier == tier).values(horizon_ms=cutoff))
+    cutoff = tier_cutoffs["1m"]
+    job = t.c.tier == jobminute.TIER
+    conn.execute(
+        sa.update(t).where(job, sa.or_(t.c.horizon_ms.is_(None), t.c.horizon_ms < cutoff)).values(horizon_ms=cutoff)
+    )
+
+
 def _delete_small_tables(db: Database, raw_cutoff_ms: int, hour_cutoff_ms: int) -> dict[str, int]:
     """Jobs and link outages live as long as the hourly rollups; targets gone for the raw period are forgotten."""
     a, n, t, g, p = (
@@ -164,7 +184,7 @@ def _delete_small_tables(db: Database, raw_cutoff_ms: int, hour_cutoff_ms: int) 
 class _Piece:
     """What is left of one part of a retention pass: a table to trim GPU slice by GPU slice, or partitions to drop."""
 
-    kind: str  # "drop" (PostgreSQL partitions) | "samples" | "rollup" (SQLite rows) | "finish"
+    kind: str  # "drop" (PostgreSQL partitions) | "samples" | "rollup" (SQLite rows) | "job_minute" | "finish"
     table: str
     cutoff_ms: int
     family: Family = fabricschema.GPU
@@ -190,6 +210,7 @@ class RetentionJob:
         self._pieces: list[_Piece] = []
         self._started: float | None = None
         self._slice = dict.fromkeys(("samples", "rollup"), max(1, slice_gpus))
+        self._slice["job_minute"] = _JOB_MINUTE_CHUNK_MINUTES
         self._cutoffs: dict[str, int] = {}  # per tier
         self.removed: dict[str, int] = {}
         self.longest_step_s = 0.0
@@ -207,6 +228,8 @@ class RetentionJob:
         elif piece.kind == "finish":
             self._finish()
             self._pieces.pop(0)
+        elif piece.kind == "job_minute":
+            self._delete_job_minutes(piece)
         else:
             self._delete_slice(piece)
         elapsed = time.perf_counter() - started
@@ -230,6 +253,8 @@ class RetentionJob:
             else:
                 self._pieces.append(_Piece("samples" if tier == "raw" else "rollup", table, cutoff, family=family))
                 self.removed[f"{table}.rows"] = 0
+        self._pieces.append(_Piece("job_minute", "job_minute", self._cutoffs["1m"]))
+        self.removed["job_minute.rows"] = 0
         self._pieces.append(_Piece("finish", "", 0))
 
     def _drop_one(self, piece: _Piece) -> None:
@@ -277,11 +302,22 @@ class RetentionJob:
             else:
                 self._pieces.pop(0)
 
+    def _delete_job_minutes(self, piece: _Piece) -> None:
+        """The per-job aggregate's oldest rows, a span of minutes (sized to the step's time) at a time."""
+        with self._db.write_transaction() as conn:
+            m = jobminute.job_minute
+            oldest = conn.execute(sa.select(sa.func.min(m.c.ts_ms))).scalar_one_or_none()
+            upto = (
+                piece.cutoff_ms if oldest is None else min(piece.cutoff_ms, oldest + self._slice["job_minute"] * 60_000)
+            )
+            if oldest is not None and oldest < piece.cutoff_ms:
+                self.removed["job_minute.rows"] += _delete_job_minutes(conn, upto)
+        if upto >= piece.cutoff_ms:
+            self._pieces.pop(0)
+
     def _finish(self) -> None:
         with self._db.write_transaction() as conn:
-            t = schema.tier_state
-            for tier, cutoff in self._cutoffs.items():
-                conn.execute(sa.update(t).where(t.c.tier == tier).values(horizon_ms=cutoff))
+            _record_horizons(conn, self._cutoffs)
         self.removed.update(_delete_small_tables(self._db, self._cutoffs["raw"], self._cutoffs["1h"]))
         if any(self.removed.values()):
             log.info("retention removed %s", ", ".join(f"{k}={v}" for k, v in sorted(self.removed.items()) if v))

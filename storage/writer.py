@@ -6,7 +6,8 @@ the SQL statement encodes them (``StoredField.sql_encode``), which keeps the Pyt
 The 15 seldom-changing fields go in ``gpu_profile``, once per distinct combination; a row names its profile (see
 ``Writer._profile_id``).
 
-RDMA ports, hosts and jobs' cgroups go in the same transaction (``storage.fabricwriter``). Jobs, processes and
+RDMA ports, hosts and jobs' cgroups go in the same transaction (``storage.fabricwriter``), and so does the per-job
+minute aggregate (``storage.jobminute``). Jobs, processes and
 inactive NVLinks are written only when they change. The writer keeps what it has stored per GPU
 in memory, compares each node's snapshot with the node's previous one, and reloads its state from the database after
 any failure, so a failed transaction never leaves memory and database apart.
@@ -26,7 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from gpulens.model import GpuReading, NodeSnapshot, TargetHealth
-from storage import schema
+from storage import jobminute, schema
 from storage.db import Database, lock_tier
 from storage.fabricwriter import FabricWriter, fabric_times
 from storage.rollup import PENDING
@@ -121,6 +122,7 @@ class WriteStats:
     nic_rows: int = 0
     host_rows: int = 0
     job_host_rows: int = 0
+    job_minute_rows: int = 0  # (minute, job) rows of the per-job aggregate added to or computed again
 
 
 @dataclass(slots=True)
@@ -227,6 +229,7 @@ class Writer:
         self._profiles: dict[tuple[Any, ...], int] = {}  # profile values -> profile_id, loaded with the GPUs
         self._signatures: dict[str, tuple[Any, ...] | None] = {}
         self._fabric = FabricWriter(db.dialect)
+        self._job_minutes = True  # the store has the per-job aggregate (revision 0008); checked on each _load
 
     def write(self, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth] = ()) -> WriteStats:
         """Store a scrape round in one transaction. Raises ``DatabaseUnavailableError`` (nothing written)."""
@@ -247,9 +250,13 @@ class Writer:
                     self._mark_late(conn, min(times + fabric))
                 self._update_last_seen(conn, resolved)
                 # Without duplicates, the readings are the snapshots' own, in order: each node's slice is reused.
-                by_snapshot = resolved if len(readings) == sum(len(s.gpus) for s in snapshots) else None
-                changes = self._changes(snapshots, gpus, by_snapshot)
+                unique = len(readings) == sum(len(s.gpus) for s in snapshots)
+                added, late = jobminute.increments(snapshots, gpus, unique=unique) if self._job_minutes else ({}, set())
+                stats.job_minute_rows = jobminute.upsert(conn, self._db.dialect, added)
+                changes = self._changes(snapshots, gpus, resolved if unique else None)
                 stats.job_rows, stats.link_rows, stats.process_rows = self._write_changes(conn, changes)
+                if late:  # readings written again or late: their minutes from the stored samples and allocations
+                    stats.job_minute_rows += jobminute.recompute(conn, self._db.dialect, late)
                 stats.target_rows = self._write_targets(conn, targets)
                 stats.nic_rows, stats.host_rows, stats.job_host_rows = self._fabric.write(conn, snapshots)
         except BaseException:
@@ -273,6 +280,7 @@ class Writer:
         return list(unique.values())
 
     def _load(self, conn: Connection) -> dict[str, _GpuState]:
+        self._job_minutes = sa.inspect(conn).has_table(jobminute.job_minute.name)  # not before revision 0008
         g = schema.gpu
         newest = schema.newest_sample_ms(self._db.dialect)
         columns = (g.c.id, g.c.uuid, g.c.node, g.c.gpu_index, g.c.model, g.c.pci_bus_id, g.c.driver_version)

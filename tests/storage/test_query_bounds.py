@@ -32,6 +32,7 @@ class Tally:
     statements: int = 0
     rows: int = 0
     seen: list[str] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)  # each statement whole
 
 
 @contextmanager
@@ -53,6 +54,7 @@ def counting(db: Database) -> Iterator[Tally]:
             busy[0] = False
         tally.statements += 1
         tally.seen.append(" ".join(statement.split())[:120])
+        tally.text.append(" ".join(statement.split()))
 
     sa.event.listen(db.engine, "after_cursor_execute", after)
     try:
@@ -61,12 +63,18 @@ def counting(db: Database) -> Iterator[Tally]:
         sa.event.remove(db.engine, "after_cursor_execute", after)
 
 
-def cluster(db: Database, nodes: int) -> None:
-    """``nodes`` nodes of ``GPUS`` GPUs, each node running a job, ``ROUNDS`` rounds ``STEP_S`` apart."""
+def cluster(db: Database, nodes: int, jobs: int | None = None) -> None:
+    """``nodes`` nodes of ``GPUS`` GPUs, each node running a job (or one of ``jobs`` jobs, each on many nodes),
+    ``ROUNDS`` rounds ``STEP_S`` apart."""
     writer = Writer(db)
     for k in range(ROUNDS):
         t = T0 + k * STEP_S
-        writer.write([snapshot(f"node-{n:03d}", t, gpus=GPUS, job=f"job-{n}") for n in range(nodes)])
+        writer.write(
+            [
+                snapshot(f"node-{n:03d}", t, gpus=GPUS, job=f"job-{n if jobs is None else n % jobs}")
+                for n in range(nodes)
+            ]
+        )
 
 
 def node_page_reads(reader: SqlReader, node: str) -> Callable[[], object]:
@@ -82,11 +90,14 @@ def node_page_reads(reader: SqlReader, node: str) -> Callable[[], object]:
     return read
 
 
-def measure(db_url: str, nodes: int, read: Callable[[SqlReader], Callable[[], object]]) -> Tally:
+def measure(
+    db_url: str, nodes: int, read: Callable[[SqlReader], Callable[[], object]], jobs: int | None = None
+) -> Tally:
+    """What ``read`` reads on a store of ``nodes`` nodes: each node its own job, or one of ``jobs`` jobs."""
     db = Database(db_url, clock=ManualClock(T0 + ROUNDS * STEP_S))
     try:
         db.upgrade()
-        cluster(db, nodes)
+        cluster(db, nodes, jobs)
         reader = SqlReader(db)
         load = read(reader)
         load()  # warm: any one-time lookups (schema, inventory caches) are not part of a page view
@@ -135,3 +146,29 @@ def test_counting_sees_rows_that_grow_with_the_cluster(db_url: str, tmp_path: An
     assert tallies[10].statements == tallies[50].statements
     assert tallies[10].rows == 10 * GPUS
     assert tallies[50].rows == 50 * GPUS
+
+
+def test_jobs_page_reads_the_per_job_aggregate_whatever_the_cluster_size(
+    db_url: str, tmp_path: Any, request: Any
+) -> None:
+    """The jobs page's figures come from the aggregate the writer keeps (one row per job and minute), not from the
+    samples or rollups of every GPU: with the same 4 jobs on 10 or 50 nodes, the statements are the same, the rows
+    differ only by the allocations (one per GPU, which name the job's GPUs and nodes), and the aggregate holds one row
+    per job and minute whatever the number of GPUs."""
+    tallies, aggregate_rows = {}, {}
+    for nodes in (10, 50):
+        with fresh_store(db_url, tmp_path, request, f"jobs-{nodes}") as url:
+            tallies[nodes] = measure(url, nodes, lambda reader: lambda: reader.jobs(T0, T0 + ROUNDS * STEP_S), jobs=4)
+            counter = Database(url)
+            with counter.session() as session:
+                aggregate_rows[nodes] = session.execute(sa.text("SELECT count(*) FROM job_minute")).scalar_one()
+            counter.close()
+    small, large = tallies[10], tallies[50]
+    assert large.statements == small.statements >= 2, (small.seen, large.seen)
+    assert any("FROM job_minute" in text for text in small.text), small.seen
+    assert not any("gpu_rollup" in text for text in small.text + large.text), small.seen
+    # gpu_sample only in the allocations' seek of each open one's newest sample (schema.newest_sample_ms), never joined
+    assert not any("JOIN gpu_sample" in text for text in small.text + large.text), small.seen
+    assert large.rows - small.rows == (50 - 10) * GPUS, (small.rows, large.rows)
+    minutes = len({int(T0 + k * STEP_S) // 60 for k in range(ROUNDS)})
+    assert aggregate_rows[10] == aggregate_rows[50] == 4 * minutes

@@ -110,7 +110,7 @@ def jobs(db: Database, start: float, end: float, *, job_id: str | None = None) -
         if not allocations:
             return []
         state = tiers.tier_state(session)
-        # No row: a store before revision 0008, without the aggregate; every minute from the rollups.
+        # No row: a store before revision 0009, without the aggregate; every minute from the rollups.
         horizon = state[jobminute.TIER][1] if jobminute.TIER in state else end_ms + 1
         params: dict[str, Any] = {} if job_id is None else {"job": job_id}
         stats: dict[str, _JobStats] = defaultdict(_JobStats)

@@ -137,7 +137,7 @@ def _stored_field(name: str, annotation: str, kind: str) -> StoredField:
     raise TypeError(f"no storage encoding for GpuReading.{name} ({annotation}): add one in storage/schema.py")
 
 
-# The fields that change seldom on a GPU (limits, maxima, link widths, remapped rows): revision 0009 keeps each
+# The fields that change seldom on a GPU (limits, maxima, link widths, remapped rows): revision 0008 keeps each
 # distinct combination of their values once, in ``gpu_profile``, and a sample row names its combination by
 # ``profile_id``. A GPU's row then carries 15 columns fewer (see docs/storage.md, "Profiles"). Error counters stay
 # in the row: on a faulty GPU they grow every sample, and each value would be a new combination, kept for good.
@@ -297,7 +297,7 @@ def _rollup_columns() -> list[sa.Column[object]]:
 
 gpu_sample: Final = _sample_table()
 
-# Each distinct combination of the profile fields' stored values, once (revision 0009). ``key`` identifies a
+# Each distinct combination of the profile fields' stored values, once (revision 0008). ``key`` identifies a
 # combination for the writers: the JSON of its SI values as read (or, for rows converted by the migration, of the
 # stored values); two keys may hold the same stored values, which reads cannot tell apart.
 gpu_profile: Final = sa.Table(

@@ -26,7 +26,7 @@ VIEWS: Final = {"gpu_sample": "gpu_sample_si", "gpu_rollup_1m": "gpu_rollup_1m_s
 def view_sql(table: str, dialect: str, fields: Sequence[StoredField], profiles: bool = False) -> str:
     """``CREATE VIEW`` of ``table`` (a key of ``VIEWS``) in SI units on ``dialect``.
 
-    ``profiles``: the schema keeps the fields marked ``profile`` in ``gpu_profile`` (revision 0009 on), joined here.
+    ``profiles``: the schema keeps the fields marked ``profile`` in ``gpu_profile`` (revision 0008 on), joined here.
     """
     real = "DOUBLE PRECISION" if dialect == "postgresql" else "REAL"
     ts = (
@@ -56,7 +56,7 @@ def view_sql(table: str, dialect: str, fields: Sequence[StoredField], profiles: 
 
 def create_views(conn: Connection, fields: Sequence[StoredField], profiles: bool = False) -> None:
     """Create the SI view of every sample table, for a schema whose sample columns are ``fields`` (``profiles``:
-    those marked ``profile`` are in ``gpu_profile``, revision 0009 on)."""
+    those marked ``profile`` are in ``gpu_profile``, revision 0008 on)."""
     for table in VIEWS:
         conn.exec_driver_sql(view_sql(table, conn.dialect.name, fields, profiles))
 

@@ -229,7 +229,7 @@ class Writer:
         self._profiles: dict[tuple[Any, ...], int] = {}  # profile values -> profile_id, loaded with the GPUs
         self._signatures: dict[str, tuple[Any, ...] | None] = {}
         self._fabric = FabricWriter(db.dialect)
-        self._job_minutes = True  # the store has the per-job aggregate (revision 0008); checked on each _load
+        self._job_minutes = True  # the store has the per-job aggregate (revision 0009); checked on each _load
 
     def write(self, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth] = ()) -> WriteStats:
         """Store a scrape round in one transaction. Raises ``DatabaseUnavailableError`` (nothing written)."""
@@ -280,7 +280,7 @@ class Writer:
         return list(unique.values())
 
     def _load(self, conn: Connection) -> dict[str, _GpuState]:
-        self._job_minutes = sa.inspect(conn).has_table(jobminute.job_minute.name)  # not before revision 0008
+        self._job_minutes = sa.inspect(conn).has_table(jobminute.job_minute.name)  # not before revision 0009
         g = schema.gpu
         newest = schema.newest_sample_ms(self._db.dialect)
         columns = (g.c.id, g.c.uuid, g.c.node, g.c.gpu_index, g.c.model, g.c.pci_bus_id, g.c.driver_version)

@@ -50,7 +50,7 @@ def uuid_of(node: str, index: int) -> str:
 
 
 def write_wide(db: Database, snapshots: Sequence[NodeSnapshot]) -> None:
-    """Store the snapshots' GPU readings as the writer did before revision 0009 (every field in the sample row, no
+    """Store the snapshots' GPU readings as the writer did before revision 0008 (every field in the sample row, no
     ``gpu_profile``): for stores held at an older revision. GPU rows and samples only; values encoded alike."""
     fields = schema.SAMPLE_FIELDS[:-1]  # xid_total (the last) is derived from xid_errors
     pg = db.dialect == "postgresql"

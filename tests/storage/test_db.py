@@ -68,7 +68,7 @@ def test_upgrade_is_idempotent_and_matches_the_schema(db: Database) -> None:
         assert expected <= indexes
     with db.session() as session:
         tiers = session.execute(sa.select(schema.tier_state.c.tier).order_by(schema.tier_state.c.tier)).scalars()
-        assert list(tiers) == ["1h", "1m", "job", "raw"]  # "job": the per-job aggregate's horizon (revision 0008)
+        assert list(tiers) == ["1h", "1m", "job", "raw"]  # "job": the per-job aggregate's horizon (revision 0009)
 
 
 _DIALECT_INDEXES = (

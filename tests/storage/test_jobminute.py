@@ -1,6 +1,6 @@
 """The per-job minute aggregate (``storage.jobminute``) on SQLite and PostgreSQL: the same figures as the computation
 from the samples it replaces, jobs on several nodes, rounds written again or late, retention, and the upgrade of a
-store with data to revision 0008."""
+store with data to revision 0009."""
 
 from __future__ import annotations
 
@@ -195,11 +195,11 @@ def test_the_retention_job_trims_the_aggregate_in_steps(db: Database) -> None:
 
 
 def test_the_upgrade_fills_the_aggregate_of_a_store_with_data(db_url: str) -> None:
-    """A store written at 0007 (no aggregate), partly rolled up: after 0008 the minutes below the rollup position
+    """A store written at 0008 (no aggregate), partly rolled up: after 0009 the minutes below the rollup position
     come from the rollups, the rest from the samples, and the jobs read the same as before the upgrade."""
     db = Database(db_url)
     try:
-        db.upgrade("0007")
+        db.upgrade("0008")
         write_cluster(db)
         Rollups(db, settle_s=0).run(M0 + 10 * 60)  # rolled up to minute 10 (settle 0: minutes 0-9 complete)
         end = M0 + 20 * 60 - 0.001

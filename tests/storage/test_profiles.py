@@ -1,4 +1,4 @@
-"""GPU profiles (revision 0009): the seldom-changing fields stored once per combination, joined back on every read.
+"""GPU profiles (revision 0008): the seldom-changing fields stored once per combination, joined back on every read.
 
 Values round-trip through the writer, the latest readings, the SI views, series and rollups; a combination is stored
 once, also across a restarted writer; a store at 0007 keeps every value through the upgrade and back; SQLite's reads
@@ -103,8 +103,8 @@ def test_error_counters_growing_every_sample_add_no_profile(db: Database) -> Non
     )
 
 
-def test_0009_moves_the_profile_fields_and_keeps_every_value(db_url: str) -> None:
-    """A store at 0007 with wide rows: every SI value the same after 0009 and after its downgrade; new writes land."""
+def test_0008_moves_the_profile_fields_and_keeps_every_value(db_url: str) -> None:
+    """A store at 0007 with wide rows: every SI value the same after 0008 and after its downgrade; new writes land."""
     db = Database(db_url)
     db.upgrade("0007")
     write_wide(db, [snapshot("n", START + 1, gpus=2, power_watts=300.0)])

@@ -14,8 +14,8 @@ columns, in batches of rows (SQLite) or one day partition at a time (PostgreSQL,
 bounds and indexes, as revision 0007 did), and drops the old one. The SI views are dropped first and created again
 with the same columns. The downgrade copies the values back into the rows and drops ``gpu_profile``.
 
-Revision ID: 0009
-Revises: 0007 (0008 once the per-job aggregate revision is merged)
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-12-01
 """
 
@@ -30,8 +30,8 @@ from sqlalchemy.engine import Connection
 from storage import views
 from storage.schema import StoredField, create_partition, existing_partitions
 
-revision = "0009"
-down_revision: str | None = "0008"
+revision = "0008"
+down_revision: str | None = "0007"
 branch_labels: str | None = None
 depends_on: str | None = None
 
@@ -125,18 +125,18 @@ def _select_list(new: list[tuple[str, str, bool]]) -> str:
 def _sqlite_copy(conn: Connection, new: list[tuple[str, str, bool]], join: str) -> None:
     """Copy gpu_sample into a table of the columns ``new`` in batches of rowids, then put it in its place."""
     definitions = ", ".join(f"{name} {kind}{'' if nullable else ' NOT NULL'}" for name, kind, nullable in new)
-    conn.exec_driver_sql(f"CREATE TABLE gpu_sample_0009 ({definitions})")
+    conn.exec_driver_sql(f"CREATE TABLE gpu_sample_0008 ({definitions})")
     names = ", ".join(name for name, _, _ in new)
     first, last = conn.exec_driver_sql("SELECT min(rowid), max(rowid) FROM gpu_sample").one()
     if first is not None:
         for lo in range(first, last + 1, _SQLITE_BATCH_ROWS):
             conn.exec_driver_sql(
-                f"INSERT INTO gpu_sample_0009 ({names}) SELECT {_select_list(new)} "  # noqa: S608
+                f"INSERT INTO gpu_sample_0008 ({names}) SELECT {_select_list(new)} "  # noqa: S608
                 f"FROM gpu_sample AS s {join} WHERE s.rowid >= ? AND s.rowid < ? ORDER BY s.rowid",
                 (lo, lo + _SQLITE_BATCH_ROWS),
             )
     conn.exec_driver_sql("DROP TABLE gpu_sample")
-    conn.exec_driver_sql("ALTER TABLE gpu_sample_0009 RENAME TO gpu_sample")
+    conn.exec_driver_sql("ALTER TABLE gpu_sample_0008 RENAME TO gpu_sample")
     conn.exec_driver_sql("CREATE UNIQUE INDEX ux_gpu_sample_minute_gpu_ts ON gpu_sample (ts_ms / 60000, gpu_id, ts_ms)")
 
 
@@ -158,20 +158,20 @@ def _create_profiles(conn: Connection, types: dict[str, str]) -> None:
 
 
 def _rename_indexes(conn: Connection, table: str) -> None:
-    """Give ``table``'s indexes the suffix ``_0008``: the new table's take their names."""
+    """Give ``table``'s indexes the suffix ``_0007``: the new table's take their names."""
     for (index,) in conn.exec_driver_sql(
         "SELECT indexname FROM pg_indexes WHERE tablename = %(table)s AND schemaname = current_schema()",
         {"table": table},
     ).all():
-        conn.exec_driver_sql(f'ALTER INDEX "{index}" RENAME TO "{index}_0008"')
+        conn.exec_driver_sql(f'ALTER INDEX "{index}" RENAME TO "{index}_0007"')
 
 
 def _pg_copy(conn: Connection, new: list[tuple[str, str, bool]], join: str) -> None:
     """A new gpu_sample parent of the columns ``new`` (widest first), filled one day partition at a time."""
     ordered = sorted(new, key=lambda c: -_WIDTHS.get(c[1], 0))  # stable: ties keep their order
     partitions = existing_partitions(conn, "gpu_sample")
-    conn.exec_driver_sql("ALTER TABLE gpu_sample RENAME TO gpu_sample_0008")
-    _rename_indexes(conn, "gpu_sample_0008")
+    conn.exec_driver_sql("ALTER TABLE gpu_sample RENAME TO gpu_sample_0007")
+    _rename_indexes(conn, "gpu_sample_0007")
     definitions = ", ".join(f"{name} {kind}{'' if nullable else ' NOT NULL'}" for name, kind, nullable in ordered)
     conn.exec_driver_sql(f"CREATE TABLE gpu_sample ({definitions}) PARTITION BY RANGE (ts_ms)")
     conn.exec_driver_sql("CREATE UNIQUE INDEX ux_gpu_sample_gpu_ts ON gpu_sample (gpu_id, ts_ms)")
@@ -180,8 +180,8 @@ def _pg_copy(conn: Connection, new: list[tuple[str, str, bool]], join: str) -> N
     )
     names = ", ".join(name for name, _, _ in ordered)
     for name, start in sorted(partitions.items(), key=lambda item: item[1]):
-        old = f"{name}_0008"
-        conn.exec_driver_sql(f'ALTER TABLE gpu_sample_0008 DETACH PARTITION "{name}"')
+        old = f"{name}_0007"
+        conn.exec_driver_sql(f'ALTER TABLE gpu_sample_0007 DETACH PARTITION "{name}"')
         conn.exec_driver_sql(f'ALTER TABLE "{name}" RENAME TO "{old}"')
         _rename_indexes(conn, old)
         create_partition(conn, "gpu_sample", start)
@@ -189,4 +189,4 @@ def _pg_copy(conn: Connection, new: list[tuple[str, str, bool]], join: str) -> N
             f'INSERT INTO gpu_sample ({names}) SELECT {_select_list(ordered)} FROM "{old}" AS s {join}'  # noqa: S608
         )
         conn.exec_driver_sql(f'DROP TABLE "{old}"')
-    conn.exec_driver_sql("DROP TABLE gpu_sample_0008")
+    conn.exec_driver_sql("DROP TABLE gpu_sample_0007")

@@ -10,8 +10,8 @@ them before; the sum of squares comes from the bucket means, as before), later m
 ``tier_state`` row ``job`` records the first minute covered (``horizon_ms``); ``storage.jobstats`` reads the time
 before it from the rollups as it did before. A store with no sample gets no horizon (the table covers everything).
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-12-01
 """
 
@@ -20,15 +20,15 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008"
-down_revision: str | None = "0007"
+revision = "0009"
+down_revision: str | None = "0008"
 branch_labels: str | None = None
 depends_on: str | None = None
 
 BACKFILL_MS = 86_400_000
 _MINUTE_MS = 60_000
 _COLUMNS = "ts_ms, job_id, util_n, util_sum, util_sq, memory_n, memory_sum, memory_max"
-# The stored columns read (frozen at 0007).
+# The stored columns read (frozen at 0008: utilization and memory used stay in the sample rows).
 _UTIL, _MEMORY = "utilization_per10k", "memory_used_kib"
 _COVERS = "AND s.ts_ms >= a.start_ms AND (a.end_ms IS NULL OR s.ts_ms <= a.end_ms)"
 

@@ -4,9 +4,9 @@ Fifteen fields of a GPU reading (memory total and reserved, slowdown temperature
 PCIe generation and width and their maxima, active NVLinks, remapped rows) stay the same from one scrape to the
 next for days. Each sample row carried all of them: 15 values and, on SQLite, 15 header bytes a row. The error
 counters (PCIe replays, NVLink, ECC) stay in the rows: on a faulty GPU they grow every sample, and each value would
-make a combination of its own, kept for good. From this revision a row names its combination by ``profile_id`` and ``gpu_profile`` holds
-each combination's stored values once; reads join the two (``schema.sample_source``). Every value is kept as it was
-stored.
+make a combination of its own, kept for good. From this revision a row names its combination by ``profile_id``
+and ``gpu_profile`` holds each combination's stored values once; reads join the two (``schema.sample_source``).
+Every value is kept as it was stored.
 
 The upgrade creates ``gpu_profile`` from the distinct combinations in ``gpu_sample`` (keyed ``stored:<values>``; the
 writer keys the combinations it adds by their SI values), then copies the samples into a new table without the 15

@@ -12,7 +12,8 @@ Then, on the same data:
   values (rows x value columns that hold a value);
 - "latest of every GPU": PromQL instant query ``{__name__=~"gpulens_gpu_.+"}`` against ``SqlReader.latest_readings``;
 - "one GPU over the range": PromQL ``query_range`` of the dashboard's chart fields for one uuid at the scrape step
-  against ``SqlReader.series`` of the same fields (medians of ``REPEAT``).
+  against ``SqlReader.series`` of the same fields, asked for as many points as the step gives (medians of
+  ``RANGE_REPEAT``).
 Usage: ``python -m bench.bench_prom_peer [--nodes 100] [--minutes 3] [--interval 10]``; ``--nodes 1000`` for the
 issue's figure.
 """
@@ -42,6 +43,7 @@ from bench.bench_prometheus import scenario
 from tests.conftest import free_port
 
 REPEAT = 5
+RANGE_REPEAT = 25  # the one-GPU range queries take about a millisecond: more repeats for a steadier median
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -72,9 +74,9 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], what: str, seconds: float
             time.sleep(0.5)
 
 
-def median_ms(function: Callable[[], Any]) -> float:
+def median_ms(function: Callable[[], Any], repeat: int = REPEAT) -> float:
     times = []
-    for _ in range(REPEAT):
+    for _ in range(repeat):
         began = time.perf_counter()
         function()
         times.append(time.perf_counter() - began)
@@ -200,13 +202,14 @@ def main() -> int:
             "query": f'{{__name__=~"{"|".join(families)}",uuid="{uuid}"}}', "start": f"{began_at:.3f}",
             "end": f"{end:.3f}", "step": f"{args.interval:g}",
         })  # fmt: skip
+        steps = int((end - began_at) // args.interval) + 1  # query_range's points per series: as many asked of gpulens
         latest_doc = json.loads(get(f"{base}/api/v1/query?{latest_q}"))
         range_doc = json.loads(get(f"{base}/api/v1/query_range?{range_q}"))
         q = {
             "latest_prometheus": median_ms(lambda: get(f"{base}/api/v1/query?{latest_q}")),
             "latest_gpulens": median_ms(lambda: reader.latest_readings()),
-            "range_prometheus": median_ms(lambda: get(f"{base}/api/v1/query_range?{range_q}")),
-            "range_gpulens": median_ms(lambda: reader.series([uuid], FIELDS, began_at, end, 1000)),
+            "range_prometheus": median_ms(lambda: get(f"{base}/api/v1/query_range?{range_q}"), RANGE_REPEAT),
+            "range_gpulens": median_ms(lambda: reader.series([uuid], FIELDS, began_at, end, steps), RANGE_REPEAT),
         }
         gpus_read = len(reader.latest_readings())
         reader.db.close()
@@ -251,9 +254,10 @@ def main() -> int:
     print(f"prompeer_ratio_latest_every_gpu_{tag}: {q['latest_gpulens'] / q['latest_prometheus']:.2f} "
           "gpulens/Prometheus")  # fmt: skip
     points = sum(len(r["values"]) for r in range_doc["data"]["result"])
-    print(f"prompeer_prometheus_one_gpu_range_{tag}: {q['range_prometheus']:.1f} ms ({len(families)} families, "
+    print(f"prompeer_prometheus_one_gpu_range_{tag}: {q['range_prometheus']:.2f} ms ({len(families)} families, "
           f"{points} points)")  # fmt: skip
-    print(f"prompeer_gpulens_one_gpu_range_{tag}: {q['range_gpulens']:.1f} ms ({len(FIELDS)} fields)")
+    print(f"prompeer_gpulens_one_gpu_range_{tag}: {q['range_gpulens']:.2f} ms ({len(FIELDS)} fields, at most "
+          f"{steps} points each, as query_range's step)")  # fmt: skip
     print(f"prompeer_ratio_one_gpu_range_{tag}: {q['range_gpulens'] / q['range_prometheus']:.2f} gpulens/Prometheus")
     return 0
 

@@ -39,12 +39,21 @@ from typing import Any
 
 import yaml
 
-from bench.bench_prometheus import scenario
 from tests.conftest import free_port
 
 REPEAT = 5
 RANGE_REPEAT = 25  # the one-GPU range queries take about a millisecond: more repeats for a steadier median
 TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def scenario(names: list[str]) -> str:
+    """The simulator's cluster: ``names`` x 8 GPUs, a training job on every node."""
+    listed = ", ".join(f'"{n}"' for n in names)
+    lines = ["[cluster]", f"nodes = [{listed}]", "gpus_per_node = 8", "seed = 3", 'duration = "4h"', 'step = "10s"']
+    for j in range(len(names) // 8):
+        gpus = ", ".join(f'"{n}"' for n in names[8 * j : 8 * j + 8])
+        lines += ["[[jobs]]", f'id = "train-{j}"', 'user = "u"', 'kind = "training"', f"gpus = [{gpus}]"]
+    return "\n".join(lines) + "\n"
 
 
 def cpu_seconds(pid: int) -> float:

@@ -4,7 +4,7 @@ When the whole range is served by raw samples and holds no more than about ``max
 grouping them in SQL (a window for the counters' deltas, then ``GROUP BY`` bucket) costs more than the rows
 themselves: most buckets hold one sample. ``rows`` reads the samples of [lo - lookback, hi) in one statement, bounded
 by a ``LIMIT`` of ``max_points`` plus the lookback per series, and merges them per bucket with the same arithmetic
-as ``storage.aggregates``' partials and ``merged`` (means, rates per second, ORs), giving the same rows as the
+as ``storage.aggregates``' partials and ``merged`` (means, rates per second, ORs), giving the same values as the
 bucketed query. A range with more samples than the limit returns None, and the caller groups in SQL.
 """
 
@@ -54,9 +54,9 @@ def rows(
     window: tuple[int, int, int],
     step: int,
     max_points: int,
-) -> list[tuple[Any, ...]] | None:
-    """Per id and bucket (``ts_ms // step``), the merged values of ``fields`` over [lo, hi), as the bucketed query's
-    rows: (id, bucket, then per gauge mean, min, max; per counter its rate per second; per bitmask its OR).
+) -> dict[int, list[Sequence[Any]]] | None:
+    """Per id, the columns of the bucketed query's rows over [lo, hi): bucket numbers (``ts_ms // step``), then
+    per gauge mean, min and max, per counter its rate per second, per bitmask its OR (ids without samples left out).
 
     ``window``: (read_from, lo, hi), read_from being lo less the counter lookback. None when the range holds more
     rows than ``limit``."""
@@ -70,24 +70,28 @@ def rows(
     return merge(samples, fields, lo, step)
 
 
-def merge(samples: Sequence[Sequence[Any]], fields: Sequence[schema.StoredField], lo: int, step: int) -> list[Any]:
+def merge(
+    samples: Sequence[Sequence[Any]], fields: Sequence[schema.StoredField], lo: int, step: int
+) -> dict[int, list[Sequence[Any]]]:
     """Samples (id, ts_ms, values...) sorted by id and time, merged per id and bucket from ``lo`` on."""
-    out: list[tuple[Any, ...]] = []
+    out: dict[int, list[Sequence[Any]]] = {}
     start = 0
     while start < len(samples):
         key = samples[start][0]
         end = start
         while end < len(samples) and samples[end][0] == key:
             end += 1
-        out += _merge_series(samples[start:end], fields, lo, step)
+        if columns := _merge_series(samples[start:end], fields, lo, step):
+            out[key] = columns
         start = end
     return out
 
 
 def _merge_series(
     samples: Sequence[Sequence[Any]], fields: Sequence[schema.StoredField], lo: int, step: int
-) -> list[tuple[Any, ...]]:
-    """One series' samples (sorted by time) merged per bucket: the arithmetic of ``aggregates.partials``/``merged``."""
+) -> list[Sequence[Any]]:
+    """One series' samples (sorted by time) merged per bucket: the arithmetic of ``aggregates.partials``/``merged``.
+    Returns its columns (bucket, then the fields' values), or [] when no sample falls in [lo, ...)."""
     first = next((i for i, s in enumerate(samples) if s[1] >= lo), len(samples))
     if first == len(samples):
         return []
@@ -100,7 +104,7 @@ def _merge_series(
             bounds.append(i)
     bounds.append(len(samples))
     single = len(buckets) == len(samples) - first  # every bucket holds one sample
-    columns: list[Sequence[Any]] = [[samples[0][0]] * len(buckets), buckets]
+    columns: list[Sequence[Any]] = [buckets]
     for j, f in enumerate(fields, start=2):
         if f.kind == "gauge":
             columns += _gauge(samples, j, first, bounds, single)
@@ -108,7 +112,7 @@ def _merge_series(
             columns.append(_counter(samples, j, first, bounds, single))
         else:
             columns.append(_bitmask(samples, j, bounds))
-    return list(zip(*columns, strict=True))
+    return columns
 
 
 def _gauge(

@@ -154,22 +154,23 @@ def _family_series(
     start_ms, end_ms = round(start * 1000), round(end * 1000)
     plan = tiers.plan(tiers.tier_state(session), start_ms, end_ms, (end_ms - start_ms) / (max_points - 1))
     step = tiers.step_ms(start_ms, end_ms, max_points, tiers.TIER_WIDTH_MS[plan[0].tier])
-    rows: Sequence[Sequence[Any]] | None = None
+    columns: dict[int, list[Sequence[Any]]] | None = None  # per id: buckets, then each field's values
     if ids and stored and rawseries.applies(plan, ids):  # a short raw range: its rows, merged in Python
         window = (plan[0].lo_ms - COUNTER_LOOKBACK_MS, plan[0].lo_ms, plan[0].hi_ms)
-        rows = rawseries.rows(session, dialect, family, list(ids), stored, window, step, max_points)
-    if ids and stored and rows is None:
+        columns = rawseries.rows(session, dialect, family, list(ids), stored, window, step, max_points)
+    if ids and stored and columns is None:
         params: dict[str, Any] = {"ids": list(ids), "step": step}
         for i, segment in enumerate(plan):
             params |= {f"lo_{i}": segment.lo_ms, f"hi_{i}": segment.hi_ms}
             params[f"read_from_{i}"] = segment.lo_ms - COUNTER_LOOKBACK_MS
-        rows = session.execute(
-            _bucketed_statement(dialect, tuple(s.tier for s in plan), tuple(stored), family), params
-        ).all()
-    by_gpu: dict[int, list[Sequence[Any]]] = {gpu_id: [] for gpu_id in ids}
-    for row in rows or ():
-        by_gpu[row[0]].append(row)
-    return {uuid: _series_data(uuid, by_gpu[gpu_id], stored, step, plan[0].tier) for gpu_id, uuid in ids.items()}
+        statement = _bucketed_statement(dialect, tuple(s.tier for s in plan), tuple(stored), family)
+        by_id: dict[int, list[Sequence[Any]]] = {}
+        for row in session.execute(statement, params):
+            by_id.setdefault(row[0], []).append(row[1:])
+        columns = {key: list(zip(*rows, strict=True)) for key, rows in by_id.items()}
+    empty: list[Sequence[Any]] = [()] * (1 + sum(3 if f.kind == "gauge" else 1 for f in stored))
+    found = columns or {}
+    return {uuid: _series_data(uuid, found.get(key, empty), stored, step, plan[0].tier) for key, uuid in ids.items()}
 
 
 def _si(f: schema.StoredField, values: Sequence[Any]) -> tuple[float | None, ...]:
@@ -182,13 +183,13 @@ def _si(f: schema.StoredField, values: Sequence[Any]) -> tuple[float | None, ...
 
 
 def _series_data(
-    uuid: str, rows: Sequence[Sequence[Any]], fields: Sequence[schema.StoredField], step: int, resolution: str
+    uuid: str, columns: Sequence[Sequence[Any]], fields: Sequence[schema.StoredField], step: int, resolution: str
 ) -> SeriesData:
+    """One series from its columns: bucket numbers, then per gauge mean, min, max, per counter and bitmask one."""
     values: dict[str, tuple[float | None, ...]] = {}
     minimum: dict[str, tuple[float | None, ...]] = {}
     maximum: dict[str, tuple[float | None, ...]] = {}
-    columns: list[Sequence[Any]] = list(zip(*rows, strict=True)) if rows else [()] * (2 + 3 * len(fields))
-    column = 2
+    column = 1
     for f in fields:
         if f.kind == "gauge":
             values[f.name] = _si(f, columns[column])
@@ -202,7 +203,7 @@ def _series_data(
         uuid=uuid,
         resolution=resolution,
         step_seconds=step / 1000,
-        timestamps=tuple(b * step / 1000 for b in columns[1]),
+        timestamps=tuple(b * step / 1000 for b in columns[0]),
         values=values,
         minimum=minimum,
         maximum=maximum,

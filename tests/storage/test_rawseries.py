@@ -61,12 +61,12 @@ def test_raw_read_equals_the_bucketed_query(
 
 
 def test_raw_read_is_one_bounded_statement(stored: Database) -> None:
-    """A 3-minute range of one GPU: the GPU's id, the tiers' state and one read of its rows (the range's 19 and
-    the counter lookback's 12), never the other GPU's."""
+    """A 3-minute range of one GPU: the GPU's id with the tiers' state, and one read of its rows (the range's 18
+    and the counter lookback's 12), never the other GPU's."""
     with counting(stored) as tally:
         data = timeseries.series(stored, UUIDS[:1], FIELDS, T0 + 200, T0 + 380, 19)
     assert len(data[UUIDS[0]].timestamps) == 18
-    assert tally.statements == 3, tally.seen
+    assert tally.statements == 2, tally.seen
     assert tally.rows <= 1 + 3 + (180 + 120) // 10 + 1, tally.seen  # id, tier rows, samples from 2 min before
 
 
@@ -75,6 +75,6 @@ def test_long_ranges_group_in_sql(stored: Database, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(rawseries, "LOOKBACK_ROWS", 0)
     with counting(stored) as tally:
         data = timeseries.series(stored, UUIDS, ["power_watts"], T0, T0 + 900, 20)
-    assert tally.statements == 4, tally.seen  # id, tiers, the raw read cut short, the bucketed query
+    assert tally.statements == 3, tally.seen  # ids and tiers, the raw read cut short, the bucketed query
     assert tally.rows <= 2 + 3 + 2 * 20 + 1 + 2 * 20
     assert len(data[UUIDS[0]].timestamps) == 20

@@ -12,7 +12,8 @@ Then, on the same data:
   over its non-null values (rows x value columns that hold a value, a row's profile values counted as its own);
 - "latest of every GPU": PromQL instant query ``{__name__=~"gpulens_gpu_.+"}`` against ``SqlReader.latest_readings``;
 - "one GPU over the range": PromQL ``query_range`` of the dashboard's chart fields for one uuid at the scrape step
-  against ``SqlReader.series`` of the same fields (medians of ``REPEAT``).
+  against ``SqlReader.series`` of the same fields, asked for as many points as the step gives (medians of
+  ``RANGE_REPEAT``).
 Usage: ``python -m bench.bench_prom_peer [--nodes 100] [--minutes 3] [--interval 10]``; ``--nodes 1000`` for the
 issue's figure.
 """
@@ -38,11 +39,21 @@ from typing import Any
 
 import yaml
 
-from bench.bench_prometheus import scenario
 from tests.conftest import free_port
 
 REPEAT = 5
+RANGE_REPEAT = 25  # the one-GPU range queries take about a millisecond: more repeats for a steadier median
 TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def scenario(names: list[str]) -> str:
+    """The simulator's cluster: ``names`` x 8 GPUs, a training job on every node."""
+    listed = ", ".join(f'"{n}"' for n in names)
+    lines = ["[cluster]", f"nodes = [{listed}]", "gpus_per_node = 8", "seed = 3", 'duration = "4h"', 'step = "10s"']
+    for j in range(len(names) // 8):
+        gpus = ", ".join(f'"{n}"' for n in names[8 * j : 8 * j + 8])
+        lines += ["[[jobs]]", f'id = "train-{j}"', 'user = "u"', 'kind = "training"', f"gpus = [{gpus}]"]
+    return "\n".join(lines) + "\n"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -72,9 +83,9 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], what: str, seconds: float
             time.sleep(0.5)
 
 
-def median_ms(function: Callable[[], Any]) -> float:
+def median_ms(function: Callable[[], Any], repeat: int = REPEAT) -> float:
     times = []
-    for _ in range(REPEAT):
+    for _ in range(repeat):
         began = time.perf_counter()
         function()
         times.append(time.perf_counter() - began)
@@ -206,13 +217,14 @@ def main() -> int:
             "query": f'{{__name__=~"{"|".join(families)}",uuid="{uuid}"}}', "start": f"{began_at:.3f}",
             "end": f"{end:.3f}", "step": f"{args.interval:g}",
         })  # fmt: skip
+        steps = int((end - began_at) // args.interval) + 1  # query_range's points per series: as many asked of gpulens
         latest_doc = json.loads(get(f"{base}/api/v1/query?{latest_q}"))
         range_doc = json.loads(get(f"{base}/api/v1/query_range?{range_q}"))
         q = {
             "latest_prometheus": median_ms(lambda: get(f"{base}/api/v1/query?{latest_q}")),
             "latest_gpulens": median_ms(lambda: reader.latest_readings()),
-            "range_prometheus": median_ms(lambda: get(f"{base}/api/v1/query_range?{range_q}")),
-            "range_gpulens": median_ms(lambda: reader.series([uuid], FIELDS, began_at, end, 1000)),
+            "range_prometheus": median_ms(lambda: get(f"{base}/api/v1/query_range?{range_q}"), RANGE_REPEAT),
+            "range_gpulens": median_ms(lambda: reader.series([uuid], FIELDS, began_at, end, steps), RANGE_REPEAT),
         }
         gpus_read = len(reader.latest_readings())
         reader.db.close()
@@ -257,9 +269,10 @@ def main() -> int:
     print(f"prompeer_ratio_latest_every_gpu_{tag}: {q['latest_gpulens'] / q['latest_prometheus']:.2f} "
           "gpulens/Prometheus")  # fmt: skip
     points = sum(len(r["values"]) for r in range_doc["data"]["result"])
-    print(f"prompeer_prometheus_one_gpu_range_{tag}: {q['range_prometheus']:.1f} ms ({len(families)} families, "
+    print(f"prompeer_prometheus_one_gpu_range_{tag}: {q['range_prometheus']:.2f} ms ({len(families)} families, "
           f"{points} points)")  # fmt: skip
-    print(f"prompeer_gpulens_one_gpu_range_{tag}: {q['range_gpulens']:.1f} ms ({len(FIELDS)} fields)")
+    print(f"prompeer_gpulens_one_gpu_range_{tag}: {q['range_gpulens']:.2f} ms ({len(FIELDS)} fields, at most "
+          f"{steps} points each, as query_range's step)")  # fmt: skip
     print(f"prompeer_ratio_one_gpu_range_{tag}: {q['range_gpulens'] / q['range_prometheus']:.2f} gpulens/Prometheus")
     return 0
 

@@ -9,7 +9,8 @@ generated inside the database with INSERT ... SELECT, in time order, as scrapes 
 - bytes on disk per GPU row (the sample table, the profiles it names, and their indexes) and the store's size;
 - the rate of ``Rollups.run`` over the history's last hour (rollup rows for the hours before it, and for 29
   earlier days of hourly rows, are generated like the raw rows), then the same hour again with ``Rollups.step``
-  (as the collector runs it between scrape rounds): its rate, number of steps and longest step;
+  (as the collector runs it between scrape rounds): its rate, number of steps, median, p95, p99 and longest step,
+  and the steps over 100 ms;
 - query latency (median of 5, warm): the latest reading of every GPU, one GPU's 24 hours at 1,000 points,
   and 30 days of one 16-GPU job (series of 2 fields for its 16 GPUs, plus its job summary).
 
@@ -201,9 +202,12 @@ def _measure_steps(prefix: str, db: Database, rolled: float, end: float, raw_row
         durations.append(time.perf_counter() - started)
     emit(f"{prefix}_rollup_step_rate", raw_rows / sum(durations), "raw rows/s")
     emit(f"{prefix}_rollup_steps", len(durations), "steps")
+    percentiles = statistics.quantiles(durations, n=100)
     emit(f"{prefix}_rollup_step_median", statistics.median(durations) * 1000, "ms")
-    emit(f"{prefix}_rollup_step_p95", statistics.quantiles(durations, n=20)[-1] * 1000, "ms")
+    emit(f"{prefix}_rollup_step_p95", percentiles[94] * 1000, "ms")
+    emit(f"{prefix}_rollup_step_p99", percentiles[98] * 1000, "ms")
     emit(f"{prefix}_rollup_longest_step", max(durations) * 1000, "ms")
+    emit(f"{prefix}_rollup_steps_over_100ms", sum(d > 0.1 for d in durations), "steps")
 
 
 # --- live rounds -----------------------------------------------------------------------------------------------------

@@ -9,18 +9,21 @@ Two ways to drive it, one transaction per piece of work, each holding the tier's
 writers of the tier's source queue behind it instead of slipping rows in unseen:
 
 - ``step(now, max_seconds)``, for the collector between scrape rounds: one slice of one bucket per call, the
-  slice sized from the previous steps' durations to take about ``max_seconds``. A bucket is rolled up family by
-  family (``fabricschema.FAMILIES``: GPUs, then RDMA ports, hosts and jobs' hosts), each slice by slice of its ids;
-  the position moves when the last family's last slice is done. While a bucket is rolled up slice
-  by slice, the row ``<tier>.pending`` of ``tier_state`` holds the bucket's end, and writers mark samples below it
-  as late, as if the position were already there; readers still see the old position until the bucket is done.
+  slice sized from the previous step's cost per id to take ``AIM`` of ``max_seconds`` (``next_slice``), less what
+  planning a new bucket took in the same step. A bucket is rolled up family by family (``fabricschema.FAMILIES``:
+  GPUs, then RDMA ports, hosts and jobs' hosts), each slice by slice of its ids; the position moves when the last
+  family's last slice is done. While a bucket is rolled up slice by slice, the row ``<tier>.pending`` of
+  ``tier_state`` holds the bucket's end, and writers mark samples below it as late, as if the position were already
+  there; readers still see the old position until the bucket is done.
 - ``run(now)``: everything due, several buckets of all GPUs per transaction (catching up, tests, benchmarks).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -155,22 +158,39 @@ def _from_minutes_sql(dialect: str, family: Family) -> str:
     )
 
 
-def next_slice(size: int, elapsed: float, max_seconds: float) -> int:
-    """The next slice of GPUs, from the last one's size and duration: aiming at 60 % of ``max_seconds``, moving
-    halfway there, and at most doubling, so one step slowed down or sped up by a busy machine does not swing it."""
-    estimate = size * max_seconds * 0.6 / max(elapsed, 1e-4)
-    return max(1, min(2 * size, round((size + estimate) / 2)))
+AIM: Final = 0.4  # a step aims at this share of its budget: a busy machine may slow one down twice or more
+
+
+def next_slice(size: int, elapsed: float, max_seconds: float, ids: int | None = None) -> int:
+    """The next slice of ids, from the last step's: ``size`` asked, ``ids`` rolled (fewer when it took the rest),
+    ``elapsed`` seconds. From the cost per id, the slice that takes ``AIM`` of ``max_seconds``: a step over that
+    shrinks to it at once; one under it grows halfway there, at most by half, so one step sped up by chance does not
+    make the next one long."""
+    per_id = elapsed / max(ids or size, 1)
+    fit = max_seconds * AIM / max(per_id, 1e-7)
+    if elapsed > max_seconds * AIM:
+        return max(1, int(fit))
+    return max(1, min(math.ceil(size * 1.5), round((size + fit) / 2)))
 
 
 class Rollups:
     """Builds the 1-minute and 1-hour tables incrementally: ``step`` between scrape rounds, or ``run``."""
 
-    def __init__(self, db: Database, *, settle_s: float = 30.0, slice_gpus: int = 256) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        settle_s: float = 30.0,
+        slice_gpus: int = 256,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
         """``settle_s``: roll a minute up only this long after it ends, so most samples are in by then.
 
-        ``slice_gpus``: the GPUs of the first slice ``step`` rolls up; later slices are sized by measured time.
+        ``slice_gpus``: the GPUs of the first slice ``step`` rolls up; later slices are sized by measured time
+        (``timer``: seconds, monotonic).
         """
         self._db = db
+        self._timer = timer
         self._settle_ms = round(settle_s * 1000)
         self._sql = {("1m", f.name): _from_samples_sql(db.dialect, f) for f in FAMILIES} | {
             ("1h", f.name): _from_minutes_sql(db.dialect, f) for f in FAMILIES
@@ -179,6 +199,7 @@ class Rollups:
         self._slice = {
             (t, f.name): max(1, slice_gpus // (16 if t == "1h" else 1)) for t in ("1m", "1h") for f in FAMILIES
         }
+        self._per_id: dict[tuple[str, str], float] = {}  # seconds per id of the last slice of each kind
         self._work: _Work | None = None
         self.longest_step_s = 0.0  # the longest step() so far, for the collector's metrics and the benchmark
 
@@ -205,7 +226,7 @@ class Rollups:
         The collector calls it between scrape rounds, as long as it returns True and the next round is not due.
         A call with nothing to do costs a few small queries.
         """
-        started = time.perf_counter()
+        started = self._timer()
         now_ms = round(now * 1000)
         work = self._work
         if work is None:
@@ -217,11 +238,18 @@ class Rollups:
                 return False
         kind = (work.tier.name, FAMILIES[work.family].name)
         slice_gpus = self._slice[kind]
-        g1 = work.next_gpu + slice_gpus if work.next_gpu + slice_gpus <= work.last_gpu else _ALL_GPUS
+        planned = self._timer() - started
+        if planned > 0 and (per_id := self._per_id.get(kind)):  # planning took part of this step's budget
+            slice_gpus = max(1, min(slice_gpus, int((max_seconds * AIM - planned) / per_id)))
+        first, last = work.next_gpu, work.last_gpu
+        g1 = first + slice_gpus if first + slice_gpus <= last else _ALL_GPUS
+        rolling = self._timer()
         self._roll(work, g1)
-        elapsed = time.perf_counter() - started
-        self.longest_step_s = max(self.longest_step_s, elapsed)
-        self._slice[kind] = next_slice(slice_gpus, elapsed, max_seconds)
+        now_s = self._timer()
+        ids = min(g1, last + 1) - first
+        self._per_id[kind] = (now_s - rolling) / max(ids, 1)
+        self._slice[kind] = next_slice(self._slice[kind], now_s - rolling, max_seconds, ids)
+        self.longest_step_s = max(self.longest_step_s, now_s - started)
         return True
 
     # --- planning -----------------------------------------------------------------------------------------------

@@ -28,10 +28,12 @@ class Segment:
     hi_ms: int  # exclusive
 
 
+_TIER_STATE: Final = sa.text("SELECT tier, position_ms, horizon_ms FROM tier_state")  # built once: every read asks
+
+
 def tier_state(session: Session) -> dict[str, tuple[int | None, int | None]]:
     """Per tier, its rollup position and retention horizon (``tier_state``)."""
-    t = schema.tier_state
-    return {row.tier: (row.position_ms, row.horizon_ms) for row in session.execute(sa.select(t))}
+    return {row[0]: (row[1], row[2]) for row in session.execute(_TIER_STATE)}
 
 
 def plan(

@@ -7,14 +7,17 @@ in ``_total``) or ORs (bitmasks), then decoded to SI units.
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from itertools import repeat
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from storage import aggregates, schema, tiers
+from storage import aggregates, rawseries, schema, tiers
 from storage.db import Database
 from storage.fabricschema import GPU, Family
 from storage.rollup import COUNTER_LOOKBACK_MS
@@ -79,6 +82,15 @@ def _series_sql(
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _bucketed_statement(
+    dialect: str, plan: tuple[str, ...], fields: tuple[schema.StoredField, ...], family: Family
+) -> sa.TextClause:
+    """The bucketed query of a plan of these tiers (the bounds are parameters)."""
+    segments = [tiers.Segment(tier, 0, 0) for tier in plan]
+    return sa.text(_series_sql(dialect, segments, fields, family)).bindparams(sa.bindparam("ids", expanding=True))
+
+
 def stored_fields(
     names: Sequence[str], known: Mapping[str, schema.StoredField] = schema.FIELD_BY_NAME
 ) -> list[schema.StoredField]:
@@ -89,10 +101,25 @@ def stored_fields(
     return [known[name] for name in names]
 
 
-def _gpu_ids(session: Session, uuids: Iterable[str]) -> dict[int, str]:
-    g = schema.gpu
-    rows = session.execute(sa.select(g.c.id, g.c.uuid).where(g.c.uuid.in_(list(uuids)))).all()
-    return {row.id: row.uuid for row in rows}
+# The GPUs' ids and every tier's state in one statement (a read of one GPU is then two statements): built once.
+_GPU_IDS_AND_TIERS: Final = sa.text(
+    "SELECT 0, id, uuid, NULL, NULL FROM gpu WHERE uuid IN :uuids "
+    "UNION ALL SELECT 1, NULL, tier, position_ms, horizon_ms FROM tier_state"
+).bindparams(sa.bindparam("uuids", expanding=True))
+
+
+def _gpu_ids_and_tiers(
+    session: Session, uuids: Iterable[str]
+) -> tuple[dict[int, str], dict[str, tuple[int | None, int | None]]]:
+    """The ids of the GPUs ``uuids`` (id -> uuid) and ``tiers.tier_state``, read together."""
+    ids: dict[int, str] = {}
+    state: dict[str, tuple[int | None, int | None]] = {}
+    for kind, key, name, position, horizon in session.execute(_GPU_IDS_AND_TIERS, {"uuids": list(uuids)}):
+        if kind == 0:
+            ids[key] = name
+        else:
+            state[name] = (position, horizon)
+    return ids, state
 
 
 def series(
@@ -109,8 +136,8 @@ def series(
     """
     stored = stored_fields(fields)
     with db.session() as session:
-        ids = _gpu_ids(session, uuids)
-    return family_series(db, GPU, ids, stored, start, end, max_points)
+        ids, state = _gpu_ids_and_tiers(session, uuids)
+        return _family_series(session, db.dialect, GPU, ids, stored, start, end, max_points, state)
 
 
 def family_series(
@@ -124,56 +151,81 @@ def family_series(
 ) -> dict[str, SeriesData]:
     """Time series of ``stored`` fields of the family's rows ``ids`` (id -> the name to key the result and to put in
     ``SeriesData.uuid``) over [start, end], at most ``max_points`` per row."""
+    with db.session() as session:
+        return _family_series(session, db.dialect, family, ids, stored, start, end, max_points)
+
+
+def _family_series(
+    session: Session,
+    dialect: str,
+    family: Family,
+    ids: Mapping[int, str],
+    stored: Sequence[schema.StoredField],
+    start: float,
+    end: float,
+    max_points: int,
+    state: Mapping[str, tuple[int | None, int | None]] | None = None,
+) -> dict[str, SeriesData]:
+    """``family_series`` in ``session``; ``state``: the tiers' state if already read."""
     if max_points < 2:
         raise ValueError("max_points must be at least 2")
     if end < start:
         raise ValueError("end is before start")
     start_ms, end_ms = round(start * 1000), round(end * 1000)
-    with db.session() as session:
-        plan = tiers.plan(tiers.tier_state(session), start_ms, end_ms, (end_ms - start_ms) / (max_points - 1))
-        step = tiers.step_ms(start_ms, end_ms, max_points, tiers.TIER_WIDTH_MS[plan[0].tier])
-        rows: Sequence[Sequence[Any]] = []
-        if ids and stored:
-            params: dict[str, Any] = {"ids": list(ids), "step": step}
-            for i, segment in enumerate(plan):
-                params |= {f"lo_{i}": segment.lo_ms, f"hi_{i}": segment.hi_ms}
-                params[f"read_from_{i}"] = segment.lo_ms - COUNTER_LOOKBACK_MS
-            sql = sa.text(_series_sql(db.dialect, plan, stored, family)).bindparams(sa.bindparam("ids", expanding=True))
-            rows = session.execute(sql, params).all()
-    by_gpu: dict[int, list[Sequence[Any]]] = {gpu_id: [] for gpu_id in ids}
-    for row in rows:
-        by_gpu[row[0]].append(row)
-    return {uuid: _series_data(uuid, by_gpu[gpu_id], stored, step, plan[0].tier) for gpu_id, uuid in ids.items()}
+    plan = tiers.plan(
+        tiers.tier_state(session) if state is None else state, start_ms, end_ms, (end_ms - start_ms) / (max_points - 1)
+    )
+    step = tiers.step_ms(start_ms, end_ms, max_points, tiers.TIER_WIDTH_MS[plan[0].tier])
+    columns: dict[int, list[Sequence[Any]]] | None = None  # per id: buckets, then each field's values
+    if ids and stored and rawseries.applies(plan, ids):  # a short raw range: its rows, merged in Python
+        window = (plan[0].lo_ms - COUNTER_LOOKBACK_MS, plan[0].lo_ms, plan[0].hi_ms)
+        columns = rawseries.rows(session, dialect, family, list(ids), stored, window, step, max_points)
+    if ids and stored and columns is None:
+        params: dict[str, Any] = {"ids": list(ids), "step": step}
+        for i, segment in enumerate(plan):
+            params |= {f"lo_{i}": segment.lo_ms, f"hi_{i}": segment.hi_ms}
+            params[f"read_from_{i}"] = segment.lo_ms - COUNTER_LOOKBACK_MS
+        statement = _bucketed_statement(dialect, tuple(s.tier for s in plan), tuple(stored), family)
+        by_id: dict[int, list[Sequence[Any]]] = {}
+        for row in session.execute(statement, params):
+            by_id.setdefault(row[0], []).append(row[1:])
+        columns = {key: list(zip(*rows, strict=True)) for key, rows in by_id.items()}
+    empty: list[Sequence[Any]] = [()] * (1 + sum(3 if f.kind == "gauge" else 1 for f in stored))
+    found = columns or {}
+    return {uuid: _series_data(uuid, found.get(key, empty), stored, step, plan[0].tier) for key, uuid in ids.items()}
 
 
-def _si(f: schema.StoredField, values: Iterable[Any]) -> tuple[float | None, ...]:
-    # StoredField.to_si inlined (the same arithmetic, so the same floats): a method call per value was a third of a
-    # one-GPU series read (bench_prom_peer's profile).
+def _si(f: schema.StoredField, values: Sequence[Any]) -> tuple[float | None, ...]:
+    """A column of stored values in SI units: ``StoredField.to_si``'s arithmetic (so the same floats), done by
+    ``map`` over C operators when the column has no gap (a method call per value was a third of a one-GPU read)."""
     unit, per_unit = f.unit, f.per_unit
-    return tuple(None if v is None else v * unit / per_unit for v in values)
+    if None in values:
+        return tuple(None if v is None else v * unit / per_unit for v in values)
+    return tuple(map(operator.truediv, map(operator.mul, values, repeat(unit)), repeat(per_unit)))
 
 
 def _series_data(
-    uuid: str, rows: Sequence[Sequence[Any]], fields: Sequence[schema.StoredField], step: int, resolution: str
+    uuid: str, columns: Sequence[Sequence[Any]], fields: Sequence[schema.StoredField], step: int, resolution: str
 ) -> SeriesData:
+    """One series from its columns: bucket numbers, then per gauge mean, min, max, per counter and bitmask one."""
     values: dict[str, tuple[float | None, ...]] = {}
     minimum: dict[str, tuple[float | None, ...]] = {}
     maximum: dict[str, tuple[float | None, ...]] = {}
-    column = 2
+    column = 1
     for f in fields:
         if f.kind == "gauge":
-            values[f.name] = _si(f, (row[column] for row in rows))
-            minimum[f.name] = _si(f, (row[column + 1] for row in rows))
-            maximum[f.name] = _si(f, (row[column + 2] for row in rows))
+            values[f.name] = _si(f, columns[column])
+            minimum[f.name] = _si(f, columns[column + 1])
+            maximum[f.name] = _si(f, columns[column + 2])
             column += 3
         else:  # a rate or an OR: one value per bucket
-            values[f.name] = minimum[f.name] = maximum[f.name] = _si(f, (row[column] for row in rows))
+            values[f.name] = minimum[f.name] = maximum[f.name] = _si(f, columns[column])
             column += 1
     return SeriesData(
         uuid=uuid,
         resolution=resolution,
         step_seconds=step / 1000,
-        timestamps=tuple(row[1] * step / 1000 for row in rows),
+        timestamps=tuple(b * step / 1000 for b in columns[0]),
         values=values,
         minimum=minimum,
         maximum=maximum,

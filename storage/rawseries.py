@@ -25,11 +25,12 @@ LOOKBACK_ROWS: Final = 120
 
 
 def rows_sql(dialect: str, family: Family, fields: Sequence[schema.StoredField]) -> str:
-    """The raw samples of ids [read_from, hi), by id and time, at most :limit rows."""
+    """The raw samples of ids [read_from, hi), by id and time, at most :limit rows (GPU profiles joined when asked
+    for one of their fields)."""
     cte, minutes = tiers.minutes_cte(dialect, ":read_from", ":hi")
     columns = ", ".join([family.key, "ts_ms", *(f.column for f in fields)])
     return (
-        f"{cte}SELECT {columns} FROM {family.sample} "  # noqa: S608 (constant identifiers)
+        f"{cte}SELECT {columns} FROM {family.source(dialect, fields)} "  # noqa: S608 (constant identifiers)
         f"WHERE {family.key} IN :ids AND ts_ms >= :read_from AND ts_ms < :hi {minutes} "
         f"ORDER BY {family.key}, ts_ms LIMIT :limit"
     )

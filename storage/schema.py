@@ -58,6 +58,11 @@ class StoredField:
         return _INT_RANGES[self.sql_type]
 
     @property
+    def pg_param_type(self) -> str:
+        """The type the SI value is sent as to PostgreSQL (an int of any size arrives as numeric)."""
+        return "boolean" if self.is_bool else "numeric" if self.is_int else "double precision"
+
+    @property
     def aggregates(self) -> tuple[str, ...]:
         """The suffixes of this field's rollup columns (and of its SI columns in the rollup views)."""
         return AGGREGATES[self.kind]

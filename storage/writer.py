@@ -4,7 +4,7 @@ Each GPU reading becomes one wide row of ``gpu_sample``: ``INSERT OR IGNORE`` ex
 temporary table then ``INSERT ... SELECT ... ON CONFLICT DO NOTHING`` on PostgreSQL. Values travel in SI units and
 the SQL statement encodes them (``StoredField.sql_encode``), which keeps the Python work per reading to one tuple.
 The 15 seldom-changing fields go in ``gpu_profile``, once per distinct combination; a row names its profile (see
-``Writer._profile_id``).
+``storage.profiles``).
 
 RDMA ports, hosts and jobs' cgroups go in the same transaction (``storage.fabricwriter``), and so does the per-job
 minute aggregate (``storage.jobminute``). Jobs, processes and
@@ -30,16 +30,16 @@ from gpulens.model import GpuReading, NodeSnapshot, TargetHealth
 from storage import jobminute, schema
 from storage.db import Database, lock_tier
 from storage.fabricwriter import FabricWriter, fabric_times
+from storage.profiles import VALUES as PROFILE_VALUES
+from storage.profiles import Profiles
 from storage.rollup import PENDING
 
 # gpu.last_seen_ms moves at most once a minute per GPU, not every scrape (see schema.newest_sample_ms).
 LAST_SEEN_RESOLUTION_MS: Final = schema.MINUTE_MS
 
-# Every field of the row but xid_total (the last), derived from xid_errors, and the profile's (see _profile_id).
+# Every field of the row but xid_total (the last), derived from xid_errors, and the profile's (storage.profiles).
 _ENCODED_FIELDS: Final = tuple(f for f in schema.SAMPLE_FIELDS[:-1] if not f.profile)
-_PROFILE_FIELDS: Final = tuple(f for f in schema.SAMPLE_FIELDS if f.profile)
 _READING_VALUES: Final[Callable[[GpuReading], tuple[Any, ...]]] = attrgetter(*(f.name for f in _ENCODED_FIELDS))
-_PROFILE_VALUES: Final[Callable[[GpuReading], tuple[Any, ...]]] = attrgetter(*(f.name for f in _PROFILE_FIELDS))
 # The order of a row tuple: the reading's values first, so one tuple concatenation builds a row. The tuple holds SI
 # values (PostgreSQL's staging table names its columns by field); gpu_sample's columns are named by stored unit.
 _TAIL: Final = ("gpu_id", "ts_ms", "profile_id", "xid_total", "xid_errors")
@@ -61,15 +61,10 @@ def _sqlite_insert() -> str:
     return f"INSERT OR IGNORE INTO gpu_sample ({_SAMPLE_COLUMNS}) VALUES ({', '.join(encoded + rest)})"  # noqa: S608
 
 
-def _pg_param_type(f: schema.StoredField) -> str:
-    """The type a field's SI value is sent as to PostgreSQL (an int of any size arrives as numeric)."""
-    return "boolean" if f.is_bool else "numeric" if f.is_int else "double precision"
-
-
 # The staging table's column types, which binary COPY sends values as. Integers are numeric so that any Python int
 # arrives (one too large for its column is stored as NULL, as on SQLite).
 _PG_STAGE_TYPES: Final = (
-    *(_pg_param_type(f) for f in _ENCODED_FIELDS),
+    *(f.pg_param_type for f in _ENCODED_FIELDS),
     *("integer", "bigint", "integer", "bigint", "text"),
 )
 
@@ -85,25 +80,7 @@ def _pg_insert() -> str:
     return f"INSERT INTO gpu_sample ({_SAMPLE_COLUMNS}) SELECT {values} FROM {_PG_STAGE}"  # noqa: S608
 
 
-def _profile_insert(dialect: str) -> str:
-    """An idempotent INSERT of one profile: its key, then its SI values (``:p0``...) encoded like a sample's."""
-    values = [
-        f.sql_encode(
-            f":p{i}" if dialect == "sqlite" else f"CAST(:p{i} AS {_pg_param_type(f)})",
-            dialect,
-        )
-        for i, f in enumerate(_PROFILE_FIELDS)
-    ]
-    columns = ", ".join(f.column for f in _PROFILE_FIELDS)
-    return (
-        f"INSERT INTO gpu_profile (key, {columns}) VALUES (:key, {', '.join(values)}) "  # noqa: S608
-        "ON CONFLICT (key) DO NOTHING"
-    )
-
-
 _SQLITE_INSERT: Final = _sqlite_insert()
-_PROFILE_INSERT: Final = {dialect: sa.text(_profile_insert(dialect)) for dialect in ("sqlite", "postgresql")}
-_PROFILE_ID: Final = sa.text("SELECT profile_id FROM gpu_profile WHERE key = :key")
 _PG_STAGE_DDL: Final = _pg_stage_ddl()
 _PG_INSERT: Final = _pg_insert()  # tried first: a quarter cheaper than ON CONFLICT's speculative insertion
 _PG_INSERT_IDEMPOTENT: Final = _PG_INSERT + " ON CONFLICT DO NOTHING"  # when some rows are stored already
@@ -226,7 +203,7 @@ class Writer:
     def __init__(self, db: Database) -> None:
         self._db = db
         self._gpus: dict[str, _GpuState] | None = None
-        self._profiles: dict[tuple[Any, ...], int] = {}  # profile values -> profile_id, loaded with the GPUs
+        self._profiles = Profiles(db.dialect)  # loaded with the GPUs
         self._signatures: dict[str, tuple[Any, ...] | None] = {}
         self._fabric = FabricWriter(db.dialect)
         self._job_minutes = True  # the store has the per-job aggregate (revision 0009); checked on each _load
@@ -262,7 +239,7 @@ class Writer:
         except BaseException:
             # The state was updated as the round went; the commit may or may not have happened. Reload it.
             self._gpus = None
-            self._profiles = {}
+            self._profiles.reset()
             self._signatures = {}
             self._fabric.reset()
             raise
@@ -296,11 +273,7 @@ class Writer:
         n = schema.nvlink_down
         for row in conn.execute(sa.select(n.c.gpu_id, n.c.link).where(n.c.end_ms.is_(None))):
             by_id[row.gpu_id].links_down.add(row.link)
-        p = schema.gpu_profile
-        self._profiles = {}
-        for profile_id, key in conn.execute(sa.select(p.c.profile_id, p.c.key)):
-            if key.startswith("["):  # not a key of the migration's (written from stored values)
-                self._profiles[tuple(json.loads(key))] = profile_id
+        self._profiles.load(conn)
         return gpus
 
     def _resolve_gpus(
@@ -339,12 +312,12 @@ class Writer:
         rows: list[tuple[Any, ...]] = []
         append = rows.append
         for r, state, ts_ms in resolved:
-            values = _PROFILE_VALUES(r)
+            values = PROFILE_VALUES(r)
             last = state.profile
             if last is not None and last[0] == values:
                 profile_id = last[1]
             else:
-                profile_id = self._profile_id(conn, values)
+                profile_id = self._profiles.id_of(conn, values)
                 state.profile = (values, profile_id)
             tail = (state.id, ts_ms, profile_id, *_xid_columns(r.xid_errors)) if r.xid_errors else None
             append(_READING_VALUES(r) + (tail or (state.id, ts_ms, profile_id, 0, None)))
@@ -360,16 +333,6 @@ class Writer:
                 return int(conn.exec_driver_sql(_PG_INSERT).rowcount)
         except sa.exc.IntegrityError:  # a round written again (a replayed spool): skip what is stored
             return int(conn.exec_driver_sql(_PG_INSERT_IDEMPOTENT).rowcount)
-
-    def _profile_id(self, conn: Connection, values: tuple[Any, ...]) -> int:
-        """The id of the profile holding ``values`` (the profile fields' SI values), stored first if it is new."""
-        profile_id = self._profiles.get(values)
-        if profile_id is None:
-            key = json.dumps(values)
-            params = {"key": key, **{f"p{i}": value for i, value in enumerate(values)}}
-            conn.execute(_PROFILE_INSERT[self._db.dialect], params)
-            profile_id = self._profiles[values] = int(conn.execute(_PROFILE_ID, {"key": key}).scalar_one())
-        return profile_id
 
     @staticmethod
     def _mark_late(conn: Connection, earliest: int) -> None:

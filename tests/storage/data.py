@@ -56,8 +56,7 @@ def write_wide(db: Database, snapshots: Sequence[NodeSnapshot]) -> None:
     pg = db.dialect == "postgresql"
 
     def param(i: int, f: schema.StoredField) -> str:
-        kind = "boolean" if f.is_bool else "numeric" if f.is_int else "double precision"
-        return f"CAST(:p{i} AS {kind})" if pg else f":p{i}"
+        return f"CAST(:p{i} AS {f.pg_param_type})" if pg else f":p{i}"
 
     columns = ", ".join([*(f.column for f in fields), "gpu_id", "ts_ms", "xid_total", "xid_errors"])
     values = ", ".join([*(f.sql_encode(param(i, f), db.dialect) for i, f in enumerate(fields)), ":g, :t, :x, :e"])

@@ -18,6 +18,9 @@ FIELDS = list(schema.FIELD_BY_NAME)  # gauges, counters and the bitmask
 ROUNDS = 90
 
 
+TIER_ROWS = 4  # tier_state: raw, 1m, 1h and the per-job aggregate's horizon (job)
+
+
 def _round(k: int) -> NodeSnapshot:
     """Round k: 10 s apart with jitter, an energy counter reset at k=50, power missing every 7th, throttling."""
     t = T0 + 10 * k + (k % 3) * 0.7
@@ -67,7 +70,7 @@ def test_raw_read_is_one_bounded_statement(stored: Database) -> None:
         data = timeseries.series(stored, UUIDS[:1], FIELDS, T0 + 200, T0 + 380, 19)
     assert len(data[UUIDS[0]].timestamps) == 18
     assert tally.statements == 2, tally.seen
-    assert tally.rows <= 1 + 3 + (180 + 120) // 10 + 1, tally.seen  # id, tier rows, samples from 2 min before
+    assert tally.rows <= 1 + TIER_ROWS + (180 + 120) // 10 + 1, tally.seen  # id, tier rows, samples from 2 min before
 
 
 def test_long_ranges_group_in_sql(stored: Database, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,5 +79,5 @@ def test_long_ranges_group_in_sql(stored: Database, monkeypatch: pytest.MonkeyPa
     with counting(stored) as tally:
         data = timeseries.series(stored, UUIDS, ["power_watts"], T0, T0 + 900, 20)
     assert tally.statements == 3, tally.seen  # ids and tiers, the raw read cut short, the bucketed query
-    assert tally.rows <= 2 + 3 + 2 * 20 + 1 + 2 * 20
+    assert tally.rows <= 2 + TIER_ROWS + 2 * 20 + 1 + 2 * 20
     assert len(data[UUIDS[0]].timestamps) == 20

@@ -264,15 +264,20 @@ def _series(
     end: float,
     max_points: int,
 ) -> dict[str, SeriesData]:
-    """One range query per field (``queries``: field -> the PromQL for a step), keyed by ``key_of(labels)``."""
+    """One range query per field (``queries``: field -> the PromQL for a step), all at once, keyed by
+    ``key_of(labels)``."""
     if max_points < 2:
         raise ValueError("max_points must be at least 2")
     if end < start:
         raise ValueError("end is before start")
     lo, hi, step = reader._step(start, end, max_points)
     points: dict[str, dict[str, dict[float, float]]] = defaultdict(lambda: defaultdict(dict))
-    for field, promql in queries.items():
-        series: list[PromSeries] = reader.client.query_range(promql(step), lo + step, hi + step, step)
+    with ThreadPoolExecutor(4) as pool:  # the fields' queries at once
+        futures = {
+            f: pool.submit(reader.client.query_range, q(step), lo + step, hi + step, step) for f, q in queries.items()
+        }
+        answers: dict[str, list[PromSeries]] = {field: future.result() for field, future in futures.items()}
+    for field, series in answers.items():
         for s in series:
             key = key_of(s.labels)
             if key is None:

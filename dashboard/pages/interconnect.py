@@ -63,8 +63,12 @@ LINK_ERROR_FIELDS: Final = (
     "nvlink_recovery_errors_total",
 )
 TOP: Final = 25
-# What the link tables read of each GPU's newest reading.
+# What the page draws of every GPU: the link-load chart's throughputs against the links' ceilings (a store that reads
+# only the fields asked for, as Prometheus does, would otherwise put every GPU at 0 %), the degraded links and the
+# error totals.
 LINK_FIELDS: Final = (
+    *("pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second"),
+    *("nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second"),
     "pcie_link_generation",
     "pcie_link_generation_max",
     "pcie_link_width",

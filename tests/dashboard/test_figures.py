@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -17,7 +18,9 @@ from dashboard.figures.throttle import MaskSeries, throttle_timeline
 from dashboard.figures.timeseries import GIB as GIB_AXIS
 from dashboard.figures.timeseries import PERCENT, RATE, Line, time_series
 from dashboard.heatmaps import METRICS
+from dashboard.pages.interconnect import LINK_FIELDS
 from gpulens.hardware import nvlink_max_bytes_per_second, pcie_max_bytes_per_second
+from gpulens.metriccatalogue import GPU_FIELDS
 from gpulens.model import GpuJob, GpuReading
 from gpulens.ratios import memory_used_ratio_of, nvlink_utilization_ratio, pcie_utilization_ratio
 
@@ -247,6 +250,18 @@ def test_link_load_counts_every_gpu_and_names_the_busiest() -> None:
     assert points["text"] == ["node-00:1"]  # the busiest only
     assert points["customdata"] == ["/gpus/GPU-node-00-1"]
     assert points["x"][0] == pytest.approx(0.984, abs=1e-3)
+
+
+def test_link_load_reads_only_the_fields_the_interconnect_page_asks_for() -> None:
+    """A store that returns only the fields asked for (Prometheus does) leaves the others unknown: the page's
+    LINK_FIELDS must hold every field the chart reads, or every GPU sits at 0 % on such a store."""
+    readings = [reading(gpu=0), reading(gpu=1, pcie_tx_bytes_per_second=62.0e9)]
+    asked = set(LINK_FIELDS) | {"up"}
+    narrowed = [
+        dataclasses.replace(r, **{spec.field: None for spec in GPU_FIELDS if spec.field not in asked}) for r in readings
+    ]
+    assert as_data(link_load(narrowed)) == as_data(link_load(readings))
+    assert narrowed[0].power_watts is None  # the narrowing did narrow
 
 
 def test_link_load_without_link_readings_says_so() -> None:

@@ -3,8 +3,9 @@
 A target that hangs, refuses, answers 500 or garbage costs at most its own timeout and never raises: the result
 carries the target's health (up, error, duration, samples) and the per-reason counts of what was rejected.
 
-A gpulens exporter is asked for the columnar snapshot (``?layout=columnar``, docs/snapshot.md); an older exporter
-ignores the parameter and serves the row layout, which the document names and the codec reads just the same.
+A gpulens exporter is asked for the columnar snapshot with only the inactive links (``?layout=columnar&links=inactive``,
+docs/snapshot.md); an older exporter ignores the parameters and serves the row layout with every link, which the
+document names and the codec reads just the same.
 
 ``kind = "dcgm"`` targets are converted by ``gpulens.dcgmnode.DcgmPageReader``, the same converter the exporter's
 ``dcgm`` source uses; the scraper keeps one reader per target (keyed by target name, replaced when the target's URL
@@ -36,7 +37,7 @@ from gpulens.clock import Clock, SystemClock
 from gpulens.config import ConfigError
 from gpulens.dcgmnode import DcgmPageError, DcgmPageReader
 from gpulens.httpfetch import Deadline, DeadlineHTTPConnection, DeadlineHTTPSConnection, read_body, redact_url
-from gpulens.model import GpuReading, NodeSnapshot, SnapshotFormatError, TargetHealth
+from gpulens.model import LINKS_INACTIVE, GpuReading, NodeSnapshot, SnapshotFormatError, TargetHealth
 from gpulens.snapshotcodec import LAYOUT_COLUMNAR, SnapshotNotJSONError, snapshot_from_bytes
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,9 @@ _non_negative = attrgetter(*_NON_NEGATIVE)
 _ratios = attrgetter(*_RATIO_FIELDS)
 _temperatures = attrgetter(*_TEMPERATURES)
 _known = functools.partial(is_not, None)
-# Query parameter asking a gpulens exporter for the columnar snapshot; older exporters ignore it.
-COLUMNAR_QUERY = f"layout={LAYOUT_COLUMNAR}"
+# Query asking a gpulens exporter for the columnar snapshot with only the inactive links (the collector stores link
+# outages, and each GPU's NVLink totals are in its reading): older exporters ignore what they do not know.
+SNAPSHOT_QUERY = f"layout={LAYOUT_COLUMNAR}&links={LINKS_INACTIVE}"
 
 
 class ScrapeError(Exception):
@@ -278,8 +280,8 @@ class Scraper:
         scheme, host = parts.scheme, parts.hostname
         port = parts.port or (443 if scheme == "https" else 80)
         query = parts.query
-        if target.kind != "dcgm":  # a gpulens exporter: ask for the columnar layout
-            query = f"{query}&{COLUMNAR_QUERY}" if query else COLUMNAR_QUERY
+        if target.kind != "dcgm":  # a gpulens exporter: ask for the columnar layout and the inactive links
+            query = f"{query}&{SNAPSHOT_QUERY}" if query else SNAPSHOT_QUERY
         path = (parts.path or "/") + (f"?{query}" if query else "")
         headers = self._headers(target)
         deadline = Deadline(self._timeout)  # one deadline for the whole request, retry included

@@ -23,6 +23,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from exporter.connections import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_WORKERS, Connection, ConnectionPool
 from exporter.poller import NodeEndpoint, Published
 from exporter.webconfig import WebConfig
+from gpulens.model import LINK_SCOPES, LINKS_ALL
 from gpulens.snapshotcodec import LAYOUT_ROWS, LAYOUTS
 
 log = logging.getLogger(__name__)
@@ -204,15 +205,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"status": "unhealthy", **published.health_doc})
 
     def _snapshot(self, published: Published) -> None:
-        """The snapshot in the layout the client asked for (``?layout=columnar``; docs/snapshot.md), rows by default."""
-        [layout] = parse_qs(urlsplit(self.path).query).get("layout", [LAYOUT_ROWS])[-1:]
+        """The snapshot in the layout the client asked for (``?layout=columnar``; docs/snapshot.md), rows by default,
+        with every link or only the inactive ones (``?links=inactive``, what the collector asks for)."""
+        query = parse_qs(urlsplit(self.path).query)
+        [layout] = query.get("layout", [LAYOUT_ROWS])[-1:]
+        [links] = query.get("links", [LINKS_ALL])[-1:]
         if layout not in LAYOUTS:
             self._json(HTTPStatus.BAD_REQUEST, {"error": f"unknown layout {layout[:40]!r}; use one of {list(LAYOUTS)}"})
+        elif links not in LINK_SCOPES:
+            self._json(
+                HTTPStatus.BAD_REQUEST, {"error": f"unknown links {links[:40]!r}; use one of {list(LINK_SCOPES)}"}
+            )
         elif self._gzip_accepted():
-            body = published.snapshot_body(layout, gzipped=True)
+            body = published.snapshot_body(layout, gzipped=True, links=links)
             self._send(HTTPStatus.OK, body, JSON_CONTENT_TYPE, {"Content-Encoding": "gzip"})
         else:
-            self._send(HTTPStatus.OK, published.snapshot_body(layout, gzipped=False), JSON_CONTENT_TYPE)
+            self._send(HTTPStatus.OK, published.snapshot_body(layout, gzipped=False, links=links), JSON_CONTENT_TYPE)
 
     def _gzip_accepted(self) -> bool:
         return "gzip" in self.headers.get("Accept-Encoding", "")

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 from exporter.metrics import ExporterHealth, LastXidTracker, render_metrics
 from gpulens.clock import Clock, SystemClock
 from gpulens.logutil import ErrorCounter
-from gpulens.model import GpuSource, MultiNodeSource, NodeSnapshot, NodeUnavailableError
-from gpulens.snapshotcodec import LAYOUT_COLUMNAR, LAYOUT_ROWS, snapshot_to_bytes
+from gpulens.model import LINKS_ALL, LINKS_INACTIVE, GpuSource, MultiNodeSource, NodeSnapshot, NodeUnavailableError
+from gpulens.snapshotcodec import snapshot_to_bytes
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ class Published:
         self.unavailable = unavailable  # the node answers nothing (HTTP 503 on every endpoint)
         self._dcgm_compat = dcgm_compat
         self._last_xid = last_xid
+        self._bodies: dict[tuple[str, str, bool], bytes] = {}  # (layout, links, gzipped) -> the snapshot document
 
     @functools.cached_property
     def metrics(self) -> bytes:
@@ -59,35 +60,25 @@ class Published:
     def metrics_gzip(self) -> bytes:
         return gzip.compress(self.metrics, compresslevel=GZIP_LEVEL)
 
-    @functools.cached_property
-    def snapshot_json(self) -> bytes:
-        """The snapshot document in the row layout (the default)."""
-        return self._snapshot_bytes(LAYOUT_ROWS)
+    def snapshot_body(self, layout: str, *, gzipped: bool, links: str = LINKS_ALL) -> bytes:
+        """The snapshot document in ``layout`` (``rows`` or ``columnar``) with ``links`` (``all`` or only the
+        ``inactive`` ones: docs/snapshot.md), gzipped or not; each rendered once per collection."""
+        return self._body(layout, links, gzipped=gzipped)
 
-    @functools.cached_property
-    def snapshot_json_gzip(self) -> bytes:
-        return gzip.compress(self.snapshot_json, compresslevel=GZIP_LEVEL)
-
-    @functools.cached_property
-    def snapshot_json_columnar(self) -> bytes:
-        """The snapshot document in the columnar layout (what the collector asks for)."""
-        return self._snapshot_bytes(LAYOUT_COLUMNAR)
-
-    @functools.cached_property
-    def snapshot_json_columnar_gzip(self) -> bytes:
-        return gzip.compress(self.snapshot_json_columnar, compresslevel=GZIP_LEVEL)
-
-    def snapshot_body(self, layout: str, *, gzipped: bool) -> bytes:
-        """The snapshot document in ``layout`` (``rows`` or ``columnar``), gzipped or not; rendered once each."""
-        if layout == LAYOUT_COLUMNAR:
-            return self.snapshot_json_columnar_gzip if gzipped else self.snapshot_json_columnar
-        return self.snapshot_json_gzip if gzipped else self.snapshot_json
-
-    def _snapshot_bytes(self, layout: str) -> bytes:
-        if self.snapshot is None:
-            raise ValueError("no current snapshot")
-        # orjson: 6x faster than json.dumps here, which matters when one process serves 1,000 simulated nodes.
-        return snapshot_to_bytes(self.snapshot, self.health_doc, layout=layout)
+    def _body(self, layout: str, links: str, *, gzipped: bool) -> bytes:
+        key = (layout, links, gzipped)
+        body = self._bodies.get(key)
+        if body is None:
+            if gzipped:
+                body = gzip.compress(self._body(layout, links, gzipped=False), compresslevel=GZIP_LEVEL)
+            else:
+                if self.snapshot is None:
+                    raise ValueError("no current snapshot")
+                snapshot = self.snapshot.inactive_links() if links == LINKS_INACTIVE else self.snapshot
+                # orjson: 6x faster than json.dumps, which matters when one process serves 1,000 simulated nodes.
+                body = snapshot_to_bytes(snapshot, self.health_doc, layout=layout)
+            self._bodies[key] = body  # two threads racing render the same bytes: either may land
+        return body
 
 
 class NodeEndpoint(Protocol):

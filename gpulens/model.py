@@ -26,6 +26,10 @@ THROTTLE_REASONS: Final[tuple[tuple[str, int], ...]] = (
     ("display_clocks", 0x100),
 )
 THROTTLE_MASK: Final = sum(bit for _, bit in THROTTLE_REASONS)
+# What a snapshot's ``links`` holds (``NodeSnapshot.links_scope``).
+LINKS_ALL: Final = "all"
+LINKS_INACTIVE: Final = "inactive"
+LINK_SCOPES: Final = (LINKS_ALL, LINKS_INACTIVE)
 
 
 def throttle_reason_names(mask: int) -> list[str]:
@@ -164,12 +168,22 @@ class NodeSnapshot:
     job_hosts: tuple[JobHostReading, ...] = ()
     # Cumulative counts of the source's own failures by reason (e.g. "nvml_not_supported").
     errors: Mapping[str, int] = field(default_factory=dict)
+    # Which links ``links`` holds: every link the source read (LINKS_ALL), or only the inactive ones (LINKS_INACTIVE,
+    # what the collector asks an exporter for: a GPU with ``nvlink_links_active`` known then has every other link
+    # of its up).
+    links_scope: str = LINKS_ALL
     # GPU uuid -> quantity ("pcie", "nvlink", "profiling") -> where its values came from ("gpm", "sample",
     # "counters"); set by the NVML source, exported as gpulens_gpu_metric_source_info (not in the JSON document).
     metric_sources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def replace(self, **changes: Any) -> NodeSnapshot:
         return dataclasses.replace(self, **changes)
+
+    def inactive_links(self) -> NodeSnapshot:
+        """The snapshot with only its inactive links (``LINKS_INACTIVE``): what a collector needs of ~150 links."""
+        if self.links_scope == LINKS_INACTIVE:
+            return self
+        return dataclasses.replace(self, links=tuple(x for x in self.links if not x.active), links_scope=LINKS_INACTIVE)
 
 
 class GpuSource(Protocol):

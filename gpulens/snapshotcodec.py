@@ -24,6 +24,8 @@ import orjson
 
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import (
+    LINK_SCOPES,
+    LINKS_ALL,
     GpuJob,
     GpuReading,
     LinkReading,
@@ -145,6 +147,8 @@ def snapshot_to_json(
         doc["nics"] = _table(NicReading, snapshot.nics)
     else:
         raise ValueError(f"unknown snapshot layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    if snapshot.links_scope != LINKS_ALL:  # only the inactive links: said, so that no reader takes it for all
+        doc["links_scope"] = snapshot.links_scope
     doc["host"] = _host_to_json(snapshot)
     doc["errors"] = dict(snapshot.errors)
     if health is not None:
@@ -241,6 +245,7 @@ _DOCUMENT: Final[Any] = msgspec.defstruct(
         ("gpus", _section(list[GpuReading]), None),
         ("link_columns", list[str] | None, None),
         ("links", _section(list[_LINK_ROW]), None),  # type: ignore[valid-type]
+        ("links_scope", str, LINKS_ALL),
         ("processes", _section(list[_PROCESS]), None),  # type: ignore[valid-type]
         ("jobs", _section(list[GpuJob]), None),
         ("migs", _section(list[MigReading]), None),
@@ -381,6 +386,10 @@ def _snapshot(doc: Any) -> NodeSnapshot:
         raise SnapshotFormatError(f"snapshot: unsupported schema {doc.schema!r:.20}")
     if doc.layout not in LAYOUTS:
         raise SnapshotFormatError(f"layout: unknown layout {doc.layout!r:.20}; expected one of {', '.join(LAYOUTS)}")
+    if doc.links_scope not in LINK_SCOPES:
+        raise SnapshotFormatError(
+            f"links_scope: unknown scope {doc.links_scope!r:.20}; expected one of {', '.join(LINK_SCOPES)}"
+        )
     columnar = doc.layout == LAYOUT_COLUMNAR
     node = doc.node
     gpus: tuple[GpuReading, ...] = _records(doc, "gpus", GpuReading, node, columnar=columnar)
@@ -392,6 +401,7 @@ def _snapshot(doc: Any) -> NodeSnapshot:
         driver_version=doc.driver_version,
         gpus=gpus,
         links=_links(doc, node, gpus, columnar=columnar),
+        links_scope=doc.links_scope,
         processes=_records(doc, "processes", ProcessReading, node, columnar=columnar),
         jobs=_records(doc, "jobs", GpuJob, node, columnar=columnar),
         migs=_records(doc, "migs", MigReading, node, columnar=columnar),

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from gpulens.model import GpuReading, NodeSnapshot, TargetHealth
+from gpulens.model import LINKS_ALL, LINKS_INACTIVE, GpuReading, NodeSnapshot, TargetHealth
 from storage import jobminute, schema
 from storage.db import Database, lock_tier
 from storage.fabricwriter import FabricWriter, fabric_times
@@ -159,6 +159,10 @@ _LINK_KEY: Final = attrgetter("uuid", "link", "remote_pci_bus_id")
 _ACTIVE: Final = attrgetter("active")
 
 
+def _links_unread(reading: GpuReading) -> bool:
+    return reading.nvlink_links_active is None
+
+
 def _signature(snapshot: NodeSnapshot) -> tuple[Any, ...]:
     """Everything about a snapshot that the job, process and link tables depend on, as plain tuples.
 
@@ -168,13 +172,17 @@ def _signature(snapshot: NodeSnapshot) -> tuple[Any, ...]:
         tuple(map(_UUIDS, snapshot.gpus)),
         tuple(map(_JOB_KEY, snapshot.jobs)),
         tuple(map(_PROCESS_KEY, snapshot.processes)),
-        bool(snapshot.links),
+        bool(snapshot.links) if snapshot.links_scope == LINKS_ALL else tuple(map(_links_unread, snapshot.gpus)),
         tuple(map(_LINK_KEY, filterfalse(_ACTIVE, snapshot.links))),
     )
 
 
 def _parts(snapshot: NodeSnapshot) -> dict[str, _Parts]:
     parts = {reading.uuid: _Parts() for reading in snapshot.gpus}
+    if snapshot.links_scope == LINKS_INACTIVE:  # only the inactive links listed: a GPU that reads links has the rest up
+        for reading in snapshot.gpus:
+            if reading.nvlink_links_active is not None:
+                parts[reading.uuid].links_down = {}
     for p in snapshot.processes:
         part = parts.get(p.uuid)
         if part is not None:

@@ -22,10 +22,11 @@ from collector.loop import Collector
 from collector.scrape import Scraper, sanitize
 from collector.targets import Target
 from exporter.httpserver import ExporterServer, Routes
+from exporter.metrics import ExporterHealth
 from exporter.poller import OnDemandNode, Published
 from exporter.sim import LiveTime, SimAllNodes, SimCluster, parse_scenario
 from gpulens.clock import ManualClock
-from gpulens.model import SnapshotFormatError
+from gpulens.model import NodeSnapshot, SnapshotFormatError
 from gpulens.settings import TargetSettings, default_settings
 from gpulens.snapshotcodec import snapshot_from_bytes, snapshot_to_bytes, snapshot_to_json
 from storage import latest
@@ -68,13 +69,13 @@ def simulator() -> Iterator[tuple[str, SimAllNodes]]:
 
 @pytest.fixture
 def served_layouts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The layout of every snapshot body the exporter sends."""
+    """The layout and links (``columnar/inactive``) of every snapshot body the exporter sends."""
     seen: list[str] = []
     original = Published.snapshot_body
 
-    def spy(self: Published, layout: str, *, gzipped: bool) -> bytes:
-        seen.append(layout)
-        return original(self, layout, gzipped=gzipped)
+    def spy(self: Published, layout: str, *, gzipped: bool, links: str = "all") -> bytes:
+        seen.append(f"{layout}/{links}")
+        return original(self, layout, gzipped=gzipped, links=links)
 
     monkeypatch.setattr(Published, "snapshot_body", spy)
     return seen
@@ -97,6 +98,48 @@ def test_the_exporter_serves_the_layout_asked_for_and_rows_by_default(simulator:
     status, _, body = http_get(f"{base}/node/node-00/api/v1/snapshot?layout=packed")
     assert status == 400
     assert b"unknown layout" in body
+    status, _, body = http_get(f"{base}/node/node-00/api/v1/snapshot?links=some")
+    assert status == 400
+    assert b"unknown links" in body
+
+
+class _Fixed:
+    """One node serving a fixed snapshot."""
+
+    def __init__(self, snapshot: NodeSnapshot) -> None:
+        self.snapshot = snapshot
+
+    def published(self) -> Published:
+        return Published(self.snapshot, ExporterHealth(), healthy=True, health_doc={})
+
+
+def test_the_exporter_sends_only_the_inactive_links_when_asked() -> None:
+    snap = node_snapshot("node-00", gpus=4, t=round(time.time(), 3))
+    snap = snap.replace(links=tuple(dataclasses.replace(x, active=(x.gpu, x.link) != (1, 3)) for x in snap.links))
+    server = ExporterServer(Routes(nodes={"node-00": _Fixed(snap)}), host="127.0.0.1", port=0)
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.port}/node/node-00/api/v1/snapshot"
+        every = snapshot_from_bytes(http_get(f"{base}?layout=columnar")[2])
+        assert (len(every.links), every.links_scope) == (4 * 18, "all")
+        for layout in ("rows", "columnar"):
+            doc = json.loads(http_get(f"{base}?layout={layout}&links=inactive")[2])
+            assert doc["links_scope"] == "inactive"
+            inactive = snapshot_from_bytes(orjson.dumps(doc))
+            assert inactive.links_scope == "inactive"
+            assert [(x.gpu, x.link, x.active) for x in inactive.links] == [(1, 3, False)]
+            assert inactive.gpus == every.gpus
+            assert inactive.replace(links=every.links, links_scope="all") == every
+    finally:
+        server.close()
+
+
+def test_a_document_with_an_unknown_links_scope_is_refused() -> None:
+    doc = snapshot_to_json(node_snapshot("node-00", gpus=1).inactive_links(), layout="columnar")
+    assert snapshot_from_bytes(orjson.dumps(doc)).links_scope == "inactive"
+    doc["links_scope"] = "some"
+    with pytest.raises(SnapshotFormatError, match=r"^links_scope: unknown scope 'some'"):
+        snapshot_from_bytes(orjson.dumps(doc))
 
 
 def test_the_collector_reads_the_simulator_in_the_columnar_layout(
@@ -109,11 +152,12 @@ def test_the_collector_reads_the_simulator_in_the_columnar_layout(
     finally:
         scraper.close()
     assert result.health.up, result.health.last_error
-    assert served_layouts == ["columnar"]
+    assert served_layouts == ["columnar/inactive"]
     expected = multi.read_node("node-01")
     assert result.snapshot is not None
     assert result.snapshot.gpus == expected.gpus
-    assert result.snapshot.links == expected.links
+    assert result.snapshot.links_scope == "inactive"
+    assert result.snapshot.links == tuple(x for x in expected.links if not x.active)
     assert result.snapshot.processes == expected.processes
     assert result.snapshot.jobs == expected.jobs
 
@@ -143,7 +187,7 @@ def test_the_collector_reads_the_simulator_in_the_columnar_layout(
         assert {n.node for n in SqlReader(db).latest_nics()} == {"node-00", "node-01", "node-02"}
     finally:
         db.close()
-    assert set(served_layouts) == {"columnar"}
+    assert set(served_layouts) == {"columnar/inactive"}
 
 
 class _OldExporter(BaseHTTPRequestHandler):
@@ -196,7 +240,7 @@ def test_an_old_exporter_that_ignores_the_layout_is_read_in_rows(old_exporter: s
     finally:
         scraper.close()
     assert result.health.up, result.health.last_error
-    assert _OldExporter.paths == ["/api/v1/snapshot?layout=columnar"]
+    assert _OldExporter.paths == ["/api/v1/snapshot?layout=columnar&links=inactive"]
     assert result.snapshot is not None
     assert result.snapshot.gpus == snap.gpus
     assert result.snapshot.links == snap.links

@@ -111,7 +111,9 @@ def test_a_gpulens_exporter_is_scraped_through_its_snapshot(exporter: str, scrap
     assert result.health.samples == 8
     assert result.snapshot is not None
     assert result.snapshot.node == "node-07"
-    assert len(result.snapshot.links) == 8 * 18
+    # asked for the inactive links only: every link of this exporter is up
+    assert (result.snapshot.links, result.snapshot.links_scope) == ((), "inactive")
+    assert all(g.nvlink_links_active == 18 for g in result.snapshot.gpus)
     assert result.rejected == {}
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import sqlalchemy as sa
 
-from gpulens.model import TargetHealth
+from gpulens.model import NodeSnapshot, TargetHealth
 from storage import inventory, jobstats, latest, schema
 from storage.db import Database
 from storage.writer import Writer
@@ -147,16 +148,36 @@ def test_old_readings_replayed_do_not_rewind_jobs(db: Database) -> None:
     assert [j.job_id for j in jobs] == ["new"]
 
 
-def test_only_inactive_links_are_stored(db: Database) -> None:
+@pytest.mark.parametrize("scope", ["all", "inactive"])
+def test_only_inactive_links_are_stored(db: Database, scope: str) -> None:
+    """The same outage whether the snapshots list every link or, as the collector asks, only the inactive ones."""
+
+    def links(s: NodeSnapshot) -> NodeSnapshot:
+        return s.inactive_links() if scope == "inactive" else s
+
     writer = Writer(db)
-    first = writer.write([snapshot("n", T0, gpus=1, down_links=())])
-    down = writer.write([snapshot("n", T0 + 10, gpus=1, down_links=(2,))])
-    still = writer.write([snapshot("n", T0 + 20, gpus=1, down_links=(2,))])
-    back = writer.write([snapshot("n", T0 + 30, gpus=1, down_links=())])
+    first = writer.write([links(snapshot("n", T0, gpus=1, down_links=()))])
+    down = writer.write([links(snapshot("n", T0 + 10, gpus=1, down_links=(2,)))])
+    still = writer.write([links(snapshot("n", T0 + 20, gpus=1, down_links=(2,)))])
+    back = writer.write([links(snapshot("n", T0 + 30, gpus=1, down_links=()))])
     assert (first.link_rows, down.link_rows, still.link_rows, back.link_rows) == (0, 1, 0, 1)
     [outage] = inventory.link_outages(db, T0, T0 + 60)
     assert (outage.link, outage.since, outage.until, outage.remote_pci_bus_id) == (2, T0 + 10, T0 + 20, "remote-2")
     assert _count(db, schema.nvlink_down) == 1
+
+
+def test_with_only_inactive_links_a_gpu_whose_links_went_unread_keeps_its_outage(db: Database) -> None:
+    """Only the inactive links listed, a GPU that reads no links (``nvlink_links_active`` unknown) is not taken for a
+    GPU with every link up: its outage stays open until its links are read again."""
+    writer = Writer(db)
+    writer.write([snapshot("n", T0, gpus=1, down_links=(2,)).inactive_links()])
+    unread = snapshot("n", T0 + 10, gpus=1, down_links=()).inactive_links()
+    unread = unread.replace(gpus=tuple(dataclasses.replace(g, nvlink_links_active=None) for g in unread.gpus))
+    assert unread.links == ()
+    assert writer.write([unread]).link_rows == 0
+    assert writer.write([snapshot("n", T0 + 20, gpus=1, down_links=()).inactive_links()]).link_rows == 1
+    [outage] = inventory.link_outages(db, T0, T0 + 60)
+    assert (outage.link, outage.since, outage.until) == (2, T0, T0 + 10)
 
 
 def test_target_health_keeps_the_latest(db: Database) -> None:

@@ -8,6 +8,7 @@ rollups either way). Every GPU is in a 16-GPU job, with its processes; one job c
 Measured, for each page (median of 3 loads after one warm-up load, browser cache warm, as an operator's browser is):
 the time from navigation to every chart drawn with the page's data. Then the slowest callback's server time and the
 largest callback payload seen over all loads. Progress goes to stderr; stdout has one ``name: value unit`` per line.
+The store is SQLite; ``--postgresql`` builds it in a throwaway PostgreSQL server instead (as ``bench_storage`` does).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 from werkzeug.serving import make_server
 
 from alerts.state import AlertState
+from bench.bench_storage import pg_bindir, postgresql_server
 from dashboard.app import create_app
 from dashboard.webserve import CompressAndCache
 from gpulens.clock import ManualClock
@@ -230,19 +232,27 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, default=None, help="where to build the store (default: a temp dir)")
     parser.add_argument("--store", type=Path, default=None, help="measure a store this bench built before (kept)")
     parser.add_argument("--keep", action="store_true", help="keep the store built, for --store next time")
+    parser.add_argument(
+        "--postgresql", action="store_true", help="build the store in a throwaway PostgreSQL server instead of SQLite"
+    )
     args = parser.parse_args()
+    if args.postgresql and (args.store or args.keep):
+        parser.error("--postgresql builds a fresh store in a throwaway server: no --store or --keep with it")
+    bindir = pg_bindir() if args.postgresql else None
+    if args.postgresql and bindir is None:
+        parser.error("--postgresql needs PostgreSQL's server programs (apt install postgresql)")
     root = Path(tempfile.mkdtemp(prefix="gpulens-dash-bench-", dir=args.dir))
     cluster = Cluster(args.nodes, args.gpus)
     try:
-        store = args.store or root / "dashboard.db"
-        if args.store is None:
-            make_store(store, cluster, args)
-        # A fresh handle, as a dashboard process has: the writer's connections are gone and the WAL checkpointed.
-        db = Database(f"sqlite:///{store}", clock=ManualClock(END))
-        try:
-            measure_pages(db, cluster, args.loads)
-        finally:
-            db.close()
+        if bindir is not None:
+            with postgresql_server(bindir, root) as url:
+                make_store(url, cluster, args)
+                measure_store(url, cluster, args.loads)
+        else:
+            store = args.store or root / "dashboard.db"
+            if args.store is None:
+                make_store(f"sqlite:///{store}", cluster, args)
+            measure_store(f"sqlite:///{store}", cluster, args.loads)
     finally:
         if args.keep and args.store is None:
             log(f"store kept: {root / 'dashboard.db'}")
@@ -251,8 +261,17 @@ def main() -> int:
     return 0
 
 
-def make_store(path: Path, cluster: Cluster, args: argparse.Namespace) -> None:
-    db = Database(f"sqlite:///{path}", clock=ManualClock(END))
+def measure_store(url: str, cluster: Cluster, loads: int) -> None:
+    # A fresh handle, as a dashboard process has: the writer's connections are gone (SQLite: the WAL checkpointed).
+    db = Database(url, clock=ManualClock(END))
+    try:
+        measure_pages(db, cluster, loads)
+    finally:
+        db.close()
+
+
+def make_store(url: str, cluster: Cluster, args: argparse.Namespace) -> None:
+    db = Database(url, clock=ManualClock(END))
     try:
         db.upgrade()
         steps = timeline(args.hours, args.interval, args.recent_hours, args.recent_interval)

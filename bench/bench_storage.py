@@ -369,7 +369,7 @@ def run_backend(prefix: str, url: str, args: argparse.Namespace) -> None:
 # --- a throwaway PostgreSQL server -----------------------------------------------------------------------------------
 
 
-def _pg_bindir() -> Path | None:
+def pg_bindir() -> Path | None:
     found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=lambda p: int(p.parent.parent.name))
     return found[-1].parent if found else None
 
@@ -422,7 +422,7 @@ def main() -> int:
             run_backend("sqlite", f"sqlite:///{root / 'bench.db'}", args)
             (root / "bench.db").unlink()
         if "postgresql" in backends:
-            bindir = _pg_bindir()
+            bindir = pg_bindir()
             if bindir is None:
                 log("postgresql: no server binaries under /usr/lib/postgresql, skipped")
             else:

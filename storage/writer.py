@@ -7,18 +7,17 @@ The 15 seldom-changing fields go in ``gpu_profile``, once per distinct combinati
 ``storage.profiles``).
 
 RDMA ports, hosts and jobs' cgroups go in the same transaction (``storage.fabricwriter``), and so does the per-job
-minute aggregate (``storage.jobminute``). Jobs, processes and
-inactive NVLinks are written only when they change. The writer keeps what it has stored per GPU
-in memory, compares each node's snapshot with the node's previous one, and reloads its state from the database after
-any failure, so a failed transaction never leaves memory and database apart.
+minute aggregate (``storage.jobminute``). Jobs, processes and inactive NVLinks are written only when they change
+(``storage.gpuchanges``). The writer keeps what it has stored per GPU in memory, compares each node's snapshot with
+the node's previous one, and reloads its state from the database after any failure, so a failed transaction never
+leaves memory and database apart.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from itertools import accumulate, filterfalse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Final
 
@@ -26,10 +25,11 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from gpulens.model import LINKS_ALL, LINKS_INACTIVE, GpuReading, NodeSnapshot, TargetHealth
+from gpulens.model import GpuReading, NodeSnapshot, TargetHealth
 from storage import jobminute, schema
 from storage.db import Database, lock_tier
 from storage.fabricwriter import FabricWriter, fabric_times
+from storage.gpuchanges import Changes, ChangeTracker, GpuState, Resolved, Static
 from storage.profiles import VALUES as PROFILE_VALUES
 from storage.profiles import Profiles
 from storage.rollup import PENDING
@@ -48,8 +48,6 @@ _SAMPLE_COLUMNS: Final = ", ".join((*(f.column for f in _ENCODED_FIELDS), *_TAIL
 _XID_TOTAL_LIMIT: Final = schema.FIELD_BY_NAME["xid_total"].limit
 _PG_STAGE: Final = "gpulens_sample_in"
 
-Static = tuple[str, int, str, str | None, str | None, bool | None]
-ProcessRow = tuple[int, int | None, str | None, str | None, str | None]
 _static: Final[Callable[[GpuReading], Static]] = attrgetter(
     "node", "gpu", "model", "pci_bus_id", "driver_version", "mig_enabled"
 )
@@ -102,46 +100,6 @@ class WriteStats:
     job_minute_rows: int = 0  # (minute, job) rows of the per-job aggregate added to or computed again
 
 
-@dataclass(slots=True)
-class _GpuState:
-    """What is stored for one GPU."""
-
-    id: int
-    static: Static
-    last_ms: int  # the newest reading written
-    stored_last_seen_ms: int  # gpu.last_seen_ms in the database
-    jobs: dict[str, str | None] = field(default_factory=dict)  # open allocations: job_id -> user
-    links_down: set[int] = field(default_factory=set)  # links with an open nvlink_down row
-    profile: tuple[tuple[Any, ...], int] | None = None  # the profile values of the last reading, and their id
-    processes: tuple[ProcessRow, ...] | None = None  # None: unknown, rewritten on the next reading
-
-
-_Resolved = tuple[GpuReading, _GpuState, int]  # a reading, its GPU's state, its time in ms
-
-
-@dataclass(slots=True)
-class _Parts:
-    """What one snapshot says about one GPU besides its reading."""
-
-    jobs: dict[str, str | None] = field(default_factory=dict)
-    processes: list[ProcessRow] = field(default_factory=list)
-    links_down: dict[int, str | None] | None = None  # None when the source reports no links for the GPU
-
-
-@dataclass(slots=True)
-class _Changes:
-    """The job, link and process rows one write inserts or closes."""
-
-    opened_jobs: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
-    finished_jobs: list[dict[str, Any]] = field(default_factory=list)  # opened and closed within the round
-    closed_jobs: list[dict[str, Any]] = field(default_factory=list)
-    opened_links: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
-    finished_links: list[dict[str, Any]] = field(default_factory=list)
-    closed_links: list[dict[str, Any]] = field(default_factory=list)
-    process_gpus: list[int] = field(default_factory=list)
-    process_rows: list[dict[str, Any]] = field(default_factory=list)
-
-
 def _ms(seconds: float) -> int:
     return round(seconds * 1000)
 
@@ -152,56 +110,6 @@ def _xid_columns(xids: Mapping[int, int]) -> tuple[int | None, str | None]:
     return (total if 0 <= total <= _XID_TOTAL_LIMIT else None), text
 
 
-_UUIDS: Final = attrgetter("uuid")
-_JOB_KEY: Final = attrgetter("uuid", "job_id", "user")
-_PROCESS_KEY: Final = attrgetter("uuid", "pid", "memory_used_bytes", "command", "user", "job_id")
-_LINK_KEY: Final = attrgetter("uuid", "link", "remote_pci_bus_id")
-_ACTIVE: Final = attrgetter("active")
-
-
-def _links_unread(reading: GpuReading) -> bool:
-    return reading.nvlink_links_active is None
-
-
-def _signature(snapshot: NodeSnapshot) -> tuple[Any, ...]:
-    """Everything about a snapshot that the job, process and link tables depend on, as plain tuples.
-
-    Built with C-level maps: a node reports ~150 NVLink states a scrape.
-    """
-    return (
-        tuple(map(_UUIDS, snapshot.gpus)),
-        tuple(map(_JOB_KEY, snapshot.jobs)),
-        tuple(map(_PROCESS_KEY, snapshot.processes)),
-        bool(snapshot.links) if snapshot.links_scope == LINKS_ALL else tuple(map(_links_unread, snapshot.gpus)),
-        tuple(map(_LINK_KEY, filterfalse(_ACTIVE, snapshot.links))),
-    )
-
-
-def _parts(snapshot: NodeSnapshot) -> dict[str, _Parts]:
-    parts = {reading.uuid: _Parts() for reading in snapshot.gpus}
-    if snapshot.links_scope == LINKS_INACTIVE:  # only the inactive links listed: a GPU that reads links has the rest up
-        for reading in snapshot.gpus:
-            if reading.nvlink_links_active is not None:
-                parts[reading.uuid].links_down = {}
-    for p in snapshot.processes:
-        part = parts.get(p.uuid)
-        if part is not None:
-            part.processes.append((p.pid, p.memory_used_bytes, p.command, p.user, p.job_id))
-            if p.job_id is not None:
-                part.jobs.setdefault(p.job_id, p.user)
-    for job in snapshot.jobs:
-        part = parts.get(job.uuid)
-        if part is not None:
-            part.jobs[job.job_id] = job.user or part.jobs.get(job.job_id)
-    for link in snapshot.links:
-        part = parts.get(link.uuid)
-        if part is not None:
-            part.links_down = {} if part.links_down is None else part.links_down
-            if not link.active:
-                part.links_down[link.link] = link.remote_pci_bus_id
-    return parts
-
-
 class Writer:
     """Writes scrape rounds. One writer per process, used from one thread (the collector's write loop).
 
@@ -210,9 +118,9 @@ class Writer:
 
     def __init__(self, db: Database) -> None:
         self._db = db
-        self._gpus: dict[str, _GpuState] | None = None
+        self._gpus: dict[str, GpuState] | None = None
         self._profiles = Profiles(db.dialect)  # loaded with the GPUs
-        self._signatures: dict[str, tuple[Any, ...] | None] = {}
+        self._tracker = ChangeTracker()  # what each round changes of the jobs, processes and links
         self._fabric = FabricWriter(db.dialect)
         self._job_minutes = True  # the store has the per-job aggregate (revision 0009); checked on each _load
 
@@ -238,7 +146,7 @@ class Writer:
                 unique = len(readings) == sum(len(s.gpus) for s in snapshots)
                 added, late = jobminute.increments(snapshots, gpus, unique=unique) if self._job_minutes else ({}, set())
                 stats.job_minute_rows = jobminute.upsert(conn, self._db.dialect, added)
-                changes = self._changes(snapshots, gpus, resolved if unique else None)
+                changes = self._tracker.changes(snapshots, gpus, resolved if unique else None)
                 stats.job_rows, stats.link_rows, stats.process_rows = self._write_changes(conn, changes)
                 if late:  # readings written again or late: their minutes from the stored samples and allocations
                     stats.job_minute_rows += jobminute.recompute(conn, self._db.dialect, late)
@@ -248,7 +156,7 @@ class Writer:
             # The state was updated as the round went; the commit may or may not have happened. Reload it.
             self._gpus = None
             self._profiles.reset()
-            self._signatures = {}
+            self._tracker.reset()
             self._fabric.reset()
             raise
         return stats
@@ -264,17 +172,17 @@ class Writer:
         unique = {(reading.uuid, _ms(reading.timestamp)): reading for reading in readings}
         return list(unique.values())
 
-    def _load(self, conn: Connection) -> dict[str, _GpuState]:
+    def _load(self, conn: Connection) -> dict[str, GpuState]:
         self._job_minutes = sa.inspect(conn).has_table(jobminute.job_minute.name)  # not before revision 0009
         g = schema.gpu
         newest = schema.newest_sample_ms(self._db.dialect)
         columns = (g.c.id, g.c.uuid, g.c.node, g.c.gpu_index, g.c.model, g.c.pci_bus_id, g.c.driver_version)
-        gpus: dict[str, _GpuState] = {}
-        by_id: dict[int, _GpuState] = {}
+        gpus: dict[str, GpuState] = {}
+        by_id: dict[int, GpuState] = {}
         for row in conn.execute(sa.select(*columns, g.c.mig_enabled, g.c.last_seen_ms, newest.label("newest"))):
             static = (row.node, row.gpu_index, row.model, row.pci_bus_id, row.driver_version, row.mig_enabled)
             last_ms = row.newest if row.newest is not None else row.last_seen_ms
-            gpus[row.uuid] = by_id[row.id] = _GpuState(row.id, static, last_ms, row.last_seen_ms)
+            gpus[row.uuid] = by_id[row.id] = GpuState(row.id, static, last_ms, row.last_seen_ms)
         a = schema.job_allocation
         for row in conn.execute(sa.select(a.c.gpu_id, a.c.job_id, a.c.user_name).where(a.c.end_ms.is_(None))):
             by_id[row.gpu_id].jobs[row.job_id] = row.user_name
@@ -285,10 +193,10 @@ class Writer:
         return gpus
 
     def _resolve_gpus(
-        self, conn: Connection, readings: Sequence[GpuReading], times: Sequence[int], gpus: dict[str, _GpuState]
-    ) -> list[_Resolved]:
+        self, conn: Connection, readings: Sequence[GpuReading], times: Sequence[int], gpus: dict[str, GpuState]
+    ) -> list[Resolved]:
         """Each reading with its GPU's state and its time in ms; inserts new GPUs and updates changed static info."""
-        resolved: list[_Resolved] = []
+        resolved: list[Resolved] = []
         append = resolved.append
         for reading, ts_ms in zip(readings, times, strict=True):
             known = gpus.get(reading.uuid)
@@ -296,7 +204,7 @@ class Writer:
             if known is None or known.static != static:
                 gpu_id, last_seen_ms = self._upsert_gpu(conn, reading.uuid, static, ts_ms)
                 if known is None:
-                    known = gpus[reading.uuid] = _GpuState(gpu_id, static, -1, last_seen_ms)
+                    known = gpus[reading.uuid] = GpuState(gpu_id, static, -1, last_seen_ms)
                 known.static = static
             append((reading, known, ts_ms))
         return resolved
@@ -314,7 +222,7 @@ class Writer:
 
     # --- samples ------------------------------------------------------------------------------------------------
 
-    def _insert_samples(self, conn: Connection, resolved: Sequence[_Resolved]) -> int:
+    def _insert_samples(self, conn: Connection, resolved: Sequence[Resolved]) -> int:
         if not resolved:
             return 0
         rows: list[tuple[Any, ...]] = []
@@ -353,7 +261,7 @@ class Writer:
         if position is not None and earliest < position:
             conn.execute(sa.insert(schema.rollup_dirty).values(tier="1m", from_ms=earliest))
 
-    def _update_last_seen(self, conn: Connection, resolved: Sequence[_Resolved]) -> None:
+    def _update_last_seen(self, conn: Connection, resolved: Sequence[Resolved]) -> None:
         due: dict[int, int] = {}
         for _, state, ts_ms in resolved:
             if ts_ms - state.stored_last_seen_ms >= LAST_SEEN_RESOLUTION_MS:
@@ -374,102 +282,7 @@ class Writer:
                 [(ts, gpu_id, ts) for gpu_id, ts in due.items()],
             )
 
-    # --- jobs, processes, links ---------------------------------------------------------------------------------
-
-    def _changes(
-        self, snapshots: Sequence[NodeSnapshot], gpus: Mapping[str, _GpuState], resolved: Sequence[_Resolved] | None
-    ) -> _Changes:
-        """Compare each GPU's jobs, processes and inactive links with what is stored, oldest snapshot first.
-
-        ``resolved``: the snapshots' readings resolved, in order, if the round had no duplicates. A node whose
-        snapshot says the same as its previous one (the common case) costs one tuple comparison.
-        """
-        changes = _Changes()
-        offsets = list(accumulate((len(s.gpus) for s in snapshots), initial=0))
-        for i in sorted(range(len(snapshots)), key=lambda i: snapshots[i].timestamp):
-            snapshot = snapshots[i]
-            current: Iterable[_Resolved] = (
-                resolved[offsets[i] : offsets[i + 1]]
-                if resolved is not None
-                else [(r, gpus[r.uuid], round(r.timestamp * 1000)) for r in snapshot.gpus]
-            )
-            # An older reading replayed is stored as a sample but must not rewind jobs or links.
-            fresh = [(reading, state, ts_ms) for reading, state, ts_ms in current if ts_ms > state.last_ms]
-            signature = _signature(snapshot)
-            if len(fresh) == len(snapshot.gpus) and signature == self._signatures.get(snapshot.node):
-                for _, state, ts_ms in fresh:
-                    state.last_ms = ts_ms
-                continue
-            parts = _parts(snapshot)
-            for reading, state, ts_ms in fresh:
-                part = parts[reading.uuid]
-                if part.jobs != state.jobs:
-                    self._job_changes(changes, state, part.jobs, ts_ms)
-                if part.links_down is not None and part.links_down.keys() != state.links_down:
-                    self._link_changes(changes, state, part.links_down, ts_ms)
-                processes = tuple(sorted(part.processes))
-                if processes != state.processes:
-                    self._process_changes(changes, state, processes, ts_ms)
-                state.last_ms = ts_ms
-            self._signatures[snapshot.node] = signature if len(fresh) == len(snapshot.gpus) else None
-        return changes
-
-    @staticmethod
-    def _job_changes(changes: _Changes, state: _GpuState, current: Mapping[str, str | None], ts_ms: int) -> None:
-        for job_id in sorted(state.jobs.keys() - current.keys()):
-            del state.jobs[job_id]
-            opened = changes.opened_jobs.pop((state.id, job_id), None)
-            if opened is not None:  # opened earlier in this round: insert it closed
-                changes.finished_jobs.append({**opened, "end_ms": state.last_ms})
-            else:
-                changes.closed_jobs.append({"b_gpu": state.id, "b_key": job_id, "b_end": state.last_ms})
-        for job_id in sorted(current.keys() - state.jobs.keys()):
-            state.jobs[job_id] = current[job_id]
-            changes.opened_jobs[(state.id, job_id)] = {
-                "gpu_id": state.id,
-                "job_id": job_id,
-                "user_name": current[job_id],
-                "start_ms": ts_ms,
-                "end_ms": None,
-            }
-
-    @staticmethod
-    def _link_changes(changes: _Changes, state: _GpuState, down: Mapping[int, str | None], ts_ms: int) -> None:
-        for link in sorted(state.links_down - down.keys()):
-            state.links_down.discard(link)
-            opened = changes.opened_links.pop((state.id, link), None)
-            if opened is not None:
-                changes.finished_links.append({**opened, "end_ms": state.last_ms})
-            else:
-                changes.closed_links.append({"b_gpu": state.id, "b_key": link, "b_end": state.last_ms})
-        for link in sorted(down.keys() - state.links_down):
-            state.links_down.add(link)
-            changes.opened_links[(state.id, link)] = {
-                "gpu_id": state.id,
-                "link": link,
-                "start_ms": ts_ms,
-                "end_ms": None,
-                "remote_pci_bus_id": down[link],
-            }
-
-    @staticmethod
-    def _process_changes(changes: _Changes, state: _GpuState, processes: tuple[ProcessRow, ...], ts_ms: int) -> None:
-        state.processes = processes
-        changes.process_gpus.append(state.id)
-        changes.process_rows += [
-            {
-                "gpu_id": state.id,
-                "pid": pid,
-                "seen_ms": ts_ms,
-                "memory_used_bytes": memory,
-                "command": command,
-                "user_name": user,
-                "job_id": job_id,
-            }
-            for pid, memory, command, user, job_id in processes
-        ]
-
-    def _write_changes(self, conn: Connection, changes: _Changes) -> tuple[int, int, int]:
+    def _write_changes(self, conn: Connection, changes: Changes) -> tuple[int, int, int]:
         """Close, then insert, job allocations and link outages; replace the processes of GPUs whose set changed."""
         a, n, p = schema.job_allocation, schema.nvlink_down, schema.process_latest
         jobs = self._close_and_open(

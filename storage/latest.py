@@ -7,6 +7,7 @@ found with one bounded index seek. Readings come back as ``gpulens.model`` recor
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +21,11 @@ from storage.db import Database
 
 IDLE_UTILIZATION: Final = 0.05  # a GPU below this utilization is idle
 KNOWN_WITHIN_S: Final = 7 * 86_400.0  # cluster_summary counts GPUs seen this recently as part of the cluster
+# What every reading read carries, whatever fields are asked for: the GPU's identity, its time and whether it is up.
+ALWAYS_READ: Final = frozenset(
+    ("node", "gpu", "uuid", "model", "timestamp", "up", "pci_bus_id", "driver_version", "mig_enabled")
+)
+_READING_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(GpuReading))
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +45,12 @@ class ClusterSummary:
     nodes_reporting: int
 
 
-def reading_columns(dialect: str) -> tuple[str, list[int], int]:
+def reading_columns(dialect: str, fields: frozenset[str] | None = None) -> tuple[str, list[int], int]:
     """The SELECT list of a GpuReading in field order, decoded to SI units by the database.
 
     Returns the list, the positions of boolean fields (the database returns 0/1) and of the XID JSON. The query
-    names the sample ``s``, its GPU ``g`` and the sample's profile (``gpu_profile``) ``p``.
+    names the sample ``s``, its GPU ``g`` and the sample's profile (``gpu_profile``) ``p``. With ``fields``, a field
+    neither in it nor in ``ALWAYS_READ`` is selected as NULL: left unknown and not read.
     """
     static = {
         "node": "g.node",
@@ -60,7 +67,9 @@ def reading_columns(dialect: str) -> tuple[str, list[int], int]:
     booleans: list[int] = []
     for i, f in enumerate(dataclasses.fields(GpuReading)):
         stored = schema.FIELD_BY_NAME.get(f.name)
-        if stored is None:
+        if fields is not None and f.name not in fields and f.name not in ALWAYS_READ:
+            columns.append("NULL")
+        elif stored is None:
             columns.append(static[f.name])
         else:
             alias = "p" if stored.profile else "s"
@@ -70,8 +79,11 @@ def reading_columns(dialect: str) -> tuple[str, list[int], int]:
     return ", ".join(columns), booleans, len(columns) - 1
 
 
-def _latest_sql(dialect: str, max_age: bool, node: bool = False, uuids: bool = False) -> str:
-    columns = reading_columns(dialect)[0]
+@functools.cache
+def _latest_sql(
+    dialect: str, max_age: bool, node: bool = False, uuids: bool = False, fields: frozenset[str] | None = None
+) -> str:
+    columns = reading_columns(dialect, fields)[0]
     conditions = ["g.last_seen_ms >= :cutoff - 60000"] if max_age else []
     conditions += ["g.node = :node"] if node else []
     conditions += ["g.uuid IN :uuids"] if uuids else []
@@ -106,10 +118,19 @@ def reading_from_row(row: Sequence[Any], booleans: Sequence[int], xids: int) -> 
 
 
 def latest_readings(
-    db: Database, *, max_age_s: float | None = None, node: str | None = None, uuids: Sequence[str] | None = None
+    db: Database,
+    *,
+    max_age_s: float | None = None,
+    node: str | None = None,
+    uuids: Sequence[str] | None = None,
+    fields: Sequence[str] | None = None,
 ) -> list[GpuReading]:
     """The newest reading of every GPU (only those newer than ``max_age_s``, of ``node``, of ``uuids``, if given),
-    by node and index."""
+    by node and index. ``fields``: read only these besides ``ALWAYS_READ`` (the others are ``None``); an unknown
+    name raises ``ValueError``."""
+    wanted = None if fields is None else frozenset(fields)
+    if wanted is not None and not wanted <= _READING_FIELDS:
+        raise ValueError(f"unknown reading fields: {', '.join(sorted(wanted - _READING_FIELDS))}")
     params: dict[str, Any] = {"cutoff": round((db.clock.now() - max_age_s) * 1000)} if max_age_s is not None else {}
     if node is not None:
         params["node"] = node
@@ -118,7 +139,7 @@ def latest_readings(
             return []
         params["uuids"] = list(uuids)
     _, booleans, xids = reading_columns(db.dialect)
-    sql = sa.text(_latest_sql(db.dialect, max_age_s is not None, node is not None, uuids is not None))
+    sql = sa.text(_latest_sql(db.dialect, max_age_s is not None, node is not None, uuids is not None, wanted))
     if uuids is not None:
         sql = sql.bindparams(sa.bindparam("uuids", expanding=True))
     with db.session() as session:

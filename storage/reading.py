@@ -163,7 +163,7 @@ class SqlReader:
         max_age_s: float | None = None,
         fields: Sequence[str] | None = None,
     ) -> list[GpuReading]:
-        return latest.latest_readings(self.db, max_age_s=max_age_s, node=node, uuids=uuids)
+        return latest.latest_readings(self.db, max_age_s=max_age_s, node=node, uuids=uuids, fields=fields)
 
     def current_jobs(self, *, node: str | None = None) -> list[GpuJob]:
         return latest.current_jobs(self.db, node=node)

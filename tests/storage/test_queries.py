@@ -46,6 +46,25 @@ def test_latest_readings_are_the_newest_per_gpu(db: Database, clock: ManualClock
     assert reader.latest_readings(node="n", uuids=[uuid_of("n", 0), uuid_of("old", 0)]) == readings[:1]
 
 
+def test_latest_readings_read_only_the_fields_asked_for(db: Database) -> None:
+    Writer(db).write([snapshot("n", T0, power_watts=150.0)])
+    [whole, _] = latest.latest_readings(db)
+    [narrow, _] = SqlReader(db).latest_readings(fields=("power_watts", "memory_total_bytes"))
+    assert (narrow.power_watts, narrow.memory_total_bytes) == (150.0, whole.memory_total_bytes)
+    assert (narrow.node, narrow.uuid, narrow.model, narrow.timestamp, narrow.up) == (
+        whole.node,
+        whole.uuid,
+        whole.model,
+        whole.timestamp,
+        whole.up,
+    )
+    assert whole.utilization_ratio is not None
+    assert whole.temperature_celsius is not None
+    assert (narrow.utilization_ratio, narrow.temperature_celsius, narrow.xid_errors) == (None, None, {})
+    with pytest.raises(ValueError, match="unknown reading fields: power"):
+        latest.latest_readings(db, fields=("power",))
+
+
 def test_series_downsamples_raw_data_to_max_points(db: Database) -> None:
     writer = Writer(db)
     powers = {T0 + 10 * k: float(100 + k % 7) for k in range(361)}  # one hour at 10 s

@@ -1,0 +1,63 @@
+"""``PromReader.nic_problems``: every RDMA port's problems (``storage.portproblems``) told by Prometheus.
+
+At once: every port's state, rate and width (``latest_nics`` of those three fields: down and degraded are told
+from them as the SQL store tells them, since degraded compares a port with the best of its node's ports of its
+link layer, a join Prometheus evaluates slower than gpulens decodes the four small fields), and two queries that
+return only the ports with a problem, as comparisons in PromQL: saturated (a direction's rate at ``SATURATED_AT``
+of the link speed or more, at the instant ``latest_nics`` reads), errors (an error counter's rate above zero at one
+of the ``ERROR_POINTS`` steps ``nic_series`` reads the error rates at, of the ports whose error counters stand
+above zero now). Each compares the values ``latest_nics`` and ``nic_series`` read, so the answer is the SQL
+store's; at 8,000 ports, four fields of every port and the ports with errors, not every port's nine fields (80,000
+series) and every error rate (24,000).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Final
+
+from storage.portproblems import ERROR_FIELDS, ERROR_POINTS, SATURATED_AT, problems_of
+from storage.prometheus.client import PromSeries, quote
+from storage.prometheus.fabric import NIC_FIELDS, PromReader, _nic_key, _window, latest_nics
+
+PORT: Final = "node, device, port"
+# what down and degraded are told from
+STATE_FIELDS: Final = ("up", "rate_bytes_per_second", "link_width")
+
+
+def saturated_query(reader: PromReader) -> str:
+    """The instant PromQL of the ports with a direction at ``SATURATED_AT`` of their link speed or more."""
+    speed = NIC_FIELDS["rate_bytes_per_second"][0]
+    return " or ".join(
+        f"(rate({NIC_FIELDS[f][0]}{_window(reader)}) / on ({PORT}) ({speed} > 0) >= {SATURATED_AT:g})"
+        for f in ("transmit_bytes_per_second", "receive_bytes_per_second")
+    )
+
+
+def errors_query(reader: PromReader, step: float, now: float) -> str:
+    """The range PromQL of the ports whose error counters rose at a step (``nic_series``'s rates) and stand above
+    zero at ``now`` (the ports ``error_rates`` reads)."""
+    names = quote("|".join(NIC_FIELDS[f][0] for f in ERROR_FIELDS))
+    counted = f"count by ({PORT}) ({{__name__=~{names}}} @ {now:.3f} != 0)"
+    # each counter's rates apart: rate() drops the names, and the three would share a label set
+    rose = " or ".join(f"count by ({PORT}) (rate({NIC_FIELDS[f][0]}{_window(reader, step)}) > 0)" for f in ERROR_FIELDS)
+    return f"({rose}) and on ({PORT}) {counted}"
+
+
+def _keys(answer: list[PromSeries]) -> set[tuple[str, str, int]]:
+    return {key for s in answer if (key := _nic_key(s.labels)) is not None}
+
+
+def nic_problems(reader: PromReader, start: float, end: float) -> dict[str, tuple[str, ...]]:
+    now = reader.clock.now()
+    lo, hi, step = reader._step(start, end, ERROR_POINTS)  # the steps ``nic_series`` reads the error rates at
+    with ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(reader.client.query, saturated_query(reader), now)
+        rose = pool.submit(reader.client.query_range, errors_query(reader, step, now), lo + step, hi + step, step)
+        nics = latest_nics(reader, node=None, max_age_s=None, fields=STATE_FIELDS)
+        saturated, errors = _keys(busy.result()), _keys(rose.result())
+    return problems_of(
+        nics,
+        lambda n: (n.node, n.device, n.port) in errors,
+        lambda n: bool(n.up) and (n.node, n.device, n.port) in saturated,
+    )

@@ -16,33 +16,34 @@ from typing import Final, TypeVar
 
 from alerts.state import AlertState
 from dashboard.grid import natural_key
-from gpulens.fabricmodel import NicReading, nic_id
+from gpulens.fabricmodel import NicReading, nic_id, parse_nic_id
 from gpulens.model import GpuReading
 from gpulens.ratios import busiest_direction, share
-from storage.reading import NOT_AVAILABLE, NotAvailableOnBackendError, StoreReader
+from storage.portproblems import (
+    ERROR_FIELDS,
+    ERROR_POINTS,
+    PORT_PROBLEMS,
+    PROBLEM_FIELDS,
+    SATURATED_AT,
+    best_links,
+    error_rates,
+    loads,
+    shortfall,
+)
+from storage.reading import NOT_AVAILABLE, NotAvailableOnBackendError
 from storage.timeseries import SeriesData
+
+__all__ = ["ERROR_FIELDS", "ERROR_POINTS", "SATURATED_AT", "error_rates"]  # (theirs, kept here for the pages)
 
 T = TypeVar("T")
 
 NO_PORTS: Final = "no fabric data (the exporter reads no RDMA ports)"
-# The error counters a port's error rate adds up (per second over the range; the store returns counters as rates).
-# A link going down is the port's state (and the flapping alert's business), not an error count.
-ERROR_FIELDS: Final = ("symbol_errors_total", "receive_errors_total", "local_link_integrity_errors_total")
 TRAFFIC_FIELDS: Final = ("transmit_bytes_per_second", "receive_bytes_per_second", "rate_bytes_per_second")
 # The port fields a port's status reads (``port_statuses``, ``error_rates``): what the pages ask ``latest_nics`` for.
-STATUS_FIELDS: Final = (
-    "up",
-    "rate_bytes_per_second",
-    "link_width",
-    "transmit_bytes_per_second",
-    "receive_bytes_per_second",
-    *ERROR_FIELDS,
-)
-SATURATED_AT: Final = 0.9  # a direction at 90 % of the port's rate or more
-ERROR_POINTS: Final = 4  # an error rate over the range needs only a few buckets
+STATUS_FIELDS: Final = PROBLEM_FIELDS
 # Problems in the order a table lists them (the first a port has decides its place). A stale port is one whose
 # node has not reported for a while: its last state is shown, but not as now.
-PROBLEMS: Final = ("down", "degraded", "errors", "saturated", "stale")
+PROBLEMS: Final = (*PORT_PROBLEMS, "stale")
 # The alert engine's rules about a port (labels node, device, port): shown beside what the page derives itself.
 FABRIC_RULES: Final = frozenset(
     {"IbLinkDown", "IbLinkFlapping", "IbLinkDegraded", "IbErrors", "FabricCongestion", "FabricBandwidthSaturated"}
@@ -105,28 +106,14 @@ def gpus_text(gpus: Sequence[int]) -> str:
     return ",".join(parts)
 
 
-def _best(nics: Iterable[NicReading]) -> dict[tuple[str, str | None], tuple[float, int]]:
-    """Per (node, link layer), the highest rate and width any of its ports that are up negotiated."""
-    best: dict[tuple[str, str | None], tuple[float, int]] = {}
-    for n in nics:
-        if not n.up:
-            continue
-        rate, width = best.get((n.node, n.link_layer), (0.0, 0))
-        best[(n.node, n.link_layer)] = (max(rate, n.rate_bytes_per_second or 0.0), max(width, n.link_width or 0))
-    return best
-
-
 def degraded(nic: NicReading, best: tuple[float, int]) -> str:
-    """Why an up port is degraded: its rate or width below the best its node's ports of the same kind reached
-    (sysfs gives no port maximum; a node's ports are cabled alike). Empty when it is not."""
-    rate, width = best
-    if not nic.up:
+    """Why an up port is degraded (``storage.portproblems.shortfall``) in words: ``2X of 4X``, ``200 Gb/s of
+    400 Gb/s``. Empty when it is not."""
+    short = shortfall(nic, best)
+    if short is None:
         return ""
-    if nic.link_width and width and nic.link_width < width:
-        return f"{nic.link_width}X of {width}X"
-    if nic.rate_bytes_per_second and rate and nic.rate_bytes_per_second < rate * 0.99:
-        return f"{gbit_text(nic.rate_bytes_per_second)} of {gbit_text(rate)}"
-    return ""
+    what, have, most = short
+    return f"{have}X of {most}X" if what == "width" else f"{gbit_text(have)} of {gbit_text(most)}"
 
 
 def port_statuses(
@@ -140,7 +127,7 @@ def port_statuses(
     ``error_rates``: errors per second over the range by NIC id (:func:`error_rates`); a port absent from it counted
     none in the range if its counters are known. ``firing``: the fabric alerts firing per NIC id. ``stale_nodes``:
     nodes with no recent reading; their ports are only "stale" (no load: their last traffic is not now's)."""
-    best = _best(nics)
+    best = best_links(nics)
     rates = error_rates or {}
     alerts = firing or {}
     out = []
@@ -148,8 +135,7 @@ def port_statuses(
         if n.node in stale_nodes:
             out.append(PortStatus(n, ("stale",), None, None, rates.get(n.id), "", tuple(alerts.get(n.id, ()))))
             continue
-        tx = share(n.transmit_bytes_per_second, n.rate_bytes_per_second) if n.up else None
-        rx = share(n.receive_bytes_per_second, n.rate_bytes_per_second) if n.up else None
+        tx, rx = loads(n)
         known = any(getattr(n, f) is not None for f in ERROR_FIELDS)
         error_rate = rates.get(n.id, 0.0 if known else None)
         why = degraded(n, best.get((n.node, n.link_layer), (0.0, 0)))
@@ -166,8 +152,31 @@ def port_statuses(
 
 
 def _order(s: PortStatus) -> tuple[object, ...]:
-    rank = PROBLEMS.index(s.problems[0]) if s.problems else (len(PROBLEMS) - 1 if s.alerts else len(PROBLEMS))
-    return (rank, natural_key(s.nic.node), natural_key(s.nic.device), s.nic.port)
+    return _rank(s.problems, s.alerts, s.nic.node, s.nic.device, s.nic.port)
+
+
+def _rank(problems: Sequence[str], alerts: Sequence[str], node: str, device: str, port: int) -> tuple[object, ...]:
+    rank = PROBLEMS.index(problems[0]) if problems else (len(PROBLEMS) - 1 if alerts else len(PROBLEMS))
+    return (rank, natural_key(node), natural_key(device), port)
+
+
+def ranked_ports(
+    problems: Mapping[str, Sequence[str]],
+    firing: Mapping[str, Sequence[str]] | None = None,
+    stale_nodes: Collection[str] = (),
+) -> list[str]:
+    """The ports of ``problems`` (``StoreReader.nic_problems``: every port's problems by nic id) in the order
+    :func:`port_statuses` lists them (a stale node's ports are only "stale"), without reading their fields."""
+    keyed = []
+    for nic, found in problems.items():
+        key = parse_nic_id(nic)
+        if key is None:
+            continue
+        node, device, port = key
+        mine = ("stale",) if node in stale_nodes else found
+        keyed.append((_rank(mine, (firing or {}).get(nic, ()), node, device, port), nic))
+    keyed.sort()
+    return [nic for _, nic in keyed]
 
 
 def stale_nodes(readings: Iterable[GpuReading], now: float, stale_after_s: float) -> set[str]:
@@ -178,26 +187,6 @@ def stale_nodes(readings: Iterable[GpuReading], now: float, stale_after_s: float
         if now - r.timestamp <= stale_after_s:
             fresh.add(r.node)
     return seen - fresh
-
-
-def error_rates(store: StoreReader, nics: Sequence[NicReading], start: float, end: float) -> dict[str, float]:
-    """Errors per second over [start, end] of the ports that have counted any error: one query, for those ports
-    only (a counter that stands at zero cannot have risen in the range), a few buckets each."""
-    counted = [n.id for n in nics if any(getattr(n, f) for f in ERROR_FIELDS)]
-    if not counted:
-        return {}
-    series = store.nic_series(counted, ERROR_FIELDS, start, end, ERROR_POINTS)
-    return {nic: _mean_sum(data) for nic, data in series.items()}
-
-
-def _mean_sum(data: SeriesData) -> float:
-    """The mean over the buckets of the sum of the error rates (a bucket with no value adds nothing)."""
-    if not data.timestamps:
-        return 0.0
-    total = 0.0
-    for f in ERROR_FIELDS:
-        total += sum(v for v in data.values.get(f, ()) if v is not None)
-    return total / len(data.timestamps)
 
 
 def firing_on_ports(active: Iterable[AlertState]) -> dict[str, list[str]]:

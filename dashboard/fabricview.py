@@ -100,12 +100,19 @@ def _problems(s: PortStatus) -> list[Cell]:
 
 
 def ports_table(
-    statuses: Sequence[PortStatus] | Unavailable, state: ViewState, *, rates_note: str | None = None
+    statuses: Sequence[PortStatus] | Unavailable,
+    state: ViewState,
+    *,
+    rates_note: str | None = None,
+    counts: tuple[int, int] | None = None,
 ) -> html.Div:
-    """Every port, problems first: state, rate, traffic against its rate, error and wait rates, its GPUs."""
+    """Every port, problems first: state, rate, traffic against its rate, error and wait rates, its GPUs.
+
+    ``counts``: (ports, ports down) of the cluster where ``statuses`` are only the first of them (the rows shown)."""
     if isinstance(statuses, Unavailable):
         return html.Div(f"fabric: {statuses.reason}", className="gl-empty")
-    if not statuses:
+    total, down = counts if counts is not None else (len(statuses), sum(1 for s in statuses if not s.nic.up))
+    if not total:
         return html.Div(NO_PORTS, className="gl-empty")
     rows: list[list[Cell]] = []
     classes = []
@@ -128,9 +135,8 @@ def ports_table(
             ]
         )
         classes.append("flagged" if "down" in s.problems else "")
-    down = sum(1 for s in statuses if not s.nic.up)
-    hint = f"{len(statuses)} ports · {down} down · problems first"
-    if len(statuses) > PORT_ROWS:
+    hint = f"{total} ports · {down} down · problems first"
+    if total > PORT_ROWS:
         hint += f" · showing the first {PORT_ROWS}"
     if rates_note:
         hint += f" · error rates: {rates_note}"

@@ -14,7 +14,7 @@ from typing import Protocol
 from gpulens.clock import Clock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, ProcessReading, TargetHealth
-from storage import fabric, inventory, jobstats, latest, timeseries
+from storage import fabric, inventory, jobstats, latest, portproblems, timeseries
 from storage.db import Database
 from storage.inventory import GpuInfo, LinkOutage
 from storage.jobstats import JobSummary
@@ -113,6 +113,13 @@ class StoreReader(Protocol):
         ``latest_nics`` reads every port's fields)."""
         ...
 
+    def nic_problems(self, start: float, end: float) -> dict[str, tuple[str, ...]]:
+        """Every RDMA port now, by nic id, with its problems (``storage.portproblems``: of down, degraded, errors,
+        saturated, in that order; errors: its error counters rose in [start, end]), told in the store where it
+        can: the ports with a problem, not every port's fields (a page ranks the ports by these, then reads whole
+        only the ones it shows)."""
+        ...
+
     def latest_hosts(self, *, node: str | None = None) -> list[HostReading]:
         """The newest reading of every node's CPUs and memory (of ``node`` only, if given), by node."""
         ...
@@ -201,6 +208,9 @@ class SqlReader:
 
     def nic_counts(self) -> dict[str, tuple[int, int]]:
         return fabric.nic_counts(self.db)
+
+    def nic_problems(self, start: float, end: float) -> dict[str, tuple[str, ...]]:
+        return portproblems.nic_problems(self, start, end)
 
     def latest_hosts(self, *, node: str | None = None) -> list[HostReading]:
         return fabric.latest_hosts(self.db, node=node)

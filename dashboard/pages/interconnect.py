@@ -6,7 +6,7 @@ range, and the fabric: every InfiniBand/RoCE port with its state, traffic agains
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
 
 from dash import Dash, Input, Output, State, dcc, html
@@ -32,14 +32,16 @@ from dashboard.components import (
 from dashboard.context import Context, PageError, guarded
 from dashboard.fabric import (
     NO_PORTS,
+    PortStatus,
     Unavailable,
     available,
     error_rates,
     firing_on_ports,
     port_statuses,
+    ranked_ports,
     stale_nodes,
 )
-from dashboard.fabricview import PORT_TABLE_FIELDS, ports_table
+from dashboard.fabricview import PORT_ROWS, PORT_TABLE_FIELDS, ports_table
 from dashboard.figures.links import link_load, node_topology, pcie_degraded
 from dashboard.figures.style import empty_figure, palette_color
 from dashboard.figures.timeseries import PER_SECOND, Line, time_series
@@ -48,7 +50,7 @@ from dashboard.grid import natural_key
 from dashboard.panels import ERROR_FIELDS
 from dashboard.paths import gpu_path, node_path
 from dashboard.timerange import minute_text, resolve_range
-from gpulens.fabricmodel import NicReading
+from gpulens.fabricmodel import NicReading, parse_nic_id
 from gpulens.model import GpuReading
 from storage.inventory import LinkOutage
 from storage.reading import TooManySeriesError
@@ -167,11 +169,24 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
         mine = [r for r in readings if r.node == chosen]
         series = context.store.series([r.uuid for r in mine], LINK_ERROR_FIELDS, span.start, span.end, 240)
         outages = context.store.link_outages(span.start, span.end)
-        nics = available(lambda: context.store.latest_nics(fields=PORT_TABLE_FIELDS))
-        rates = _error_rates(context, nics, span.start, span.end)
-        return span, readings, nodes, chosen, series, outages, nics, rates
+        firing = firing_on_ports(context.alerts.active()) if context.alerts is not None else {}
+        stale = stale_nodes(readings, now, context.stale_after_s)
+        # every port's problems told by the store; only the ports of the rows shown (and the chosen node's) read whole
+        problems = available(lambda: context.store.nic_problems(span.start, span.end))
+        shown = [] if isinstance(problems, Unavailable) else ranked_ports(problems, firing, stale)[:PORT_ROWS]
+        wanted = sorted({key[0] for key in map(parse_nic_id, shown) if key} | ({chosen} if chosen else set()))
+        nics = (
+            problems
+            if isinstance(problems, Unavailable)
+            else available(lambda: context.store.latest_nics(nodes=wanted, fields=PORT_TABLE_FIELDS))
+        )
+        listed = frozenset(shown)
+        rows = nics if isinstance(nics, Unavailable) else [n for n in nics if n.id in listed]
+        rates = _error_rates(context, rows, span.start, span.end)
+        statuses = _shown(problems, shown, nics, rates, firing, stale)
+        return span, readings, nodes, chosen, series, outages, nics, rates, statuses, problems
 
-    span, readings, nodes, chosen, series, outages, nics, rates = guarded(context, load)
+    span, readings, nodes, chosen, series, outages, nics, rates, statuses, problems = guarded(context, load)
     fresh = [r for r in readings if now - r.timestamp <= context.stale_after_s]
     status = None
     if not readings:
@@ -185,9 +200,6 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
     topology = (
         node_topology(node_readings, down_now, node_nics) if node_readings else empty_figure("no node chosen", 380)
     )
-    firing = firing_on_ports(context.alerts.active()) if context.alerts is not None else {}
-    stale = stale_nodes(readings, now, context.stale_after_s)
-    statuses = nics if isinstance(nics, Unavailable) else port_statuses(nics, _rates_of(rates), firing, stale)
     errors = html.Div(
         [
             html.Div(f"{chosen}: error rates over the range" if chosen else "", className="gl-hint"),
@@ -204,7 +216,12 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
         topology,
         degraded_table(fresh, outages, state),
         errors,
-        ports_table(statuses, state, rates_note=rates.reason if isinstance(rates, Unavailable) else None),
+        ports_table(
+            statuses,
+            state,
+            rates_note=rates.reason if isinstance(rates, Unavailable) else None,
+            counts=None if isinstance(problems, Unavailable) else _counts(problems),
+        ),
         topology_note(chosen, nics, node_nics),
         f"as of {minute_text(now)} · {span.label}",
     )
@@ -224,6 +241,29 @@ def _error_rates(
 
 def _rates_of(rates: dict[str, float] | Unavailable) -> dict[str, float] | None:
     return None if isinstance(rates, Unavailable) else rates
+
+
+def _shown(
+    problems: Mapping[str, Sequence[str]] | Unavailable,
+    shown: Sequence[str],
+    nics: list[NicReading] | Unavailable,
+    rates: dict[str, float] | Unavailable,
+    firing: Mapping[str, Sequence[str]],
+    stale: Collection[str],
+) -> list[PortStatus] | Unavailable:
+    """The statuses of the ports shown, in their rank (their nodes' ports read whole: a port's best rate and width
+    are its node's)."""
+    if isinstance(problems, Unavailable):
+        return problems
+    if isinstance(nics, Unavailable):
+        return nics
+    by_id = {s.nic.id: s for s in port_statuses(nics, _rates_of(rates), firing, stale)}
+    return [by_id[nic] for nic in shown if nic in by_id]
+
+
+def _counts(problems: Mapping[str, Sequence[str]]) -> tuple[int, int]:
+    """(ports, ports down) of the cluster."""
+    return len(problems), sum(1 for found in problems.values() if "down" in found)
 
 
 def topology_note(chosen: str | None, nics: list[NicReading] | Unavailable, mine: list[NicReading]) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -113,20 +113,31 @@ def dcgm_node(labels: Mapping[str, str]) -> str:
     return instance.rsplit(":", 1)[0] if ":" in instance and not instance.endswith("]") else instance
 
 
-def _typed(field: str, value: float) -> Any:
-    kind = _TYPES[field]
-    if kind == "int | None":
-        return round(value)
-    if kind == "bool | None":
-        return value != 0
-    return value
+def _is_set(value: float) -> bool:
+    return value != 0
+
+
+# family -> [(the constant labels' names, {their values: [(field, how to type the value)]})], the specs grouped by
+# the names of their constant labels: a series finds its fields by one lookup per group, not a test per spec.
+_Typer = Callable[[float], Any] | None
+_Table = dict[tuple[str | None, ...], list[tuple[str, _Typer]]]
+_SPECS: Final[dict[str, list[tuple[tuple[str, ...], _Table]]]] = {}
+for _spec in GPU_FIELDS:
+    if _spec.family in (INFO, UP, THROTTLE, XIDS):  # read as the exporter writes them (``gpulens_readings``)
+        continue
+    _keys = tuple(k for k, _ in _spec.labels)
+    _groups = _SPECS.setdefault(_spec.family, [])
+    _table = next((table for keys, table in _groups if keys == _keys), None)
+    if _table is None:
+        _table = {}
+        _groups.append((_keys, _table))
+    _kind = _TYPES[_spec.field]
+    _typer: _Typer = round if _kind == "int | None" else _is_set if _kind == "bool | None" else None
+    _table.setdefault(tuple(v for _, v in _spec.labels), []).append((_spec.field, _typer))
 
 
 def gpulens_readings(series: Sequence[PromSeries], times: Mapping[str, float], now: float) -> list[GpuReading]:
     """Readings from an instant query over ``READING_FAMILIES``; ``times``: each GPU's sample time by UUID."""
-    by_family: dict[str, list[Any]] = defaultdict(list)
-    for spec in GPU_FIELDS:
-        by_family[spec.family].append(spec)
     gpus: dict[str, dict[str, Any]] = {}
     for s in series:
         labels = s.labels
@@ -146,7 +157,12 @@ def gpulens_readings(series: Sequence[PromSeries], times: Mapping[str, float], n
                 "xid_errors": {},
             }
         value = s.value
-        if name == INFO:
+        groups = _SPECS.get(name)
+        if groups is not None:
+            for keys, table in groups:
+                for field, typer in table.get(tuple([labels.get(k) for k in keys]) if keys else (), ()):
+                    fields[field] = value if typer is None else typer(value)
+        elif name == INFO:
             fields["pci_bus_id"] = labels.get("pci_bus_id") or None
             fields["driver_version"] = labels.get("driver_version") or None
         elif name == UP:
@@ -155,13 +171,8 @@ def gpulens_readings(series: Sequence[PromSeries], times: Mapping[str, float], n
             bit = THROTTLE_BITS.get(labels.get("reason", ""))
             if bit is not None:
                 fields["throttle_reasons"] = fields.get("throttle_reasons", 0) | (bit if value else 0)
-        elif name == XIDS:
-            if labels.get("xid", "").isdigit():
-                fields["xid_errors"][int(labels["xid"])] = round(value)
-        else:
-            for spec in by_family.get(name, ()):
-                if all(labels.get(k) == v for k, v in spec.labels):
-                    fields[spec.field] = _typed(spec.field, value)
+        elif name == XIDS and labels.get("xid", "").isdigit():
+            fields["xid_errors"][int(labels["xid"])] = round(value)
     return [GpuReading(**fields) for fields in gpus.values()]
 
 

@@ -31,7 +31,7 @@ from gpulens.settings import StoreAuth
 from storage import schema
 from storage.inventory import GpuInfo, LinkOutage
 from storage.jobstats import JOB_POINTS, JobSummary
-from storage.prometheus import fabric, jobquery
+from storage.prometheus import fabric, jobquery, problems
 from storage.prometheus import families as fam
 from storage.prometheus.client import PromClient, PromQueryError, PromSeries, quote, regex_of
 from storage.reading import NotAvailableOnBackendError
@@ -455,6 +455,9 @@ class PromReader:
 
     def nic_counts(self) -> dict[str, tuple[int, int]]:
         return fabric.nic_counts(self)
+
+    def nic_problems(self, start: float, end: float) -> dict[str, tuple[str, ...]]:
+        return problems.nic_problems(self, start, end)
 
     def latest_hosts(self, *, node: str | None = None) -> list[HostReading]:
         return fabric.latest_hosts(self, node=node)

@@ -7,6 +7,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, cast
 
+import pytest
+
+from dashboard import fabricview
 from dashboard.components import ViewState
 from dashboard.context import Context
 from dashboard.fabric import NO_PORTS
@@ -20,7 +23,10 @@ from tests.dashboard.fabricdata import NO_FABRIC_NODE
 from tests.dashboard.test_pages import find_figures, text_of
 
 FABRIC_READS = frozenset(
-    {"latest_nics", "nic_counts", "latest_hosts", "latest_job_hosts", "nic_series", "host_series", "job_host_series"}
+    {
+        *("latest_nics", "nic_counts", "nic_problems", "latest_hosts", "latest_job_hosts"),
+        *("nic_series", "host_series", "job_host_series"),
+    }
 )
 
 
@@ -33,6 +39,7 @@ class Recorder:
         self.refuse_fabric = refuse_fabric
         self.calls: Counter[str] = Counter()
         self.nic_ids: list[list[str]] = []
+        self.nic_nodes: list[list[str] | None] = []  # the nodes each ``latest_nics`` asked for
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.inner, name)
@@ -45,6 +52,9 @@ class Recorder:
                 raise NotAvailableOnBackendError("RDMA ports and host", "prometheus")
             if name == "nic_series":
                 self.nic_ids.append(list(args[0]))
+            if name == "latest_nics":
+                nodes = kwargs.get("nodes")
+                self.nic_nodes.append(None if nodes is None else list(nodes))
             return value(*args, **kwargs)
 
         return call
@@ -103,9 +113,40 @@ def test_the_interconnect_lists_every_port_problems_first(store: Store) -> None:
     nics = next(t for t in topology.to_plotly_json()["data"] if t.get("name") == "NICs")
     down = [i for i, text in enumerate(nics["text"]) if "mlx5_3" in text]
     assert [nics["marker"]["color"][i] for i in down] == [DOWN_COLOR]
-    # Bounded: one read of the ports for the table and the topology; one series read, of the one port with errors.
-    assert fabric_reads(recorder) == {"latest_nics": 1, "nic_series": 1}
+    # Bounded: every port's problems told by the store, then one read of the ports of the nodes in the table (and
+    # the chosen node's, for the topology); one series read, of the one port with errors.
+    assert fabric_reads(recorder) == {"nic_problems": 1, "latest_nics": 1, "nic_series": 1}
+    assert recorder.nic_nodes == [["node-00", "node-01", "node-02", "node-04"]]
     assert recorder.nic_ids == [["node-00/mlx5_5/1"]]
+
+
+def test_the_interconnect_reads_whole_only_the_ports_of_the_rows_it_shows(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    context, recorder = recorded(store)
+    everything = table_rows(interconnect.render(context, ViewState(), "node-03")[7])
+    for module in (interconnect, fabricview):
+        monkeypatch.setattr(module, "PORT_ROWS", 3)
+    context, recorder = recorded(store)
+    _status, *_rest, fabric, _note, _ = interconnect.render(context, ViewState(), "node-03")
+    rows = table_rows(fabric)
+    assert rows == everything[:3]  # down, degraded, errors: the same rows, in the same order
+    assert "33 ports · 1 down · problems first · showing the first 3" in text_of(fabric)
+    # the nodes of those three rows and the chosen one (no ports), not every node's ports
+    assert recorder.nic_nodes == [["node-00", "node-01", "node-02", "node-03"]]
+    assert recorder.nic_ids == [["node-00/mlx5_5/1"]]  # the error rates of the rows shown that counted errors
+
+
+def test_the_stores_tell_every_ports_problems(store: Store) -> None:
+    problems = SqlReader(store.db).nic_problems(store.clock.now() - 3600, store.clock.now())
+    assert len(problems) == 33
+    flagged = {nic: found for nic, found in problems.items() if found}
+    assert flagged == {
+        "node-01/mlx5_3/1": ("down",),
+        "node-02/mlx5_2/1": ("degraded",),
+        "node-00/mlx5_5/1": ("errors",),
+        "node-02/mlx5_5/1": ("saturated",),
+    }  # node-04's ports are stale on the page, which the store does not judge: their readings are fine
 
 
 def test_a_node_without_ports_says_so(store: Store) -> None:

@@ -183,3 +183,24 @@ def test_the_overviews_fabric_reads_grow_with_the_nodes_shown_not_the_ports(read
     assert cost[12][0] == (2, 2 * 12)
     assert cost[4][1] == cost[12][1]  # the shown nodes' ports: the same queries and series
     assert cost[12][1][0] == 4  # the ports' labels, the gauges in one selector, two rates
+
+
+def test_the_ports_problems_told_in_promql_are_the_sql_paths(readers: dict[int, PromReader], end: int) -> None:
+    """``nic_problems`` over Prometheus (the ports' state, rate and width, and the saturated ports and those with
+    errors as PromQL comparisons) is what the SQL path's computation over every port's reading and error rates
+    (``storage.portproblems.nic_problems``) says over the same store, in a fixed number of queries: four series per
+    port (its labels, state, rate and width) and one per port and comparison that finds a problem, not every port's
+    fields."""
+    from storage import portproblems
+
+    for nodes, store in readers.items():
+        before = (store.client.stats.queries, store.client.stats.series)
+        told = store.nic_problems(end - 1800, end)
+        cost = (store.client.stats.queries - before[0], store.client.stats.series - before[1])
+        assert told == portproblems.nic_problems(store, end - 1800, end)
+        assert len(told) == 8 * nodes
+        # the bench's history: every port's error counters grow, its link widths wobble, a few ports run near rate
+        assert {p for found in told.values() for p in found} == {"degraded", "errors", "saturated"}
+        saturated = sum(1 for found in told.values() if "saturated" in found)
+        # errors: the ports whose counters stand above zero, and those whose each counter rose (here: all, thrice)
+        assert cost == (9, 4 * len(told) + saturated + len(told) + 3 * len(told))

@@ -24,7 +24,7 @@ from bench.bench_sim import scenario_text
 from bench.bench_sim_serve import free_port, wait_ready
 from collector import scrape
 from collector.loop import Collector
-from collector.runner import tune_garbage_collector
+from gpulens.gcpause import tune_garbage_collector
 from gpulens.settings import TargetSettings, default_settings
 from gpulens.snapshotcodec import snapshot_from_bytes
 from storage.db import Database

@@ -35,6 +35,7 @@ from bench.bench_storage import pg_bindir, postgresql_server
 from dashboard.app import create_app
 from dashboard.webserve import CompressAndCache
 from gpulens.clock import ManualClock
+from gpulens.gcpause import tune_garbage_collector
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading
 from storage.db import Database
 from storage.rollup import Rollups
@@ -289,6 +290,7 @@ def make_store(url: str, cluster: Cluster, args: argparse.Namespace) -> None:
 
 def measure_pages(db: Database, cluster: Cluster, loads: int) -> None:
     app = create_app(db, alerts=stall_alert(cluster))
+    tune_garbage_collector()  # as `gpulens dashboard` does once its app is built
     seen, raw = Callbacks(), Callbacks()  # on the wire (gzip, time included), and before gzip
     node, _index, uuid = cluster.identity[1][3]
     pages = {

@@ -16,6 +16,7 @@ from dashboard.app import create_app
 from dashboard.webserve import CompressAndCache
 from gpulens.clock import Clock
 from gpulens.config import ConfigError
+from gpulens.gcpause import tune_garbage_collector
 from gpulens.settings import Settings
 from gpulens.webauth import BasicAuth
 from storage.db import Database, DatabaseAccessError, DatabaseUnavailableError
@@ -97,6 +98,7 @@ def run_dashboard(
                 log.warning("%s; serving anyway: the pages say so until it is back", exc)
             alert_reader = alerts(database) if alerts is not None else alert_reader
         app = create_app(store, clock=clock, alerts=alert_reader, basic_auth=auth)
+        tune_garbage_collector()  # each page builds thousands of records: collect young objects seldom (gcpause)
         wsgi = CompressAndCache(app.server.wsgi_app)
         try:
             server = create_server(wsgi, host=host, port=port, threads=threads, ident=SERVER_NAME)

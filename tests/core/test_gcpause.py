@@ -83,3 +83,23 @@ def test_blocks_that_overlap_without_end_still_collect(monkeypatch: pytest.Monke
         assert collected == [1]  # held too long by overlapping blocks: one collection
         assert not gc.isenabled()
     assert gc.isenabled()
+
+
+def test_tuning_freezes_the_start_up_heap_and_collects_young_objects_seldom() -> None:
+    old = gc.get_threshold()
+    try:
+        gc.unfreeze()
+        survivor: dict[str, list[int]] = {"built at start-up": [1]}  # alive, tracked by the collector
+
+        def walked() -> bool:  # in a generation that collections walk
+            return any(any(o is survivor for o in gc.get_objects(generation)) for generation in range(3))
+
+        assert walked()
+        gcpause.tune_garbage_collector()
+        assert not walked()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == gcpause.GC_THRESHOLDS
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*old)

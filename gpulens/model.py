@@ -169,8 +169,8 @@ class NodeSnapshot:
     # Cumulative counts of the source's own failures by reason (e.g. "nvml_not_supported").
     errors: Mapping[str, int] = field(default_factory=dict)
     # Which links ``links`` holds: every link the source read (LINKS_ALL), or only the inactive ones (LINKS_INACTIVE,
-    # what the collector asks an exporter for: a GPU with ``nvlink_links_active`` known then has every other link
-    # of its up).
+    # what the collector asks an exporter for: then every link not listed is up on a GPU whose
+    # ``nvlink_links_active`` is known).
     links_scope: str = LINKS_ALL
     # GPU uuid -> quantity ("pcie", "nvlink", "profiling") -> where its values came from ("gpm", "sample",
     # "counters"); set by the NVML source, exported as gpulens_gpu_metric_source_info (not in the JSON document).

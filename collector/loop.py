@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -100,6 +99,7 @@ class Collector:
             timeout_s=settings.timeout_s,
             max_bytes=settings.max_response_bytes,
             future_tolerance_s=settings.future_tolerance_s,
+            concurrency=settings.concurrency,
             clock=self._clock,
         )
         self._targets = TargetSet(settings)
@@ -110,7 +110,6 @@ class Collector:
         )
         self._spool = Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes)
         self._hooks = list(hooks)
-        self._pool = ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="gpulens-scrape")
         self._log_once = LogOnce(log)
         self._db_down_since: float | None = None
         self._retention_job = RetentionJob(db, self._retention, every_s=RETENTION_EVERY_S)
@@ -132,7 +131,7 @@ class Collector:
             started = time.perf_counter()
             now = self._clock.now()
             targets = self._targets.current()
-            results = list(self._pool.map(self._scraper.scrape, targets))
+            results = self._scraper.scrape_all(targets)
             if self._scraper.aborted:  # stopping mid-round: the targets did not fail, we left; store nothing
                 log.info("round cut short by shutdown: not stored")
                 return RoundResult(time=now, snapshots=[], targets=[])
@@ -312,5 +311,4 @@ class Collector:
             scheduler.shutdown(wait=True)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
         self._scraper.close()

@@ -1,4 +1,5 @@
-"""One scrape of one target: fetch over HTTP(S) with keep-alive, parse, and reject bad samples one by one.
+"""Scraping targets: fetch them all at once over HTTP(S) with keep-alive, parse each as it lands, and reject bad
+samples one by one. The transfers run in the calling thread over libcurl's multi interface (``gpulens.multifetch``).
 
 A target that hangs, refuses, answers 500 or garbage costs at most its own timeout and never raises: the result
 carries the target's health (up, error, duration, samples) and the per-reason counts of what was rejected.
@@ -18,15 +19,12 @@ from __future__ import annotations
 import base64
 import dataclasses
 import functools
-import http.client
 import logging
 import math
 import socket
-import ssl
 import threading
 import time
-import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, is_not
 from typing import Final
@@ -36,8 +34,9 @@ from collector.targets import Target
 from gpulens.clock import Clock, SystemClock
 from gpulens.config import ConfigError
 from gpulens.dcgmnode import DcgmPageError, DcgmPageReader
-from gpulens.httpfetch import Deadline, DeadlineHTTPConnection, DeadlineHTTPSConnection, read_body, redact_url
+from gpulens.httpfetch import redact_url
 from gpulens.model import LINKS_INACTIVE, GpuReading, NodeSnapshot, SnapshotFormatError, TargetHealth
+from gpulens.multifetch import ABORTED, Get, MultiFetcher, Outcome
 from gpulens.snapshotcodec import LAYOUT_COLUMNAR, SnapshotNotJSONError, snapshot_from_bytes
 
 log = logging.getLogger(__name__)
@@ -118,13 +117,9 @@ def sanitize(snapshot: NodeSnapshot, now: float, future_tolerance_s: float) -> t
     )
 
 
-class _Connections(threading.local):
-    def __init__(self) -> None:
-        self.pool: dict[tuple[str, str, int], DeadlineHTTPConnection] = {}
-
-
 class Scraper:
-    """Scrapes targets with per-thread keep-alive connections; safe to call from many threads."""
+    """Scrapes targets concurrently from the calling thread (``gpulens.multifetch``), connections kept alive between
+    rounds; each target's answer is parsed as soon as it lands, while the others are still in flight."""
 
     def __init__(
         self,
@@ -132,27 +127,23 @@ class Scraper:
         timeout_s: float = 5.0,
         max_bytes: int = 16 * 1024 * 1024,
         future_tolerance_s: float = 300.0,
+        concurrency: int = 64,
         clock: Clock | None = None,
     ) -> None:
         self._timeout = timeout_s
         self._max_bytes = max_bytes
         self._future = future_tolerance_s
+        self._concurrency = concurrency
         self._clock = clock or SystemClock()
-        self._local = _Connections()
-        self._contexts: dict[tuple[str | None, bool], ssl.SSLContext] = {}
+        self._fetcher = MultiFetcher(user_agent="gpulens-collector")
         self._lock = threading.Lock()
-        self._all: set[http.client.HTTPConnection] = set()  # every thread's connections, for close()
         self._readers: dict[str, DcgmPageReader] = {}  # dcgm targets by name: what each page needs from the last
-        self._inflight: set[Deadline] = set()  # the requests running now, for abort()
         self.aborted = False
 
     def abort(self) -> None:
         """Cut every request in flight short, and refuse new ones (shutdown): a dripping target cannot hold it."""
-        with self._lock:
-            self.aborted = True
-            running = list(self._inflight)
-        for deadline in running:
-            deadline.cancel()
+        self.aborted = True
+        self._fetcher.abort()
 
     def _reader(self, target: Target) -> DcgmPageReader:
         with self._lock:
@@ -172,36 +163,67 @@ class Scraper:
         return any([reader.forget(uuid) for reader in readers])
 
     def scrape(self, target: Target) -> ScrapeResult:
-        started = time.perf_counter()
+        """One target (``scrape_all`` of one)."""
+        return self.scrape_all([target])[0]
+
+    def scrape_all(self, targets: Sequence[Target]) -> list[ScrapeResult]:
+        """Every target, at most ``concurrency`` at a time, each within its own timeout; in the order given.
+        Batches from several threads take turns."""
         now = self._clock.now()
-        url = target.scrape_url
+        results: list[ScrapeResult | None] = [None] * len(targets)
+        gets: list[Get] = []
+        where: list[int] = []  # the target of each GET
+        for i, target in enumerate(targets):
+            try:
+                gets.append(self._request(target))
+                where.append(i)
+            except ScrapeError as exc:
+                results[i] = self._down(target, now, str(exc), 0.0)
+
+        def done(index: int, outcome: Outcome) -> None:
+            i = where[index]
+            results[i] = self._result(targets[i], outcome, now)
+
+        self._fetcher.run(gets, done, concurrency=self._concurrency)
+        return [r if r is not None else self._down(targets[i], now, "not scraped", 0.0) for i, r in enumerate(results)]
+
+    def _result(self, target: Target, outcome: Outcome, now: float) -> ScrapeResult:
+        started = time.perf_counter()
+        if outcome.error is not None:
+            problem = "the collector is stopping" if outcome.error == ABORTED else outcome.error
+            return self._down(target, now, problem, outcome.seconds)
+        if outcome.status != 200:
+            return self._down(target, now, outcome.reason, outcome.seconds)
         try:
-            body = self._get(target, url)
-            snapshot, rejected = self._parse(target, body, now)
+            snapshot, rejected = self._parse(target, outcome.body, now)
         except ScrapeError as exc:
-            health = TargetHealth(
-                target=target.name,
-                url=redact_url(url),
-                kind=target.kind,
-                timestamp=now,
-                up=False,
-                node=target.node,
-                scrape_duration_seconds=time.perf_counter() - started,
-                last_error=str(exc),
-            )
-            return ScrapeResult(target, health)
+            seconds = outcome.seconds + time.perf_counter() - started
+            return self._down(target, now, str(exc), seconds)
         health = TargetHealth(
             target=target.name,
-            url=redact_url(url),
+            url=redact_url(target.scrape_url),
             kind=target.kind,
             timestamp=now,
             up=True,
             node=snapshot.node,
-            scrape_duration_seconds=time.perf_counter() - started,
+            scrape_duration_seconds=outcome.seconds + time.perf_counter() - started,
             samples=len(snapshot.gpus),
             rejected=sum(rejected.values()),
         )
         return ScrapeResult(target, health, snapshot, rejected)
+
+    def _down(self, target: Target, now: float, problem: str, seconds: float) -> ScrapeResult:
+        health = TargetHealth(
+            target=target.name,
+            url=redact_url(target.scrape_url),
+            kind=target.kind,
+            timestamp=now,
+            up=False,
+            node=target.node,
+            scrape_duration_seconds=seconds,
+            last_error=problem,
+        )
+        return ScrapeResult(target, health)
 
     # -- parsing ----------------------------------------------------------------------------------------------------
 
@@ -228,130 +250,41 @@ class Scraper:
             raise ScrapeError("the snapshot is stamped in the future")
         return sanitize(snapshot, now, self._future)
 
-    # -- HTTP -------------------------------------------------------------------------------------------------------
+    # -- the request ------------------------------------------------------------------------------------------------
 
-    def _context(self, target: Target) -> ssl.SSLContext:
-        key = (target.auth.ca_file, target.auth.insecure_skip_verify)
-        with self._lock:
-            ctx = self._contexts.get(key)
-            if ctx is None:
-                ctx = ssl.create_default_context(cafile=target.auth.ca_file)
-                if target.auth.insecure_skip_verify:
-                    ctx.check_hostname = False
-                    ctx.verify_mode = ssl.CERT_NONE
-                self._contexts[key] = ctx
-            return ctx
-
-    def _connection(self, target: Target, scheme: str, host: str, port: int) -> DeadlineHTTPConnection:
-        key = (scheme, host, port)
-        conn = self._local.pool.get(key)
-        if conn is None:
-            if scheme == "https":
-                conn = DeadlineHTTPSConnection(host, port, timeout=self._timeout, context=self._context(target))
-            else:
-                conn = DeadlineHTTPConnection(host, port, timeout=self._timeout)
-            self._local.pool[key] = conn
-            with self._lock:
-                self._all.add(conn)
-        return conn
-
-    def _drop(self, scheme: str, host: str, port: int) -> None:
-        conn = self._local.pool.pop((scheme, host, port), None)
-        if conn is not None:
-            conn.close()
-            with self._lock:
-                self._all.discard(conn)
-
-    def _headers(self, target: Target) -> dict[str, str]:
-        headers = {"Accept-Encoding": "gzip", "User-Agent": "gpulens-collector"}
+    def _request(self, target: Target) -> Get:
+        url = target.scrape_url
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ScrapeError(f"not an http(s) URL: {redact_url(url)}")
+        if self.aborted:
+            raise ScrapeError("the collector is stopping")
+        query = parts.query
+        if target.kind != "dcgm":  # a gpulens exporter: ask for the columnar layout and the inactive links
+            query = f"{query}&{SNAPSHOT_QUERY}" if query else SNAPSHOT_QUERY
+        # Credentials come from the target's auth only: a user:password@ in the URL is not sent.
+        netloc = parts.netloc.rpartition("@")[2]
+        plain = parts._replace(netloc=netloc, query=query, fragment="").geturl()
+        headers: tuple[str, ...] = ()
         if target.auth.username:
             try:
                 password = target.auth.password() or ""
             except ConfigError as exc:
                 raise ScrapeError(str(exc)) from None
             token = base64.b64encode(f"{target.auth.username}:{password}".encode()).decode()
-            headers["Authorization"] = f"Basic {token}"
-        return headers
-
-    def _get(self, target: Target, url: str) -> bytes:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ScrapeError(f"not an http(s) URL: {redact_url(url)}")
-        scheme, host = parts.scheme, parts.hostname
-        port = parts.port or (443 if scheme == "https" else 80)
-        query = parts.query
-        if target.kind != "dcgm":  # a gpulens exporter: ask for the columnar layout and the inactive links
-            query = f"{query}&{SNAPSHOT_QUERY}" if query else SNAPSHOT_QUERY
-        path = (parts.path or "/") + (f"?{query}" if query else "")
-        headers = self._headers(target)
-        deadline = Deadline(self._timeout)  # one deadline for the whole request, retry included
-        with self._lock:
-            if self.aborted:
-                raise ScrapeError("the collector is stopping")
-            self._inflight.add(deadline)
-        try:
-            return self._get_within(target, deadline, (scheme, host, port), path, headers)
-        finally:
-            with self._lock:
-                self._inflight.discard(deadline)
-
-    def _get_within(
-        self, target: Target, deadline: Deadline, where: tuple[str, str, int], path: str, headers: dict[str, str]
-    ) -> bytes:
-        scheme, host, port = where
-        for attempt in (1, 2):  # a kept-alive connection the server closed gets one fresh retry
-            conn = self._connection(target, scheme, host, port)
-            conn.deadline = deadline
-            reused = conn.sock is not None
-            try:
-                conn.request("GET", path, headers=headers)
-                response = conn.getresponse()
-                body = read_body(response, response.msg, self._max_bytes)
-            except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine) as exc:
-                self._drop(scheme, host, port)
-                if reused and attempt == 1 and _time_left(deadline):
-                    continue
-                raise ScrapeError(_describe(exc)) from None
-            except TimeoutError:
-                self._drop(scheme, host, port)
-                if deadline.cancelled:
-                    raise ScrapeError("the collector is stopping") from None
-                raise ScrapeError(f"timed out after {self._timeout:g}s") from None
-            except (OSError, http.client.HTTPException, zlib.error, ValueError) as exc:
-                self._drop(scheme, host, port)
-                raise ScrapeError(_describe(exc)) from None
-            if response.will_close:
-                self._drop(scheme, host, port)
-            if response.status != 200:
-                raise ScrapeError(f"HTTP {response.status} {response.reason}".strip())
-            return body
-        raise ScrapeError("connection closed")  # pragma: no cover - the loop returns or raises
+            headers = (f"Authorization: Basic {token}",)
+        return Get(
+            url=plain,
+            timeout_s=self._timeout,
+            max_bytes=self._max_bytes,
+            headers=headers,
+            ca_file=target.auth.ca_file,
+            insecure=target.auth.insecure_skip_verify,
+        )
 
     def close(self) -> None:
-        """Close every thread's connections (call when no scrape is running)."""
-        with self._lock:
-            conns, self._all = self._all, set()
-        for conn in conns:
-            conn.close()
-        self._local.pool.clear()
-
-
-def _time_left(deadline: Deadline) -> bool:
-    try:
-        return deadline.remaining() > 0
-    except TimeoutError:
-        return False
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(exc, http.client.RemoteDisconnected):
-        return "the target closed the connection without answering"
-    if isinstance(exc, socket.gaierror):
-        return f"cannot resolve the host ({exc.strerror})"
-    text = str(exc) or type(exc).__name__
-    return text[:200]
+        """Close every connection (call when no scrape is running)."""
+        self._fetcher.close()
 
 
 def merge_counts(into: dict[str, int], more: Mapping[str, int]) -> None:

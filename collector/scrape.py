@@ -253,18 +253,10 @@ class Scraper:
     # -- the request ------------------------------------------------------------------------------------------------
 
     def _request(self, target: Target) -> Get:
-        url = target.scrape_url
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ScrapeError(f"not an http(s) URL: {redact_url(url)}")
         if self.aborted:
             raise ScrapeError("the collector is stopping")
-        query = parts.query
-        if target.kind != "dcgm":  # a gpulens exporter: ask for the columnar layout and the inactive links
-            query = f"{query}&{SNAPSHOT_QUERY}" if query else SNAPSHOT_QUERY
-        # Credentials come from the target's auth only: a user:password@ in the URL is not sent.
-        netloc = parts.netloc.rpartition("@")[2]
-        plain = parts._replace(netloc=netloc, query=query, fragment="").geturl()
+        # a gpulens exporter is asked for the columnar layout and the inactive links
+        plain = _plain_url(target.scrape_url, "" if target.kind == "dcgm" else SNAPSHOT_QUERY)
         headers: tuple[str, ...] = ()
         if target.auth.username:
             try:
@@ -285,6 +277,19 @@ class Scraper:
     def close(self) -> None:
         """Close every connection (call when no scrape is running)."""
         self._fetcher.close()
+
+
+@functools.lru_cache(maxsize=1 << 16)  # the same targets every round: each URL is taken apart once
+def _plain_url(url: str, ask: str) -> str:
+    """The URL a target is fetched at: ``ask`` added to its query; a ``user:password@`` in it dropped (credentials
+    come from the target's auth only)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ScrapeError(f"not an http(s) URL: {redact_url(url)}")
+    query = parts.query
+    if ask:
+        query = f"{query}&{ask}" if query else ask
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2], query=query, fragment="").geturl()
 
 
 def merge_counts(into: dict[str, int], more: Mapping[str, int]) -> None:

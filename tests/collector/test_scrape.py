@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import threading
@@ -9,6 +10,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -32,11 +34,13 @@ class Scripted(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     good_body = b""
+    authorization: ClassVar[list[str | None]] = []  # each request's Authorization header, in order
 
     def log_message(self, *args: object) -> None:
         pass
 
     def do_GET(self) -> None:
+        Scripted.authorization.append(self.headers.get("Authorization"))
         path = self.path.split("?")[0]
         if path.startswith("/hang"):
             time.sleep(3)
@@ -160,6 +164,21 @@ def test_credentials_never_reach_the_health_record(
     target = Target(name="t", url=f"{scripted}/error", auth=TlsAuth(username="prom", password_env="SCRAPE_PW"))
     result = scraper.scrape(target)
     assert "hunter2-secret" not in repr(result.health)
+
+
+def test_basic_auth_comes_from_the_targets_auth_never_from_its_url(
+    scripted: str, scraper: Scraper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SCRAPE_PW", "pa:ss")
+    in_url = scripted.replace("http://", "http://urluser:urlpass@")
+    Scripted.authorization.clear()
+    plain = scraper.scrape(Target(name="plain", url=in_url))
+    auth = TlsAuth(username="prom", password_env="SCRAPE_PW")
+    authed = scraper.scrape(Target(name="authed", url=in_url, auth=auth))
+    assert plain.health.up, plain.health.last_error
+    assert authed.health.up, authed.health.last_error
+    assert Scripted.authorization == [None, "Basic " + base64.b64encode(b"prom:pa:ss").decode()]
+    assert "urlpass" not in repr(authed.health)
 
 
 def test_absurd_readings_are_rejected_one_by_one() -> None:

@@ -199,31 +199,13 @@ class Scraper:
         except ScrapeError as exc:
             seconds = outcome.seconds + time.perf_counter() - started
             return self._down(target, now, str(exc), seconds)
-        health = TargetHealth(
-            target=target.name,
-            url=redact_url(target.scrape_url),
-            kind=target.kind,
-            timestamp=now,
-            up=True,
-            node=snapshot.node,
-            scrape_duration_seconds=outcome.seconds + time.perf_counter() - started,
-            samples=len(snapshot.gpus),
-            rejected=sum(rejected.values()),
+        seconds = outcome.seconds + time.perf_counter() - started
+        return ScrapeResult(
+            target, _health(target, now, seconds, snapshot=snapshot, rejected=rejected), snapshot, rejected
         )
-        return ScrapeResult(target, health, snapshot, rejected)
 
     def _down(self, target: Target, now: float, problem: str, seconds: float) -> ScrapeResult:
-        health = TargetHealth(
-            target=target.name,
-            url=redact_url(target.scrape_url),
-            kind=target.kind,
-            timestamp=now,
-            up=False,
-            node=target.node,
-            scrape_duration_seconds=seconds,
-            last_error=problem,
-        )
-        return ScrapeResult(target, health)
+        return ScrapeResult(target, _health(target, now, seconds, problem=problem))
 
     # -- parsing ----------------------------------------------------------------------------------------------------
 
@@ -277,6 +259,30 @@ class Scraper:
     def close(self) -> None:
         """Close every connection (call when no scrape is running)."""
         self._fetcher.close()
+
+
+def _health(
+    target: Target,
+    now: float,
+    seconds: float,
+    *,
+    snapshot: NodeSnapshot | None = None,
+    rejected: Mapping[str, int] | None = None,
+    problem: str | None = None,
+) -> TargetHealth:
+    """The target's health after a scrape: up with its snapshot, or down for ``problem``."""
+    return TargetHealth(
+        target=target.name,
+        url=redact_url(target.scrape_url),
+        kind=target.kind,
+        timestamp=now,
+        up=snapshot is not None,
+        node=target.node if snapshot is None else snapshot.node,
+        scrape_duration_seconds=seconds,
+        samples=0 if snapshot is None else len(snapshot.gpus),
+        rejected=sum((rejected or {}).values()),
+        last_error=problem,
+    )
 
 
 @functools.lru_cache(maxsize=1 << 16)  # the same targets every round: each URL is taken apart once

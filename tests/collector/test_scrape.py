@@ -35,12 +35,14 @@ class Scripted(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     good_body = b""
     authorization: ClassVar[list[str | None]] = []  # each request's Authorization header, in order
+    clients: ClassVar[list[tuple[str, int]]] = []  # each request's client address (its connection), in order
 
     def log_message(self, *args: object) -> None:
         pass
 
     def do_GET(self) -> None:
         Scripted.authorization.append(self.headers.get("Authorization"))
+        Scripted.clients.append(self.client_address)
         path = self.path.split("?")[0]
         if path.startswith("/hang"):
             time.sleep(3)
@@ -179,6 +181,22 @@ def test_basic_auth_comes_from_the_targets_auth_never_from_its_url(
     assert authed.health.up, authed.health.last_error
     assert Scripted.authorization == [None, "Basic " + base64.b64encode(b"prom:pa:ss").decode()]
     assert "urlpass" not in repr(authed.health)
+
+
+def test_rounds_reuse_their_connections_one_request_per_target(scripted: str) -> None:
+    """The work of a round is bounded: one request per target, and no new connection once every slot has one."""
+    scraper = Scraper(timeout_s=5.0, concurrency=3)
+    targets = [Target(name=f"t{i}", url=f"{scripted}/node{i}") for i in range(7)]
+    Scripted.clients.clear()
+    try:
+        for _ in range(4):
+            results = scraper.scrape_all(targets)
+            assert [r.target.name for r in results] == [t.name for t in targets]
+            assert all(r.health.up for r in results), [r.health.last_error for r in results]
+    finally:
+        scraper.close()
+    assert len(Scripted.clients) == 4 * len(targets)
+    assert len(set(Scripted.clients)) <= 3  # at most one connection per concurrent slot, kept across rounds
 
 
 def test_absurd_readings_are_rejected_one_by_one() -> None:

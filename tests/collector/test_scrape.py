@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 import json
 import threading
@@ -16,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector.scrape import Scraper, sanitize
+from collector.scrape import Scraper, sanitize, sanitize_each
 from collector.spool import Spool
 from collector.targets import FileSd, Target, TargetSet, in_shard, shard_of
 from exporter.httpserver import ExporterServer, Routes
@@ -181,6 +182,33 @@ def test_basic_auth_comes_from_the_targets_auth_never_from_its_url(
     assert authed.health.up, authed.health.last_error
     assert Scripted.authorization == [None, "Basic " + base64.b64encode(b"prom:pa:ss").decode()]
     assert "urlpass" not in repr(authed.health)
+
+
+_ABSURD = {  # field -> values a reading may be given: plausible ones and each kind of absurd one
+    "memory_used_bytes": [None, 0, -1, 10**15],
+    "utilization_ratio": [None, 0.5, 1.0, 1.7, float("nan")],
+    "temperature_celsius": [None, 40.0, 251.0, float("nan")],
+    "power_watts": [None, 300.0, 20_001.0],
+    "timestamp": [1_700_000_000.0, 1_700_086_400.0, float("inf")],
+    "node": ["n", "other"],
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_the_whole_node_shortcut_keeps_and_rejects_what_each_reading_would(data: st.DataObject) -> None:
+    """``sanitize`` first checks all of a node's readings at once; its answer is the reading-by-reading one."""
+    now = 1_700_000_000.0
+    snap = node_snapshot("n", gpus=4, t=now)
+    readings = []
+    one_change = st.sampled_from([(name, value) for name, values in _ABSURD.items() for value in values])
+    for g in snap.gpus:  # most readings plausible, the others off in one or two ways
+        changes = dict(data.draw(st.lists(one_change, max_size=2)))
+        readings.append(dataclasses.replace(g, **changes) if changes else g)
+    if data.draw(st.integers(0, 4)) == 0:
+        readings.append(readings[0])  # a duplicate GPU
+    candidate = snap.replace(gpus=tuple(readings))
+    assert sanitize(candidate, now, 300) == sanitize_each(candidate, now, 300)
 
 
 def test_rounds_reuse_their_connections_one_request_per_target(scripted: str) -> None:

@@ -93,7 +93,9 @@ def _reject_reason(g: GpuReading, now: float, future_tolerance_s: float) -> str 
 
 def _all_plausible(gpus: Sequence[GpuReading], node: str, now: float, future_tolerance_s: float) -> bool:
     """Whether no reading of a node would be rejected: ``_reject_reason``'s checks over all its readings at once,
-    each a pass in C over every reading's values (the common case; one reading per GPU and check costs more)."""
+    each a pass in C over every reading's values (the common case; one reading per GPU and check costs more).
+    ``filter(None, ...)`` drops the unknowns and the zeros alike, and neither decides a bound; a NaN makes a bound's
+    comparison false, so that node goes reading by reading."""
     if not gpus:
         return True
     stamps = list(map(_TIMESTAMP, gpus))
@@ -101,11 +103,11 @@ def _all_plausible(gpus: Sequence[GpuReading], node: str, now: float, future_tol
     return (
         all(map(math.isfinite, stamps))
         and max(stamps) <= now + future_tolerance_s
-        and min(filter(_known, chain.from_iterable(map(_non_negative, gpus))), default=0) >= 0
-        and max(filter(_known, chain.from_iterable(map(_ratios, gpus))), default=0) <= 1.0
+        and min(filter(None, chain.from_iterable(map(_non_negative, gpus))), default=0) >= 0
+        and max(filter(None, chain.from_iterable(map(_ratios, gpus))), default=0) <= 1.0
         and all(used <= total * 1.05 for used, total in memory)
-        and max(filter(_known, chain.from_iterable(map(_temperatures, gpus))), default=0) <= 250
-        and max(filter(_known, map(_POWER, gpus)), default=0) <= 20_000
+        and max(filter(None, chain.from_iterable(map(_temperatures, gpus))), default=0) <= 250
+        and max(filter(None, map(_POWER, gpus)), default=0) <= 20_000
         and set(map(_NODE, gpus)) == {node}
         and len(set(map(_UUID, gpus))) == len(gpus)
     )

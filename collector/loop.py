@@ -117,6 +117,10 @@ class Collector:
         self.metrics = CollectorMetrics()
         self._reported_dropped = 0
 
+    def target_count(self) -> int:
+        """How many targets the next round scrapes (static and discovered, this shard's)."""
+        return len(self._targets.current())
+
     def add_hook(self, hook: RoundHook) -> None:
         self._hooks.append(hook)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import resource
 import threading
 from collections.abc import Callable, Sequence
 
@@ -18,6 +19,37 @@ from storage.connect import open_database_when_reachable
 from storage.db import Database
 
 log = logging.getLogger(__name__)
+
+# Descriptors a collector holds besides its targets' connections: the database, the spool, its /metrics server and
+# the alert engine's receivers (a margin, not a count).
+FILES_BESIDES_TARGETS = 256
+_MOST_FILES = 1 << 20  # the soft limit asked for when the hard limit is unlimited
+
+
+def raise_open_files_limit(targets: int) -> tuple[int, int]:
+    """Raise the soft open-file limit to the hard one, as Go servers such as Prometheus do at start: the collector
+    keeps one connection open per target between rounds, and a soft limit of 1,024 (systemd's default) would fail
+    the connects of a 1,000-target shard with "Too many open files". Logs once when even the hard limit is below
+    ``targets`` + ``FILES_BESIDES_TARGETS``. Returns the (soft, hard) limits now in force."""
+    unlimited = resource.RLIM_INFINITY
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = _MOST_FILES if hard == unlimited else hard
+    if soft != unlimited and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit from %d: %s", soft, exc)
+    needed = targets + FILES_BESIDES_TARGETS
+    if soft != unlimited and soft < needed:
+        log.warning(
+            "the open-file limit (%d) is below the %d descriptors %d targets need (one kept-alive connection each): "
+            "raise the hard limit (systemd: LimitNOFILE=, a container: --ulimit nofile=)",
+            soft,
+            needed,
+            targets,
+        )
+    return soft, hard
 
 
 def run_collector(
@@ -44,6 +76,7 @@ def run_collector(
         db.close()
         raise
     collector = Collector(settings, db, hooks=round_hooks, schema_ready=schema_ready)
+    raise_open_files_limit(collector.target_count())
     tune_garbage_collector()
     try:
         try:

@@ -150,3 +150,29 @@ def test_database_commands_report_an_unreachable_database_in_one_line(capsys: py
         line = one_line_error(argv, capsys)
         assert "unavailable" in line
         assert SECRET_PASSWORD not in line
+
+
+def test_the_open_file_limit_is_raised_to_the_hard_limit_and_a_short_one_is_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One connection per target stays open between rounds: a 1,000-target collector under a soft limit of 1,024
+    would fail connects. The soft limit is raised to the hard one, and a hard limit too low for the targets is
+    logged."""
+    import resource
+
+    from collector.runner import _MOST_FILES, FILES_BESIDES_TARGETS, raise_open_files_limit
+
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hard = before[1]
+    raised = _MOST_FILES if hard == resource.RLIM_INFINITY else hard
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, raised), hard))
+        with caplog.at_level("WARNING", logger="collector.runner"):
+            assert raise_open_files_limit(10) == (raised, hard)
+            assert resource.getrlimit(resource.RLIMIT_NOFILE) == (raised, hard)
+            assert not caplog.records
+            raise_open_files_limit(raised)  # more targets than the limit allows
+        [warning] = caplog.records
+        assert f"below the {raised + FILES_BESIDES_TARGETS} descriptors {raised} targets need" in warning.getMessage()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, before)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from operator import attrgetter
 from typing import Final
 
 from gpulens.config import format_duration
@@ -185,10 +186,17 @@ _ERRORS: Final = (
 )
 
 
+_ERROR_COUNTERS: Final = attrgetter(
+    "symbol_errors_total", "local_link_integrity_errors_total", "receive_errors_total"
+)  # the counters of _ERRORS, read at once
+
+
 def ib_errors(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     window = rule.threshold("window_s")
     out = []
     for nic in _ports(history):
+        if history.fabric.unchanged(nic.key, _ERROR_COUNTERS):
+            continue  # most ports: no error counter moved in the whole window
         found: dict[str, float] = {}
         over = False
         for name, limit, get in _ERRORS:

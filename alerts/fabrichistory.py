@@ -11,9 +11,9 @@ the window still has a baseline. It also maps each port to the jobs holding its 
 from __future__ import annotations
 
 import bisect
-import statistics
+import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -42,33 +42,39 @@ class PortMemory:
     seen: float = 0.0  # the latest round that read it
 
 
-def _median(values: Iterable[float]) -> float | None:
-    present = list(values)
-    return statistics.median(present) if present else None
+def _sorted_median(ordered: Sequence[float]) -> float | None:
+    """The median of values already sorted (``statistics.median``'s answer, without sorting them again)."""
+    n = len(ordered)
+    if not n:
+        return None
+    middle = n // 2
+    return ordered[middle] if n % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 class _Reference:
     """A port's recent usual level of one rate (wait ticks or CNPs per second).
 
-    Whether a round fits is judged against a median refreshed every REFERENCE_SETTLED_ROUNDS rounds (a median per
-    port per round would cost more than all the port rules together); ``median`` itself is always current.
+    Whether a round fits is judged against a median refreshed every REFERENCE_SETTLED_ROUNDS rounds; ``median``
+    itself is always current. The values are kept sorted beside their arrival order, so a median is a lookup, not
+    a sort of the window's values (8,000 ports' baselines a round: sorting them cost more than all the port rules).
     """
 
-    __slots__ = ("age", "usual", "values")
+    __slots__ = ("age", "ordered", "usual", "values")
 
     def __init__(self) -> None:
-        self.values: deque[tuple[float, float]] = deque()
+        self.values: deque[tuple[float, float]] = deque()  # (round time, value), oldest first
+        self.ordered: list[float] = []  # the same values, sorted
         self.usual: float | None = None
         self.age = 0
 
     def median(self) -> float | None:
-        return _median(v for _, v in self.values)
+        return _sorted_median(self.ordered)
 
     def settled(self) -> bool:
         return len(self.values) >= REFERENCE_SETTLED_ROUNDS
 
     def note(self, now: float, value: float | None, window_s: float) -> None:
-        if value is None:
+        if value is None or not math.isfinite(value):
             return
         if value > 1.0 and self.settled():
             if self.usual is None or self.age >= REFERENCE_SETTLED_ROUNDS:
@@ -77,8 +83,10 @@ class _Reference:
                 return  # far above the usual level: congestion, not a baseline
         self.age += 1
         self.values.append((now, value))
+        bisect.insort(self.ordered, value)
         while self.values[0][0] < now - window_s:
-            self.values.popleft()
+            _, old = self.values.popleft()
+            del self.ordered[bisect.bisect_left(self.ordered, old)]
 
 
 def _expire_series(table: dict[K, deque[tuple[float, V]]], horizon: float) -> None:
@@ -114,7 +122,7 @@ class FabricWindow:
         self._port_jobs: dict[PortKey, tuple[str, ...]] = {}  # port_jobs of this round, as asked
         self._latest_hosts: dict[str, HostReading] = {}
         self._latest_job_hosts: dict[str, list[JobHostReading]] = {}
-        self._gpu_jobs: dict[tuple[str, int], tuple[str, ...]] = {}
+        self._gpu_jobs: dict[tuple[str, int], set[str]] = {}  # this round's jobs of each (node, GPU index)
         self._job_nodes: dict[str, frozenset[str]] = {}
 
     # ------------------------------------------------------------------------------------------ adding
@@ -150,7 +158,9 @@ class FabricWindow:
             self._by_node.setdefault(nic.node, []).append(nic)
             if nic.up and nic.rate_bytes_per_second:
                 self._rates.setdefault((nic.node, nic.link_layer), []).append(nic.rate_bytes_per_second)
-        self._gpu_jobs = {k: tuple(sorted(v)) for k, v in gpu_jobs.items()}
+        for rates in self._rates.values():
+            rates.sort()
+        self._gpu_jobs = gpu_jobs  # port_jobs sorts what it gathers: no per-GPU sort here
         self._job_nodes = {k: frozenset(v) for k, v in job_nodes.items()}
         self._port_jobs = {}
 
@@ -210,6 +220,15 @@ class FabricWindow:
             cnp.median() if cnp is not None and cnp.settled() else None,
         )
 
+    def unchanged(self, key: PortKey, values: Callable[[NicReading], tuple[int | None, ...]]) -> bool:
+        """Whether counters (``values`` reads several at once) are all known and the same in the port's oldest and
+        newest reading of the window: then none of them rose in any part of it (``increase`` is 0 for each)."""
+        series = self._ports.get(key)
+        if not series or len(series) < 2:
+            return False
+        first = values(series[0][1])
+        return None not in first and first == values(series[-1][1])
+
     def increase(self, key: PortKey, since: float, value: Callable[[NicReading], int | None]) -> float | None:
         """How much a port counter rose from its oldest reading at or after ``since`` to the latest (a counter that
         went back counts from zero); ``None`` with fewer than two readings of it."""
@@ -248,10 +267,11 @@ class FabricWindow:
 
     def peer_rate(self, nic: NicReading) -> float | None:
         """The median rate of the node's other up ports of the same link layer this round."""
-        rates = sorted(self._rates.get((nic.node, nic.link_layer), ()))
+        rates = self._rates.get((nic.node, nic.link_layer), [])  # sorted once a round, in ``add``
         if nic.up and nic.rate_bytes_per_second in rates:
+            rates = rates.copy()
             rates.remove(nic.rate_bytes_per_second)
-        return _median(rates)
+        return _sorted_median(rates)
 
     def job_nodes(self, job_id: str) -> frozenset[str]:
         """The nodes the job holds GPUs on this round."""

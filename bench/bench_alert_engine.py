@@ -27,6 +27,7 @@ from alerts.replay import read_round
 from alerts.rules import builtin_rules
 from bench.bench_sim import NODES, scenario_text
 from exporter.sim import SimCluster, parse_scenario
+from gpulens.gcpause import tune_garbage_collector
 from gpulens.model import NodeSnapshot, TargetHealth
 
 STEP_S = 10.0
@@ -52,6 +53,7 @@ def main() -> int:
     )
     parser.add_argument("--rounds", type=int, default=20, help="rounds timed (default 20)")
     parser.add_argument("--profile", action="store_true", help="print the hottest functions of the timed rounds")
+    parser.add_argument("--default-gc", action="store_true", help="leave Python's garbage collector as it starts")
     args = parser.parse_args()
     scenario = parse_scenario(scenario_text(), source="bench")
     sim = SimCluster(scenario)
@@ -60,6 +62,8 @@ def main() -> int:
     distinct = [read_round(sim, t0 + i * STEP_S) for i in range(args.distinct)]
     gpus = sum(len(s.gpus) for s in distinct[0][0])
     engine = AlertEngine(builtin_rules(), routes=[Route("ops")], outbox=InMemoryOutbox())
+    if not args.default_gc:
+        tune_garbage_collector()  # as `gpulens collector` and `gpulens alerts run` do once started
     total = args.warm + args.rounds
     period = args.distinct * STEP_S
     times: list[float] = []

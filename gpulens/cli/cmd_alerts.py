@@ -88,6 +88,7 @@ def _run_rules(args: argparse.Namespace) -> int:
     from alerts.service import AlertService, alerting_config
     from alerts.storeround import run_store_rules
     from gpulens.cli.lifecycle import stop_on_signals
+    from gpulens.gcpause import tune_garbage_collector
     from storage.connect import is_prometheus_url, open_database, open_reader
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -101,6 +102,7 @@ def _run_rules(args: argparse.Namespace) -> int:
         try:
             # Started: its notification worker delivers what the rounds decide, apart from them.
             service = AlertService(state, alerting, interval_s=args.interval).start()
+            tune_garbage_collector()  # each round reads 8,000 GPUs' records into a 30-minute history (gcpause)
             announce = f"gpulens alerts run: rules every {args.interval:g}s over {store.url_redacted}"
             print(f"{announce}, alert state in {state.url_redacted}", file=sys.stderr, flush=True)
             try:

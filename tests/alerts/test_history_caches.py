@@ -4,7 +4,12 @@ each new round, and gives what the per-GPU series give; a single-GPU job's summa
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from alerts.fabrichistory import _Reference
 from alerts.history import summarise_job
 from gpulens.model import GpuReading
 
@@ -55,3 +60,23 @@ def test_a_single_gpu_jobs_summary_is_what_the_general_summary_gives() -> None:
         one = summarise_job(100.0, [reading])
         two = summarise_job(100.0, [reading, reading])  # the general path: medians of equal values
         assert one == dataclasses.replace(two, gpus=1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rounds=st.lists(
+        st.tuples(st.floats(0.5, 30.0), st.one_of(st.none(), st.floats(0.0, 1e6), st.sampled_from([0.0, 2.0, 2.0]))),
+        max_size=60,
+    )
+)
+def test_a_ports_reference_median_is_the_median_of_its_values(rounds: list[tuple[float, float | None]]) -> None:
+    """The reference keeps its values sorted beside their arrival order; its median is ``statistics.median`` of what
+    it holds, as rounds come and old ones leave it (gaps of 0.5-30 s against a 60 s window)."""
+    reference = _Reference()
+    now = 0.0
+    for gap, value in rounds:
+        now += gap
+        reference.note(now, value, 60.0)
+        kept = [v for _, v in reference.values]
+        assert reference.ordered == sorted(kept)
+        assert reference.median() == (statistics.median(kept) if kept else None)

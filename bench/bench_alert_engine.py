@@ -91,6 +91,7 @@ def main() -> int:
     print(f"alerts_engine_round_{NODES}x8_history: {args.warm * STEP_S / 60:.0f} min")
     if profiler is not None:
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
     return 0
 
 

@@ -204,6 +204,7 @@ def measure(base: str, pages: dict[str, str], loads: int) -> dict[str, float]:
         page = context.new_page()
         errors: list[str] = []
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
         for name, path in pages.items():
             times = []
             for attempt in range(loads + 1):
@@ -215,8 +216,8 @@ def measure(base: str, pages: dict[str, str], loads: int) -> dict[str, float]:
             results[name] = statistics.median(times)
             log(f"  {name}: {results[name]:.0f} ms ({', '.join(f'{t:.0f}' for t in times)})")
         context.close()
-        if errors:
-            log(f"console errors: {errors[:5]}")
+        if errors:  # a page that failed may still count as drawn: its figures mean nothing
+            raise SystemExit(f"console errors in the browser, figures not valid: {errors[:3]}")
     return results
 
 

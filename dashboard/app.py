@@ -9,8 +9,9 @@ hand every callback to the first app only.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import dash
 from dash import ClientsideFunction, Dash, Input, Output, dcc, html
@@ -29,8 +30,21 @@ from storage.reading import StoreReader, reader_of
 log = logging.getLogger(__name__)
 
 ASSETS: Final = Path(__file__).parent / "assets"
+# plotly.js's own partial bundle of the cartesian traces (npm: plotly.js-cartesian-dist-min, MIT), 1.5 MB against the
+# full bundle's 4.8 MB: the browser compiles a third as much before the first chart (docs/dashboard.md, "Sizing and
+# speed"). assets/plotlyearly.js loads it; every trace type the figures use is in it (tests/dashboard/
+# test_plotly_bundle.py). Not linked into the page: the "vendor" folder is left out of Dash's index.
+PLOTLY_BUNDLE: Final = "vendor/plotly-cartesian-4.1.1.min.js"
 NAV: Final = (("Overview", "/"), ("Jobs", "/jobs"), ("Interconnect", "/interconnect"), ("Alerts", "/alerts"))
 _UNAUTHORIZED: Final = "authentication required\n"
+# Dash links @babel/polyfill 7 (core-js 2) into every page, for browsers older than any that runs Dash 4's React 18.
+# core-js 2 counts U+180E as white space, as Unicode did before 6.3, so it finds every current browser's
+# String.prototype.trim and parseInt wrong and replaces them with slower JavaScript, which Plotly's colour parsing
+# calls for every point style: about 90 ms of a ten-chart page in Chromium (docs/dashboard.md, "Sizing and speed").
+# Of the polyfill, Dash's component bundles need only regenerator-runtime (their async functions are compiled to
+# it), so the page loads that instead (npm: regenerator-runtime, MIT).
+REGENERATOR: Final = "vendor/regenerator-runtime-0.14.1.js"
+_POLYFILL: Final = re.compile(r'<script src="[^"]*/polyfill@[^"]*"></script>\s*')
 
 
 def create_app(
@@ -51,11 +65,12 @@ def create_app(
     """
     store = reader_of(db)
     context = Context(db=store, clock=clock or store.clock, alerts=alerts, stale_after_s=stale_after_s)
-    app = Dash(
+    app = _Dash(
         __name__,
         use_pages=True,
         pages_folder="",
         assets_folder=str(ASSETS),
+        assets_path_ignore=["vendor"],
         title=title,
         update_title="",  # keep the page title while callbacks run
         serve_locally=True,
@@ -73,6 +88,33 @@ def create_app(
     if basic_auth is not None:
         _install_basic_auth(app, basic_auth)
     return app
+
+
+class _Dash(Dash):
+    def interpolate_index(  # Dash's documented hook for the page's HTML; its own signature, unannotated
+        self,
+        metas: Any = "",
+        title: Any = "",
+        css: Any = "",
+        config: Any = "",
+        scripts: Any = "",
+        app_entry: Any = "",
+        favicon: Any = "",
+        renderer: Any = "",
+    ) -> Any:
+        """The page as Dash writes it, with regenerator-runtime in place of the polyfill (see ``REGENERATOR``)."""
+        runtime = f'<script src="{self.get_asset_url(REGENERATOR)}"></script>\n'
+        scripts = _POLYFILL.sub(lambda _: runtime, str(scripts), count=1)
+        return super().interpolate_index(  # type: ignore[no-untyped-call]
+            metas=metas,
+            title=title,
+            css=css,
+            config=config,
+            scripts=scripts,
+            app_entry=app_entry,
+            favicon=favicon,
+            renderer=renderer,
+        )
 
 
 def _shell(store: StoreReader) -> html.Div:

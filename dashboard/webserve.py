@@ -5,7 +5,8 @@ Dash serves its component bundles under ``/_dash-component-suites/<package>/<fil
 the file's modification time in the name (``plotly.v2_35_2m1700000000.min.js``, see ``dash.fingerprint``): a new
 version is a new URL, so such a response can be cached for a year and marked immutable. So is an asset of the app's
 own folder, which Dash links as ``/assets/<file>?m=<modification time>`` (an edited file is a new URL): without it
-the browser revalidates the stylesheet and script on every page load before the page can start. The Plotly bundle is
+the browser revalidates the stylesheet and script on every page load before the page can start. So is a vendored
+library under ``/assets/vendor/``, its version in its name (the dashboard's partial Plotly bundle). The Plotly bundle is
 4.8 MB; gzipped, about a third of that. Compressed fingerprinted assets are kept in memory (they never change).
 
 Dash loads Plotly itself from a URL without a fingerprint (``.../plotly/package_data/plotly.min.js``), with an
@@ -26,6 +27,8 @@ COMPONENT_SUITES: Final = "/_dash-component-suites/"
 ASSETS: Final = "/assets/"
 _ASSET_VERSION: Final = re.compile(r"^m=[0-9.]+$")  # Dash links each asset with its modification time
 _FINGERPRINT: Final = re.compile(r"^v[\w-]+m[0-9a-fA-F]+$")  # dash.fingerprint's: v<version>m<hash>
+VENDOR: Final = ASSETS + "vendor/"
+_VENDORED: Final = re.compile(r"^[a-z][\w-]*-\d+\.\d+\.\d+(\.min)?\.js$")  # a vendored library, its version in the name
 IMMUTABLE: Final = "public, max-age=31536000, immutable"
 COMPRESSIBLE: Final = (
     "text/",
@@ -53,6 +56,12 @@ def fingerprinted(path: str) -> bool:
 def versioned_asset(path: str, query: str) -> bool:
     """True for a file of the app's assets folder as Dash links it: ``/assets/x.css?m=<modification time>``."""
     return path.startswith(ASSETS) and bool(_ASSET_VERSION.match(query))
+
+
+def vendored(path: str) -> bool:
+    """True for a third-party file of the assets' ``vendor/`` folder whose name carries its version
+    (``plotly-cartesian-4.1.1.min.js``): another version is another name, so its content never changes."""
+    return path.startswith(VENDOR) and bool(_VENDORED.match(path[len(VENDOR) :]))
 
 
 def accepts_gzip(environ: Environ) -> bool:
@@ -101,7 +110,7 @@ class CompressAndCache:
         status: str = captured["status"]
         headers = list(captured["headers"])
         immutable = status.startswith("200") and (
-            fingerprinted(path) or versioned_asset(path, str(environ.get("QUERY_STRING", "")))
+            fingerprinted(path) or versioned_asset(path, str(environ.get("QUERY_STRING", ""))) or vendored(path)
         )
         if immutable:
             headers = [(k, v) for k, v in headers if k.lower() != "cache-control"] + [("Cache-Control", IMMUTABLE)]

@@ -1,9 +1,14 @@
 /* gpulens dashboard: start loading Plotly as the page starts, not after the first callback answers.
  *
- * dcc.Graph loads plotly.min.js (4.8 MB) only when a graph is first rendered, i.e. after the page's callback has
- * answered, and then compiles it: the two waits add up. Here the script is requested at once (async) and
- * window.Plotly holds a promise until it has run; dcc.Graph's loader does Promise.resolve(window.Plotly || load()),
- * so it waits on this promise instead of loading Plotly a second time. The bundle then sets window.Plotly itself.
+ * dcc.Graph loads Plotly only when a graph is first rendered, i.e. after the page's callback has answered, and then
+ * compiles it: the two waits add up. Here the script is requested at once (async) and window.Plotly holds a promise
+ * until it has run; dcc.Graph's loader does Promise.resolve(window.Plotly || load()), so it waits on this promise
+ * instead of loading Plotly a second time. The bundle then sets window.Plotly itself.
+ *
+ * The script is plotly.js's partial bundle of cartesian traces (assets/vendor, 1.5 MB), not the full 4.8 MB one
+ * dcc.Graph would load: the dashboard draws only scatter and heatmap traces, and the browser compiles a third as
+ * much. Should it fail to load, dcc.Graph loads the full bundle itself.
+ *
  * The alerts page draws no chart and skips it (Dash navigates between pages without reloading, so Plotly loaded on
  * any page stays for the next).
  */
@@ -23,7 +28,7 @@
     return;
   }
   var script = document.createElement("script");
-  script.src = prefix + "_dash-component-suites/plotly/package_data/plotly.min.js";
+  script.src = prefix + "assets/vendor/plotly-cartesian-4.1.1.min.js";
   script.async = true;
   var loading = new Promise(function (resolve, reject) {
     script.onload = function () {

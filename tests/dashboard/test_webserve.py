@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
 from dash import Dash
 from werkzeug.test import Client
 
-from dashboard.app import create_app
-from dashboard.webserve import IMMUTABLE, CompressAndCache
+from dashboard.app import ASSETS, PLOTLY_BUNDLE, REGENERATOR, create_app
+from dashboard.webserve import IMMUTABLE, CompressAndCache, vendored
 from storage.db import Database
 
 PLOTLY = "/_dash-component-suites/plotly/package_data/plotly.min.js"
@@ -63,3 +64,28 @@ def test_assets_linked_with_their_modification_time_are_immutable(empty_db: Data
     url = page[start : page.index('"', start)]
     assert client.get(url).headers["Cache-Control"] == IMMUTABLE
     assert client.get("/assets/gpulens.css").headers.get("Cache-Control") != IMMUTABLE
+
+
+def test_vendored_files_named_with_their_version_are_immutable(empty_db: Database) -> None:
+    client = _client(empty_db)
+    response = client.get("/assets/" + PLOTLY_BUNDLE, headers={"Accept-Encoding": "gzip"})
+    assert response.status_code == 200
+    assert response.headers["Cache-Control"] == IMMUTABLE
+    assert response.headers["Content-Encoding"] == "gzip"
+    assert vendored("/assets/vendor/plotly-cartesian-4.1.1.min.js")
+    assert not vendored("/assets/vendor/plotly-cartesian.min.js")  # no version in the name: may change
+    assert not vendored("/assets/gpulens.js")
+
+
+def test_the_vendored_bundle_is_not_linked_into_the_page(empty_db: Database) -> None:
+    """plotlyearly.js loads it asynchronously; a blocking script tag in every page would cost what it saves."""
+    client = _client(empty_db)
+    page = client.get("/").get_data(as_text=True)
+    assert "plotlyearly.js" in page
+    assert PLOTLY_BUNDLE not in page
+    assert PLOTLY_BUNDLE in (ASSETS / "plotlyearly.js").read_text()
+    # regenerator-runtime replaces Dash's polyfill, before React and Dash's bundles
+    scripts = re.findall(r'<script src="([^"]+)"', page)
+    assert not [s for s in scripts if "polyfill" in s]
+    assert scripts[0] == "/assets/" + REGENERATOR
+    assert client.get(scripts[0]).status_code == 200

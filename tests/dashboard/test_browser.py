@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from dashboard.app import create_app
+from dashboard.app import PLOTLY_BUNDLE, create_app
 from gpulens.clock import ManualClock
 from storage.db import Database
 from tests.conftest import free_port
@@ -264,3 +264,25 @@ def test_the_overview_has_a_fabric_column(page: Page, base_url: str) -> None:
     assert rows.nth(4).locator(".gl-flag.stale").last.inner_text() == "stale: no recent reading"
     card = page.locator(".gl-card", has_text="Fabric ports up")
     assert card.locator(".gl-card-value").inner_text() == "24/25"
+
+
+_CHART_SIZES = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd =>
+    [gd.getBoundingClientRect().width, gd._fullLayout.width])"""
+
+
+def test_charts_fit_their_boxes_and_follow_a_resized_window(page: Page, base_url: str) -> None:
+    """The partial Plotly bundle draws the page, and skipping Plotly.Plots.resize for a chart that fits its box
+    already (assets/plotlyearly.js) still lets charts follow their boxes when the window changes size."""
+    open_page(page, base_url + "/nodes/node-02")
+    loaded = page.evaluate("() => performance.getEntriesByType('resource').map(e => e.name)")
+    assert [name for name in loaded if name.endswith(PLOTLY_BUNDLE)]
+    assert not [name for name in loaded if name.endswith("/plotly.min.js")]
+    before = page.evaluate(_CHART_SIZES)
+    assert len(before) == 10
+    assert all(abs(box - drawn) <= 1 for box, drawn in before), before
+    page.set_viewport_size({"width": 800, "height": 1000})
+    page.wait_for_function(
+        f"() => ({_CHART_SIZES})().every(([box, drawn]) => Math.abs(box - drawn) <= 1)", timeout=10_000
+    )
+    after = page.evaluate(_CHART_SIZES)  # one column at this width: wider boxes than the two columns' before
+    assert all(now != then for (now, _), (then, _) in zip(after, before, strict=True)), (before, after)

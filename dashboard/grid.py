@@ -7,7 +7,7 @@ import math
 import re
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -113,6 +113,26 @@ def select_page(
     rows.sort(key=_SORT_KEYS.get(sort, _SORT_KEYS[DEFAULT_SORT]))
     pages = max(1, math.ceil(len(rows) / per_page))
     return GridPage(tuple(rows), max(0, min(page, pages - 1)), pages, per_page)
+
+
+def nodes_on_page(nodes: Iterable[str], page: int, per_page: int = NODES_PER_PAGE) -> list[str]:
+    """The nodes of the ``page``-th slice (0-based, clamped) of ``nodes`` in name order: what ``named_page`` shows,
+    known before any reading is read, so that a page reads the readings of those nodes only."""
+    ordered = sorted(set(nodes), key=natural_key)
+    pages = max(1, math.ceil(len(ordered) / per_page))
+    first = max(0, min(page, pages - 1)) * per_page
+    return ordered[first : first + per_page]
+
+
+def named_page(
+    cells: Sequence[GridCell], nodes: Iterable[str], metric: Metric, *, page: int = 0, per_page: int = NODES_PER_PAGE
+) -> GridPage:
+    """Every node of ``nodes`` in name order, and the ``page``-th slice of them; ``cells`` need hold only the cells
+    of that slice's nodes (``nodes_on_page``): a node without cells is a row without cells."""
+    filled = {row.node: row for row in node_rows(cells, metric)}
+    rows = tuple(filled.get(node, NodeRow(node, (), None, 0)) for node in sorted(set(nodes), key=natural_key))
+    pages = max(1, math.ceil(len(rows) / per_page))
+    return GridPage(rows, max(0, min(page, pages - 1)), pages, per_page)
 
 
 def parse_page(value: object) -> int:

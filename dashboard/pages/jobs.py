@@ -31,7 +31,7 @@ from dashboard.figures.grids import job_grid
 from dashboard.figures.style import empty_figure
 from dashboard.flags import FLAG_ORDER, job_flags
 from dashboard.formatting import MISSING, bytes_text, duration_text, percent_text
-from dashboard.grid import grid_cells, parse_page, select_page
+from dashboard.grid import grid_cells, named_page, nodes_on_page, parse_page
 from dashboard.heatmaps import METRIC_FIELDS, METRICS
 from dashboard.paths import job_path
 from dashboard.timerange import minute_text, resolve_range
@@ -149,8 +149,13 @@ def render(context: Context, state: ViewState, flag_filter: str, text: str, page
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now)
         summaries = context.store.jobs(span.start, span.end)
-        readings = context.store.latest_readings(fields=METRIC_FIELDS["utilization"])
         jobs = context.store.current_jobs()
+        # the grid shows one page of the nodes with jobs: read the readings of their held GPUs only
+        shown = set(nodes_on_page((j.node for j in jobs), page - 1))
+        uuids = sorted({j.uuid for j in jobs if j.node in shown})
+        readings = context.store.latest_readings(uuids=uuids, fields=METRIC_FIELDS["utilization"]) if uuids else []
+        if not summaries and not jobs:  # no job anywhere: is there any data at all (the banner below)?
+            readings = context.store.latest_readings(fields=METRIC_FIELDS["utilization"])
         alerts = context.alerts.active() if context.alerts is not None else None
         return span, summaries, readings, jobs, alerts
 
@@ -158,7 +163,7 @@ def render(context: Context, state: ViewState, flag_filter: str, text: str, page
     flags = job_flags(alerts or [])
     cells = grid_cells(readings, jobs, now=now, stale_after_s=context.stale_after_s)
     held = [c for c in cells if c.jobs]
-    grid = select_page(held, METRICS["utilization"], page=page - 1)
+    grid = named_page(held, (j.node for j in jobs), METRICS["utilization"], page=page - 1)
     figure = (
         job_grid(grid.cells, grid.nodes, show_text=len(grid.nodes) <= 40)
         if grid.rows

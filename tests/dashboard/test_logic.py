@@ -15,7 +15,7 @@ from dashboard import ids
 from dashboard.components import ViewState, href
 from dashboard.figures.grids import GridCell
 from dashboard.flags import alert_jobs, job_flags, job_periods
-from dashboard.grid import grid_cells, natural_key, parse_page, select_page
+from dashboard.grid import grid_cells, named_page, natural_key, nodes_on_page, parse_page, select_page
 from dashboard.heatmaps import METRICS
 from dashboard.pages.overview import next_page
 from dashboard.panels import GpuSeries, gpu_charts
@@ -103,6 +103,26 @@ def test_pages_hold_a_fixed_number_of_nodes() -> None:
     assert len(grid.cells) == 8 * 8
     assert grid.page_of("node-40") == 1
     assert select_page(many_cells(10), UTIL, page=99).page == 0  # clamped
+
+
+def test_a_named_page_needs_the_cells_of_its_own_nodes_only() -> None:
+    """The jobs page reads the readings of one page's nodes: the same page as select_page over every cell."""
+    cells = many_cells(100)
+    names = [c.reading.node for c in cells]
+    for page in (0, 1, 3, 99):
+        shown = set(nodes_on_page(names, page, per_page=32))
+        assert len(shown) == (4 if page >= 3 else 32)
+        partial = named_page([c for c in cells if c.reading.node in shown], names, UTIL, page=page, per_page=32)
+        whole = select_page(cells, UTIL, page=page, per_page=32)
+        assert (partial.nodes, partial.cells, partial.page, partial.pages) == (
+            whole.nodes,
+            whole.cells,
+            whole.page,
+            whole.pages,
+        )
+        assert len(partial.rows) == 100
+    assert nodes_on_page([], 5) == []
+    assert named_page([], [], UTIL).pages == 1
 
 
 def test_filter_and_sorts() -> None:

@@ -20,6 +20,7 @@ from bench.bench_dashboard import END, Cluster, build, stall_alert, timeline
 from dashboard import snapshot
 from dashboard.components import ViewState
 from dashboard.context import Context
+from dashboard.grid import NODES_PER_PAGE
 from dashboard.pages import gpu, interconnect, job, jobs, node, overview
 from gpulens.clock import ManualClock
 from storage.db import Database
@@ -110,3 +111,25 @@ def test_a_page_view_on_postgresql_is_one_repeatable_read_snapshot(pg_server: Pg
     finally:
         db.close()
         pg_server.drop_database(name)
+
+
+def test_the_jobs_page_reads_the_readings_of_the_nodes_its_grid_shows_only(stores: dict[int, Counted]) -> None:
+    """40 nodes with jobs, 32 a page: the newest readings are asked for the held GPUs of one page's nodes."""
+    counted = stores[40]
+    context = Context(db=counted.db, clock=ManualClock(END), alerts=stall_alert(counted.cluster))
+    asked: list[int] = []
+
+    def capture(_c: Any, _cur: Any, sql: str, params: Any, *_a: Any) -> None:
+        if "gpu_sample" in sql and "uuid IN" in sql.replace("\n", " "):
+            asked.append(len(params))
+
+    sa.event.listen(counted.db.engine, "before_cursor_execute", capture)
+    try:
+        first = jobs.render(context, ViewState(range="1h"), "all", "", 1)
+        second = jobs.render(context, ViewState(range="1h"), "all", "", 2)
+    finally:
+        sa.event.remove(counted.db.engine, "before_cursor_execute", capture)
+    assert len(asked) == 2, asked
+    assert asked[0] <= NODES_PER_PAGE * 8 + 10, asked  # the uuids of 32 nodes, and a few other parameters
+    assert asked[1] <= 8 * 8 + 10, asked  # the second page: the 8 nodes left
+    assert (first[3], second[3]) == ("nodes 1 to 32 of 40 with jobs", "nodes 33 to 40 of 40 with jobs")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -59,11 +60,15 @@ def target_health(db: Database) -> list[TargetHealth]:
     ]
 
 
-def gpu_info(db: Database) -> list[GpuInfo]:
-    """Static info of every GPU ever stored (until retention removes it), by node and index."""
+def gpu_info(db: Database, *, uuids: Sequence[str] | None = None) -> list[GpuInfo]:
+    """Static info of every GPU ever stored (until retention removes it; of ``uuids`` only, if given), by node and
+    index."""
     g = schema.gpu
+    query = sa.select(g).order_by(g.c.node, g.c.gpu_index)
+    if uuids is not None:
+        query = query.where(g.c.uuid.in_(list(uuids)))
     with db.session() as session:
-        rows = session.execute(sa.select(g).order_by(g.c.node, g.c.gpu_index)).all()
+        rows = session.execute(query).all()
     return [
         GpuInfo(
             node=row.node,

@@ -187,8 +187,7 @@ class SqlReader:
         return jobstats.jobs(self.db, start, end, job_id=job_id)
 
     def gpu_info(self, *, uuids: Sequence[str] | None = None) -> list[GpuInfo]:
-        info = inventory.gpu_info(self.db)
-        return info if uuids is None else [g for g in info if g.uuid in set(uuids)]
+        return inventory.gpu_info(self.db, uuids=uuids)
 
     def link_outages(self, start: float, end: float) -> list[LinkOutage]:
         return inventory.link_outages(self.db, start, end)

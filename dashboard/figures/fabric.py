@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from dashboard.fabric import NodeTraffic, gbit_text, gpus_text
 from dashboard.figures.gputime import Row, gpu_time_heatmap
 from dashboard.figures.periods import Period
-from dashboard.figures.style import DOWN_COLOR, STALE_COLOR, load_color
+from dashboard.figures.style import DOWN_COLOR, STALE_COLOR, VALIDATE, load_color
 from dashboard.formatting import percent_text, rate_text
 from dashboard.heatmaps import Metric
 from gpulens.fabricmodel import NicReading
@@ -74,6 +74,7 @@ def nic_traces(nics: Sequence[NicReading], gpu_xy: Mapping[int, tuple[float, flo
                         mode="lines",
                         line={"width": 1.4, "color": DOWN_COLOR if not n.up else STALE_COLOR, "dash": "dot"},
                         hoverinfo="skip",
+                        **VALIDATE,
                     )
                 )
     labels, hovers, colors = [], [], []
@@ -107,6 +108,7 @@ def nic_traces(nics: Sequence[NicReading], gpu_xy: Mapping[int, tuple[float, flo
                 hovertext=hovers,
                 hoverinfo="text",
                 name="NICs",
+                **VALIDATE,
             )
         )
     return traces

@@ -11,7 +11,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from dashboard.figures.periods import Period, period_label, period_outline
-from dashboard.figures.style import base_layout, empty_figure
+from dashboard.figures.style import VALIDATE, base_layout, colorscale, empty_figure, figure
 from dashboard.formatting import round_sig
 from dashboard.heatmaps import Metric
 
@@ -74,16 +74,17 @@ def gpu_time_heatmap(
         y=[r.label for r in rows],
         zmin=metric.zmin,
         zmax=zmax,
-        colorscale=metric.colorscale,
+        colorscale=[list(stop) for stop in colorscale(metric.colorscale)],  # unvalidated: the stops, not the name
         colorbar=colorbar,
         hovertemplate="%{y}<br>%{x}<br>%{z:.0%}<extra></extra>"
         if metric.ticks
         else "%{y}<br>%{x}<br>%{z}<extra></extra>",
         ygap=1,
+        **VALIDATE,
     )
-    return go.Figure(
-        data=[trace],
-        layout=base_layout(
+    return figure(
+        [trace],
+        base_layout(
             height=max(180, 70 + 16 * len(rows)),
             xaxis={"type": "date", "range": [round(start * 1000), round(end * 1000)]},
             yaxis={"autorange": "reversed", "automargin": True, "type": "category"},

@@ -16,8 +16,11 @@ from dashboard.figures.style import (
     LIMIT_COLOR,
     PALETTE,
     STALE_COLOR,
+    VALIDATE,
     base_layout,
+    colorscale,
     empty_figure,
+    figure,
     load_color,
 )
 from dashboard.formatting import gpu_label, percent_text, rate_text, round_sig
@@ -63,10 +66,11 @@ def link_load(readings: Sequence[GpuReading], *, top: int = LOAD_TOP) -> go.Figu
         z=counts,
         x=centres,
         y=centres,
-        colorscale="Blues",
+        colorscale=[list(stop) for stop in colorscale("Blues")],  # unvalidated: the stops
         showscale=False,
         hovertemplate="%{z} GPUs at PCIe ~%{x:.0%}, NVLink ~%{y:.0%}<extra></extra>",
         name="all GPUs",
+        **VALIDATE,
     )
     busiest = sorted(loads, key=lambda load: -max(load[0], load[1]))[:top]
     points = go.Scatter(
@@ -78,11 +82,12 @@ def link_load(readings: Sequence[GpuReading], *, top: int = LOAD_TOP) -> go.Figu
         name=f"the {len(busiest)} busiest GPUs",
         marker={"size": 7, "color": PALETTE[1], "opacity": 0.85, "line": {"width": 0.5, "color": "#ffffff"}},
         hovertemplate="%{text}<br>PCIe %{x:.0%} · NVLink %{y:.0%}<extra></extra>",
+        **VALIDATE,
     )
     line = {"color": LIMIT_COLOR, "dash": "dash", "width": 1}
-    return go.Figure(
-        data=[density, points],
-        layout=base_layout(
+    return figure(
+        [density, points],
+        base_layout(
             height=380,
             showlegend=True,
             legend={"orientation": "h", "y": -0.18},
@@ -154,6 +159,7 @@ def node_topology(
             customdata=[gpu_path(r.uuid) for r in gpus],
             hovertext=hovers,
             hoverinfo="text",
+            **VALIDATE,
         )
     )
     if has_fabric:
@@ -166,13 +172,14 @@ def node_topology(
                 textposition="bottom center",
                 marker={"size": 24, "color": STALE_COLOR, "symbol": "diamond"},
                 hoverinfo="skip",
+                **VALIDATE,
             )
         )
     reach = 1.45 if not nics else 2.2
     low = -1.3 if not nics else -2.2
-    return go.Figure(
-        data=traces,
-        layout=base_layout(
+    return figure(
+        traces,
+        base_layout(
             height=380 if not nics else 460,
             xaxis={"visible": False, "range": [-reach, reach], "fixedrange": True},
             yaxis={"visible": False, "range": [low, -low], "scaleanchor": "x", "fixedrange": True},
@@ -188,4 +195,5 @@ def _edge(a: tuple[float, float], b: tuple[float, float], width: float, color: s
         mode="lines",
         line={"width": width, "color": color, "dash": dash},
         hoverinfo="skip",
+        **VALIDATE,
     )

@@ -9,7 +9,7 @@ from typing import Final
 import plotly.graph_objects as go
 
 from dashboard.figures.periods import Period, period_shape
-from dashboard.figures.style import base_layout, empty_figure, epoch_ms
+from dashboard.figures.style import VALIDATE, base_layout, empty_figure, epoch_ms, figure
 from gpulens.model import THROTTLE_REASONS
 
 REASON_COLORS: Final = {
@@ -57,13 +57,14 @@ def throttle_timeline(
                     connectgaps=False,
                     name=name,
                     hovertemplate=f"{s.label}: {name}<extra></extra>",
+                    **VALIDATE,
                 )
             )
     if not traces:
         return empty_figure("no throttling in this range", 120)
-    return go.Figure(
-        data=traces,
-        layout=base_layout(
+    return figure(
+        traces,
+        base_layout(
             height=max(140, 60 + 18 * len(rows)),
             xaxis={"type": "date", "range": [round(start * 1000), round(end * 1000)]},
             yaxis={"type": "category", "categoryorder": "array", "categoryarray": rows[::-1], "automargin": True},

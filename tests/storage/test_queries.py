@@ -204,6 +204,9 @@ def test_gpu_info(db: Database) -> None:
         ("n", 0, uuid_of("n", 0), "NVIDIA H100 80GB HBM3", "00000000:18:00.0"),
         ("n", 1, uuid_of("n", 1), "NVIDIA H100 80GB HBM3", "00000000:19:00.0"),
     ]
+    # of some GPUs only, selected in SQL (the job page asks for its own GPUs, not the cluster's)
+    assert [i.gpu for i in inventory.gpu_info(db, uuids=[uuid_of("n", 1), "GPU-unknown"])] == [1]
+    assert inventory.gpu_info(db, uuids=[]) == []
 
 
 def test_jobs_for_one_job_id(db: Database) -> None:

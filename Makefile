@@ -27,7 +27,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 unit: $(STAMP)
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest --durations=25  # the slowest tests in the log: CI must stay under 30 minutes on 2 cores
 
 test: lint typecheck unit
 

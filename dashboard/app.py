@@ -106,14 +106,7 @@ class _Dash(Dash):
         runtime = f'<script src="{self.get_asset_url(REGENERATOR)}"></script>\n'
         scripts = _POLYFILL.sub(lambda _: runtime, str(scripts), count=1)
         return super().interpolate_index(  # type: ignore[no-untyped-call]
-            metas=metas,
-            title=title,
-            css=css,
-            config=config,
-            scripts=scripts,
-            app_entry=app_entry,
-            favicon=favicon,
-            renderer=renderer,
+            metas, title, css, config, scripts, app_entry, favicon, renderer
         )
 
 

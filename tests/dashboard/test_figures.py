@@ -10,7 +10,7 @@ import plotly.io as pio
 import pytest
 
 from dashboard.figures.gputime import Row, bin_values, gpu_time_heatmap
-from dashboard.figures.grids import GridCell, cluster_map, gpu_heatmap, job_grid
+from dashboard.figures.grids import GridCell, _run_starts, cluster_map, gpu_heatmap, job_grid
 from dashboard.figures.links import link_load, node_topology, pcie_degraded
 from dashboard.figures.periods import Period
 from dashboard.figures.style import DOWN_COLOR, PALETTE
@@ -150,6 +150,7 @@ def test_job_grid_colours_jobs_apart_and_leaves_free_gpus_blank() -> None:
     assert trace["z"] == [[1.0, 0.0, 1.0, None]]  # colours by job id order: a-job first
     assert trace["hovertext"] == [["/jobs/b-job", "/jobs/a-job", "/jobs/b-job", "/gpus/GPU-node-00-3"]]
     assert trace["text"] == [["b-job", "a-job", "b-job", ""]]
+    assert _run_starts(["a", "a", "b", "", "b", "b", "a"]) == ["a", "", "b", "", "b", "", "a"]
 
 
 def test_cluster_map_wraps_nodes_into_rows() -> None:

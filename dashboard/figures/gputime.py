@@ -74,7 +74,7 @@ def gpu_time_heatmap(
         y=[r.label for r in rows],
         zmin=metric.zmin,
         zmax=zmax,
-        colorscale=[list(stop) for stop in colorscale(metric.colorscale)],  # unvalidated: the stops, not the name
+        colorscale=colorscale(metric.colorscale),
         colorbar=colorbar,
         hovertemplate="%{y}<br>%{x}<br>%{z:.0%}<extra></extra>"
         if metric.ticks

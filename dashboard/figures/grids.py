@@ -123,7 +123,7 @@ def _matrix(
 
 def _cell_trace(m: _Matrix, nodes: Sequence[str], columns: int, **style: Any) -> go.Heatmap:
     if isinstance(style.get("colorscale"), str):  # unvalidated traces get the stops, not the name
-        style["colorscale"] = [list(stop) for stop in colorscale(style["colorscale"])]
+        style["colorscale"] = colorscale(style["colorscale"])
     return go.Heatmap(
         x=list(range(columns)),
         y=list(nodes),
@@ -264,7 +264,7 @@ def cluster_map(
         customdata=hover,
         zmin=metric.zmin,
         zmax=metric.zmax,
-        colorscale=[list(stop) for stop in colorscale(metric.colorscale)],
+        colorscale=colorscale(metric.colorscale),
         showscale=False,
         hovertemplate="%{customdata}<extra></extra>",
         xgap=1,

@@ -65,10 +65,10 @@ def base_layout(**overrides: Any) -> dict[str, Any]:
 
 
 @functools.cache
-def colorscale(name: str) -> tuple[tuple[float, str], ...]:
-    """A named Plotly colour scale as the list of stops validation would have made of it (plotly.js knows only some
-    of Python's names)."""
-    return tuple((float(stop), str(color)) for stop, color in plotly.colors.get_colorscale(name))
+def colorscale(name: str) -> list[list[float | str]]:
+    """A named Plotly colour scale as the list of ``[stop, colour]`` that validation would have made of it, for
+    unvalidated traces (plotly.js knows only some of Python's names)."""
+    return [[float(stop), str(color)] for stop, color in plotly.colors.get_colorscale(name)]
 
 
 def figure(data: Sequence[Any] = (), layout: dict[str, Any] | None = None) -> go.Figure:

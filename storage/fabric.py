@@ -56,12 +56,12 @@ def latest_sql(family: Family, dialect: str, conditions: Sequence[str]) -> str:
             f"AND x.ts_ms < d.last_seen_ms + 60000 ORDER BY x.ts_ms DESC LIMIT 1) AS s {where}"
         )
     return (
-        # MATERIALIZED and CROSS JOIN keep SQLite's plan: one index seek per row, then one row fetch.
+        # MATERIALIZED and CROSS JOIN keep SQLite's plan: one primary-key seek per row, then one row fetch.
         f"WITH latest AS MATERIALIZED (SELECT d.id AS rid, (SELECT max(x.ts_ms) FROM {sample} AS x "  # noqa: S608
-        f"WHERE x.{key} = d.id AND x.ts_ms / 60000 IN (d.last_seen_ms / 60000, d.last_seen_ms / 60000 + 1) "
+        f"WHERE x.{key} = d.id AND x.minute IN (d.last_seen_ms / 60000, d.last_seen_ms / 60000 + 1) "
         f"AND x.ts_ms >= d.last_seen_ms) AS ts_ms FROM {dimension} AS d {where}) "
         f"SELECT {columns} FROM latest AS l CROSS JOIN {dimension} AS d CROSS JOIN {sample} AS s "
-        f"WHERE d.id = l.rid AND s.ts_ms / 60000 = l.ts_ms / 60000 AND s.{key} = l.rid AND s.ts_ms = l.ts_ms"
+        f"WHERE d.id = l.rid AND s.minute = l.ts_ms / 60000 AND s.{key} = l.rid AND s.ts_ms = l.ts_ms"
     )
 
 

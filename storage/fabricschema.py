@@ -20,7 +20,7 @@ from typing import Final
 import sqlalchemy as sa
 
 from storage import schema
-from storage.schema import MINUTE_MS, StoredField, metadata
+from storage.schema import StoredField, metadata
 
 _MIB: Final = 1024 * 1024
 
@@ -185,8 +185,9 @@ _WIDTH: Final[dict[type, int]] = {sa.BigInteger: 8, sa.Integer: 4, sa.SmallInteg
 
 
 def _sample_table(family: Family) -> sa.Table:
-    """Raw samples keyed like ``gpu_sample``: SQLite's unique index leads with the minute, PostgreSQL's with the key
-    within each day partition, and a BRIN index on time serves rollups and retention.
+    """Raw samples keyed like ``gpu_sample``: on SQLite a ``WITHOUT ROWID`` table keyed by ``(minute, key, ts_ms)``
+    (revision 0010), on PostgreSQL a unique index on the key and time within each day partition, and a BRIN index on
+    time for rollups and retention.
 
     The columns go widest first (8-byte, then 4-byte, then 2-byte integers): PostgreSQL aligns each value to its
     width, so this order leaves no padding inside a row (measured: 149 -> 134 bytes of heap per port row)."""
@@ -199,12 +200,13 @@ def _sample_table(family: Family) -> sa.Table:
     table = sa.Table(
         family.sample,
         metadata,
+        schema.minute_column(),
         *sorted(columns, key=lambda c: -_WIDTH[type(c.type)]),
+        sa.PrimaryKeyConstraint(schema.MINUTE, family.key, "ts_ms", info=dict(schema.SQLITE_ONLY)),
+        sqlite_with_rowid=False,
         postgresql_partition_by="RANGE (ts_ms)",
     )
     key = table.c[family.key]
-    minute = table.c.ts_ms // MINUTE_MS
-    sa.Index(f"ux_{family.sample}_minute_key_ts", minute, key, table.c.ts_ms, unique=True).ddl_if(dialect="sqlite")
     sa.Index(f"ux_{family.sample}_key_ts", key, table.c.ts_ms, unique=True).ddl_if(dialect="postgresql")
     sa.Index(
         f"ix_{family.sample}_ts_brin", table.c.ts_ms, postgresql_using="brin", postgresql_with={"autosummarize": "on"}

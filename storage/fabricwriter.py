@@ -46,7 +46,9 @@ class _Rows:
         if dialect == "sqlite":
             encoded = [f.sql_encode(f"?{i}", "sqlite") for i, f in enumerate(fields, start=1)]
             rest = [f"?{i}" for i in range(len(fields) + 1, len(names) + 1)]
-            self.sql = f"INSERT OR IGNORE INTO {family.sample} ({columns}) VALUES ({', '.join(encoded + rest)})"  # noqa: S608
+            minute = schema.minute_of(f"?{len(names)}")  # ts_ms again: the primary key's minute
+            values = ", ".join([*encoded, *rest, minute])
+            self.sql = f"INSERT OR IGNORE INTO {family.sample} ({columns}, {schema.MINUTE}) VALUES ({values})"  # noqa: S608
             return
         self.types = (
             *("boolean" if f.is_bool else "numeric" if f.is_int else "double precision" for f in fields),

@@ -70,13 +70,13 @@ def _job_stats_sql(dialect: str, tier: str, one_job: bool) -> str:
     util_n, util_sum, _, _ = aggregates.partials(_UTILIZATION, tier, "s.")
     mem_n, mem_sum, _, mem_max = aggregates.partials(_MEMORY, tier, "s.")
     stats = ", ".join([util_n, util_sum, aggregates.square_sum(_UTILIZATION, tier, "s."), mem_n, mem_sum, mem_max])
-    cte, minutes = tiers.minutes_cte(dialect, ":lo", ":hi") if tier == "raw" else ("", "")
+    cte, minutes = tiers.minutes_cte(dialect, ":lo", ":hi", "s") if tier == "raw" else ("", "")
     return (
         f"{cte}SELECT a.job_id, {stats} FROM job_allocation AS a JOIN {tiers.TIER_TABLE[tier]} AS s "  # noqa: S608
         "ON s.gpu_id = a.gpu_id AND s.ts_ms >= CASE WHEN a.start_ms > :lo THEN a.start_ms ELSE :lo END "
         "AND s.ts_ms < CASE WHEN a.end_ms IS NOT NULL AND a.end_ms < :hi THEN a.end_ms + 1 ELSE :hi END "
         "WHERE a.start_ms < :hi AND (a.end_ms IS NULL OR a.end_ms >= :lo) "
-        f"{'AND a.job_id = :job ' if one_job else ''}{minutes.replace('ts_ms', 's.ts_ms')} GROUP BY a.job_id"
+        f"{'AND a.job_id = :job ' if one_job else ''}{minutes} GROUP BY a.job_id"
     )
 
 

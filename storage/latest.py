@@ -96,12 +96,12 @@ def _latest_sql(
             f"JOIN gpu_profile AS p ON p.profile_id = s.profile_id {fresh}"
         )
     return (
-        # MATERIALIZED and CROSS JOIN keep SQLite's plan: one index seek per GPU, then one row fetch.
+        # MATERIALIZED and CROSS JOIN keep SQLite's plan: one primary-key seek per GPU, then one row fetch.
         "WITH latest AS MATERIALIZED (SELECT g.id AS gpu_id, (SELECT max(x.ts_ms) FROM gpu_sample AS x "  # noqa: S608
-        "WHERE x.gpu_id = g.id AND x.ts_ms / 60000 IN (g.last_seen_ms / 60000, g.last_seen_ms / 60000 + 1) "
+        "WHERE x.gpu_id = g.id AND x.minute IN (g.last_seen_ms / 60000, g.last_seen_ms / 60000 + 1) "
         f"AND x.ts_ms >= g.last_seen_ms) AS ts_ms FROM gpu AS g {fresh}) "
         f"SELECT {columns} FROM latest AS l CROSS JOIN gpu AS g CROSS JOIN gpu_sample AS s CROSS JOIN gpu_profile AS p "
-        "WHERE g.id = l.gpu_id AND s.ts_ms / 60000 = l.ts_ms / 60000 AND s.gpu_id = l.gpu_id AND s.ts_ms = l.ts_ms "
+        "WHERE g.id = l.gpu_id AND s.minute = l.ts_ms / 60000 AND s.gpu_id = l.gpu_id AND s.ts_ms = l.ts_ms "
         "AND p.profile_id = s.profile_id"
     )
 

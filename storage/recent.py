@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import sqlalchemy as sa
 
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot
-from storage import latest, schema
+from storage import latest, schema, tiers
 from storage.db import Database
 
 SOURCE = "store"  # the source name of rebuilt snapshots
@@ -28,10 +28,11 @@ def recent_rounds(
         raise ValueError("interval_s must be positive")
     columns, booleans, xids = latest.reading_columns(db.dialect)
     params = {"since": round(since * 1000), "until": round(until * 1000)}
+    cte, minutes = tiers.minutes_cte(db.dialect, ":since", ":until", "s")  # SQLite: seek the minutes, not a scan
     sql = (
-        f"SELECT {columns} FROM gpu_sample AS s JOIN gpu AS g ON g.id = s.gpu_id "  # noqa: S608 (constant identifiers)
+        f"{cte}SELECT {columns} FROM gpu_sample AS s JOIN gpu AS g ON g.id = s.gpu_id "  # noqa: S608 (constant identifiers)
         "JOIN gpu_profile AS p ON p.profile_id = s.profile_id "
-        "WHERE s.ts_ms >= :since AND s.ts_ms <= :until ORDER BY s.ts_ms"
+        f"WHERE s.ts_ms >= :since AND s.ts_ms <= :until {minutes} ORDER BY s.ts_ms"
     )
     a, g = schema.job_allocation, schema.gpu
     with db.session() as session:

@@ -98,20 +98,20 @@ def _drop_partitions(db: Database, table: str, cutoff_ms: int) -> int:
 
 
 def _delete_samples(db: Database, cutoff_ms: int, family: Family = fabricschema.GPU) -> int:
-    """SQLite: delete raw samples a few minutes at a time along the minute-leading index."""
+    """SQLite: delete raw samples a few minutes at a time along the primary key, which leads with the minute."""
     table = family.sample
     cutoff_minute = cutoff_ms // schema.MINUTE_MS
     deleted = 0
     while True:
         with db.write_transaction() as conn:
             oldest = conn.exec_driver_sql(
-                f"SELECT ts_ms / 60000 FROM {table} ORDER BY ts_ms / 60000 LIMIT 1"  # noqa: S608
+                f"SELECT minute FROM {table} ORDER BY minute LIMIT 1"  # noqa: S608
             ).scalar_one_or_none()
             if oldest is None or oldest > cutoff_minute:
                 return deleted
             upto = min(cutoff_minute + 1, oldest + _SQLITE_SAMPLE_CHUNK_MINUTES)
             deleted += conn.exec_driver_sql(
-                f"DELETE FROM {table} WHERE ts_ms / 60000 >= ? AND ts_ms / 60000 < ? AND ts_ms < ?",  # noqa: S608
+                f"DELETE FROM {table} WHERE minute >= ? AND minute < ? AND ts_ms < ?",  # noqa: S608
                 (oldest, upto, cutoff_ms),
             ).rowcount
             if upto > cutoff_minute:
@@ -276,7 +276,7 @@ class RetentionJob:
             last_gpu = conn.execute(sa.select(sa.func.max(dimension.c.id))).scalar_one() or 0
             if piece.kind == "samples" and piece.minute is None:
                 piece.minute = conn.exec_driver_sql(
-                    f"SELECT ts_ms / 60000 FROM {piece.table} ORDER BY ts_ms / 60000 LIMIT 1"  # noqa: S608
+                    f"SELECT minute FROM {piece.table} ORDER BY minute LIMIT 1"  # noqa: S608
                 ).scalar_one_or_none()
                 if piece.minute is None or piece.minute >= piece.cutoff_ms // schema.MINUTE_MS:
                     self._pieces.pop(0)  # whole minutes only: the cutoff's own minute goes in the next pass
@@ -286,7 +286,7 @@ class RetentionJob:
             g1 = g0 + size if g0 + size <= last_gpu else 2**31 - 1  # the last slice takes any orphaned rows too
             if piece.kind == "samples":
                 deleted = conn.exec_driver_sql(
-                    f"DELETE FROM {piece.table} WHERE ts_ms / 60000 = ? AND {key} >= ? AND {key} < ?",  # noqa: S608
+                    f"DELETE FROM {piece.table} WHERE minute = ? AND {key} >= ? AND {key} < ?",  # noqa: S608
                     (piece.minute, g0, g1),
                 ).rowcount
             else:

@@ -88,9 +88,11 @@ def _from_samples_sql(dialect: str, family: Family) -> str:
 
     Gauges and bitmasks are aggregated straight off the rows of the range; counters' increases need each sample's
     predecessor (a window over a narrow projection: sorting wide rows for it measured twice as slow). SQLite reads
-    the range one minute at a time through its minute-leading index, seeking the GPU range within each minute.
+    the range one minute at a time along its primary key, seeking the GPU range within each minute, and groups by
+    the stored minute.
     """
-    minute = f"ts_ms / {schema.MINUTE_MS}"
+    minute = schema.minute_of("ts_ms")  # of the window's rows (and of every row on PostgreSQL)
+    stored = schema.MINUTE if dialect == "sqlite" else minute
     gauges: list[str] = []
     counters: list[str] = []
     key, samples = family.key, family.source(dialect)
@@ -109,12 +111,12 @@ def _from_samples_sql(dialect: str, family: Family) -> str:
             "WITH RECURSIVE minutes(m) AS (SELECT :read_from / 60000 "
             "UNION ALL SELECT m + 1 FROM minutes WHERE m + 1 < (:hi + 59999) / 60000) "
         )
-        in_minutes = f" AND {minute} IN (SELECT m FROM minutes)"  # noqa: S608 (constant identifiers)
+        in_minutes = f" AND {stored} IN (SELECT m FROM minutes)"  # noqa: S608 (constant identifiers)
         where += in_minutes
         read_where += in_minutes
     aggregated = (
-        f"SELECT {key}, {minute} AS minute, count(*) AS n, {', '.join(gauges)} "  # noqa: S608
-        f"FROM {samples} WHERE {where} GROUP BY {minute}, {key}"
+        f"SELECT {key}, {stored} AS minute, count(*) AS n, {', '.join(gauges)} "  # noqa: S608
+        f"FROM {samples} WHERE {where} GROUP BY {stored}, {key}"
     )
     increases = (
         f"SELECT {key}, {minute} AS minute, {', '.join(['sum(dt) AS elapsed_ms', *counters])} "  # noqa: S608
@@ -294,8 +296,8 @@ class Rollups:
         """The minute of the first raw sample in [lo, limit), or limit if there is none."""
         if self._db.dialect == "sqlite":
             sql = (
-                "SELECT ts_ms FROM gpu_sample WHERE ts_ms / 60000 >= :lo / 60000 AND ts_ms / 60000 < :limit / 60000 "
-                "ORDER BY ts_ms / 60000 LIMIT 1"
+                "SELECT ts_ms FROM gpu_sample WHERE minute >= :lo / 60000 AND minute < :limit / 60000 "
+                "ORDER BY minute LIMIT 1"
             )
         else:
             # The BRIN index makes min() read every block range of [lo, limit): first look at lo's minute alone,

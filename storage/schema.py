@@ -191,13 +191,31 @@ gpu: Final = sa.Table(
 
 # --- time series --------------------------------------------------------------------------------------------------
 
+# SQLite's raw sample tables (GPUs and the fabric's) store the minute of each row, ``ts_ms / 60000``, as the first
+# column of their primary key (revision 0010). PostgreSQL's tables have no such column: schema objects marked
+# ``SQLITE_ONLY`` exist on SQLite alone.
+MINUTE: Final = "minute"
+SQLITE_ONLY: Final = {"dialects": ("sqlite",)}
+
+
+def minute_column() -> sa.Column[int]:
+    """The stored minute of a raw sample table (SQLite only)."""
+    return sa.Column(MINUTE, sa.Integer, nullable=False, info=dict(SQLITE_ONLY))
+
+
+def minute_of(ts_ms: str) -> str:
+    """SQL of the minute a ``ts_ms`` expression falls in: the value stored in the ``minute`` column."""
+    return f"{ts_ms} / {MINUTE_MS}"
+
 
 def _sample_table() -> sa.Table:
-    """The raw samples: a heap that each scrape round appends to, with a unique index for idempotent inserts.
+    """The raw samples, with a unique key for idempotent inserts.
 
-    SQLite's unique index leads with the minute, ``(ts_ms / 60000, gpu_id, ts_ms)``: a round then touches the index
-    pages of one minute instead of one page per GPU, which keeps inserts fast when the table is large (measured in
-    docs/storage.md). One GPU's range is read with one index seek per minute. PostgreSQL indexes ``(gpu_id, ts_ms)``
+    SQLite clusters the rows by minute (revision 0010): a ``WITHOUT ROWID`` table whose primary key is ``(minute,
+    gpu_id, ts_ms)``, ``minute`` being ``ts_ms / 60000`` stored (SQLite allows no expression in a primary key). A
+    round then touches the pages of one minute instead of one page per GPU, which keeps inserts fast when the table
+    is large, and the key is the table: no second copy of it in an index (measured in docs/storage.md). One GPU's
+    range is read with one seek per minute. PostgreSQL has no ``minute`` column: it indexes ``(gpu_id, ts_ms)``
     within each day partition, and orders the columns widest first (revision 0007): no alignment padding in a row.
     """
     columns: list[sa.Column[object]] = [
@@ -208,11 +226,12 @@ def _sample_table() -> sa.Table:
     table = sa.Table(
         "gpu_sample",
         metadata,
+        minute_column(),
         *sorted(columns, key=_pg_width, reverse=True),  # stable: ties keep their order
+        sa.PrimaryKeyConstraint(MINUTE, "gpu_id", "ts_ms", info=dict(SQLITE_ONLY)),
+        sqlite_with_rowid=False,
         postgresql_partition_by="RANGE (ts_ms)",
     )
-    minute = table.c.ts_ms // MINUTE_MS
-    sa.Index("ux_gpu_sample_minute_gpu_ts", minute, table.c.gpu_id, table.c.ts_ms, unique=True).ddl_if(dialect="sqlite")
     sa.Index("ux_gpu_sample_gpu_ts", table.c.gpu_id, table.c.ts_ms, unique=True).ddl_if(dialect="postgresql")
     # Rollups read time ranges across all GPUs: rows arrive in time order, so a BRIN index is tiny. autosummarize has
     # autovacuum summarize each filled block range; until then a range is read whatever the query.
@@ -318,7 +337,7 @@ def sample_source(dialect: str, sample: str = "gpu_sample", profile: str = "gpu_
     """The FROM clause that reads every field of the raw GPU samples: each row joined with its profile.
 
     Column names are unique across the two tables, so a query names them unqualified. On SQLite, CROSS JOIN keeps
-    the samples as the outer loop (their minute-leading index), the profile a primary-key lookup per row.
+    the samples as the outer loop (along their primary key), the profile a primary-key lookup per row.
     """
     join = "CROSS JOIN" if dialect == "sqlite" else "JOIN"
     return f"{sample} {join} {profile} USING (profile_id)"
@@ -331,13 +350,11 @@ def newest_sample_ms(dialect: str) -> sa.ScalarSelect[int]:
     lies in ``[last_seen_ms, last_seen_ms + 1 minute)``: a bounded seek on either backend.
     """
     g, s = gpu, gpu_sample
-    width = sa.literal_column(
-        str(MINUTE_MS), sa.BigInteger
-    )  # a literal, not a parameter: SQLite matches it to the index expression
+    width = sa.literal_column(str(MINUTE_MS), sa.BigInteger)
     conditions = [s.c.gpu_id == g.c.id, s.c.ts_ms >= g.c.last_seen_ms, s.c.ts_ms < g.c.last_seen_ms + width]
-    if dialect == "sqlite":
+    if dialect == "sqlite":  # the two minutes of the primary key the window can touch
         minute = g.c.last_seen_ms // width
-        conditions.append((s.c.ts_ms // width).in_([minute, minute + sa.literal_column("1", sa.BigInteger)]))
+        conditions.append(s.c[MINUTE].in_([minute, minute + sa.literal_column("1", sa.BigInteger)]))
     return sa.select(sa.func.max(s.c.ts_ms)).where(*conditions).scalar_subquery()
 
 

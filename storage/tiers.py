@@ -61,10 +61,12 @@ def step_ms(start_ms: int, end_ms: int, max_points: int, width_ms: int) -> int:
     return max(width_ms, math.ceil(raw_step / width_ms) * width_ms)
 
 
-def minutes_cte(dialect: str, read_from: str, hi: str) -> tuple[str, str]:
-    """SQLite reads a time range of raw samples one minute at a time through its minute-leading index.
+def minutes_cte(dialect: str, read_from: str, hi: str, alias: str = "") -> tuple[str, str]:
+    """SQLite reads a time range of raw samples one minute at a time along their primary key, which leads with the
+    stored minute.
 
-    Returns the CTE to put before the query and the condition on ``ts_ms`` that uses it (both empty elsewhere).
+    Returns the CTE to put before the query and the condition on ``minute`` (of the table ``alias``, if given) that
+    uses it (both empty elsewhere).
     """
     if dialect != "sqlite":
         return "", ""
@@ -72,4 +74,4 @@ def minutes_cte(dialect: str, read_from: str, hi: str) -> tuple[str, str]:
         "WITH RECURSIVE minutes(m) AS "  # noqa: S608 (read_from and hi are parameter names)
         f"(SELECT {read_from} / 60000 UNION ALL SELECT m + 1 FROM minutes WHERE m < {hi} / 60000) "
     )
-    return cte, "AND ts_ms / 60000 IN (SELECT m FROM minutes)"
+    return cte, f"AND {alias + '.' if alias else ''}minute IN (SELECT m FROM minutes)"  # noqa: S608 (an alias)

@@ -54,9 +54,12 @@ _static: Final[Callable[[GpuReading], Static]] = attrgetter(
 
 
 def _sqlite_insert() -> str:
+    """The row tuple's values, and the minute of its ``ts_ms`` (the same parameter again) for the primary key."""
     encoded = [f.sql_encode(f"?{i}", "sqlite") for i, f in enumerate(_ENCODED_FIELDS, start=1)]
     rest = [f"?{i}" for i in range(len(_ENCODED_FIELDS) + 1, len(_ROW_COLUMNS) + 1)]
-    return f"INSERT OR IGNORE INTO gpu_sample ({_SAMPLE_COLUMNS}) VALUES ({', '.join(encoded + rest)})"  # noqa: S608
+    minute = schema.minute_of(f"?{_ROW_COLUMNS.index('ts_ms') + 1}")
+    columns = f"{_SAMPLE_COLUMNS}, {schema.MINUTE}"
+    return f"INSERT OR IGNORE INTO gpu_sample ({columns}) VALUES ({', '.join([*encoded, *rest, minute])})"  # noqa: S608
 
 
 # The staging table's column types, which binary COPY sends values as. Integers are numeric so that any Python int

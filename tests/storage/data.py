@@ -6,10 +6,12 @@ import json
 from collections.abc import Sequence
 
 import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
 
 from gpulens.model import GpuJob, LinkReading, NodeSnapshot, ProcessReading
 from storage import schema
-from storage.db import Database
+from storage.db import MIGRATIONS_DIR, Database
 from tests.fakes.static_source import GIB, h100
 
 
@@ -83,3 +85,12 @@ def write_wide(db: Database, snapshots: Sequence[NodeSnapshot]) -> None:
                 text = json.dumps({str(k): xids[k] for k in sorted(xids)}, separators=(",", ":")) if xids else None
                 params = {f"p{i}": getattr(r, f.name) for i, f in enumerate(fields)}
                 conn.execute(insert, {**params, "g": gpu_id, "t": ts, "x": sum(xids.values()), "e": text})
+
+
+def downgrade(db: Database, revision: str) -> None:
+    """Take the store down to ``revision``, as ``alembic downgrade`` would (gpulens itself only upgrades)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with db.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, revision)

@@ -10,18 +10,16 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 
 from storage import jobminute, jobstats, schema, tiers
-from storage.db import MIGRATIONS_DIR, Database
+from storage.db import Database
 from storage.jobstats import JobSummary
 from storage.retention import Retention, RetentionJob, apply_retention
 from storage.rollup import Rollups
 from storage.writer import Writer
 from tests.fakes.static_source import GIB
 from tests.storage.conftest import T0
-from tests.storage.data import snapshot
+from tests.storage.data import downgrade, snapshot
 
 M0 = (T0 - T0 % 60) + 60  # a minute boundary, in seconds
 _ORDER = ("ts_ms", "job_id", *jobminute.COLUMNS)
@@ -195,15 +193,23 @@ def test_the_retention_job_trims_the_aggregate_in_steps(db: Database) -> None:
 
 
 def test_the_upgrade_fills_the_aggregate_of_a_store_with_data(db_url: str) -> None:
-    """A store written at 0008 (no aggregate), partly rolled up: after 0009 the minutes below the rollup position
-    come from the rollups, the rest from the samples, and the jobs read the same as before the upgrade."""
+    """A store at 0008 (no aggregate), partly rolled up: after 0009 the minutes below the rollup position come from
+    the rollups, the rest from the samples, and the jobs read the same as before the upgrade.
+
+    The store is written at the head and taken down to 0008 (today's code reads SQLite's samples by their stored
+    minute, revision 0010); the jobs before the upgrade are read without the aggregate, as 0008 read them."""
     db = Database(db_url)
     try:
-        db.upgrade("0008")
+        db.upgrade()
         write_cluster(db)
         Rollups(db, settle_s=0).run(M0 + 10 * 60)  # rolled up to minute 10 (settle 0: minutes 0-9 complete)
         end = M0 + 20 * 60 - 0.001
+        with db.write_transaction() as conn:  # no horizon: jobstats reads the rollups and samples alone
+            conn.execute(sa.delete(schema.tier_state).where(schema.tier_state.c.tier == jobminute.TIER))
         before = jobstats.jobs(db, M0, end)
+        downgrade(db, "0008")
+        with db.session() as session:
+            assert not sa.inspect(session.connection()).has_table("job_minute")
         db.upgrade()
         samples = {row[:2]: row for row in from_samples(db)}
         position = round((M0 + 10 * 60) * 1000)
@@ -237,11 +243,7 @@ def test_the_downgrade_drops_the_aggregate_and_its_horizon(db_url: str) -> None:
     try:
         db.upgrade()
         write_cluster(db)
-        config = Config()
-        config.set_main_option("script_location", str(MIGRATIONS_DIR))
-        with db.engine.begin() as conn:
-            config.attributes["connection"] = conn
-            command.downgrade(config, "0007")
+        downgrade(db, "0007")
         with db.session() as session:
             assert not sa.inspect(session.connection()).has_table("job_minute")
             assert jobminute.TIER not in tiers.tier_state(session)

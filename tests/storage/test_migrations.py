@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 from gpulens.cli import main
@@ -22,7 +20,7 @@ from storage.db import MIGRATIONS_DIR, Database
 from storage.rollup import Rollups
 from storage.writer import Writer
 from tests.storage.conftest import T0
-from tests.storage.data import snapshot, uuid_of, write_wide
+from tests.storage.data import downgrade, snapshot, uuid_of, write_wide
 from tests.storage.fabricdata import fabric_snapshot
 
 MINUTE0 = round(T0 - T0 % 3600) * 1000  # an hour boundary, in ms
@@ -184,11 +182,7 @@ def test_downgrade_renames_back_and_drops_the_views(db_url: str) -> None:
     db = Database(db_url)
     _write_at_0002(db)
     db.upgrade()
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with db.engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.downgrade(config, "0002")
+    downgrade(db, "0002")
     with db.engine.connect() as conn:
         inspector = sa.inspect(conn)
         assert not set(views.VIEWS.values()) & set(inspector.get_view_names())
@@ -257,7 +251,7 @@ def test_0006_adds_the_fabric_tables_to_a_store_at_0005(db_url: str) -> None:
     Writer(db).write([fabric_snapshot("n", T0 + 10, 1)])
     assert [n.device for n in fabric.latest_nics(db)] == ["mlx5_0", "mlx5_1"]
     assert [h.node for h in fabric.latest_hosts(db)] == ["n"]
-    _downgrade(db, "0005")
+    downgrade(db, "0005")
     with db.engine.connect() as conn:
         tables = set(sa.inspect(conn).get_table_names())
     assert not tables & {"nic", "nic_sample", "host_rollup_1m", "job_host_rollup_1h"}
@@ -281,14 +275,6 @@ def _roll_up_wide(db: Database, hours_before: float) -> None:
                 ),
                 {"before": round((before or 1e12) * 1000)},
             )
-
-
-def _downgrade(db: Database, revision: str) -> None:
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with db.engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.downgrade(config, revision)
 
 
 _TABLES_0007 = ("gpu_sample", "gpu_rollup_1m", "gpu_rollup_1h")
@@ -355,3 +341,85 @@ def test_0007_orders_the_columns_widest_first_and_keeps_every_row(db_url: str) -
     assert Writer(db).write([snapshot("n", T0 + 86_410, gpus=2, power_watts=400.0)]).gpu_rows == 2
     assert {r.power_watts for r in latest.latest_readings(db)} == {400.0}
     db.close()
+
+
+_SAMPLE_TABLES = {
+    "gpu_sample": "gpu_id",
+    "nic_sample": "nic_id",
+    "host_sample": "host_id",
+    "job_host_sample": "job_host_id",
+}
+
+
+def _sample_rows(db: Database) -> dict[str, list[dict[str, object]]]:
+    """Every raw sample table's rows, by key and time, without SQLite's stored minute (which 0009 lacks)."""
+    with db.engine.connect() as conn:
+        return {
+            table: [
+                {k: v for k, v in row.items() if k != "minute"}
+                for row in conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY {key}, ts_ms")).mappings()
+            ]
+            for table, key in _SAMPLE_TABLES.items()
+        }
+
+
+def _sqlite_layout(db: Database) -> dict[str, tuple[bool, list[str]]]:
+    """Per sample table: whether it is WITHOUT ROWID, and its indexes' names (SQLite)."""
+    with db.engine.connect() as conn:
+        return {
+            table: (
+                str(conn.execute(sa.text("SELECT sql FROM sqlite_master WHERE name = :t"), {"t": table}).scalar_one())
+                .rstrip()
+                .endswith("WITHOUT ROWID"),
+                sorted(
+                    str(name)
+                    for name in conn.execute(
+                        sa.text("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = :t"), {"t": table}
+                    ).scalars()
+                ),
+            )
+            for table in _SAMPLE_TABLES
+        }
+
+
+def test_0010_clusters_sqlites_samples_by_minute_and_keeps_every_row(db_url: str) -> None:
+    """GPU and fabric samples over two minutes and two days: the same rows after 0010's downgrade and upgrade again;
+    on SQLite a heap with the minute expression index at 0009 and a WITHOUT ROWID table with no index after; views
+    read again; the writer skips a round stored already, and a new one lands and reads as the newest."""
+    db = Database(db_url)
+    db.upgrade()
+    writer = Writer(db)
+    for i, t in enumerate((T0, T0 + 10, T0 + 70, T0 + 86_400)):
+        writer.write([fabric_snapshot("n", t, i), fabric_snapshot("m", t, i, job=None)])
+    written = _sample_rows(db)
+    assert [len(written[t]) for t in _SAMPLE_TABLES] == [16, 16, 8, 4]
+    views_before = _view_rows(db)
+    downgrade(db, "0009")
+    assert _sample_rows(db) == written
+    if db.dialect == "sqlite":
+        assert _sqlite_layout(db) == {
+            "gpu_sample": (False, ["ux_gpu_sample_minute_gpu_ts"]),
+            **{t: (False, [f"ux_{t}_minute_key_ts"]) for t in ("nic_sample", "host_sample", "job_host_sample")},
+        }
+    db.upgrade()
+    assert _sample_rows(db) == written
+    assert _view_rows(db) == views_before
+    if db.dialect == "sqlite":
+        assert _sqlite_layout(db) == {t: (True, []) for t in _SAMPLE_TABLES}
+        with db.engine.connect() as conn:
+            mismatched = conn.execute(sa.text("SELECT count(*) FROM gpu_sample WHERE minute != ts_ms / 60000"))
+            assert mismatched.scalar_one() == 0
+    again = Writer(db)
+    assert again.write([fabric_snapshot("n", T0 + 86_400, 3)]).gpu_rows == 0  # stored already: skipped
+    assert again.write([fabric_snapshot("n", T0 + 86_410, 4)]).gpu_rows == 2
+    assert {r.timestamp for r in latest.latest_readings(db) if r.node == "n"} == {T0 + 86_410}
+    assert {n.transmit_bytes_total for n in fabric.latest_nics(db, node="n")} == {4 * 10**9}  # round 4's
+    db.close()
+
+
+def _view_rows(db: Database) -> dict[str, list[dict[str, object]]]:
+    with db.engine.connect() as conn:
+        return {
+            view: [dict(r) for r in conn.execute(sa.text(f"SELECT * FROM {view} ORDER BY 1, 2, 3")).mappings()]
+            for view in ("gpu_sample_si", "nic_sample_si", "host_sample_si")
+        }

@@ -20,7 +20,7 @@ from storage.rollup import Rollups
 from storage.writer import Writer
 from tests.fakes.static_source import h100
 from tests.storage.conftest import T0
-from tests.storage.data import snapshot, uuid_of, write_wide
+from tests.storage.data import downgrade, snapshot, uuid_of, write_wide
 
 START = T0 - T0 % 60  # a minute boundary
 
@@ -131,24 +131,11 @@ def test_0008_moves_the_profile_fields_and_keeps_every_value(db_url: str) -> Non
     assert Writer(db).write([snapshot("n", START + 86_410, gpus=2, power_watts=400.0)]).gpu_rows == 2
     assert {r.power_watts for r in latest.latest_readings(db)} == {400.0}
     after = si_rows()
-    _downgrade(db, "0007")
+    downgrade(db, "0007")
     assert si_rows() == after
     with db.engine.connect() as conn:
         assert "gpu_profile" not in sa.inspect(conn).get_table_names()
     db.close()
-
-
-def _downgrade(db: Database, revision: str) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    from storage.db import MIGRATIONS_DIR
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with db.engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.downgrade(config, revision)
 
 
 @pytest.fixture
@@ -159,9 +146,9 @@ def sqlite_db(tmp_path: Any) -> Any:
     db.close()
 
 
-def test_sqlite_reads_seek_the_minute_index_and_the_profile_key(sqlite_db: Database) -> None:
-    """Every statement that reads gpu_sample (latest, series, rollups, recent rounds) searches it through its
-    minute-leading index, or reads a time range in order, and finds each row's profile by its key: no scan."""
+def test_sqlite_reads_seek_the_minute_key_and_the_profile_key(sqlite_db: Database) -> None:
+    """Every statement that reads gpu_sample (latest, series, rollups, recent rounds) searches it along its primary
+    key from the stored minute (revision 0010), and finds each row's profile by its key: no scan."""
     db = sqlite_db
     _write_rounds(Writer(db))
     plans: list[tuple[str, list[str]]] = []
@@ -175,8 +162,9 @@ def test_sqlite_reads_seek_the_minute_index_and_the_profile_key(sqlite_db: Datab
     latest.latest_readings(db, max_age_s=300)
     timeseries.series(db, [uuid_of("n", 0)], ["power_limit_watts", "remapped_rows_correctable"], START, START + 30)
     Rollups(db, settle_s=0).run(START + 120)
+    recent.recent_rounds(db, since=START, until=START + 30, interval_s=10)
     event.remove(db.engine, "before_cursor_execute", explain)
-    assert len(plans) >= 3
+    assert len(plans) >= 4
     for statement, plan in plans:
         steps = [line.split()[:2] for line in plan]
         sample_lines = [line for line, step in zip(plan, steps, strict=True) if step[1:] in (["gpu_sample"], ["s"])]
@@ -184,7 +172,7 @@ def test_sqlite_reads_seek_the_minute_index_and_the_profile_key(sqlite_db: Datab
         profile_lines = [line for line, step in zip(plan, steps, strict=True) if step[1:] in (["gpu_profile"], ["p"])]
         assert sample_lines, (statement, plan)
         assert profile_lines, (statement, plan)
-        assert all("ux_gpu_sample_minute_gpu_ts" in line for line in sample_lines), (statement, plan)
+        assert all(line.startswith("SEARCH") and "PRIMARY KEY (minute=" in line for line in sample_lines), plan
         assert all("INTEGER PRIMARY KEY" in line for line in profile_lines), (statement, plan)
 
 

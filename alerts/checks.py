@@ -58,8 +58,13 @@ def _clock_text(reading: GpuReading) -> str:
 
 def memory_saturated(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     limit = rule.threshold("used_ratio")
+    full = [  # the test below, first as a comprehension: the cheapest pass over every GPU
+        p
+        for p in _gpus(history)
+        if (u := p[0].memory_used_bytes) is not None and (t := p[0].memory_total_bytes) and u / t >= limit
+    ]
     out = []
-    for reading, jobs in _gpus(history):
+    for reading, jobs in full:
         used, total = reading.memory_used_bytes, reading.memory_total_bytes
         if used is None or not total:
             continue
@@ -76,8 +81,18 @@ def memory_saturated(rule: AlertRule, history: History, now: float) -> list[Cand
 
 def thermal_throttling(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     margin = rule.threshold("margin_celsius")
+    maybe = [  # a clock reason set, or hot (the test below): the cheapest pass over every GPU
+        p
+        for p in _gpus(history)
+        if p[0].throttle_reasons
+        or (
+            (temp := p[0].temperature_celsius) is not None
+            and (slowdown := p[0].slowdown_temperature_celsius) is not None
+            and temp >= slowdown - margin
+        )
+    ]
     out = []
-    for reading, jobs in _gpus(history):
+    for reading, jobs in maybe:
         bits = reading.throttle_reasons or 0
         temp, slowdown = reading.temperature_celsius, reading.slowdown_temperature_celsius
         hot = temp is not None and slowdown is not None and temp >= slowdown - margin
@@ -121,11 +136,10 @@ def _hold(rule: AlertRule, reading: GpuReading) -> Candidate:
 
 def hw_power_brake(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     out = []
-    for reading, jobs in _gpus(history):
-        if (reading.throttle_reasons or 0) & HW_POWER_BRAKE_BIT:
-            what = f"hardware power brake engaged{_clock_text(reading)}"
-            description = "HW_POWER_BRAKE is set: an external power signal (power supply, chassis) slows the GPU."
-            out.append(_candidate(rule, reading, jobs, reading.power_watts, what, description))
+    for reading, jobs in [p for p in _gpus(history) if (p[0].throttle_reasons or 0) & HW_POWER_BRAKE_BIT]:
+        what = f"hardware power brake engaged{_clock_text(reading)}"
+        description = "HW_POWER_BRAKE is set: an external power signal (power supply, chassis) slows the GPU."
+        out.append(_candidate(rule, reading, jobs, reading.power_watts, what, description))
     return out
 
 
@@ -139,13 +153,18 @@ def _busier(tx: float | None, rx: float | None) -> tuple[str, float]:
 
 def pcie_saturated(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     share = rule.threshold("utilization_ratio")
+    ceilings: dict[tuple[int | None, int | None], float | None] = {}  # a cluster has few kinds of link
     out = []
     for reading, jobs in _gpus(history):
         tx, rx = reading.pcie_tx_bytes_per_second, reading.pcie_rx_bytes_per_second
         if tx is None and rx is None:
             continue
         gen, width = reading.pcie_link_generation_max, reading.pcie_link_width_max
-        ceiling = pcie_max_bytes_per_second(gen, width)
+        link = (gen, width)
+        if link in ceilings:
+            ceiling = ceilings[link]
+        else:
+            ceiling = ceilings[link] = pcie_max_bytes_per_second(gen, width)
         if ceiling is None:
             continue
         name, rate = _busier(tx, rx)
@@ -210,7 +229,7 @@ def _unchanged(
 ) -> bool:
     """Whether no counter that ``counters`` reads grew since ``since`` (``start``: the window's first round):
     ``_increase`` would find no increase in any of them (no earlier reading, an unread counter, or the same value at
-    both ends)."""
+    both ends). The rules test its common case (the GPU in ``start``) inline first."""
     if start is None:
         return True
     before = start.gpus.get(reading.uuid)
@@ -228,6 +247,7 @@ def pcie_degraded(rule: AlertRule, history: History, now: float) -> list[Candida
     replay_limit = rule.threshold("replays_per_minute")
     window = rule.threshold("window_s")
     start = history.round_since(now - window)
+    first = start.gpus if start is not None else {}  # the window's first readings (see ``_unchanged``)
     out = []
     for reading, jobs in _gpus(history):
         gen, gen_max = reading.pcie_link_generation, reading.pcie_link_generation_max
@@ -240,7 +260,13 @@ def pcie_degraded(rule: AlertRule, history: History, now: float) -> list[Candida
         busy = slow and _busy(reading, busy_util, busy_traffic)
         if slow and (narrow or busy):
             problems.append(f"Gen{gen} instead of Gen{gen_max}" + (" while busy" if busy else ""))
-        if not problems and _unchanged(history, start, reading, now - window, _PCIE_REPLAYS):
+        if not problems and (
+            (
+                (before := first.get(reading.uuid)) is not None
+                and before.pcie_replays_total == reading.pcie_replays_total
+            )
+            or _unchanged(history, start, reading, now - window, _PCIE_REPLAYS)
+        ):
             continue  # no replay counted in the window: nothing to report (the common case, checked cheaply)
         replays = _increase(history, reading.uuid, now, window, lambda r: r.pcie_replays_total)
         per_minute = replays[0] / replays[1] * 60.0 if replays else 0.0
@@ -272,9 +298,15 @@ def nvlink_errors(rule: AlertRule, history: History, now: float) -> list[Candida
     crc_limit = rule.threshold("crc_per_second")
     window = rule.threshold("window_s")
     start = history.round_since(now - window)
+    first = start.gpus if start is not None else {}  # the window's first readings (see ``_unchanged``)
     out = []
     for reading, jobs in _gpus(history):
-        if not reading.nvlink_links_active or _unchanged(history, start, reading, now - window, _NVLINK_ERRORS):
+        if not reading.nvlink_links_active:
+            continue
+        before = first.get(reading.uuid)
+        if (before is not None and _NVLINK_ERRORS(before) == _NVLINK_ERRORS(reading)) or _unchanged(
+            history, start, reading, now - window, _NVLINK_ERRORS
+        ):
             continue  # no error counted in the window (the common case, checked cheaply)
         rates = {}
         for name, get in (
@@ -302,7 +334,7 @@ def xid_error(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     codes = rule.codes("codes")
     window = rule.threshold("window_s")
     out = []
-    for reading, jobs in _gpus(history):
+    for reading, jobs in [p for p in _gpus(history) if p[0].xid_errors]:  # most GPUs have none
         if not any(code in codes for code in reading.xid_errors):
             continue
         oldest = history.reading_since(reading.uuid, now - window)
@@ -323,10 +355,17 @@ def xid_error(rule: AlertRule, history: History, now: float) -> list[Candidate]:
 def ecc_uncorrectable(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     window = rule.threshold("window_s")
     start = history.round_since(now - window)
+    first = start.gpus if start is not None else {}  # the window's first readings (see ``_unchanged``)
     out = []
     for reading, jobs in _gpus(history):
-        if not reading.remapped_rows_failure and _unchanged(history, start, reading, now - window, _ECC_UNCORRECTED):
-            continue  # no error counted in the window (the common case, checked cheaply)
+        if not reading.remapped_rows_failure and (
+            (
+                (before := first.get(reading.uuid)) is not None
+                and before.ecc_uncorrected_errors_total == reading.ecc_uncorrected_errors_total
+            )
+            or _unchanged(history, start, reading, now - window, _ECC_UNCORRECTED)
+        ):
+            continue  # no failure, and no error counted in the window (the common case, checked cheaply)
         increase = _increase(history, reading.uuid, now, window, lambda r: r.ecc_uncorrected_errors_total)
         errors = increase[0] if increase else 0.0
         failed = bool(reading.remapped_rows_failure)
@@ -370,11 +409,7 @@ def idle_allocated(rule: AlertRule, history: History, now: float) -> list[Candid
         util = reading.utilization_ratio
         if not jobs or util is None or util >= limit:
             continue
-        since = now
-        for t, r in reversed(history.series(reading.uuid)):
-            if not r.up or r.utilization_ratio is None or r.utilization_ratio >= limit:
-                break
-            since = t
+        since = _idle_since(history, reading.uuid, limit, now)
         what = f"allocated but idle, {percent(util)} utilization" + (
             f" for {format_duration(now - since)}" if now > since else ""
         )
@@ -384,6 +419,28 @@ def idle_allocated(rule: AlertRule, history: History, now: float) -> list[Candid
         )
         out.append(_candidate(rule, reading, jobs, util, what, description))
     return out
+
+
+def _idle_since(history: History, uuid: str, limit: float, now: float) -> float:
+    """The first round of the GPU's current spell below ``limit`` (its latest reading is): the oldest reading of the
+    unbroken run of idle readings that ends with the latest.
+
+    A GPU idle the round before carries on from that round's answer (kept in the memo) when its series gained only
+    the latest reading since: the spell is then the same, cut at the window's start, and no walk back is needed."""
+    series = history.series(uuid)
+    key = ("idle_since", uuid, limit)
+    before = history.previous_memo().get(key)
+    if before is not None and len(series) >= 2 and series[-2][0] == before[1]:
+        since = before[0] if before[0] >= series[0][0] else series[0][0]
+    else:
+        since = now
+        for t, r in reversed(series):
+            if not r.up or r.utilization_ratio is None or r.utilization_ratio >= limit:
+                break
+            since = t
+    if series:
+        history.memo()[key] = (since, series[-1][0])
+    return since
 
 
 def exporter_down(rule: AlertRule, history: History, now: float) -> list[Candidate]:

@@ -95,7 +95,13 @@ def _job_baseline(history: History, job_id: str, min_rounds: float) -> Baseline 
     memo = history.memo()
     key = ("baseline", job_id, min_rounds)
     if key not in memo:
-        memo[key] = baseline(history.job_reference(job_id), min_rounds)
+        reference = history.job_reference(job_id)
+        medians = history.job_reference_medians(job_id)  # kept sorted by the history: no sort here
+        if medians is None or len(reference) < max(1, min_rounds):
+            memo[key] = baseline(reference, min_rounds)
+        else:
+            traffic, nvlink, power, sm_active, memory = medians
+            memo[key] = None if traffic is None else Baseline(len(reference), traffic, nvlink, power, sm_active, memory)
     found: Baseline | None = memo[key]
     return found
 
@@ -349,11 +355,30 @@ def job_straggler(rule: AlertRule, history: History, now: float) -> list[Candida
             continue
         if base.power is None:
             continue  # without power, peers waiting cannot be told from peers working
+        if not _peers_may_wait(readings, rule.threshold("peer_power_ratio") * base.power):
+            continue
         job = _Job(readings)
         slow = [rank for r in readings if (rank := _straggling(rule, r, job, base.power)) is not None]
         if slow and len(slow) * 2 <= len(readings):
             out.extend(_straggler_candidate(rule, view, rank, len(readings)) for rank in slow)
     return out
+
+
+def _peers_may_wait(readings: list[GpuReading], limit: float) -> bool:
+    """Whether some GPU's peers' median power can be at most ``limit`` (``_straggling``'s last test).
+
+    The peers' median of a GPU is the median of the job's powers less its own, which is lowest for the GPU drawing
+    the most: when even that median is above ``limit``, no GPU of a healthy busy job can be a straggler, and the
+    per-GPU tests are skipped.
+    """
+    powers = sorted(r.power_watts for r in readings if r.power_watts is not None)
+    if not powers:
+        return False  # no GPU reads power: ``_straggling`` finds none
+    total = sum(powers)
+    if total != total:  # a NaN (or infinities) among them: the order above does not hold, so test each GPU
+        return True
+    lowest = _median_without(powers, powers[-1])
+    return lowest is None or not lowest > limit
 
 
 def _straggling(rule: AlertRule, reading: GpuReading, job: _Job, base_power: float) -> _Rank | None:

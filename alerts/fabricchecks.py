@@ -9,7 +9,7 @@ detector what a job's ports show.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from typing import Final
 
@@ -17,7 +17,7 @@ from gpulens.config import format_duration
 from gpulens.fabricmodel import NicReading
 
 from .base import AlertRule, Candidate, percent, rate_text, rule_labels
-from .fabrichistory import FabricWindow
+from .fabrichistory import FabricWindow, PortState
 from .history import History
 
 PHYS_STATE_DISABLED: Final = "Disabled"
@@ -61,8 +61,9 @@ def layer_text(nic: NicReading) -> str:
     return "RoCE" if nic.is_roce else "InfiniBand"
 
 
-def _ports(history: History) -> Iterator[NicReading]:
-    yield from history.fabric.nics
+def _ports(history: History) -> Sequence[tuple[NicReading, PortState]]:
+    """The latest round's ports, each with what the history keeps of it."""
+    return history.fabric.ports()
 
 
 def _candidate(
@@ -89,19 +90,24 @@ def link_down_since(fabric: FabricWindow, nic: NicReading) -> float | None:
     ``None``. A port disabled on purpose never counts."""
     if nic.up or nic.phys_state == PHYS_STATE_DISABLED:
         return None
-    memory = fabric.memory(nic.key)
-    if memory.down_since is not None:
-        return memory.down_since
+    return _down_since(nic, fabric.port(nic.key))
+
+
+def _down_since(nic: NicReading, port: PortState | None) -> float | None:
+    """``link_down_since`` of a port that is down and not disabled, from its state."""
+    if port is not None and port.down_since is not None:
+        return port.down_since
     if nic.link_downed_total:
-        series = fabric.port_series(nic.key)
-        return series[0][0] if series else None
+        return port.series[0][0] if port is not None and port.series else None
     return None
 
 
 def ib_link_down(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     out = []
-    for nic in _ports(history):
-        since = link_down_since(history.fabric, nic)
+    for nic, port in _ports(history):
+        if nic.up or nic.phys_state == PHYS_STATE_DISABLED:
+            continue
+        since = _down_since(nic, port)
         if since is None:
             continue
         jobs = history.fabric.port_jobs(nic)
@@ -129,7 +135,12 @@ def ib_link_flapping(rule: AlertRule, history: History, now: float) -> list[Cand
     window = rule.threshold("window_s")
     limit = rule.threshold("flaps_max")
     out = []
-    for nic in _ports(history):
+    for nic, port in _ports(history):
+        series = port.series
+        if nic.link_downed_total is not None and len(series) >= 2:
+            last = series[-1][1].link_downed_total
+            if last is not None and series[0][1].link_downed_total == last:
+                continue  # the counter did not move in the window: no flap (``flaps`` finds 0)
         count = flaps(history.fabric, nic, now - window)
         if count <= limit:
             continue
@@ -150,11 +161,10 @@ def ib_link_degraded(rule: AlertRule, history: History, now: float) -> list[Cand
     ratio = rule.threshold("peer_rate_ratio")
     fabric = history.fabric
     out = []
-    for nic in _ports(history):
+    for nic, memory in _ports(history):
         rate = nic.rate_bytes_per_second
         if not nic.up or not rate:
             continue
-        memory = fabric.memory(nic.key)
         problems, ceiling = [], rate
         if nic.link_width and memory.best_width and nic.link_width < memory.best_width:
             problems.append(f"{nic.link_width}x lanes instead of {memory.best_width}x")
@@ -194,9 +204,12 @@ _ERROR_COUNTERS: Final = attrgetter(
 def ib_errors(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     window = rule.threshold("window_s")
     out = []
-    for nic in _ports(history):
-        if history.fabric.unchanged(nic.key, _ERROR_COUNTERS):
-            continue  # most ports: no error counter moved in the whole window
+    for nic, port in _ports(history):
+        series = port.series
+        if len(series) >= 2:
+            first = _ERROR_COUNTERS(series[0][1])
+            if None not in first and first == _ERROR_COUNTERS(series[-1][1]):
+                continue  # most ports: no error counter moved in the whole window (``FabricWindow.unchanged``)
         found: dict[str, float] = {}
         over = False
         for name, limit, get in _ERRORS:
@@ -225,17 +238,17 @@ def _traffic(nic: NicReading) -> float | None:
 
 
 def fabric_congestion(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    traffic_ratio_max = rule.threshold("traffic_ratio_max")
+    wait_min, cnp_min = rule.threshold("wait_min_per_second"), rule.threshold("cnp_min_per_second")
     out = []
-    for nic in _ports(history):
-        rate, traffic = nic.rate_bytes_per_second, _traffic(nic)
-        if not nic.up or not rate or traffic is None or traffic >= rule.threshold("traffic_ratio_max") * rate:
-            continue
+    for nic, port in _ports(history):
         wait, cnp = nic.transmit_wait_per_second, nic.cnp_handled_per_second
-        if (wait is None or wait < rule.threshold("wait_min_per_second")) and (
-            cnp is None or cnp < rule.threshold("cnp_min_per_second")
-        ):
+        if (wait is None or wait < wait_min) and (cnp is None or cnp < cnp_min):
             continue  # the floors first: most ports are nowhere near them, and a baseline costs a median
-        base = history.fabric.baseline(nic.key)
+        rate, traffic = nic.rate_bytes_per_second, _traffic(nic)
+        if not nic.up or not rate or traffic is None or traffic >= traffic_ratio_max * rate:
+            continue
+        base = port.baseline()
         signs = []
         for name, now_value, usual, ratio, floor in (
             ("transmit wait", wait, base.wait, "wait_ratio", "wait_min_per_second"),
@@ -261,16 +274,21 @@ def fabric_congestion(rule: AlertRule, history: History, now: float) -> list[Can
 def fabric_saturated(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     share = rule.threshold("utilization_ratio")
     out = []
-    for nic in _ports(history):
+    for nic, port in _ports(history):
         rate = nic.rate_bytes_per_second
-        directions = (("TX", nic.transmit_bytes_per_second), ("RX", nic.receive_bytes_per_second))
-        present = [(name, v) for name, v in directions if v is not None]
-        if not nic.up or not rate or not present:
+        if not nic.up or not rate:
             continue
-        best = history.fabric.memory(nic.key).best_rate
+        tx, rx = nic.transmit_bytes_per_second, nic.receive_bytes_per_second
+        if tx is None and rx is None:
+            continue
+        best = port.best_rate
         if best and rate < best:
             continue  # degraded: its lower ceiling is IbLinkDegraded's to report
-        name, value = max(present, key=lambda d: d[1])
+        if tx is None or (rx is not None and rx > tx):  # the busier direction, TX on a tie (as ``max`` picks)
+            assert rx is not None
+            name, value = "RX", rx
+        else:
+            name, value = "TX", tx
         if value < share * rate:
             continue
         what = f"{layer_text(nic)} {name} at {rate_text(value)}, {percent(value / rate)} of its {rate_text(rate)}"

@@ -9,156 +9,51 @@ has a baseline. And it keeps its *pauses* (``JobPause``): since when some GPU of
 such pause it came back from after it had begun its work (checkpoints, data-loader waits), however long ago.
 ``History.fabric`` (``alerts.fabrichistory.FabricWindow``) keeps the same window of the RDMA ports, the hosts and the
 jobs' host shares.
+
+What every rule needs of a round is worked out once, in ``add``: a job's reference keeps the values its medians are
+taken of sorted as rounds join and leave it (``reference_medians``), so neither the reference test nor the detectors'
+baselines sort a window each round (at 1,000 nodes they had cost more than half of the job rules).
 """
 
 from __future__ import annotations
 
 import bisect
+from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Final
 
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, TargetHealth
 
 from .fabrichistory import FabricWindow
+from .jobround import (
+    REFERENCE_MIN_SHARE,
+    REFERENCE_MIN_UTILIZATION,
+    REFERENCE_SETTLED_ROUNDS,
+    JobRound,
+    JobView,
+    _median,
+    _sorted_median,
+    nvlink_bytes_per_second,
+    summarise_job,
+    traffic_bytes_per_second,
+)
 
-# A round is part of a job's reference when the job's median GPU is at least this busy and moves at least this much
-# data (NVLink + PCIe, both directions), and its slowest SM clock is within this share of the median clock. Once the
-# reference holds REFERENCE_SETTLED_ROUNDS rounds, a round must also move at least REFERENCE_MIN_SHARE of the
-# reference's median traffic: a round that moves far less is not normal work (a stall's trickle is not a baseline).
-REFERENCE_MIN_UTILIZATION: Final = 0.5
-REFERENCE_MIN_TRAFFIC_BYTES_PER_SECOND: Final = 500e6
-REFERENCE_MIN_CLOCK_RATIO: Final = 0.9
-REFERENCE_MIN_SHARE: Final = 0.2
-REFERENCE_SETTLED_ROUNDS: Final = 6
+# JobRound and its helpers live in ``alerts.jobround``; the rules and tests import them from here as before.
+__all__ = [
+    "History",
+    "JobPause",
+    "JobRound",
+    "JobView",
+    "Round",
+    "nvlink_bytes_per_second",
+    "summarise_job",
+    "traffic_bytes_per_second",
+]
 
-
-def traffic_bytes_per_second(reading: GpuReading) -> float | None:
-    """NVLink plus PCIe throughput, both directions; ``None`` when the source reads none of them."""
-    values = (
-        reading.nvlink_tx_bytes_per_second,
-        reading.nvlink_rx_bytes_per_second,
-        reading.pcie_tx_bytes_per_second,
-        reading.pcie_rx_bytes_per_second,
-    )
-    present = [v for v in values if v is not None]
-    return sum(present) if present else None
-
-
-def nvlink_bytes_per_second(reading: GpuReading) -> float | None:
-    values = [v for v in (reading.nvlink_tx_bytes_per_second, reading.nvlink_rx_bytes_per_second) if v is not None]
-    return sum(values) if values else None
-
-
-def _median(values: Iterable[float | None]) -> float | None:
-    """``statistics.median`` of the values that are not ``None`` (inline: it runs for every job every round)."""
-    present = sorted([v for v in values if v is not None])
-    n = len(present)
-    if not n:
-        return None
-    mid = n // 2
-    return present[mid] if n % 2 else (present[mid - 1] + present[mid]) / 2
-
-
-def _max(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return max(present) if present else None
-
-
-@dataclass(frozen=True, slots=True)
-class JobView:
-    """A job as one round saw it: its user and the UUIDs of its GPUs (ordered by node and index)."""
-
-    job_id: str
-    user: str | None
-    gpus: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class JobRound:
-    """One job in one round, summarised over its GPUs that answered and are up."""
-
-    time: float
-    gpus: int  # GPUs read (up) this round
-    utilization_min: float | None
-    utilization_median: float | None
-    utilization_max: float | None
-    traffic_max: float | None  # bytes/s, NVLink + PCIe both directions, the busiest GPU
-    traffic_median: float | None
-    nvlink_median: float | None
-    power_max: float | None
-    power_median: float | None
-    sm_active_median: float | None
-    clock_ratio_min: float | None  # slowest SM clock / median SM clock
-    memory_min: float | None  # bytes used on the GPU using the least
-    memory_median: float | None
-
-    @property
-    def is_reference(self) -> bool:
-        """Normal, communicating work: busy, moving data, no GPU's clock far below the others'."""
-        return (
-            self.gpus >= 2
-            and self.utilization_median is not None
-            and self.utilization_median >= REFERENCE_MIN_UTILIZATION
-            and self.traffic_median is not None
-            and self.traffic_median >= REFERENCE_MIN_TRAFFIC_BYTES_PER_SECOND
-            and (self.clock_ratio_min is None or self.clock_ratio_min >= REFERENCE_MIN_CLOCK_RATIO)
-        )
-
-    @property
-    def is_pause(self) -> bool:
-        """Some GPU of the job is not working (a data-loader wait, a checkpoint, or some kind of hang)."""
-        return self.utilization_min is not None and self.utilization_min < REFERENCE_MIN_UTILIZATION
-
-
-def summarise_job(time: float, readings: Sequence[GpuReading]) -> JobRound:
-    """The ``JobRound`` of a job's up GPUs' readings."""
-    if len(readings) == 1:
-        return _summarise_one(time, readings[0])
-    clocks = [r.sm_clock_hertz for r in readings if r.sm_clock_hertz]
-    clock_median = _median(clocks)
-    traffic = [traffic_bytes_per_second(r) for r in readings]
-    utilization = [r.utilization_ratio for r in readings if r.utilization_ratio is not None]
-    memory = [float(r.memory_used_bytes) for r in readings if r.memory_used_bytes is not None]
-    return JobRound(
-        time=time,
-        gpus=len(readings),
-        utilization_min=min(utilization, default=None),
-        utilization_median=_median(utilization),
-        utilization_max=max(utilization, default=None),
-        traffic_max=_max(traffic),
-        traffic_median=_median(traffic),
-        nvlink_median=_median(nvlink_bytes_per_second(r) for r in readings),
-        power_max=_max(r.power_watts for r in readings),
-        power_median=_median(r.power_watts for r in readings),
-        sm_active_median=_median(r.sm_active_ratio for r in readings),
-        clock_ratio_min=min(clocks) / clock_median if clocks and clock_median else None,
-        memory_min=min(memory, default=None),
-        memory_median=_median(memory),
-    )
-
-
-def _summarise_one(time: float, r: GpuReading) -> JobRound:
-    """``summarise_job`` of a single-GPU job (most jobs of an inference fleet), without the lists and medians."""
-    util, traffic, clock = r.utilization_ratio, traffic_bytes_per_second(r), r.sm_clock_hertz
-    memory = float(r.memory_used_bytes) if r.memory_used_bytes is not None else None
-    return JobRound(
-        time=time,
-        gpus=1,
-        utilization_min=util,
-        utilization_median=util,
-        utilization_max=util,
-        traffic_max=traffic,
-        traffic_median=traffic,
-        nvlink_median=nvlink_bytes_per_second(r),
-        power_max=r.power_watts,
-        power_median=r.power_watts,
-        sm_active_median=r.sm_active_ratio,
-        clock_ratio_min=clock / clock if clock else None,
-        memory_min=memory,
-        memory_median=memory,
-    )
+_NODE_AND_GPU: Final = attrgetter("node", "gpu")
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,12 +68,20 @@ class Round:
     targets: tuple[TargetHealth, ...]
 
 
-def _fits(reference: Sequence[JobRound], summary: JobRound) -> bool:
-    """Whether a busy, communicating round moves as much data as the job's settled reference does."""
+def _fits(reference: Sequence[JobRound], summary: JobRound, usual: float | None = None) -> bool:
+    """Whether a busy, communicating round moves as much data as the job's settled reference does (``usual``: the
+    median of the reference's traffic when known, else worked out here)."""
     if len(reference) < REFERENCE_SETTLED_ROUNDS or summary.traffic_median is None:
         return True
-    usual = _median(r.traffic_median for r in reference)
+    if usual is None:
+        usual = _median(r.traffic_median for r in reference)
     return usual is None or summary.traffic_median >= REFERENCE_MIN_SHARE * usual
+
+
+# What the job detectors take medians of over a job's reference (``detect.baseline``), traffic first.
+REFERENCE_MEDIANS: Final = attrgetter(
+    "traffic_median", "nvlink_median", "power_median", "sm_active_median", "memory_median"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,15 +96,43 @@ class JobPause:
 class _Track:
     """One job's summaries: the rounds of the window, its reference rounds, and its pauses."""
 
-    __slots__ = ("last_busy", "longest_pause_s", "pause_since", "reference", "rounds", "worked")
+    __slots__ = ("last_busy", "longest_pause_s", "ordered", "pause_since", "reference", "rounds", "worked")
 
     def __init__(self) -> None:
         self.rounds: deque[JobRound] = deque()
         self.reference: deque[JobRound] = deque()
+        # The reference's values of each of REFERENCE_MEDIANS that are not None, each list sorted; ``None`` once a
+        # NaN came (NaNs do not sort: the medians are then worked out from the rounds, as ``detect.baseline`` does).
+        self.ordered: tuple[list[float], ...] | None = ([], [], [], [], [])
         self.pause_since: float | None = None
         self.longest_pause_s = 0.0
         self.worked = False  # it has had a reference round: a pause before that is its start, not a phase
         self.last_busy: float | None = None  # the latest round its median GPU was busy (any number of GPUs)
+
+    def add_reference(self, summary: JobRound, window_s: float) -> None:
+        """Append a reference round, and drop those more than ``window_s`` older than it."""
+        reference, ordered = self.reference, self.ordered
+        reference.append(summary)
+        if ordered is not None:
+            for values, value in zip(ordered, REFERENCE_MEDIANS(summary), strict=True):
+                if value is not None:
+                    if value != value:  # NaN
+                        self.ordered = ordered = None
+                        break
+                    insort(values, value)
+        horizon = summary.time - window_s
+        while reference[0].time < horizon:
+            old = reference.popleft()
+            if ordered is not None:
+                for values, value in zip(ordered, REFERENCE_MEDIANS(old), strict=True):
+                    if value is not None:
+                        del values[bisect_left(values, value)]
+
+    def reference_medians(self) -> tuple[float | None, ...] | None:
+        """The medians of REFERENCE_MEDIANS over the reference (``None`` where they must be worked out)."""
+        if self.ordered is None:
+            return None
+        return tuple(_sorted_median(values) for values in self.ordered)
 
     def note_pause(self, summary: JobRound, began_work: bool) -> None:
         if summary.utilization_median is not None and summary.utilization_median >= REFERENCE_MIN_UTILIZATION:
@@ -235,6 +166,8 @@ class History:
         self._missing: frozenset[str] | None = None  # missing_nodes, this round
         self._lost: frozenset[str] | None = None  # lost_gpus, this round
         self._memo: dict[Hashable, Any] = {}  # memo(), this round
+        self._previous_memo: dict[Hashable, Any] = {}  # memo() of the round before
+        self._tracked = 0  # jobs whose track the latest round extended
 
     # ------------------------------------------------------------------------------------------ adding
 
@@ -243,13 +176,15 @@ class History:
         if self._rounds and now < self._rounds[-1].time:
             raise ValueError(f"round at {now} is older than the last one at {self._rounds[-1].time}")
         gpus: dict[str, GpuReading] = {}
-        gpu_jobs: dict[str, list[GpuJob]] = {}
+        gpu_jobs: dict[str, tuple[GpuJob, ...]] = {}
+        node_seen = self._node_seen
         for snap in snapshots:
-            self._node_seen[snap.node] = now
+            node_seen[snap.node] = now
             for reading in snap.gpus:
                 gpus[reading.uuid] = reading
             for job in snap.jobs:
-                gpu_jobs.setdefault(job.uuid, []).append(job)
+                held = gpu_jobs.get(job.uuid)
+                gpu_jobs[job.uuid] = (job,) if held is None else (*held, job)  # most GPUs: one job
         jobs = self._job_views(gpu_jobs)
         for target in targets:
             if target.up:
@@ -259,7 +194,7 @@ class History:
         round_ = Round(
             time=now,
             gpus=gpus,
-            gpu_jobs={uuid: tuple(js) for uuid, js in gpu_jobs.items()},
+            gpu_jobs=gpu_jobs,
             jobs=jobs,
             nodes=frozenset(s.node for s in snapshots),
             targets=tuple(targets),
@@ -268,63 +203,86 @@ class History:
         self._since.clear()
         self._round_since.clear()
         self._up = self._missing = self._lost = None
-        self._memo.clear()
+        self._previous_memo, self._memo = self._memo, {}
         all_series = self._series
+        horizon = now - self.window_s
         for uuid, reading in gpus.items():
             series = all_series.get(uuid)
             if series is None:  # not setdefault: it would build a deque for every GPU of every round
                 series = all_series[uuid] = deque()
             series.append((now, reading))
+            while series[0][0] < horizon:  # what ``_expire`` would drop: done here for the GPUs of the round
+                series.popleft()
         self._summarise_jobs(round_)
         self.fabric.add(now, snapshots)
         self._expire(now)
 
     @staticmethod
-    def _job_views(gpu_jobs: Mapping[str, list[GpuJob]]) -> dict[str, JobView]:
+    def _job_views(gpu_jobs: Mapping[str, Sequence[GpuJob]]) -> dict[str, JobView]:
         members: dict[str, list[GpuJob]] = {}
         for held in gpu_jobs.values():
             for job in held:
-                members.setdefault(job.job_id, []).append(job)
+                found = members.get(job.job_id)
+                if found is None:
+                    members[job.job_id] = [job]
+                else:
+                    found.append(job)
         views = {}
         for job_id, held in members.items():
-            ordered = sorted(held, key=lambda j: (j.node, j.gpu)) if len(held) > 1 else held
+            ordered = sorted(held, key=_NODE_AND_GPU) if len(held) > 1 else held
             user = next((j.user for j in ordered if j.user), None)
             views[job_id] = JobView(job_id, user, tuple(j.uuid for j in ordered))
         return views
 
     def _summarise_jobs(self, round_: Round) -> None:
+        tracks = self._tracks
+        horizon = round_.time - self.window_s
+        tracked = 0
         for job_id, view in round_.jobs.items():
             readings = [r for uuid in view.gpus if (r := round_.gpus.get(uuid)) is not None and r.up]
             if not readings:
                 continue
             summary = summarise_job(round_.time, readings)
-            track = self._tracks.setdefault(job_id, _Track())
-            track.rounds.append(summary)
-            reference = summary.is_reference and _fits(track.reference, summary)
+            tracked += 1
+            track = tracks.get(job_id)
+            if track is None:
+                track = tracks[job_id] = _Track()
+            rounds = track.rounds
+            rounds.append(summary)
+            while rounds[0].time < horizon:  # what ``_expire`` would drop: done here for the jobs of the round
+                rounds.popleft()
+            reference = summary.is_reference
+            if reference and len(track.reference) >= REFERENCE_SETTLED_ROUNDS:
+                traffic = track.ordered[0] if track.ordered is not None else None
+                reference = _fits(track.reference, summary, _sorted_median(traffic) if traffic is not None else None)
             if reference:
-                track.reference.append(summary)
-                while track.reference[0].time < summary.time - self.window_s:
-                    track.reference.popleft()
+                track.add_reference(summary, self.window_s)
             track.note_pause(summary, reference)
+        self._tracked = tracked
 
     def _expire(self, now: float) -> None:
         horizon = now - self.window_s
         while self._rounds and self._rounds[0].time < horizon:
             self._rounds.popleft()
-        gone = []
-        for uuid, series in self._series.items():  # one pass over every GPU: it runs each round
-            if series[-1][0] < horizon:
-                gone.append(uuid)
-                continue
-            while series[0][0] < horizon:
-                series.popleft()
-        for uuid in gone:
-            del self._series[uuid]
-        for job_id in [j for j, t in self._tracks.items() if not t.rounds or t.rounds[-1].time < horizon]:
-            del self._tracks[job_id]
-        for track in self._tracks.values():
-            while track.rounds[0].time < horizon:
-                track.rounds.popleft()
+        latest = self._rounds[-1] if self._rounds else None
+        # ``add`` trimmed the series of the latest round's GPUs and the rounds of its jobs: only when the window holds
+        # others does the horizon need a pass over all of them.
+        if latest is None or len(self._series) > len(latest.gpus) or latest.time != now:
+            gone = []
+            for uuid, series in self._series.items():
+                if series[-1][0] < horizon:
+                    gone.append(uuid)
+                    continue
+                while series[0][0] < horizon:
+                    series.popleft()
+            for uuid in gone:
+                del self._series[uuid]
+        if latest is None or len(self._tracks) > self._tracked or latest.time != now:
+            for job_id in [j for j, t in self._tracks.items() if not t.rounds or t.rounds[-1].time < horizon]:
+                del self._tracks[job_id]
+            for track in self._tracks.values():
+                while track.rounds[0].time < horizon:
+                    track.rounds.popleft()
         for node in [n for n, seen in self._node_seen.items() if seen < horizon]:
             del self._node_seen[node]
         self.fabric.expire(horizon)
@@ -385,6 +343,13 @@ class History:
         track = self._tracks.get(job_id)
         return track.reference if track else ()
 
+    def job_reference_medians(self, job_id: str) -> tuple[float | None, ...] | None:
+        """The medians of ``REFERENCE_MEDIANS`` over the job's reference, in that order (a median is ``None`` when
+        no round read the value); ``None`` for a job without a track, or when they must be worked out from
+        ``job_reference`` (a NaN reached it)."""
+        track = self._tracks.get(job_id)
+        return track.reference_medians() if track else None
+
     def job_pause(self, job_id: str) -> JobPause:
         """The job's current pause and the longest it came back from (see ``JobPause``)."""
         track = self._tracks.get(job_id)
@@ -421,6 +386,11 @@ class History:
         """Scratch space for what rules derive from the latest round and share (a job's baseline): emptied by
         each ``add``."""
         return self._memo
+
+    def previous_memo(self) -> Mapping[Hashable, Any]:
+        """``memo`` as the round before left it: what a rule worked out then and can carry on from (an idle GPU's
+        idle spell), where it checks that nothing came between."""
+        return self._previous_memo
 
     def up_gpus(self) -> Sequence[tuple[GpuReading, Sequence[GpuJob]]]:
         """The latest round's GPUs that are up, with the jobs holding each (computed once per round)."""

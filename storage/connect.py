@@ -8,7 +8,7 @@ written (``open_database`` refuses it in one line that says what to do instead).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
@@ -91,12 +91,20 @@ def open_database(url: str, *, upgrade: bool = True) -> Database:
     try:
         _check_sqlite_file(url)
         if upgrade:
-            with _not_a_database(db):
-                db.upgrade()
+            upgrade_schema(db)
     except BaseException:
         db.close()
         raise
     return db
+
+
+def upgrade_schema(db: Database, announce: Callable[[str | None, str], None] | None = None) -> None:
+    """Bring ``db``'s schema to the newest revision; ``announce(current, newest)`` is called first when it is behind
+    (a revision may copy the sample tables: minutes on a large store)."""
+    with _not_a_database(db):
+        if announce is not None and (current := db.schema_revision()) != (newest := db.head_revision()):
+            announce(current, newest)
+        db.upgrade()
 
 
 def open_database_when_reachable(url: str) -> tuple[Database, bool]:

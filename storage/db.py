@@ -14,6 +14,8 @@ from typing import Any, Final
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import event, exc
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -201,6 +203,19 @@ class Database:
         return text.replace(self._password, "***") if self._password else text
 
     # --- lifecycle ----------------------------------------------------------------------------------------------
+
+    def schema_revision(self) -> str | None:
+        """The schema's current revision (None for an empty database)."""
+        with self.translate_errors(), self.engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    @staticmethod
+    def head_revision() -> str:
+        """The newest revision this code knows, which ``upgrade()`` brings a schema to."""
+        head = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+        if head is None:  # pragma: no cover (the migrations ship with the package)
+            raise RuntimeError(f"no migrations in {MIGRATIONS_DIR}")
+        return head
 
     def upgrade(self, revision: str = "head") -> None:
         """Apply every Alembic migration up to ``revision`` (the latest by default). Idempotent."""

@@ -33,14 +33,25 @@ def register(sub: Any) -> None:
 
 
 def _run_db_upgrade(args: argparse.Namespace) -> int:
-    from storage.connect import open_database, refuse_read_only
+    from storage.connect import open_database, refuse_read_only, upgrade_schema
 
     settings = settings_from(args)
     refuse_read_only(settings.db_url, "gpulens db upgrade")
-    with database_errors(database_origin(args, settings)):
-        db = open_database(settings.db_url)
+    origin = database_origin(args, settings)
+    with database_errors(origin):
+        db = open_database(settings.db_url, upgrade=False)
     try:
-        print(f"{db.url_redacted}: schema up to date")
+
+        def announce(current: str | None, newest: str) -> None:
+            print(
+                f"{db.url_redacted}: upgrading the schema from revision {current or '(none)'} to {newest}; "
+                "a revision that copies the sample tables takes about as long as writing them",
+                flush=True,
+            )
+
+        with database_errors(origin):
+            upgrade_schema(db, announce)
+        print(f"{db.url_redacted}: schema up to date (revision {db.head_revision()})")
     finally:
         db.close()
     return 0

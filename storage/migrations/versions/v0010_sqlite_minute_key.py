@@ -40,6 +40,10 @@ def _columns(conn: Connection, table: str) -> list[tuple[str, str, bool]]:
     return [(str(row[1]), str(row[2]), not row[3]) for row in rows]
 
 
+def _definitions(columns: list[tuple[str, str, bool]]) -> str:
+    return ", ".join(f"{name} {kind}{'' if nullable else ' NOT NULL'}" for name, kind, nullable in columns)
+
+
 def _views(conn: Connection) -> list[tuple[str, str]]:
     """Drop every view, returning (name, SQL) of each to create it again: a table a view reads cannot be renamed."""
     rows = conn.exec_driver_sql("SELECT name, sql FROM sqlite_master WHERE type = 'view'").all()
@@ -67,8 +71,7 @@ def upgrade() -> None:
     views = _views(conn)
     for table, key in _TABLES.items():
         columns = [c for c in _columns(conn, table) if c[0] != "minute"]
-        kept = ", ".join(f"{name} {kind}{'' if nullable else ' NOT NULL'}" for name, kind, nullable in columns)
-        definitions = f"minute INTEGER NOT NULL, {kept}, PRIMARY KEY (minute, {key}, ts_ms)"
+        definitions = f"minute INTEGER NOT NULL, {_definitions(columns)}, PRIMARY KEY (minute, {key}, ts_ms)"
         names = ", ".join(name for name, _, _ in columns)
         # In the old index's order: read along it, and appended to the new table's key (its pages filled).
         _rebuild(conn, table, definitions, f"ts_ms / 60000, {names}", f"ts_ms / 60000, {key}, ts_ms", " WITHOUT ROWID")
@@ -83,8 +86,8 @@ def downgrade() -> None:
     views = _views(conn)
     for table, key in _TABLES.items():
         columns = [c for c in _columns(conn, table) if c[0] != "minute"]
-        definitions = ", ".join(f"{name} {kind}{'' if nullable else ' NOT NULL'}" for name, kind, nullable in columns)
-        _rebuild(conn, table, definitions, ", ".join(name for name, _, _ in columns), f"minute, {key}, ts_ms")
+        names = ", ".join(name for name, _, _ in columns)
+        _rebuild(conn, table, _definitions(columns), names, f"minute, {key}, ts_ms")
         conn.exec_driver_sql(f"CREATE UNIQUE INDEX {_OLD_INDEX[table]} ON {table} (ts_ms / 60000, {key}, ts_ms)")
     for _, sql in views:
         conn.exec_driver_sql(sql)

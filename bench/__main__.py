@@ -7,11 +7,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import options
+
 
 def main() -> int:
     here = Path(__file__).parent
     names = sorted(m.name for m in pkgutil.iter_modules([str(here)]) if m.name.startswith("bench_"))
-    only = sys.argv[1:]
+    parser = options.parser("bench", __doc__, "", "bench_storage bench_peers", "alert")
+    parser.add_argument(
+        "only", nargs="*", help="run only the modules whose names contain one of these (of: " + ", ".join(names) + ")"
+    )
+    only = parser.parse_args().only
+    unknown = [o for o in only if not any(o in name for name in names)]
+    if unknown:
+        parser.error(f"no benchmark module matches {unknown[0]!r}")
     failed = 0
     for name in names:
         if only and not any(o in name for o in only):

@@ -12,7 +12,6 @@ history is full (the rules' 30-minute window), so each timed round also expires 
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import dataclasses
 import pstats
@@ -25,6 +24,7 @@ from alerts.grouping import Route
 from alerts.notify.delivery import InMemoryOutbox
 from alerts.replay import read_round
 from alerts.rules import builtin_rules
+from bench import options
 from bench.bench_sim import NODES, scenario_text
 from exporter.sim import SimCluster, parse_scenario
 from gpulens.gcpause import tune_garbage_collector
@@ -46,7 +46,7 @@ def moved(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.bench_alert_engine", description=__doc__.split("\n")[0])
+    parser = options.parser("bench.bench_alert_engine", __doc__, "", "--rounds 40", "--profile")
     parser.add_argument("--distinct", type=int, default=6, help="rounds computed by the simulator (default 6)")
     parser.add_argument(
         "--warm", type=int, default=185, help="rounds fed before timing (default 185: the rules' 30-minute window full)"

@@ -23,6 +23,7 @@ from alerts.grouping import Route
 from alerts.notify.delivery import InMemoryOutbox
 from alerts.replay import rounds
 from alerts.rules import builtin_rules
+from bench import options
 from exporter.sim import SimCluster, parse_scenario
 from tests.alerts import scenarios
 from tests.alerts.expect import BOUNDED, Outcome, run, tally
@@ -103,6 +104,7 @@ def cases() -> list[tuple[str, str]]:
 
 
 def main() -> int:
+    options.no_arguments(__spec__.name if __spec__ else __name__, __doc__)
     total, engine, count = replay_speed()
     outcomes: list[Outcome] = []
     for name, text in cases():

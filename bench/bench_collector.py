@@ -20,6 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench import options
 from bench.bench_sim import scenario_text
 from bench.bench_sim_serve import free_port, wait_ready
 from collector import scrape
@@ -38,6 +39,7 @@ DOCUMENTS = {  # figure name -> the snapshot's query
 
 
 def main() -> None:
+    options.no_arguments(__spec__.name if __spec__ else __name__, __doc__)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "cluster.toml"
         path.write_text(scenario_text())

@@ -31,6 +31,7 @@ from typing import Any
 from werkzeug.serving import make_server
 
 from alerts.state import AlertState
+from bench import options
 from bench.bench_storage import pg_bindir, postgresql_server
 from dashboard.app import create_app
 from dashboard.webserve import CompressAndCache
@@ -223,14 +224,16 @@ def measure(base: str, pages: dict[str, str], loads: int) -> dict[str, float]:
 
 def main() -> int:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request would drown the progress
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--hours", type=float, default=24)
+    parser = options.parser(
+        "bench.bench_dashboard", __doc__, "", "--hours 3 --recent-hours 0.5 --keep", "--store /tmp/kept.db --loads 5"
+    )
+    parser.add_argument("--nodes", type=int, default=1000, help="simulated nodes (default 1000)")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    parser.add_argument("--hours", type=float, default=24, help="hours of history (default 24)")
     parser.add_argument("--interval", type=float, default=60, help="seconds between rounds before the last hour")
-    parser.add_argument("--recent-hours", type=float, default=1)
-    parser.add_argument("--recent-interval", type=float, default=10)
-    parser.add_argument("--loads", type=int, default=3)
+    parser.add_argument("--recent-hours", type=float, default=1, help="the newest hours, at --recent-interval")
+    parser.add_argument("--recent-interval", type=float, default=10, help="seconds between recent rounds")
+    parser.add_argument("--loads", type=int, default=3, help="loads of each page; the median is printed")
     parser.add_argument("--dir", type=Path, default=None, help="where to build the store (default: a temp dir)")
     parser.add_argument("--store", type=Path, default=None, help="measure a store this bench built before (kept)")
     parser.add_argument("--keep", action="store_true", help="keep the store built, for --store next time")

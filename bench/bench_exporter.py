@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
+from bench import options
 from exporter.httpserver import ExporterServer, Routes
 from exporter.nvml import NvmlSource
 from exporter.nvmlxid import XID_WAIT_MS
@@ -193,6 +194,7 @@ def profile_zero_latency(gpus: int) -> tuple[float, dict[str, float]]:
 
 
 def main() -> None:
+    options.no_arguments(__spec__.name if __spec__ else __name__, __doc__)
     shares = bench(8, CPU_REPEATS)
     plain_ms, owners = profile_zero_latency(8)
     total = sum(owners.values()) or 1.0

@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import options
 from exporter.fabric.affinity import PciTopology
 from exporter.fabric.host import HostReader, JobHostReader
 from exporter.fabric.ibports import IbPortReader
@@ -158,6 +159,7 @@ def exporter_with_and_without(root: Path) -> None:
 
 
 def main() -> int:
+    options.no_arguments(__spec__.name if __spec__ else __name__, __doc__)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "sysfs"
         shutil.copytree(SYSFS, root, symlinks=True)

@@ -17,7 +17,6 @@ and GPU fields each exports, and the ratios gpulens/nvitop. Usage: ``python -m b
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import http.client
 import importlib.util
@@ -33,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from bench import options
 from tests.conftest import free_port
 
 CALL_LATENCY_S = 0.0002
@@ -245,7 +245,7 @@ def run_once(tools: list[str], window_s: float, scrapes: int, model: str) -> dic
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.bench_peers", description=__doc__.split("\n")[0])
+    parser = options.parser("bench.bench_peers", __doc__, "", "--repeat 3")
     parser.add_argument("--window", type=float, default=60.0, help="seconds of CPU measurement (default 60)")
     parser.add_argument("--scrapes", type=int, default=500, help="/metrics GETs per tool (default 500)")
     parser.add_argument("--repeat", type=int, default=1, help="runs; the medians are printed (default 1)")

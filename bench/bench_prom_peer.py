@@ -20,7 +20,6 @@ issue's figure.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -39,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from bench import options
 from tests.conftest import free_port
 
 REPEAT = 5
@@ -151,7 +151,7 @@ def gpulens_bytes_per_value(url: str) -> tuple[float, int, int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.bench_prom_peer", description=__doc__.split("\n")[0])
+    parser = options.parser("bench.bench_prom_peer", __doc__, "", "--nodes 1000 --minutes 15")
     parser.add_argument("--nodes", type=int, default=100, help="simulated nodes of 8 GPUs (default 100)")
     parser.add_argument("--minutes", type=float, default=3.0, help="measurement window (default 3)")
     parser.add_argument("--interval", type=float, default=10.0, help="scrape interval, seconds (default 10)")

@@ -23,10 +23,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import options
+
 NODES = 1000
 HOURS = 1
 STEP_S = 60
 REPEAT = 3
+PAGES = ("overview", "jobs", "job", "node", "gpu", "interconnect")
 BLOCK_FLAGS = ("--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h")
 
 
@@ -95,22 +98,24 @@ def browser_loads(store: Any, names: list[str]) -> dict[str, float]:
     return out
 
 
-def _option(name: str) -> str | None:
-    for arg in sys.argv[1:]:
-        if arg.startswith(f"--{name}="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def main() -> int:
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    nodes = int(args[0]) if args else NODES
-    pages = _option("pages")
-    kept = _option("dir")
-    if kept is not None:
-        return measure(Path(kept), nodes, pages.split(",") if pages else None)
+    parser = options.parser(
+        "bench.bench_prometheus", __doc__, "", "100 --no-browser", "--no-browser --dir=/tmp/prom-tsdb --pages=jobs,node"
+    )
+    parser.add_argument("nodes", nargs="?", type=int, default=NODES, help=f"simulated nodes (default {NODES})")
+    parser.add_argument("--no-browser", action="store_true", help="time the pages' data only, not Chromium")
+    parser.add_argument("--dir", type=Path, help="keep the built TSDB here, and reuse it when built for as many nodes")
+    parser.add_argument("--pages", help="time only these pages (comma-separated: " + ", ".join(PAGES) + ")")
+    args = parser.parse_args()
+    pages = args.pages.split(",") if args.pages else None
+    if pages is not None and not set(pages) <= set(PAGES):
+        parser.error(
+            f"--pages: unknown page {sorted(set(pages) - set(PAGES))[0]!r}; expected some of {', '.join(PAGES)}"
+        )
+    if args.dir is not None:
+        return measure(args.dir, args.nodes, pages, browser=not args.no_browser)
     with tempfile.TemporaryDirectory(prefix="gpulens-bench-prom-") as temporary:
-        return measure(Path(temporary), nodes, pages.split(",") if pages else None)
+        return measure(Path(temporary), args.nodes, pages, browser=not args.no_browser)
 
 
 def build(work: Path, nodes: int) -> float:
@@ -136,7 +141,7 @@ def build(work: Path, nodes: int) -> float:
     return float(end)
 
 
-def measure(work: Path, nodes: int, pages: list[str] | None = None) -> int:
+def measure(work: Path, nodes: int, pages: list[str] | None = None, *, browser: bool = True) -> int:
     from gpulens.settings import StoreAuth
     from storage.prometheus import PromReader
     from tests.prom import running_prometheus
@@ -165,7 +170,7 @@ def measure(work: Path, nodes: int, pages: list[str] | None = None) -> int:
             print(f"prometheus_{name}_page_queries_{gpus}_gpus: {queries} queries")
             print(f"prometheus_{name}_page_series_{gpus}_gpus: {returned} series")
             sys.stdout.flush()
-        if "--no-browser" not in sys.argv:
+        if browser:
             for name, ms in browser_loads(store, names).items():
                 print(f"prometheus_{name}_page_browser_{gpus}_gpus: {ms:.0f} ms")
     print(f"prometheus_load_average_after: {os.getloadavg()[0]:.1f} runnable")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import time
 
+from bench import options
 from exporter.sim import SimCluster, parse_scenario
 
 NODES = 1000
@@ -47,6 +48,7 @@ def ports(sim: SimCluster, t: float) -> int:
 
 
 def main() -> int:
+    options.no_arguments(__spec__.name if __spec__ else __name__, __doc__)
     text = scenario_text()
     began = time.perf_counter()
     scenario = parse_scenario(text, source="bench")

@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench import options
 from bench.bench_sim import scenario_text
 
 THREADS = 16
@@ -60,6 +61,7 @@ def wait_ready(port: int) -> None:
 
 
 def main() -> None:
+    options.no_arguments(__spec__.name if __spec__ else __name__, __doc__)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "cluster.toml"
         path.write_text(scenario_text())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from bench import options
 from gpulens.cli.simulation import simulate
 
 SCENARIO = """
@@ -57,6 +58,7 @@ at = "10m"
 
 
 def main() -> None:
+    options.no_arguments(__spec__.name if __spec__ else __name__, __doc__)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.toml"
         path.write_text(SCENARIO)

@@ -38,6 +38,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bench import options
 from gpulens.clock import ManualClock
 from gpulens.model import GpuJob, LinkReading, NodeSnapshot, ProcessReading
 from storage import jobstats, latest, schema, timeseries
@@ -405,14 +406,16 @@ def postgresql_server(bindir: Path, root: Path) -> Iterator[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--hours", type=float, default=24)
-    parser.add_argument("--interval", type=float, default=10)
-    parser.add_argument("--write-rounds", type=int, default=20)
+    parser = options.parser(
+        "bench.bench_storage", __doc__, "", "--nodes 100 --hours 1 --write-rounds 20 --backends sqlite"
+    )
+    parser.add_argument("--nodes", type=int, default=1000, help="simulated nodes (default 1000)")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    parser.add_argument("--hours", type=float, default=24, help="hours of history built first (default 24)")
+    parser.add_argument("--interval", type=float, default=10, help="seconds between rounds (default 10)")
+    parser.add_argument("--write-rounds", type=int, default=20, help="rounds timed through the writer (default 20)")
     parser.add_argument("--step-seconds", type=float, default=0.05, help="Rollups.step's max_seconds")
-    parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument("--backends", default="sqlite,postgresql", help="comma-separated (default: both)")
     parser.add_argument("--dir", type=Path, default=None, help="where to build the stores (default: a temp dir)")
     args = parser.parse_args()
     if args.nodes * args.gpus < JOB_GPUS:

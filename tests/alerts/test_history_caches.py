@@ -4,12 +4,13 @@ each new round, and gives what the per-GPU series give; a single-GPU job's summa
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alerts.fabrichistory import _Reference
+from alerts.fabrichistory import REFERENCE_FIT_RATIO, REFERENCE_SETTLED_ROUNDS, _Reference
 from alerts.history import summarise_job
 from gpulens.model import GpuReading
 
@@ -70,13 +71,23 @@ def test_a_single_gpu_jobs_summary_is_what_the_general_summary_gives() -> None:
     )
 )
 def test_a_ports_reference_median_is_the_median_of_its_values(rounds: list[tuple[float, float | None]]) -> None:
-    """The reference keeps its values sorted beside their arrival order; its median is ``statistics.median`` of what
-    it holds, as rounds come and old ones leave it (gaps of 0.5-30 s against a 60 s window)."""
+    """The reference's median is ``statistics.median`` of the finite values of the rounds it holds, as rounds come and
+    old ones leave it (gaps of 0.5-30 s against a 60 s window), and a value far above its usual level stays out."""
     reference = _Reference()
     now = 0.0
+    held: list[tuple[float, float]] = []  # (time, value) the reference should hold, kept here the plain way
     for gap, value in rounds:
         now += gap
+        usual_before = reference.usual
         reference.note(now, value, 60.0)
-        kept = [v for _, v in reference.values]
-        assert reference.ordered == sorted(kept)
+        if value is not None and math.isfinite(value):
+            usual = reference.usual if len(held) >= REFERENCE_SETTLED_ROUNDS and value > 1.0 else None
+            if usual is None or value <= REFERENCE_FIT_RATIO * usual:
+                held.append((now, value))
+                held = [(t, v) for t, v in held if t >= now - 60.0]
+        kept = [v for _, v in held]
+        assert list(reference.values) == kept
+        assert list(reference.times) == [t for t, _ in held]
         assert reference.median() == (statistics.median(kept) if kept else None)
+        if usual_before is not None and reference.usual != usual_before:
+            assert reference.age <= 1  # refreshed this round

@@ -159,6 +159,7 @@ def ib_link_flapping(rule: AlertRule, history: History, now: float) -> list[Cand
 
 def ib_link_degraded(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     ratio = rule.threshold("peer_rate_ratio")
+    bounded = ratio >= 0  # ratio * median <= ratio * largest: the shortcut below holds
     fabric = history.fabric
     out = []
     for nic, memory in _ports(history):
@@ -171,7 +172,11 @@ def ib_link_degraded(rule: AlertRule, history: History, now: float) -> list[Cand
         if memory.best_rate and rate < memory.best_rate:
             problems.append(f"{rate_text(rate)} instead of its {rate_text(memory.best_rate)}")
             ceiling = memory.best_rate
-        peers = fabric.peer_rate(nic)
+        # The peers' median is at most the largest rate of the node's up ports of the layer (this port's group, set
+        # this round since it is up with a rate): at or above ``ratio`` of that, the port cannot be below ``ratio`` of
+        # the median, and the median (a search per port) is not needed. Most ports run at their node's rate.
+        group = memory.peers
+        peers = None if bounded and group is not None and rate >= ratio * group.top else fabric.peer_rate(nic)
         if peers and rate < ratio * peers:
             problems.append(f"{percent(rate / peers)} of its peers' {rate_text(peers)}")
             ceiling = max(ceiling, peers)

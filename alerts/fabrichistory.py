@@ -120,17 +120,35 @@ class Baseline:
     cnp: float | None
 
 
+class Peers:
+    """The rates of one node's up ports of one link layer in the latest round, sorted, and the largest of them
+    (``top``: infinite when one is NaN, since NaNs do not sort and no largest is then known)."""
+
+    __slots__ = ("rates", "top")
+
+    def __init__(self, rate: float) -> None:
+        self.rates = [rate]
+        self.top = math.inf
+
+    def finish(self) -> None:
+        rates = self.rates
+        rates.sort()
+        self.top = rates[-1] if all(r == r for r in rates) else math.inf
+
+
 class PortState(PortMemory):
     """All the history keeps of one port: its memory (``PortMemory``), its readings of the window
-    (``(round time, reading)`` pairs, oldest first) and its wait and CNP references."""
+    (``(round time, reading)`` pairs, oldest first), its wait and CNP references, and the rates of its node's up ports
+    of its link layer (``peers``: set in each round it is up with a rate)."""
 
-    __slots__ = ("cnp", "series", "wait")
+    __slots__ = ("cnp", "peers", "series", "wait")
 
     def __init__(self) -> None:
         super().__init__()
         self.series: deque[tuple[float, NicReading]] = deque()
         self.wait: _Reference | None = None
         self.cnp: _Reference | None = None
+        self.peers: Peers | None = None
 
     def baseline(self) -> Baseline:
         wait, cnp = self.wait, self.cnp
@@ -152,7 +170,7 @@ class FabricWindow:
         self._pairs: list[tuple[NicReading, PortState]] = []  # this round's readings with their ports' states
         self._snapshots: Sequence[NodeSnapshot] = ()
         self._by_node: dict[str, list[NicReading]] | None = {}
-        self._rates: dict[tuple[str, str | None], list[float]] = {}  # up ports' rates by node and link layer
+        self._rates: dict[tuple[str, str | None], Peers] = {}  # up ports' rates by node and link layer
         self._peer_rates: dict[tuple[str, str | None, float | None], float | None] = {}  # peer_rate, this round
         self._port_jobs: dict[PortKey, tuple[str, ...]] = {}  # port_jobs of this round, as asked
         self._latest_hosts: dict[str, HostReading] = {}
@@ -167,7 +185,7 @@ class FabricWindow:
         ``now - window_s``, as their references do."""
         latest: list[NicReading] = []
         pairs: list[tuple[NicReading, PortState]] = []
-        rates: dict[tuple[str, str | None], list[float]] = {}
+        rates: dict[tuple[str, str | None], Peers] = {}
         latest_hosts: dict[str, HostReading] = {}
         latest_job_hosts: dict[str, list[JobHostReading]] = {}
         ports, hosts, job_hosts = self._ports, self._hosts, self._job_hosts
@@ -196,9 +214,10 @@ class FabricWindow:
                             port.best_rate = rate
                         group = rates.get((nic.node, nic.link_layer))
                         if group is None:
-                            rates[(nic.node, nic.link_layer)] = [rate]
+                            group = rates[(nic.node, nic.link_layer)] = Peers(rate)
                         else:
-                            group.append(rate)
+                            group.rates.append(rate)
+                        port.peers = group
                     if width and (port.best_width is None or width > port.best_width):
                         port.best_width = width
                     value = nic.transmit_wait_per_second
@@ -222,7 +241,7 @@ class FabricWindow:
                 latest_job_hosts.setdefault(share.job_id, []).append(share)
                 job_hosts.setdefault((share.node, share.job_id), deque()).append((now, share))
         for group in rates.values():
-            group.sort()
+            group.finish()
         self._snapshots = snapshots
         self._latest = latest
         self._pairs = pairs
@@ -351,7 +370,8 @@ class FabricWindow:
         memo = (nic.node, nic.link_layer, own)  # the ports of a node mostly share one rate: one median for all
         if memo in self._peer_rates:
             return self._peer_rates[memo]
-        rates = self._rates.get((nic.node, nic.link_layer), [])  # sorted once a round, in ``add``
+        group = self._rates.get((nic.node, nic.link_layer))
+        rates = group.rates if group is not None else []  # sorted once a round, in ``add``
         if own in rates:
             rates = rates.copy()
             rates.remove(own)

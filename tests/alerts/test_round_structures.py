@@ -343,9 +343,26 @@ def test_port_series_memory_references_and_rule_shortcuts_are_what_the_rounds_gi
 
 
 def _assert_rule_shortcuts(history: History, now: float) -> None:
-    """The flapping and error rules skip ports without asking ``flaps`` or ``increase``: they find what asking
-    every port finds."""
+    """The flapping, error and degraded-link rules skip ports without asking ``flaps``, ``increase`` or
+    ``peer_rate``: they find what asking every port finds."""
     fabric = history.fabric
+    degraded = RULES["IbLinkDegraded"]
+    for ratio in (degraded.threshold("peer_rate_ratio"), 0.5, 0.99, 1.0, 0.0):
+        rule = replace(degraded, thresholds={**degraded.thresholds, "peer_rate_ratio": ratio})
+        found = {c.labels["device"] + c.labels["node"] for c in fabricchecks.ib_link_degraded(rule, history, now)}
+        slow = set()
+        for n in fabric.nics:
+            rate, memory = n.rate_bytes_per_second, fabric.memory(n.key)
+            if not n.up or not rate:
+                continue
+            peers = fabric.peer_rate(n)
+            if (
+                (n.link_width and memory.best_width and n.link_width < memory.best_width)
+                or (memory.best_rate and rate < memory.best_rate)
+                or (peers and rate < ratio * peers)
+            ):
+                slow.add(n.device + n.node)
+        assert found == slow
     flapping = RULES["IbLinkFlapping"]
     window, limit = flapping.threshold("window_s"), flapping.threshold("flaps_max")
     for threshold in (0.0, limit):

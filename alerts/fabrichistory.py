@@ -24,6 +24,8 @@ from typing import Final, TypeVar
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import NodeSnapshot
 
+from .jobround import _sorted_median
+
 PortKey = tuple[str, str, int]  # (node, device, port)
 K = TypeVar("K")
 V = TypeVar("V")
@@ -44,15 +46,6 @@ class PortMemory:
     best_rate: float | None = None  # the highest rate it ran at while up (bytes/s)
     best_width: int | None = None  # the most lanes it ran with while up
     seen: float = 0.0  # the latest round that read it
-
-
-def _sorted_median(ordered: Sequence[float]) -> float | None:
-    """The median of values already sorted (``statistics.median``'s answer, without sorting them again)."""
-    n = len(ordered)
-    if not n:
-        return None
-    middle = n // 2
-    return ordered[middle] if n % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 _isfinite: Final = math.isfinite

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, Final
@@ -17,7 +17,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from storage import aggregates, rawseries, schema, tiers
+from storage import aggregates, driverread, rawseries, schema, tiers
 from storage.db import Database
 from storage.fabricschema import GPU, Family
 from storage.rollup import COUNTER_LOOKBACK_MS
@@ -101,20 +101,23 @@ def stored_fields(
     return [known[name] for name in names]
 
 
-# The GPUs' ids and every tier's state in one statement (a read of one GPU is then two statements): built once.
-_GPU_IDS_AND_TIERS: Final = sa.text(
-    "SELECT 0, id, uuid, NULL, NULL FROM gpu WHERE uuid IN :uuids "
+# The GPUs' ids and every tier's state in one statement (a read of one GPU is then two statements), read through
+# the driver (``storage.driverread``): ``:u0``... name the uuids.
+_GPU_IDS_AND_TIERS: Final = (
+    "SELECT 0, id, uuid, NULL, NULL FROM gpu WHERE uuid IN ({}) "
     "UNION ALL SELECT 1, NULL, tier, position_ms, horizon_ms FROM tier_state"
-).bindparams(sa.bindparam("uuids", expanding=True))
+)
 
 
 def _gpu_ids_and_tiers(
-    session: Session, uuids: Iterable[str]
+    session: Session, uuids: Sequence[str]
 ) -> tuple[dict[int, str], dict[str, tuple[int | None, int | None]]]:
     """The ids of the GPUs ``uuids`` (id -> uuid) and ``tiers.tier_state``, read together."""
     ids: dict[int, str] = {}
     state: dict[str, tuple[int | None, int | None]] = {}
-    for kind, key, name, position, horizon in session.execute(_GPU_IDS_AND_TIERS, {"uuids": list(uuids)}):
+    names = ", ".join(f":u{i}" for i in range(len(uuids))) or "NULL"
+    params = {f"u{i}": uuid for i, uuid in enumerate(uuids)}
+    for kind, key, name, position, horizon in driverread.rows(session, _GPU_IDS_AND_TIERS.format(names), params):
         if kind == 0:
             ids[key] = name
         else:
@@ -215,8 +218,9 @@ def _series_data(
     for f in fields:
         if f.kind == "gauge":
             values[f.name] = _si(f, columns[column])
-            minimum[f.name] = _si(f, columns[column + 1])
-            maximum[f.name] = _si(f, columns[column + 2])
+            low, high = columns[column + 1], columns[column + 2]
+            minimum[f.name] = _si(f, low)
+            maximum[f.name] = minimum[f.name] if high is low else _si(f, high)  # one sample a bucket: one column
             column += 3
         else:  # a rate or an OR: one value per bucket
             values[f.name] = minimum[f.name] = maximum[f.name] = _si(f, columns[column])

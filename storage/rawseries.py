@@ -11,13 +11,14 @@ bucketed query. A range with more samples than the limit returns None, and the c
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from storage import schema, tiers
+from storage import driverread, schema, tiers
 from storage.fabricschema import Family
 
 # Rows of the counter lookback a series may hold before the range (samples at most once a second).
@@ -26,19 +27,17 @@ LOOKBACK_ROWS: Final = 120
 
 def rows_sql(dialect: str, family: Family, fields: Sequence[schema.StoredField]) -> str:
     """The raw samples of ids [read_from, hi), by id and time, at most :limit rows (GPU profiles joined when asked
-    for one of their fields)."""
+    for one of their fields). ``{ids}`` is left for the ids' list (``driverread.int_list``)."""
     cte, minutes = tiers.minutes_cte(dialect, ":read_from", ":hi")
     columns = ", ".join([family.key, "ts_ms", *(f.column for f in fields)])
     return (
         f"{cte}SELECT {columns} FROM {family.source(dialect, fields)} "  # noqa: S608 (constant identifiers)
-        f"WHERE {family.key} IN :ids AND ts_ms >= :read_from AND ts_ms < :hi {minutes} "
+        f"WHERE {family.key} IN {{ids}} AND ts_ms >= :read_from AND ts_ms < :hi {minutes} "
         f"ORDER BY {family.key}, ts_ms LIMIT :limit"
     )
 
 
-@functools.lru_cache(maxsize=64)
-def _statement(dialect: str, family: Family, fields: tuple[schema.StoredField, ...]) -> sa.TextClause:
-    return sa.text(rows_sql(dialect, family, fields)).bindparams(sa.bindparam("ids", expanding=True))
+_rows_sql = functools.lru_cache(maxsize=64)(rows_sql)
 
 
 def limit(ids: int, max_points: int) -> int:
@@ -63,9 +62,8 @@ def rows(
     rows than ``limit``."""
     read_from, lo, hi = window
     most = limit(len(ids), max_points)
-    sql = _statement(dialect, family, tuple(fields))
-    params = {"ids": list(ids), "read_from": read_from, "hi": hi, "limit": most + 1}
-    samples = session.execute(sql, params).all()
+    sql = _rows_sql(dialect, family, tuple(fields)).format(ids=driverread.int_list(ids))
+    samples = driverread.rows(session, sql, {"read_from": read_from, "hi": hi, "limit": most + 1})
     if len(samples) > most:
         return None
     return merge(samples, fields, lo, step)
@@ -123,11 +121,16 @@ def _gauge(
     if single:
         values = [s[j] for s in samples[first:]]
         return [[None if v is None else float(v) for v in values], values, values]
+    column = [s[j] for s in samples]
+    parts = [column[a:b] for a, b in itertools.pairwise(bounds)]  # each bucket's values (never empty)
+    if None not in column[first:]:  # the common case: sum, min and max over each bucket, all in C
+        sums = map(float, map(sum, parts))
+        return [list(map(operator.truediv, sums, map(len, parts))), list(map(min, parts)), list(map(max, parts))]
     means: list[float | None] = []
     lows: list[Any] = []
     highs: list[Any] = []
-    for k in range(len(bounds) - 1):
-        present = [s[j] for s in samples[bounds[k] : bounds[k + 1]] if s[j] is not None]
+    for part in parts:
+        present = [v for v in part if v is not None]
         means.append(float(sum(present)) / len(present) if present else None)
         lows.append(min(present) if present else None)
         highs.append(max(present) if present else None)
@@ -140,20 +143,32 @@ def _counter(
     """Rate per second per bucket: increases (a drop counts from zero) over the milliseconds they span, each sample
     counting from the one before it (LAG over the series, the lookback's last sample included)."""
     values = [s[j] for s in samples]
-    increases: list[Any] = [None] * len(samples)  # per sample: its increase and the milliseconds since the last
-    elapsed: list[Any] = [None] * len(samples)
-    for i in range(max(first, 1), len(samples)):
-        v, before = values[i], values[i - 1]
-        if v is not None and before is not None:
-            increases[i] = v if v < before else v - before
-            elapsed[i] = samples[i][1] - samples[i - 1][1]
+    start = max(first, 1)
+    # Per sample: its increase and the milliseconds since the last, None exactly where either value is missing.
+    increases: list[Any] = [None] * start
+    elapsed: list[Any] = [None] * start
+    if None not in values[start - 1 :]:  # the common case, a pass each over whole columns
+        times = [s[1] for s in samples]
+        pairs = zip(values[start:], values[start - 1 : -1], strict=True)
+        increases += [v if v < before else v - before for v, before in pairs]
+        elapsed += map(operator.sub, times[start:], times[start - 1 : -1])
+    else:
+        for i in range(start, len(samples)):
+            v, before = values[i], values[i - 1]
+            known = v is not None and before is not None
+            increases.append((v if v < before else v - before) if known else None)
+            elapsed.append(samples[i][1] - samples[i - 1][1] if known else None)
     if single:
         return [None if not e else float(c) * 1000 / e for c, e in zip(increases[first:], elapsed[first:], strict=True)]
     rates: list[float | None] = []
     for k in range(len(bounds) - 1):
-        present = [i for i in range(bounds[k], bounds[k + 1]) if elapsed[i] is not None]
-        spanned = sum(elapsed[i] for i in present)
-        rates.append(float(sum(increases[i] for i in present)) * 1000 / spanned if spanned else None)
+        spans = elapsed[bounds[k] : bounds[k + 1]]
+        rises = increases[bounds[k] : bounds[k + 1]]
+        if None in spans:
+            spans = [e for e in spans if e is not None]
+            rises = [c for c in rises if c is not None]
+        spanned = sum(spans)
+        rates.append(float(sum(rises)) * 1000 / spanned if spanned else None)
     return rates
 
 

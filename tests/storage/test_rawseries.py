@@ -22,11 +22,15 @@ TIER_ROWS = 4  # tier_state: raw, 1m, 1h and the per-job aggregate's horizon (jo
 
 
 def _round(k: int) -> NodeSnapshot:
-    """Round k: 10 s apart with jitter, an energy counter reset at k=50, power missing every 7th, throttling."""
+    """Round k: 10 s apart with jitter, an energy counter reset at k=50, power and a counter missing now and then
+    (every 7th and 5th), throttling."""
     t = T0 + 10 * k + (k % 3) * 0.7
     energy = 1e6 + 700.0 * k if k < 50 else 700.0 * (k - 49)
     power = None if k % 7 == 0 else 300.0 + k
-    return snapshot("n", t, energy_joules_total=energy, power_watts=power, throttle_reasons=1 << (k % 4))
+    replays = None if k % 5 == 0 else k * k
+    return snapshot(
+        "n", t, energy_joules_total=energy, power_watts=power, throttle_reasons=1 << (k % 4), pcie_replays_total=replays
+    )
 
 
 @pytest.fixture
@@ -61,6 +65,7 @@ def test_raw_read_equals_the_bucketed_query(
     assert raw == bucketed
     assert all(len(raw[u].timestamps) <= max_points for u in UUIDS)
     assert any(v is not None for v in raw[UUIDS[0]].values["energy_joules_total"])
+    assert any(v is not None for v in raw[UUIDS[0]].values["pcie_replays_total"])
 
 
 def test_raw_read_is_one_bounded_statement(stored: Database) -> None:

@@ -10,9 +10,8 @@ bound tests listen there), and wraps a driver error as SQLAlchemy does, so ``Dat
 same exceptions either way.
 
 Statements are written with ``:name`` parameters, as ``sa.text`` takes them; PostgreSQL's driver gets them as
-``%(name)s``. A list of integer ids goes into the SQL as literals (``int_list``): no user text reaches the SQL that
-way. Use this only for short, frequent reads whose statements are constants; everything else goes through
-SQLAlchemy.
+``%(name)s``; an ``IN`` list is a list of parameters (``in_list``). Use this only for short, frequent reads whose
+statements are constants; everything else goes through SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -37,12 +36,12 @@ def driver_sql(sql: str, paramstyle: str) -> str:
     return _NAMED.sub(r"%(\1)s", sql.replace("%", "%%"))
 
 
-def int_list(ids: Iterable[int]) -> str:
-    """``(1, 2, 3)``: integer ids as SQL literals, for an ``IN`` list (each checked to be an int). Never empty."""
-    values = [str(int(i)) for i in ids]
-    if not values:
-        raise ValueError("an IN list needs at least one id")
-    return f"({', '.join(values)})"
+def in_list(name: str, values: Iterable[Any]) -> tuple[str, dict[str, Any]]:
+    """An ``IN`` list of parameters ``:name0, :name1...`` and their values (``(NULL)``, matching nothing, when
+    empty). Bound, not literals: SQLite reads a literal list of 8 ids over an hour 40 % slower than the same list
+    bound (measured on the one-node read of docs/storage.md)."""
+    params = {f"{name}{i}": value for i, value in enumerate(values)}
+    return f"({', '.join(f':{key}' for key in params) or 'NULL'})", params
 
 
 def rows(session: Session, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:

@@ -27,7 +27,7 @@ LOOKBACK_ROWS: Final = 120
 
 def rows_sql(dialect: str, family: Family, fields: Sequence[schema.StoredField]) -> str:
     """The raw samples of ids [read_from, hi), by id and time, at most :limit rows (GPU profiles joined when asked
-    for one of their fields). ``{ids}`` is left for the ids' list (``driverread.int_list``)."""
+    for one of their fields). ``{ids}`` is left for the ids' list (``driverread.in_list``)."""
     cte, minutes = tiers.minutes_cte(dialect, ":read_from", ":hi")
     columns = ", ".join([family.key, "ts_ms", *(f.column for f in fields)])
     return (
@@ -62,8 +62,9 @@ def rows(
     rows than ``limit``."""
     read_from, lo, hi = window
     most = limit(len(ids), max_points)
-    sql = _rows_sql(dialect, family, tuple(fields)).format(ids=driverread.int_list(ids))
-    samples = driverread.rows(session, sql, {"read_from": read_from, "hi": hi, "limit": most + 1})
+    listed, params = driverread.in_list("id", ids)
+    sql = _rows_sql(dialect, family, tuple(fields)).format(ids=listed)
+    samples = driverread.rows(session, sql, params | {"read_from": read_from, "hi": hi, "limit": most + 1})
     if len(samples) > most:
         return None
     return merge(samples, fields, lo, step)
@@ -117,10 +118,12 @@ def _merge_series(
 def _gauge(
     samples: Sequence[Sequence[Any]], j: int, first: int, bounds: Sequence[int], single: bool
 ) -> list[Sequence[Any]]:
-    """Mean (a float, as SQL's CAST(sum AS REAL) / count), min and max per bucket."""
+    """Mean (a float, as SQL's CAST(sum AS REAL) / count), min and max per bucket. When every bucket holds one
+    sample the three are one column, the stored values (the same object three times): a mean of one value is that
+    value, and its conversion to SI units (``timeseries._si``, done once) gives the float SQL's would."""
     if single:
         values = [s[j] for s in samples[first:]]
-        return [[None if v is None else float(v) for v in values], values, values]
+        return [values, values, values]
     column = [s[j] for s in samples]
     parts = [column[a:b] for a, b in itertools.pairwise(bounds)]  # each bucket's values (never empty)
     if None not in column[first:]:  # the common case: sum, min and max over each bucket, all in C

@@ -102,9 +102,9 @@ def stored_fields(
 
 
 # The GPUs' ids and every tier's state in one statement (a read of one GPU is then two statements), read through
-# the driver (``storage.driverread``): ``:u0``... name the uuids.
+# the driver (``storage.driverread``), the uuids' list put in its braces.
 _GPU_IDS_AND_TIERS: Final = (
-    "SELECT 0, id, uuid, NULL, NULL FROM gpu WHERE uuid IN ({}) "
+    "SELECT 0, id, uuid, NULL, NULL FROM gpu WHERE uuid IN {} "
     "UNION ALL SELECT 1, NULL, tier, position_ms, horizon_ms FROM tier_state"
 )
 
@@ -115,9 +115,8 @@ def _gpu_ids_and_tiers(
     """The ids of the GPUs ``uuids`` (id -> uuid) and ``tiers.tier_state``, read together."""
     ids: dict[int, str] = {}
     state: dict[str, tuple[int | None, int | None]] = {}
-    names = ", ".join(f":u{i}" for i in range(len(uuids))) or "NULL"
-    params = {f"u{i}": uuid for i, uuid in enumerate(uuids)}
-    for kind, key, name, position, horizon in driverread.rows(session, _GPU_IDS_AND_TIERS.format(names), params):
+    listed, params = driverread.in_list("u", uuids)
+    for kind, key, name, position, horizon in driverread.rows(session, _GPU_IDS_AND_TIERS.format(listed), params):
         if kind == 0:
             ids[key] = name
         else:
@@ -200,11 +199,16 @@ def _family_series(
 
 def _si(f: schema.StoredField, values: Sequence[Any]) -> tuple[float | None, ...]:
     """A column of stored values in SI units: ``StoredField.to_si``'s arithmetic (so the same floats), done by
-    ``map`` over C operators when the column has no gap (a method call per value was a third of a one-GPU read)."""
+    ``map`` over C operators (a method call per value was a third of a one-GPU read). A gap (None) stops that pass
+    with a TypeError, and the column is done again value by value: no scan for gaps first (it cost as much as the
+    arithmetic)."""
     unit, per_unit = f.unit, f.per_unit
-    if None in values:
+    try:
+        if unit == 1:  # v * 1 / per_unit is v / per_unit, the same float
+            return tuple(map(operator.truediv, values, repeat(per_unit)))
+        return tuple(map(operator.truediv, map(operator.mul, values, repeat(unit)), repeat(per_unit)))
+    except TypeError:
         return tuple(None if v is None else v * unit / per_unit for v in values)
-    return tuple(map(operator.truediv, map(operator.mul, values, repeat(unit)), repeat(per_unit)))
 
 
 def _series_data(
@@ -217,10 +221,11 @@ def _series_data(
     column = 1
     for f in fields:
         if f.kind == "gauge":
-            values[f.name] = _si(f, columns[column])
-            low, high = columns[column + 1], columns[column + 2]
-            minimum[f.name] = _si(f, low)
-            maximum[f.name] = minimum[f.name] if high is low else _si(f, high)  # one sample a bucket: one column
+            # Buckets of one sample each (``rawseries``) give one column for all three: converted once.
+            mean, low, high = columns[column : column + 3]
+            values[f.name] = _si(f, mean)
+            minimum[f.name] = values[f.name] if low is mean else _si(f, low)
+            maximum[f.name] = minimum[f.name] if high is low else _si(f, high)
             column += 3
         else:  # a rate or an OR: one value per bucket
             values[f.name] = minimum[f.name] = maximum[f.name] = _si(f, columns[column])

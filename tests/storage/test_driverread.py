@@ -1,5 +1,5 @@
-"""Short reads through the driver's cursor (``storage.driverread``): the driver's parameter style, ids as checked
-literals, the session's transaction, the engine's listeners, and driver errors wrapped as SQLAlchemy wraps them."""
+"""Short reads through the driver's cursor (``storage.driverread``): the driver's parameter style, ``IN`` lists as
+parameters, the session's transaction, the engine's listeners, and driver errors wrapped as SQLAlchemy wraps them."""
 
 from __future__ import annotations
 
@@ -22,12 +22,9 @@ def test_driver_sql_in_each_style() -> None:
     )
 
 
-def test_int_list_checks_every_id() -> None:
-    assert driverread.int_list([3, 1, 2]) == "(3, 1, 2)"
-    with pytest.raises(ValueError, match="invalid literal"):
-        driverread.int_list(["1) OR (1 = 1"])  # type: ignore[list-item]
-    with pytest.raises(ValueError, match="at least one id"):
-        driverread.int_list([])
+def test_in_list_is_parameters() -> None:
+    assert driverread.in_list("id", [3, 1]) == ("(:id0, :id1)", {"id0": 3, "id1": 1})
+    assert driverread.in_list("u", []) == ("(NULL)", {})
 
 
 def test_rows_read_in_the_session_and_are_counted(db: Database) -> None:

@@ -5,9 +5,9 @@ rows) costs more than a short read itself. A one-GPU range of 18 points on SQLit
 the two queries were 0.3 ms; through the driver's cursor the same read takes 1.4 ms (``bench_prom_peer``'s "one GPU
 over the range" and docs/storage.md, "Short reads through the driver"). ``rows`` hands a statement and its
 parameters to the driver as they are, in the session's transaction (a pinned page view keeps its one snapshot), and
-returns plain tuples. It fires the engine's ``after_cursor_execute`` listeners as SQLAlchemy would (the query-count
-bound tests listen there), and wraps a driver error as SQLAlchemy does, so ``Database.translate_errors`` sees the
-same exceptions either way.
+returns plain tuples. It fires the engine's ``before_cursor_execute`` and ``after_cursor_execute`` listeners as
+SQLAlchemy would (the query-count bound tests and the query-plan tests listen there), and wraps a driver error as
+SQLAlchemy does, so ``Database.translate_errors`` sees the same exceptions either way.
 
 Statements are written with ``:name`` parameters, as ``sa.text`` takes them; PostgreSQL's driver gets them as
 ``%(name)s``; an ``IN`` list is a list of parameters (``in_list``). Use this only for short, frequent reads whose
@@ -51,6 +51,7 @@ def rows(session: Session, sql: str, params: Mapping[str, Any]) -> list[tuple[An
     statement = driver_sql(sql, dialect.paramstyle)
     cursor = conn.connection.cursor()
     try:
+        conn.dispatch.before_cursor_execute(conn, cursor, statement, params, None, False)
         cursor.execute(statement, params)
         conn.dispatch.after_cursor_execute(conn, cursor, statement, params, None, False)
         return list(cursor.fetchall())

@@ -141,7 +141,8 @@ def gpulens_bytes_per_value(url: str) -> tuple[float, int, int]:
                 for table in ("gpu_sample", "gpu_profile")
                 for row in session.execute(sa.text(f"PRAGMA table_info({table})"))
             ]
-            values = [c for c in columns if c not in ("gpu_id", "ts_ms", "profile_id", "key")]
+            keys = ("gpu_id", "ts_ms", "profile_id", "key", schema.MINUTE, schema.MS)  # SQLite's stored time too
+            values = [c for c in columns if c not in keys]
             counted = ", ".join(f"count({c})" for c in values)
             source = schema.sample_source(db.dialect)  # each row's profile values count as the row's
             row = session.execute(sa.text(f"SELECT count(*), {counted} FROM {source}")).one()

@@ -116,9 +116,8 @@ def _history_sql(dialect: str, interval_ms: int) -> str:
     ts = f"{round(START * 1000)} + CAST(k AS BIGINT) * {interval_ms} + g.id % 97"
     values = ["g.id", ts, "(SELECT profile_id FROM gpu_profile WHERE key = 'bench:' || g.id)"]
     values += map(_value_sql, sample_fields)
-    if dialect == "sqlite":  # the primary key's stored minute (revision 0010)
-        columns.append(schema.MINUTE)
-        values.append(schema.minute_of(f"({ts})"))
+    if dialect == "sqlite":  # the primary key's stored minute and millisecond (revisions 0010 and 0011)
+        columns, values = schema.sqlite_sample_insert(columns, values)
     rounds = (
         "generate_series(:k0, :k1 - 1) AS k"
         if dialect == "postgresql"

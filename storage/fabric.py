@@ -15,12 +15,13 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading, nic_id, parse_nic_id
-from storage import fabricschema, timeseries
+from storage import fabricschema, schema, timeseries
 from storage.db import Database
 from storage.fabricschema import HOST, JOB_HOST, NIC, Family
 from storage.schema import StoredField
 from storage.timeseries import SeriesData
 
+_LAST_SEEN_MINUTE: Final = schema.minute_of("d.last_seen_ms")  # SQLite: the stored minute of a row's last_seen_ms
 _STATIC: Final = {
     "nic": ("node", "device", "port", "link_layer", "pci_bus_id", "numa_node", "gpus"),
     "host": ("node", "cpus"),
@@ -57,11 +58,14 @@ def latest_sql(family: Family, dialect: str, conditions: Sequence[str]) -> str:
         )
     return (
         # MATERIALIZED and CROSS JOIN keep SQLite's plan: one primary-key seek per row, then one row fetch.
-        f"WITH latest AS MATERIALIZED (SELECT d.id AS rid, (SELECT max(x.ts_ms) FROM {sample} AS x "  # noqa: S608
-        f"WHERE x.{key} = d.id AND x.minute IN (d.last_seen_ms / 60000, d.last_seen_ms / 60000 + 1) "
-        f"AND x.ts_ms >= d.last_seen_ms) AS ts_ms FROM {dimension} AS d {where}) "
+        # The newest sample is the first along the key backwards (ts_ms, generated, is computed for that row alone).
+        f"WITH latest AS MATERIALIZED (SELECT d.id AS rid, (SELECT x.ts_ms FROM {sample} AS x "  # noqa: S608
+        f"WHERE x.{key} = d.id AND x.minute IN ({_LAST_SEEN_MINUTE}, {_LAST_SEEN_MINUTE} + 1) "
+        "AND x.ts_ms >= d.last_seen_ms ORDER BY x.minute DESC, x.ms DESC LIMIT 1) AS ts_ms "
+        f"FROM {dimension} AS d {where}) "
         f"SELECT {columns} FROM latest AS l CROSS JOIN {dimension} AS d CROSS JOIN {sample} AS s "
-        f"WHERE d.id = l.rid AND s.minute = l.ts_ms / 60000 AND s.{key} = l.rid AND s.ts_ms = l.ts_ms"
+        f"WHERE d.id = l.rid AND s.minute = {schema.minute_of('l.ts_ms')} AND s.{key} = l.rid "
+        f"AND s.ms = {schema.ms_of('l.ts_ms')}"
     )
 
 

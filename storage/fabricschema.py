@@ -185,8 +185,9 @@ _WIDTH: Final[dict[type, int]] = {sa.BigInteger: 8, sa.Integer: 4, sa.SmallInteg
 
 
 def _sample_table(family: Family) -> sa.Table:
-    """Raw samples keyed like ``gpu_sample``: on SQLite a ``WITHOUT ROWID`` table keyed by ``(minute, key, ts_ms)``
-    (revision 0010), on PostgreSQL a unique index on the key and time within each day partition, and a BRIN index on
+    """Raw samples keyed like ``gpu_sample``: on SQLite a ``WITHOUT ROWID`` table keyed by ``(minute, key, ms)``
+    (revisions 0010 and 0011; ``ts_ms`` generated from the two),
+    on PostgreSQL a unique index on the key and time within each day partition, and a BRIN index on
     time for rollups and retention.
 
     The columns go widest first (8-byte, then 4-byte, then 2-byte integers): PostgreSQL aligns each value to its
@@ -201,8 +202,9 @@ def _sample_table(family: Family) -> sa.Table:
         family.sample,
         metadata,
         schema.minute_column(),
+        schema.ms_column(),
         *sorted(columns, key=lambda c: -_WIDTH[type(c.type)]),
-        sa.PrimaryKeyConstraint(schema.MINUTE, family.key, "ts_ms", info=dict(schema.SQLITE_ONLY)),
+        sa.PrimaryKeyConstraint(schema.MINUTE, family.key, schema.MS, info=dict(schema.SQLITE_ONLY)),
         sqlite_with_rowid=False,
         postgresql_partition_by="RANGE (ts_ms)",
     )

@@ -46,9 +46,8 @@ class _Rows:
         if dialect == "sqlite":
             encoded = [f.sql_encode(f"?{i}", "sqlite") for i, f in enumerate(fields, start=1)]
             rest = [f"?{i}" for i in range(len(fields) + 1, len(names) + 1)]
-            minute = schema.minute_of(f"?{len(names)}")  # ts_ms again: the primary key's minute
-            values = ", ".join([*encoded, *rest, minute])
-            self.sql = f"INSERT OR IGNORE INTO {family.sample} ({columns}, {schema.MINUTE}) VALUES ({values})"  # noqa: S608
+            stored, placed = schema.sqlite_sample_insert(columns.split(", "), [*encoded, *rest])  # ts_ms: minute, ms
+            self.sql = f"INSERT OR IGNORE INTO {family.sample} ({', '.join(stored)}) VALUES ({', '.join(placed)})"  # noqa: S608
             return
         self.types = (
             *("boolean" if f.is_bool else "numeric" if f.is_int else "double precision" for f in fields),

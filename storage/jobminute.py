@@ -207,7 +207,7 @@ def from_samples_sql(dialect: str, source: str) -> str:
     samples and the job allocations: what ``increments`` adds, for readings stored already."""
     util, memory = _UTILIZATION.column, _MEMORY.column
     minute = "(s.ts_ms / 60000) * 60000"
-    index_hint = " AND s.minute = src.m / 60000" if dialect == "sqlite" else ""  # the primary key's first column
+    index_hint = f" AND s.minute = {schema.minute_of('src.m')}" if dialect == "sqlite" else ""  # the key's first column
     return (
         f"SELECT {minute}, a.job_id, count(s.{util}), coalesce(sum(s.{util}), 0), "  # noqa: S608
         f"coalesce(sum(CAST(s.{util} AS BIGINT) * s.{util}), 0), count(s.{memory}), coalesce(sum(s.{memory}), 0), "

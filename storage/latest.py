@@ -25,6 +25,7 @@ KNOWN_WITHIN_S: Final = 7 * 86_400.0  # cluster_summary counts GPUs seen this re
 ALWAYS_READ: Final = frozenset(
     ("node", "gpu", "uuid", "model", "timestamp", "up", "pci_bus_id", "driver_version", "mig_enabled")
 )
+_LAST_SEEN_MINUTE: Final = schema.minute_of("g.last_seen_ms")  # SQLite: the stored minute of a GPU's last_seen_ms
 _READING_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(GpuReading))
 
 
@@ -96,13 +97,15 @@ def _latest_sql(
             f"JOIN gpu_profile AS p ON p.profile_id = s.profile_id {fresh}"
         )
     return (
-        # MATERIALIZED and CROSS JOIN keep SQLite's plan: one primary-key seek per GPU, then one row fetch.
-        "WITH latest AS MATERIALIZED (SELECT g.id AS gpu_id, (SELECT max(x.ts_ms) FROM gpu_sample AS x "  # noqa: S608
-        "WHERE x.gpu_id = g.id AND x.minute IN (g.last_seen_ms / 60000, g.last_seen_ms / 60000 + 1) "
-        f"AND x.ts_ms >= g.last_seen_ms) AS ts_ms FROM gpu AS g {fresh}) "
+        # MATERIALIZED and CROSS JOIN keep SQLite's plan: one primary-key seek per GPU, then one row fetch. The
+        # newest sample is the first along the key backwards (ts_ms, generated, is computed for that row alone).
+        "WITH latest AS MATERIALIZED (SELECT g.id AS gpu_id, (SELECT x.ts_ms FROM gpu_sample AS x "  # noqa: S608
+        f"WHERE x.gpu_id = g.id AND x.minute IN ({_LAST_SEEN_MINUTE}, {_LAST_SEEN_MINUTE} + 1) "
+        "AND x.ts_ms >= g.last_seen_ms ORDER BY x.minute DESC, x.ms DESC LIMIT 1) AS ts_ms "
+        f"FROM gpu AS g {fresh}) "
         f"SELECT {columns} FROM latest AS l CROSS JOIN gpu AS g CROSS JOIN gpu_sample AS s CROSS JOIN gpu_profile AS p "
-        "WHERE g.id = l.gpu_id AND s.minute = l.ts_ms / 60000 AND s.gpu_id = l.gpu_id AND s.ts_ms = l.ts_ms "
-        "AND p.profile_id = s.profile_id"
+        f"WHERE g.id = l.gpu_id AND s.minute = {schema.minute_of('l.ts_ms')} AND s.gpu_id = l.gpu_id "
+        f"AND s.ms = {schema.ms_of('l.ts_ms')} AND p.profile_id = s.profile_id"
     )
 
 

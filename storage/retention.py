@@ -100,7 +100,7 @@ def _drop_partitions(db: Database, table: str, cutoff_ms: int) -> int:
 def _delete_samples(db: Database, cutoff_ms: int, family: Family = fabricschema.GPU) -> int:
     """SQLite: delete raw samples a few minutes at a time along the primary key, which leads with the minute."""
     table = family.sample
-    cutoff_minute = cutoff_ms // schema.MINUTE_MS
+    cutoff_minute = schema.stored_minute(cutoff_ms)
     deleted = 0
     while True:
         with db.write_transaction() as conn:
@@ -278,7 +278,7 @@ class RetentionJob:
                 piece.minute = conn.exec_driver_sql(
                     f"SELECT minute FROM {piece.table} ORDER BY minute LIMIT 1"  # noqa: S608
                 ).scalar_one_or_none()
-                if piece.minute is None or piece.minute >= piece.cutoff_ms // schema.MINUTE_MS:
+                if piece.minute is None or piece.minute >= schema.stored_minute(piece.cutoff_ms):
                     self._pieces.pop(0)  # whole minutes only: the cutoff's own minute goes in the next pass
                     return
                 piece.next_gpu = 0

@@ -108,8 +108,8 @@ def _from_samples_sql(dialect: str, family: Family) -> str:
     cte = ""
     if dialect == "sqlite":
         cte = (
-            "WITH RECURSIVE minutes(m) AS (SELECT :read_from / 60000 "
-            "UNION ALL SELECT m + 1 FROM minutes WHERE m + 1 < (:hi + 59999) / 60000) "
+            f"WITH RECURSIVE minutes(m) AS (SELECT {schema.minute_of(':read_from')} "  # noqa: S608 (parameters)
+            f"UNION ALL SELECT m + 1 FROM minutes WHERE m + 1 < {schema.minute_of('(:hi + 59999)')}) "
         )
         in_minutes = f" AND {stored} IN (SELECT m FROM minutes)"  # noqa: S608 (constant identifiers)
         where += in_minutes
@@ -126,7 +126,7 @@ def _from_samples_sql(dialect: str, family: Family) -> str:
     )
     columns = _rollup_columns(family)
     values = [
-        f"a.minute * {schema.MINUTE_MS}"
+        schema.minute_start("a.minute")
         if c == "ts_ms"
         else f"c.{c}"
         if c == "elapsed_ms" or c.endswith("_increase")
@@ -296,8 +296,8 @@ class Rollups:
         """The minute of the first raw sample in [lo, limit), or limit if there is none."""
         if self._db.dialect == "sqlite":
             sql = (
-                "SELECT ts_ms FROM gpu_sample WHERE minute >= :lo / 60000 AND minute < :limit / 60000 "
-                "ORDER BY minute LIMIT 1"
+                f"SELECT ts_ms FROM gpu_sample WHERE minute >= {schema.minute_of(':lo')} "  # noqa: S608 (parameters)
+                f"AND minute < {schema.minute_of(':limit')} ORDER BY minute LIMIT 1"
             )
         else:
             # The BRIN index makes min() read every block range of [lo, limit): first look at lo's minute alone,

@@ -191,10 +191,17 @@ gpu: Final = sa.Table(
 
 # --- time series --------------------------------------------------------------------------------------------------
 
-# SQLite's raw sample tables (GPUs and the fabric's) store the minute of each row, ``ts_ms / 60000``, as the first
-# column of their primary key (revision 0010). PostgreSQL's tables have no such column: schema objects marked
-# ``SQLITE_ONLY`` exist on SQLite alone.
+# SQLite's raw sample tables (GPUs and the fabric's) store a sample's time as two small integers, the first and last
+# columns of their primary key (revisions 0010 and 0011): ``minute``, the minute counted from 2020-01-01T00:00Z
+# (3 bytes a row until 2035, where minutes since 1970 take 4), and ``ms``, the millisecond within that minute less
+# half a minute (-30000 to 29999: 2 bytes, where 0 to 59999 take 3). ``ts_ms`` is a virtual generated column over the
+# two, stored nowhere, so every read names it as on PostgreSQL; an insert gives ``minute`` and ``ms`` instead. A
+# seek names ``minute``: SQLite keys no generated column. PostgreSQL's tables have neither column: schema objects
+# marked ``SQLITE_ONLY`` exist on SQLite alone.
 MINUTE: Final = "minute"
+MS: Final = "ms"
+MINUTE_BASE: Final = 26_297_280  # 2020-01-01T00:00Z in minutes since 1970
+HALF_MINUTE_MS: Final = 30_000
 SQLITE_ONLY: Final = {"dialects": ("sqlite",)}
 
 
@@ -203,16 +210,49 @@ def minute_column() -> sa.Column[int]:
     return sa.Column(MINUTE, sa.Integer, nullable=False, info=dict(SQLITE_ONLY))
 
 
+def ms_column() -> sa.Column[int]:
+    """The stored millisecond within the minute, less half a minute, of a raw sample table (SQLite only)."""
+    return sa.Column(MS, sa.SmallInteger, nullable=False, info=dict(SQLITE_ONLY))
+
+
 def minute_of(ts_ms: str) -> str:
-    """SQL of the minute a ``ts_ms`` expression falls in: the value stored in the ``minute`` column."""
-    return f"{ts_ms} / {MINUTE_MS}"
+    """SQL of the minute a non-negative ``ts_ms`` expression falls in: the value stored in the ``minute`` column."""
+    return f"(({ts_ms}) / {MINUTE_MS} - {MINUTE_BASE})"
+
+
+def ms_of(ts_ms: str) -> str:
+    """SQL of the value stored in the ``ms`` column for a non-negative ``ts_ms`` expression."""
+    return f"(({ts_ms}) % {MINUTE_MS} - {HALF_MINUTE_MS})"
+
+
+def stored_minute(ts_ms: int) -> int:
+    """The minute ``ts_ms`` falls in, as ``minute_of`` computes it in SQL (for a non-negative ``ts_ms``)."""
+    return ts_ms // MINUTE_MS - MINUTE_BASE
+
+
+def minute_start(minute: str) -> str:
+    """SQL of the first ``ts_ms`` of a stored minute."""
+    return f"(({minute}) + {MINUTE_BASE}) * {MINUTE_MS}"
+
+
+def sqlite_ts_ms() -> str:
+    """The SQL of SQLite's generated ``ts_ms`` column, from the two stored ones."""
+    return f"({MINUTE} + {MINUTE_BASE}) * {MINUTE_MS} + {MS} + {HALF_MINUTE_MS}"
+
+
+def sqlite_sample_insert(columns: list[str], values: list[str]) -> tuple[list[str], list[str]]:
+    """The columns and values of an insert into an SQLite raw sample table, from those that name ``ts_ms``: its
+    value goes into the stored minute and millisecond instead (the expression is evaluated twice)."""
+    i = columns.index("ts_ms")
+    ts = values[i]
+    return [*columns[:i], *columns[i + 1 :], MINUTE, MS], [*values[:i], *values[i + 1 :], minute_of(ts), ms_of(ts)]
 
 
 def _sample_table() -> sa.Table:
     """The raw samples, with a unique key for idempotent inserts.
 
-    SQLite clusters the rows by minute (revision 0010): a ``WITHOUT ROWID`` table whose primary key is ``(minute,
-    gpu_id, ts_ms)``, ``minute`` being ``ts_ms / 60000`` stored (SQLite allows no expression in a primary key). A
+    SQLite clusters the rows by minute (revisions 0010, 0011): a ``WITHOUT ROWID`` table whose primary key is
+    ``(minute, gpu_id, ms)``, the time stored as two small integers (see ``MINUTE``; SQLite keys no expression). A
     round then touches the pages of one minute instead of one page per GPU, which keeps inserts fast when the table
     is large, and the key is the table: no second copy of it in an index (measured in docs/storage.md). One GPU's
     range is read with one seek per minute. PostgreSQL has no ``minute`` column: it indexes ``(gpu_id, ts_ms)``
@@ -227,8 +267,9 @@ def _sample_table() -> sa.Table:
         "gpu_sample",
         metadata,
         minute_column(),
+        ms_column(),
         *sorted(columns, key=_pg_width, reverse=True),  # stable: ties keep their order
-        sa.PrimaryKeyConstraint(MINUTE, "gpu_id", "ts_ms", info=dict(SQLITE_ONLY)),
+        sa.PrimaryKeyConstraint(MINUTE, "gpu_id", MS, info=dict(SQLITE_ONLY)),
         sqlite_with_rowid=False,
         postgresql_partition_by="RANGE (ts_ms)",
     )
@@ -353,7 +394,7 @@ def newest_sample_ms(dialect: str) -> sa.ScalarSelect[int]:
     width = sa.literal_column(str(MINUTE_MS), sa.BigInteger)
     conditions = [s.c.gpu_id == g.c.id, s.c.ts_ms >= g.c.last_seen_ms, s.c.ts_ms < g.c.last_seen_ms + width]
     if dialect == "sqlite":  # the two minutes of the primary key the window can touch
-        minute = g.c.last_seen_ms // width
+        minute = g.c.last_seen_ms // width - sa.literal_column(str(MINUTE_BASE), sa.BigInteger)
         conditions.append(s.c[MINUTE].in_([minute, minute + sa.literal_column("1", sa.BigInteger)]))
     return sa.select(sa.func.max(s.c.ts_ms)).where(*conditions).scalar_subquery()
 

@@ -72,6 +72,6 @@ def minutes_cte(dialect: str, read_from: str, hi: str, alias: str = "") -> tuple
         return "", ""
     cte = (
         "WITH RECURSIVE minutes(m) AS "  # noqa: S608 (read_from and hi are parameter names)
-        f"(SELECT {read_from} / 60000 UNION ALL SELECT m + 1 FROM minutes WHERE m < {hi} / 60000) "
+        f"(SELECT {schema.minute_of(read_from)} UNION ALL SELECT m + 1 FROM minutes WHERE m < {schema.minute_of(hi)}) "
     )
     return cte, f"AND {alias + '.' if alias else ''}minute IN (SELECT m FROM minutes)"  # noqa: S608 (an alias)

@@ -54,12 +54,11 @@ _static: Final[Callable[[GpuReading], Static]] = attrgetter(
 
 
 def _sqlite_insert() -> str:
-    """The row tuple's values, and the minute of its ``ts_ms`` (the same parameter again) for the primary key."""
+    """The row tuple's values; its ``ts_ms`` goes into the primary key's stored minute and millisecond."""
     encoded = [f.sql_encode(f"?{i}", "sqlite") for i, f in enumerate(_ENCODED_FIELDS, start=1)]
     rest = [f"?{i}" for i in range(len(_ENCODED_FIELDS) + 1, len(_ROW_COLUMNS) + 1)]
-    minute = schema.minute_of(f"?{_ROW_COLUMNS.index('ts_ms') + 1}")
-    columns = f"{_SAMPLE_COLUMNS}, {schema.MINUTE}"
-    return f"INSERT OR IGNORE INTO gpu_sample ({columns}) VALUES ({', '.join([*encoded, *rest, minute])})"  # noqa: S608
+    columns, values = schema.sqlite_sample_insert([*_SAMPLE_COLUMNS.split(", ")], [*encoded, *rest])
+    return f"INSERT OR IGNORE INTO gpu_sample ({', '.join(columns)}) VALUES ({', '.join(values)})"  # noqa: S608
 
 
 # The staging table's column types, which binary COPY sends values as. Integers are numeric so that any Python int

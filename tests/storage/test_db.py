@@ -61,14 +61,17 @@ def test_upgrade_is_idempotent_and_matches_the_schema(db: Database) -> None:
         for table, id_column in SAMPLE_KEYS.items():
             key = inspector.get_pk_constraint(table)["constrained_columns"]
             columns = {c["name"] for c in inspector.get_columns(table)}
-            if db.dialect == "sqlite":  # clustered by minute, and no index beside the key (revision 0010)
-                assert key == ["minute", id_column, "ts_ms"]
+            if db.dialect == "sqlite":  # clustered by minute, no index beside the key, ts_ms generated (0010, 0011)
+                assert key == ["minute", id_column, "ms"]
+                generated = {c["name"] for c in inspector.get_columns(table) if c.get("computed")}
+                assert generated == {"ts_ms"}
                 assert inspector.get_indexes(table) == []
                 (options,) = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).one()
                 assert str(options).rstrip().endswith("WITHOUT ROWID")
+                assert f"GENERATED ALWAYS AS ({schema.sqlite_ts_ms()}) VIRTUAL" in str(options)  # as reads assume
             else:
                 assert key == []
-                assert "minute" not in columns
+                assert not {"minute", "ms"} & columns
         if db.dialect == "postgresql":
             indexes = {index["name"] for index in inspector.get_indexes("gpu_sample")}
             assert {"ux_gpu_sample_gpu_ts", "ix_gpu_sample_ts_brin"} <= indexes

@@ -359,11 +359,12 @@ _SAMPLE_TABLES = {
 
 
 def _sample_rows(db: Database) -> dict[str, list[dict[str, object]]]:
-    """Every raw sample table's rows, by key and time, without SQLite's stored minute (which 0009 lacks)."""
+    """Every raw sample table's rows, by key and time, without SQLite's stored minute (which 0009 lacks) and
+    millisecond (which 0010 lacks)."""
     with db.engine.connect() as conn:
         return {
             table: [
-                {k: v for k, v in row.items() if k != "minute"}
+                {k: v for k, v in row.items() if k not in ("minute", "ms")}
                 for row in conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY {key}, ts_ms")).mappings()
             ]
             for table, key in _SAMPLE_TABLES.items()
@@ -414,8 +415,55 @@ def test_0010_clusters_sqlites_samples_by_minute_and_keeps_every_row(db_url: str
     if db.dialect == "sqlite":
         assert _sqlite_layout(db) == {t: (True, []) for t in _SAMPLE_TABLES}
         with db.engine.connect() as conn:
-            mismatched = conn.execute(sa.text("SELECT count(*) FROM gpu_sample WHERE minute != ts_ms / 60000"))
+            mismatched = conn.execute(
+                sa.text(f"SELECT count(*) FROM gpu_sample WHERE minute != {schema.minute_of('ts_ms')}")
+            )
             assert mismatched.scalar_one() == 0
+    again = Writer(db)
+    assert again.write([fabric_snapshot("n", T0 + 86_400, 3)]).gpu_rows == 0  # stored already: skipped
+    assert again.write([fabric_snapshot("n", T0 + 86_410, 4)]).gpu_rows == 2
+    assert {r.timestamp for r in latest.latest_readings(db) if r.node == "n"} == {T0 + 86_410}
+    assert {n.transmit_bytes_total for n in fabric.latest_nics(db, node="n")} == {4 * 10**9}  # round 4's
+    db.close()
+
+
+def test_0011_stores_sqlites_sample_time_in_two_small_integers_and_keeps_every_row(db_url: str) -> None:
+    """Samples over two minutes and two days, one on a minute's first millisecond and one on its last: the same
+    rows and times after 0011's downgrade and upgrade again; on SQLite the minute counted from 2020 and the
+    millisecond within it less half a minute, a key of (minute, key, ms), ts_ms generated and stored in no record;
+    the writer skips a round stored already, and a new one lands and reads as the newest."""
+    db = Database(db_url)
+    db.upgrade()
+    writer = Writer(db)
+    first, last = T0 - T0 % 60, T0 - T0 % 60 + 59.999  # a minute's first and last millisecond
+    for i, t in enumerate((first, last, T0 + 70, T0 + 86_400)):
+        writer.write([fabric_snapshot("n", t, i), fabric_snapshot("m", t, i, job=None)])
+    written = _sample_rows(db)
+    assert [len(written[t]) for t in _SAMPLE_TABLES] == [16, 16, 8, 4]
+    views_before = _view_rows(db)
+    downgrade(db, "0010")
+    assert _sample_rows(db) == written
+    db.upgrade()
+    assert _sample_rows(db) == written
+    assert _view_rows(db) == views_before
+    if db.dialect == "sqlite":
+        with db.engine.connect() as conn:
+            for table, key in _SAMPLE_TABLES.items():
+                keyed = conn.execute(sa.text(f"SELECT name FROM pragma_index_info('sqlite_autoindex_{table}_1')"))
+                assert list(keyed.scalars()) == ["minute", key, "ms"]
+                stored = {str(r[1]) for r in conn.execute(sa.text(f"PRAGMA table_info({table})"))}
+                assert "ts_ms" not in stored  # generated: in no record
+                assert {"minute", "ms"} <= stored
+                minutes = f"SELECT min(minute), max(minute), min(ms), max(ms), count(*) FROM {table}"
+                low, high, low_ms, high_ms, _ = conn.execute(sa.text(minutes)).one()
+                assert (low, high) == (
+                    schema.stored_minute(round(first * 1000)),
+                    schema.stored_minute(round((T0 + 86_400) * 1000)),
+                )
+                assert low_ms >= -30_000
+                assert high_ms <= 29_999
+            edges = conn.execute(sa.text("SELECT DISTINCT ms FROM gpu_sample WHERE ms IN (-30000, 29999)"))
+            assert sorted(edges.scalars()) == [-30_000, 29_999]
     again = Writer(db)
     assert again.write([fabric_snapshot("n", T0 + 86_400, 3)]).gpu_rows == 0  # stored already: skipped
     assert again.write([fabric_snapshot("n", T0 + 86_410, 4)]).gpu_rows == 2

@@ -23,7 +23,7 @@ from sqlalchemy.pool import StaticPool
 
 from gpulens.clock import Clock, SystemClock
 from gpulens.httpfetch import redact_url as redact_url  # re-exported: storage.redact_url
-from storage import schema
+from storage import partitions
 
 log = logging.getLogger(__name__)
 
@@ -248,8 +248,8 @@ class Database:
         """
         if self.dialect != "postgresql":
             return
-        width = schema.PARTITION_WIDTH_MS[table]
-        starts = {schema.partition_start(table, ts) for ts in ts_values}
+        width = partitions.PARTITION_WIDTH_MS[table]
+        starts = {partitions.partition_start(table, ts) for ts in ts_values}
         starts |= {max(starts) + width} if starts else set()
         for start in sorted(starts - self._partitions.setdefault(table, set())):
             self._create_partition(table, start)
@@ -262,11 +262,11 @@ class Database:
     def _create_partition(self, table: str, start: int) -> None:
         try:
             with self.translate_errors(), self.engine.begin() as conn:
-                schema.create_partition(conn, table, start)
+                partitions.create_partition(conn, table, start)
         except (exc.IntegrityError, exc.ProgrammingError) as err:
             # Another collector created it between our IF NOT EXISTS check and the CREATE.
             with self.translate_errors(), self.engine.connect() as conn:
-                if start not in schema.existing_partitions(conn, table).values():
+                if start not in partitions.existing_partitions(conn, table).values():
                     raise err from None
 
     def close(self) -> None:

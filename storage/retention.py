@@ -19,7 +19,7 @@ from typing import Final
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from storage import fabricschema, jobminute, schema
+from storage import fabricschema, jobminute, partitions, schema
 from storage.db import Database
 from storage.fabricschema import FAMILIES, Family
 from storage.rollup import next_slice
@@ -83,11 +83,11 @@ def apply_retention(db: Database, now: float, retention: Retention) -> dict[str,
 
 
 def _drop_partitions(db: Database, table: str, cutoff_ms: int) -> int:
-    width = schema.PARTITION_WIDTH_MS[table]
+    width = partitions.PARTITION_WIDTH_MS[table]
     with db.session() as session:
-        partitions = schema.existing_partitions(session.connection(), table)
+        existing = partitions.existing_partitions(session.connection(), table)
     dropped = 0
-    for name, start in sorted(partitions.items(), key=lambda item: item[1]):
+    for name, start in sorted(existing.items(), key=lambda item: item[1]):
         if start + width > cutoff_ms:
             continue
         with db.write_transaction() as conn:
@@ -244,10 +244,10 @@ class RetentionJob:
         self._cutoffs = _tier_cutoffs(now, self._retention)
         for table, (family, tier, cutoff) in _table_cutoffs(self._cutoffs).items():
             if self._db.dialect == "postgresql":
-                width = schema.PARTITION_WIDTH_MS[table]
+                width = partitions.PARTITION_WIDTH_MS[table]
                 with self._db.session() as session:
-                    partitions = schema.existing_partitions(session.connection(), table)
-                gone = sorted(((n, s) for n, s in partitions.items() if s + width <= cutoff), key=lambda p: p[1])
+                    existing = partitions.existing_partitions(session.connection(), table)
+                gone = sorted(((n, s) for n, s in existing.items() if s + width <= cutoff), key=lambda p: p[1])
                 self._pieces.append(_Piece("drop", table, cutoff, partitions=gone))
                 self.removed[f"{table}.partitions"] = 0
             else:

@@ -1,4 +1,4 @@
-"""The SQL schema: tables, the integer encodings of GpuReading fields, and PostgreSQL day partitions.
+"""The SQL schema: tables, and the integer encodings of GpuReading fields (PostgreSQL's partitions: storage.partitions).
 
 Time-series tables key rows by ``(gpu_id, ts_ms)``: ``gpu_id`` is the small integer id of the ``gpu`` table, where
 static GPU and node info is kept once, and ``ts_ms`` is integer milliseconds since the epoch. Low-volume tables (target
@@ -8,13 +8,11 @@ health, alerts) store float seconds in ``*_at`` columns. See docs/storage.md for
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 from dataclasses import dataclass
 from typing import Final
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import Connection
 
 from gpulens.metriccatalogue import GPU_FIELDS
 from gpulens.model import GpuReading
@@ -402,13 +400,6 @@ def newest_sample_ms(dialect: str) -> sa.ScalarSelect[int]:
 gpu_rollup_1m: Final = _rollup_table("gpu_rollup_1m")
 gpu_rollup_1h: Final = _rollup_table("gpu_rollup_1h")
 
-# PostgreSQL range partitions: their width, aligned to the epoch (1-day partitions start at midnight UTC).
-PARTITION_WIDTH_MS: Final = {
-    f"{family}_{table}": width
-    for family in ("gpu", "nic", "host", "job_host")  # the families of storage.fabricschema
-    for table, width in (("sample", DAY_MS), ("rollup_1m", DAY_MS), ("rollup_1h", 30 * DAY_MS))
-}
-
 # Rollup bookkeeping: per tier, everything below position_ms is rolled up; horizon_ms is the retention cutoff last
 # applied (data older than it may be gone). Late writes below a position leave a rollup_dirty mark.
 tier_state: Final = sa.Table(
@@ -549,42 +540,3 @@ silence: Final = sa.Table(
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Index("ix_silence_ends_at", "ends_at"),
 )
-
-# --- PostgreSQL partitions ----------------------------------------------------------------------------------------
-
-
-def partition_name(table: str, start_ms: int) -> str:
-    """``gpu_sample_p20240131``: the partition of ``table`` that starts at ``start_ms`` (UTC date)."""
-    day = dt.datetime.fromtimestamp(start_ms / 1000, tz=dt.UTC)
-    return f"{table}_p{day:%Y%m%d}"
-
-
-def partition_start(table: str, ts_ms: int) -> int:
-    width = PARTITION_WIDTH_MS[table]
-    return ts_ms - ts_ms % width
-
-
-def existing_partitions(conn: Connection, table: str) -> dict[str, int]:
-    """The partitions of ``table`` on PostgreSQL: name -> start_ms, read from the catalogue's partition bounds."""
-    rows = conn.exec_driver_sql(
-        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
-        "JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent "
-        "WHERE p.relname = %(table)s AND p.relnamespace = to_regnamespace(current_schema())::oid",
-        {"table": table},
-    ).all()
-    out: dict[str, int] = {}
-    for name, bound in rows:
-        # "FOR VALUES FROM ('1700006400000') TO ('1700092800000')"
-        start = str(bound).split("(", 1)[1].split(")", 1)[0].strip("'")
-        out[str(name)] = int(start)
-    return out
-
-
-def create_partition(conn: Connection, table: str, start_ms: int) -> None:
-    """Create the partition of ``table`` that starts at ``start_ms`` unless it exists."""
-    width = PARTITION_WIDTH_MS[table]
-    name = partition_name(table, start_ms)
-    conn.exec_driver_sql(
-        f'CREATE TABLE IF NOT EXISTS "{name}" PARTITION OF "{table}" '
-        f"FOR VALUES FROM ({int(start_ms)}) TO ({int(start_ms + width)})"
-    )

@@ -10,7 +10,7 @@ from alembic import command
 from alembic.config import Config
 
 from gpulens.model import GpuJob, LinkReading, NodeSnapshot, ProcessReading
-from storage import schema
+from storage import partitions, schema
 from storage.db import MIGRATIONS_DIR, Database
 from tests.fakes.static_source import GIB, h100
 
@@ -68,7 +68,7 @@ def write_wide(db: Database, snapshots: Sequence[NodeSnapshot]) -> None:
             for r in s.gpus:
                 ts = round(r.timestamp * 1000)
                 if pg:
-                    schema.create_partition(conn, "gpu_sample", schema.partition_start("gpu_sample", ts))
+                    partitions.create_partition(conn, "gpu_sample", partitions.partition_start("gpu_sample", ts))
                 gpu_id = conn.execute(sa.text("SELECT id FROM gpu WHERE uuid = :u"), {"u": r.uuid}).scalar()
                 if gpu_id is None:
                     gpu = {"u": r.uuid, "n": r.node, "i": r.gpu, "m": r.model, "p": r.pci_bus_id, "t": ts}

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
 from gpulens.cli import main
-from storage import fabric, latest, schema, timeseries, views
+from storage import fabric, latest, partitions, schema, timeseries, views
 from storage.db import MIGRATIONS_DIR, Database
 from storage.rollup import Rollups
 from storage.writer import Writer
@@ -77,7 +77,7 @@ def _write_at_0002(db: Database) -> None:
     with db.engine.begin() as conn:
         if db.dialect == "postgresql":
             for table in ("gpu_sample", "gpu_rollup_1m"):
-                schema.create_partition(conn, table, schema.partition_start(table, MINUTE0))
+                partitions.create_partition(conn, table, partitions.partition_start(table, MINUTE0))
         gpu = {"uuid": UUID, "node": "old-node", "gpu_index": 3, "model": "NVIDIA H100 80GB HBM3"}
         _insert(conn, "gpu", {**gpu, "first_seen_ms": MINUTE0, "last_seen_ms": MINUTE0 + 90_000})
         gpu_id = conn.execute(sa.text("SELECT id FROM gpu WHERE uuid = :u"), {"u": UUID}).scalar_one()
@@ -273,7 +273,7 @@ def _roll_up_wide(db: Database, hours_before: float) -> None:
         for table, width, before in (("gpu_rollup_1m", 60_000, None), ("gpu_rollup_1h", 3_600_000, hours_before)):
             if db.dialect == "postgresql":
                 for (ts,) in conn.execute(sa.text("SELECT DISTINCT ts_ms FROM gpu_sample")).all():
-                    schema.create_partition(conn, table, schema.partition_start(table, ts))
+                    partitions.create_partition(conn, table, partitions.partition_start(table, ts))
             conn.execute(
                 sa.text(
                     f"INSERT INTO {table} (gpu_id, ts_ms, n, elapsed_ms, power_deciwatts_mean) "
@@ -308,7 +308,7 @@ def _pg_layout(db: Database) -> dict[str, tuple[list[str], list[str], list[int],
     with db.engine.connect() as conn:
         return {
             table: (
-                sorted(schema.existing_partitions(conn, table)),
+                sorted(partitions.existing_partitions(conn, table)),
                 list(conn.execute(indexes, {"t": f"{table}_p%"}).scalars()),
                 [widths.get(kind, 0) for kind in conn.execute(columns, {"t": table}).scalars()],
                 list(conn.execute(indexes, {"t": table}).scalars()),

@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from gpulens.clock import ManualClock
-from storage import inventory, jobstats, schema, timeseries
+from storage import inventory, jobstats, partitions, schema, timeseries
 from storage.db import Database
 from storage.retention import DAY_S, Retention, RetentionJob, apply_retention
 from storage.rollup import Rollups
@@ -36,8 +36,8 @@ def test_old_samples_go_and_series_falls_back_to_rollups(db: Database, clock: Ma
     if db.dialect == "postgresql":
         assert removed["gpu_sample.partitions"] == 7
         with db.session() as session:
-            names = sorted(schema.existing_partitions(session.connection(), "gpu_sample"))
-        assert names[0] == schema.partition_name("gpu_sample", round((DAY0 + 7 * DAY_S) * 1000))
+            names = sorted(partitions.existing_partitions(session.connection(), "gpu_sample"))
+        assert names[0] == partitions.partition_name("gpu_sample", round((DAY0 + 7 * DAY_S) * 1000))
     else:
         assert removed["gpu_sample.rows"] == 21
     assert removed["gpu_rollup_1m.rows" if db.dialect == "sqlite" else "gpu_rollup_1m.partitions"] == 0

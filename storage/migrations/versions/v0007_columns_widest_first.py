@@ -28,7 +28,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
 from storage import views
-from storage.schema import StoredField, create_partition, existing_partitions
+from storage.partitions import create_partition, existing_partitions
+from storage.schema import StoredField
 
 revision = "0007"
 down_revision: str | None = "0006"

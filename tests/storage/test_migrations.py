@@ -395,13 +395,7 @@ def test_0010_clusters_sqlites_samples_by_minute_and_keeps_every_row(db_url: str
     on SQLite a heap with the minute expression index at 0009 and a WITHOUT ROWID table with no index after; views
     read again; the writer skips a round stored already, and a new one lands and reads as the newest."""
     db = Database(db_url)
-    db.upgrade()
-    writer = Writer(db)
-    for i, t in enumerate((T0, T0 + 10, T0 + 70, T0 + 86_400)):
-        writer.write([fabric_snapshot("n", t, i), fabric_snapshot("m", t, i, job=None)])
-    written = _sample_rows(db)
-    assert [len(written[t]) for t in _SAMPLE_TABLES] == [16, 16, 8, 4]
-    views_before = _view_rows(db)
+    written, views_before = _write_samples(db, (T0, T0 + 10, T0 + 70, T0 + 86_400))
     downgrade(db, "0009")
     assert _sample_rows(db) == written
     if db.dialect == "sqlite":
@@ -419,11 +413,7 @@ def test_0010_clusters_sqlites_samples_by_minute_and_keeps_every_row(db_url: str
                 sa.text(f"SELECT count(*) FROM gpu_sample WHERE minute != {schema.minute_of('ts_ms')}")
             )
             assert mismatched.scalar_one() == 0
-    again = Writer(db)
-    assert again.write([fabric_snapshot("n", T0 + 86_400, 3)]).gpu_rows == 0  # stored already: skipped
-    assert again.write([fabric_snapshot("n", T0 + 86_410, 4)]).gpu_rows == 2
-    assert {r.timestamp for r in latest.latest_readings(db) if r.node == "n"} == {T0 + 86_410}
-    assert {n.transmit_bytes_total for n in fabric.latest_nics(db, node="n")} == {4 * 10**9}  # round 4's
+    _skips_a_stored_round_and_adds_a_new_one(db)
     db.close()
 
 
@@ -433,14 +423,8 @@ def test_0011_stores_sqlites_sample_time_in_two_small_integers_and_keeps_every_r
     millisecond within it less half a minute, a key of (minute, key, ms), ts_ms generated and stored in no record;
     the writer skips a round stored already, and a new one lands and reads as the newest."""
     db = Database(db_url)
-    db.upgrade()
-    writer = Writer(db)
     first, last = T0 - T0 % 60, T0 - T0 % 60 + 59.999  # a minute's first and last millisecond
-    for i, t in enumerate((first, last, T0 + 70, T0 + 86_400)):
-        writer.write([fabric_snapshot("n", t, i), fabric_snapshot("m", t, i, job=None)])
-    written = _sample_rows(db)
-    assert [len(written[t]) for t in _SAMPLE_TABLES] == [16, 16, 8, 4]
-    views_before = _view_rows(db)
+    written, views_before = _write_samples(db, (first, last, T0 + 70, T0 + 86_400))
     downgrade(db, "0010")
     assert _sample_rows(db) == written
     db.upgrade()
@@ -464,12 +448,31 @@ def test_0011_stores_sqlites_sample_time_in_two_small_integers_and_keeps_every_r
                 assert high_ms <= 29_999
             edges = conn.execute(sa.text("SELECT DISTINCT ms FROM gpu_sample WHERE ms IN (-30000, 29999)"))
             assert sorted(edges.scalars()) == [-30_000, 29_999]
+    _skips_a_stored_round_and_adds_a_new_one(db)
+    db.close()
+
+
+def _write_samples(
+    db: Database, times: tuple[float, ...]
+) -> tuple[dict[str, list[dict[str, object]]], dict[str, list[dict[str, object]]]]:
+    """Upgrade, write GPU and fabric rounds of two nodes at ``times`` (the last a day later), and return every sample
+    table's rows and the SI views' rows."""
+    db.upgrade()
+    writer = Writer(db)
+    for i, t in enumerate(times):
+        writer.write([fabric_snapshot("n", t, i), fabric_snapshot("m", t, i, job=None)])
+    written = _sample_rows(db)
+    assert [len(written[t]) for t in _SAMPLE_TABLES] == [16, 16, 8, 4]
+    return written, _view_rows(db)
+
+
+def _skips_a_stored_round_and_adds_a_new_one(db: Database) -> None:
+    """A new writer skips round 3 (stored already at T0 + 86,400) and lands round 4, which reads as the newest."""
     again = Writer(db)
     assert again.write([fabric_snapshot("n", T0 + 86_400, 3)]).gpu_rows == 0  # stored already: skipped
     assert again.write([fabric_snapshot("n", T0 + 86_410, 4)]).gpu_rows == 2
     assert {r.timestamp for r in latest.latest_readings(db) if r.node == "n"} == {T0 + 86_410}
     assert {n.transmit_bytes_total for n in fabric.latest_nics(db, node="n")} == {4 * 10**9}  # round 4's
-    db.close()
 
 
 def _view_rows(db: Database) -> dict[str, list[dict[str, object]]]:

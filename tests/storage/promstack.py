@@ -159,16 +159,18 @@ class Stack:
     logs: dict[str, Path] = field(default_factory=dict)
 
 
-def _exporter(root: Path, name: str, scenario: str, speed: float, *extra: str) -> tuple[subprocess.Popen[bytes], int]:
+def _exporter(root: Path, name: str, scenario: str, speed: float, port: int, *extra: str) -> subprocess.Popen[bytes]:
     path = root / f"{name}.toml"
     path.write_text(scenario)
-    port = free_port()
-    log = root / f"{name}.log"
-    proc = gpulens(
+    return gpulens(
         "exporter", "--source", "sim", "--scenario", str(path), "--all-nodes", "--speed", f"{speed:g}",
-        "--listen", f"127.0.0.1:{port}", *extra, log=log,
+        "--listen", f"127.0.0.1:{port}", *extra, log=root / f"{name}.log",
     )  # fmt: skip
-    return proc, port
+
+
+def _serving(stack: ExitStack, root: Path, name: str, proc: subprocess.Popen[bytes], port: int) -> None:
+    stack.enter_context(process(proc, root / f"{name}.log"))
+    wait_http(f"http://127.0.0.1:{port}/api/v1/nodes", proc, root / f"{name}.log")
 
 
 @contextmanager
@@ -185,15 +187,9 @@ def running_stack(root: Path, prometheus: str) -> Iterator[Stack]:
         frozen = SCENARIO.format(nodes=list(FROZEN_NODES), seed=11, a="eq-00", b="eq-01", job="frozen-train").replace(
             "'", '"'
         )
-        exporters = {
-            "gl": _exporter(root, "gl", stall, SPEED),
-            "dcgm": _exporter(root, "dcgm", stall, SPEED, "--dcgm-compat"),
-            "frozen": _exporter(root, "frozen", frozen, 0.001),
-        }
-        for name, (proc, port) in exporters.items():
-            stack.enter_context(process(proc, root / f"{name}.log"))
-            wait_http(f"http://127.0.0.1:{port}/api/v1/nodes", proc, root / f"{name}.log")
-        gl_port, dcgm_port, frozen_port = (exporters[k][1] for k in ("gl", "dcgm", "frozen"))
+        gl_port, dcgm_port, frozen_port = free_port(), free_port(), free_port()
+        assert len({gl_port, dcgm_port, frozen_port}) == 3
+        _serving(stack, root, "frozen", _exporter(root, "frozen", frozen, 0.001, frozen_port), frozen_port)
         jobs_gl = {n: (f"127.0.0.1:{gl_port}", f"/node/{n}/metrics") for n in NODES}
         jobs_gl |= {n: (f"127.0.0.1:{frozen_port}", f"/node/{n}/metrics") for n in FROZEN_NODES}
         jobs_dcgm = {n: (f"127.0.0.1:{dcgm_port}", f"/node/{n}/metrics") for n in NODES}
@@ -220,6 +216,15 @@ def running_stack(root: Path, prometheus: str) -> Iterator[Stack]:
                 env={"HOOK_URL": f"{hook}/{name}"}, log=log,
             )  # fmt: skip
             stack.enter_context(process(proc, log))
+        # The stalled exporters start last, their clocks with them: the engines already run, so each has the whole
+        # 36 s before the stall to learn the job's baseline (6 rounds of normal work; started after the exporters,
+        # an engine on a loaded machine once had too few, held its judgement and never fired).
+        stalled = {
+            "gl": (_exporter(root, "gl", stall, SPEED, gl_port), gl_port),
+            "dcgm": (_exporter(root, "dcgm", stall, SPEED, dcgm_port, "--dcgm-compat"), dcgm_port),
+        }
+        for name, (proc, port) in stalled.items():
+            _serving(stack, root, name, proc, port)
         sql_url = f"sqlite:///{root / 'sql.db'}"
         log = root / "collector.log"
         targets = [arg for n in FROZEN_NODES for arg in ("--target", f"http://127.0.0.1:{frozen_port}/node/{n}")]

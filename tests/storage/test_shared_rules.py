@@ -68,45 +68,44 @@ def test_two_shards_and_a_job_spanning_both_raise_one_stall(pg_server: PgServer,
     )
     port = free_port()
     log = tmp_path / "exporter.log"
-    exporter = gpulens(
-        "exporter", "--source", "sim", "--scenario", str(scenario), "--all-nodes", "--speed", str(SPEED),
-        "--listen", f"127.0.0.1:{port}", log=log,
-    )  # fmt: skip
     names = target_names()
     targets = "".join(
         f'\n[[targets]]\nname = "{names[n]}"\nurl = "http://127.0.0.1:{port}/node/{n}"\nnode = "{n}"\n' for n in NODES
     )
     try:
-        with process(exporter, log):
+        with closing(Database(url)) as db:
+            db.upgrade()  # once, before the two collectors start
+        collectors = []
+        for shard in (0, 1):
+            config = tmp_path / f"shard{shard}.toml"
+            config.write_text(CONFIG.format(listen=free_port(), spool=tmp_path / f"spool{shard}", targets=targets))
+            clog = tmp_path / f"collector{shard}.log"
+            proc = gpulens(
+                "collector", "--config", str(config), "--db", url, "--shard", f"{shard}/2",
+                env={"HOOK_URL": receiver}, log=clog,
+            )  # fmt: skip
+            collectors.append((proc, clog))
+        # The exporter (and its clock) starts last: the collectors already run, so the rules have the whole 36 s
+        # before the stall to learn the job's baseline.
+        exporter = gpulens(
+            "exporter", "--source", "sim", "--scenario", str(scenario), "--all-nodes", "--speed", str(SPEED),
+            "--listen", f"127.0.0.1:{port}", log=log,
+        )  # fmt: skip
+        with process(*collectors[0]), process(*collectors[1]), process(exporter, log):
             wait_http(f"http://127.0.0.1:{port}/api/v1/nodes", exporter, log)
-            with closing(Database(url)) as db:
-                db.upgrade()  # once, before the two collectors start
-            collectors = []
-            for shard in (0, 1):
-                config = tmp_path / f"shard{shard}.toml"
-                config.write_text(CONFIG.format(listen=free_port(), spool=tmp_path / f"spool{shard}", targets=targets))
-                clog = tmp_path / f"collector{shard}.log"
-                proc = gpulens(
-                    "collector", "--config", str(config), "--db", url, "--shard", f"{shard}/2",
-                    env={"HOOK_URL": receiver}, log=clog,
-                )  # fmt: skip
-                collectors.append((proc, clog))
-            with process(*collectors[0]), process(*collectors[1]):
-                deadline = time.monotonic() + 150
-                while not fired("/shared", "CommunicationStall") and time.monotonic() < deadline:
-                    time.sleep(0.5)
-                time.sleep(5)  # five more rounds: a second engine would have notified by now
-                logs = "\n".join(path.read_text()[-1500:] for _, path in collectors)
-                alerts = fired("/shared", "CommunicationStall")
-                assert len(alerts) == 1, logs
-                assert alerts[0]["labels"]["job_id"] == "llm-pretrain"
-                with closing(Database(url)) as db, db.session() as session:
-                    rows = session.execute(
-                        sa.text(
-                            "SELECT count(*) FROM alert_history WHERE rule = 'CommunicationStall' AND state = 'firing'"
-                        )
-                    ).scalar()
-                assert rows == 1
-                assert all(p.poll() is None for p, _ in collectors)
+            deadline = time.monotonic() + 150
+            while not fired("/shared", "CommunicationStall") and time.monotonic() < deadline:
+                time.sleep(0.5)
+            time.sleep(5)  # five more rounds: a second engine would have notified by now
+            logs = "\n".join(path.read_text()[-1500:] for _, path in collectors)
+            alerts = fired("/shared", "CommunicationStall")
+            assert len(alerts) == 1, logs
+            assert alerts[0]["labels"]["job_id"] == "llm-pretrain"
+            with closing(Database(url)) as db, db.session() as session:
+                rows = session.execute(
+                    sa.text("SELECT count(*) FROM alert_history WHERE rule = 'CommunicationStall' AND state = 'firing'")
+                ).scalar()
+            assert rows == 1
+            assert all(p.poll() is None for p, _ in collectors)
     finally:
         pg_server.drop_database(name)

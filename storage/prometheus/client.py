@@ -39,11 +39,21 @@ def quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
+# The characters RE2 (Prometheus's regular expressions) treats as special outside a character class. Python's
+# re.escape escapes more ("-", "#", "&", "~", space): harmless to the match, but an alternation with escapes is
+# matched value by value, not looked up as a set. The uuid matcher of 2,667 of the bench's 8,000 GPUs cost
+# Prometheus 0.15 CPU-s so against 0.10 unescaped (as much as selecting every GPU).
+_RE2_SPECIAL: Final = {ord(c): "\\" + c for c in "\\.+*?()|[]{}^$"}
+
+
+def regex_escape(text: str) -> str:
+    """``text`` as an RE2 regular expression matching exactly itself."""
+    return text.translate(_RE2_SPECIAL)
+
+
 def regex_of(values: Any) -> str:
     """A PromQL regex (quoted) matching exactly the given strings."""
-    import re
-
-    return quote("|".join(re.escape(str(v)) for v in sorted(set(values))))
+    return quote("|".join(regex_escape(str(v)) for v in sorted(set(values))))
 
 
 class _Answer(msgspec.Struct):

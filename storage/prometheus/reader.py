@@ -18,7 +18,6 @@ What Prometheus does not hold is said, not faked: processes exist only where gpu
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +32,7 @@ from storage.inventory import GpuInfo, LinkOutage
 from storage.jobstats import JOB_POINTS, JobSummary
 from storage.prometheus import fabric, jobquery, problems
 from storage.prometheus import families as fam
-from storage.prometheus.client import PromClient, PromQueryError, PromSeries, quote, regex_of
+from storage.prometheus.client import PromClient, PromQueryError, PromSeries, quote, regex_escape, regex_of
 from storage.reading import NotAvailableOnBackendError
 from storage.timeseries import SeriesData
 
@@ -152,7 +151,7 @@ class PromReader:
         if node is None:
             return [base]
         named = [f"Hostname={quote(node)}", f"hostname={quote(node)}"]
-        host = 'Hostname="", hostname="", instance=~' + quote(re.escape(node) + "(:[0-9]+)?")
+        host = 'Hostname="", hostname="", instance=~' + quote(regex_escape(node) + "(:[0-9]+)?")
         return [", ".join(m for m in (base, alternative) if m) for alternative in (*named, host)]
 
     def _instant(self, names: Sequence[str], matchers: str | list[str], now: float, *, chunk: int) -> list[PromSeries]:

@@ -376,3 +376,41 @@ def test_answers_decode_every_value_prometheus_writes() -> None:
     assert client._series(msgspec.Raw(json.dumps(vector).encode()), None, "q")[0].samples == ((3.0, math.inf),)
     scalar = {"resultType": "scalar", "result": [3.0, "7"]}
     assert client._series(msgspec.Raw(json.dumps(scalar).encode()), None, "q")[0].value == 7.0
+
+
+def test_a_regex_of_values_matches_exactly_them_in_prometheus(promtool: str, tmp_path: Path) -> None:
+    """``regex_of`` escapes only what RE2 treats as special (an alternation of plain literals is looked up as a set:
+    UUIDs and node names need no escape at all), and Prometheus's own engine matches exactly the values given."""
+    import subprocess
+
+    import yaml
+
+    from storage.prometheus.client import quote, regex_escape, regex_of
+
+    assert regex_escape("GPU-0a1b2c3d-0000-4e5f") == "GPU-0a1b2c3d-0000-4e5f"
+    wanted = ["GPU-0a1b", "node.01", "a+b", "x#y&z~ w", "(p)|[q]{r}^$s\\t", "c*d?", "node-02"]
+    decoys = ["nodeX01", "aab", "ab", "p", "ccd", "c", "node-021", "xnode-02"]  # each matched by a careless pattern
+    series = [{"series": f"m{{v={quote(v)}}}", "values": "1"} for v in (*wanted, *decoys)]
+    selector = f"m{{v=~{regex_of(wanted)}}}"
+    tests = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {"expr": f"count({selector})", "eval_time": "0m", "exp_samples": [{"value": len(wanted)}]},
+                    {
+                        "expr": f"count(m{{v!~{regex_of(wanted)}}})",
+                        "eval_time": "0m",
+                        "exp_samples": [{"value": len(decoys)}],
+                    },
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "regex_test.yml"
+    path.write_text(yaml.safe_dump(tests))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr

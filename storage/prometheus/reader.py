@@ -38,7 +38,10 @@ from storage.timeseries import SeriesData
 
 LOOKBACK_S: Final = 300.0  # Prometheus's default lookback: an instant query sees samples up to this old
 PARALLEL: Final = 4  # queries of one call in flight at once (Prometheus evaluates them on its cores)
-NAMES_TTL_S: Final = 30.0  # how long the list of metric names the store holds is trusted
+NAMES_TTL_S: Final = 30.0  # how long the list of metric names the store holds is trusted, once it holds still
+# ... and once it has changed: Prometheus lists a new target's names as it appends its first scrape, so a list read
+# then can lack some of them (a dcgm-exporter's link and clock families, for 30 s: its jobs' traffic unread)
+NAMES_CHANGED_TTL_S: Final = 5.0
 NAMES_LOOKBACK_S: Final = 8 * 86400.0  # the names of the longest range a page shows, and a day
 _AGGREGATES: Final = (("mean", "avg_over_time"), ("min", "min_over_time"), ("max", "max_over_time"))
 
@@ -65,14 +68,15 @@ class PromReader:
         self.url_redacted = self.client.url_redacted
         self.clock = clock or SystemClock()
         self.min_step_s = self.client.auth.min_step_s
-        self._names: tuple[float, frozenset[str]] | None = None  # (monotonic time read, metric names)
+        self._names: tuple[float, frozenset[str], float] | None = None  # (monotonic time read, metric names, TTL)
 
     def _present(self) -> frozenset[str] | None:
-        """The metric names the store holds (read at most every ``NAMES_TTL_S``), so that no query asks for a
-        family that is not there: over gpulens exporters alone no dcgm-exporter name is read, and the reverse.
-        None (read every family) where the store does not answer the label values API."""
+        """The metric names the store holds (read at most every ``NAMES_TTL_S``, or ``NAMES_CHANGED_TTL_S`` after
+        they changed), so that no query asks for a family that is not there: over gpulens exporters alone no
+        dcgm-exporter name is read, and the reverse. None (read every family) where the store does not answer the
+        label values API."""
         now = self.clock.monotonic()
-        if self._names is not None and now - self._names[0] < NAMES_TTL_S:
+        if self._names is not None and now - self._names[0] < self._names[2]:
             return self._names[1]
         try:
             at = self.clock.now()
@@ -80,7 +84,8 @@ class PromReader:
         except PromQueryError:
             return None
         if fam.UP in names or names & set(fam.DCGM_PRESENCE):  # GPUs there: keep it (until then, read again)
-            self._names = (now, names)
+            settled = self._names is not None and self._names[1] == names
+            self._names = (now, names, NAMES_TTL_S if settled else NAMES_CHANGED_TTL_S)
         return names
 
     def _exists(self, name: str) -> bool:

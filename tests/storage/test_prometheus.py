@@ -151,7 +151,10 @@ def test_a_query_over_the_series_limit_says_so(stack: Stack) -> None:
 
 def test_alerts_run_fires_the_stall_over_both_sources_and_delivers_it(stack: Stack) -> None:
     for source in ("gl", "dcgm"):
-        alerts = wait_until(lambda s=source: fired(f"/{s}", "CommunicationStall"), 150, f"the stall alert ({source})")
+        try:
+            alerts = wait_until(lambda s=source: fired(f"/{s}", "CommunicationStall"), 150, f"the stall ({source})")
+        except AssertionError as timed_out:
+            raise AssertionError(f"{timed_out}; its engine:\n{stack.engine_report(source)}") from None
         assert {a["labels"]["job_id"] for a in alerts} == {"llm-pretrain"}
         assert len({a["fingerprint"] for a in alerts}) == 1  # one alert for the job, not one per GPU or node
         delivered = {a["labels"]["alertname"] for p in Hook.payloads[f"/{source}"] for a in p["alerts"]}
@@ -414,3 +417,43 @@ def test_a_regex_of_values_matches_exactly_them_in_prometheus(promtool: str, tmp
     path.write_text(yaml.safe_dump(tests))
     result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_name_list_read_while_a_target_first_appears_is_read_again_soon() -> None:
+    """Prometheus lists a new target's metric names as it appends its first scrape: a list read then can lack some.
+    A list that changed is trusted for NAMES_CHANGED_TTL_S, one that held still for NAMES_TTL_S."""
+    from storage.prometheus.reader import NAMES_CHANGED_TTL_S, NAMES_TTL_S
+
+    class Clock:
+        t = 1000.0
+
+        def now(self) -> float:
+            return self.t
+
+        def monotonic(self) -> float:
+            return self.t
+
+    clock = Clock()
+    store = PromReader("prometheus+http://127.0.0.1:9", clock=clock)
+    listed = [{"up"}, {"up", "DCGM_FI_DEV_GPU_UTIL"}, {"up", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_NVLINK_TX_BYTES"}]
+    reads: list[float] = []
+
+    def metric_names(start: float, end: float) -> set[str]:
+        reads.append(clock.t)
+        return listed[min(len(reads), len(listed)) - 1]
+
+    store.client.metric_names = metric_names  # type: ignore[method-assign]
+    assert not store._exists("DCGM_FI_DEV_GPU_UTIL")  # no GPU yet: nothing kept, asked again next time
+    clock.t += 1
+    assert store._exists("DCGM_FI_DEV_GPU_UTIL")
+    assert not store._exists("DCGM_FI_PROF_NVLINK_TX_BYTES")  # a partial list, kept
+    clock.t += NAMES_CHANGED_TTL_S
+    assert store._exists("DCGM_FI_PROF_NVLINK_TX_BYTES")  # read again within NAMES_CHANGED_TTL_S, complete now
+    clock.t += NAMES_CHANGED_TTL_S
+    assert store._exists("DCGM_FI_PROF_NVLINK_TX_BYTES")  # the same list: held still, trusted for NAMES_TTL_S
+    clock.t += NAMES_TTL_S - 1
+    store._exists("up")
+    assert reads == [1000.0, 1001.0, 1001.0 + NAMES_CHANGED_TTL_S, 1001.0 + 2 * NAMES_CHANGED_TTL_S]
+    clock.t += 1
+    store._exists("up")
+    assert len(reads) == 5

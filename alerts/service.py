@@ -208,7 +208,15 @@ class AlertService:
         try:
             started = time.perf_counter()
             round_ = self.process(result.time, result.snapshots, result.targets)
-            log.debug("alert round took %.3fs", time.perf_counter() - started)
+            if log.isEnabledFor(logging.DEBUG):
+                latest = self.engine.history.latest
+                log.debug(
+                    "alert round took %.3fs: %d GPUs, %d jobs, candidates %s",
+                    time.perf_counter() - started,
+                    sum(len(s.gpus) for s in result.snapshots),
+                    len(latest.jobs) if latest is not None else 0,
+                    sorted({(c.rule, c.hold) for c in round_.candidates}) or "none",
+                )
         except DatabaseUnavailableError as exc:
             log.warning("alert round postponed: %s", exc)
             return

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -156,7 +157,17 @@ class Stack:
     hook: str  # the receiver's base URL
     config_gl: Path
     config_dcgm: Path
-    logs: dict[str, Path] = field(default_factory=dict)
+    engines: dict[str, tuple[subprocess.Popen[bytes], Path]] = field(default_factory=dict)  # by source: (process, log)
+
+    def engine_report(self, source: str) -> str:
+        """What the ``source`` engine was doing: every thread's stack (faulthandler, on SIGABRT, which ends it) and
+        its log's tail, rounds' durations included."""
+        proc, log = self.engines[source]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGABRT)
+            with suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        return log.read_text(errors="replace")[-8000:]
 
 
 def _exporter(root: Path, name: str, scenario: str, speed: float, port: int, *extra: str) -> subprocess.Popen[bytes]:
@@ -206,6 +217,7 @@ def running_stack(root: Path, prometheus: str) -> Iterator[Stack]:
             running_prometheus(prometheus, root / "p-dcgm", jobs_dcgm, extra=dict.fromkeys(jobs_dcgm, dcgm_only))
         )
         configs = {}
+        engines = {}
         for name in ("gl", "dcgm"):
             configs[name] = root / f"alerts-{name}.toml"
             configs[name].write_text(ALERTS_CONFIG.format(state=root / f"state-{name}.db"))
@@ -213,9 +225,10 @@ def running_stack(root: Path, prometheus: str) -> Iterator[Stack]:
             prom = prom_gl if name == "gl" else prom_dcgm
             proc = gpulens(
                 "alerts", "run", "--db", "prometheus+" + prom, "--config", str(configs[name]), "--interval", "1s",
-                env={"HOOK_URL": f"{hook}/{name}"}, log=log,
+                "--log-level", "debug", env={"HOOK_URL": f"{hook}/{name}", "PYTHONFAULTHANDLER": "1"}, log=log,
             )  # fmt: skip
             stack.enter_context(process(proc, log))
+            engines[name] = (proc, log)
         # The stalled exporters start last, their clocks with them: the engines already run, so each has the whole
         # 36 s before the stall to learn the job's baseline (6 rounds of normal work; started after the exporters,
         # an engine on a loaded machine once had too few, held its judgement and never fired).
@@ -233,4 +246,4 @@ def running_stack(root: Path, prometheus: str) -> Iterator[Stack]:
             "--spool-dir", str(root / "spool"), log=log,
         )  # fmt: skip
         stack.enter_context(process(proc, log))
-        yield Stack(root, prom_gl, prom_dcgm, sql_url, hook, configs["gl"], configs["dcgm"])
+        yield Stack(root, prom_gl, prom_dcgm, sql_url, hook, configs["gl"], configs["dcgm"], engines)

@@ -42,7 +42,7 @@ def quote(text: str) -> str:
 # The characters RE2 (Prometheus's regular expressions) treats as special outside a character class. Python's
 # re.escape escapes more ("-", "#", "&", "~", space): harmless to the match, but an alternation with escapes is
 # matched value by value, not looked up as a set. The uuid matcher of 2,667 of the bench's 8,000 GPUs cost
-# Prometheus 0.15 CPU-s so against 0.10 unescaped (as much as selecting every GPU).
+# Prometheus 0.15 CPU-s escaped and 0.10 unescaped (as much as selecting every GPU).
 _RE2_SPECIAL: Final = {ord(c): "\\" + c for c in "\\.+*?()|[]{}^$"}
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import closing
+from contextlib import ExitStack, closing
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
@@ -75,23 +75,25 @@ def test_two_shards_and_a_job_spanning_both_raise_one_stall(pg_server: PgServer,
     try:
         with closing(Database(url)) as db:
             db.upgrade()  # once, before the two collectors start
-        collectors = []
-        for shard in (0, 1):
-            config = tmp_path / f"shard{shard}.toml"
-            config.write_text(CONFIG.format(listen=free_port(), spool=tmp_path / f"spool{shard}", targets=targets))
-            clog = tmp_path / f"collector{shard}.log"
-            proc = gpulens(
-                "collector", "--config", str(config), "--db", url, "--shard", f"{shard}/2",
-                env={"HOOK_URL": receiver}, log=clog,
+        with ExitStack() as running:  # each process stopped at the end, however the test ends
+            collectors = []
+            for shard in (0, 1):
+                config = tmp_path / f"shard{shard}.toml"
+                config.write_text(CONFIG.format(listen=free_port(), spool=tmp_path / f"spool{shard}", targets=targets))
+                clog = tmp_path / f"collector{shard}.log"
+                proc = gpulens(
+                    "collector", "--config", str(config), "--db", url, "--shard", f"{shard}/2",
+                    env={"HOOK_URL": receiver}, log=clog,
+                )  # fmt: skip
+                running.enter_context(process(proc, clog))
+                collectors.append((proc, clog))
+            # The exporter (and its clock) starts last: the collectors already run, so the rules have the whole 36 s
+            # before the stall to learn the job's baseline.
+            exporter = gpulens(
+                "exporter", "--source", "sim", "--scenario", str(scenario), "--all-nodes", "--speed", str(SPEED),
+                "--listen", f"127.0.0.1:{port}", log=log,
             )  # fmt: skip
-            collectors.append((proc, clog))
-        # The exporter (and its clock) starts last: the collectors already run, so the rules have the whole 36 s
-        # before the stall to learn the job's baseline.
-        exporter = gpulens(
-            "exporter", "--source", "sim", "--scenario", str(scenario), "--all-nodes", "--speed", str(SPEED),
-            "--listen", f"127.0.0.1:{port}", log=log,
-        )  # fmt: skip
-        with process(*collectors[0]), process(*collectors[1]), process(exporter, log):
+            running.enter_context(process(exporter, log))
             wait_http(f"http://127.0.0.1:{port}/api/v1/nodes", exporter, log)
             deadline = time.monotonic() + 150
             while not fired("/shared", "CommunicationStall") and time.monotonic() < deadline:

@@ -13,13 +13,17 @@ The pieces, in the order a scrape round flows through them:
 ``engine.AlertEngine`` drives them together; ``replay`` runs a simulated cluster through it. See docs/alerts.md.
 """
 
-from .base import AlertRule, Candidate
-from .catalogue import BUILTIN_NAMES
-from .engine import AlertEngine, EngineRound
-from .grouping import Grouper, GroupState, Notification, Route
-from .history import History
-from .rules import builtin_rules, evaluate
-from .state import AlertState, Silence, StepResult, fingerprint, step
+from gpulens.extras import require_server
+
+require_server("gpulens.alerts", "sqlalchemy")
+
+from gpulens.alerts.base import AlertRule, Candidate  # noqa: E402
+from gpulens.alerts.catalogue import BUILTIN_NAMES  # noqa: E402
+from gpulens.alerts.engine import AlertEngine, EngineRound  # noqa: E402
+from gpulens.alerts.grouping import Grouper, GroupState, Notification, Route  # noqa: E402
+from gpulens.alerts.history import History  # noqa: E402
+from gpulens.alerts.rules import builtin_rules, evaluate  # noqa: E402
+from gpulens.alerts.state import AlertState, Silence, StepResult, fingerprint, step  # noqa: E402
 
 __all__ = [
     "BUILTIN_NAMES",

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from gpulens.hardware import NVLINK_DEFAULT_LINK_BYTES_PER_SECOND
-
-from .base import AlertRule
-from .fabriccatalogue import (
+from gpulens.alerts.base import AlertRule
+from gpulens.alerts.fabriccatalogue import (
     FABRIC_CONGESTION,
     FABRIC_RULES,
     FABRIC_SATURATED,
@@ -22,6 +20,7 @@ from .fabriccatalogue import (
     IB_LINK_FLAPPING,
     JOB_INPUT_BOUND,
 )
+from gpulens.hardware import NVLINK_DEFAULT_LINK_BYTES_PER_SECOND
 
 MEMORY_SATURATED: Final = "GpuMemorySaturated"
 THERMAL_THROTTLING: Final = "GpuThermalThrottling"

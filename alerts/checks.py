@@ -11,14 +11,13 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any, Final
 
+from gpulens.alerts.base import AlertRule, Candidate, gpu_name, gpu_subject, job_suffix, percent, rate_text, rule_labels
+from gpulens.alerts.catalogue import XID_MEANINGS
+from gpulens.alerts.history import History, Round
 from gpulens.config import format_duration
 from gpulens.hardware import pcie_max_bytes_per_second
 from gpulens.httpfetch import redact_url
 from gpulens.model import THROTTLE_REASONS, GpuJob, GpuReading, throttle_reason_names
-
-from .base import AlertRule, Candidate, gpu_name, gpu_subject, job_suffix, percent, rate_text, rule_labels
-from .catalogue import XID_MEANINGS
-from .history import History, Round
 
 _BIT: Final = dict(THROTTLE_REASONS)
 THERMAL_BITS: Final = _BIT["sw_thermal"] | _BIT["hw_thermal"]

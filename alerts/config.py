@@ -8,7 +8,7 @@ dashboard_url = "https://gpulens.example.org"   # alert links point at its /gpus
 used_ratio = 0.97
 for = "10m"
 
-[[alerts.rules]]                                # a user rule (see alerts.userrules)
+[[alerts.rules]]                                # a user rule (see gpulens.alerts.userrules)
 name = "GpuHot"
 field = "temperature_celsius"
 op = ">="
@@ -41,6 +41,16 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from gpulens.alerts.base import AlertRule
+from gpulens.alerts.catalogue import BUILTIN_NAMES
+from gpulens.alerts.grouping import ALL_LABELS, Route
+from gpulens.alerts.matchers import MatcherError, parse_matcher
+from gpulens.alerts.notify import HttpPost, Notifier, SecretSource, env_secret, file_secret, urllib_post
+from gpulens.alerts.notify.logfile import LogNotifier
+from gpulens.alerts.notify.slack import SlackNotifier
+from gpulens.alerts.notify.webhook import WebhookNotifier
+from gpulens.alerts.rules import builtin_rules
+from gpulens.alerts.userrules import RuleFile, build_user_rules, parse_user_rules
 from gpulens.config import ConfigError, TomlLocator
 from gpulens.typedinput import (
     Duration,
@@ -51,17 +61,6 @@ from gpulens.typedinput import (
     parse_toml,
     read_text,
 )
-
-from .base import AlertRule
-from .catalogue import BUILTIN_NAMES
-from .grouping import ALL_LABELS, Route
-from .matchers import MatcherError, parse_matcher
-from .notify import HttpPost, Notifier, SecretSource, env_secret, file_secret, urllib_post
-from .notify.logfile import LogNotifier
-from .notify.slack import SlackNotifier
-from .notify.webhook import WebhookNotifier
-from .rules import builtin_rules
-from .userrules import RuleFile, build_user_rules, parse_user_rules
 
 RECEIVER_KINDS: Final = ("slack", "webhook", "log")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

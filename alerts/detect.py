@@ -37,13 +37,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from gpulens.alerts.base import AlertRule, Candidate, gpu_name, percent, rate_text, rule_labels
+from gpulens.alerts.checks import HW_POWER_BRAKE_BIT, HW_SLOWDOWN, SW_POWER_CAP, THERMAL_BITS
+from gpulens.alerts.fabricchecks import fabric_evidence
+from gpulens.alerts.history import History, JobRound, JobView, Round
 from gpulens.config import format_duration
 from gpulens.model import THROTTLE_REASONS, GpuReading, throttle_reason_names
-
-from .base import AlertRule, Candidate, gpu_name, percent, rate_text, rule_labels
-from .checks import HW_POWER_BRAKE_BIT, HW_SLOWDOWN, SW_POWER_CAP, THERMAL_BITS
-from .fabricchecks import fabric_evidence
-from .history import History, JobRound, JobView, Round
 
 # Clock reasons that make a rank slow (idle, sync boost and application clocks do not).
 SLOWDOWN_BITS: Final = THERMAL_BITS | HW_SLOWDOWN | SW_POWER_CAP | HW_POWER_BRAKE_BIT

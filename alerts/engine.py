@@ -10,14 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpulens.alerts.base import AlertRule, Candidate
+from gpulens.alerts.grouping import Grouper, GroupState, Notification, Route
+from gpulens.alerts.history import History
+from gpulens.alerts.notify.delivery import OutboxStore
+from gpulens.alerts.rules import data_missing, evaluate, required_window_s
+from gpulens.alerts.state import DEFAULT_INHIBITIONS, AlertState, Inhibition, Silence, StepResult, silencer, step
 from gpulens.model import NodeSnapshot, TargetHealth
-
-from .base import AlertRule, Candidate
-from .grouping import Grouper, GroupState, Notification, Route
-from .history import History
-from .notify.delivery import OutboxStore
-from .rules import data_missing, evaluate, required_window_s
-from .state import DEFAULT_INHIBITIONS, AlertState, Inhibition, Silence, StepResult, silencer, step
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from .base import AlertRule
+from gpulens.alerts.base import AlertRule
 
 IB_LINK_DOWN: Final = "IbLinkDown"
 IB_LINK_FLAPPING: Final = "IbLinkFlapping"

@@ -13,12 +13,11 @@ from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from typing import Final
 
+from gpulens.alerts.base import AlertRule, Candidate, percent, rate_text, rule_labels
+from gpulens.alerts.fabrichistory import FabricWindow, PortState
+from gpulens.alerts.history import History
 from gpulens.config import format_duration
 from gpulens.fabricmodel import NicReading
-
-from .base import AlertRule, Candidate, percent, rate_text, rule_labels
-from .fabrichistory import FabricWindow, PortState
-from .history import History
 
 PHYS_STATE_DISABLED: Final = "Disabled"
 

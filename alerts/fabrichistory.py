@@ -21,10 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
+from gpulens.alerts.jobround import _sorted_median
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import NodeSnapshot
-
-from .jobround import _sorted_median
 
 PortKey = tuple[str, str, int]  # (node, device, port)
 K = TypeVar("K")

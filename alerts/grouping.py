@@ -17,10 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from gpulens.alerts.matchers import Matcher, matches_all
+from gpulens.alerts.state import FIRING, RESOLVED, AlertState
 from gpulens.config import format_timestamp
-
-from .matchers import Matcher, matches_all
-from .state import FIRING, RESOLVED, AlertState
 
 ALL_LABELS: Final = "..."
 

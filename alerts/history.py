@@ -25,10 +25,8 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Final
 
-from gpulens.model import GpuJob, GpuReading, NodeSnapshot, TargetHealth
-
-from .fabrichistory import FabricWindow
-from .jobround import (
+from gpulens.alerts.fabrichistory import FabricWindow
+from gpulens.alerts.jobround import (
     REFERENCE_MIN_SHARE,
     REFERENCE_MIN_UTILIZATION,
     REFERENCE_SETTLED_ROUNDS,
@@ -40,8 +38,9 @@ from .jobround import (
     summarise_job,
     traffic_bytes_per_second,
 )
+from gpulens.model import GpuJob, GpuReading, NodeSnapshot, TargetHealth
 
-# JobRound and its helpers live in ``alerts.jobround``; the rules and tests import them from here as before.
+# JobRound and its helpers live in ``gpulens.alerts.jobround``; the rules and tests import them from here as before.
 __all__ = [
     "History",
     "JobPause",
@@ -160,7 +159,9 @@ class History:
         self._node_seen: dict[str, float] = {}
         self._target_down_since: dict[str, float] = {}
         self._since: dict[tuple[str, float], tuple[float, GpuReading] | None] = {}  # reading_since, this round
-        self.fabric = FabricWindow(window_s)  # the RDMA ports, hosts and jobs' host shares (alerts.fabrichistory)
+        self.fabric = FabricWindow(
+            window_s
+        )  # the RDMA ports, hosts and jobs' host shares (gpulens.alerts.fabrichistory)
         self._round_since: dict[float, int] = {}  # since -> index of the first round at or after it, this round
         self._up: list[tuple[GpuReading, Sequence[GpuJob]]] | None = None  # up_gpus, this round
         self._missing: frozenset[str] | None = None  # missing_nodes, this round

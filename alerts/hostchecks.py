@@ -8,10 +8,9 @@ rates, the rule holds its judgement instead of counting the round.
 
 from __future__ import annotations
 
+from gpulens.alerts.base import AlertRule, Candidate, percent, rate_text, rule_labels
+from gpulens.alerts.history import History, JobView
 from gpulens.fabricmodel import HostReading, JobHostReading
-
-from .base import AlertRule, Candidate, percent, rate_text, rule_labels
-from .history import History, JobView
 
 
 def _starved(rule: AlertRule, share: JobHostReading | None, host: HostReading | None) -> list[str]:

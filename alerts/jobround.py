@@ -1,6 +1,6 @@
 """One job in one round: ``summarise_job`` condenses a job's GPU readings into a ``JobRound`` (minimum, median and
 maximum utilization, traffic, power, clocks and memory), which the history keeps per job and the job rules compare
-with the job's own reference rounds. ``alerts.history`` holds the rounds; this module only summarises one.
+with the job's own reference rounds. ``gpulens.alerts.history`` holds the rounds; this module only summarises one.
 """
 
 from __future__ import annotations

@@ -19,10 +19,8 @@ from typing import Any, Final
 
 import yaml
 
-from gpulens.hardware import PCIE_LANE_BYTES_PER_SECOND
-
-from .base import AlertRule
-from .catalogue import (
+from gpulens.alerts.base import AlertRule
+from gpulens.alerts.catalogue import (
     COMMUNICATION_STALL,
     ECC_UNCORRECTABLE,
     EXPORTER_DOWN,
@@ -46,6 +44,7 @@ from .catalogue import (
     THERMAL_THROTTLING,
     XID_ERROR,
 )
+from gpulens.hardware import PCIE_LANE_BYTES_PER_SECOND
 
 _JOB = "max by (node, gpu, uuid, job_id, user) (gpulens_gpu_job_info)"
 _PORT = "on(node, device, port)"

@@ -12,16 +12,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpulens.alerts.base import AlertRule
+from gpulens.alerts.engine import AlertEngine, EngineRound
+from gpulens.alerts.state import FIRING, RESOLVED, StepResult
 from gpulens.config import format_duration, format_timestamp
 from gpulens.model import NodeSnapshot, NodeUnavailableError, TargetHealth
 
-from .base import AlertRule
-from .engine import AlertEngine, EngineRound
-from .state import FIRING, RESOLVED, StepResult
-
 
 class SnapshotSource(Protocol):
-    """What ``exporter.sim.SimCluster`` offers: any node's snapshot at any (virtual) time."""
+    """What ``gpulens.exporter.sim.SimCluster`` offers: any node's snapshot at any (virtual) time."""
 
     def node_names(self) -> list[str]: ...
 

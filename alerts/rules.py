@@ -1,7 +1,7 @@
 """Rule evaluation: pure functions of the rules, the history and ``now``.
 
 ``evaluate`` runs every rule on the latest round and returns the conditions that hold now (``Candidate``); the state
-machine (``alerts.state.step``) turns them into pending, firing and resolved alerts. ``builtin_rules`` is the
+machine (``gpulens.alerts.state.step``) turns them into pending, firing and resolved alerts. ``builtin_rules`` is the
 catalogue with the config's overrides applied.
 """
 
@@ -11,11 +11,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
-from gpulens.config import ConfigError, parse_duration
-
-from . import checks, detect, fabricchecks, hostchecks
-from .base import SEVERITIES, AlertRule, Candidate, Threshold
-from .catalogue import (
+from gpulens.alerts import checks, detect, fabricchecks, hostchecks
+from gpulens.alerts.base import SEVERITIES, AlertRule, Candidate, Threshold
+from gpulens.alerts.catalogue import (
     BUILTIN_RULES,
     COMMUNICATION_STALL,
     ECC_UNCORRECTABLE,
@@ -40,8 +38,9 @@ from .catalogue import (
     THERMAL_THROTTLING,
     XID_ERROR,
 )
-from .history import History
-from .userrules import THRESHOLD_CHECK, threshold_check
+from gpulens.alerts.history import History
+from gpulens.alerts.userrules import THRESHOLD_CHECK, threshold_check
+from gpulens.config import ConfigError, parse_duration
 
 __all__ = ["CHECKS", "AlertRule", "Candidate", "builtin_rules", "data_missing", "evaluate", "required_window_s"]
 

@@ -17,21 +17,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from alerts.config import AlertingConfig, build_notifiers, parse_alerting
-from alerts.engine import AlertEngine, EngineRound
-from alerts.grouping import GroupState
-from alerts.matchers import matchers_from_json
-from alerts.notify import Notifier
-from alerts.notify.delivery import Backoff, Delivery, DeliveryCounts, OutboxItem
-from alerts.notify.worker import DEFAULT_POLL_S, NotificationWorker
-from alerts.state import AlertState, Silence
+from gpulens.alerts.config import AlertingConfig, build_notifiers, parse_alerting
+from gpulens.alerts.engine import AlertEngine, EngineRound
+from gpulens.alerts.grouping import GroupState
+from gpulens.alerts.matchers import matchers_from_json
+from gpulens.alerts.notify import Notifier
+from gpulens.alerts.notify.delivery import Backoff, Delivery, DeliveryCounts, OutboxItem
+from gpulens.alerts.notify.worker import DEFAULT_POLL_S, NotificationWorker
+from gpulens.alerts.state import AlertState, Silence
 from gpulens.clock import Clock, SystemClock
 from gpulens.model import NodeSnapshot, TargetHealth
 from gpulens.rounds import RoundResult
 from gpulens.settings import Settings
-from storage import alertstore
-from storage.db import Database, DatabaseUnavailableError
-from storage.recent import recent_rounds
+from gpulens.storage import alertstore
+from gpulens.storage.db import Database, DatabaseUnavailableError
+from gpulens.storage.recent import recent_rounds
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from gpulens.alerts.base import AlertRule, Candidate, dashboard_link
+from gpulens.alerts.catalogue import COMMUNICATION_STALL, EXPORTER_DOWN, GPU_LOST, IB_LINK_DOWN, IB_LINK_FLAPPING
+from gpulens.alerts.matchers import Matcher, matchers_from_json, matchers_to_json
 from gpulens.config import format_timestamp
-
-from .base import AlertRule, Candidate, dashboard_link
-from .catalogue import COMMUNICATION_STALL, EXPORTER_DOWN, GPU_LOST, IB_LINK_DOWN, IB_LINK_FLAPPING
-from .matchers import Matcher, matchers_from_json, matchers_to_json
 
 PENDING: Final = "pending"
 FIRING: Final = "firing"

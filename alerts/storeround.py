@@ -1,5 +1,5 @@
 """Alert rounds from a store instead of a scrape: the whole cluster's newest readings, jobs and targets, read
-through the store read interface (``storage.reading``), so that rules run once, over every GPU.
+through the store read interface (``gpulens.storage.reading``), so that rules run once, over every GPU.
 
 ``store_round`` builds one ``RoundResult`` (what a collector round would have found) from any ``StoreReader``:
 Prometheus (``gpulens alerts run --db prometheus+http://...``) or the shared SQL store (``gpulens alerts run`` beside
@@ -18,9 +18,9 @@ from typing import Final
 
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading
 from gpulens.rounds import RoundHook, RoundResult
-from storage.db import Database, DatabaseUnavailableError
-from storage.leader import AdvisoryLock
-from storage.reading import NotAvailableOnBackendError, SqlReader, StoreReader
+from gpulens.storage.db import Database, DatabaseUnavailableError
+from gpulens.storage.leader import AdvisoryLock
+from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, StoreReader
 
 log = logging.getLogger(__name__)
 

@@ -32,13 +32,12 @@ from typing import Any, Final
 
 import msgspec
 
+from gpulens.alerts.base import SCOPES, SEVERITIES, AlertRule, Candidate, gpu_subject, rule_labels
+from gpulens.alerts.history import History, nvlink_bytes_per_second
 from gpulens.config import TomlLocator
 from gpulens.model import GpuReading
 from gpulens.ratios import memory_used_ratio_of, power_limit_ratio_of
 from gpulens.typedinput import Duration, FieldError, InputStruct, convert, input_error
-
-from .base import SCOPES, SEVERITIES, AlertRule, Candidate, gpu_subject, rule_labels
-from .history import History, nvlink_bytes_per_second
 
 THRESHOLD_CHECK: Final = "threshold"
 OPERATORS: Final[Mapping[str, Callable[[float, float], bool]]] = {

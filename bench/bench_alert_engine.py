@@ -19,14 +19,14 @@ import statistics
 import sys
 import time
 
-from alerts.engine import AlertEngine
-from alerts.grouping import Route
-from alerts.notify.delivery import InMemoryOutbox
-from alerts.replay import read_round
-from alerts.rules import builtin_rules
 from bench import options
 from bench.bench_sim import NODES, scenario_text
-from exporter.sim import SimCluster, parse_scenario
+from gpulens.alerts.engine import AlertEngine
+from gpulens.alerts.grouping import Route
+from gpulens.alerts.notify.delivery import InMemoryOutbox
+from gpulens.alerts.replay import read_round
+from gpulens.alerts.rules import builtin_rules
+from gpulens.exporter.sim import SimCluster, parse_scenario
 from gpulens.gcpause import tune_garbage_collector
 from gpulens.model import NodeSnapshot, TargetHealth
 

@@ -18,13 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-from alerts.engine import AlertEngine
-from alerts.grouping import Route
-from alerts.notify.delivery import InMemoryOutbox
-from alerts.replay import rounds
-from alerts.rules import builtin_rules
 from bench import options
-from exporter.sim import SimCluster, parse_scenario
+from gpulens.alerts.engine import AlertEngine
+from gpulens.alerts.grouping import Route
+from gpulens.alerts.notify.delivery import InMemoryOutbox
+from gpulens.alerts.replay import rounds
+from gpulens.alerts.rules import builtin_rules
+from gpulens.exporter.sim import SimCluster, parse_scenario
 from tests.alerts import scenarios
 from tests.alerts.expect import BOUNDED, Outcome, run, tally
 

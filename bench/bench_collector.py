@@ -23,12 +23,12 @@ from pathlib import Path
 from bench import options
 from bench.bench_sim import scenario_text
 from bench.bench_sim_serve import free_port, wait_ready
-from collector import scrape
-from collector.loop import Collector
+from gpulens.collector import scrape
+from gpulens.collector.loop import Collector
 from gpulens.gcpause import tune_garbage_collector
 from gpulens.settings import TargetSettings, default_settings
 from gpulens.snapshotcodec import snapshot_from_bytes
-from storage.db import Database
+from gpulens.storage.db import Database
 
 ROUNDS = 3
 DOCUMENTS = {  # figure name -> the snapshot's query

@@ -30,17 +30,17 @@ from typing import Any
 
 from werkzeug.serving import make_server
 
-from alerts.state import AlertState
 from bench import options
 from bench.bench_storage import pg_bindir, postgresql_server
-from dashboard.app import create_app
-from dashboard.webserve import CompressAndCache
+from gpulens.alerts.state import AlertState
 from gpulens.clock import ManualClock
+from gpulens.dashboard.app import create_app
+from gpulens.dashboard.webserve import CompressAndCache
 from gpulens.gcpause import tune_garbage_collector
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading
-from storage.db import Database
-from storage.rollup import Rollups
-from storage.writer import Writer
+from gpulens.storage.db import Database
+from gpulens.storage.rollup import Rollups
+from gpulens.storage.writer import Writer
 from tests.dashboard.browser import RENDERED_JS, chromium
 from tests.dashboard.cluster import ReplayedAlerts
 from tests.fakes.static_source import GIB, h100

@@ -27,11 +27,11 @@ from concurrent.futures import Future
 from typing import Any
 
 from bench import options
-from exporter.httpserver import ExporterServer, Routes
-from exporter.nvml import NvmlSource
-from exporter.nvmlxid import XID_WAIT_MS
-from exporter.poller import Poller
 from gpulens.clock import SystemClock
+from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.nvml import NvmlSource
+from gpulens.exporter.nvmlxid import XID_WAIT_MS
+from gpulens.exporter.poller import Poller
 from tests.fakes.fake_nvml import FakeNvml
 
 CALL_LATENCY_S = 0.0002

@@ -28,15 +28,15 @@ import time
 from pathlib import Path
 
 from bench import options
-from exporter.fabric.affinity import PciTopology
-from exporter.fabric.host import HostReader, JobHostReader
-from exporter.fabric.ibports import IbPortReader
-from exporter.fabric.node import FabricReader
-from exporter.jobmap import JobMapper
-from exporter.metrics import ExporterHealth, render_metrics
-from exporter.nvml import NvmlSource
-from exporter.poller import Enricher, Poller
 from gpulens.clock import SystemClock
+from gpulens.exporter.fabric.affinity import PciTopology
+from gpulens.exporter.fabric.host import HostReader, JobHostReader
+from gpulens.exporter.fabric.ibports import IbPortReader
+from gpulens.exporter.fabric.node import FabricReader
+from gpulens.exporter.jobmap import JobMapper
+from gpulens.exporter.metrics import ExporterHealth, render_metrics
+from gpulens.exporter.nvml import NvmlSource
+from gpulens.exporter.poller import Enricher, Poller
 from gpulens.model import NodeSnapshot
 from tests.exporter.fabric.conftest import GPU_BUS_IDS, SYSFS, V2_CGROUP, V2_PROC
 from tests.fakes.fake_nvml import FakeNvml

@@ -1,6 +1,6 @@
 """Side by side: gpulens's exporter against nvitop-exporter (PyPI) on the same fake NVML, in one run.
 
-Each tool runs in its own process, started through its own entry point (``exporter.agent.run_exporter``,
+Each tool runs in its own process, started through its own entry point (``gpulens.exporter.agent.run_exporter``,
 ``nvitop_exporter.cli.main``), after the same injection at the pynvml boundary: every NVML function of the
 ``pynvml`` module is replaced by the fake's (``tests.fakes.fake_nvml``, 8 H100s, 0.2 ms per call, 20 ms per PCIe
 throughput call); a function the fake does not model answers NVML_ERROR_NOT_SUPPORTED after the same 0.2 ms. nvitop
@@ -87,8 +87,8 @@ def serve(tool: str, port: int, model: str, collections: Any, ready: Any) -> Non
 
     threading.Thread(target=report_unmodelled, daemon=True).start()
     if tool == "gpulens":
-        from exporter.agent import ExporterOptions, run_exporter
-        from exporter.poller import Poller
+        from gpulens.exporter.agent import ExporterOptions, run_exporter
+        from gpulens.exporter.poller import Poller
 
         collect_once = Poller.collect_once
 

@@ -129,8 +129,8 @@ def gpulens_bytes_per_value(url: str) -> tuple[float, int, int]:
     import sqlalchemy as sa
 
     from bench.bench_storage import _sample_bytes
-    from storage import schema
-    from storage.db import Database
+    from gpulens.storage import schema
+    from gpulens.storage.db import Database
 
     db = Database(url)
     try:
@@ -159,10 +159,10 @@ def main() -> int:
     parser.add_argument("--warm", type=float, default=40.0, help="seconds before measuring (default 40)")
     parser.add_argument("--prometheus", default="prometheus", help="the Prometheus binary (default: on PATH)")
     args = parser.parse_args()
-    from dashboard.panels import FIELDS
+    from gpulens.dashboard.panels import FIELDS
     from gpulens.metriccatalogue import GPU_FIELDS
-    from storage.db import Database
-    from storage.reading import SqlReader
+    from gpulens.storage.db import Database
+    from gpulens.storage.reading import SqlReader
 
     work = Path(tempfile.mkdtemp(prefix="gpulens-bench-prompeer-"))
     names = [f"node-{n:04d}" for n in range(args.nodes)]

@@ -47,12 +47,12 @@ class FixedClock:
 
 
 def page_loads(store: Any, names: list[str]) -> dict[str, Callable[[], Any]]:
-    from dashboard.components import ViewState
-    from dashboard.context import Context
-    from dashboard.grid import DEFAULT_SORT
-    from dashboard.heatmaps import DEFAULT_METRIC
-    from dashboard.pages import gpu, interconnect, job, jobs, node, overview
-    from dashboard.timerange import DEFAULT_RANGE
+    from gpulens.dashboard.components import ViewState
+    from gpulens.dashboard.context import Context
+    from gpulens.dashboard.grid import DEFAULT_SORT
+    from gpulens.dashboard.heatmaps import DEFAULT_METRIC
+    from gpulens.dashboard.pages import gpu, interconnect, job, jobs, node, overview
+    from gpulens.dashboard.timerange import DEFAULT_RANGE
 
     context = Context(db=store, clock=store.clock)
     state = ViewState(range=DEFAULT_RANGE)
@@ -69,7 +69,7 @@ def page_loads(store: Any, names: list[str]) -> dict[str, Callable[[], Any]]:
 
 def browser_loads(store: Any, names: list[str]) -> dict[str, float]:
     """Milliseconds to load each page whole in headless Chromium (the median of ``REPEAT``)."""
-    from dashboard.app import create_app
+    from gpulens.dashboard.app import create_app
     from tests.dashboard.browser import chromium, serving, wait_rendered
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no request log between the figures
@@ -143,7 +143,7 @@ def build(work: Path, nodes: int) -> float:
 
 def measure(work: Path, nodes: int, pages: list[str] | None = None, *, browser: bool = True) -> int:
     from gpulens.settings import StoreAuth
-    from storage.prometheus import PromReader
+    from gpulens.storage.prometheus import PromReader
     from tests.prom import running_prometheus
     from tests.storage.promblocks import GPUS
 

@@ -15,7 +15,7 @@ import sys
 import time
 
 from bench import options
-from exporter.sim import SimCluster, parse_scenario
+from gpulens.exporter.sim import SimCluster, parse_scenario
 
 NODES = 1000
 MINUTE = 60.0

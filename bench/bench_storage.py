@@ -41,10 +41,10 @@ import sqlalchemy as sa
 from bench import options
 from gpulens.clock import ManualClock
 from gpulens.model import GpuJob, LinkReading, NodeSnapshot, ProcessReading
-from storage import jobstats, latest, schema, timeseries
-from storage.db import Database
-from storage.rollup import Rollups
-from storage.writer import Writer
+from gpulens.storage import jobstats, latest, schema, timeseries
+from gpulens.storage.db import Database
+from gpulens.storage.rollup import Rollups
+from gpulens.storage.writer import Writer
 from tests.fakes.static_source import GIB, h100
 
 DAY_S = 86_400

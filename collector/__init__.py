@@ -4,3 +4,7 @@
 (static, file_sd, shards), ``spool`` (rounds that wait while the database is down) and ``runner`` (settings in, a
 running collector out). It imports only the core and storage; the alert engine is handed in as a hook.
 """
+
+from gpulens.extras import require_server
+
+require_server("gpulens.collector", "apscheduler", "pycurl", "sqlalchemy")

@@ -18,17 +18,17 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from collector.scrape import Scraper, ScrapeResult, merge_counts
-from collector.spool import Spool
-from collector.targets import TargetSet
 from gpulens.clock import Clock, SystemClock
+from gpulens.collector.scrape import Scraper, ScrapeResult, merge_counts
+from gpulens.collector.spool import Spool
+from gpulens.collector.targets import TargetSet
 from gpulens.logutil import LogOnce
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.settings import Settings
-from storage.db import Database, DatabaseUnavailableError
-from storage.retention import Retention, RetentionJob
-from storage.rollup import Rollups
-from storage.writer import Writer, WriteStats
+from gpulens.storage.db import Database, DatabaseUnavailableError
+from gpulens.storage.retention import Retention, RetentionJob
+from gpulens.storage.rollup import Rollups
+from gpulens.storage.writer import Writer, WriteStats
 
 log = logging.getLogger(__name__)
 

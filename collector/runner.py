@@ -9,14 +9,14 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import start_http_server
 
-from collector.loop import Collector
+from gpulens.collector.loop import Collector
 from gpulens.config import ConfigError
 from gpulens.gcpause import tune_garbage_collector
 from gpulens.netaddr import parse_listen
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.settings import Settings
-from storage.connect import open_database_when_reachable
-from storage.db import Database
+from gpulens.storage.connect import open_database_when_reachable
+from gpulens.storage.db import Database
 
 log = logging.getLogger(__name__)
 

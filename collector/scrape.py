@@ -31,8 +31,8 @@ from operator import attrgetter, is_not
 from typing import Final
 from urllib.parse import urlsplit
 
-from collector.targets import Target
 from gpulens.clock import Clock, SystemClock
+from gpulens.collector.targets import Target
 from gpulens.config import ConfigError
 from gpulens.dcgmnode import DcgmPageError, DcgmPageReader
 from gpulens.httpfetch import redact_url

@@ -1,6 +1,10 @@
 """The gpulens web dashboard (Dash and Plotly), reading the store only through storage's read modules.
 
-Those are ``storage.latest``, ``storage.timeseries``, ``storage.jobstats`` and ``storage.inventory``.
+Those are ``storage.latest``, ``storage.timeseries``, ``gpulens.storage.jobstats`` and ``gpulens.storage.inventory``.
 
-``dashboard.app.create_app(db)`` builds the app; ``dashboard.server.run_dashboard`` serves it.
+``gpulens.dashboard.app.create_app(db)`` builds the app; ``gpulens.dashboard.server.run_dashboard`` serves it.
 """
+
+from gpulens.extras import require_server
+
+require_server("gpulens.dashboard", "dash", "plotly", "waitress", "sqlalchemy")

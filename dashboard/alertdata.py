@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from alerts.state import AlertState, Silence
+from gpulens.alerts.state import AlertState, Silence
 
 
 class AlertReader(Protocol):

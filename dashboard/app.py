@@ -17,15 +17,15 @@ import dash
 from dash import ClientsideFunction, Dash, Input, Output, dcc, html
 from flask import Response, request
 
-from dashboard.alertdata import AlertReader
-from dashboard.components import clientside
-from dashboard.context import Context
-from dashboard.ids import SHELL_NAV, SHELL_THEME_TOGGLE
-from dashboard.pages import PAGES
 from gpulens.clock import Clock
+from gpulens.dashboard.alertdata import AlertReader
+from gpulens.dashboard.components import clientside
+from gpulens.dashboard.context import Context
+from gpulens.dashboard.ids import SHELL_NAV, SHELL_THEME_TOGGLE
+from gpulens.dashboard.pages import PAGES
+from gpulens.storage.db import Database
+from gpulens.storage.reading import StoreReader, reader_of
 from gpulens.webauth import BasicAuth
-from storage.db import Database
-from storage.reading import StoreReader, reader_of
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ import dash
 from dash import ClientsideFunction, Dash, Input, Output, State, dcc, html
 from dash.development.base_component import Component
 
-from dashboard.formatting import MISSING, bytes_text
-from dashboard.ids import Toolbar
-from dashboard.paths import gpu_path, job_path
-from dashboard.timerange import CUSTOM, DEFAULT_RANGE, DEFAULT_REFRESH, PRESETS, RANGE_OPTIONS, REFRESH
+from gpulens.dashboard.formatting import MISSING, bytes_text
+from gpulens.dashboard.ids import Toolbar
+from gpulens.dashboard.paths import gpu_path, job_path
+from gpulens.dashboard.timerange import CUSTOM, DEFAULT_RANGE, DEFAULT_REFRESH, PRESETS, RANGE_OPTIONS, REFRESH
 from gpulens.model import ProcessReading
-from storage.reading import NOT_AVAILABLE
+from gpulens.storage.reading import NOT_AVAILABLE
 
 Child = Component | str
 Cell = Component | str | None  # a table cell

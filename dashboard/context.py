@@ -9,14 +9,14 @@ from typing import TypeVar
 
 from dash import html
 
-from dashboard import snapshot
-from dashboard.alertdata import AlertReader
-from dashboard.components import banner
-from dashboard.timerange import RangeError, minute_text
 from gpulens.clock import Clock
+from gpulens.dashboard import snapshot
+from gpulens.dashboard.alertdata import AlertReader
+from gpulens.dashboard.components import banner
+from gpulens.dashboard.timerange import RangeError, minute_text
 from gpulens.gcpause import gc_paused
-from storage.db import Database, DatabaseUnavailableError
-from storage.reading import NotAvailableOnBackendError, StoreReader, TooManySeriesError, reader_of
+from gpulens.storage.db import Database, DatabaseUnavailableError
+from gpulens.storage.reading import NotAvailableOnBackendError, StoreReader, TooManySeriesError, reader_of
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class PageError(Exception):
 
 
 def guarded(context: Context, load: Callable[[], T]) -> T:
-    """Run a page's data loading in one session and snapshot of the store (``dashboard.snapshot``); turn each
+    """Run a page's data loading in one session and snapshot of the store (``gpulens.dashboard.snapshot``); turn each
     failure into a ``PageError`` with a banner.
 
     The database being down is expected and said plainly (its message carries the URL without the password); any

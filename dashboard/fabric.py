@@ -1,6 +1,6 @@
 """The fabric as the pages read it: each RDMA port's problems (down, degraded, errors, saturated) in the order that
 puts problems first, a node's fabric in one line, and a job's fabric traffic and host CPU per node, from the
-store's NIC and host records (``storage.reading``: ``latest_nics``, ``nic_series``, ``latest_job_hosts``,
+store's NIC and host records (``gpulens.storage.reading``: ``latest_nics``, ``nic_series``, ``latest_job_hosts``,
 ``job_host_series``). Pure but for :func:`error_rates`, which makes the one bounded query a panel's error rates take.
 
 Gaps are kept honest: a store that cannot give the fabric is :class:`Unavailable` (said as "not available on this
@@ -14,12 +14,12 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
-from alerts.state import AlertState
-from dashboard.grid import natural_key
+from gpulens.alerts.state import AlertState
+from gpulens.dashboard.grid import natural_key
 from gpulens.fabricmodel import NicReading, nic_id, parse_nic_id
 from gpulens.model import GpuReading
 from gpulens.ratios import busiest_direction, share
-from storage.portproblems import (
+from gpulens.storage.portproblems import (
     ERROR_FIELDS,
     ERROR_POINTS,
     PORT_PROBLEMS,
@@ -30,8 +30,8 @@ from storage.portproblems import (
     loads,
     shortfall,
 )
-from storage.reading import NOT_AVAILABLE, NotAvailableOnBackendError
-from storage.timeseries import SeriesData
+from gpulens.storage.reading import NOT_AVAILABLE, NotAvailableOnBackendError
+from gpulens.storage.timeseries import SeriesData
 
 __all__ = ["ERROR_FIELDS", "ERROR_POINTS", "SATURATED_AT", "error_rates"]  # (theirs, kept here for the pages)
 
@@ -107,7 +107,7 @@ def gpus_text(gpus: Sequence[int]) -> str:
 
 
 def degraded(nic: NicReading, best: tuple[float, int]) -> str:
-    """Why an up port is degraded (``storage.portproblems.shortfall``) in words: ``2X of 4X``, ``200 Gb/s of
+    """Why an up port is degraded (``gpulens.storage.portproblems.shortfall``) in words: ``2X of 4X``, ``200 Gb/s of
     400 Gb/s``. Empty when it is not."""
     short = shortfall(nic, best)
     if short is None:

@@ -9,9 +9,9 @@ from typing import Final
 
 from dash import dcc, html
 
-from dashboard.components import Cell, ViewState, card, flag, href, table
-from dashboard.fabric import NO_PORTS, STATUS_FIELDS, NodeFabric, PortStatus, Unavailable, gbit_text, gpus_text
-from dashboard.formatting import MISSING, percent_text, rate_text
+from gpulens.dashboard.components import Cell, ViewState, card, flag, href, table
+from gpulens.dashboard.fabric import NO_PORTS, STATUS_FIELDS, NodeFabric, PortStatus, Unavailable, gbit_text, gpus_text
+from gpulens.dashboard.formatting import MISSING, percent_text, rate_text
 from gpulens.fabricmodel import NicReading
 
 INTERCONNECT_PATH: Final = "/interconnect"

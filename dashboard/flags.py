@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Final, Protocol
 
-from dashboard.figures.periods import Period
+from gpulens.dashboard.figures.periods import Period
 
 # Alert name -> the flag it raises on its job, and the kind of period it marks on the job's charts.
 JOB_FLAGS: Final = {"CommunicationStall": "stalled", "JobStraggler": "straggling", "GpuIdleAllocated": "idle"}

@@ -12,15 +12,15 @@ from typing import Any
 
 from dash import Dash, Output, State, html
 
-from alerts.state import AlertState
-from dashboard.components import ViewState, graph_panel, toolbar_inputs, view_state
-from dashboard.context import Context, PageError, guarded
-from dashboard.ids import Toolbar
-from dashboard.panels import FIELDS, GpuSeries, gpu_charts
-from dashboard.timerange import TimeRange, minute_text, resolve_range
+from gpulens.alerts.state import AlertState
+from gpulens.dashboard.components import ViewState, graph_panel, toolbar_inputs, view_state
+from gpulens.dashboard.context import Context, PageError, guarded
+from gpulens.dashboard.ids import Toolbar
+from gpulens.dashboard.panels import FIELDS, GpuSeries, gpu_charts
+from gpulens.dashboard.timerange import TimeRange, minute_text, resolve_range
 from gpulens.model import GpuJob, GpuReading, ProcessReading
-from storage.reading import NotAvailableOnBackendError
-from storage.timeseries import SeriesData
+from gpulens.storage.reading import NotAvailableOnBackendError
+from gpulens.storage.timeseries import SeriesData
 
 Render = Callable[[Context, ViewState, str], tuple[Any, ...]]
 

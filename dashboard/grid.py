@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from dashboard.figures.grids import GridCell
-from dashboard.heatmaps import Metric
+from gpulens.dashboard.figures.grids import GridCell
+from gpulens.dashboard.heatmaps import Metric
 from gpulens.model import GpuJob, GpuReading
 
 NODES_PER_PAGE: Final = 32

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from dashboard.formatting import celsius_text, percent_text
+from gpulens.dashboard.formatting import celsius_text, percent_text
 from gpulens.model import GpuReading
 from gpulens.ratios import memory_used_ratio_of, nvlink_utilization_ratio, pcie_utilization_ratio, power_limit_ratio_of
 

@@ -13,9 +13,9 @@ from typing import Final
 
 from dash import dcc, html
 
-from dashboard import ids
-from dashboard.components import GRAPH_CONFIG, graph_panel, panel
-from dashboard.fabric import (
+from gpulens.dashboard import ids
+from gpulens.dashboard.components import GRAPH_CONFIG, graph_panel, panel
+from gpulens.dashboard.fabric import (
     NO_PORTS,
     TRAFFIC_FIELDS,
     NodeTraffic,
@@ -25,15 +25,15 @@ from dashboard.fabric import (
     job_nics,
     node_traffic,
 )
-from dashboard.figures.fabric import job_fabric_heatmap
-from dashboard.figures.periods import Period
-from dashboard.figures.style import empty_figure, palette_color
-from dashboard.figures.timeseries import Axis, Line, time_series
-from dashboard.formatting import rate_text
+from gpulens.dashboard.figures.fabric import job_fabric_heatmap
+from gpulens.dashboard.figures.periods import Period
+from gpulens.dashboard.figures.style import empty_figure, palette_color
+from gpulens.dashboard.figures.timeseries import Axis, Line, time_series
+from gpulens.dashboard.formatting import rate_text
 from gpulens.fabricmodel import JobHostReading, NicReading
-from storage.inventory import GpuInfo
-from storage.reading import StoreReader
-from storage.timeseries import SeriesData
+from gpulens.storage.inventory import GpuInfo
+from gpulens.storage.reading import StoreReader
+from gpulens.storage.timeseries import SeriesData
 
 POINT_BUDGET: Final = 60_000  # series points per panel, shared by the job's ports or nodes
 CORES: Final = Axis(ticksuffix=" cores", hoverformat=".2f")

@@ -11,12 +11,23 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from dashboard.figures.periods import Period
-from dashboard.figures.style import LIMIT_COLOR
-from dashboard.figures.throttle import MaskSeries, throttle_timeline
-from dashboard.figures.timeseries import CELSIUS, GIB, HERTZ, PER_SECOND, PERCENT, RATE, WATTS, Axis, Line, time_series
+from gpulens.dashboard.figures.periods import Period
+from gpulens.dashboard.figures.style import LIMIT_COLOR
+from gpulens.dashboard.figures.throttle import MaskSeries, throttle_timeline
+from gpulens.dashboard.figures.timeseries import (
+    CELSIUS,
+    GIB,
+    HERTZ,
+    PER_SECOND,
+    PERCENT,
+    RATE,
+    WATTS,
+    Axis,
+    Line,
+    time_series,
+)
 from gpulens.hardware import nvlink_max_bytes_per_second, pcie_max_bytes_per_second
-from storage.timeseries import SeriesData
+from gpulens.storage.timeseries import SeriesData
 
 # Every field the charts read, in one list, so a page asks storage for all of them in one query.
 FIELDS: Final = (

@@ -11,16 +11,16 @@ from typing import Any
 
 from waitress.server import create_server
 
-from dashboard.alertdata import AlertReader
-from dashboard.app import create_app
-from dashboard.webserve import CompressAndCache
 from gpulens.clock import Clock
 from gpulens.config import ConfigError
+from gpulens.dashboard.alertdata import AlertReader
+from gpulens.dashboard.app import create_app
+from gpulens.dashboard.webserve import CompressAndCache
 from gpulens.gcpause import tune_garbage_collector
 from gpulens.settings import Settings
+from gpulens.storage.db import Database, DatabaseAccessError, DatabaseUnavailableError
+from gpulens.storage.reading import StoreReader
 from gpulens.webauth import BasicAuth
-from storage.db import Database, DatabaseAccessError, DatabaseUnavailableError
-from storage.reading import StoreReader
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def run_dashboard(
     ``StoreReader`` (Prometheus: the caller owns it, and passes ``alert_reader`` over its alert state store).
 
     The server is waitress (``threads`` worker threads), with gzip and immutable caching of Dash's fingerprinted
-    assets (``dashboard.webserve``). A database that is down at start is not fatal (the pages say so until it is
+    assets (``gpulens.dashboard.webserve``). A database that is down at start is not fatal (the pages say so until it is
     back); one that refuses us (wrong password, no such database) is.
 
     Call it from the main thread, or from a thread running in a copy of its context: Dash registers pages in a

@@ -16,9 +16,9 @@ from contextvars import ContextVar
 from typing import Any, cast
 
 from gpulens.model import GpuJob, ProcessReading
-from storage import latest
-from storage.db import Database
-from storage.reading import SqlReader, StoreReader
+from gpulens.storage import latest
+from gpulens.storage.db import Database
+from gpulens.storage.reading import SqlReader, StoreReader
 
 _PINNED: ContextVar[StoreReader | None] = ContextVar("gpulens_pinned_reader", default=None)
 

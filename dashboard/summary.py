@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from dashboard.figures.grids import GridCell
-from storage.latest import IDLE_UTILIZATION
+from gpulens.dashboard.figures.grids import GridCell
+from gpulens.storage.latest import IDLE_UTILIZATION
 
 # A GPU under this utilization is idle (the definition ``gpulens query`` and the cluster summary use).
 IDLE_BELOW: Final = IDLE_UTILIZATION

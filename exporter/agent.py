@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from exporter.httpserver import ExporterServer, Routes
-from exporter.poller import Enricher, OnDemandNode, Poller
-from exporter.webconfig import WebConfig, load_web_config
 from gpulens.config import ConfigError
+from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.poller import Enricher, OnDemandNode, Poller
+from gpulens.exporter.webconfig import WebConfig, load_web_config
 from gpulens.model import GpuSource, NodeSnapshot
 from gpulens.netaddr import parse_listen
 
@@ -36,7 +36,7 @@ class ExporterOptions:
 
 
 def _nvml_source(options: ExporterOptions) -> GpuSource:
-    from exporter.nvml import NvmlSource
+    from gpulens.exporter.nvml import NvmlSource
 
     return NvmlSource(options.node)
 
@@ -46,7 +46,7 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
     if options.all_nodes and options.source != "sim":
         raise ConfigError("--all-nodes needs --source sim", key="--all-nodes")
     if options.source == "sim":
-        from exporter.sim import LiveTime, SimAllNodes, SimCluster, SimSource, load_scenario
+        from gpulens.exporter.sim import LiveTime, SimAllNodes, SimCluster, SimSource, load_scenario
 
         if not options.scenario:
             raise ConfigError("--source sim needs --scenario FILE", key="--scenario")
@@ -65,16 +65,16 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
         enrich = None
     else:
         if options.source == "dcgm":
-            from exporter.dcgmsource import DcgmSource
+            from gpulens.exporter.dcgmsource import DcgmSource
 
             source = DcgmSource(options.dcgm_url, node=options.node if options.node_given else None)
         else:
             source = _nvml_source(options)
-        from exporter.jobmap import JobMapper
+        from gpulens.exporter.jobmap import JobMapper
 
         enrichers: list[Enricher] = [JobMapper(proc_root=options.proc_root, job_map_dir=options.job_map_dir).enrich]
         if options.fabric:  # after the job mapping: the job cgroups are found from the GPU processes
-            from exporter.fabric.node import FabricReader
+            from gpulens.exporter.fabric.node import FabricReader
 
             fabric = FabricReader(options.node, sysfs_root=options.sysfs_root, proc_root=options.proc_root)
             enrichers.append(fabric.enrich)

@@ -1,7 +1,7 @@
 """The fabric and host families of /metrics: RDMA ports (``gpulens_nic_*``), the node (``gpulens_host_*``) and each
 job's cgroup (``gpulens_job_*``), rendered from a snapshot's ``nics``, ``host`` and ``job_hosts``.
 
-Same rules as the GPU families (``exporter.metrics``): base units in the names, counters exactly as the hardware
+Same rules as the GPU families (``gpulens.exporter.metrics``): base units in the names, counters exactly as the hardware
 reports them (bytes for the 4-byte-word data counters), an unknown value omitted rather than exported as 0. Every
 ``gpulens_nic_*`` series carries ``node, device, port``; ``gpulens_nic_info`` adds ``link_layer``, ``gpus`` (the
 indices of the nearest GPUs, ``"4,5"``) and ``pci_bus_id``. Job series are labelled ``node, job_id`` like
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Final
 
-from exporter.promfamily import Family, render_labels
+from gpulens.exporter.promfamily import Family, render_labels
 from gpulens.model import NodeSnapshot
 
 NIC_LABELS: Final = ("node", "device", "port")

@@ -2,7 +2,7 @@
 
 Every response is pre-rendered by the poller; a request only picks bytes and writes them, so a scrape never touches
 NVML. TLS and basic auth come from a ``--web-config`` file (exporter-toolkit format). Connections are served by a
-fixed pool of threads (``exporter.connections``): idle keep-alive sockets hold no thread.
+fixed pool of threads (``gpulens.exporter.connections``): idle keep-alive sockets hold no thread.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from exporter.connections import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_WORKERS, Connection, ConnectionPool
-from exporter.poller import NodeEndpoint, Published
-from exporter.webconfig import WebConfig
+from gpulens.exporter.connections import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_WORKERS, Connection, ConnectionPool
+from gpulens.exporter.poller import NodeEndpoint, Published
+from gpulens.exporter.webconfig import WebConfig
 from gpulens.model import LINK_SCOPES, LINKS_ALL
 from gpulens.snapshotcodec import LAYOUT_ROWS, LAYOUTS
 

@@ -1,7 +1,7 @@
 """Render a NodeSnapshot as Prometheus text: the gpulens families of the catalogue, plus dcgm-exporter names on demand.
 
 Rendering happens at most once per collection, on the first scrape after it (the result is cached by the caller,
-``exporter.poller.Published``), and never touches hardware: it only reads the snapshot. The text is written here
+``gpulens.exporter.poller.Published``), and never touches hardware: it only reads the snapshot. The text is written here
 rather than through prometheus_client's registry: its generic writer re-validates and re-escapes every label of
 every sample, which made rendering an 8-GPU node cost ~6 ms of CPU per collection, a third of the exporter's whole
 budget at a 1 s interval. Here each GPU's label set is escaped once. The output is checked by prometheus_client's
@@ -14,9 +14,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import gpulens
-from exporter.fabricmetrics import fabric_families
-from exporter.promfamily import Family, escape_label, render_labels
 from gpulens.dcgmfields import COMPAT_FIELDS, COMPAT_LABELS, MIG_MEMORY_TARGETS, compat_value, mig_memory_value
+from gpulens.exporter.fabricmetrics import fabric_families
+from gpulens.exporter.promfamily import Family, escape_label, render_labels
 from gpulens.metriccatalogue import GPU_FIELDS, GPU_LABELS
 from gpulens.model import THROTTLE_REASONS, GpuReading, MigReading, NodeSnapshot
 

@@ -20,17 +20,17 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Final
 
-import pynvml
+import pynvml  # noqa: TID251 (the NVML modules are the pynvml choke point)
 
-from exporter import nvmldevice as device
-from exporter.nvmlcalls import Calls, GpuLostError, as_int, as_text, scaled, start_nvml
-from exporter.nvmlfields import FI_MEMORY_TEMP, field_ids, read_field_values
-from exporter.nvmlgpm import NVLINK, PCIE, PROFILING, close_gpm, forget, open_gpm, read_gpm, sources
-from exporter.nvmlgpu import SLOW_REFRESH_S, Gpu
-from exporter.nvmllinks import LINK_STATE_REFRESH_S, count_links, nvlink_errors, read_nvlink, remote_pci_bus_id
-from exporter.nvmlmig import read_migs
-from exporter.nvmlxid import XidWatcher
 from gpulens.clock import Clock, SystemClock
+from gpulens.exporter import nvmldevice as device
+from gpulens.exporter.nvmlcalls import Calls, GpuLostError, as_int, as_text, scaled, start_nvml
+from gpulens.exporter.nvmlfields import FI_MEMORY_TEMP, field_ids, read_field_values
+from gpulens.exporter.nvmlgpm import NVLINK, PCIE, PROFILING, close_gpm, forget, open_gpm, read_gpm, sources
+from gpulens.exporter.nvmlgpu import SLOW_REFRESH_S, Gpu
+from gpulens.exporter.nvmllinks import LINK_STATE_REFRESH_S, count_links, nvlink_errors, read_nvlink, remote_pci_bus_id
+from gpulens.exporter.nvmlmig import read_migs
+from gpulens.exporter.nvmlxid import XidWatcher
 from gpulens.logutil import ErrorCounter
 from gpulens.model import GpuReading, LinkReading, MigReading, NodeSnapshot, ProcessReading, SourceError
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Final, Protocol
 
-import pynvml
+import pynvml  # noqa: TID251 (the NVML modules are the pynvml choke point)
 
 from gpulens.logutil import ErrorCounter, LogOnce
 from gpulens.model import SourceError

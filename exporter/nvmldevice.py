@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Final, NamedTuple
 
-import pynvml
+import pynvml  # noqa: TID251 (the NVML modules are the pynvml choke point)
 
-from exporter.nvmlcalls import Calls, as_int, as_text, scaled
-from exporter.nvmlgpu import KIB, Gpu, SlowValues
+from gpulens.exporter.nvmlcalls import Calls, as_int, as_text, scaled
+from gpulens.exporter.nvmlgpu import KIB, Gpu, SlowValues
 from gpulens.model import ProcessReading
 
 MHZ: Final = 1_000_000
@@ -43,7 +43,7 @@ class PcieLink(NamedTuple):
 
 
 def read_static(calls: Calls, gpu: Gpu) -> None:
-    """Fill in the GPU's identity and fixed limits (NVLink facts are read by ``exporter.nvmllinks``)."""
+    """Fill in the GPU's identity and fixed limits (NVLink facts are read by ``gpulens.exporter.nvmllinks``)."""
     call, h = calls.call, gpu.handle
     gpu.uuid = as_text(call(gpu, "nvmlDeviceGetUUID", h)) or ""
     gpu.model = as_text(call(gpu, "nvmlDeviceGetName", h)) or ""

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Final
 
-import pynvml
+import pynvml  # noqa: TID251 (the NVML modules are the pynvml choke point)
 
-from exporter.nvmlcalls import LINK_END, NOT_SUPPORTED, SUCCESS, UNKNOWN, Calls, optional_constant
-from exporter.nvmlgpu import Gpu
 from gpulens.clock import Clock
+from gpulens.exporter.nvmlcalls import LINK_END, NOT_SUPPORTED, SUCCESS, UNKNOWN, Calls, optional_constant
+from gpulens.exporter.nvmlgpu import Gpu
 
 ALL_LINKS: Final = 0xFFFFFFFF  # the scopeId that asks a per-link field for the sum over all links
 
@@ -69,7 +69,7 @@ def field_ids(
     """The (field id, scope id) pairs read in one nvmlDeviceGetFieldValues call per GPU and read.
 
     ``nvlink_counters`` is False where GPM measures NVLink throughput; ``per_link_errors`` are the error totals that
-    the driver refuses (they are summed over links by ``exporter.nvmllinks`` instead).
+    the driver refuses (they are summed over links by ``gpulens.exporter.nvmllinks`` instead).
     """
     ids = [(FI_MEMORY_TEMP, 0)]
     if links:

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import pynvml
+import pynvml  # noqa: TID251 (the NVML modules are the pynvml choke point)
 
-from exporter.nvmlcalls import FUNCTION_NOT_FOUND, NOT_SUPPORTED, SUCCESS, Calls, optional_constant
-from exporter.nvmlgpu import GpmMetric, GpmState, Gpu
+from gpulens.exporter.nvmlcalls import FUNCTION_NOT_FOUND, NOT_SUPPORTED, SUCCESS, Calls, optional_constant
+from gpulens.exporter.nvmlgpu import GpmMetric, GpmState, Gpu
 
 PCIE: Final = "pcie"
 NVLINK: Final = "nvlink"

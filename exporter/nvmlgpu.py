@@ -31,7 +31,7 @@ class CounterRates:
 class SlowValues:
     """Values that change rarely, read every ``SLOW_REFRESH_S`` instead of every collection (``exporter.nvmldevice``):
     the enforced power limit (set by an administrator), and the PCIe replay, ECC and row-remapping totals (counters
-    that rise on rare faults; the XID events of the same faults arrive at once through ``exporter.nvmlxid``)."""
+    that rise on rare faults; the XID events of the same faults arrive at once through ``gpulens.exporter.nvmlxid``)."""
 
     power_limit_watts: float | None = None
     pcie_replays: int | None = None
@@ -56,7 +56,7 @@ class MigIdentity:
 
 @dataclass(frozen=True, slots=True)
 class GpmMetric:
-    """One GPM metric a GPU is asked for (``exporter.nvmlgpm``)."""
+    """One GPM metric a GPU is asked for (``gpulens.exporter.nvmlgpm``)."""
 
     key: str  # a GpmValues key: "pcie_tx", "sm_active", ..., or "link_tx:3" for one link
     quantity: str
@@ -98,12 +98,12 @@ class Gpu:
     links: int = 0
     remote_pci_bus_ids: tuple[str | None, ...] = ()
     fields: tuple[tuple[int, int], ...] = ()
-    fields_choice: tuple[bool, frozenset[int]] | None = None  # what ``fields`` was built for (exporter.nvml)
+    fields_choice: tuple[bool, frozenset[int]] | None = None  # what ``fields`` was built for (gpulens.exporter.nvml)
     lost: bool = False
     rates: CounterRates = field(default_factory=CounterRates)
     # link -> (when read, NVML state); link states change rarely and cost one call per link, so they are cached.
     link_states: dict[int, tuple[float, Any]] = field(default_factory=dict)
-    gpm: GpmState | None = None  # where GPM serves this GPU (exporter.nvmlgpm)
+    gpm: GpmState | None = None  # where GPM serves this GPU (gpulens.exporter.nvmlgpm)
     # NVLink error fields whose all-links total the driver refuses (Hopper may): summed over links instead, with the
     # sums cached as field id -> (when read, sum).
     nvlink_errors_per_link: set[int] = field(default_factory=set)

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-import pynvml
+import pynvml  # noqa: TID251 (the NVML modules are the pynvml choke point)
 
-from exporter.nvmlcalls import LINK_END, Calls, as_int, as_text
-from exporter.nvmlfields import (
+from gpulens.exporter.nvmlcalls import LINK_END, Calls, as_int, as_text
+from gpulens.exporter.nvmlfields import (
     ALL_LINKS,
     FI_NVLINK_CRC,
     FI_NVLINK_RECOVERY,
@@ -27,8 +27,8 @@ from exporter.nvmlfields import (
     NVLINK_ERROR_TOTALS,
     FieldValues,
 )
-from exporter.nvmlgpm import GpmValues
-from exporter.nvmlgpu import Gpu
+from gpulens.exporter.nvmlgpm import GpmValues
+from gpulens.exporter.nvmlgpu import Gpu
 from gpulens.model import LinkReading
 
 LINK_STATE_REFRESH_S: Final = 10.0  # 18 calls per H100 per read otherwise; a link that drops still shows at once as

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.nvmlcalls import QUIET_NOT_FOUND, Calls, as_int, as_text
-from exporter.nvmldevice import memory
-from exporter.nvmlgpu import Gpu, MigIdentity
+from gpulens.exporter.nvmlcalls import QUIET_NOT_FOUND, Calls, as_int, as_text
+from gpulens.exporter.nvmldevice import memory
+from gpulens.exporter.nvmlgpu import Gpu, MigIdentity
 from gpulens.model import MigReading
 
 

@@ -8,10 +8,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Final
 
-import pynvml
+import pynvml  # noqa: TID251 (the NVML modules are the pynvml choke point)
 
-from exporter.nvmlcalls import QUIET_TIMEOUT, TIMEOUT, Calls
-from exporter.nvmlgpu import Gpu
+from gpulens.exporter.nvmlcalls import QUIET_TIMEOUT, TIMEOUT, Calls
+from gpulens.exporter.nvmlgpu import Gpu
 from gpulens.logutil import LogOnce
 
 log = logging.getLogger(__name__)

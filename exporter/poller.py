@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from exporter.metrics import ExporterHealth, LastXidTracker, render_metrics
 from gpulens.clock import Clock, SystemClock
+from gpulens.exporter.metrics import ExporterHealth, LastXidTracker, render_metrics
 from gpulens.logutil import ErrorCounter
 from gpulens.model import LINKS_ALL, LINKS_INACTIVE, GpuSource, MultiNodeSource, NodeSnapshot, NodeUnavailableError
 from gpulens.snapshotcodec import snapshot_to_bytes

@@ -1,6 +1,6 @@
 """Prometheus text families written directly: label escaping, sample formatting and one family's HELP/TYPE/samples.
 
-Used by ``exporter.metrics`` (GPU families) and ``exporter.fabricmetrics`` (fabric and host families) instead of
+Used by ``exporter.metrics`` (GPU families) and ``gpulens.exporter.fabricmetrics`` (fabric and host families) instead of
 prometheus_client's generic writer, which re-validates and re-escapes every label of every sample: a label set is
 escaped once here and reused by every series that carries it.
 """

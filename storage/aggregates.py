@@ -5,7 +5,7 @@ before; a counter that went down was reset and counts from zero), bitmasks to an
 aggregates are produced here, from either source (raw samples, or the rows of a rollup tier):
 
 - ``summary``: the rollup columns of a bucket (``<column>_min``/``_mean``/``_max``, ``_increase``, ``_or``), which
-  ``storage.rollup`` writes;
+  ``gpulens.storage.rollup`` writes;
 - ``partials``: parts that merge across tiers and buckets (gauges: count, sum, min, max; counters: increase and the
   milliseconds it spans; bitmasks: OR), which ``storage.series`` and ``storage.jobstats`` read and ``merged`` ends.
 
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from storage.schema import StoredField
+from gpulens.storage.schema import StoredField
 
 
 def window_columns(fields: Sequence[StoredField], *, counters_only: bool = False, key: str = "gpu_id") -> list[str]:
     """The inner projection of raw samples that the raw aggregates read: time gap and counter deltas over ``w``.
 
-    ``key``: the column naming a series (``gpu_id``, or another family's key: ``storage.fabricschema``)."""
+    ``key``: the column naming a series (``gpu_id``, or another family's key: ``gpulens.storage.fabricschema``)."""
     inner = [key, "ts_ms", "ts_ms - LAG(ts_ms) OVER w AS dt"]
     for f in fields:
         c = f.column

@@ -12,8 +12,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from storage import schema
-from storage.db import Database
+from gpulens.storage import schema
+from gpulens.storage.db import Database
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Opening a store: connect and migrate for writers, or open an existing store for readers without creating one.
 
 The one place that dispatches on a store URL's scheme: SQLAlchemy URLs are SQL stores (read and written);
-``prometheus+http(s)://`` is a Prometheus-compatible query API, read through ``storage.prometheus`` and never
+``prometheus+http(s)://`` is a Prometheus-compatible query API, read through ``gpulens.storage.prometheus`` and never
 written (``open_database`` refuses it in one line that says what to do instead).
 """
 
@@ -17,8 +17,8 @@ import sqlalchemy as sa
 
 from gpulens.config import ConfigError
 from gpulens.settings import Settings, StoreAuth
-from storage.db import Database, DatabaseAccessError, DatabaseUnavailableError, DatabaseURLError, redact_url
-from storage.reading import SqlReader, StoreReader
+from gpulens.storage.db import Database, DatabaseAccessError, DatabaseUnavailableError, DatabaseURLError, redact_url
+from gpulens.storage.reading import SqlReader, StoreReader
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def open_existing_database(url: str) -> Database:
 def open_reader(url: str, settings: Settings | None = None) -> StoreReader:
     """A reader over the store at ``url``: SQL (which must exist) or Prometheus (credentials from ``settings``)."""
     if is_prometheus_url(url):
-        from storage.prometheus import PromReader
+        from gpulens.storage.prometheus import PromReader
 
         return PromReader(url, settings.store_auth if settings is not None else StoreAuth())
     return SqlReader(open_existing_database(url))

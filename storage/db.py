@@ -23,7 +23,7 @@ from sqlalchemy.pool import StaticPool
 
 from gpulens.clock import Clock, SystemClock
 from gpulens.httpfetch import redact_url as redact_url  # re-exported: storage.redact_url
-from storage import partitions
+from gpulens.storage import partitions
 
 log = logging.getLogger(__name__)
 

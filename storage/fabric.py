@@ -15,11 +15,11 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading, nic_id, parse_nic_id
-from storage import fabricschema, schema, timeseries
-from storage.db import Database
-from storage.fabricschema import HOST, JOB_HOST, NIC, Family
-from storage.schema import StoredField
-from storage.timeseries import SeriesData
+from gpulens.storage import fabricschema, schema, timeseries
+from gpulens.storage.db import Database
+from gpulens.storage.fabricschema import HOST, JOB_HOST, NIC, Family
+from gpulens.storage.schema import StoredField
+from gpulens.storage.timeseries import SeriesData
 
 _LAST_SEEN_MINUTE: Final = schema.minute_of("d.last_seen_ms")  # SQLite: the stored minute of a row's last_seen_ms
 _STATIC: Final = {

@@ -4,7 +4,7 @@ Each kind of record is stored like the GPU rows (``storage.schema``): a small di
 changes once (``nic``: node, device, port, link layer, PCI address, nearest GPUs; ``host``: node and CPU count;
 ``job_host``: node, job and cgroup) and gives each row a compact integer id, a wide sample table written every round
 (``nic_sample``, ``host_sample``, ``job_host_sample``: narrow integers named by their stored unit, decoded to SI on
-read), and 1-minute and 1-hour rollup tables built by ``storage.rollup``. A ``Family`` describes one such set of
+read), and 1-minute and 1-hour rollup tables built by ``gpulens.storage.rollup``. A ``Family`` describes one such set of
 tables, the GPU rows included, so rollups, retention and series reads treat every kind alike.
 
 Port states are stored as small codes of the InfiniBand names (``NIC_CODES``), in the raw samples only; a name the
@@ -19,8 +19,8 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from storage import schema
-from storage.schema import StoredField, metadata
+from gpulens.storage import schema
+from gpulens.storage.schema import StoredField, metadata
 
 _MIB: Final = 1024 * 1024
 

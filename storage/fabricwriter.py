@@ -1,6 +1,6 @@
 """The fabric and host part of a scrape round's write: port, host and job-host rows, in the GPU rows' transaction.
 
-``storage.writer.Writer`` calls ``FabricWriter.write`` inside its transaction. Each ``NicReading``,
+``gpulens.storage.writer.Writer`` calls ``FabricWriter.write`` inside its transaction. Each ``NicReading``,
 ``HostReading`` and ``JobHostReading`` of a snapshot becomes one row of ``nic_sample``, ``host_sample`` or
 ``job_host_sample`` at the snapshot's time, written like the GPU rows: values travel in SI units and the SQL
 statement encodes them (``StoredField.sql_encode``); ``INSERT OR IGNORE`` on SQLite, binary ``COPY`` into a staging
@@ -22,8 +22,8 @@ from sqlalchemy.engine import Connection
 
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import NodeSnapshot
-from storage import fabricschema, schema
-from storage.fabricschema import HOST, JOB_HOST, NIC, NIC_CODES, Family
+from gpulens.storage import fabricschema, schema
+from gpulens.storage.fabricschema import HOST, JOB_HOST, NIC, NIC_CODES, Family
 
 
 @dataclass(slots=True)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from gpulens.model import TargetHealth
-from storage import schema
-from storage.db import Database
+from gpulens.storage import schema
+from gpulens.storage.db import Database
 
 
 @dataclass(frozen=True, slots=True)

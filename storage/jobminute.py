@@ -11,7 +11,7 @@ newer than its GPU's newest stored one is added: one written again, or replayed 
 (an exporter serving the same snapshot) changes nothing; the minutes of older ones are computed again from the raw
 samples and the job allocations (``recompute``), so that nothing is counted twice and a late sample still counts.
 ``tier_state`` row ``job``: ``horizon_ms`` is the first minute the table covers (minutes before it, from before the
-upgrade to revision 0009 or past retention, are read from the rollups by ``storage.jobstats``).
+upgrade to revision 0009 or past retention, are read from the rollups by ``gpulens.storage.jobstats``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpulens.model import GpuReading, NodeSnapshot
-from storage import schema
+from gpulens.storage import schema
 
 TIER: Final = "job"  # its tier_state row: horizon_ms is the first minute the table covers
 _UTILIZATION: Final = schema.FIELD_BY_NAME["utilization_ratio"]

@@ -17,8 +17,8 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
-from storage import aggregates, jobminute, schema, tiers
-from storage.db import Database
+from gpulens.storage import aggregates, jobminute, schema, tiers
+from gpulens.storage.db import Database
 
 JOB_POINTS: Final = 24  # jobs() reads the coarsest tier that gives about this many buckets over its range
 _UTILIZATION: Final = schema.FIELD_BY_NAME["utilization_ratio"]

@@ -16,8 +16,8 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from gpulens.model import GpuJob, GpuReading, ProcessReading
-from storage import schema
-from storage.db import Database
+from gpulens.storage import schema
+from gpulens.storage.db import Database
 
 IDLE_UTILIZATION: Final = 0.05  # a GPU below this utilization is idle
 KNOWN_WITHIN_S: Final = 7 * 86_400.0  # cluster_summary counts GPUs seen this recently as part of the cluster

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from storage.db import Database
+from gpulens.storage.db import Database
 
 
 class AdvisoryLock:

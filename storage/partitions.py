@@ -11,12 +11,12 @@ from typing import Final
 
 from sqlalchemy.engine import Connection
 
-from storage.schema import DAY_MS
+from gpulens.storage.schema import DAY_MS
 
 # Their width per table.
 PARTITION_WIDTH_MS: Final = {
     f"{family}_{table}": width
-    for family in ("gpu", "nic", "host", "job_host")  # the families of storage.fabricschema
+    for family in ("gpu", "nic", "host", "job_host")  # the families of gpulens.storage.fabricschema
     for table, width in (("sample", DAY_MS), ("rollup_1m", DAY_MS), ("rollup_1h", 30 * DAY_MS))
 }
 

@@ -1,9 +1,9 @@
 """What is wrong with each RDMA port now, from its newest reading and its error rate over a range: down, degraded
 (its rate or width below the best its node's ports of the same link layer reached), errors (its error counters rose
 in the range), saturated (a direction at ``SATURATED_AT`` of its rate or more). The pages rank ports by these
-(``dashboard.fabric``); the stores answer ``nic_problems`` for every port by them: the SQL store from every
+(``gpulens.dashboard.fabric``); the stores answer ``nic_problems`` for every port by them: the SQL store from every
 port's reading (:func:`nic_problems`), Prometheus by comparisons in PromQL that return the ports with a problem
-only (``storage.prometheus.problems``), both to the same answer.
+only (``gpulens.storage.prometheus.problems``), both to the same answer.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Final, Protocol
 
 from gpulens.fabricmodel import NicReading
 from gpulens.ratios import share
-from storage.timeseries import SeriesData
+from gpulens.storage.timeseries import SeriesData
 
 
 class StoreReader(Protocol):
-    """What these reads use of ``storage.reading.StoreReader`` (which calls them)."""
+    """What these reads use of ``gpulens.storage.reading.StoreReader`` (which calls them)."""
 
     def latest_nics(
         self,

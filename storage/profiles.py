@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpulens.model import GpuReading
-from storage import schema
+from gpulens.storage import schema
 
 FIELDS: Final = tuple(f for f in schema.SAMPLE_FIELDS if f.profile)
 # A reading's profile values, in FIELDS order: what a GPU's previous profile is compared with, reading by reading.

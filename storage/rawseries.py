@@ -4,7 +4,7 @@ When the whole range is served by raw samples and holds no more than about ``max
 grouping them in SQL (a window for the counters' deltas, then ``GROUP BY`` bucket) costs more than the rows
 themselves: most buckets hold one sample. ``rows`` reads the samples of [lo - lookback, hi) in one statement, bounded
 by a ``LIMIT`` of ``max_points`` plus the lookback per series, and merges them per bucket with the same arithmetic
-as ``storage.aggregates``' partials and ``merged`` (means, rates per second, ORs), giving the same values as the
+as ``gpulens.storage.aggregates``' partials and ``merged`` (means, rates per second, ORs), giving the same values as the
 bucketed query. A range with more samples than the limit returns None, and the caller groups in SQL.
 """
 
@@ -18,8 +18,8 @@ from typing import Any, Final
 
 from sqlalchemy.orm import Session
 
-from storage import driverread, schema, tiers
-from storage.fabricschema import Family
+from gpulens.storage import driverread, schema, tiers
+from gpulens.storage.fabricschema import Family
 
 # Rows of the counter lookback a series may hold before the range (samples at most once a second).
 LOOKBACK_ROWS: Final = 120

@@ -1,6 +1,6 @@
 """The read interface of a store: what the dashboard, ``gpulens query`` and the alert engine read, whatever holds it.
 
-``StoreReader`` is the protocol; ``SqlReader`` serves it from the SQL store (``storage.latest``, ``timeseries``,
+``StoreReader`` is the protocol; ``SqlReader`` serves it from the SQL store (``gpulens.storage.latest``, ``timeseries``,
 ``jobstats``, ``inventory``) and ``storage.prometheus.PromReader`` from a Prometheus-compatible query API. A store
 that cannot give something raises ``NotAvailableOnBackendError``, which the callers show as "not available on this
 backend": never as zero or as an empty success.
@@ -14,11 +14,11 @@ from typing import Protocol
 from gpulens.clock import Clock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, ProcessReading, TargetHealth
-from storage import fabric, inventory, jobstats, latest, portproblems, timeseries
-from storage.db import Database
-from storage.inventory import GpuInfo, LinkOutage
-from storage.jobstats import JobSummary
-from storage.timeseries import SeriesData
+from gpulens.storage import fabric, inventory, jobstats, latest, portproblems, timeseries
+from gpulens.storage.db import Database
+from gpulens.storage.inventory import GpuInfo, LinkOutage
+from gpulens.storage.jobstats import JobSummary
+from gpulens.storage.timeseries import SeriesData
 
 NOT_AVAILABLE = "not available on this backend"
 

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 import sqlalchemy as sa
 
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot
-from storage import latest, schema, tiers
-from storage.db import Database
+from gpulens.storage import latest, schema, tiers
+from gpulens.storage.db import Database
 
 SOURCE = "store"  # the source name of rebuilt snapshots
 

@@ -1,6 +1,6 @@
 """Retention: how long each tier is kept. PostgreSQL drops whole partitions; SQLite deletes in small transactions.
 
-Every family's tables (GPUs, RDMA ports, hosts, jobs' hosts: ``storage.fabricschema.FAMILIES``) are kept alike.
+Every family's tables (GPUs, RDMA ports, hosts, jobs' hosts: ``gpulens.storage.fabricschema.FAMILIES``) are kept alike.
 
 The per-job minute aggregate (``storage.jobminute``) is kept as long as the 1-minute rollups, deleted a span of minutes
 at a time on either backend. Each tier's cutoff is recorded as its horizon in ``tier_state``, so ``timeseries.series``
@@ -19,10 +19,10 @@ from typing import Final
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from storage import fabricschema, jobminute, partitions, schema
-from storage.db import Database
-from storage.fabricschema import FAMILIES, Family
-from storage.rollup import next_slice
+from gpulens.storage import fabricschema, jobminute, partitions, schema
+from gpulens.storage.db import Database
+from gpulens.storage.fabricschema import FAMILIES, Family
+from gpulens.storage.rollup import next_slice
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from typing import Final
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from storage import aggregates, schema
-from storage.db import Database, lock_tier
-from storage.fabricschema import FAMILIES, Family
+from gpulens.storage import aggregates, schema
+from gpulens.storage.db import Database, lock_tier
+from gpulens.storage.fabricschema import FAMILIES, Family
 
 log = logging.getLogger(__name__)
 

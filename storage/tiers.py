@@ -15,7 +15,7 @@ from typing import Final
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from storage import schema
+from gpulens.storage import schema
 
 TIER_WIDTH_MS: Final = {"raw": 1000, "1m": schema.MINUTE_MS, "1h": schema.HOUR_MS}
 TIER_TABLE: Final = {"raw": "gpu_sample", "1m": "gpu_rollup_1m", "1h": "gpu_rollup_1h"}

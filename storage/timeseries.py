@@ -1,6 +1,6 @@
 """Time series of GPU fields over a range, at most a given number of points, from whichever tiers hold them.
 
-The plan (``storage.tiers``) says which tier serves which part of the range; each part's partial aggregates
+The plan (``gpulens.storage.tiers``) says which tier serves which part of the range; each part's partial aggregates
 (``storage.aggregates``) are merged per GPU and bucket into means (gauges), rates per second (counters: fields ending
 in ``_total``) or ORs (bitmasks), then decoded to SI units.
 """
@@ -17,10 +17,10 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from storage import aggregates, driverread, rawseries, schema, tiers
-from storage.db import Database
-from storage.fabricschema import GPU, Family
-from storage.rollup import COUNTER_LOOKBACK_MS
+from gpulens.storage import aggregates, driverread, rawseries, schema, tiers
+from gpulens.storage.db import Database
+from gpulens.storage.fabricschema import GPU, Family
+from gpulens.storage.rollup import COUNTER_LOOKBACK_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +102,7 @@ def stored_fields(
 
 
 # The GPUs' ids and every tier's state in one statement (a read of one GPU is then two statements), read through
-# the driver (``storage.driverread``), the uuids' list put in its braces.
+# the driver (``gpulens.storage.driverread``), the uuids' list put in its braces.
 _GPU_IDS_AND_TIERS: Final = (
     "SELECT 0, id, uuid, NULL, NULL FROM gpu WHERE uuid IN {} "
     "UNION ALL SELECT 1, NULL, tier, position_ms, horizon_ms FROM tier_state"

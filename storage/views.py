@@ -18,7 +18,7 @@ from typing import Final
 
 from sqlalchemy.engine import Connection
 
-from storage.schema import StoredField
+from gpulens.storage.schema import StoredField
 
 VIEWS: Final = {"gpu_sample": "gpu_sample_si", "gpu_rollup_1m": "gpu_rollup_1m_si", "gpu_rollup_1h": "gpu_rollup_1h_si"}
 

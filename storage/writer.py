@@ -4,10 +4,10 @@ Each GPU reading becomes one wide row of ``gpu_sample``: ``INSERT OR IGNORE`` ex
 temporary table then ``INSERT ... SELECT ... ON CONFLICT DO NOTHING`` on PostgreSQL. Values travel in SI units and
 the SQL statement encodes them (``StoredField.sql_encode``), which keeps the Python work per reading to one tuple.
 The 15 seldom-changing fields go in ``gpu_profile``, once per distinct combination; a row names its profile (see
-``storage.profiles``).
+``gpulens.storage.profiles``).
 
 RDMA ports, hosts and jobs' cgroups go in the same transaction (``storage.fabricwriter``), and so does the per-job
-minute aggregate (``storage.jobminute``). Jobs, processes and inactive NVLinks are written only when they change
+minute aggregate (``gpulens.storage.jobminute``). Jobs, processes and inactive NVLinks are written only when they change
 (``storage.gpuchanges``). The writer keeps what it has stored per GPU in memory, compares each node's snapshot with
 the node's previous one, and reloads its state from the database after any failure, so a failed transaction never
 leaves memory and database apart.
@@ -26,13 +26,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from gpulens.model import GpuReading, NodeSnapshot, TargetHealth
-from storage import jobminute, schema
-from storage.db import Database, lock_tier
-from storage.fabricwriter import FabricWriter, fabric_times
-from storage.gpuchanges import Changes, ChangeTracker, GpuState, Resolved, Static
-from storage.profiles import VALUES as PROFILE_VALUES
-from storage.profiles import Profiles
-from storage.rollup import PENDING
+from gpulens.storage import jobminute, schema
+from gpulens.storage.db import Database, lock_tier
+from gpulens.storage.fabricwriter import FabricWriter, fabric_times
+from gpulens.storage.gpuchanges import Changes, ChangeTracker, GpuState, Resolved, Static
+from gpulens.storage.profiles import VALUES as PROFILE_VALUES
+from gpulens.storage.profiles import Profiles
+from gpulens.storage.rollup import PENDING
 
 # gpu.last_seen_ms moves at most once a minute per GPU, not every scrape (see schema.newest_sample_ms).
 LAST_SEEN_RESOLUTION_MS: Final = schema.MINUTE_MS
@@ -256,7 +256,7 @@ class Writer:
     def _mark_late(conn: Connection, earliest: int) -> None:
         """Samples older than the 1-minute rollup position make the rollup recompute their buckets."""
         t = schema.tier_state
-        # A bucket being rolled up slice by slice counts as rolled up already (see storage.rollup.PENDING).
+        # A bucket being rolled up slice by slice counts as rolled up already (see gpulens.storage.rollup.PENDING).
         position = conn.execute(
             sa.select(sa.func.max(t.c.position_ms)).where(t.c.tier.in_(["1m", "1m" + PENDING]))
         ).scalar_one_or_none()

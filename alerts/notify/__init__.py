@@ -19,8 +19,8 @@ from http.client import HTTPException
 from pathlib import Path
 from typing import Protocol
 
-from alerts.grouping import Notification
-from alerts.state import FIRING, AlertState, fingerprint
+from gpulens.alerts.grouping import Notification
+from gpulens.alerts.state import FIRING, AlertState, fingerprint
 from gpulens.httpfetch import HttpResponse, redact_secret_url, request, scrub
 
 __all__ = [

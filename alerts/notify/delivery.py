@@ -9,7 +9,7 @@ at most ``batch`` items, so a receiver that is down is not stormed when it comes
 Delivery keeps each (group, receiver) in order: a newer state of a group replaces its undelivered older one in the
 outbox (``superseded``), taking over its place in the retry schedule, as Alertmanager sends a group's current state.
 So a retried FIRING can never arrive after the RESOLVED that followed it. In the collector the delivery runs on its
-own thread (``alerts.notify.worker``), never inside the scrape round.
+own thread (``gpulens.alerts.notify.worker``), never inside the scrape round.
 
 ``OutboxStore`` is the protocol the SQL outbox in ``storage/`` implements; ``InMemoryOutbox`` is the same for tests
 and ``gpulens simulate``.
@@ -24,10 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from alerts.grouping import Notification
+from gpulens.alerts.grouping import Notification
+from gpulens.alerts.notify import DeliveryError, Notifier
 from gpulens.clock import Clock
-
-from . import DeliveryError, Notifier
 
 log = logging.getLogger(__name__)
 

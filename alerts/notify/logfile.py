@@ -8,10 +8,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from alerts.state import AlertState
-
-from . import DeliveryError
-from .webhook import alertmanager_payload
+from gpulens.alerts.notify import DeliveryError
+from gpulens.alerts.notify.webhook import alertmanager_payload
+from gpulens.alerts.state import AlertState
 
 
 class LogNotifier:

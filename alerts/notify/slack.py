@@ -10,10 +10,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from alerts.base import dashboard_link
-from alerts.state import FIRING, RESOLVED, AlertState
-
-from . import DeliveryError, HttpPost, SecretSource, as_source, post, urllib_post
+from gpulens.alerts.base import dashboard_link
+from gpulens.alerts.notify import DeliveryError, HttpPost, SecretSource, as_source, post, urllib_post
+from gpulens.alerts.state import FIRING, RESOLVED, AlertState
 
 COLOURS: Final = {"critical": "#d93025", "warning": "#f29900", "info": "#1a73e8", RESOLVED: "#188038"}
 _SEVERITY_ORDER: Final = ("critical", "warning", "info")

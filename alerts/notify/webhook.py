@@ -11,10 +11,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from alerts.state import RESOLVED, AlertState
+from gpulens.alerts.notify import HttpPost, SecretSource, as_source, post, urllib_post
+from gpulens.alerts.state import RESOLVED, AlertState
 from gpulens.config import format_timestamp
-
-from . import HttpPost, SecretSource, as_source, post, urllib_post
 
 # Alertmanager's "no end yet" time, sent as endsAt of a firing alert.
 ZERO_TIME: Final = "0001-01-01T00:00:00Z"

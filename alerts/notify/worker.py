@@ -19,10 +19,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpulens.alerts.notify.delivery import Delivery, DeliveryCounts
 from gpulens.httpfetch import abort_requests
-from storage.db import DatabaseUnavailableError
-
-from .delivery import Delivery, DeliveryCounts
+from gpulens.storage.db import DatabaseUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ from typing import Any, Final
 
 import plotly.graph_objects as go
 
-from dashboard.fabric import NodeTraffic, gbit_text, gpus_text
-from dashboard.figures.gputime import Row, gpu_time_heatmap
-from dashboard.figures.periods import Period
-from dashboard.figures.style import DOWN_COLOR, STALE_COLOR, VALIDATE, load_color
-from dashboard.formatting import percent_text, rate_text
-from dashboard.heatmaps import Metric
+from gpulens.dashboard.fabric import NodeTraffic, gbit_text, gpus_text
+from gpulens.dashboard.figures.gputime import Row, gpu_time_heatmap
+from gpulens.dashboard.figures.periods import Period
+from gpulens.dashboard.figures.style import DOWN_COLOR, STALE_COLOR, VALIDATE, load_color
+from gpulens.dashboard.formatting import percent_text, rate_text
+from gpulens.dashboard.heatmaps import Metric
 from gpulens.fabricmodel import NicReading
 from gpulens.ratios import busiest_direction, share
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from dashboard.figures.periods import Period, period_label, period_outline
-from dashboard.figures.style import VALIDATE, base_layout, colorscale, empty_figure, figure
-from dashboard.formatting import round_sig
-from dashboard.heatmaps import Metric
+from gpulens.dashboard.figures.periods import Period, period_label, period_outline
+from gpulens.dashboard.figures.style import VALIDATE, base_layout, colorscale, empty_figure, figure
+from gpulens.dashboard.formatting import round_sig
+from gpulens.dashboard.heatmaps import Metric
 
 
 @dataclass(frozen=True, slots=True)

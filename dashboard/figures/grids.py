@@ -11,7 +11,7 @@ from typing import Any, Final
 
 import plotly.graph_objects as go
 
-from dashboard.figures.style import (
+from gpulens.dashboard.figures.style import (
     DOWN_COLOR,
     PALETTE,
     STALE_COLOR,
@@ -21,9 +21,9 @@ from dashboard.figures.style import (
     empty_figure,
     figure,
 )
-from dashboard.formatting import celsius_text, gpu_label, percent_text, round_sig, watts_text
-from dashboard.heatmaps import Metric
-from dashboard.paths import gpu_path, job_path
+from gpulens.dashboard.formatting import celsius_text, gpu_label, percent_text, round_sig, watts_text
+from gpulens.dashboard.heatmaps import Metric
+from gpulens.dashboard.paths import gpu_path, job_path
 from gpulens.model import GpuJob, GpuReading, throttle_reason_names
 from gpulens.ratios import memory_used_ratio_of, nvlink_utilization_ratio, pcie_utilization_ratio
 

@@ -10,8 +10,8 @@ from typing import Any, Final
 
 import plotly.graph_objects as go
 
-from dashboard.figures.fabric import nic_traces
-from dashboard.figures.style import (
+from gpulens.dashboard.figures.fabric import nic_traces
+from gpulens.dashboard.figures.style import (
     DOWN_COLOR,
     LIMIT_COLOR,
     PALETTE,
@@ -23,8 +23,8 @@ from dashboard.figures.style import (
     figure,
     load_color,
 )
-from dashboard.formatting import gpu_label, percent_text, rate_text, round_sig
-from dashboard.paths import gpu_path
+from gpulens.dashboard.formatting import gpu_label, percent_text, rate_text, round_sig
+from gpulens.dashboard.paths import gpu_path
 from gpulens.fabricmodel import NicReading
 from gpulens.hardware import nvlink_max_bytes_per_second
 from gpulens.model import GpuReading
@@ -109,7 +109,7 @@ def node_topology(
     that is down, has NVLinks down or a PCIe link below its maximum is red. Click a GPU for its page.
 
     ``down_links`` counts inactive NVLinks per GPU UUID, where known. ``nics``: the node's RDMA ports, drawn outside
-    the GPUs they sit next to (``dashboard.figures.fabric``).
+    the GPUs they sit next to (``gpulens.dashboard.figures.fabric``).
     """
     gpus = sorted(readings, key=lambda r: r.gpu)
     if not gpus:

@@ -8,8 +8,8 @@ from typing import Final
 
 import plotly.graph_objects as go
 
-from dashboard.figures.periods import Period, period_shape
-from dashboard.figures.style import VALIDATE, base_layout, empty_figure, epoch_ms, figure
+from gpulens.dashboard.figures.periods import Period, period_shape
+from gpulens.dashboard.figures.style import VALIDATE, base_layout, empty_figure, epoch_ms, figure
 from gpulens.model import THROTTLE_REASONS
 
 REASON_COLORS: Final = {

@@ -10,9 +10,9 @@ from typing import Any, Final
 
 import plotly.graph_objects as go
 
-from dashboard.figures.periods import Period, period_label, period_shape
-from dashboard.figures.style import PALETTE, VALIDATE, base_layout, empty_figure, epoch_ms, figure
-from dashboard.formatting import round_sig
+from gpulens.dashboard.figures.periods import Period, period_label, period_shape
+from gpulens.dashboard.figures.style import PALETTE, VALIDATE, base_layout, empty_figure, epoch_ms, figure
+from gpulens.dashboard.formatting import round_sig
 
 
 @dataclass(frozen=True, slots=True)

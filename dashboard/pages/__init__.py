@@ -6,8 +6,8 @@ from typing import Final, Protocol
 
 from dash import Dash
 
-from dashboard.context import Context
-from dashboard.pages import alerts, gpu, interconnect, job, jobs, node, overview
+from gpulens.dashboard.context import Context
+from gpulens.dashboard.pages import alerts, gpu, interconnect, job, jobs, node, overview
 
 
 class Page(Protocol):

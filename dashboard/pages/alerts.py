@@ -9,9 +9,9 @@ from typing import Any, Final
 
 from dash import Dash, Output, State, html
 
-from alerts.state import AlertState, Silence
-from dashboard import ids
-from dashboard.components import (
+from gpulens.alerts.state import AlertState, Silence
+from gpulens.dashboard import ids
+from gpulens.dashboard.components import (
     Cell,
     ViewState,
     banner,
@@ -25,11 +25,11 @@ from dashboard.components import (
     toolbar_inputs,
     view_state,
 )
-from dashboard.context import Context, PageError, guarded
-from dashboard.flags import alert_jobs
-from dashboard.formatting import MISSING, duration_text
-from dashboard.paths import gpu_path, job_path, node_path
-from dashboard.timerange import minute_text, resolve_range
+from gpulens.dashboard.context import Context, PageError, guarded
+from gpulens.dashboard.flags import alert_jobs
+from gpulens.dashboard.formatting import MISSING, duration_text
+from gpulens.dashboard.paths import gpu_path, job_path, node_path
+from gpulens.dashboard.timerange import minute_text, resolve_range
 
 PATH: Final = "/alerts"
 IDS: Final = ids.ALERTS

@@ -7,8 +7,8 @@ from urllib.parse import unquote
 
 from dash import Dash, html
 
-from dashboard import ids
-from dashboard.components import (
+from gpulens.dashboard import ids
+from gpulens.dashboard.components import (
     ViewState,
     banner,
     link,
@@ -18,15 +18,15 @@ from dashboard.components import (
     register_page,
     register_toolbar,
 )
-from dashboard.context import Context
-from dashboard.figures.links import pcie_degraded
-from dashboard.figures.style import palette_color
-from dashboard.formatting import MISSING, bytes_text, celsius_text, gpu_label, percent_text, watts_text
-from dashboard.gpuview import chart_panels, load_gpu_view, register_gpu_view
-from dashboard.pages.alerts import about_alerts
-from dashboard.panels import gpu_series
-from dashboard.paths import job_path, node_path
-from dashboard.timerange import minute_text
+from gpulens.dashboard.context import Context
+from gpulens.dashboard.figures.links import pcie_degraded
+from gpulens.dashboard.figures.style import palette_color
+from gpulens.dashboard.formatting import MISSING, bytes_text, celsius_text, gpu_label, percent_text, watts_text
+from gpulens.dashboard.gpuview import chart_panels, load_gpu_view, register_gpu_view
+from gpulens.dashboard.pages.alerts import about_alerts
+from gpulens.dashboard.panels import gpu_series
+from gpulens.dashboard.paths import job_path, node_path
+from gpulens.dashboard.timerange import minute_text
 from gpulens.model import GpuJob, GpuReading, throttle_reason_names
 
 PATH_TEMPLATE: Final = "/gpus/<uuid>"

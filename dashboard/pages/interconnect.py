@@ -11,8 +11,8 @@ from typing import Any, Final
 
 from dash import Dash, Input, Output, State, dcc, html
 
-from dashboard import ids
-from dashboard.components import (
+from gpulens.dashboard import ids
+from gpulens.dashboard.components import (
     GRAPH_CONFIG,
     Cell,
     ViewState,
@@ -29,8 +29,8 @@ from dashboard.components import (
     toolbar_inputs,
     view_state,
 )
-from dashboard.context import Context, PageError, guarded
-from dashboard.fabric import (
+from gpulens.dashboard.context import Context, PageError, guarded
+from gpulens.dashboard.fabric import (
     NO_PORTS,
     PortStatus,
     Unavailable,
@@ -41,20 +41,20 @@ from dashboard.fabric import (
     ranked_ports,
     stale_nodes,
 )
-from dashboard.fabricview import PORT_ROWS, PORT_TABLE_FIELDS, ports_table
-from dashboard.figures.links import link_load, node_topology, pcie_degraded
-from dashboard.figures.style import empty_figure, palette_color
-from dashboard.figures.timeseries import PER_SECOND, Line, time_series
-from dashboard.formatting import gpu_label
-from dashboard.grid import natural_key
-from dashboard.panels import ERROR_FIELDS
-from dashboard.paths import gpu_path, node_path
-from dashboard.timerange import minute_text, resolve_range
+from gpulens.dashboard.fabricview import PORT_ROWS, PORT_TABLE_FIELDS, ports_table
+from gpulens.dashboard.figures.links import link_load, node_topology, pcie_degraded
+from gpulens.dashboard.figures.style import empty_figure, palette_color
+from gpulens.dashboard.figures.timeseries import PER_SECOND, Line, time_series
+from gpulens.dashboard.formatting import gpu_label
+from gpulens.dashboard.grid import natural_key
+from gpulens.dashboard.panels import ERROR_FIELDS
+from gpulens.dashboard.paths import gpu_path, node_path
+from gpulens.dashboard.timerange import minute_text, resolve_range
 from gpulens.fabricmodel import NicReading, parse_nic_id
 from gpulens.model import GpuReading
-from storage.inventory import LinkOutage
-from storage.reading import TooManySeriesError
-from storage.timeseries import SeriesData
+from gpulens.storage.inventory import LinkOutage
+from gpulens.storage.reading import TooManySeriesError
+from gpulens.storage.timeseries import SeriesData
 
 PATH: Final = "/interconnect"
 IDS: Final = ids.INTERCONNECT

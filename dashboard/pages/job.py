@@ -12,8 +12,8 @@ from urllib.parse import unquote
 
 from dash import Dash, Output, State, html
 
-from dashboard import ids
-from dashboard.components import (
+from gpulens.dashboard import ids
+from gpulens.dashboard.components import (
     Cell,
     ViewState,
     banner,
@@ -28,19 +28,19 @@ from dashboard.components import (
     toolbar_inputs,
     view_state,
 )
-from dashboard.context import Context, PageError, guarded
-from dashboard.figures.gputime import Row, gpu_time_heatmap
-from dashboard.flags import FLAG_ORDER, JOB_FLAGS, alert_jobs, job_flags, job_periods
-from dashboard.formatting import gpu_label, percent_text
-from dashboard.grid import natural_key
-from dashboard.heatmaps import METRICS, Metric
-from dashboard.jobhost import job_host_panels, read_job_host
-from dashboard.pages.alerts import alerts_table, fired_newest_first
-from dashboard.paths import gpu_path, node_path
-from dashboard.timerange import minute_text, resolve_range
+from gpulens.dashboard.context import Context, PageError, guarded
+from gpulens.dashboard.figures.gputime import Row, gpu_time_heatmap
+from gpulens.dashboard.flags import FLAG_ORDER, JOB_FLAGS, alert_jobs, job_flags, job_periods
+from gpulens.dashboard.formatting import gpu_label, percent_text
+from gpulens.dashboard.grid import natural_key
+from gpulens.dashboard.heatmaps import METRICS, Metric
+from gpulens.dashboard.jobhost import job_host_panels, read_job_host
+from gpulens.dashboard.pages.alerts import alerts_table, fired_newest_first
+from gpulens.dashboard.paths import gpu_path, node_path
+from gpulens.dashboard.timerange import minute_text, resolve_range
 from gpulens.hardware import nvlink_max_bytes_per_second
 from gpulens.ratios import busiest_direction, nvlink_utilization_ratio, power_limit_ratio, share
-from storage.timeseries import SeriesData
+from gpulens.storage.timeseries import SeriesData
 
 PATH_TEMPLATE: Final = "/jobs/<job_id>"
 IDS: Final = ids.JOB

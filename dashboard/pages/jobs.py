@@ -9,8 +9,8 @@ from typing import Any, Final
 
 from dash import Dash, Input, Output, State, ctx, dcc, html
 
-from dashboard import ids
-from dashboard.components import (
+from gpulens.dashboard import ids
+from gpulens.dashboard.components import (
     Cell,
     ViewState,
     banner,
@@ -26,16 +26,16 @@ from dashboard.components import (
     toolbar_inputs,
     view_state,
 )
-from dashboard.context import Context, PageError, guarded
-from dashboard.figures.grids import job_grid
-from dashboard.figures.style import empty_figure
-from dashboard.flags import FLAG_ORDER, job_flags
-from dashboard.formatting import MISSING, bytes_text, duration_text, percent_text
-from dashboard.grid import grid_cells, named_page, nodes_on_page, parse_page
-from dashboard.heatmaps import METRIC_FIELDS, METRICS
-from dashboard.paths import job_path
-from dashboard.timerange import minute_text, resolve_range
-from storage.jobstats import JobSummary
+from gpulens.dashboard.context import Context, PageError, guarded
+from gpulens.dashboard.figures.grids import job_grid
+from gpulens.dashboard.figures.style import empty_figure
+from gpulens.dashboard.flags import FLAG_ORDER, job_flags
+from gpulens.dashboard.formatting import MISSING, bytes_text, duration_text, percent_text
+from gpulens.dashboard.grid import grid_cells, named_page, nodes_on_page, parse_page
+from gpulens.dashboard.heatmaps import METRIC_FIELDS, METRICS
+from gpulens.dashboard.paths import job_path
+from gpulens.dashboard.timerange import minute_text, resolve_range
+from gpulens.storage.jobstats import JobSummary
 
 PATH: Final = "/jobs"
 IDS: Final = ids.JOBS

@@ -13,9 +13,9 @@ from typing import Any, Final
 
 from dash import Dash, Input, Output, State, ctx, dcc, html
 
-from alerts.state import AlertState
-from dashboard import ids
-from dashboard.components import (
+from gpulens.alerts.state import AlertState
+from gpulens.dashboard import ids
+from gpulens.dashboard.components import (
     Cell,
     ViewState,
     banner,
@@ -31,8 +31,8 @@ from dashboard.components import (
     toolbar_inputs,
     view_state,
 )
-from dashboard.context import Context, PageError, guarded
-from dashboard.fabric import (
+from gpulens.dashboard.context import Context, PageError, guarded
+from gpulens.dashboard.fabric import (
     STATUS_FIELDS,
     NodeFabric,
     Unavailable,
@@ -43,19 +43,19 @@ from dashboard.fabric import (
     port_statuses,
     stale_nodes,
 )
-from dashboard.fabricview import fabric_card, node_fabric_table
-from dashboard.figures.grids import cluster_map, gpu_heatmap
-from dashboard.figures.style import empty_figure
-from dashboard.formatting import MISSING, bytes_text, percent_text, watts_text
-from dashboard.grid import DEFAULT_SORT, NODES_PER_PAGE, SORTS, GridPage, grid_cells, parse_page, select_page
-from dashboard.heatmaps import DEFAULT_METRIC, METRIC_FIELDS, METRICS, Metric
-from dashboard.paths import node_path
-from dashboard.summary import IDLE_BELOW, SUMMARY_FIELDS, Headline, headline
-from dashboard.timerange import TimeRange, minute_text, resolve_range
+from gpulens.dashboard.fabricview import fabric_card, node_fabric_table
+from gpulens.dashboard.figures.grids import cluster_map, gpu_heatmap
+from gpulens.dashboard.figures.style import empty_figure
+from gpulens.dashboard.formatting import MISSING, bytes_text, percent_text, watts_text
+from gpulens.dashboard.grid import DEFAULT_SORT, NODES_PER_PAGE, SORTS, GridPage, grid_cells, parse_page, select_page
+from gpulens.dashboard.heatmaps import DEFAULT_METRIC, METRIC_FIELDS, METRICS, Metric
+from gpulens.dashboard.paths import node_path
+from gpulens.dashboard.summary import IDLE_BELOW, SUMMARY_FIELDS, Headline, headline
+from gpulens.dashboard.timerange import TimeRange, minute_text, resolve_range
 from gpulens.fabricmodel import NicReading
 from gpulens.model import TargetHealth
 from gpulens.ratios import memory_used_ratio, power_limit_ratio
-from storage.reading import TooManySeriesError
+from gpulens.storage.reading import TooManySeriesError
 
 PATH: Final = "/"
 TITLE: Final = "Overview · gpulens"

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from exporter.fabric.sysread import AttributeReader
+from gpulens.exporter.fabric.sysread import AttributeReader
 from gpulens.fabricmodel import NicReading
 
 VIA_PCIE_SWITCH: Final = "pcie_switch"

@@ -28,10 +28,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from exporter.fabric.sysread import AttributeReader
-from exporter.jobmap import job_id_from_cgroup_paths
 from gpulens.clock import Clock, SystemClock
 from gpulens.counters import counter_rate
+from gpulens.exporter.fabric.sysread import AttributeReader
+from gpulens.exporter.jobmap import job_id_from_cgroup_paths
 from gpulens.fabricmodel import HostReading, JobHostReading
 from gpulens.logutil import ErrorCounter
 

@@ -35,9 +35,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
-from exporter.fabric.sysread import AttributeReader
 from gpulens.clock import Clock, SystemClock
 from gpulens.counters import counter_rate
+from gpulens.exporter.fabric.sysread import AttributeReader
 from gpulens.fabricmodel import NicReading, port_is_up
 from gpulens.logutil import ErrorCounter
 

@@ -17,11 +17,11 @@ import logging
 import os
 from collections.abc import Mapping
 
-from exporter.fabric.affinity import PciTopology
-from exporter.fabric.host import HostReader, JobHostReader
-from exporter.fabric.ibports import IbPortReader
-from exporter.fabric.sysread import AttributeReader
 from gpulens.clock import Clock
+from gpulens.exporter.fabric.affinity import PciTopology
+from gpulens.exporter.fabric.host import HostReader, JobHostReader
+from gpulens.exporter.fabric.ibports import IbPortReader
+from gpulens.exporter.fabric.sysread import AttributeReader
 from gpulens.fabricmodel import NicReading
 from gpulens.logutil import ErrorCounter
 from gpulens.model import NodeSnapshot

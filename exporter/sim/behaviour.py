@@ -14,10 +14,10 @@ import math
 from collections.abc import Callable
 from typing import Final
 
-from . import noise
-from .faults import FAULT_KINDS, PHASE_KINDS
-from .specs import FaultSpec, JobSpec
-from .stepstate import (
+from gpulens.exporter.sim import noise
+from gpulens.exporter.sim.faults import FAULT_KINDS, PHASE_KINDS
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec
+from gpulens.exporter.sim.stepstate import (
     BURST,
     CHECKPOINT,
     CHECKPOINT_WRITE,

@@ -2,7 +2,7 @@
 
 Time is quantised to the scenario's step: any ``t`` inside step ``k`` gives step ``k``'s readings, stamped with the
 step's start. Each GPU's readings are built in two stages: ``_state`` works out what the GPU does during a step from
-its jobs and faults (no noise; each active fault's kind adjusts it, ``exporter.sim.faults``), then
+its jobs and faults (no noise; each active fault's kind adjusts it, ``gpulens.exporter.sim.faults``), then
 ``exporter.sim.readings`` adds noise drawn from a hash of (seed, node, GPU, step) and turns ratios into NVML units.
 GPUs whose jobs and faults are alike share a context, and with it the running sum of their nominal power that the
 energy counter is built from.
@@ -15,18 +15,17 @@ from collections.abc import Callable
 from typing import Final
 
 from gpulens.config import format_timestamp
+from gpulens.exporter.sim import noise
+from gpulens.exporter.sim.behaviour import JobBehaviour, activity, combine, rank_shaper
+from gpulens.exporter.sim.clockevents import IDLE, SW_POWER_CAP
+from gpulens.exporter.sim.fabric import Fabric
+from gpulens.exporter.sim.faults import FAULT_KINDS, LEAK_TARGET_SHARE
+from gpulens.exporter.sim.gpus import EnergyLedger, GpuContext, SimGpu, make_gpu
+from gpulens.exporter.sim.host import HostSim
+from gpulens.exporter.sim.readings import DRIVER_VERSION, gpu_reading, link_readings, lost_reading, process_readings
+from gpulens.exporter.sim.specs import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario
+from gpulens.exporter.sim.stepstate import Activity, GpuState, JobPhase, Placement, idle_activity
 from gpulens.model import GpuJob, GpuReading, LinkReading, NodeSnapshot, NodeUnavailableError, ProcessReading
-
-from . import noise
-from .behaviour import JobBehaviour, activity, combine, rank_shaper
-from .clockevents import IDLE, SW_POWER_CAP
-from .fabric import Fabric
-from .faults import FAULT_KINDS, LEAK_TARGET_SHARE
-from .gpus import EnergyLedger, GpuContext, SimGpu, make_gpu
-from .host import HostSim
-from .readings import DRIVER_VERSION, gpu_reading, link_readings, lost_reading, process_readings
-from .specs import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario
-from .stepstate import Activity, GpuState, JobPhase, Placement, idle_activity
 
 SOURCE_NAME: Final = "sim"
 _PHASE_CACHE_LIMIT: Final = 200_000

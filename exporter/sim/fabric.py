@@ -3,7 +3,7 @@
 A training job spanning nodes moves traffic on the ports next to its GPUs while it communicates: a share of the
 port's rate that peaks at 30-60 % (fixed per job) during all-reduce, so a step's average follows the job's
 all-reduce share; a job on one node moves none. A training job's checkpoint is written over the ports next to its
-GPUs (network storage) while its GPUs idle. Fabric fault kinds (``exporter.sim.faults``) adjust a port's state
+GPUs (network storage) while its GPUs idle. Fabric fault kinds (``gpulens.exporter.sim.faults``) adjust a port's state
 (down, degraded, congested) and add to its error counters; faults that hit a job (a stall, a slow-down, a starved
 input pipeline) act through the job's phase and its ``fabric_pace``.
 
@@ -19,14 +19,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from gpulens.exporter.sim import noise
+from gpulens.exporter.sim.behaviour import JobBehaviour
+from gpulens.exporter.sim.faults import FAULT_KINDS
+from gpulens.exporter.sim.ledger import RateLedger
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec, NicSpec, NodeSpec, Scenario
+from gpulens.exporter.sim.stepstate import (
+    CHECKPOINT,
+    CHECKPOINT_WRITE,
+    EVAL,
+    RUN,
+    STARVED,
+    JobPhase,
+    PortCounters,
+    PortState,
+)
 from gpulens.fabricmodel import LINK_LAYER_ETHERNET, PORT_PHYS_STATE_LINK_UP, PORT_STATE_ACTIVE, NicReading
-
-from . import noise
-from .behaviour import JobBehaviour
-from .faults import FAULT_KINDS
-from .ledger import RateLedger
-from .specs import FaultSpec, JobSpec, NicSpec, NodeSpec, Scenario
-from .stepstate import CHECKPOINT, CHECKPOINT_WRITE, EVAL, RUN, STARVED, JobPhase, PortCounters, PortState
 
 PEAK_SHARE_MIN: Final = 0.30  # of the port's rate while a job spanning nodes is in all-reduce
 PEAK_SHARE_SPREAD: Final = 0.30

@@ -7,8 +7,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 
 from gpulens.config import ConfigError
-
-from .specs import GpuRef, NodeSpec
+from gpulens.exporter.sim.specs import GpuRef, NodeSpec
 
 _GPU_SPEC = re.compile(r"^(?P<node>[A-Za-z0-9._-]+)(?::(?P<sel>[0-9,\- ]+))?$")
 _GPU_ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")

@@ -15,12 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from gpulens.exporter.sim import noise
+from gpulens.exporter.sim.models import GpuModel
+from gpulens.exporter.sim.specs import FaultSpec, GpuRef
+from gpulens.exporter.sim.stepstate import Placement
 from gpulens.model import LinkReading
-
-from . import noise
-from .models import GpuModel
-from .specs import FaultSpec, GpuRef
-from .stepstate import Placement
 
 _HGX_BUS: Final = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 

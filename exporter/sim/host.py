@@ -16,13 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from gpulens.fabricmodel import HostReading, JobHostReading
-
-from . import noise
-from .faults import FAULT_KINDS
-from .ledger import RateLedger
-from .specs import FaultSpec, JobSpec, NodeSpec, Scenario
-from .stepstate import (
+from gpulens.exporter.sim import noise
+from gpulens.exporter.sim.faults import FAULT_KINDS
+from gpulens.exporter.sim.ledger import RateLedger
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec, NodeSpec, Scenario
+from gpulens.exporter.sim.stepstate import (
     BURST,
     CHECKPOINT,
     CHECKPOINT_WRITE,
@@ -38,6 +36,7 @@ from .stepstate import (
     HostState,
     JobPhase,
 )
+from gpulens.fabricmodel import HostReading, JobHostReading
 
 GIB: Final = 1 << 30
 CORES_PER_GPU: Final = 16.0  # a job's cgroup CPU limit per GPU it holds

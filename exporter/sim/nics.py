@@ -12,9 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from gpulens.exporter.sim.specs import NicSpec
 from gpulens.fabricmodel import LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND
-
-from .specs import NicSpec
 
 LINK_LAYERS: Final = (LINK_LAYER_INFINIBAND, LINK_LAYER_ETHERNET)
 LINK_WIDTH: Final = 4

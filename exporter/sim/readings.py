@@ -9,15 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+from gpulens.exporter.sim import noise
+from gpulens.exporter.sim.clockevents import SW_POWER_CAP
+from gpulens.exporter.sim.faults import FAULT_KINDS
+from gpulens.exporter.sim.gpus import SimGpu
+from gpulens.exporter.sim.models import GpuModel
+from gpulens.exporter.sim.stepstate import Activity, Counters, GpuState
 from gpulens.hardware import pcie_max_bytes_per_second
 from gpulens.model import GpuReading, LinkReading, ProcessReading
-
-from . import noise
-from .clockevents import SW_POWER_CAP
-from .faults import FAULT_KINDS
-from .gpus import SimGpu
-from .models import GpuModel
-from .stepstate import Activity, Counters, GpuState
 
 DRIVER_VERSION: Final = "550.127.08"
 

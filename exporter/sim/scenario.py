@@ -1,7 +1,7 @@
 """Scenario files: read the TOML that describes a simulated cluster, its jobs and its faults (docs/scenarios.md).
 
-The text is converted to the typed structs of ``exporter.sim.scenario_input`` by ``gpulens.typedinput`` (unknown
-keys, missing keys and wrong types), then resolved here into a :class:`~exporter.sim.specs.Scenario`: times and
+The text is converted to the typed structs of ``gpulens.exporter.sim.scenario_input`` by ``gpulens.typedinput`` (unknown
+keys, missing keys and wrong types), then resolved here into a :class:`~gpulens.exporter.sim.specs.Scenario`: times and
 durations to seconds, GPU ranges to GPUs, fault targets to nodes, jobs and GPUs, each fault checked by its kind.
 Every problem is a ``ConfigError`` naming the file, the dotted key (``jobs[1].gpus``) and the line.
 """
@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from gpulens.config import ConfigError, TomlLocator, format_duration, parse_duration, parse_timestamp
+from gpulens.exporter.sim.faults import FAULT_KINDS, FAULT_TARGETS, FaultCheckError, FaultKind, ScenarioView
+from gpulens.exporter.sim.faults.kind import REACHES_PORT_USERS, FaultParams
+from gpulens.exporter.sim.gpuranges import GpuRanges, listing
+from gpulens.exporter.sim.models import CATALOGUE, GpuModel
+from gpulens.exporter.sim.nics import LINK_LAYERS, NicLayout, default_layout, node_nics
+from gpulens.exporter.sim.scenario_input import ClusterInput, JobInput, ScenarioInput, read_input
+from gpulens.exporter.sim.specs import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario
 from gpulens.typedinput import read_text
-
-from .faults import FAULT_KINDS, FAULT_TARGETS, FaultCheckError, FaultKind, ScenarioView
-from .faults.kind import REACHES_PORT_USERS, FaultParams
-from .gpuranges import GpuRanges, listing
-from .models import CATALOGUE, GpuModel
-from .nics import LINK_LAYERS, NicLayout, default_layout, node_nics
-from .scenario_input import ClusterInput, JobInput, ScenarioInput, read_input
-from .specs import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario
 
 JOB_KINDS: Final = ("training", "inference", "notebook", "idle")
 DEFAULT_MEMORY_FRACTION: Final[Mapping[str, float]] = {

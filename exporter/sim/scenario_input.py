@@ -1,10 +1,10 @@
 """The typed shape of a scenario file: msgspec structs, and :func:`read_input` that reads TOML into them.
 
 The structs check what a type can: unknown keys, required keys, value types, GPU counts. ``[[faults]]`` tables are
-the fault kinds' own structs (``exporter.sim.faults``), picked by their ``kind``. Conversion goes through
+the fault kinds' own structs (``gpulens.exporter.sim.faults``), picked by their ``kind``. Conversion goes through
 ``gpulens.typedinput``; its errors are reworded the scenario's way (a missing key at its own key, a key a fault kind
 does not take). What needs the rest of the scenario (node and job names, GPU ranges, durations and times, windows)
-is checked by ``exporter.sim.scenario`` when it resolves these into :class:`~exporter.sim.specs.Scenario`
+is checked by ``exporter.sim.scenario`` when it resolves these into :class:`~gpulens.exporter.sim.specs.Scenario`
 (docs/scenarios.md).
 """
 
@@ -20,11 +20,10 @@ import msgspec
 from msgspec import Meta
 
 from gpulens.config import ConfigError, TomlLocator
+from gpulens.exporter.sim.faults import FAULT_KINDS, AnyFaultParams
+from gpulens.exporter.sim.faults.kind import DurationValue, TimeValue
+from gpulens.exporter.sim.nics import MAX_NICS
 from gpulens.typedinput import InputStruct, convert, dotted, split_path
-
-from .faults import FAULT_KINDS, AnyFaultParams
-from .faults.kind import DurationValue, TimeValue
-from .nics import MAX_NICS
 
 MAX_GPUS_PER_NODE: Final = 64
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from gpulens.clock import Clock, SystemClock
+from gpulens.exporter.sim.cluster import SimCluster, UnknownNodeError
 from gpulens.model import NodeSnapshot
-
-from .cluster import SimCluster, UnknownNodeError
 
 
 class LiveTime:

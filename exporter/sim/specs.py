@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .models import GpuModel
+from gpulens.exporter.sim.models import GpuModel
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from .specs import JobSpec
+from gpulens.exporter.sim.specs import JobSpec
 
 # A job's modes (JobPhase.mode).
 RUN: Final = "run"

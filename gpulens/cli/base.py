@@ -137,7 +137,7 @@ def database_errors(origin: str | None) -> Iterator[None]:
 
     The store's messages already hide any password.
     """
-    from storage.db import DatabaseUnavailableError, DatabaseURLError
+    from gpulens.storage.db import DatabaseUnavailableError, DatabaseURLError
 
     try:
         yield
@@ -149,7 +149,7 @@ def database_errors(origin: str | None) -> Iterator[None]:
 
 def checked_db_url(args: argparse.Namespace, settings: Any) -> str:
     """The settings' database URL, checked (scheme, driver, SQLite directory) without connecting."""
-    from storage.connect import check_database_url
+    from gpulens.storage.connect import check_database_url
 
     with database_errors(database_origin(args, settings)):
         check_database_url(settings.db_url)

@@ -61,9 +61,9 @@ def register(sub: Any) -> None:
 def _run_test_notify(args: argparse.Namespace) -> int:
     import time
 
-    from alerts.config import build_notifiers
-    from alerts.notify import DeliveryError, probe_notification
-    from alerts.service import alerting_config
+    from gpulens.alerts.config import build_notifiers
+    from gpulens.alerts.notify import DeliveryError, probe_notification
+    from gpulens.alerts.service import alerting_config
     from gpulens.settings import load_settings
 
     config = alerting_config(load_settings(args.config))
@@ -85,11 +85,11 @@ def _run_rules(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from alerts.service import AlertService, alerting_config
-    from alerts.storeround import run_store_rules
+    from gpulens.alerts.service import AlertService, alerting_config
+    from gpulens.alerts.storeround import run_store_rules
     from gpulens.cli.lifecycle import stop_on_signals
     from gpulens.gcpause import tune_garbage_collector
-    from storage.connect import is_prometheus_url, open_database, open_reader
+    from gpulens.storage.connect import is_prometheus_url, open_database, open_reader
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from(args)

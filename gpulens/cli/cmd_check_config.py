@@ -22,9 +22,9 @@ def register(sub: Any) -> None:
 
 
 def _run_check_config(args: argparse.Namespace) -> int:
-    from alerts.service import alerting_config
+    from gpulens.alerts.service import alerting_config
     from gpulens.settings import load_settings
-    from storage.db import Database
+    from gpulens.storage.db import Database
 
     settings = load_settings(args.file)
     alerting = alerting_config(settings)

@@ -97,10 +97,10 @@ def collector_settings(args: argparse.Namespace) -> Any:
 
 
 def _run_collector(args: argparse.Namespace) -> int:
-    from alerts.service import AlertService, alerting_config
-    from alerts.storeround import RuleElection
-    from collector.runner import run_collector
-    from storage.connect import refuse_read_only
+    from gpulens.alerts.service import AlertService, alerting_config
+    from gpulens.alerts.storeround import RuleElection
+    from gpulens.collector.runner import run_collector
+    from gpulens.storage.connect import refuse_read_only
 
     settings = collector_settings(args)
     refuse_read_only(settings.db_url, "gpulens collector")

@@ -39,8 +39,8 @@ def register(sub: Any) -> None:
 
 
 def _run_dashboard(args: argparse.Namespace) -> int:
-    from alerts.service import SqlAlertReader
-    from dashboard.server import run_dashboard
+    from gpulens.alerts.service import SqlAlertReader
+    from gpulens.dashboard.server import run_dashboard
 
     try:
         host, port = parse_listen(args.listen)
@@ -82,7 +82,7 @@ def _check_can_listen(host: str, port: int) -> None:
 
 
 def _is_prometheus(url: str) -> bool:
-    from storage.connect import is_prometheus_url
+    from gpulens.storage.connect import is_prometheus_url
 
     return is_prometheus_url(url)
 
@@ -91,9 +91,9 @@ def _run_over_prometheus(settings: Any, host: str, port: int, basic_auth_file: s
     """The dashboard over a read-only Prometheus store; alerts from the alert state store when there is one."""
     from pathlib import Path
 
-    from alerts.service import SqlAlertReader
-    from dashboard.server import run_dashboard
-    from storage.connect import open_existing_database, open_reader
+    from gpulens.alerts.service import SqlAlertReader
+    from gpulens.dashboard.server import run_dashboard
+    from gpulens.storage.connect import open_existing_database, open_reader
 
     store = open_reader(settings.db_url, settings)
     state = None

@@ -33,7 +33,7 @@ def register(sub: Any) -> None:
 
 
 def _run_db_upgrade(args: argparse.Namespace) -> int:
-    from storage.connect import open_database, refuse_read_only, upgrade_schema
+    from gpulens.storage.connect import open_database, refuse_read_only, upgrade_schema
 
     settings = settings_from(args)
     refuse_read_only(settings.db_url, "gpulens db upgrade")

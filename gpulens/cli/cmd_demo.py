@@ -51,7 +51,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     from gpulens.cli.demo_stack import DemoOptions, run_demo
 
     if args.db:
-        from storage.connect import open_database
+        from gpulens.storage.connect import open_database
 
         with database_errors("--db"):  # a bad URL or a database down stops the demo before any process starts
             open_database(args.db).close()

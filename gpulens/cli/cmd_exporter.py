@@ -77,7 +77,7 @@ def register(sub: Any) -> None:
 
 
 def _run_exporter(args: argparse.Namespace) -> int:
-    from exporter.agent import ExporterOptions, run_exporter
+    from gpulens.exporter.agent import ExporterOptions, run_exporter
 
     if args.source != "sim":  # the job mapper reads them; a simulated cluster has its own jobs
         if args.job_map_dir is not None:

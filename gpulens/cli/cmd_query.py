@@ -66,7 +66,7 @@ def register(sub: Any) -> None:
 
 def _run_query(args: argparse.Namespace) -> int:
     from gpulens.cli.query_print import run_query
-    from storage.connect import open_reader
+    from gpulens.storage.connect import open_reader
 
     if args.what == "series":
         _check_fields(args.field)
@@ -82,7 +82,7 @@ def _run_query(args: argparse.Namespace) -> int:
 
 
 def _check_fields(fields: list[str]) -> None:
-    from storage.schema import FIELD_BY_NAME
+    from gpulens.storage.schema import FIELD_BY_NAME
 
     unknown = [f for f in fields if f not in FIELD_BY_NAME]
     if unknown:

@@ -28,8 +28,8 @@ def register(sub: Any) -> None:
 
 
 def _run_rules_export(args: argparse.Namespace) -> int:
-    from alerts.promexport import prometheus_rules_yaml
-    from alerts.service import alerting_config
+    from gpulens.alerts.promexport import prometheus_rules_yaml
+    from gpulens.alerts.service import alerting_config
     from gpulens.settings import default_settings, load_settings
 
     settings = load_settings(args.config) if args.config else default_settings()

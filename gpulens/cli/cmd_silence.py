@@ -62,7 +62,7 @@ def _silence_id(text: str) -> int:
 def _run_silence(args: argparse.Namespace) -> int:
     import time
 
-    from alerts.matchers import MatcherError, parse_matcher
+    from gpulens.alerts.matchers import MatcherError, parse_matcher
 
     now = time.time()
     matchers: list[Any] = []
@@ -83,8 +83,8 @@ def _apply(args: argparse.Namespace, settings: Any, matchers: list[Any], now: fl
     import json
 
     from gpulens.cli.table import render_table
-    from storage import alertstore
-    from storage.connect import is_prometheus_url, open_database
+    from gpulens.storage import alertstore
+    from gpulens.storage.connect import is_prometheus_url, open_database
 
     # Over a read-only Prometheus store, silences live in the alert engine's state store beside it.
     db = open_database(settings.state_url if is_prometheus_url(settings.db_url) else settings.db_url)

@@ -41,7 +41,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     import json
 
     from gpulens.cli.simulation import simulate
-    from storage.connect import refuse_read_only
+    from gpulens.storage.connect import refuse_read_only
 
     if args.db:
         refuse_read_only(args.db, "gpulens simulate")

@@ -159,7 +159,7 @@ def _config_text(
 
 def _scaled_for(speed: float) -> dict[str, float]:
     """Each builtin rule's `for`, divided by the speed (at least one second)."""
-    from alerts.rules import builtin_rules
+    from gpulens.alerts.rules import builtin_rules
 
     return {r.name: max(1.0, round(r.for_s / speed, 1)) for r in builtin_rules() if r.for_s > 0 and speed != 1}
 

@@ -23,6 +23,7 @@ from gpulens.cli import (
 )
 from gpulens.cli.base import CliError, Parser, UsageError
 from gpulens.config import ConfigError
+from gpulens.extras import MissingExtraError
 from gpulens.model import SourceError
 
 MAIN_EXAMPLES = """\
@@ -89,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (CliError, ConfigError, SourceError) as exc:
+    except (CliError, ConfigError, SourceError, MissingExtraError) as exc:
         print(f"{command}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 1
     except OSError as exc:
@@ -119,7 +120,7 @@ def database_error_line(exc: BaseException) -> str | None:
     SQLAlchemy or Alembic error is named by its driver's first line. Only modules already imported are looked at, so
     a command that never touched the database pays nothing for this.
     """
-    db_module = sys.modules.get("storage.db")
+    db_module = sys.modules.get("gpulens.storage.db")
     if db_module is not None and isinstance(exc, db_module.DatabaseUnavailableError):
         return str(exc)
     sa_exc = sys.modules.get("sqlalchemy.exc")

@@ -10,8 +10,8 @@ from typing import Any
 from gpulens.cli.base import UsageError
 from gpulens.cli.table import render_table
 from gpulens.ratios import share
-from storage.db import Database
-from storage.reading import StoreReader, reader_of
+from gpulens.storage.db import Database
+from gpulens.storage.reading import StoreReader, reader_of
 
 _LATEST_COLUMNS = (
     "node",

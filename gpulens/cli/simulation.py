@@ -35,14 +35,14 @@ def simulate(
     progress: Callable[[str], None] | None = None,
 ) -> SimulateReport:
     """Run the scenario and report the alerts that fired. Raises ConfigError for a bad scenario or rules file."""
-    from alerts.config import AlertingConfig, load_rules_file
-    from alerts.replay import AlertTimeline, read_round, table
-    from alerts.rules import builtin_rules
-    from alerts.service import AlertService
-    from collector.scrape import sanitize
-    from exporter.sim import SimCluster, load_scenario
-    from storage.connect import open_database
-    from storage.writer import Writer
+    from gpulens.alerts.config import AlertingConfig, load_rules_file
+    from gpulens.alerts.replay import AlertTimeline, read_round, table
+    from gpulens.alerts.rules import builtin_rules
+    from gpulens.alerts.service import AlertService
+    from gpulens.collector.scrape import sanitize
+    from gpulens.exporter.sim import SimCluster, load_scenario
+    from gpulens.storage.connect import open_database
+    from gpulens.storage.writer import Writer
 
     scenario = load_scenario(scenario_path)
     rules = builtin_rules()

@@ -5,13 +5,13 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from storage.schema import metadata
+from gpulens.storage.schema import metadata
 
 
 def run_migrations() -> None:
     connection = context.config.attributes.get("connection")
     if not isinstance(connection, Connection):
-        raise RuntimeError("run migrations with storage.db.Database.upgrade() or `gpulens db upgrade`")
+        raise RuntimeError("run migrations with gpulens.storage.db.Database.upgrade() or `gpulens db upgrade`")
     context.configure(connection=connection, target_metadata=metadata)
     with context.begin_transaction():
         context.run_migrations()

@@ -21,13 +21,13 @@ from typing import Any, Final, Protocol
 
 from gpulens.clock import Clock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading, nic_id, parse_nic_id
-from storage.fabric import check_nic_fields
-from storage.prometheus.client import PromClient, PromSeries, quote, regex_of
-from storage.timeseries import SeriesData
+from gpulens.storage.fabric import check_nic_fields
+from gpulens.storage.prometheus.client import PromClient, PromSeries, quote, regex_of
+from gpulens.storage.timeseries import SeriesData
 
 
 class PromReader(Protocol):
-    """What these reads use of ``storage.prometheus.reader.PromReader`` (which calls them)."""
+    """What these reads use of ``gpulens.storage.prometheus.reader.PromReader`` (which calls them)."""
 
     client: PromClient
     clock: Clock

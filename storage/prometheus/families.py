@@ -3,7 +3,7 @@
 * **gpulens families** (``gpulens_gpu_*``, labels ``node``/``gpu``/``uuid``/``model``): the metric catalogue
   (``gpulens.metriccatalogue``) says which family and constant labels hold each field, in gpulens units already;
   ``gpulens_gpu_info``, ``_up``, ``_throttle_active``, ``_xid_errors_total`` and ``_job_info`` are read as the
-  exporter writes them (``exporter.metrics``).
+  exporter writes them (``gpulens.exporter.metrics``).
 * **dcgm-exporter families** (``DCGM_FI_*``, labels ``gpu``/``UUID``/``Hostname``...): every name of every
   generation in the DCGM field table (``gpulens.dcgmfields``, 2.x-4.5 and 4.6+ names), converted by that table and
   turned into records by the very rules that read a dcgm-exporter page (``gpulens.dcgmpage.dcgm_records``).
@@ -24,7 +24,7 @@ from gpulens.dcgmpage import dcgm_records
 from gpulens.metriccatalogue import GPU_FIELDS
 from gpulens.model import THROTTLE_REASONS, GpuJob, GpuReading
 from gpulens.promtext import Sample
-from storage.prometheus.client import PromSeries, quote
+from gpulens.storage.prometheus.client import PromSeries, quote
 
 INFO: Final = "gpulens_gpu_info"
 UP: Final = "gpulens_gpu_up"

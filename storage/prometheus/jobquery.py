@@ -29,9 +29,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from storage.jobstats import JobSummary
-from storage.prometheus import families as fam
-from storage.prometheus.client import PromSeries, quote, regex_of
+from gpulens.storage.jobstats import JobSummary
+from gpulens.storage.prometheus import families as fam
+from gpulens.storage.prometheus.client import PromSeries, quote, regex_of
 
 _LABELS: Final = "job_id, uuid, node, user"
 _DCGM_BY: Final = "UUID, Hostname, hostname, instance"

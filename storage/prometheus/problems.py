@@ -1,4 +1,4 @@
-"""``PromReader.nic_problems``: every RDMA port's problems (``storage.portproblems``) told by Prometheus.
+"""``PromReader.nic_problems``: every RDMA port's problems (``gpulens.storage.portproblems``) told by Prometheus.
 
 At once: every port's state, rate and width (``latest_nics`` of those three fields: down and degraded are told
 from them as the SQL store tells them, since degraded compares a port with the best of its node's ports of its
@@ -17,9 +17,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
-from storage.portproblems import ERROR_FIELDS, ERROR_POINTS, SATURATED_AT, problems_of
-from storage.prometheus.client import PromSeries, quote
-from storage.prometheus.fabric import NIC_FIELDS, PromReader, _nic_key, _window, latest_nics
+from gpulens.storage.portproblems import ERROR_FIELDS, ERROR_POINTS, SATURATED_AT, problems_of
+from gpulens.storage.prometheus.client import PromSeries, quote
+from gpulens.storage.prometheus.fabric import NIC_FIELDS, PromReader, _nic_key, _window, latest_nics
 
 PORT: Final = "node, device, port"
 # what down and degraded are told from

@@ -27,14 +27,14 @@ from gpulens.clock import Clock, SystemClock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, ProcessReading, TargetHealth
 from gpulens.settings import StoreAuth
-from storage import schema
-from storage.inventory import GpuInfo, LinkOutage
-from storage.jobstats import JOB_POINTS, JobSummary
-from storage.prometheus import fabric, jobquery, problems
-from storage.prometheus import families as fam
-from storage.prometheus.client import PromClient, PromQueryError, PromSeries, quote, regex_escape, regex_of
-from storage.reading import NotAvailableOnBackendError
-from storage.timeseries import SeriesData
+from gpulens.storage import schema
+from gpulens.storage.inventory import GpuInfo, LinkOutage
+from gpulens.storage.jobstats import JOB_POINTS, JobSummary
+from gpulens.storage.prometheus import fabric, jobquery, problems
+from gpulens.storage.prometheus import families as fam
+from gpulens.storage.prometheus.client import PromClient, PromQueryError, PromSeries, quote, regex_escape, regex_of
+from gpulens.storage.reading import NotAvailableOnBackendError
+from gpulens.storage.timeseries import SeriesData
 
 LOOKBACK_S: Final = 300.0  # Prometheus's default lookback: an instant query sees samples up to this old
 PARALLEL: Final = 4  # queries of one call in flight at once (Prometheus evaluates them on its cores)

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from alerts.base import AlertRule
-from alerts.catalogue import (
+from gpulens.alerts.base import AlertRule
+from gpulens.alerts.catalogue import (
     COMMUNICATION_STALL,
     EXPORTER_DOWN,
     FABRIC_CONGESTION,
@@ -38,10 +38,10 @@ from alerts.catalogue import (
     THERMAL_THROTTLING,
     XID_ERROR,
 )
-from alerts.replay import FiredAlert, replay
-from alerts.rules import builtin_rules
-from exporter.sim import FaultSpec, GpuRef, Scenario, SimCluster, parse_scenario
-from exporter.sim.cluster import LEAK_TARGET_SHARE
+from gpulens.alerts.replay import FiredAlert, replay
+from gpulens.alerts.rules import builtin_rules
+from gpulens.exporter.sim import FaultSpec, GpuRef, Scenario, SimCluster, parse_scenario
+from gpulens.exporter.sim.cluster import LEAK_TARGET_SHARE
 
 # Detectors held to "fire within `for` plus two scrape intervals" on a real fault (plus, for a blocked or mixed
 # hang, the wait past the longest healthy pause, ``blocked_after_s``).

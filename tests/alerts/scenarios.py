@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Final
 
-from exporter.sim import CATALOGUE
+from gpulens.exporter.sim import CATALOGUE
 
 MODELS: Final = ("H100-SXM5-80GB", "A100-SXM4-80GB", "H200-SXM-141GB", "L40S")
 TOPOLOGIES: Final = ("pair", "node", "two-node", "wide", "spread", "all")

@@ -6,9 +6,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from alerts.base import AlertRule
-from alerts.history import History
-from alerts.rules import builtin_rules, evaluate
+from gpulens.alerts.base import AlertRule
+from gpulens.alerts.history import History
+from gpulens.alerts.rules import builtin_rules, evaluate
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, TargetHealth
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z

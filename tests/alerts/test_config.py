@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from alerts.catalogue import MEMORY_SATURATED
-from alerts.config import AlertingConfig, build_notifiers, load_rules_file, parse_alerting
-from alerts.grouping import Route
-from alerts.notify.slack import SlackNotifier
-from alerts.notify.webhook import WebhookNotifier
-from alerts.rules import evaluate
+from gpulens.alerts.catalogue import MEMORY_SATURATED
+from gpulens.alerts.config import AlertingConfig, build_notifiers, load_rules_file, parse_alerting
+from gpulens.alerts.grouping import Route
+from gpulens.alerts.notify.slack import SlackNotifier
+from gpulens.alerts.notify.webhook import WebhookNotifier
+from gpulens.alerts.rules import evaluate
 from gpulens.config import ConfigError, TomlLocator
 
 from .support import Feed, healthy_gpu, snapshot

@@ -8,10 +8,10 @@ import statistics
 from hypothesis import given
 from hypothesis import strategies as st
 
-from alerts.catalogue import COMMUNICATION_STALL, JOB_STRAGGLER
-from alerts.detect import _median_without, baseline
-from alerts.history import JobRound
-from alerts.rules import evaluate
+from gpulens.alerts.catalogue import COMMUNICATION_STALL, JOB_STRAGGLER
+from gpulens.alerts.detect import _median_without, baseline
+from gpulens.alerts.history import JobRound
+from gpulens.alerts.rules import evaluate
 
 from .support import GIB, Feed, blocked, job_snapshot, rule, snapshot, stalled, training, uuid
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from alerts.catalogue import (
+from gpulens.alerts.catalogue import (
     COMMUNICATION_STALL,
     FABRIC_CONGESTION,
     IB_ERRORS,
@@ -21,7 +21,7 @@ from alerts.catalogue import (
     IB_LINK_FLAPPING,
     JOB_INPUT_BOUND,
 )
-from alerts.rules import builtin_rules
+from gpulens.alerts.rules import builtin_rules
 
 from . import scenarios
 from .expect import KindTally, Outcome, RuleTally, run, tally

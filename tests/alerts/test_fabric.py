@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from alerts.catalogue import (
+from gpulens.alerts.catalogue import (
     FABRIC_CONGESTION,
     FABRIC_SATURATED,
     IB_ERRORS,
@@ -15,7 +15,7 @@ from alerts.catalogue import (
     IB_LINK_DOWN,
     IB_LINK_FLAPPING,
 )
-from alerts.fabricchecks import gpus_text
+from gpulens.alerts.fabricchecks import gpus_text
 from gpulens.fabricmodel import NicReading
 
 from .fabricsupport import HDR, NDR, down, fabric_snapshot, nic, rails

@@ -7,12 +7,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from alerts.base import Candidate
-from alerts.catalogue import COMMUNICATION_STALL, IB_LINK_DOWN, JOB_INPUT_BOUND, JOB_STRAGGLER
-from alerts.engine import AlertEngine
-from alerts.grouping import Route
-from alerts.rules import builtin_rules, evaluate
-from alerts.state import FIRING, Inhibition, cause_text, join_causes, step
+from gpulens.alerts.base import Candidate
+from gpulens.alerts.catalogue import COMMUNICATION_STALL, IB_LINK_DOWN, JOB_INPUT_BOUND, JOB_STRAGGLER
+from gpulens.alerts.engine import AlertEngine
+from gpulens.alerts.grouping import Route
+from gpulens.alerts.rules import builtin_rules, evaluate
+from gpulens.alerts.state import FIRING, Inhibition, cause_text, join_causes, step
 from gpulens.fabricmodel import NicReading
 from gpulens.model import GpuReading, NodeSnapshot
 

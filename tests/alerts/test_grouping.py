@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from alerts.grouping import Grouper, GroupState, Notification, Route
-from alerts.matchers import parse_matcher
-from alerts.state import FIRING, RESOLVED, AlertState, fingerprint
+from gpulens.alerts.grouping import Grouper, GroupState, Notification, Route
+from gpulens.alerts.matchers import parse_matcher
+from gpulens.alerts.state import FIRING, RESOLVED, AlertState, fingerprint
 
 
 def alert(name: str = "GpuLost", state: str = FIRING, muted: str | None = None, **labels: str) -> AlertState:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from alerts.history import History, JobPause, summarise_job, traffic_bytes_per_second
+from gpulens.alerts.history import History, JobPause, summarise_job, traffic_bytes_per_second
 from gpulens.model import GpuReading
 
 from .support import STEP, T0, Feed, healthy_gpu, job_snapshot, snapshot, target, training, uuid

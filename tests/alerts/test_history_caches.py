@@ -10,8 +10,8 @@ import statistics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alerts.fabrichistory import REFERENCE_FIT_RATIO, REFERENCE_SETTLED_ROUNDS, _Reference
-from alerts.history import summarise_job
+from gpulens.alerts.fabrichistory import REFERENCE_FIT_RATIO, REFERENCE_SETTLED_ROUNDS, _Reference
+from gpulens.alerts.history import summarise_job
 from gpulens.model import GpuReading
 
 from .support import STEP, Feed, healthy_gpu, snapshot, uuid

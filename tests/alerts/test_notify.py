@@ -22,18 +22,18 @@ from typing import Any
 
 import pytest
 
-from alerts.grouping import Notification
-from alerts.notify import (
+from gpulens.alerts.grouping import Notification
+from gpulens.alerts.notify import (
     DeliveryError,
     env_secret,
     file_secret,
     probe_notification,
     retry_after_seconds,
 )
-from alerts.notify.delivery import FAILED, PENDING, SENT, Backoff, Delivery, InMemoryOutbox
-from alerts.notify.slack import COLOURS, SlackNotifier
-from alerts.notify.webhook import ZERO_TIME, WebhookNotifier
-from alerts.state import FIRING, RESOLVED, AlertState, fingerprint
+from gpulens.alerts.notify.delivery import FAILED, PENDING, SENT, Backoff, Delivery, InMemoryOutbox
+from gpulens.alerts.notify.slack import COLOURS, SlackNotifier
+from gpulens.alerts.notify.webhook import ZERO_TIME, WebhookNotifier
+from gpulens.alerts.state import FIRING, RESOLVED, AlertState, fingerprint
 from gpulens.clock import ManualClock
 from gpulens.httpfetch import redact_secret_url, scrub
 

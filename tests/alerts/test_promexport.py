@@ -8,9 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from alerts.catalogue import BUILTIN_NAMES
-from alerts.promexport import NOT_EXPORTED, prometheus_rules_yaml
-from alerts.rules import builtin_rules
+from gpulens.alerts.catalogue import BUILTIN_NAMES
+from gpulens.alerts.promexport import NOT_EXPORTED, prometheus_rules_yaml
+from gpulens.alerts.rules import builtin_rules
 
 SHIPPED = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "rules" / "gpulens.yml"
 

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from alerts.config import load_rules_file
-from alerts.engine import AlertEngine
-from alerts.grouping import Notification, Route
-from alerts.matchers import parse_matcher
-from alerts.notify.delivery import InMemoryOutbox
-from alerts.replay import AlertTimeline, read_round, replay, rounds, table
-from alerts.rules import builtin_rules
-from alerts.state import FIRING, RESOLVED, Silence, Transition
-from exporter.sim import SimCluster, load_scenario
+from gpulens.alerts.config import load_rules_file
+from gpulens.alerts.engine import AlertEngine
+from gpulens.alerts.grouping import Notification, Route
+from gpulens.alerts.matchers import parse_matcher
+from gpulens.alerts.notify.delivery import InMemoryOutbox
+from gpulens.alerts.replay import AlertTimeline, read_round, replay, rounds, table
+from gpulens.alerts.rules import builtin_rules
+from gpulens.alerts.state import FIRING, RESOLVED, Silence, Transition
 from gpulens.config import parse_timestamp
+from gpulens.exporter.sim import SimCluster, load_scenario
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
 MINUTE = 60.0

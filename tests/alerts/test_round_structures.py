@@ -12,17 +12,17 @@ from collections import deque
 from dataclasses import replace
 from typing import Any
 
-from alerts import checks, detect, fabricchecks
-from alerts.fabrichistory import REFERENCE_SETTLED_ROUNDS as PORT_SETTLED
-from alerts.fabrichistory import Baseline, _Reference
-from alerts.history import History, JobRound, Round, summarise_job
-from alerts.jobround import (
+from gpulens.alerts import checks, detect, fabricchecks
+from gpulens.alerts.fabrichistory import REFERENCE_SETTLED_ROUNDS as PORT_SETTLED
+from gpulens.alerts.fabrichistory import Baseline, _Reference
+from gpulens.alerts.history import History, JobRound, Round, summarise_job
+from gpulens.alerts.jobround import (
     REFERENCE_MIN_SHARE,
     REFERENCE_SETTLED_ROUNDS,
     nvlink_bytes_per_second,
     traffic_bytes_per_second,
 )
-from alerts.rules import builtin_rules
+from gpulens.alerts.rules import builtin_rules
 from gpulens.fabricmodel import NicReading
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from alerts.base import dashboard_path
-from alerts.catalogue import (
+from gpulens.alerts.base import dashboard_path
+from gpulens.alerts.catalogue import (
     BUILTIN_NAMES,
     ECC_UNCORRECTABLE,
     EXPORTER_DOWN,
@@ -23,7 +23,7 @@ from alerts.catalogue import (
     THERMAL_THROTTLING,
     XID_ERROR,
 )
-from alerts.rules import builtin_rules, data_missing, evaluate, required_window_s
+from gpulens.alerts.rules import builtin_rules, data_missing, evaluate, required_window_s
 from gpulens.config import ConfigError, parse_duration
 from gpulens.model import GpuReading, TargetHealth
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from alerts.base import AlertRule, Candidate
-from alerts.matchers import Matcher, MatcherError, matchers_from_json, parse_matcher
-from alerts.state import (
+from gpulens.alerts.base import AlertRule, Candidate
+from gpulens.alerts.matchers import Matcher, MatcherError, matchers_from_json, parse_matcher
+from gpulens.alerts.state import (
     FIRING,
     INACTIVE,
     PENDING,

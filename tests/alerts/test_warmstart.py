@@ -5,14 +5,14 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from alerts.config import AlertingConfig
-from alerts.rules import builtin_rules
-from alerts.service import AlertService
+from gpulens.alerts.config import AlertingConfig
+from gpulens.alerts.rules import builtin_rules
+from gpulens.alerts.service import AlertService
 from gpulens.clock import ManualClock
 from gpulens.model import NodeSnapshot
-from storage.db import Database
-from storage.recent import recent_rounds
-from storage.writer import Writer
+from gpulens.storage.db import Database
+from gpulens.storage.recent import recent_rounds
+from gpulens.storage.writer import Writer
 from tests.alerts.support import STEP, T0, job_snapshot, stalled, training
 
 GPUS = range(8)

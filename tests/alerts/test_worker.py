@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from alerts.config import AlertingConfig, parse_alerting
-from alerts.notify.delivery import PENDING, SENT, SUPERSEDED, Backoff, Delivery
-from alerts.notify.webhook import WebhookNotifier
-from alerts.notify.worker import NotificationWorker
-from alerts.service import AlertService, SqlOutbox
+from gpulens.alerts.config import AlertingConfig, parse_alerting
+from gpulens.alerts.notify.delivery import PENDING, SENT, SUPERSEDED, Backoff, Delivery
+from gpulens.alerts.notify.webhook import WebhookNotifier
+from gpulens.alerts.notify.worker import NotificationWorker
+from gpulens.alerts.service import AlertService, SqlOutbox
 from gpulens.clock import SystemClock
 from gpulens.model import NodeSnapshot, TargetHealth
 from gpulens.rounds import RoundResult
-from storage import alertstore
-from storage.db import Database
+from gpulens.storage import alertstore
+from gpulens.storage.db import Database
 from tests.alerts.receivers import drip_receiver, flaky_receiver, hanging_receiver
 from tests.fakes.static_source import node_snapshot
 from tests.storage.conftest import PgServer, _pg_root, clock, db, db_url, pg_server, private_pg_server

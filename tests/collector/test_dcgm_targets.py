@@ -9,14 +9,14 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from alerts.config import AlertingConfig
-from alerts.rules import builtin_rules
-from alerts.service import AlertService
-from collector.loop import Collector
+from gpulens.alerts.config import AlertingConfig
+from gpulens.alerts.rules import builtin_rules
+from gpulens.alerts.service import AlertService
 from gpulens.clock import ManualClock
+from gpulens.collector.loop import Collector
 from gpulens.settings import TargetSettings, default_settings
-from storage import inventory, latest
-from storage.db import Database
+from gpulens.storage import inventory, latest
+from gpulens.storage.db import Database
 from tests.fakes.dcgm_pages import GPU0, GPU1, ID0, ID1
 from tests.fakes.dcgm_server import stand_in_dcgm_exporter
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from collector.scrape import Scraper
-from collector.targets import Target
-from exporter.dcgmsource import DcgmSource
 from gpulens.clock import ManualClock
+from gpulens.collector.scrape import Scraper
+from gpulens.collector.targets import Target
+from gpulens.exporter.dcgmsource import DcgmSource
 from gpulens.model import NodeSnapshot, SourceError
 from tests.fakes.dcgm_server import stand_in_dcgm_exporter
 

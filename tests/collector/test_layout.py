@@ -18,20 +18,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector.loop import Collector
-from collector.scrape import Scraper, sanitize
-from collector.targets import Target
-from exporter.httpserver import ExporterServer, Routes
-from exporter.metrics import ExporterHealth
-from exporter.poller import OnDemandNode, Published
-from exporter.sim import LiveTime, SimAllNodes, SimCluster, parse_scenario
 from gpulens.clock import ManualClock
+from gpulens.collector.loop import Collector
+from gpulens.collector.scrape import Scraper, sanitize
+from gpulens.collector.targets import Target
+from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.metrics import ExporterHealth
+from gpulens.exporter.poller import OnDemandNode, Published
+from gpulens.exporter.sim import LiveTime, SimAllNodes, SimCluster, parse_scenario
 from gpulens.model import NodeSnapshot, SnapshotFormatError
 from gpulens.settings import TargetSettings, default_settings
 from gpulens.snapshotcodec import snapshot_from_bytes, snapshot_to_bytes, snapshot_to_json
-from storage import latest
-from storage.db import Database
-from storage.reading import SqlReader
+from gpulens.storage import latest
+from gpulens.storage.db import Database
+from gpulens.storage.reading import SqlReader
 from tests.conftest import http_get
 from tests.fakes.static_source import node_snapshot
 
@@ -250,7 +250,7 @@ def test_an_old_exporter_that_ignores_the_layout_is_read_in_rows(old_exporter: s
 
 
 def test_the_spool_writes_columnar_and_still_reads_a_row_layout_round(tmp_path: Path) -> None:
-    from collector.spool import Spool
+    from gpulens.collector.spool import Spool
     from gpulens.model import TargetHealth
 
     snap = node_snapshot("node-03", gpus=2, t=1_700_000_000.0)

@@ -15,17 +15,17 @@ import sqlalchemy as sa
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from alerts.config import AlertingConfig
-from alerts.rules import builtin_rules
-from alerts.service import AlertService
-from collector.loop import Collector
-from exporter.httpserver import ExporterServer, Routes
-from exporter.poller import OnDemandNode
-from exporter.sim import LiveTime, SimAllNodes, SimCluster, parse_scenario
+from gpulens.alerts.config import AlertingConfig
+from gpulens.alerts.rules import builtin_rules
+from gpulens.alerts.service import AlertService
 from gpulens.clock import ManualClock
+from gpulens.collector.loop import Collector
+from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.poller import OnDemandNode
+from gpulens.exporter.sim import LiveTime, SimAllNodes, SimCluster, parse_scenario
 from gpulens.settings import TargetSettings, default_settings
-from storage import inventory, jobstats, latest, schema, timeseries
-from storage.db import Database
+from gpulens.storage import inventory, jobstats, latest, schema, timeseries
+from gpulens.storage.db import Database
 from tests.conftest import free_port
 from tests.storage.conftest import PgServer
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from alerts.config import parse_alerting
-from alerts.service import AlertService
-from collector.loop import Collector
+from gpulens.alerts.config import parse_alerting
+from gpulens.alerts.service import AlertService
+from gpulens.collector.loop import Collector
 from gpulens.rounds import RoundResult
 from gpulens.settings import TargetSettings, default_settings
-from storage import alertstore, schema
-from storage.db import Database
+from gpulens.storage import alertstore, schema
+from gpulens.storage.db import Database
 from tests.alerts.receivers import drip_receiver, hanging_receiver
 from tests.collector.live import GPUS, live_exporter
 from tests.storage.conftest import PgServer

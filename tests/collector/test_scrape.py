@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector.scrape import Scraper, sanitize, sanitize_each
-from collector.spool import Spool
-from collector.targets import FileSd, Target, TargetSet, in_shard, shard_of
-from exporter.httpserver import ExporterServer, Routes
-from exporter.poller import Poller
+from gpulens.collector.scrape import Scraper, sanitize, sanitize_each
+from gpulens.collector.spool import Spool
+from gpulens.collector.targets import FileSd, Target, TargetSet, in_shard, shard_of
+from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.poller import Poller
 from gpulens.settings import FileSdSettings, TlsAuth, parse_settings
 from gpulens.snapshotcodec import snapshot_to_json
 from tests.conftest import free_port

@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpulens.cli.main import main
-from storage import schema
-from storage.db import Database
+from gpulens.storage import schema
+from gpulens.storage.db import Database
 from tests.collector.live import GPUS, live_exporter
 from tests.conftest import free_port, http_get
 from tests.storage.conftest import SECRET_PASSWORD, SECRET_ROLE, PgServer
@@ -160,14 +160,14 @@ def test_the_open_file_limit_is_raised_to_the_hard_limit_and_a_short_one_is_said
     logged."""
     import resource
 
-    from collector.runner import _MOST_FILES, FILES_BESIDES_TARGETS, raise_open_files_limit
+    from gpulens.collector.runner import _MOST_FILES, FILES_BESIDES_TARGETS, raise_open_files_limit
 
     before = resource.getrlimit(resource.RLIMIT_NOFILE)
     hard = before[1]
     raised = _MOST_FILES if hard == resource.RLIM_INFINITY else hard
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, raised), hard))
-        with caplog.at_level("WARNING", logger="collector.runner"):
+        with caplog.at_level("WARNING", logger="gpulens.collector.runner"):
             assert raise_open_files_limit(10) == (raised, hard)
             assert resource.getrlimit(resource.RLIMIT_NOFILE) == (raised, hard)
             assert not caplog.records

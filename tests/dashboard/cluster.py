@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from alerts.catalogue import BUILTIN_RULES
-from alerts.engine import AlertEngine
-from alerts.matchers import Matcher
-from alerts.replay import rounds
-from alerts.state import AlertState, Silence
-from exporter.sim import SimCluster, load_scenario
-from storage.db import Database
-from storage.writer import Writer
+from gpulens.alerts.catalogue import BUILTIN_RULES
+from gpulens.alerts.engine import AlertEngine
+from gpulens.alerts.matchers import Matcher
+from gpulens.alerts.replay import rounds
+from gpulens.alerts.state import AlertState, Silence
+from gpulens.exporter.sim import SimCluster, load_scenario
+from gpulens.storage.db import Database
+from gpulens.storage.writer import Writer
 from tests.dashboard.fabricdata import FabricWriter
 
 SCENARIO: Final = Path(__file__).with_name("cluster.toml")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.app import create_app
 from gpulens.clock import ManualClock
-from storage.db import Database
+from gpulens.dashboard.app import create_app
+from gpulens.storage.db import Database
 from tests.dashboard.cluster import Filled, fill
 
 

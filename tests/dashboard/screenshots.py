@@ -14,10 +14,10 @@ from typing import Final
 
 from playwright.sync_api import Browser, Page
 
-from dashboard.app import create_app
 from gpulens.clock import ManualClock
-from storage.db import Database
-from storage.inventory import gpu_info
+from gpulens.dashboard.app import create_app
+from gpulens.storage.db import Database
+from gpulens.storage.inventory import gpu_info
 from tests.dashboard.browser import chromium, serving, wait_rendered
 from tests.dashboard.cluster import STALLED_JOB, fill
 

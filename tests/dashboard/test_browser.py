@@ -14,9 +14,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from dashboard.app import PLOTLY_BUNDLE, create_app
 from gpulens.clock import ManualClock
-from storage.db import Database
+from gpulens.dashboard.app import PLOTLY_BUNDLE, create_app
+from gpulens.storage.db import Database
 from tests.conftest import free_port
 from tests.dashboard.browser import ChromiumMissingError, chromium, serving, wait_rendered
 from tests.dashboard.cluster import STALLED_JOB
@@ -51,7 +51,7 @@ def page(browser: Browser) -> Iterator[Page]:
 
 
 def gpu_uuid(store: Store, node: str, index: int) -> str:
-    from storage.inventory import gpu_info
+    from gpulens.storage.inventory import gpu_info
 
     return next(g.uuid for g in gpu_info(store.db) if (g.node, g.gpu) == (node, index))
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from alerts.state import AlertState
-from dashboard.components import ViewState
-from dashboard.fabric import (
+from gpulens.alerts.state import AlertState
+from gpulens.dashboard.components import ViewState
+from gpulens.dashboard.fabric import (
     NO_PORTS,
     Unavailable,
     available,
@@ -26,13 +26,13 @@ from dashboard.fabric import (
     port_statuses,
     stale_nodes,
 )
-from dashboard.fabricview import count_rate_text, fabric_card, load_bar, node_fabric_table, ports_table
-from dashboard.figures.fabric import nic_positions
-from dashboard.figures.links import node_topology
-from dashboard.figures.style import DOWN_COLOR
+from gpulens.dashboard.fabricview import count_rate_text, fabric_card, load_bar, node_fabric_table, ports_table
+from gpulens.dashboard.figures.fabric import nic_positions
+from gpulens.dashboard.figures.links import node_topology
+from gpulens.dashboard.figures.style import DOWN_COLOR
 from gpulens.fabricmodel import NicReading
-from storage.reading import NotAvailableOnBackendError
-from storage.timeseries import SeriesData
+from gpulens.storage.reading import NotAvailableOnBackendError
+from gpulens.storage.timeseries import SeriesData
 from tests.dashboard.test_figures import T0, as_data, reading
 from tests.dashboard.test_pages import text_of
 

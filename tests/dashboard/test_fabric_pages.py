@@ -9,14 +9,14 @@ from typing import Any, cast
 
 import pytest
 
-from dashboard import fabricview
-from dashboard.components import ViewState
-from dashboard.context import Context
-from dashboard.fabric import NO_PORTS
-from dashboard.figures.style import DOWN_COLOR
-from dashboard.formatting import MISSING
-from dashboard.pages import interconnect, job, overview
-from storage.reading import NotAvailableOnBackendError, SqlReader, StoreReader
+from gpulens.dashboard import fabricview
+from gpulens.dashboard.components import ViewState
+from gpulens.dashboard.context import Context
+from gpulens.dashboard.fabric import NO_PORTS
+from gpulens.dashboard.figures.style import DOWN_COLOR
+from gpulens.dashboard.formatting import MISSING
+from gpulens.dashboard.pages import interconnect, job, overview
+from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, StoreReader
 from tests.dashboard.cluster import STALLED_JOB
 from tests.dashboard.conftest import Store
 from tests.dashboard.fabricdata import NO_FABRIC_NODE

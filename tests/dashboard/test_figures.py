@@ -9,16 +9,16 @@ from typing import Any
 import plotly.io as pio
 import pytest
 
-from dashboard.figures.gputime import Row, bin_values, gpu_time_heatmap
-from dashboard.figures.grids import GridCell, _run_starts, cluster_map, gpu_heatmap, job_grid
-from dashboard.figures.links import link_load, node_topology, pcie_degraded
-from dashboard.figures.periods import Period
-from dashboard.figures.style import DOWN_COLOR, PALETTE
-from dashboard.figures.throttle import MaskSeries, throttle_timeline
-from dashboard.figures.timeseries import GIB as GIB_AXIS
-from dashboard.figures.timeseries import PERCENT, RATE, Line, time_series
-from dashboard.heatmaps import METRICS
-from dashboard.pages.interconnect import LINK_FIELDS
+from gpulens.dashboard.figures.gputime import Row, bin_values, gpu_time_heatmap
+from gpulens.dashboard.figures.grids import GridCell, _run_starts, cluster_map, gpu_heatmap, job_grid
+from gpulens.dashboard.figures.links import link_load, node_topology, pcie_degraded
+from gpulens.dashboard.figures.periods import Period
+from gpulens.dashboard.figures.style import DOWN_COLOR, PALETTE
+from gpulens.dashboard.figures.throttle import MaskSeries, throttle_timeline
+from gpulens.dashboard.figures.timeseries import GIB as GIB_AXIS
+from gpulens.dashboard.figures.timeseries import PERCENT, RATE, Line, time_series
+from gpulens.dashboard.heatmaps import METRICS
+from gpulens.dashboard.pages.interconnect import LINK_FIELDS
 from gpulens.hardware import nvlink_max_bytes_per_second, pcie_max_bytes_per_second
 from gpulens.metriccatalogue import GPU_FIELDS
 from gpulens.model import GpuJob, GpuReading

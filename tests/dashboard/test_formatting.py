@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from dashboard.formatting import MISSING, bytes_text, duration_text, percent_text, rate_text, round_sig, watts_text
+from gpulens.dashboard.formatting import (
+    MISSING,
+    bytes_text,
+    duration_text,
+    percent_text,
+    rate_text,
+    round_sig,
+    watts_text,
+)
 from tests.dashboard.test_figures import GIB
 
 

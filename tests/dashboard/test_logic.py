@@ -10,17 +10,17 @@ from urllib.parse import parse_qs, urlsplit
 import plotly.io as pio
 import pytest
 
-from alerts.state import AlertState
-from dashboard import ids
-from dashboard.components import ViewState, href
-from dashboard.figures.grids import GridCell
-from dashboard.flags import alert_jobs, job_flags, job_periods
-from dashboard.grid import grid_cells, named_page, natural_key, nodes_on_page, parse_page, select_page
-from dashboard.heatmaps import METRICS
-from dashboard.pages.overview import next_page
-from dashboard.panels import GpuSeries, gpu_charts
-from dashboard.summary import IDLE_BELOW, headline
-from dashboard.timerange import RangeError, resolve_range
+from gpulens.alerts.state import AlertState
+from gpulens.dashboard import ids
+from gpulens.dashboard.components import ViewState, href
+from gpulens.dashboard.figures.grids import GridCell
+from gpulens.dashboard.flags import alert_jobs, job_flags, job_periods
+from gpulens.dashboard.grid import grid_cells, named_page, natural_key, nodes_on_page, parse_page, select_page
+from gpulens.dashboard.heatmaps import METRICS
+from gpulens.dashboard.pages.overview import next_page
+from gpulens.dashboard.panels import GpuSeries, gpu_charts
+from gpulens.dashboard.summary import IDLE_BELOW, headline
+from gpulens.dashboard.timerange import RangeError, resolve_range
 from gpulens.model import GpuJob
 from tests.dashboard.test_figures import GIB, T0, reading
 

@@ -19,15 +19,15 @@ import pytest
 from dash.development.base_component import Component
 from plotly.io.json import to_json_plotly
 
-from dashboard.app import create_app
-from dashboard.components import ViewState
-from dashboard.context import Context, PageError
-from dashboard.pages import alerts, gpu, interconnect, job, jobs, node, overview
-from dashboard.server import load_basic_auth_file, run_dashboard
 from gpulens.clock import ManualClock
 from gpulens.config import ConfigError
+from gpulens.dashboard.app import create_app
+from gpulens.dashboard.components import ViewState
+from gpulens.dashboard.context import Context, PageError
+from gpulens.dashboard.pages import alerts, gpu, interconnect, job, jobs, node, overview
+from gpulens.dashboard.server import load_basic_auth_file, run_dashboard
+from gpulens.storage.db import Database
 from gpulens.webauth import BasicAuth
-from storage.db import Database
 from tests.conftest import free_port, http_get
 from tests.dashboard.cluster import IDLE_JOB, STALLED_JOB, STRAGGLING_JOB
 from tests.dashboard.conftest import Store
@@ -91,7 +91,7 @@ def render_all(context: Context, state: ViewState) -> dict[str, tuple[Any, ...]]
 
 
 def gpu_uuid(context: Context, node_name: str, index: int) -> str:
-    from storage.inventory import gpu_info
+    from gpulens.storage.inventory import gpu_info
 
     return next(g.uuid for g in gpu_info(context.db) if (g.node, g.gpu) == (node_name, index))
 
@@ -226,7 +226,7 @@ class _Unreachable:
         self._db = db
 
     def active(self) -> Any:
-        from storage.inventory import target_health
+        from gpulens.storage.inventory import target_health
 
         return target_health(self._db)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import plotly
 
-import dashboard
-from dashboard.app import ASSETS, PLOTLY_BUNDLE
+from gpulens import dashboard
+from gpulens.dashboard.app import ASSETS, PLOTLY_BUNDLE
 
 _VERSION = re.compile(r"plotly\.js (?:\([\w -]+\) )?v(\d+)\.(\d+)\.(\d+)")
 

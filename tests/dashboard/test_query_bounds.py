@@ -17,15 +17,15 @@ import pytest
 import sqlalchemy as sa
 
 from bench.bench_dashboard import END, Cluster, build, stall_alert, timeline
-from dashboard import snapshot
-from dashboard.components import ViewState
-from dashboard.context import Context
-from dashboard.grid import NODES_PER_PAGE
-from dashboard.pages import gpu, interconnect, job, jobs, node, overview
 from gpulens.clock import ManualClock
-from storage.db import Database
-from storage.reading import SqlReader
-from storage.rollup import Rollups
+from gpulens.dashboard import snapshot
+from gpulens.dashboard.components import ViewState
+from gpulens.dashboard.context import Context
+from gpulens.dashboard.grid import NODES_PER_PAGE
+from gpulens.dashboard.pages import gpu, interconnect, job, jobs, node, overview
+from gpulens.storage.db import Database
+from gpulens.storage.reading import SqlReader
+from gpulens.storage.rollup import Rollups
 from tests.storage.conftest import PgServer, _pg_root, pg_server  # noqa: F401 (fixtures)
 
 SIZES = (10, 40)

@@ -9,9 +9,9 @@ from typing import Any
 from dash import Dash
 from werkzeug.test import Client
 
-from dashboard.app import ASSETS, PLOTLY_BUNDLE, REGENERATOR, create_app
-from dashboard.webserve import IMMUTABLE, CompressAndCache, vendored
-from storage.db import Database
+from gpulens.dashboard.app import ASSETS, PLOTLY_BUNDLE, REGENERATOR, create_app
+from gpulens.dashboard.webserve import IMMUTABLE, CompressAndCache, vendored
+from gpulens.storage.db import Database
 
 PLOTLY = "/_dash-component-suites/plotly/package_data/plotly.min.js"
 

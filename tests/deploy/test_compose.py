@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from exporter.sim import SimCluster, load_scenario
+from gpulens.exporter.sim import SimCluster, load_scenario
 from gpulens.settings import CollectorFile, load_settings
 from tests.deploy.support import (
     COMPOSE_FILE,
@@ -185,7 +185,7 @@ def test_sim_profile_serves_the_demo_scenario_and_collects_every_node(
 
 
 def test_prom_read_profile_reads_the_bundled_prometheus(compose: dict[str, Any]) -> None:
-    from storage.connect import is_prometheus_url
+    from gpulens.storage.connect import is_prometheus_url
 
     services = compose["services"]
     prometheus_port = next(iter(container_ports(services["prometheus-sim"])))

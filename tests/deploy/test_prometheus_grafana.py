@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.sim import SimCluster, load_scenario
+from gpulens.exporter.sim import SimCluster, load_scenario
 from tests.conftest import free_port, http_get
 from tests.deploy.support import (
     GRAFANA_JSON,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.jobmap import JobMapper
+from gpulens.exporter.jobmap import JobMapper
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot
 from tests.conftest import require_tool
 from tests.deploy.support import DEPLOY

@@ -15,10 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from hypothesis import given
 
-from exporter.dcgmsource import DcgmSource
-from exporter.httpserver import ExporterServer, Routes
-from exporter.poller import Poller
 from gpulens.clock import ManualClock
+from gpulens.exporter.dcgmsource import DcgmSource
+from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.poller import Poller
 from gpulens.httpfetch import fetch_url
 from gpulens.model import SourceError
 from tests.conftest import http_get

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import exporter.agent
-from exporter.agent import ExporterOptions, build_routes, run_exporter
-from exporter.fabric.node import FABRIC_FAILED, FabricReader
-from exporter.metrics import ExporterHealth, render_metrics
-from exporter.nvml import NvmlSource
+import gpulens.exporter.agent
 from gpulens.cli.main import main
 from gpulens.clock import ManualClock
+from gpulens.exporter.agent import ExporterOptions, build_routes, run_exporter
+from gpulens.exporter.fabric.node import FABRIC_FAILED, FabricReader
+from gpulens.exporter.metrics import ExporterHealth, render_metrics
+from gpulens.exporter.nvml import NvmlSource
 from gpulens.snapshotcodec import SNAPSHOT_SCHEMA, snapshot_from_json
 from tests.conftest import http_get
 from tests.exporter.fabric.conftest import GPU_BUS_IDS, STAT_LATER, SYSFS, V2_CGROUP, V2_PROC
@@ -59,7 +59,7 @@ def host_root(tmp_path: Path) -> Path:
 @pytest.fixture
 def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     nvml = fixture_nvml()
-    monkeypatch.setattr(exporter.agent, "_nvml_source", lambda options: NvmlSource(options.node, nvml=nvml))
+    monkeypatch.setattr(gpulens.exporter.agent, "_nvml_source", lambda options: NvmlSource(options.node, nvml=nvml))
     return nvml
 
 
@@ -231,7 +231,7 @@ def test_a_failing_reader_never_costs_the_gpus(host_root: Path, monkeypatch: pyt
     def broken(self: object) -> None:
         raise RuntimeError("wedged HCA")
 
-    monkeypatch.setattr("exporter.fabric.ibports.IbPortReader.read", broken)
+    monkeypatch.setattr("gpulens.exporter.fabric.ibports.IbPortReader.read", broken)
     before = node_snapshot(NODE, gpus=8)
     after = reader.enrich(before)
     assert after.gpus == before.gpus

@@ -1,4 +1,4 @@
-"""Tests for exporter.jobmap: fixture /proc trees and job-map directories built in tmp_path."""
+"""Tests for gpulens.exporter.jobmap: fixture /proc trees and job-map directories built in tmp_path."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from exporter.jobmap import JobMapper, job_id_from_cgroup_paths
+from gpulens.exporter.jobmap import JobMapper, job_id_from_cgroup_paths
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading
 from gpulens.snapshotcodec import snapshot_to_json
 
@@ -245,7 +245,7 @@ def test_fields_the_source_filled_are_kept_and_not_read(proc: Path) -> None:
 
 def test_vanished_process_is_counted_and_logged_at_debug(proc: Path, caplog: pytest.LogCaptureFixture) -> None:
     write_process(proc, 600)
-    caplog.set_level(logging.DEBUG, logger="exporter.jobmap")
+    caplog.set_level(logging.DEBUG, logger="gpulens.exporter.jobmap")
     result = mapper(proc).enrich(snapshot(process(600), process(601, 1)))
     assert only(result, 601) == process(601, 1)
     assert only(result, 600).user == "alice"
@@ -282,7 +282,7 @@ def test_permission_denied_is_counted_and_logged_once(proc: Path, caplog: pytest
     (directory / "cgroup").unlink()
     (directory / "cgroup").symlink_to(_permission_denied_target())
     jobs = mapper(proc)
-    with caplog.at_level(logging.WARNING, logger="exporter.jobmap"):
+    with caplog.at_level(logging.WARNING, logger="gpulens.exporter.jobmap"):
         jobs.enrich(snapshot(process(700)))
         result = jobs.enrich(snapshot(process(700)))
     assert only(result, 700) == process(700, command="train", user="bob")

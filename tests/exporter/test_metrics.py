@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.metrics import ExporterHealth, LastXidTracker, render_metrics
+from gpulens.exporter.metrics import ExporterHealth, LastXidTracker, render_metrics
 from gpulens.model import GpuJob, MigReading
 from tests.fakes.static_source import GIB, MigSnapshotSource, h100, node_snapshot
 

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 import pynvml
 import pytest
 
-from exporter.nvml import LINK_STATE_REFRESH_S, SLOW_REFRESH_S, NvmlSource
 from gpulens.clock import ManualClock
+from gpulens.exporter.nvml import LINK_STATE_REFRESH_S, SLOW_REFRESH_S, NvmlSource
 from gpulens.model import THROTTLE_MASK, SourceError
 from tests.fakes.fake_nvml import GIB, MIB, FakeNvml, h100_gpu, l40s_gpu
 
@@ -231,7 +231,7 @@ def test_gpu_lost_mid_run_is_reported_down_while_the_others_are_read(
     assert all(g.up for g in source.read().gpus)
 
     fake.lose(5)
-    with caplog.at_level(logging.WARNING, logger="exporter"):
+    with caplog.at_level(logging.WARNING, logger="gpulens.exporter"):
         lost = source.read()
     down = lost.gpus[5]
     assert down.up is False
@@ -324,7 +324,7 @@ def test_old_driver_falls_back_to_older_calls_and_skips_missing_ones(
         fake.remove_function(symbol)
     source = make_source(fake)
 
-    with caplog.at_level(logging.WARNING, logger="exporter"):
+    with caplog.at_level(logging.WARNING, logger="gpulens.exporter"):
         first = source.read()
         calls_after_first = fake.calls["nvmlDeviceGetCurrentClocksEventReasons"]
         second = source.read()
@@ -360,7 +360,7 @@ def test_no_permission_is_none_and_logged_once(make_source: MakeSource, caplog: 
     for index in range(8):
         fake.fail(index, "nvmlDeviceGetComputeRunningProcesses", pynvml.NVML_ERROR_NO_PERMISSION)
     source = make_source(fake)
-    with caplog.at_level(logging.WARNING, logger="exporter"):
+    with caplog.at_level(logging.WARNING, logger="gpulens.exporter"):
         source.read()
         snapshot = source.read()
     assert snapshot.processes == ()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pynvml
 
-from exporter.nvmlfields import VALUE_MEMBERS
+from gpulens.exporter.nvmlfields import VALUE_MEMBERS
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOOR_NAMES = Path(__file__).with_name("pynvml_floor_names.txt")
@@ -25,8 +25,8 @@ _WITHOUT_UNSIGNED_SHORT = """
 import json
 import pynvml
 del pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT  # absent before nvidia-ml-py 12.560
-from exporter.nvml import NvmlSource
-from exporter.nvmlfields import VALUE_MEMBERS
+from gpulens.exporter.nvml import NvmlSource
+from gpulens.exporter.nvmlfields import VALUE_MEMBERS
 from tests.fakes.fake_nvml import FakeNvml
 
 fake = FakeNvml.h100_node(gpus=2)
@@ -90,7 +90,7 @@ from tests.fakes.fake_nvml import FakeNvml, h100_gpu, h200_gpu
 for name in later:
     if name in vars(FakeNvml):
         delattr(FakeNvml, name)
-from exporter.nvml import NvmlSource
+from gpulens.exporter.nvml import NvmlSource
 
 refusing = h100_gpu(1)
 refusing.nvlink_error_totals = False

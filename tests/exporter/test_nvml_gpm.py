@@ -11,9 +11,9 @@ import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.metrics import ExporterHealth, render_metrics
-from exporter.nvml import LINK_STATE_REFRESH_S, NvmlSource
 from gpulens.clock import ManualClock
+from gpulens.exporter.metrics import ExporterHealth, render_metrics
+from gpulens.exporter.nvml import LINK_STATE_REFRESH_S, NvmlSource
 from tests.fakes.fake_nvml import GIB, MIB, FakeNvml, h100_gpu, h200_gpu, l40s_gpu
 
 MakeSource = Callable[..., NvmlSource]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.httpserver import ExporterServer, Routes
-from exporter.poller import Poller
+from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.poller import Poller
 from tests.fakes.static_source import StaticSource, node_snapshot
 from tests.prom import running_prometheus, wait_for
 

@@ -2,16 +2,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.fabricmetrics import HOST_GAUGES, JOB_GAUGES, NIC_COUNTERS
-from exporter.metrics import ExporterHealth, render_metrics
-from exporter.reference import _full_snapshot, metrics_reference
+from gpulens.exporter.fabricmetrics import HOST_GAUGES, JOB_GAUGES, NIC_COUNTERS
+from gpulens.exporter.metrics import ExporterHealth, render_metrics
+from gpulens.exporter.reference import _full_snapshot, metrics_reference
 from tests.exporter.test_metrics import CONTRACT_FAMILIES, promtool_check
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
 def test_metrics_reference_is_current() -> None:
-    assert DOC.read_text() == metrics_reference(), "regenerate: python -m exporter.reference > docs/metrics.md"
+    assert DOC.read_text() == metrics_reference(), "regenerate: python -m gpulens.exporter.reference > docs/metrics.md"
 
 
 def test_reference_lists_every_contract_family() -> None:

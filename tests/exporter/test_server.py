@@ -19,13 +19,13 @@ import pytest
 import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import metrics as metrics_module
-from exporter import poller as poller_module
-from exporter.httpserver import ExporterServer, Routes
-from exporter.poller import OnDemandNode, Poller
-from exporter.webconfig import load_web_config
 from gpulens.clock import ManualClock
 from gpulens.config import ConfigError
+from gpulens.exporter import metrics as metrics_module
+from gpulens.exporter import poller as poller_module
+from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.poller import OnDemandNode, Poller
+from gpulens.exporter.webconfig import load_web_config
 from gpulens.model import NodeUnavailableError, SourceError
 from gpulens.snapshotcodec import snapshot_from_json
 from tests.conftest import http_get

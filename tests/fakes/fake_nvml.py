@@ -1,4 +1,4 @@
-"""A fake of the ``pynvml`` functions that ``exporter.nvml.NvmlSource`` calls, injected with ``nvml=``.
+"""A fake of the ``pynvml`` functions that ``gpulens.exporter.nvml.NvmlSource`` calls, injected with ``nvml=``.
 
 It raises real pynvml errors (``pynvml.NVMLError(code)`` becomes the matching ``NVMLError_*`` subclass) and returns
 real pynvml ctypes structures where pynvml does, so the source is tested against the library's true shapes. Each

@@ -6,7 +6,7 @@ import dataclasses
 import statistics
 from collections.abc import Iterable, Iterator
 
-from exporter.sim import Scenario, SimCluster, parse_scenario
+from gpulens.exporter.sim import Scenario, SimCluster, parse_scenario
 from gpulens.model import GpuReading, NodeSnapshot, NodeUnavailableError
 
 STEP = 10.0

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from exporter.sim import CATALOGUE, SimCluster
+from gpulens.exporter.sim import CATALOGUE, SimCluster
 from gpulens.model import THROTTLE_REASONS
 from tests.sim.support import BASE, SMALL_GPUS, STEP, TRAIN_GPUS, at, cluster, median, num, reading, readings, steps
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.sim import SimCluster, load_scenario, parse_scenario
+from gpulens.exporter.sim import SimCluster, load_scenario, parse_scenario
 from tests.sim.support import BASE, STEP, at, cluster
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sim import SimCluster, load_scenario, parse_scenario
 from gpulens.config import ConfigError
+from gpulens.exporter.sim import SimCluster, load_scenario, parse_scenario
 from gpulens.fabricmodel import NicReading
 from tests.sim.support import BASE, STEP, at, cluster, num, steps
 

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from exporter.sim import SimCluster
+from gpulens.exporter.sim import SimCluster
 from gpulens.fabricmodel import NicReading
 from tests.sim.support import SMALL_GPUS, TRAIN_GPUS, at, cluster, num, readings, steps
 

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from exporter.sim import CATALOGUE, SimCluster
+from gpulens.exporter.sim import CATALOGUE, SimCluster
 from gpulens.model import THROTTLE_REASONS, NodeUnavailableError
 from tests.sim.support import (
     BASE,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import msgspec
 
-from exporter.sim import FAULT_KINDS, load_scenario
-from exporter.sim.faults import FAULT_TARGETS, PHASE_KINDS, AnyFaultParams
+from gpulens.exporter.sim import FAULT_KINDS, load_scenario
+from gpulens.exporter.sim.faults import FAULT_TARGETS, PHASE_KINDS, AnyFaultParams
 from tests.sim import test_fabric_faults, test_faults
 
 ROOT = Path(__file__).parents[2]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sim import CATALOGUE, GpuRef, SimCluster, load_scenario, parse_scenario
 from gpulens.config import ConfigError, parse_timestamp
+from gpulens.exporter.sim import CATALOGUE, GpuRef, SimCluster, load_scenario, parse_scenario
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples" / "scenarios").glob("*.toml"))
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sim import LiveTime, SimCluster, parse_scenario
 from gpulens.clock import ManualClock
+from gpulens.exporter.sim import LiveTime, SimCluster, parse_scenario
 from gpulens.snapshotcodec import snapshot_from_json
 from tests.conftest import free_port, http_get
 from tests.prom import running_prometheus, wait_for

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.sim import SimAllNodes, SimSource, UnknownNodeError
 from gpulens.clock import ManualClock, ScaledClock
+from gpulens.exporter.sim import SimAllNodes, SimSource, UnknownNodeError
 from gpulens.model import GpuSource, MultiNodeSource, NodeUnavailableError
 from tests.sim.support import STEP, at, cluster
 

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from gpulens.clock import ManualClock
-from storage.db import Database
+from gpulens.storage.db import Database
 from tests.conftest import free_port
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z

@@ -10,8 +10,8 @@ from alembic import command
 from alembic.config import Config
 
 from gpulens.model import GpuJob, LinkReading, NodeSnapshot, ProcessReading
-from storage import partitions, schema
-from storage.db import MIGRATIONS_DIR, Database
+from gpulens.storage import partitions, schema
+from gpulens.storage.db import MIGRATIONS_DIR, Database
 from tests.fakes.static_source import GIB, h100
 
 

@@ -72,9 +72,9 @@ def layout(nodes: int, samples: int) -> Layout:
 
 def template() -> list[tuple[str, str, str]]:
     """(name, labels, value) of every series one simulated 8-GPU gpulens exporter node exports, jobs left out."""
-    from exporter.metrics import ExporterHealth, render_metrics
-    from exporter.sim.cluster import SimCluster
-    from exporter.sim.scenario import parse_scenario
+    from gpulens.exporter.metrics import ExporterHealth, render_metrics
+    from gpulens.exporter.sim.cluster import SimCluster
+    from gpulens.exporter.sim.scenario import parse_scenario
 
     scenario = parse_scenario(
         f'[cluster]\nnodes = ["{TEMPLATE_NODE}"]\ngpus_per_node = {GPUS}\ngpu_model = "H100-SXM5-80GB"\nseed = 3\n'

@@ -13,9 +13,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from storage import latest, schema
-from storage.db import MIGRATIONS_DIR, Database, DatabaseUnavailableError, redact_url
-from storage.writer import Writer
+from gpulens.storage import latest, schema
+from gpulens.storage.db import MIGRATIONS_DIR, Database, DatabaseUnavailableError, redact_url
+from gpulens.storage.writer import Writer
 from tests.storage.conftest import SECRET_PASSWORD, SECRET_ROLE, T0, PgServer
 from tests.storage.data import snapshot
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from storage import driverread, timeseries
-from storage.db import Database
-from storage.writer import Writer
+from gpulens.storage import driverread, timeseries
+from gpulens.storage.db import Database
+from gpulens.storage.writer import Writer
 from tests.storage.conftest import T0
 from tests.storage.data import snapshot, uuid_of
 from tests.storage.test_query_bounds import counting

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from storage import jobminute, jobstats, schema, tiers
-from storage.db import Database
-from storage.jobstats import JobSummary
-from storage.retention import Retention, RetentionJob, apply_retention
-from storage.rollup import Rollups
-from storage.writer import Writer
+from gpulens.storage import jobminute, jobstats, schema, tiers
+from gpulens.storage.db import Database
+from gpulens.storage.jobstats import JobSummary
+from gpulens.storage.retention import Retention, RetentionJob, apply_retention
+from gpulens.storage.rollup import Rollups
+from gpulens.storage.writer import Writer
 from tests.fakes.static_source import GIB
 from tests.storage.conftest import T0
 from tests.storage.data import downgrade, snapshot

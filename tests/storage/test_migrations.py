@@ -15,10 +15,10 @@ import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
 from gpulens.cli import main
-from storage import fabric, latest, partitions, schema, timeseries, views
-from storage.db import MIGRATIONS_DIR, Database
-from storage.rollup import Rollups
-from storage.writer import Writer
+from gpulens.storage import fabric, latest, partitions, schema, timeseries, views
+from gpulens.storage.db import MIGRATIONS_DIR, Database
+from gpulens.storage.rollup import Rollups
+from gpulens.storage.writer import Writer
 from tests.storage.conftest import T0
 from tests.storage.data import downgrade, snapshot, uuid_of, write_wide
 from tests.storage.fabricdata import fabric_snapshot

@@ -14,10 +14,10 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from gpulens.model import NodeSnapshot
-from storage import latest, recent, timeseries
-from storage.db import Database
-from storage.rollup import Rollups
-from storage.writer import Writer
+from gpulens.storage import latest, recent, timeseries
+from gpulens.storage.db import Database
+from gpulens.storage.rollup import Rollups
+from gpulens.storage.writer import Writer
 from tests.fakes.static_source import h100
 from tests.storage.conftest import T0
 from tests.storage.data import downgrade, snapshot, uuid_of, write_wide

@@ -18,11 +18,11 @@ import pytest
 from gpulens.config import ConfigError
 from gpulens.model import GpuReading
 from gpulens.settings import StoreAuth
-from storage.connect import open_existing_database
-from storage.db import DatabaseURLError
-from storage.jobstats import JOB_POINTS
-from storage.prometheus import PromReader
-from storage.reading import NotAvailableOnBackendError, SqlReader, TooManySeriesError
+from gpulens.storage.connect import open_existing_database
+from gpulens.storage.db import DatabaseURLError
+from gpulens.storage.jobstats import JOB_POINTS
+from gpulens.storage.prometheus import PromReader
+from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, TooManySeriesError
 from tests.prom import wait_for
 from tests.storage.promstack import FROZEN_NODES, NODES, Hook, Stack, fired, run_gpulens, running_stack
 
@@ -162,7 +162,7 @@ def test_alerts_run_fires_the_stall_over_both_sources_and_delivers_it(stack: Sta
 
 
 def test_dashboard_pages_render_with_data_in_chromium(stack: Stack) -> None:
-    from dashboard.app import create_app
+    from gpulens.dashboard.app import create_app
     from tests.dashboard.browser import chromium, serving, wait_rendered
 
     gl = reader(stack.prom_gl)
@@ -388,7 +388,7 @@ def test_a_regex_of_values_matches_exactly_them_in_prometheus(promtool: str, tmp
 
     import yaml
 
-    from storage.prometheus.client import quote, regex_escape, regex_of
+    from gpulens.storage.prometheus.client import quote, regex_escape, regex_of
 
     assert regex_escape("GPU-0a1b2c3d-0000-4e5f") == "GPU-0a1b2c3d-0000-4e5f"
     wanted = ["GPU-0a1b", "node.01", "a+b", "x#y&z~ w", "(p)|[q]{r}^$s\\t", "c*d?", "node-02"]
@@ -422,7 +422,7 @@ def test_a_regex_of_values_matches_exactly_them_in_prometheus(promtool: str, tmp
 def test_a_name_list_read_while_a_target_first_appears_is_read_again_soon() -> None:
     """Prometheus lists a new target's metric names as it appends its first scrape: a list read then can lack some.
     A list that changed is trusted for NAMES_CHANGED_TTL_S, one that held still for NAMES_TTL_S."""
-    from storage.prometheus.reader import NAMES_CHANGED_TTL_S, NAMES_TTL_S
+    from gpulens.storage.prometheus.reader import NAMES_CHANGED_TTL_S, NAMES_TTL_S
 
     class Clock:
         t = 1000.0

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpulens.settings import StoreAuth
-from storage.prometheus import PromReader
+from gpulens.storage.prometheus import PromReader
 from tests.prom import running_prometheus, wait_for
 
 GIB = 1024**3

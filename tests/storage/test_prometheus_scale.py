@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from gpulens.settings import StoreAuth
-from storage.jobstats import JOB_POINTS
-from storage.prometheus import PromReader
+from gpulens.storage.jobstats import JOB_POINTS
+from gpulens.storage.prometheus import PromReader
 from tests.prom import running_prometheus
 from tests.storage.promblocks import create_blocks, layout
 
@@ -58,11 +58,11 @@ def readers(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str, end: 
 
 
 def pages(store: PromReader) -> dict[str, Callable[[], Any]]:
-    from dashboard.components import ViewState
-    from dashboard.context import Context
-    from dashboard.grid import DEFAULT_SORT
-    from dashboard.heatmaps import DEFAULT_METRIC
-    from dashboard.pages import gpu, interconnect, job, jobs, node, overview
+    from gpulens.dashboard.components import ViewState
+    from gpulens.dashboard.context import Context
+    from gpulens.dashboard.grid import DEFAULT_SORT
+    from gpulens.dashboard.heatmaps import DEFAULT_METRIC
+    from gpulens.dashboard.pages import gpu, interconnect, job, jobs, node, overview
 
     context = Context(db=store, clock=store.clock)
     state = ViewState(range="1h")
@@ -162,7 +162,7 @@ def _at(series: Any, field: str, t: float, *, top: bool = False) -> float | None
 def test_the_overviews_fabric_reads_grow_with_the_nodes_shown_not_the_ports(readers: dict[int, PromReader]) -> None:
     """Every node's ports counted in Prometheus: one series per node and query, not one per port and field; the
     shown nodes' ports read whole: the same series whatever the cluster."""
-    from dashboard.fabric import STATUS_FIELDS
+    from gpulens.dashboard.fabric import STATUS_FIELDS
 
     cost = {}
     for nodes, store in readers.items():
@@ -191,7 +191,7 @@ def test_the_ports_problems_told_in_promql_are_the_sql_paths(readers: dict[int, 
     (``storage.portproblems.nic_problems``) says over the same store, in a fixed number of queries: four series per
     port (its labels, state, rate and width) and one per port and comparison that finds a problem, not every port's
     fields."""
-    from storage import portproblems
+    from gpulens.storage import portproblems
 
     for nodes, store in readers.items():
         before = (store.client.stats.queries, store.client.stats.series)

@@ -9,11 +9,11 @@ import pytest
 
 from gpulens.clock import ManualClock
 from gpulens.model import NodeSnapshot
-from storage import inventory, jobstats, latest, timeseries
-from storage.db import Database
-from storage.reading import SqlReader
-from storage.rollup import Rollups
-from storage.writer import Writer
+from gpulens.storage import inventory, jobstats, latest, timeseries
+from gpulens.storage.db import Database
+from gpulens.storage.reading import SqlReader
+from gpulens.storage.rollup import Rollups
+from gpulens.storage.writer import Writer
 from tests.fakes.static_source import GIB, h100
 from tests.storage.conftest import T0
 from tests.storage.data import snapshot, uuid_of

@@ -14,11 +14,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from dashboard.panels import FIELDS
 from gpulens.clock import ManualClock
-from storage.db import Database
-from storage.reading import SqlReader
-from storage.writer import Writer
+from gpulens.dashboard.panels import FIELDS
+from gpulens.storage.db import Database
+from gpulens.storage.reading import SqlReader
+from gpulens.storage.writer import Writer
 from tests.storage.conftest import T0
 from tests.storage.data import snapshot
 
@@ -78,7 +78,7 @@ def cluster(db: Database, nodes: int, jobs: int | None = None) -> None:
 
 
 def node_page_reads(reader: SqlReader, node: str) -> Callable[[], object]:
-    """What the node page reads for one node (dashboard.gpuview.load_gpu_view with ``node=``)."""
+    """What the node page reads for one node (gpulens.dashboard.gpuview.load_gpu_view with ``node=``)."""
 
     def read() -> object:
         readings = reader.latest_readings(node=node)

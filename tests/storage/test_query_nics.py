@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from gpulens.cli import main
-from storage.db import Database
-from storage.writer import Writer
+from gpulens.storage.db import Database
+from gpulens.storage.writer import Writer
 from tests.storage.fabricdata import NDR, fabric_snapshot
 
 

@@ -1,4 +1,4 @@
-"""Short raw ranges are read row by row (``storage.rawseries``): the same values as the bucketed query, in one
+"""Short raw ranges are read row by row (``gpulens.storage.rawseries``): the same values as the bucketed query, in one
 statement that returns the range's rows and no more; long ranges still group in SQL."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from gpulens.model import NodeSnapshot
-from storage import rawseries, schema, timeseries
-from storage.db import Database
-from storage.writer import Writer
+from gpulens.storage import rawseries, schema, timeseries
+from gpulens.storage.db import Database
+from gpulens.storage.writer import Writer
 from tests.storage.conftest import T0
 from tests.storage.data import snapshot, uuid_of
 from tests.storage.test_query_bounds import counting

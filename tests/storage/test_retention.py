@@ -6,11 +6,11 @@ import pytest
 import sqlalchemy as sa
 
 from gpulens.clock import ManualClock
-from storage import inventory, jobstats, partitions, schema, timeseries
-from storage.db import Database
-from storage.retention import DAY_S, Retention, RetentionJob, apply_retention
-from storage.rollup import Rollups
-from storage.writer import Writer
+from gpulens.storage import inventory, jobstats, partitions, schema, timeseries
+from gpulens.storage.db import Database
+from gpulens.storage.retention import DAY_S, Retention, RetentionJob, apply_retention
+from gpulens.storage.rollup import Rollups
+from gpulens.storage.writer import Writer
 from tests.storage.conftest import T0
 from tests.storage.data import snapshot, uuid_of
 

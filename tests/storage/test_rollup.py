@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from storage import schema
-from storage.db import Database
-from storage.rollup import Rollups
-from storage.writer import Writer
+from gpulens.storage import schema
+from gpulens.storage.db import Database
+from gpulens.storage.rollup import Rollups
+from gpulens.storage.writer import Writer
 from tests.storage.conftest import T0
 from tests.storage.data import snapshot
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from storage.db import Database
-from storage.fabricschema import FAMILIES
-from storage.rollup import AIM, Rollups, next_slice
-from storage.writer import Writer
+from gpulens.storage.db import Database
+from gpulens.storage.fabricschema import FAMILIES
+from gpulens.storage.rollup import AIM, Rollups, next_slice
+from gpulens.storage.writer import Writer
 from tests.storage.test_rollup import START, _write_cluster_minutes
 
 PER_ID_S = 0.001  # what the fake timer charges for each id a step rolls up

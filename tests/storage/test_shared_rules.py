@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from collector.targets import shard_of
-from storage.db import Database
+from gpulens.collector.targets import shard_of
+from gpulens.storage.db import Database
 from tests.conftest import free_port
 from tests.storage.conftest import PgServer
 from tests.storage.promstack import NODES, SCENARIO, SPEED, Hook, fired, gpulens, process, wait_http

@@ -8,9 +8,9 @@ import pytest
 import sqlalchemy as sa
 
 from gpulens.model import NodeSnapshot, TargetHealth
-from storage import inventory, jobstats, latest, schema
-from storage.db import Database
-from storage.writer import Writer
+from gpulens.storage import inventory, jobstats, latest, schema
+from gpulens.storage.db import Database
+from gpulens.storage.writer import Writer
 from tests.fakes.static_source import GIB, h100
 from tests.storage.conftest import T0
 from tests.storage.data import snapshot, uuid_of

@@ -9,32 +9,32 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final, get_args
 
-from .comm_stall import CommStall, CommStallParams
-from .dead_profiling import DeadProfiling, DeadProfilingParams
-from .exporter_down import ExporterDown, ExporterDownParams
-from .fabric_congestion import FabricCongestion, FabricCongestionParams
-from .fabric_saturation import FabricSaturation, FabricSaturationParams
-from .gpu_lost import GpuLost, GpuLostParams
-from .hang_blocked import HangBlocked, HangBlockedParams
-from .hang_mixed import HangMixed, HangMixedParams
-from .hang_spinning import HangSpinning, HangSpinningParams
-from .host_cpu_contention import HostCpuContention, HostCpuContentionParams
-from .host_memory_pressure import HostMemoryPressure, HostMemoryPressureParams
-from .ib_degraded import IbDegraded, IbDegradedParams
-from .ib_errors import IbErrors, IbErrorsParams
-from .ib_link_down import IbLinkDown, IbLinkDownParams
-from .ib_link_flap import IbLinkFlap, IbLinkFlapParams
-from .idle_allocated import IdleAllocated, IdleAllocatedParams
-from .kind import FaultCheckError, FaultKind, FaultParams, ScenarioView
-from .memory_leak import LEAK_TARGET_SHARE, MemoryLeak, MemoryLeakParams
-from .nvlink_errors import NvlinkErrors, NvlinkErrorsParams
-from .nvlink_saturation import NvlinkSaturation, NvlinkSaturationParams
-from .pcie_degraded import PcieDegraded, PcieDegradedParams
-from .pcie_saturation import PcieSaturation, PcieSaturationParams
-from .power_cap import PowerCap, PowerCapParams
-from .straggler import Straggler, StragglerParams
-from .thermal_throttle import ThermalThrottle, ThermalThrottleParams
-from .xid import Xid, XidParams
+from gpulens.exporter.sim.faults.comm_stall import CommStall, CommStallParams
+from gpulens.exporter.sim.faults.dead_profiling import DeadProfiling, DeadProfilingParams
+from gpulens.exporter.sim.faults.exporter_down import ExporterDown, ExporterDownParams
+from gpulens.exporter.sim.faults.fabric_congestion import FabricCongestion, FabricCongestionParams
+from gpulens.exporter.sim.faults.fabric_saturation import FabricSaturation, FabricSaturationParams
+from gpulens.exporter.sim.faults.gpu_lost import GpuLost, GpuLostParams
+from gpulens.exporter.sim.faults.hang_blocked import HangBlocked, HangBlockedParams
+from gpulens.exporter.sim.faults.hang_mixed import HangMixed, HangMixedParams
+from gpulens.exporter.sim.faults.hang_spinning import HangSpinning, HangSpinningParams
+from gpulens.exporter.sim.faults.host_cpu_contention import HostCpuContention, HostCpuContentionParams
+from gpulens.exporter.sim.faults.host_memory_pressure import HostMemoryPressure, HostMemoryPressureParams
+from gpulens.exporter.sim.faults.ib_degraded import IbDegraded, IbDegradedParams
+from gpulens.exporter.sim.faults.ib_errors import IbErrors, IbErrorsParams
+from gpulens.exporter.sim.faults.ib_link_down import IbLinkDown, IbLinkDownParams
+from gpulens.exporter.sim.faults.ib_link_flap import IbLinkFlap, IbLinkFlapParams
+from gpulens.exporter.sim.faults.idle_allocated import IdleAllocated, IdleAllocatedParams
+from gpulens.exporter.sim.faults.kind import FaultCheckError, FaultKind, FaultParams, ScenarioView
+from gpulens.exporter.sim.faults.memory_leak import LEAK_TARGET_SHARE, MemoryLeak, MemoryLeakParams
+from gpulens.exporter.sim.faults.nvlink_errors import NvlinkErrors, NvlinkErrorsParams
+from gpulens.exporter.sim.faults.nvlink_saturation import NvlinkSaturation, NvlinkSaturationParams
+from gpulens.exporter.sim.faults.pcie_degraded import PcieDegraded, PcieDegradedParams
+from gpulens.exporter.sim.faults.pcie_saturation import PcieSaturation, PcieSaturationParams
+from gpulens.exporter.sim.faults.power_cap import PowerCap, PowerCapParams
+from gpulens.exporter.sim.faults.straggler import Straggler, StragglerParams
+from gpulens.exporter.sim.faults.thermal_throttle import ThermalThrottle, ThermalThrottleParams
+from gpulens.exporter.sim.faults.xid import Xid, XidParams
 
 FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
     k.name: k

@@ -8,10 +8,9 @@ on an H200, a rank spin-waiting in a collective draws 123 W against 122 W idle a
 
 from __future__ import annotations
 
-from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.stepstate import SPIN_LOAD, STALL, Activity, JobPhase, Placement
-
-from .kind import FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
+from gpulens.exporter.sim.faults.kind import FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec
+from gpulens.exporter.sim.stepstate import SPIN_LOAD, STALL, Activity, JobPhase, Placement
 
 
 class CommStallParams(JobFaultParams, frozen=True, tag="comm_stall"):

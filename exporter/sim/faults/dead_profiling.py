@@ -5,11 +5,10 @@ A monitoring fault: utilization, NVLink, PCIe and power stay what the running jo
 
 from __future__ import annotations
 
-from exporter.sim.models import GpuModel
-from exporter.sim.specs import FaultSpec
-from exporter.sim.stepstate import GpuState
-
-from .kind import FaultKind, NodeFaultParams
+from gpulens.exporter.sim.faults.kind import FaultKind, NodeFaultParams
+from gpulens.exporter.sim.models import GpuModel
+from gpulens.exporter.sim.specs import FaultSpec
+from gpulens.exporter.sim.stepstate import GpuState
 
 
 class DeadProfilingParams(NodeFaultParams, frozen=True, tag="dead_profiling"):

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from exporter.sim.specs import FaultSpec
-
-from .kind import FaultKind, NodeFaultParams
+from gpulens.exporter.sim.faults.kind import FaultKind, NodeFaultParams
+from gpulens.exporter.sim.specs import FaultSpec
 
 
 class ExporterDownParams(NodeFaultParams, frozen=True, tag="exporter_down"):

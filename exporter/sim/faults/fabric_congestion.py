@@ -11,10 +11,15 @@ from __future__ import annotations
 
 from typing import Final
 
-from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.stepstate import PortState, RankShare
-
-from .kind import REACHES_PORT_USERS, FaultKind, NicOrJobFaultParams, ScenarioView, require_multi_node_training
+from gpulens.exporter.sim.faults.kind import (
+    REACHES_PORT_USERS,
+    FaultKind,
+    NicOrJobFaultParams,
+    ScenarioView,
+    require_multi_node_training,
+)
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec
+from gpulens.exporter.sim.stepstate import PortState, RankShare
 
 CONGESTED_PACE: Final = 1.0 / 3.0  # of the healthy inter-node throughput
 MAX_COMM_SHARE: Final = 0.9

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.stepstate import RUN, JobPhase
-
-from .kind import FaultKind, JobFaultParams, ScenarioView, require_multi_node_training
+from gpulens.exporter.sim.faults.kind import FaultKind, JobFaultParams, ScenarioView, require_multi_node_training
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec
+from gpulens.exporter.sim.stepstate import RUN, JobPhase
 
 SATURATED_COMM_FRACTION: Final = 0.96  # of each step spent in all-reduce
 SATURATED_PACE: Final = 4.0  # the job asks for four times its usual traffic: more than any port can carry

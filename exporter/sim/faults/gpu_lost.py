@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from exporter.sim.models import GpuModel
-from exporter.sim.specs import FaultSpec
-from exporter.sim.stepstate import GpuState
-
-from .kind import FaultKind, GpuFaultParams
+from gpulens.exporter.sim.faults.kind import FaultKind, GpuFaultParams
+from gpulens.exporter.sim.models import GpuModel
+from gpulens.exporter.sim.specs import FaultSpec
+from gpulens.exporter.sim.stepstate import GpuState
 
 
 class GpuLostParams(GpuFaultParams, frozen=True, tag="gpu_lost"):

@@ -7,10 +7,9 @@ looks like an idle allocation; what makes it a hang is the job's communicating w
 
 from __future__ import annotations
 
-from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.stepstate import STALL, Activity, JobPhase, Placement, idle_activity
-
-from .kind import FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
+from gpulens.exporter.sim.faults.kind import FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec
+from gpulens.exporter.sim.stepstate import STALL, Activity, JobPhase, Placement, idle_activity
 
 
 class HangBlockedParams(JobFaultParams, frozen=True, tag="hang_blocked"):

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.sim.clockevents import IDLE
-from exporter.sim.models import GpuModel
-from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.stepstate import STALL, GpuState, JobPhase
-
-from .comm_stall import spinning
-from .hang_blocked import blocked
-from .kind import FaultCheckError, FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
+from gpulens.exporter.sim.clockevents import IDLE
+from gpulens.exporter.sim.faults.comm_stall import spinning
+from gpulens.exporter.sim.faults.hang_blocked import blocked
+from gpulens.exporter.sim.faults.kind import (
+    FaultCheckError,
+    FaultKind,
+    JobFaultParams,
+    ScenarioView,
+    require_multi_gpu_training,
+)
+from gpulens.exporter.sim.models import GpuModel
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec
+from gpulens.exporter.sim.stepstate import STALL, GpuState, JobPhase
 
 
 class HangMixedParams(JobFaultParams, frozen=True, tag="hang_mixed", kw_only=True):

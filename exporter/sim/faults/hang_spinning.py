@@ -7,11 +7,10 @@ memory exactly flat.
 
 from __future__ import annotations
 
-from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.stepstate import STALL, JobPhase
-
-from .comm_stall import spinning
-from .kind import FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
+from gpulens.exporter.sim.faults.comm_stall import spinning
+from gpulens.exporter.sim.faults.kind import FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec
+from gpulens.exporter.sim.stepstate import STALL, JobPhase
 
 
 class HangSpinningParams(JobFaultParams, frozen=True, tag="hang_spinning"):

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.stepstate import STARVED, Activity, JobPhase, Placement
-
-from .kind import FaultKind, JobFaultParams, ScenarioView, require_training
+from gpulens.exporter.sim.faults.kind import FaultKind, JobFaultParams, ScenarioView, require_training
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec
+from gpulens.exporter.sim.stepstate import STARVED, Activity, JobPhase, Placement
 
 STARVED_COMM_FRACTION: Final = 0.3
 STARVED_PACE: Final = 0.15  # of the healthy inter-node throughput: a step now and then

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from exporter.sim.specs import FaultSpec
-from exporter.sim.stepstate import STARVED, HostState, JobPhase
-
-from .host_cpu_contention import STARVED_COMM_FRACTION, STARVED_PACE, starved
-from .kind import REACHES_NODE_JOBS, FaultKind, NodeOrJobFaultParams
+from gpulens.exporter.sim.faults.host_cpu_contention import STARVED_COMM_FRACTION, STARVED_PACE, starved
+from gpulens.exporter.sim.faults.kind import REACHES_NODE_JOBS, FaultKind, NodeOrJobFaultParams
+from gpulens.exporter.sim.specs import FaultSpec
+from gpulens.exporter.sim.stepstate import STARVED, HostState, JobPhase
 
 RECLAIM_CPU_SHARE: Final = 0.25  # of its cgroup CPU limit: the loaders block on I/O, they do not compute
 

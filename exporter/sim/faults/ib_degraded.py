@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from exporter.sim.specs import FaultSpec
-from exporter.sim.stepstate import PortState
-
-from .kind import FaultKind, NicOrJobFaultParams
+from gpulens.exporter.sim.faults.kind import FaultKind, NicOrJobFaultParams
+from gpulens.exporter.sim.specs import FaultSpec
+from gpulens.exporter.sim.stepstate import PortState
 
 DEGRADED_RATE_SHARE: Final = 0.5
 DEGRADED_WIDTH: Final = 2

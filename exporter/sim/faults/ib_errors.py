@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from exporter.sim.specs import FaultSpec
-from exporter.sim.stepstate import PortCounters
-
-from .kind import FaultKind, NicOrJobFaultParams
+from gpulens.exporter.sim.faults.kind import FaultKind, NicOrJobFaultParams
+from gpulens.exporter.sim.specs import FaultSpec
+from gpulens.exporter.sim.stepstate import PortCounters
 
 SYMBOL_ERRORS_PER_S: Final = 2.0
 RECEIVE_ERRORS_PER_S: Final = 0.8

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from typing import Final
 
-from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.stepstate import STALL, JobPhase, PortCounters, PortState
-
-from .comm_stall import spinning
-from .kind import REACHES_PORT_USERS, FaultKind, NicOrJobFaultParams, ScenarioView, require_multi_node_training
+from gpulens.exporter.sim.faults.comm_stall import spinning
+from gpulens.exporter.sim.faults.kind import (
+    REACHES_PORT_USERS,
+    FaultKind,
+    NicOrJobFaultParams,
+    ScenarioView,
+    require_multi_node_training,
+)
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec
+from gpulens.exporter.sim.stepstate import STALL, JobPhase, PortCounters, PortState
 
 PORT_DOWN: Final = "DOWN"
 PHYS_POLLING: Final = "Polling"  # the port is looking for a peer: the cable or the switch port is gone

@@ -13,12 +13,17 @@ from typing import Annotated, Final
 
 from msgspec import Meta
 
-from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.stepstate import STALL, JobPhase, PortCounters, PortState
-
-from .comm_stall import spinning
-from .ib_link_down import take_down
-from .kind import REACHES_PORT_USERS, FaultCheckError, FaultKind, NicOrJobFaultParams, ScenarioView
+from gpulens.exporter.sim.faults.comm_stall import spinning
+from gpulens.exporter.sim.faults.ib_link_down import take_down
+from gpulens.exporter.sim.faults.kind import (
+    REACHES_PORT_USERS,
+    FaultCheckError,
+    FaultKind,
+    NicOrJobFaultParams,
+    ScenarioView,
+)
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec
+from gpulens.exporter.sim.stepstate import STALL, JobPhase, PortCounters, PortState
 
 DEFAULT_FLAPS: Final = 3
 FLAP_DOWN_S: Final = 4.0  # how long each flap keeps the port down (at least one step)

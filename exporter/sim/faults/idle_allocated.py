@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from exporter.sim.specs import FaultSpec
-from exporter.sim.stepstate import IDLE, JobPhase
-
-from .kind import FaultKind, JobFaultParams
+from gpulens.exporter.sim.faults.kind import FaultKind, JobFaultParams
+from gpulens.exporter.sim.specs import FaultSpec
+from gpulens.exporter.sim.stepstate import IDLE, JobPhase
 
 
 class IdleAllocatedParams(JobFaultParams, frozen=True, tag="idle_allocated"):

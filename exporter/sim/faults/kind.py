@@ -1,6 +1,6 @@
 """What a fault kind is: its scenario keys (a typed struct), its checks, and its effect hooks on jobs and GPUs.
 
-Every kind is one :class:`FaultKind` subclass in its own module of ``exporter.sim.faults``, registered in
+Every kind is one :class:`FaultKind` subclass in its own module of ``gpulens.exporter.sim.faults``, registered in
 ``exporter/sim/faults/__init__.py``. The scenario reader converts a ``[[faults]]`` table to the kind's ``params``
 struct (msgspec picks it by ``kind``), resolves the target and window, then calls :meth:`FaultKind.check`. The
 engine calls the effect hooks while the fault is active: :meth:`~FaultKind.job_phase` (take over the job's phase),
@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
-from exporter.sim.models import GpuModel
-from exporter.sim.specs import FaultSpec, JobSpec, NodeSpec
-from exporter.sim.stepstate import Counters, GpuState, HostState, JobPhase, PortCounters, PortState, RankShare
+from gpulens.exporter.sim.models import GpuModel
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec, NodeSpec
+from gpulens.exporter.sim.stepstate import Counters, GpuState, HostState, JobPhase, PortCounters, PortState, RankShare
 from gpulens.typedinput import InputStruct
 
 TARGET_KEYS: Final = ("job", "gpu", "node", "nic")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.stepstate import Counters
-
-from .kind import FaultCheckError, FaultKind, GpuFaultParams, ScenarioView
+from gpulens.exporter.sim.faults.kind import FaultCheckError, FaultKind, GpuFaultParams, ScenarioView
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec
+from gpulens.exporter.sim.stepstate import Counters
 
 NVLINK_CRC_PER_S: Final = 250.0
 NVLINK_REPLAY_PER_S: Final = 12.0

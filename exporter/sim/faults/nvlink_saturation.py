@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from typing import Final
 
-from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.stepstate import RUN, JobPhase, Levels
-
-from .kind import FaultCheckError, FaultKind, JobFaultParams, ScenarioView, require_multi_gpu_training
+from gpulens.exporter.sim.faults.kind import (
+    FaultCheckError,
+    FaultKind,
+    JobFaultParams,
+    ScenarioView,
+    require_multi_gpu_training,
+)
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec
+from gpulens.exporter.sim.stepstate import RUN, JobPhase, Levels
 
 SATURATED_COMM_FRACTION: Final = 0.96  # of each step spent in all-reduce
 SATURATED_ALL_REDUCE: Final[Levels] = (0.12, 0.02, 0.25, 0.50)  # sm, tensor, dram, power load

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from exporter.sim.models import GpuModel
-from exporter.sim.specs import FaultSpec
-from exporter.sim.stepstate import Counters, GpuState
-
-from .kind import FaultKind, GpuFaultParams
+from gpulens.exporter.sim.faults.kind import FaultKind, GpuFaultParams
+from gpulens.exporter.sim.models import GpuModel
+from gpulens.exporter.sim.specs import FaultSpec
+from gpulens.exporter.sim.stepstate import Counters, GpuState
 
 DEGRADED_PCIE_GENERATION: Final = 3  # Gen2 on a board whose maximum is Gen3
 DEGRADED_PCIE_WIDTH: Final = 8

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from exporter.sim.models import GpuModel
-from exporter.sim.specs import FaultSpec
-from exporter.sim.stepstate import GpuState
-
-from .kind import FaultKind, GpuFaultParams
+from gpulens.exporter.sim.faults.kind import FaultKind, GpuFaultParams
+from gpulens.exporter.sim.models import GpuModel
+from gpulens.exporter.sim.specs import FaultSpec
+from gpulens.exporter.sim.stepstate import GpuState
 
 PCIE_SATURATION_SHARE: Final = 0.94  # of the current link's ceiling, each direction
 

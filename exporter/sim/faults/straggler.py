@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from typing import Final
 
-from exporter.sim.clockevents import SW_THERMAL
-from exporter.sim.models import GpuModel
-from exporter.sim.specs import FaultSpec, JobSpec
-from exporter.sim.stepstate import GpuState, RankShare
-
-from .kind import FaultKind, GpuFaultParams, ScenarioView, require_multi_gpu_training
+from gpulens.exporter.sim.clockevents import SW_THERMAL
+from gpulens.exporter.sim.faults.kind import FaultKind, GpuFaultParams, ScenarioView, require_multi_gpu_training
+from gpulens.exporter.sim.models import GpuModel
+from gpulens.exporter.sim.specs import FaultSpec, JobSpec
+from gpulens.exporter.sim.stepstate import GpuState, RankShare
 
 STRAGGLER_CLOCK_SHARE: Final = 0.68
 STRAGGLER_SLOWDOWN: Final = 0.7  # the straggler's speed relative to a healthy rank

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Final
 
-from exporter.sim.clockevents import THERMAL
-from exporter.sim.models import GpuModel
-from exporter.sim.specs import FaultSpec
-from exporter.sim.stepstate import GpuState
-
-from .kind import FaultKind, GpuFaultParams
+from gpulens.exporter.sim.clockevents import THERMAL
+from gpulens.exporter.sim.faults.kind import FaultKind, GpuFaultParams
+from gpulens.exporter.sim.models import GpuModel
+from gpulens.exporter.sim.specs import FaultSpec
+from gpulens.exporter.sim.stepstate import GpuState
 
 THERMAL_CLOCK_SHARE: Final = 0.55
 THERMAL_LOAD_FACTOR: Final = 0.65

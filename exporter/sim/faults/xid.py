@@ -7,10 +7,9 @@ from typing import Annotated, Any
 
 from msgspec import Meta
 
-from exporter.sim.specs import FaultSpec
-from exporter.sim.stepstate import Counters
-
-from .kind import FaultKind, FaultParams
+from gpulens.exporter.sim.faults.kind import FaultKind, FaultParams
+from gpulens.exporter.sim.specs import FaultSpec
+from gpulens.exporter.sim.stepstate import Counters
 
 
 class XidParams(FaultParams, frozen=True, tag="xid"):

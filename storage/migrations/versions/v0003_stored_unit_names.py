@@ -17,8 +17,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from storage import views
-from storage.schema import StoredField
+from gpulens.storage import views
+from gpulens.storage.schema import StoredField
 
 revision = "0003"
 down_revision: str | None = "0002"

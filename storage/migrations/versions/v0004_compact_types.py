@@ -21,8 +21,8 @@ from __future__ import annotations
 from alembic import op
 from alembic.script import ScriptDirectory
 
-from storage import views
-from storage.schema import StoredField
+from gpulens.storage import views
+from gpulens.storage.schema import StoredField
 
 revision = "0004"
 down_revision: str | None = "0003"

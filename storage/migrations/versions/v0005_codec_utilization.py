@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from alembic import op
 from alembic.script import ScriptDirectory
 
-from storage import views
-from storage.schema import StoredField
+from gpulens.storage import views
+from gpulens.storage.schema import StoredField
 
 revision = "0005"
 down_revision: str | None = "0004"

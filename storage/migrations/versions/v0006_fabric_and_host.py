@@ -18,8 +18,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from storage import views
-from storage.schema import StoredField
+from gpulens.storage import views
+from gpulens.storage.schema import StoredField
 
 revision = "0006"
 down_revision: str | None = "0005"

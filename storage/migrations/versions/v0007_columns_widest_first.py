@@ -27,9 +27,9 @@ from alembic import op
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
-from storage import views
-from storage.partitions import create_partition, existing_partitions
-from storage.schema import StoredField
+from gpulens.storage import views
+from gpulens.storage.partitions import create_partition, existing_partitions
+from gpulens.storage.schema import StoredField
 
 revision = "0007"
 down_revision: str | None = "0006"

@@ -27,16 +27,16 @@ from alembic import op
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
-from storage import views
-from storage.partitions import create_partition, existing_partitions
-from storage.schema import StoredField
+from gpulens.storage import views
+from gpulens.storage.partitions import create_partition, existing_partitions
+from gpulens.storage.schema import StoredField
 
 revision = "0008"
 down_revision: str | None = "0007"
 branch_labels: str | None = None
 depends_on: str | None = None
 
-# The profile fields of this revision, frozen (storage.schema.PROFILE_FIELDS may grow in later revisions).
+# The profile fields of this revision, frozen (gpulens.storage.schema.PROFILE_FIELDS may grow in later revisions).
 _PROFILE = (
     *("memory_total_bytes", "memory_reserved_bytes", "slowdown_temperature_celsius", "power_limit_watts"),
     *("max_sm_clock_hertz", "max_memory_clock_hertz"),

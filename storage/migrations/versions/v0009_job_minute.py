@@ -1,4 +1,4 @@
-"""The per-job minute aggregate ``job_minute`` (``storage.jobminute``), filled for the last day of the store.
+"""The per-job minute aggregate ``job_minute`` (``gpulens.storage.jobminute``), filled for the last day of the store.
 
 One row per (minute, job): utilization's sample count, sum and sum of squares, memory used's sample count, sum and
 maximum, in stored units. The writer keeps it current from this revision on; the jobs and job pages read it instead of

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from exporter.fabric.affinity import (
+from gpulens.exporter.fabric.affinity import (
     VIA_NUMA_NODE,
     VIA_PCIE_SWITCH,
     NicAffinity,
@@ -15,7 +15,7 @@ from exporter.fabric.affinity import (
     place_of,
     sysfs_bus_id,
 )
-from exporter.fabric.ibports import IbPortReader
+from gpulens.exporter.fabric.ibports import IbPortReader
 from tests.exporter.fabric.conftest import GPU_BUS_IDS, SYSFS
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.fabric.host import (
+from gpulens.exporter.fabric.host import (
     CpuTimes,
     HostReader,
     JobHostReader,

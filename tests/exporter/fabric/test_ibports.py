@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.fabric.ibports import IbPortReader, parse_rate, parse_state
+from gpulens.exporter.fabric.ibports import IbPortReader, parse_rate, parse_state
 from gpulens.fabricmodel import NicReading, port_is_up
 from tests.exporter.fabric.conftest import SYSFS, port_dir
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.fabric.host import JobHostReader
-from exporter.fabric.ibports import IbPortReader
 from gpulens.clock import ManualClock
+from gpulens.exporter.fabric.host import JobHostReader
+from gpulens.exporter.fabric.ibports import IbPortReader
 from gpulens.fabricmodel import NicReading
 from tests.exporter.fabric.conftest import port_dir
 

@@ -1,0 +1,27 @@
+"""The optional parts of the installation: which extra brings which component's libraries.
+
+``pip install gpulens`` installs the node agent (``gpulens exporter``) and the core. The collector, storage, alerts
+and dashboard need the ``server`` extra. Each of those packages calls :func:`require_server` first, so a node that
+lacks the libraries is told in one line what to install rather than shown a missing-module traceback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Final
+
+SERVER_HINT: Final = "pip install 'gpulens[server]'"
+
+
+class MissingExtraError(ModuleNotFoundError):
+    """A component was imported without the libraries of its extra."""
+
+
+def require_server(component: str, *modules: str) -> None:
+    """Raise :class:`MissingExtraError` naming ``component`` if any of ``modules`` cannot be imported."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingExtraError(
+            f"{component} needs {', '.join(missing)}, which the server extra installs: {SERVER_HINT}",
+            name=missing[0],
+        )

@@ -17,9 +17,16 @@ class MissingExtraError(ModuleNotFoundError):
     """A component was imported without the libraries of its extra."""
 
 
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # an import hook that refuses the name
+        return False
+
+
 def require_server(component: str, *modules: str) -> None:
     """Raise :class:`MissingExtraError` naming ``component`` if any of ``modules`` cannot be imported."""
-    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    missing = [name for name in modules if not _importable(name)]
     if missing:
         raise MissingExtraError(
             f"{component} needs {', '.join(missing)}, which the server extra installs: {SERVER_HINT}",

@@ -31,6 +31,7 @@ from gpulens.webauth import BasicAuth
 from tests.conftest import free_port, http_get
 from tests.dashboard.cluster import IDLE_JOB, STALLED_JOB, STRAGGLING_JOB
 from tests.dashboard.conftest import Store
+from tests.dbtemplate import migrated_sqlite
 
 MAX_PAYLOAD_BYTES = 1_000_000
 PASSWORD = "s3cret-Pa55word"
@@ -306,7 +307,7 @@ def test_basic_auth_file(tmp_path: Path) -> None:
 def served(tmp_path: Path) -> Iterator[str]:
     """``run_dashboard`` on a free port in a thread; yields its base URL and stops it."""
     database = tmp_path / "served.db"
-    Database(f"sqlite:///{database}").upgrade()
+    migrated_sqlite(database)
     announced: list[str] = []
     stop = threading.Event()
     port = free_port()

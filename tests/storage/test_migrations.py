@@ -66,6 +66,8 @@ OLD_ROLLUP = {
     "energy_joules_total_inc": 600_000,
 }
 
+pytestmark = pytest.mark.empty_store  # each test upgrades an empty store revision by revision
+
 
 def _insert(conn: sa.Connection, table: str, row: dict[str, object]) -> None:
     names = ", ".join(row)

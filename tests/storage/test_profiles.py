@@ -18,6 +18,7 @@ from gpulens.storage import latest, recent, timeseries
 from gpulens.storage.db import Database
 from gpulens.storage.rollup import Rollups
 from gpulens.storage.writer import Writer
+from tests.dbtemplate import migrated_sqlite
 from tests.fakes.static_source import h100
 from tests.storage.conftest import T0
 from tests.storage.data import downgrade, snapshot, uuid_of, write_wide
@@ -103,6 +104,7 @@ def test_error_counters_growing_every_sample_add_no_profile(db: Database) -> Non
     )
 
 
+@pytest.mark.empty_store
 def test_0008_moves_the_profile_fields_and_keeps_every_value(db_url: str) -> None:
     """A store at 0007 with wide rows: every SI value the same after 0008 and after its downgrade; new writes land."""
     db = Database(db_url)
@@ -140,8 +142,7 @@ def test_0008_moves_the_profile_fields_and_keeps_every_value(db_url: str) -> Non
 
 @pytest.fixture
 def sqlite_db(tmp_path: Any) -> Any:
-    db = Database(f"sqlite:///{tmp_path / 'plans.db'}")
-    db.upgrade()
+    db = Database(migrated_sqlite(tmp_path / "plans.db"))
     yield db
     db.close()
 

@@ -36,13 +36,14 @@ from gpulens.collector.targets import Target
 from gpulens.config import ConfigError
 from gpulens.dcgmnode import DcgmPageError, DcgmPageReader
 from gpulens.httpfetch import redact_url
+from gpulens.metriccatalogue import fields_in
 from gpulens.model import LINKS_INACTIVE, GpuReading, NodeSnapshot, SnapshotFormatError, TargetHealth
 from gpulens.multifetch import ABORTED, Get, MultiFetcher, Outcome
 from gpulens.snapshotcodec import LAYOUT_COLUMNAR, SnapshotNotJSONError, snapshot_from_bytes
 
 log = logging.getLogger(__name__)
 
-_RATIO_FIELDS: Final = ("utilization_ratio", "sm_active_ratio", "tensor_active_ratio", "dram_active_ratio")
+_RATIO_FIELDS: Final = fields_in("ratio")  # every 0-1 field, by its range in the metric catalogue
 _NON_NEGATIVE: Final = tuple(
     f.name
     for f in dataclasses.fields(GpuReading)

@@ -18,9 +18,9 @@ Rules (each one is a decision; the tests hold the code to them):
 * **Sentinels.** DCGM's blank / not-found / not-supported / not-permissioned values are dropped (``None``) and
   counted as ``dcgm_sentinel`` (``gpulens.dcgmfields.is_dcgm_sentinel``). Memory temperature 0 (GDDR boards: T4,
   L4, L40S have no sensor) is unknown: dropped, not counted.
-* **Plausibility.** After conversion every value must be finite, non-negative and inside a per-quantity range
-  (ratios <= 1, temperatures <= 200 C, power <= 10 kW, clocks <= 100 GHz, rates <= 10 TB/s, memory <= 1 PiB,
-  PCIe gen <= 16, width <= 64); integer fields must be whole. Anything else is ``dcgm_absurd_value``.
+* **Plausibility.** After conversion every value must be finite, non-negative and inside its field's range (the
+  metric catalogue's ``range`` column: ratios <= 1, temperatures <= 200 C and so on, ``metriccatalogue.QUANTITIES``);
+  integer fields must be whole. Anything else is ``dcgm_absurd_value``.
 * **NVLink totals.** ``DCGM_FI_PROF_NVLINK_TX/RX_BYTES`` give tx/rx directly. Only when neither exists for a GPU,
   the total (field 449, ``..._NVLINK_THROUGHPUT_TOTAL`` / ``..._BANDWIDTH_TOTAL``), which counts both directions, is
   split evenly into tx and rx: the sum stays right and a stall stays visible, while the split is an assumption.

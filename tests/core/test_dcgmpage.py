@@ -221,6 +221,7 @@ def test_values_next_to_the_sentinels_are_kept() -> None:
         ("DCGM_FI_DEV_PCIE_LINK_WIDTH", "128", "pcie_link_width"),
         ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "2", "remapped_rows_failure"),
         ("DCGM_FI_PROF_PCIE_TX_BYTES", "2e13", "pcie_tx_bytes_per_second"),
+        ("DCGM_FI_DEV_ENC_UTIL", "150", "encoder_utilization_ratio"),  # 1.5: above its catalogue range
     ],
 )
 def test_absurd_values_are_dropped_and_counted(metric: str, value: str, field_name: str) -> None:

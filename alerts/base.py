@@ -151,10 +151,10 @@ def rate_text(bytes_per_second: float) -> str:
 
 
 def reasons_source_text(reading: GpuReading) -> str:
-    """How a reading's throttle reasons are known, said in an alert when the driver did not report them: inferred
-    from clock, temperature and power, or taken from DCGM's violation counters (``gpulens.dcgmthrottle``)."""
+    """What follows a reading's throttle reasons in an alert when the driver did not report them: inferred from clock,
+    temperature and power, or taken from DCGM's violation counters (``gpulens.dcgmthrottle``); empty when reported."""
     if reading.throttle_reasons_source == THROTTLE_INFERRED:
-        return " (inferred from SM clock, temperature and power: no clock-event reasons on the page)"
+        return ", inferred from SM clock, temperature and power"
     if reading.throttle_reasons_source == THROTTLE_VIOLATION:
-        return " (from DCGM's violation counters: no clock-event reasons on the page)"
+        return ", from DCGM's violation counters"
     return ""

@@ -58,8 +58,10 @@ def _candidate(
 
 
 def _clock_text(reading: GpuReading) -> str:
-    if reading.sm_clock_hertz and reading.max_sm_clock_hertz:
-        return f", SM clock {percent(reading.sm_clock_hertz / reading.max_sm_clock_hertz)} of max"
+    model = find_gpu_model(reading.model) if not reading.max_sm_clock_hertz else None
+    top = reading.max_sm_clock_hertz or (model.max_sm_clock_hertz if model else None)
+    if reading.sm_clock_hertz and top:
+        return f", SM clock {percent(reading.sm_clock_hertz / top)} of max"
     return ""
 
 
@@ -128,15 +130,15 @@ def power_capped(rule: AlertRule, history: History, now: float) -> list[Candidat
     busy = rule.threshold("busy_utilization")
     out = []
     for reading, jobs in _gpus(history):
-        power, limit, whose = reading.power_watts, reading.power_limit_watts, "enforced limit"
+        power, limit, whose = reading.power_watts, reading.power_limit_watts, "enforced power limit"
         if not limit and (model := find_gpu_model(reading.model)) is not None:
-            limit, whose = model.board_power_watts, "model's board power"
+            limit, whose = model.board_power_watts, "board power (its model's: the page has no power limit)"
         if power is None or not limit:
             continue
         if (reading.throttle_reasons or 0) & SW_POWER_CAP and power >= share * limit:
             source = reasons_source_text(reading)
             what = f"held at its {limit:.0f} W power limit (sw_power_cap{source}){_clock_text(reading)}"
-            description = f"Drawing {power:.0f} W of the {whose} of {limit:.0f} W with SW_POWER_CAP set{source}."
+            description = f"Drawing {power:.0f} W of its {limit:.0f} W {whose} with SW_POWER_CAP set{source}."
             out.append(_candidate(rule, reading, jobs, power, what, description))
         elif reading.utilization_ratio is not None and reading.utilization_ratio < busy:
             out.append(_hold(rule, reading))  # a pause in the work: the cap cannot show, nothing to judge

@@ -10,6 +10,7 @@ from gpulens.dcgmnode import DcgmPageReader
 from gpulens.dcgmpage import parse_dcgm_metrics
 from gpulens.dcgmthrottle import inferred_reasons
 from gpulens.model import THROTTLE_INFERRED, THROTTLE_REPORTED, THROTTLE_VIOLATION, GpuReading, throttle_reason_names
+from gpulens.snapshotcodec import snapshot_from_bytes, snapshot_to_bytes
 from tests.fakes.dcgm_defaults import DEFAULT_FAMILIES, DEFAULT_FIELD_COUNT, Gpu, current_name, default_page
 from tests.fakes.dcgm_pages import fixture
 
@@ -165,3 +166,14 @@ def test_opt_in_fields_in_gpulens_units(generation: str) -> None:
 def test_a_default_page_serves_no_opt_in_field_and_none_is_made_up() -> None:
     [g] = parse_dcgm_metrics(default_page([Gpu(0)]), node=None, timestamp=T).gpus
     assert (g.health_status, g.p2p_peers_ok, g.power_violation_seconds_total, g.sm_occupancy_ratio) == (None,) * 4
+
+
+@pytest.mark.parametrize("layout", ["rows", "columnar"])
+def test_the_reasons_source_and_opt_in_fields_travel_in_the_snapshot(layout: str) -> None:
+    """What a gpulens exporter reading a dcgm-exporter serves its collector: the source and the new fields as read."""
+    reader = DcgmPageReader("http://127.0.0.1:9400/metrics", node=None, fallback_node="here")
+    snapshot = reader.read(default_page([HOT], extra=_violations(0, 10**9, 10**9)), T).snapshot
+    body = snapshot_to_bytes(snapshot, layout=layout)
+    [g] = snapshot_from_bytes(body).gpus
+    assert (g.throttle_reasons, g.throttle_reasons_source) == (0x20, THROTTLE_INFERRED)
+    assert g.thermal_violation_seconds_total == pytest.approx(1.0)

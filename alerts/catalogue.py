@@ -81,9 +81,8 @@ BUILTIN_RULES: Final[tuple[AlertRule, ...]] = (
         severity="info",
         for_s=5 * MINUTE,
         thresholds={"power_ratio": 0.95, "busy_utilization": 0.5},
-        meaning="The GPU runs at its enforced power limit (at least `power_ratio` of it; the model's board power where "
-        "the source gives no limit) with the SW_POWER_CAP clock reason set: its work asks for more power than it may "
-        "draw. Short pauses in the work (utilization "
+        meaning="The GPU runs at its enforced power limit (at least `power_ratio` of it) with the SW_POWER_CAP "
+        "clock reason set: its work asks for more power than it may draw. Short pauses in the work (utilization "
         "below `busy_utilization`) neither count nor reset the `for` timer.",
         action="Normal for power-bound work at the full board limit; worth a look when the limit was lowered "
         "(nvidia-smi -pl, a datacenter power policy) or only one GPU of a job is capped.",

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from gpulens.alerts.base import AlertRule, Candidate, gpu_name, percent, rate_text, rule_labels
+from gpulens.alerts.base import AlertRule, Candidate, gpu_name, percent, rate_text, reasons_source_text, rule_labels
 from gpulens.alerts.checks import HW_POWER_BRAKE_BIT, HW_SLOWDOWN, SW_POWER_CAP, THERMAL_BITS
 from gpulens.alerts.fabricchecks import fabric_evidence
 from gpulens.alerts.history import History, JobRound, JobView, Round
@@ -411,7 +411,7 @@ def _straggler_candidate(rule: AlertRule, view: JobView, rank: _Rank, gpus: int)
     }
     labels = rule_labels(rule, subject)
     slower = f"at {percent(rank.clock_ratio)} of its peers' SM clock" if rank.clock_ratio is not None else "slow"
-    reasons = f" ({', '.join(rank.reasons)})" if rank.reasons else ""
+    reasons = f" ({', '.join(rank.reasons)}{reasons_source_text(reading)})" if rank.reasons else ""
     summary = f"job {view.job_id}: GPU {gpu_name(labels)} {slower}{reasons} holds back {gpus - 1} GPUs"
     power = reading.power_watts or 0.0
     description = (

@@ -18,7 +18,7 @@ from gpulens.dcgmfields import COMPAT_FIELDS, COMPAT_LABELS, MIG_MEMORY_TARGETS,
 from gpulens.exporter.fabricmetrics import fabric_families
 from gpulens.exporter.promfamily import Family, escape_label, render_labels
 from gpulens.metriccatalogue import GPU_FIELDS, GPU_LABELS
-from gpulens.model import THROTTLE_REASONS, GpuReading, MigReading, NodeSnapshot
+from gpulens.model import THROTTLE_REASONS, THROTTLE_REPORTED, THROTTLE_SOURCES, GpuReading, MigReading, NodeSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +80,9 @@ def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
 
     throttle = Family(
         "gpulens_gpu_throttle_active",
-        "1 while a clock-event (throttle) reason is active.",
-        labels=[*GPU_LABELS, "reason"],
+        "1 while a clock-event (throttle) reason is active; source: reported, violation (a DCGM violation counter "
+        "rose) or inferred (from clock, temperature and power).",
+        labels=[*GPU_LABELS, "reason", "source"],
     )
     xids = Family(
         "gpulens_gpu_xid_errors_total",
@@ -91,8 +92,11 @@ def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
     )
     for g, prefix in zip(gpus, prefixes, strict=True):
         if g.throttle_reasons is not None:
+            source = g.throttle_reasons_source if g.throttle_reasons_source in THROTTLE_SOURCES else THROTTLE_REPORTED
             for name, bit in THROTTLE_REASONS:
-                throttle.add_rendered(f'{prefix},reason="{name}"', 1 if g.throttle_reasons & bit else 0)
+                throttle.add_rendered(
+                    f'{prefix},reason="{name}",source="{source}"', 1 if g.throttle_reasons & bit else 0
+                )
         for code, count in sorted(g.xid_errors.items()):
             xids.add_rendered(f'{prefix},xid="{code}"', count)
     yield throttle

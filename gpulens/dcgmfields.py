@@ -56,6 +56,7 @@ def is_dcgm_sentinel(value: float) -> bool:
 
 
 MIB: Final = 1024 * 1024
+NANO: Final = 1_000_000_000
 MEGA: Final = 1_000_000
 KIB: Final = 1024
 
@@ -259,6 +260,37 @@ FIELDS: Final[tuple[DcgmField, ...]] = (
     _field("nvlink_recovery_errors_total", 439, "count", _D + "NVLINK_RECOVERY_ERROR_TOTAL",
            _D + "NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "dcgm_nvlink_recovery_error_count_total"),
     _field("remapped_rows_pending", 396, "bool", _D + "ROW_REMAP_PENDING"),
+    # Opt-in in dcgm-exporter's default counters (commented out there): read where a page serves them.
+    # Clock violation time counters: nanoseconds the clocks were held below the application clocks, per policy.
+    _field("power_violation_seconds_total", 240, "ns", _D + "POWER_VIOLATION", (), "dcgm_power_violation",
+           divide=NANO),
+    _field("thermal_violation_seconds_total", 241, "ns", _D + "THERMAL_VIOLATION", (),
+           "dcgm_thermal_violation", divide=NANO),
+    _field("sync_boost_violation_seconds_total", 242, "ns", _D + "SYNC_BOOST_VIOLATION", (),
+           "dcgm_sync_boost_violation", divide=NANO),
+    _field("board_limit_violation_seconds_total", 243, "ns", _D + "BOARD_LIMIT_VIOLATION", (),
+           "dcgm_board_limit_violation", divide=NANO),
+    _field("low_utilization_violation_seconds_total", 244, "ns", _D + "LOW_UTIL_VIOLATION", (),
+           "dcgm_low_util_violation", divide=NANO),
+    _field("reliability_violation_seconds_total", 245, "ns", _D + "RELIABILITY_VIOLATION", (),
+           "dcgm_reliability_violation", divide=NANO),
+    _field("ecc_corrected_errors_persistent_total", 312, "count", _D + "ECC_SBE_AGG_TOTAL", (),
+           "dcgm_ecc_sbe_aggregate_total"),
+    _field("ecc_uncorrected_errors_persistent_total", 313, "count", _D + "ECC_DBE_AGG_TOTAL", (),
+           "dcgm_ecc_dbe_aggregate_total"),
+    _field("retired_pages_single_bit_total", 390, "count", _D + "PAGE_RETIRED_SBE_TOTAL", _D + "RETIRED_SBE",
+           "dcgm_retired_pages_sbe"),
+    _field("retired_pages_double_bit_total", 391, "count", _D + "PAGE_RETIRED_DBE_TOTAL", _D + "RETIRED_DBE",
+           "dcgm_retired_pages_dbe"),
+    _field("retired_pages_pending", 392, "bool", _D + "PAGE_RETIRED_PENDING", _D + "RETIRED_PENDING",
+           "dcgm_retired_pages_pending"),
+    _field("nvlink_crc_data_errors_total", 419, "count", _D + "NVLINK_CRC_DATA_ERROR_TOTAL",
+           _D + "NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "dcgm_nvlink_data_crc_error_count_total"),
+    _field("sm_occupancy_ratio", 1003, "ratio", _P + "SM_OCCUPANCY_RATIO", _P + "SM_OCCUPANCY",
+           "dcgm_fi_prof_sm_occupancy"),
+    _field("fp64_active_ratio", 1006, "ratio", _P + "FP64_UTIL_RATIO", _P + "PIPE_FP64_ACTIVE"),
+    _field("fp32_active_ratio", 1007, "ratio", _P + "FP32_UTIL_RATIO", _P + "PIPE_FP32_ACTIVE"),
+    _field("fp16_active_ratio", 1008, "ratio", _P + "FP16_UTIL_RATIO", _P + "PIPE_FP16_ACTIVE"),
 )
 # fmt: on
 
@@ -367,3 +399,27 @@ def mig_memory_value(row: DcgmField, mig: MigReading) -> float | None:
     if row.target == FREE and used is not None and total is not None:
         return float(max(total - used, 0)) * row.divide / row.multiply
     return None
+
+
+# --- dcgm-exporter's own series (no DCGM field id; gpulens.dcgmexp reads them) ------------------------------------
+
+# XIDs seen per code within dcgm-exporter's window (--xid-count-window-size); label ``xid`` (``err_code`` accepted).
+XID_COUNT_NAME: Final = "DCGM_EXP_XID_ERRORS_COUNT"
+# Samples of DCGM field 112 within its window that had each clock-event reason; label ``clock_event``.
+CLOCK_EVENTS_COUNT_NAME: Final = "DCGM_EXP_CLOCK_EVENTS_COUNT"
+CLOCK_EVENT_BITS: Final[Mapping[str, int]] = {
+    "gpu_idle": 0x1,
+    "clocks_setting": 0x2,
+    "power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+    "display_clocks": 0x100,
+}
+# One series per DCGM health watch (label ``health_watch``), valued DCGM's result: 0 pass, 10 warn, 20 fail.
+HEALTH_STATUS_NAME: Final = "DCGM_EXP_GPU_HEALTH_STATUS"
+HEALTH_RESULTS: Final[Mapping[float, int]] = {0.0: 0, 10.0: 1, 20.0: 2}  # DCGM's result -> gpulens's 0 / 1 / 2
+# One series per peer GPU (label ``peer_gpu``), valued 0 when peer-to-peer works ("OK"), else why not (1-6).
+P2P_STATUS_NAME: Final = "DCGM_EXP_P2P_STATUS"

@@ -9,6 +9,9 @@ collector's ``kind = "dcgm"`` targets (each keeps one reader per dcgm-exporter i
   adds the rise (the first page adds its counts; a fall is events leaving the window). Otherwise the sticky
   last-XID field counts one event each time it changes to a non-zero code (43 -> 0 -> 43 counts twice); a repeat of
   the same code between two pages cannot be seen from it.
+* **Throttle reasons** where the page has no clock-event reasons (dcgm-exporter's default counters): from the
+  clock-event window counts, the ``*_VIOLATION`` counters' rise since the previous page, or inferred from clock,
+  temperature and power, each reading saying which (``gpulens.dcgmthrottle``).
 * **Lost GPUs.** A GPU seen before and missing from a page that still has GPUs is reported down (``up=False``,
   identity and XID counts kept, as the NVML source reports a lost GPU) until it comes back; the event is counted
   once as ``dcgm_gpu_missing`` and logged once. Nothing is persisted: restarting the exporter or the collector, or
@@ -31,6 +34,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from gpulens.dcgmpage import DcgmParse, parse_dcgm_metrics
+from gpulens.dcgmthrottle import ThrottleTracker
 from gpulens.model import GpuReading, NodeSnapshot
 
 log = logging.getLogger(__name__)
@@ -112,6 +116,7 @@ class DcgmPageReader:
         self._fallback = fallback_node
         self._label = label or url
         self._known: dict[str, _Known] = {}
+        self._throttle = ThrottleTracker()
 
     def read(self, text: str, now: float) -> DcgmRead:
         """Parse one page. Raises ``DcgmPageError`` for a truncated page or one without GPU series."""
@@ -133,7 +138,7 @@ class DcgmPageReader:
             elif known.missing:
                 known.missing = False
                 log.warning("%s: GPU %d (%s) is back on the page", self._label, g.gpu, g.uuid)
-            known.reading = g
+            g = known.reading = self._throttle.apply(g, parsed.clock_event_counts.get(g.uuid))
             self._count_xids(known, parsed.last_xid.get(g.uuid), parsed.xid_window_counts.get(g.uuid))
             gpus.append(replace(g, node=node, xid_errors=dict(known.xid_counts)))
         for uuid, known in self._known.items():
@@ -163,6 +168,7 @@ class DcgmPageReader:
 
     def forget(self, uuid: str) -> bool:
         """Forget a GPU (an operator retired it): it is no longer reported down. True when it was known."""
+        self._throttle.forget(uuid)
         return self._known.pop(uuid, None) is not None
 
     @property

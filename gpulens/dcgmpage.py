@@ -46,6 +46,8 @@ Rules (each one is a decision; the tests hold the code to them):
   parse reports it per GPU. ``DCGM_EXP_XID_ERRORS_COUNT`` (label ``xid``; ``err_code`` accepted too) counts the XIDs
   of each code within dcgm-exporter's window: the parse reports code -> count per GPU. ``gpulens.dcgmnode`` turns
   both into counters.
+* **dcgm-exporter's own series** (``DCGM_EXP_*``, read by ``gpulens.dcgmexp``): the XID and clock-event window counts
+  are reported per GPU; the health status and peer-to-peer status fill ``health_status`` and ``p2p_peers_ok``.
 """
 
 from __future__ import annotations
@@ -56,11 +58,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from gpulens.dcgmexp import EXP_NAMES, ExpSeries
 from gpulens.dcgmfields import (
     BY_NAME,
     FREE,
     MEM_COPY,
     NVLINK_TOTAL,
+    XID_COUNT_NAME,
     XID_TARGET,
     NameSpec,
     help_factor,
@@ -82,9 +86,7 @@ _MIG_LOCAL_TARGETS: Final = _MIG_MEMORY_TARGETS | {
     "nvlink_rx_bytes_per_second",
 }
 _NOT_READING_FIELDS: Final = frozenset({FREE, NVLINK_TOTAL, XID_TARGET, MEM_COPY})
-# dcgm-exporter's own XID counter: XIDs seen per code within its window (--xid-count-window-size, 5 min).
-XID_COUNT_NAME: Final = "DCGM_EXP_XID_ERRORS_COUNT"
-_XID_CODE_LABELS: Final = ("xid", "err_code")
+__all__ = ["XID_COUNT_NAME", "DcgmParse", "dcgm_records", "parse_dcgm_metrics"]
 _UUID_LABELS: Final = ("UUID", "uuid")  # uuid: --use-old-namespace and 1.x
 _OTHER_ENTITY_LABELS: Final = ("nvswitch", "nvlink", "link", "cpu", "cpucore")
 _DRIVER_LABELS: Final = ("DCGM_FI_SYSTEM_DRIVER_VERSION", "DCGM_FI_DRIVER_VERSION")
@@ -115,6 +117,8 @@ class DcgmParse:
     last_xid: Mapping[str, int]
     # GPU UUID -> XID code -> events within dcgm-exporter's window (DCGM_EXP_XID_ERRORS_COUNT), where served.
     xid_window_counts: Mapping[str, Mapping[int, int]]
+    # GPU UUID -> clock-event reason bit -> samples within dcgm-exporter's window (DCGM_EXP_CLOCK_EVENTS_COUNT).
+    clock_event_counts: Mapping[str, Mapping[int, int]]
     samples: int  # well-formed sample lines, known names or not
     gpu_samples: int  # samples that fed a GPU (known names with a GPU identity)
     example_name: str | None  # the first sample's name, to tell the operator what an unreadable page held
@@ -230,7 +234,7 @@ class _Builder:
         self.hostname: str | None = None
         self.driver_version: str | None = None
         self.problems: dict[str, int] = {}
-        self.xid_windows: dict[str, dict[int, int]] = {}
+        self.exp: dict[str, ExpSeries] = {}
         self.gpu_samples = 0
         self.example_name: str | None = None
 
@@ -244,8 +248,8 @@ class _Builder:
             self.hostname = next((labels[k] for k in _HOSTNAME_LABELS if labels.get(k)), None)
         if any(k in labels for k in _OTHER_ENTITY_LABELS):
             return
-        if sample.name == XID_COUNT_NAME:
-            self._xid_count(sample)
+        if sample.name in EXP_NAMES:
+            self._exp(sample)
             return
         spec = BY_NAME.get(sample.name)
         if spec is None:
@@ -274,20 +278,14 @@ class _Builder:
             if spec.target not in _MIG_LOCAL_TARGETS:
                 gpu.values.offer(spec.target, (False, rank), value)
 
-    def _xid_count(self, sample: Sample) -> None:
-        """``DCGM_EXP_XID_ERRORS_COUNT{xid="43"} 2``: two XID 43 within the window (no code label: none at all)."""
+    def _exp(self, sample: Sample) -> None:
+        """One sample of dcgm-exporter's own series (``gpulens.dcgmexp``), for the GPU it names."""
         gpu = self._gpu_for(sample.labels)
         if gpu is None:
             return
-        counts = self.xid_windows.setdefault(gpu.uuid, {})
-        code_text = next((sample.labels[k] for k in _XID_CODE_LABELS if sample.labels.get(k)), "")
-        if not code_text:
-            return
-        if not _INDEX_RE.fullmatch(code_text) or not math.isfinite(sample.value) or sample.value < 0:
-            self.problem(ABSURD_VALUE)
-            return
-        if int(code_text) and sample.value:
-            counts[int(code_text)] = counts.get(int(code_text), 0) + int(sample.value)
+        problem = self.exp.setdefault(gpu.uuid, ExpSeries()).add(sample)
+        if problem is not None:
+            self.problem(problem)
 
     def _gpu_for(self, labels: Mapping[str, str]) -> _Gpu | None:
         index_text = labels.get("gpu", "")
@@ -339,6 +337,9 @@ class _Builder:
             fields["nvlink_tx_bytes_per_second"] = fields["nvlink_rx_bytes_per_second"] = total / 2
         if "utilization_ratio" not in fields:
             fields["utilization_ratio"] = _mig_utilization(gpu)
+        exp = self.exp.get(gpu.uuid)
+        if exp is not None:
+            fields["health_status"], fields["p2p_peers_ok"] = exp.health_status, exp.p2p_peers_ok
         return GpuReading(
             node=node,
             gpu=gpu.index,
@@ -386,7 +387,8 @@ class _Builder:
             jobs=tuple(jobs),
             driver_version=self.driver_version,
             last_xid={g.uuid: g.values.get(XID_TARGET) for g in gpus if g.values.get(XID_TARGET) is not None},
-            xid_window_counts={uuid: dict(counts) for uuid, counts in self.xid_windows.items()},
+            xid_window_counts={u: dict(e.xid_window) for u, e in self.exp.items() if e.xid_window is not None},
+            clock_event_counts={u: dict(e.clock_events) for u, e in self.exp.items() if e.clock_events is not None},
             samples=parse.samples,
             gpu_samples=self.gpu_samples,
             example_name=self.example_name,

@@ -46,6 +46,7 @@ QUANTITIES: Final[Mapping[str, Quantity]] = {
     "pcie_generation": Quantity("int", 16.0),
     "pcie_lanes": Quantity("int", 64.0),
     "flag": Quantity("bool", 1.0),
+    "seconds": Quantity("float", 1e10),  # a time counter since the driver loaded: 300 years
     "xid": Quantity("int", float(2**31 - 1)),  # an XID code (not a GpuReading field: DCGM's last XID)
 }
 _KIND_OF_TYPE: Final = {"float | None": "float", "int | None": "int", "bool | None": "bool"}

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from gpulens.metriccatalogue import GPU_FIELDS
-from gpulens.model import GpuReading
+from gpulens.model import THROTTLE_SOURCES, GpuReading
 
 metadata: Final = sa.MetaData()
 
@@ -50,6 +50,7 @@ class StoredField:
     is_bool: bool = False
     is_int: bool = False  # the GpuReading field is an int (decode to int)
     profile: bool = False  # stored once per distinct combination in ``gpu_profile``, not in every sample row
+    codes: tuple[str, ...] = ()  # a text field's words, stored as bits 1, 2, 4...; a mixed rollup bucket reads NULL
 
     @property
     def limit(self) -> int:
@@ -58,7 +59,7 @@ class StoredField:
     @property
     def pg_param_type(self) -> str:
         """The type the SI value is sent as to PostgreSQL (an int of any size arrives as numeric)."""
-        return "boolean" if self.is_bool else "numeric" if self.is_int else "double precision"
+        return "text" if self.codes else "boolean" if self.is_bool else "numeric" if self.is_int else "double precision"
 
     @property
     def aggregates(self) -> tuple[str, ...]:
@@ -70,6 +71,10 @@ class StoredField:
 
         Encoding in SQL keeps the writer's Python work per reading to building one tuple.
         """
+        if self.codes:
+            return "CASE {} {} END".format(
+                value, " ".join(f"WHEN '{w}' THEN {1 << i}" for i, w in enumerate(self.codes))
+            )
         if self.is_bool:
             # sqlite3 binds Python booleans as 1 and 0; PostgreSQL stages them as booleans.
             return f"CASE WHEN {value} THEN 1 WHEN NOT {value} THEN 0 END" if dialect == "postgresql" else value
@@ -83,8 +88,12 @@ class StoredField:
     def sql_decode(self, column: str, dialect: str) -> str:
         """SQL turning the stored-unit ``column`` (or an aggregate of it) into SI units.
 
-        Booleans stay 0/1: SQL has no portable bool.
+        Booleans stay 0/1: SQL has no portable bool. A coded field reads as its word.
         """
+        if self.codes:
+            return "CASE {} {} END".format(
+                column, " ".join(f"WHEN {1 << i} THEN '{w}'" for i, w in enumerate(self.codes))
+            )
         if self.is_bool or (self.unit == 1 and self.per_unit == 1):
             return column
         if self.is_int:  # widened first: KiB in a PostgreSQL integer times 1024 overflows it
@@ -115,6 +124,7 @@ STORED_UNITS: Final = (
     ("_joules_total", "_millijoules_total", sa.BigInteger, 1, 1000),
     ("_hertz", "_mhz", sa.SmallInteger, 1_000_000, 1),  # MHz, NVML's own resolution
     ("_bytes_per_second", "_kb_per_second", sa.Integer, 1000, 1),  # kB/s (1000 B/s), NVML's own resolution
+    ("_seconds_total", "_ms_total", sa.BigInteger, 1, 1000),  # time counters, in milliseconds
 )
 KIB_SUFFIX: Final = ("_bytes", "_kib")  # integer byte counts are stored in KiB, up to 2 TiB
 # Fields whose range needs more than their suffix's type: a GPU's NVLink throughput passes 2.1 TB/s (NVLink 5).
@@ -159,6 +169,7 @@ def _sample_fields() -> tuple[StoredField, ...]:
     fields += [_stored_field(spec.field, annotations[spec.field], spec.type) for spec in GPU_FIELDS]
     fields = [dataclasses.replace(f, profile=f.name in PROFILE_FIELDS) for f in fields]
     fields.append(StoredField("throttle_reasons", "throttle_reasons", "bitmask", sa.Integer, is_int=True))
+    fields.append(StoredField(*("throttle_reasons_source",) * 2, "bitmask", sa.SmallInteger, codes=THROTTLE_SOURCES))
     fields.append(StoredField("xid_total", "xid_total", "counter", sa.Integer, is_int=True))
     return tuple(fields)
 
@@ -301,17 +312,14 @@ def _rollup_table(name: str) -> sa.Table:
 # Columns narrowed on PostgreSQL by revision 0004 (smallint <- integer <- bigint). SQLite keeps declaring the wider
 # type of 0003: it stores each integer in as few bytes as its value needs whatever the declaration, and retyping a
 # column there would copy the whole table.
-_NARROWED_IN_0004: Final = frozenset(
-    {
-        *("memory_used_kib", "memory_total_kib", "memory_reserved_kib"),
-        *("pcie_tx_kb_per_second", "pcie_rx_kb_per_second"),
-        *("sm_clock_mhz", "memory_clock_mhz", "max_sm_clock_mhz", "max_memory_clock_mhz", "nvlink_links_active"),
-        *("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max"),
-        *("remapped_rows_correctable", "remapped_rows_uncorrectable", "pcie_replays_total", "xid_total"),
-        *("nvlink_crc_flit_errors_total", "nvlink_replay_errors_total", "nvlink_recovery_errors_total"),
-        *("ecc_corrected_errors_total", "ecc_uncorrected_errors_total"),
-    }
-)
+_NARROWED_IN_0004: Final = {
+    *("memory_used_kib", "memory_total_kib", "memory_reserved_kib", "pcie_tx_kb_per_second", "pcie_rx_kb_per_second"),
+    *("sm_clock_mhz", "memory_clock_mhz", "max_sm_clock_mhz", "max_memory_clock_mhz", "nvlink_links_active"),
+    *("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max"),
+    *("remapped_rows_correctable", "remapped_rows_uncorrectable", "pcie_replays_total", "xid_total"),
+    *("nvlink_crc_flit_errors_total", "nvlink_replay_errors_total", "nvlink_recovery_errors_total"),
+    *("ecc_corrected_errors_total", "ecc_uncorrected_errors_total"),
+}
 _WIDER: Final[dict[type[sa.types.TypeEngine[int]], type[sa.types.TypeEngine[int]]]] = {
     sa.SmallInteger: sa.Integer,
     sa.Integer: sa.BigInteger,

@@ -10,7 +10,7 @@ from gpulens.model import GpuReading
 
 # Exported by dedicated code rather than the catalogue: identity, state, bitmask and per-code counters.
 SPECIAL = {"node", "gpu", "uuid", "model", "timestamp", "up", "pci_bus_id", "driver_version", "mig_enabled"}
-SPECIAL |= {"throttle_reasons", "xid_errors"}
+SPECIAL |= {"throttle_reasons", "throttle_reasons_source", "xid_errors"}
 
 
 def test_every_numeric_reading_field_is_in_the_catalogue() -> None:
@@ -21,7 +21,7 @@ def test_every_numeric_reading_field_is_in_the_catalogue() -> None:
 def test_units_are_in_the_names() -> None:
     units = ("_bytes", "_ratio", "_celsius", "_watts", "_hertz", "_total", "_second", "_generation", "_width")
     for spec in GPU_FIELDS:
-        if spec.family.endswith(("_active", "_rows", "_pending", "_failure")):
+        if spec.family.endswith(("_active", "_rows", "_pending", "_failure", "_status", "_peers")):
             continue
         assert spec.family.endswith(units), spec.family
 

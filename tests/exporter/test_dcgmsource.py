@@ -238,7 +238,12 @@ def test_reads_a_real_exporter_plain_and_gzip(serve: Callable[[Behaviour], str],
     snapshot = DcgmSource(serve(behaviour)).read()
 
     assert snapshot.gpus == tuple(
-        dataclasses.replace(g, xid_errors={48: 1} if g.uuid == GPU1 else {}, timestamp=snapshot.timestamp)
+        dataclasses.replace(
+            g,
+            xid_errors={48: 1} if g.uuid == GPU1 else {},
+            timestamp=snapshot.timestamp,
+            throttle_reasons_source="reported",  # the page serves DCGM's clock-event reasons (field 112)
+        )
         for g in parse(fixture("current.prom")).gpus
     )
     assert behaviour.seen_headers[0]["Accept-Encoding"] == "gzip"

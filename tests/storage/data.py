@@ -54,7 +54,9 @@ def uuid_of(node: str, index: int) -> str:
 def write_wide(db: Database, snapshots: Sequence[NodeSnapshot]) -> None:
     """Store the snapshots' GPU readings as the writer did before revision 0008 (every field in the sample row, no
     ``gpu_profile``): for stores held at an older revision. GPU rows and samples only; values encoded alike."""
-    fields = schema.SAMPLE_FIELDS[:-1]  # xid_total (the last) is derived from xid_errors
+    with db.engine.connect() as conn:  # the store's revision may predate some fields (0012's, say)
+        present = {c["name"] for c in sa.inspect(conn).get_columns("gpu_sample")}
+    fields = [f for f in schema.SAMPLE_FIELDS[:-1] if f.column in present]  # xid_total (the last): from xid_errors
     pg = db.dialect == "postgresql"
 
     def param(i: int, f: schema.StoredField) -> str:

@@ -114,10 +114,10 @@ def test_0008_moves_the_profile_fields_and_keeps_every_value(db_url: str) -> Non
     write_wide(db, [snapshot("n", START + 86_400, gpus=2, pcie_link_generation=3, remapped_rows_pending=True)])
 
     def si_rows() -> list[dict[str, Any]]:
+        """The rows' known values: later revisions add columns, NULL in these rows (a value lost to NULL shows)."""
         with db.engine.connect() as conn:
-            return [
-                dict(r) for r in conn.execute(sa.text("SELECT * FROM gpu_sample_si ORDER BY ts_ms, gpu")).mappings()
-            ]
+            rows = conn.execute(sa.text("SELECT * FROM gpu_sample_si ORDER BY ts_ms, gpu")).mappings()
+            return [{k: v for k, v in r.items() if v is not None} for r in rows]
 
     before = si_rows()
     assert len(before) == 6

@@ -95,9 +95,14 @@ def test_throttle_reasons_say_their_source_and_the_opt_in_fields_are_exported() 
     families = parse(render_metrics(snap, HEALTH))
     sources = {(s.labels["gpu"], s.labels["source"]) for s in families["gpulens_gpu_throttle_active"]}
     assert sources == {("0", "inferred"), ("1", "reported")}  # no source given: the driver reported them
-    [violation] = families["gpulens_gpu_clock_violation_seconds"]  # the parser names a counter without _total
-    assert (violation.labels["policy"], violation.labels["gpu"], violation.value) == ("power", "1", 12.5)
-    assert [(s.labels["status"], s.value) for s in families["gpulens_gpu_p2p_peers"]] == [("ok", 7)]
+    violations = families["gpulens_gpu_clock_violation_seconds"]  # the parser names a counter without _total
+    assert len(violations) == 2 * 6  # six policies on each GPU
+    power = {s.labels["gpu"]: s.value for s in violations if s.labels["policy"] == "power"}
+    assert power == {"0": 12.5, "1": 99.5}
+    assert sorted((s.labels["gpu"], s.labels["status"], s.value) for s in families["gpulens_gpu_p2p_peers"]) == [
+        ("0", "ok", 7),
+        ("1", "ok", 5),
+    ]
 
 
 def test_missing_values_are_omitted_not_zero_or_nan() -> None:

@@ -21,7 +21,7 @@ from gpulens.storage.db import MIGRATIONS_DIR, Database
 from gpulens.storage.rollup import Rollups
 from gpulens.storage.writer import Writer
 from tests.storage.conftest import T0
-from tests.storage.data import downgrade, snapshot, uuid_of, write_wide
+from tests.storage.data import columns_added_after, downgrade, snapshot, uuid_of, write_wide
 from tests.storage.fabricdata import fabric_snapshot
 
 MINUTE0 = round(T0 - T0 % 3600) * 1000  # an hour boundary, in ms
@@ -369,11 +369,12 @@ _SAMPLE_TABLES = {
 
 def _sample_rows(db: Database) -> dict[str, list[dict[str, object]]]:
     """Every raw sample table's rows, by key and time, without SQLite's stored minute (which 0009 lacks) and
-    millisecond (which 0010 lacks)."""
+    millisecond (which 0010 lacks), and without the columns added after 0011 (which a downgrade to 0010 drops)."""
+    skip = {"minute", "ms", *columns_added_after("0011")}
     with db.engine.connect() as conn:
         return {
             table: [
-                {k: v for k, v in _known(row).items() if k not in ("minute", "ms")}
+                {k: v for k, v in _known(row).items() if k not in skip}
                 for row in conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY {key}, ts_ms")).mappings()
             ]
             for table, key in _SAMPLE_TABLES.items()
@@ -485,8 +486,13 @@ def _skips_a_stored_round_and_adds_a_new_one(db: Database) -> None:
 
 
 def _view_rows(db: Database) -> dict[str, list[dict[str, object]]]:
+    """The SI views' rows, without the fields added after 0011 (which a downgrade to 0010 drops)."""
+    skip = columns_added_after("0011")
     with db.engine.connect() as conn:
         return {
-            view: [_known(r) for r in conn.execute(sa.text(f"SELECT * FROM {view} ORDER BY 1, 2, 3")).mappings()]
+            view: [
+                {k: v for k, v in _known(r).items() if k not in skip}
+                for r in conn.execute(sa.text(f"SELECT * FROM {view} ORDER BY 1, 2, 3")).mappings()
+            ]
             for view in ("gpu_sample_si", "nic_sample_si", "host_sample_si")
         }

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-from alembic.script import ScriptDirectory
 
 from gpulens.storage import views
+from gpulens.storage.migrations.fields import fields_at
 from gpulens.storage.schema import StoredField
 
 revision = "0012"
@@ -62,14 +62,9 @@ def _new_fields() -> list[StoredField]:
     ]
 
 
-def _fields_before() -> list[StoredField]:
-    """The sample fields as revisions 0008 to 0011 keep them (0009 to 0011 changed none)."""
-    config = op.get_context().config
-    assert config is not None
-    script = ScriptDirectory.from_config(config).get_revision("0008")
-    assert script is not None
-    fields: list[StoredField] = script.module._fields()
-    return fields
+def change_sample_fields(before: list[StoredField]) -> list[StoredField]:
+    """The sample fields as 0011 left them, and this revision's (see ``fields.fields_at``)."""
+    return [*before, *_new_fields()]
 
 
 def _rollup_types(f: StoredField) -> dict[str, sa.types.TypeEngine[int] | sa.Double[float]]:
@@ -88,7 +83,7 @@ def upgrade() -> None:
         for table in _ROLLUPS:
             for column, sql_type in _rollup_types(f).items():
                 op.add_column(table, sa.Column(column, sql_type))
-    views.create_views(conn, [*_fields_before(), *_new_fields()], profiles=True)
+    views.create_views(conn, fields_at(revision), profiles=True)
 
 
 def downgrade() -> None:
@@ -99,4 +94,4 @@ def downgrade() -> None:
         for table in _ROLLUPS:
             for column in _rollup_types(f):
                 op.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
-    views.create_views(conn, _fields_before(), profiles=True)
+    views.create_views(conn, fields_at("0011"), profiles=True)

@@ -90,7 +90,7 @@ def test_throttle_reasons_are_one_series_per_reason() -> None:
 
 def test_throttle_reasons_say_their_source_and_the_opt_in_fields_are_exported() -> None:
     inferred = h100("node-00", 0, 0.0, throttle_reasons=0x20, throttle_reasons_source="inferred")
-    unsaid = h100("node-00", 1, 0.0, throttle_reasons=0x4, power_violation_seconds_total=12.5, p2p_peers_ok=7)
+    unsaid = h100("node-00", 1, 0.0, throttle_reasons=0x4, power_violation_seconds_total=99.5, p2p_peers_ok=5)
     snap = node_snapshot(gpus=2).replace(gpus=(inferred, unsaid))
     families = parse(render_metrics(snap, HEALTH))
     sources = {(s.labels["gpu"], s.labels["source"]) for s in families["gpulens_gpu_throttle_active"]}

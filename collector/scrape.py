@@ -38,7 +38,18 @@ from gpulens.dcgmnode import DcgmPageError, DcgmPageReader
 from gpulens.httpfetch import redact_url
 from gpulens.model import LINKS_INACTIVE, GpuReading, NodeSnapshot, SnapshotFormatError, TargetHealth
 from gpulens.multifetch import ABORTED, Get, MultiFetcher, Outcome
+from gpulens.promtext import PageDecodeError, decode_page
 from gpulens.snapshotcodec import LAYOUT_COLUMNAR, SnapshotNotJSONError, snapshot_from_bytes
+from gpulens.storedrange import (
+    GPU_LIMIT,
+    GPUS_PER_TARGET,
+    LINK_OUT_OF_RANGE,
+    PID_OUT_OF_RANGE,
+    all_storable,
+    bound_reading,
+    link_storable,
+    process_storable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +121,19 @@ def _all_plausible(gpus: Sequence[GpuReading], node: str, now: float, future_tol
         and max(filter(None, map(_POWER, gpus)), default=0) <= 20_000
         and set(map(_NODE, gpus)) == {node}
         and len(set(map(_UUID, gpus))) == len(gpus)
+        and len(gpus) <= GPUS_PER_TARGET
+        and all_storable(gpus)
     )
 
 
 def sanitize(snapshot: NodeSnapshot, now: float, future_tolerance_s: float) -> tuple[NodeSnapshot, dict[str, int]]:
-    """Drop the readings that cannot be true (and duplicate GPUs), counting each by reason."""
-    if _all_plausible(snapshot.gpus, snapshot.node, now, future_tolerance_s):
+    """Drop the readings that cannot be true (and duplicate GPUs), the values storage cannot hold, and the GPUs past
+    ``GPUS_PER_TARGET``, counting each by reason (``gpulens.storedrange``)."""
+    if (
+        _all_plausible(snapshot.gpus, snapshot.node, now, future_tolerance_s)
+        and all(map(link_storable, snapshot.links))
+        and all(map(process_storable, snapshot.processes))
+    ):
         return snapshot, {}
     return sanitize_each(snapshot, now, future_tolerance_s)
 
@@ -129,19 +147,32 @@ def sanitize_each(snapshot: NodeSnapshot, now: float, future_tolerance_s: float)
         reason = "duplicate_gpu" if g.uuid in seen else _reject_reason(g, now, future_tolerance_s)
         if reason is None and g.node != snapshot.node:
             reason = "node_mismatch"
+        if reason is None and len(kept) >= GPUS_PER_TARGET:
+            reason = GPU_LIMIT
         if reason is not None:
             rejected[reason] = rejected.get(reason, 0) + 1
             continue
+        bounded = bound_reading(g, rejected)  # values storage cannot hold dropped alone; an index it cannot, the GPU
+        if bounded is None:
+            continue
         seen.add(g.uuid)
-        kept.append(g)
+        kept.append(bounded)
+    keep = {g.uuid for g in kept}
+    links = tuple(x for x in snapshot.links if x.uuid in keep and link_storable(x))
+    processes = tuple(x for x in snapshot.processes if x.uuid in keep and process_storable(x))
+    for reason, bad in (
+        (LINK_OUT_OF_RANGE, sum(not link_storable(x) for x in snapshot.links)),
+        (PID_OUT_OF_RANGE, sum(not process_storable(x) for x in snapshot.processes)),
+    ):
+        if bad:
+            rejected[reason] = rejected.get(reason, 0) + bad
     if not rejected:
         return snapshot, rejected
-    keep = {g.uuid for g in kept}
     return (
         snapshot.replace(
             gpus=tuple(kept),
-            links=tuple(x for x in snapshot.links if x.uuid in keep),
-            processes=tuple(x for x in snapshot.processes if x.uuid in keep),
+            links=links,
+            processes=processes,
             jobs=tuple(x for x in snapshot.jobs if x.uuid in keep),
             migs=tuple(x for x in snapshot.migs if x.uuid in keep),
         ),
@@ -244,9 +275,9 @@ class Scraper:
     def _parse(self, target: Target, body: bytes, now: float) -> tuple[NodeSnapshot, dict[str, int]]:
         if target.kind == "dcgm":
             try:
-                text = body.decode("utf-8")
-            except UnicodeDecodeError:
-                raise ScrapeError("the response is not UTF-8") from None
+                text = decode_page(body)
+            except PageDecodeError as exc:
+                raise ScrapeError(f"the response is {exc}") from None
             try:
                 result = self._reader(target).read(text, now)
             except DcgmPageError as exc:

@@ -108,7 +108,13 @@ def test_snapshot_carries_node_time_records_and_cumulative_errors() -> None:
     third = source.read()
     assert third.timestamp == 1_700_000_030.0
     # malformed.prom holds other GPUs: legacy.prom's two are reported down, counted once each.
-    assert third.errors == {"dcgm_sentinel": 1, "dcgm_fetch_failed": 1, "dcgm_bad_lines": 13, "dcgm_gpu_missing": 2}
+    assert third.errors == {
+        "dcgm_sentinel": 1,
+        "dcgm_fetch_failed": 1,
+        "dcgm_bad_lines": 11,
+        "dcgm_truncated": 1,
+        "dcgm_gpu_missing": 2,
+    }
     assert {g.uuid for g in third.gpus if not g.up} == {GPU0, GPU1}
     assert pages.calls == [("http://127.0.0.1:9400/metrics", 2.5)] * 3
 

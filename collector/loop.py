@@ -209,6 +209,8 @@ class Collector:
         result.written = True
         self.metrics.db_up.set(1)
         self._count_rows(stats)
+        if stats.isolated:  # snapshots the database refused (logged once by the writer): the rest are stored
+            merge_counts(result.rejected, {"unwritable_snapshot": len(stats.isolated)})
 
     def _count_rows(self, stats: WriteStats) -> None:
         for table, rows in (

@@ -2,8 +2,9 @@
 
 One decode path for every reader of a page: ``decode_page`` (UTF-8, a leading byte-order mark dropped). Lines are
 split on ``\\n`` only (a trailing ``\\r`` is dropped, so CRLF works). Blank lines and comments are skipped: ``#``
-lines, including a bare ``# HELP`` or a ``# TYPE`` with a word Prometheus does not know, are comments, never bad
-lines; a ``# HELP name text`` line records the family's help text. A sample is ``name [{labels}] value
+lines, including a bare ``# HELP`` or a ``# TYPE`` with a word gpulens does not know, are comments, never bad
+lines, except a ``HELP`` or ``TYPE`` followed by something that is not a metric name (``bad_comment``, as
+Prometheus); a ``# HELP name text`` line records the family's help text. A sample is ``name [{labels}] value
 [timestamp]``, blanks allowed between the name and ``{`` and around labels; label values take the escapes
 ``\\\\``, ``\\"`` and ``\\n``, and any other escape is kept as written (``\\f`` stays a backslash and an ``f``), as
 Prometheus and client_python do; a repeated label name is bad; values are decimal numbers, ``NaN`` or ``[+-]Inf``;
@@ -159,7 +160,12 @@ def parse_line(raw: str, limits: TextLimits = DEFAULT_LIMITS) -> Sample | None:
     if len(raw) > limits.line_length:
         raise BadLineError(LINE_TOO_LONG, limit=True)
     line = raw.removesuffix("\r").strip(" \t")
-    if not line or line.startswith("#"):
+    if not line:
+        return None
+    if line.startswith("#"):
+        words = _SPLIT_RE.split(line[1:].strip(" \t"), maxsplit=2)
+        if words[0] in ("HELP", "TYPE") and len(words) > 1 and not _NAME_RE.fullmatch(words[1]):
+            raise BadLineError("bad_comment")  # as Prometheus: HELP and TYPE name a metric when they name anything
         return None
     match = _NAME_RE.match(line)
     if match is None:

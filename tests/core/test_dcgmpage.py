@@ -373,6 +373,8 @@ def test_value_and_timestamp_forms(value: str, expected: float) -> None:
         (f"DCGM_FI_DEV_GPU_UTIL{{{ID0},,}} 5", "bad_labels"),
         (f'DCGM_FI_DEV_GPU_UTIL{{{ID0},"quoted"="name"}} 5', "bad_labels"),
         ("DCGM-FI 5", "bad_name"),
+        ("# HELP 9lives doc", "bad_comment"),
+        ("# TYPE 9lives gauge", "bad_comment"),
     ],
 )
 def test_bad_lines_by_reason(line: str, reason: str) -> None:
@@ -383,7 +385,7 @@ def test_bad_lines_by_reason(line: str, reason: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "line", ["# TYPE DCGM_FI_DEV_GPU_UTIL", "# HELP", "# HELP 9lives doc", "# TYPE DCGM_FI_DEV_GPU_UTIL gaugey"]
+    "line", ["# TYPE DCGM_FI_DEV_GPU_UTIL", "# HELP", "# HELP   ", "# TYPE DCGM_FI_DEV_GPU_UTIL gaugey", "# Hrandom"]
 )
 def test_comments_prometheus_reads_as_comments_are_not_bad_lines(line: str) -> None:
     result = parse(f"{line}\nDCGM_FI_DEV_GPU_TEMP{{{ID0}}} 40\n")

@@ -38,13 +38,14 @@ from gpulens.dcgmnode import DcgmPageError, DcgmPageReader
 from gpulens.httpfetch import redact_url
 from gpulens.model import LINKS_INACTIVE, GpuReading, NodeSnapshot, SnapshotFormatError, TargetHealth
 from gpulens.multifetch import ABORTED, Get, MultiFetcher, Outcome
-from gpulens.promtext import PageDecodeError, decode_page
+from gpulens.promtext import DEFAULT_LIMITS, PageDecodeError, decode_page
 from gpulens.snapshotcodec import LAYOUT_COLUMNAR, SnapshotNotJSONError, snapshot_from_bytes
 from gpulens.storedrange import (
     GPU_LIMIT,
     GPUS_PER_TARGET,
     LINK_OUT_OF_RANGE,
     PID_OUT_OF_RANGE,
+    all_links_storable,
     all_storable,
     bound_reading,
     link_storable,
@@ -70,6 +71,9 @@ _TIMESTAMP, _POWER, _NODE, _UUID = map(attrgetter, ("timestamp", "power_watts", 
 # Query asking a gpulens exporter for the columnar snapshot with only the inactive links (the collector stores link
 # outages, and each GPU's NVLink totals are in its reading): older exporters ignore what they do not know.
 SNAPSHOT_QUERY = f"layout={LAYOUT_COLUMNAR}&links={LINKS_INACTIVE}"
+# A job id in a snapshot is held to a label value's length on a page (gpulens.promtext.TextLimits).
+_JOB_ID_MAX: Final = DEFAULT_LIMITS.label_value_length
+JOB_ID_TOO_LONG: Final = "job_id_too_long"
 
 
 class ScrapeError(Exception):
@@ -131,8 +135,9 @@ def sanitize(snapshot: NodeSnapshot, now: float, future_tolerance_s: float) -> t
     ``GPUS_PER_TARGET``, counting each by reason (``gpulens.storedrange``)."""
     if (
         _all_plausible(snapshot.gpus, snapshot.node, now, future_tolerance_s)
-        and all(map(link_storable, snapshot.links))
+        and all_links_storable(snapshot.links)
         and all(map(process_storable, snapshot.processes))
+        and all(len(j.job_id) <= _JOB_ID_MAX for j in snapshot.jobs)
     ):
         return snapshot, {}
     return sanitize_each(snapshot, now, future_tolerance_s)
@@ -158,11 +163,13 @@ def sanitize_each(snapshot: NodeSnapshot, now: float, future_tolerance_s: float)
         seen.add(g.uuid)
         kept.append(bounded)
     keep = {g.uuid for g in kept}
+    jobs = tuple(x for x in snapshot.jobs if x.uuid in keep and len(x.job_id) <= _JOB_ID_MAX)
     links = tuple(x for x in snapshot.links if x.uuid in keep and link_storable(x))
     processes = tuple(x for x in snapshot.processes if x.uuid in keep and process_storable(x))
     for reason, bad in (
         (LINK_OUT_OF_RANGE, sum(not link_storable(x) for x in snapshot.links)),
         (PID_OUT_OF_RANGE, sum(not process_storable(x) for x in snapshot.processes)),
+        (JOB_ID_TOO_LONG, sum(len(x.job_id) > _JOB_ID_MAX for x in snapshot.jobs)),
     ):
         if bad:
             rejected[reason] = rejected.get(reason, 0) + bad
@@ -173,7 +180,7 @@ def sanitize_each(snapshot: NodeSnapshot, now: float, future_tolerance_s: float)
             gpus=tuple(kept),
             links=links,
             processes=processes,
-            jobs=tuple(x for x in snapshot.jobs if x.uuid in keep),
+            jobs=jobs,
             migs=tuple(x for x in snapshot.migs if x.uuid in keep),
         ),
         rejected,

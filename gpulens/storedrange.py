@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from operator import attrgetter
 from typing import Any, Final
 
@@ -118,10 +119,16 @@ def _bound_groups() -> tuple[tuple[float, Callable[[GpuReading], tuple[Any, ...]
     for name, enc in ENCODINGS.items():
         if not enc.is_bool:
             by_bound.setdefault(enc.si_max, []).append(name)
-    return tuple((bound, attrgetter(*names, "gpu"), tuple(names)) for bound, names in sorted(by_bound.items()))
+    # attrgetter of one name gives the value, not a tuple: name it twice
+    return tuple(
+        (bound, attrgetter(*names, *names[:1]) if len(names) == 1 else attrgetter(*names), tuple(names))
+        for bound, names in sorted(by_bound.items())
+    )
 
 
 _GROUPS: Final = _bound_groups()
+_GPU: Final = attrgetter("gpu")
+_LINK: Final = attrgetter("link")
 
 
 def storable(name: str, value: float) -> bool:
@@ -130,19 +137,20 @@ def storable(name: str, value: float) -> bool:
     return enc is None or abs(value) <= enc.si_max
 
 
-def all_storable(readings: Iterable[GpuReading]) -> bool:
-    """Whether every value of every reading fits its column (one pass per group of fields with one bound). A NaN
-    makes its comparison false: such a reading is taken apart by ``bound_reading``."""
-    gpus = list(readings)
-    if not gpus:
+def all_storable(readings: Sequence[GpuReading]) -> bool:
+    """Whether every non-negative value of every reading fits its column: one pass in C per group of fields with
+    one bound (negative values are the caller's to refuse). ``filter(None, ...)`` drops the unknowns and the zeros,
+    neither of which decides a bound; a NaN that comes first makes ``max`` NaN and the comparison false, so such
+    readings are taken apart by ``bound_reading``."""
+    if not readings:
         return True
-    if not all(0 <= g.gpu <= GPU_INDEX_MAX for g in gpus):
+    if not (min(map(_GPU, readings)) >= 0 and max(map(_GPU, readings)) <= GPU_INDEX_MAX):
         return False
-    for bound, getter, _ in _GROUPS:
-        values = [v for row in map(getter, gpus) for v in row if v is not None]
-        if values and not max(map(abs, values)) <= bound:
-            return False
-    return True
+    return all(_largest(readings, getter) <= bound for bound, getter, _ in _GROUPS)
+
+
+def _largest(readings: Sequence[GpuReading], getter: Callable[[GpuReading], tuple[Any, ...]]) -> Any:
+    return max(filter(None, chain.from_iterable(map(getter, readings))), default=0)
 
 
 def bound_reading(g: GpuReading, rejected: dict[str, int]) -> GpuReading | None:
@@ -172,3 +180,8 @@ def process_storable(process: ProcessReading) -> bool:
     """Whether the process's pid and memory fit ``process_latest``."""
     used = process.memory_used_bytes
     return 0 <= process.pid <= SQL_INT_MAX[PID_TYPE] and (used is None or 0 <= used <= SQL_INT_MAX[BYTES_TYPE])
+
+
+def all_links_storable(links: Sequence[LinkReading]) -> bool:
+    """``link_storable`` of every link, in C."""
+    return not links or (min(map(_LINK, links)) >= 0 and max(map(_LINK, links)) <= SQL_INT_MAX[LINK_TYPE])

@@ -14,6 +14,7 @@ from gpulens.collector.scrape import Scraper, sanitize
 from gpulens.collector.targets import Target
 from gpulens.dcgmpage import parse_dcgm_metrics
 from gpulens.exporter.dcgmsource import DcgmSource
+from gpulens.model import GpuJob
 from gpulens.promtext import LineStats, TextLimits, read_samples
 from gpulens.storedrange import GPUS_PER_TARGET
 from tests.fakes.dcgm_pages import GPU0, ID0, ID1
@@ -131,3 +132,13 @@ def test_a_byte_order_mark_is_read_alike_by_the_collector_and_the_exporter() -> 
     [mine] = collected.snapshot.gpus
     assert (mine.uuid, mine.temperature_celsius, mine.utilization_ratio) == (GPU0, 40.0, 0.55)
     assert [(g.temperature_celsius, g.utilization_ratio) for g in exported.gpus] == [(40.0, 0.55)]
+
+
+def test_a_snapshot_job_id_longer_than_a_label_value_is_dropped_and_counted() -> None:
+    base = node_snapshot("n", gpus=2, t=100.0)
+    first, second = base.gpus
+    jobs = (GpuJob("n", 0, first.uuid, "j" * 16_000_000), GpuJob("n", 1, second.uuid, "train-7"))
+    kept, rejected = sanitize(base.replace(jobs=jobs), now=100.0, future_tolerance_s=300.0)
+    assert [j.job_id for j in kept.jobs] == ["train-7"]
+    assert rejected == {"job_id_too_long": 1}
+    assert len(kept.gpus) == 2

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from gpulens.collector.loop import Collector
@@ -46,7 +48,10 @@ def hostile_snapshot() -> bytes:
     return json.dumps(snapshot_to_json(hostile)).encode()
 
 
-def test_a_hostile_target_never_costs_a_healthy_one_its_rounds(db_url: str, tmp_path: Path) -> None:
+def test_a_hostile_target_never_costs_a_healthy_one_its_rounds(
+    db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="gpulens.collector.loop")
     db = Database(db_url)
     db.upgrade()
     with (
@@ -106,6 +111,8 @@ def test_a_hostile_target_never_costs_a_healthy_one_its_rounds(db_url: str, tmp_
         )
     db.close()
     assert rows["node-00"] == ROUNDS * 2  # every round of the healthy target
+    told = [r.getMessage() for r in caplog.records if "values rejected (gpu_index_out_of_range)" in r.getMessage()]
+    assert told == ["target hostile-json: values rejected (gpu_index_out_of_range)"]  # once, not every round
     assert rows["hostile-dcgm"] == ROUNDS  # its storable GPU, stamped by each round
     assert rows["hostile-json"] == 1  # its storable GPU: the same snapshot (one time stamp) every round
     assert kept  # the reading stayed,

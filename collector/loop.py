@@ -158,6 +158,10 @@ class Collector:
         node_owners: dict[str, str] = {}
         for r in results:
             merge_counts(round_.rejected, r.rejected)
+            for reason in r.rejected:  # counted every round, told once per target and reason
+                self._log_once(
+                    f"rejected:{r.target.name}:{reason}", "target %s: values rejected (%s)", r.target.name, reason
+                )
             health = r.health
             snapshot = r.snapshot
             if snapshot is not None and node_owners.setdefault(snapshot.node, r.target.name) != r.target.name:
@@ -209,6 +213,8 @@ class Collector:
         result.written = True
         self.metrics.db_up.set(1)
         self._count_rows(stats)
+        if stats.isolated:  # snapshots the database refused (logged once by the writer): the rest are stored
+            merge_counts(result.rejected, {"unwritable_snapshot": len(stats.isolated)})
 
     def _count_rows(self, stats: WriteStats) -> None:
         for table, rows in (

@@ -16,8 +16,9 @@ collector's ``kind = "dcgm"`` targets (each keeps one reader per dcgm-exporter i
   identity and XID counts kept, as the NVML source reports a lost GPU) until it comes back; the event is counted
   once as ``dcgm_gpu_missing`` and logged once. Nothing is persisted: restarting the exporter or the collector, or
   ``forget(uuid)``, forgets a lost GPU.
-* **Pages that say nothing.** A truncated page, or one without a single GPU series (an empty body, an unknown
-  format), raises ``DcgmPageError`` with the reason; it is never reported as a healthy node without GPUs.
+* **Pages that say nothing.** A page without a single GPU series (an empty body, an unknown format) raises
+  ``DcgmPageError`` with the reason; it is never reported as a healthy node without GPUs. A page whose last line
+  has no line feed (maybe cut in transit) is read without that line, counted as ``dcgm_truncated``.
 * **Node name.** Configuration first (the target's ``node`` / the exporter's ``--node``), then the host of the URL
   (unless it is a loopback name or address: NVIDIA's ``-r localhost:5555`` setup), then the page's ``hostname`` /
   ``Hostname`` label (unless it is ``localhost``), then the caller's fallback (both readers pass this machine's
@@ -40,13 +41,13 @@ from gpulens.model import GpuReading, NodeSnapshot
 log = logging.getLogger(__name__)
 
 GPU_MISSING: Final = "dcgm_gpu_missing"
-TRUNCATED: Final = "dcgm_truncated"
+TRUNCATED: Final = "dcgm_truncated"  # counted by gpulens.dcgmpage (promtext's "truncated", prefixed)
 NO_GPU_SERIES: Final = "dcgm_no_gpu_series"
 _LOOPBACK_NAMES: Final = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 
 
 class DcgmPageError(Exception):
-    """The page cannot be used (truncated, or no GPU series); ``reason`` is the error-count key."""
+    """The page cannot be used (no GPU series); ``reason`` is the error-count key."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
@@ -119,10 +120,8 @@ class DcgmPageReader:
         self._throttle = ThrottleTracker()
 
     def read(self, text: str, now: float) -> DcgmRead:
-        """Parse one page. Raises ``DcgmPageError`` for a truncated page or one without GPU series."""
+        """Parse one page. Raises ``DcgmPageError`` for a page without GPU series."""
         parsed = parse_dcgm_metrics(text, node=None, timestamp=now, fallback_node=self._fallback)
-        if parsed.truncated:
-            raise DcgmPageError(TRUNCATED, "the page is truncated (its last line was cut mid-sample)")
         if not parsed.gpus:
             example = f", e.g. {parsed.example_name!r}" if parsed.example_name else ""
             raise DcgmPageError(NO_GPU_SERIES, f"no GPU series on the page ({parsed.samples} samples{example})")

@@ -20,7 +20,8 @@ Rules (each one is a decision; the tests hold the code to them):
   L4, L40S have no sensor) is unknown: dropped, not counted.
 * **Plausibility.** After conversion every value must be finite, non-negative and inside its field's range (the
   metric catalogue's ``range`` column: ratios <= 1, temperatures <= 200 C and so on, ``metriccatalogue.QUANTITIES``);
-  integer fields must be whole. Anything else is ``dcgm_absurd_value``.
+  integer fields must be whole. Anything else is ``dcgm_absurd_value``. A plausible value that storage cannot hold
+  (``gpulens.storedrange``: a counter over 2^31 - 1, say) is dropped alone as ``dcgm_value_out_of_range``.
 * **NVLink totals.** ``DCGM_FI_PROF_NVLINK_TX/RX_BYTES`` give tx/rx directly. Only when neither exists for a GPU,
   the total (field 449, ``..._NVLINK_THROUGHPUT_TOTAL`` / ``..._BANDWIDTH_TOTAL``), which counts both directions, is
   split evenly into tx and rx: the sum stays right and a stall stays visible, while the split is an assumption.
@@ -35,13 +36,17 @@ Rules (each one is a decision; the tests hold the code to them):
 * **Identity.** ``gpu`` (index), ``UUID`` (``uuid`` with ``--use-old-namespace``), ``modelName``, ``pci_bus_id``.
   A known metric without a usable ``gpu``/UUID is ``dcgm_bad_identity``. A UUID seen again with another index, or an
   index claimed by a second UUID, is a duplicate GPU: counted once per (UUID, index) as ``dcgm_duplicate_gpu``,
-  later samples dropped. Samples of other DCGM entities (``nvswitch``, ``nvlink``/``link``, ``cpu``, ``cpucore``
-  labels) are ignored, as are names this module does not know.
+  later samples dropped. A GPU index storage cannot hold (over 32767) is ``dcgm_gpu_index_out_of_range``; GPUs past
+  ``GPUS_PER_TARGET`` are ``dcgm_gpu_limit`` (each counted once). Samples of other DCGM entities (``nvswitch``,
+  ``nvlink``/``link``, ``cpu``, ``cpucore`` labels) are ignored, as are names this module does not know.
 * **Jobs.** Non-empty ``pod`` (``pod_name``) gives ``GpuJob(job_id="<namespace>/<pod>")`` (just ``<pod>`` without
   a namespace); non-empty ``hpc_job`` gives ``GpuJob(job_id=hpc_job)``. A job seen on a MIG instance's series stays
   on that instance: its ``mig_uuid`` is the instance's (``MIG-<parent UUID>/<GPU_I_ID>``).
 * **Node.** The ``node`` argument, else the first ``hostname`` (newer) or ``Hostname`` label, else ``None``. Which
   node a page belongs to is decided by the page's reader (``gpulens.dcgmnode``), which prefers configuration.
+* **The text's limits** (``gpulens.promtext.TextLimits``) are counted as ``dcgm_<reason>`` (``dcgm_line_too_long``,
+  ``dcgm_label_value_too_long``, ``dcgm_too_many_labels``, ``dcgm_series_limit``); a last line without its line
+  feed is never used and counted as ``dcgm_truncated``.
 * **XIDs.** ``DCGM_FI_DEV_XID_ERRORS`` / ``DCGM_FI_DEV_XID_ERROR`` hold the last XID seen (sticky), not a count: the
   parse reports it per GPU. ``DCGM_EXP_XID_ERRORS_COUNT`` (label ``xid``; ``err_code`` accepted too) counts the XIDs
   of each code within dcgm-exporter's window: the parse reports code -> count per GPU. ``gpulens.dcgmnode`` turns
@@ -71,7 +76,8 @@ from gpulens.dcgmfields import (
     is_dcgm_sentinel,
 )
 from gpulens.model import GpuJob, GpuReading, MigReading
-from gpulens.promtext import LineStats, Sample, read_samples
+from gpulens.promtext import DEFAULT_LIMITS, LineStats, Sample, TextLimits, read_samples
+from gpulens.storedrange import GPU_INDEX_MAX, GPUS_PER_TARGET, storable
 
 # Per MIG instance: these describe the instance, not the GPU.
 _MIG_MEMORY_TARGETS: Final = frozenset({"memory_used_bytes", FREE, "memory_reserved_bytes", "memory_total_bytes"})
@@ -102,6 +108,9 @@ ABSURD_VALUE: Final = "dcgm_absurd_value"
 DUPLICATE_GPU: Final = "dcgm_duplicate_gpu"
 BAD_IDENTITY: Final = "dcgm_bad_identity"
 FETCH_FAILED: Final = "dcgm_fetch_failed"
+OUT_OF_RANGE: Final = "dcgm_value_out_of_range"
+GPU_INDEX_OUT_OF_RANGE: Final = "dcgm_gpu_index_out_of_range"
+GPU_LIMIT: Final = "dcgm_gpu_limit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +131,7 @@ class DcgmParse:
     samples: int  # well-formed sample lines, known names or not
     gpu_samples: int  # samples that fed a GPU (known names with a GPU identity)
     example_name: str | None  # the first sample's name, to tell the operator what an unreadable page held
-    truncated: bool  # the last line was cut (no newline, not a complete sample): the page must not be used
+    truncated: bool  # the last line had no line feed: it was not used (counted as dcgm_truncated)
     bad_lines: int
     bad_line_reasons: Mapping[str, int]  # e.g. "bad_labels", "bad_value", "duplicate_series"
     first_bad_line: int | None  # 1-based line number, for the log
@@ -186,6 +195,8 @@ def _convert(spec: NameSpec, raw: float, factor: float | None = None) -> _Value 
     quantity = row.quantity
     if not 0.0 <= value <= quantity.high:
         return ABSURD_VALUE
+    if not storable(spec.target, value):
+        return OUT_OF_RANGE
     if quantity.kind == "float":
         return value
     if not value.is_integer():
@@ -237,6 +248,7 @@ class _Builder:
         self.exp: dict[str, ExpSeries] = {}
         self.gpu_samples = 0
         self.example_name: str | None = None
+        self.refused: set[str] = set()  # UUIDs past GPUS_PER_TARGET
 
     def problem(self, reason: str) -> None:
         self.problems[reason] = self.problems.get(reason, 0) + 1
@@ -294,7 +306,15 @@ class _Builder:
             self.problem(BAD_IDENTITY)
             return None
         index = int(index_text)
+        if index > GPU_INDEX_MAX:
+            self.problem(GPU_INDEX_OUT_OF_RANGE)
+            return None
         gpu = self.gpus.get(uuid)
+        if gpu is None and len(self.gpus) >= GPUS_PER_TARGET:
+            if uuid not in self.refused:
+                self.refused.add(uuid)
+                self.problem(GPU_LIMIT)
+            return None
         if gpu is None and index not in self.index_owner:
             gpu = self.gpus[uuid] = _Gpu(index, uuid)
             self.index_owner[index] = uuid
@@ -396,7 +416,7 @@ class _Builder:
             bad_lines=sum(parse.bad_reasons.values()),
             bad_line_reasons=dict(parse.bad_reasons),
             first_bad_line=parse.first_bad_line,
-            problems=dict(self.problems),
+            problems={**self.problems, **{f"dcgm_{reason}": n for reason, n in parse.limits.items()}},
         )
 
 
@@ -410,13 +430,15 @@ def dcgm_records(
     return builder.finish(node=node, timestamp=timestamp, fallback_node=fallback_node, parse=LineStats())
 
 
-def parse_dcgm_metrics(text: str, *, node: str | None, timestamp: float, fallback_node: str = "") -> DcgmParse:
+def parse_dcgm_metrics(
+    text: str, *, node: str | None, timestamp: float, fallback_node: str = "", limits: TextLimits = DEFAULT_LIMITS
+) -> DcgmParse:
     """Parse a dcgm-exporter ``/metrics`` page. Never raises on bad content: bad lines are counted and skipped.
 
     ``node`` overrides the hostname label; records carry ``fallback_node`` when neither names the node.
     """
     stats = LineStats()
     builder = _Builder(stats.help)
-    for sample in read_samples(text, stats):
+    for sample in read_samples(text, stats, limits):
         builder.add(sample)
     return builder.finish(node=node, timestamp=timestamp, fallback_node=fallback_node, parse=stats)

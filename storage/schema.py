@@ -16,6 +16,7 @@ from sqlalchemy.dialects import postgresql
 
 from gpulens.metriccatalogue import GPU_FIELDS
 from gpulens.model import THROTTLE_SOURCES, GpuReading
+from gpulens.storedrange import BYTES_TYPE, GPU_INDEX_TYPE, LINK_TYPE, PID_TYPE, SQL_INT_MAX, encoding
 
 metadata: Final = sa.MetaData()
 
@@ -23,11 +24,14 @@ MINUTE_MS: Final = 60_000
 HOUR_MS: Final = 3_600_000
 DAY_MS: Final = 86_400_000
 
-# The SQL integer types used for encoded values, with the range each can hold.
+# The SQL integer types used for encoded values (their names and ranges: gpulens.storedrange, the one table).
+SQL_TYPES: Final[dict[str, type[sa.types.TypeEngine[int]]]] = {
+    "smallint": sa.SmallInteger,
+    "integer": sa.Integer,
+    "bigint": sa.BigInteger,
+}
 _INT_RANGES: Final[dict[type[sa.types.TypeEngine[int]], int]] = {
-    sa.SmallInteger: 2**15 - 1,
-    sa.Integer: 2**31 - 1,
-    sa.BigInteger: 2**63 - 1,
+    SQL_TYPES[name]: limit for name, limit in SQL_INT_MAX.items()
 }
 
 
@@ -113,41 +117,20 @@ AGGREGATES: Final[dict[str, tuple[str, ...]]] = {
     "bitmask": ("or",),
 }
 
-# The stored units: (SI suffix, stored suffix, sql type, unit, per_unit) for float fields. A stored column is the
-# field's name with its SI suffix replaced by the stored one; other fields (counts, flags) are stored as they are.
-# Each type is the narrowest that holds the field's plausible range (0.1 W up to 214 kW, MHz up to 32 GHz, kB/s up to
-# 2.1 TB/s): PostgreSQL stores smallint in 2 bytes, integer in 4, bigint in 8 (SQLite sizes each value by itself).
-STORED_UNITS: Final = (
-    ("_ratio", "_per10k", sa.SmallInteger, 1, 10_000),  # ten-thousandths
-    ("_celsius", "_decicelsius", sa.SmallInteger, 1, 10),  # 0.1 degree
-    ("_watts", "_deciwatts", sa.Integer, 1, 10),
-    ("_joules_total", "_millijoules_total", sa.BigInteger, 1, 1000),
-    ("_hertz", "_mhz", sa.SmallInteger, 1_000_000, 1),  # MHz, NVML's own resolution
-    ("_bytes_per_second", "_kb_per_second", sa.Integer, 1000, 1),  # kB/s (1000 B/s), NVML's own resolution
-    ("_seconds_total", "_ms_total", sa.BigInteger, 1, 1000),  # time counters, in milliseconds
-)
-KIB_SUFFIX: Final = ("_bytes", "_kib")  # integer byte counts are stored in KiB, up to 2 TiB
-# Fields whose range needs more than their suffix's type: a GPU's NVLink throughput passes 2.1 TB/s (NVLink 5).
-WIDE_FIELDS: Final = frozenset({"nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second"})
-
 
 def _stored_field(name: str, annotation: str, kind: str) -> StoredField:
-    if annotation == "bool | None":
-        return StoredField(name, name, kind, sa.SmallInteger, is_bool=True)
-    if annotation == "int | None":
-        si_suffix, stored_suffix = KIB_SUFFIX
-        if name.endswith(si_suffix):
-            column = name.removesuffix(si_suffix) + stored_suffix
-            return StoredField(name, column, kind, sa.Integer, unit=1024, is_int=True)
-        # Error counters fit 32 bits (NVML's PCIe replay counter is 32 bits); link states and row counts 16.
-        sql_type = sa.Integer if kind == "counter" else sa.SmallInteger
-        return StoredField(name, name, kind, sql_type, is_int=True)
-    for si_suffix, stored_suffix, float_type, unit, per_unit in STORED_UNITS:
-        if annotation == "float | None" and name.endswith(si_suffix):
-            column = name.removesuffix(si_suffix) + stored_suffix
-            sql_type = sa.BigInteger if name in WIDE_FIELDS else float_type
-            return StoredField(name, column, kind, sql_type, unit=unit, per_unit=per_unit)
-    raise TypeError(f"no storage encoding for GpuReading.{name} ({annotation}): add one in storage/schema.py")
+    """The field's column, from its encoding in ``gpulens.storedrange`` (where the readers' bounds come from too)."""
+    enc = encoding(name, annotation, kind)
+    return StoredField(
+        name,
+        enc.column,
+        kind,
+        SQL_TYPES[enc.sql_type],
+        unit=enc.unit,
+        per_unit=enc.per_unit,
+        is_bool=enc.is_bool,
+        is_int=enc.is_int,
+    )
 
 
 # The fields that change seldom on a GPU (limits, maxima, link widths, remapped rows): revision 0008 keeps each
@@ -165,10 +148,10 @@ PROFILE_FIELDS: Final = (
 
 def _sample_fields() -> tuple[StoredField, ...]:
     annotations = {f.name: str(f.type) for f in dataclasses.fields(GpuReading)}
-    fields = [StoredField("up", "up", "gauge", sa.SmallInteger, is_bool=True)]
+    fields = [_stored_field("up", annotations["up"], "gauge")]
     fields += [_stored_field(spec.field, annotations[spec.field], spec.type) for spec in GPU_FIELDS]
     fields = [dataclasses.replace(f, profile=f.name in PROFILE_FIELDS) for f in fields]
-    fields.append(StoredField("throttle_reasons", "throttle_reasons", "bitmask", sa.Integer, is_int=True))
+    fields.append(_stored_field("throttle_reasons", annotations["throttle_reasons"], "bitmask"))
     fields.append(StoredField(*("throttle_reasons_source",) * 2, "bitmask", sa.SmallInteger, codes=THROTTLE_SOURCES))
     fields.append(StoredField("xid_total", "xid_total", "counter", sa.Integer, is_int=True))
     return tuple(fields)
@@ -189,7 +172,7 @@ gpu: Final = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("uuid", sa.Text, nullable=False, unique=True),
     sa.Column("node", sa.Text, nullable=False),
-    sa.Column("gpu_index", sa.SmallInteger, nullable=False),
+    sa.Column("gpu_index", SQL_TYPES[GPU_INDEX_TYPE], nullable=False),
     sa.Column("model", sa.Text, nullable=False),
     sa.Column("pci_bus_id", sa.Text),
     sa.Column("driver_version", sa.Text),
@@ -445,9 +428,9 @@ process_latest: Final = sa.Table(
     "process_latest",
     metadata,
     sa.Column("gpu_id", sa.Integer, sa.ForeignKey("gpu.id", ondelete="CASCADE"), primary_key=True),
-    sa.Column("pid", sa.Integer, primary_key=True),
+    sa.Column("pid", SQL_TYPES[PID_TYPE], primary_key=True),
     sa.Column("seen_ms", sa.BigInteger, nullable=False),
-    sa.Column("memory_used_bytes", sa.BigInteger),
+    sa.Column("memory_used_bytes", SQL_TYPES[BYTES_TYPE]),
     sa.Column("command", sa.Text),
     sa.Column("user_name", sa.Text),
     sa.Column("job_id", sa.Text),
@@ -456,7 +439,7 @@ nvlink_down: Final = sa.Table(
     "nvlink_down",
     metadata,
     sa.Column("gpu_id", sa.Integer, sa.ForeignKey("gpu.id", ondelete="CASCADE"), primary_key=True),
-    sa.Column("link", sa.SmallInteger, primary_key=True),
+    sa.Column("link", SQL_TYPES[LINK_TYPE], primary_key=True),
     sa.Column("start_ms", sa.BigInteger, primary_key=True),  # first reading that showed the link inactive
     sa.Column("end_ms", sa.BigInteger),  # last reading that showed it inactive; NULL while it still is
     sa.Column("remote_pci_bus_id", sa.Text),

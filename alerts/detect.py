@@ -2,8 +2,8 @@
 
 Both compare a job with its own *reference*: its recent rounds of normal, communicating work, which ``History``
 keeps per job (every GPU busy, data moving, clocks even). Neither uses a fixed traffic or power level, so they work
-the same on 2 GPUs or 512, on NVLink or PCIe-only nodes, on any GPU model. See docs/alerts.md for the reasoning and
-the known limits.
+the same on 2 GPUs or 512, on NVLink or PCIe-only nodes, on any GPU model. See docs/alerts-detection.md for the
+reasoning and the known limits.
 
 A stall is a multi-GPU job whose NVLink + PCIe traffic fell below ``quiet_ratio`` of the reference on every GPU,
 in one of three signatures (the ``signature`` label):

@@ -4,8 +4,8 @@ For operators who alert with Prometheus and Alertmanager rather than (or next to
 translate one to one, with the thresholds and ``for`` durations of the given rules (so config overrides carry over).
 ``CommunicationStall`` and ``JobStraggler`` compare a job with its own baseline and its peers; PromQL can express
 approximations of both, given here, but the collector's detectors are more careful (baseline lengths, pauses, dead
-profiling counters); docs/alerts.md explains the difference. ``CommunicationStall`` is exported as three rules, one
-per ``signature`` (spinning, blocked, mixed); the blocked and mixed ones wait ``blocked_after_s`` more.
+profiling counters); docs/alerts-detection.md explains the difference. ``CommunicationStall`` is exported as three
+rules, one per ``signature`` (spinning, blocked, mixed); the blocked and mixed ones wait ``blocked_after_s`` more.
 
 The fabric rules translate over the ``gpulens_nic_*`` families, labelled ``node``, ``device`` and ``port`` (and
 ``gpus`` from ``gpulens_nic_info``); their baselines (a port's highest rate, its usual transmit wait) are

@@ -2,7 +2,7 @@
 
 Time-series tables key rows by ``(gpu_id, ts_ms)``: ``gpu_id`` is the small integer id of the ``gpu`` table, where
 static GPU and node info is kept once, and ``ts_ms`` is integer milliseconds since the epoch. Low-volume tables (target
-health, alerts) store float seconds in ``*_at`` columns. See docs/storage.md for the reasoning and the measurements.
+health, alerts) store float seconds in ``*_at`` columns. See docs/storage-schema.md for the reasoning.
 """
 
 from __future__ import annotations
@@ -135,8 +135,8 @@ def _stored_field(name: str, annotation: str, kind: str) -> StoredField:
 
 # The fields that change seldom on a GPU (limits, maxima, link widths, remapped rows): revision 0008 keeps each
 # distinct combination of their values once, in ``gpu_profile``, and a sample row names its combination by
-# ``profile_id``. A GPU's row then carries 15 columns fewer (see docs/storage.md, "Profiles"). Error counters stay
-# in the row: on a faulty GPU they grow every sample, and each value would be a new combination, kept for good.
+# ``profile_id``. A GPU's row then carries 15 columns fewer (see docs/storage-schema.md, "Profiles"). Error counters
+# stay in the row: on a faulty GPU they grow every sample, and each value would be a new combination, kept for good.
 PROFILE_FIELDS: Final = (
     *("memory_total_bytes", "memory_reserved_bytes", "slowdown_temperature_celsius", "power_limit_watts"),
     *("max_sm_clock_hertz", "max_memory_clock_hertz"),
@@ -246,7 +246,7 @@ def _sample_table() -> sa.Table:
     SQLite clusters the rows by minute (revisions 0010, 0011): a ``WITHOUT ROWID`` table whose primary key is
     ``(minute, gpu_id, ms)``, the time stored as two small integers (see ``MINUTE``; SQLite keys no expression). A
     round then touches the pages of one minute instead of one page per GPU, which keeps inserts fast when the table
-    is large, and the key is the table: no second copy of it in an index (measured in docs/storage.md). One GPU's
+    is large, and the key is the table: no second copy of it in an index (measured in docs/storage-schema.md). One GPU's
     range is read with one seek per minute. PostgreSQL has no ``minute`` column: it indexes ``(gpu_id, ts_ms)``
     within each day partition, and orders the columns widest first (revision 0007): no alignment padding in a row.
     """

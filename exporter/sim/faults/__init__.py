@@ -1,7 +1,7 @@
 """The simulator's fault kinds: the registry that maps each kind's name to its checks and effect (one module each).
 
 The engine and the scenario reader look kinds up here; nothing else names a kind. To add one, see "Adding a fault
-kind" in docs/scenarios.md.
+kind" in docs/simulator.md.
 """
 
 from __future__ import annotations

@@ -216,7 +216,7 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
     now = context.clock.now()
 
     def load() -> tuple[Any, ...]:
-        span = resolve_range(state.range, state.start, state.end, now)
+        span = resolve_range(state.range, state.start, state.end, now, history_start=context.history_start(state.range))
         readings = context.store.latest_readings(fields=SUMMARY_FIELDS + METRIC_FIELDS.get(metric.key, ()))
         jobs = context.store.current_jobs()
         targets = context.store.target_health()

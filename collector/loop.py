@@ -313,11 +313,11 @@ class Collector:
         A tick that comes while a round is still running is skipped: counted in
         ``gpulens_collector_rounds_skipped_total``, logged the first time, and made up by starting the next round as
         soon as the late one ends, so a slow target or write does not cost the other targets their samples."""
-        scheduler_log = logging.getLogger(f"{__name__}.scheduler")
-        for logger in (scheduler_log, logging.getLogger("apscheduler.executors.default")):
+        for name in ("apscheduler.scheduler", "apscheduler.executors.default"):
+            logger = logging.getLogger(name)
             if _QUIET_SKIPS not in logger.filters:
                 logger.addFilter(_QUIET_SKIPS)
-        scheduler = BackgroundScheduler(timezone="UTC", logger=scheduler_log)
+        scheduler = BackgroundScheduler(timezone="UTC")
 
         def job() -> None:
             while True:

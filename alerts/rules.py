@@ -77,7 +77,25 @@ def evaluate(rules: Sequence[AlertRule], history: History, now: float) -> list[C
     """Every rule's candidates on the history's latest round (pure: reads ``history``, changes nothing)."""
     out: list[Candidate] = []
     for rule in rules:
-        out.extend(CHECKS[rule.check or rule.name](rule, history, now))
+        found = CHECKS[rule.check or rule.name](rule, history, now)
+        out.extend(with_job_nodes(found, history) if rule.scope == "job" else found)
+    return out
+
+
+def with_job_nodes(candidates: Sequence[Candidate], history: History) -> list[Candidate]:
+    """A job alert's candidates labelled ``nodes``: the nodes of the job's GPUs this round, sorted, comma-joined
+    (what a person needs to find the job's hosts; a check may have set it already)."""
+    latest = history.latest
+    if latest is None:
+        return list(candidates)
+    out = []
+    for c in candidates:
+        view = latest.jobs.get(c.labels.get("job_id", ""))
+        if c.hold or view is None or "nodes" in c.labels:
+            out.append(c)
+            continue
+        nodes = sorted({reading.node for uuid in view.gpus if (reading := latest.gpus.get(uuid)) is not None})
+        out.append(replace(c, labels={**c.labels, "nodes": ",".join(nodes)}) if nodes else c)
     return out
 
 
@@ -91,8 +109,11 @@ def data_missing(history: History, rule: str, labels: Mapping[str, str]) -> bool
     if rule == EXPORTER_DOWN:
         return False
     node = labels.get("node")
-    if node is not None and node in history.missing_nodes():
+    missing = history.missing_nodes()
+    if node is not None and node in missing:
         return True
+    if missing and any(n in missing for n in labels.get("nodes", "").split(",")):
+        return True  # a job alert whose job spans a node that did not answer
     uuid = labels.get("uuid")
     if uuid is None or rule == GPU_LOST:
         return False

@@ -331,8 +331,13 @@ def step(
     return StepResult(states, transitions, removed)
 
 
+# A rule without advice of its own (a user rule that gives no ``runbook`` annotation).
+NO_ADVICE: Final = "No advice is recorded for this rule: see its definition in the alerting config."
+
+
 def _annotations(c: Candidate, rule: AlertRule, dashboard_url: str | None) -> dict[str, str]:
     annotations = {"summary": c.summary, "description": c.description, **c.annotations}
+    annotations.setdefault("runbook", rule.action or NO_ADVICE)
     link = dashboard_link(dashboard_url, c.labels, rule.scope)
     if link:
         annotations["dashboard"] = link

@@ -13,7 +13,9 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Final
 
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -77,6 +79,23 @@ class CollectorMetrics:
         )
         self.db_up = Gauge("gpulens_collector_database_up", "1 if the last write reached the database.", registry=r)
         self.last_round = Gauge("gpulens_collector_last_round_timestamp_seconds", "End of the last round.", registry=r)
+        self.rounds_skipped = Counter(
+            "gpulens_collector_rounds_skipped",
+            "Ticks at which no round started because the previous round was still running.",
+            registry=r,
+        )
+
+
+# APScheduler's own lines about a skipped or missed run: the collector counts those ticks and logs the first itself.
+_SCHEDULER_SKIP_LINES: Final = ("maximum number of running instances reached", "was missed by")
+
+
+class _QuietSkips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(line in str(record.msg) for line in _SCHEDULER_SKIP_LINES)
+
+
+_QUIET_SKIPS: Final = _QuietSkips()
 
 
 class Collector:
@@ -116,6 +135,7 @@ class Collector:
         self._lock = threading.Lock()  # one round at a time, whoever calls
         self.metrics = CollectorMetrics()
         self._reported_dropped = 0
+        self._late = threading.Event()  # a tick came while a round was running: run the next one at once
 
     def target_count(self) -> int:
         """How many targets the next round scrapes (static and discovered, this shard's)."""
@@ -294,13 +314,25 @@ class Collector:
     # -- schedule -------------------------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event, *, on_round: RoundHook | None = None) -> None:
-        """Run rounds every interval until ``stop`` is set (APScheduler; a slow round delays, never overlaps)."""
+        """Run rounds every interval until ``stop`` is set (APScheduler; a slow round delays, never overlaps).
+
+        A tick that comes while a round is still running is skipped: counted in
+        ``gpulens_collector_rounds_skipped_total``, logged the first time, and made up by starting the next round as
+        soon as the late one ends, so a slow target or write does not cost the other targets their samples."""
+        for name in ("apscheduler.scheduler", "apscheduler.executors.default"):
+            logger = logging.getLogger(name)
+            if _QUIET_SKIPS not in logger.filters:
+                logger.addFilter(_QUIET_SKIPS)
         scheduler = BackgroundScheduler(timezone="UTC")
 
         def job() -> None:
-            result = self.run_round()
-            if on_round is not None:
-                on_round(result)
+            while True:
+                self._late.clear()
+                result = self.run_round()
+                if on_round is not None:
+                    on_round(result)
+                if stop.is_set() or not self._late.is_set():
+                    return
 
         scheduler.add_job(
             job,
@@ -311,6 +343,7 @@ class Collector:
             misfire_grace_time=max(1, int(self._settings.interval_s)),
             next_run_time=None,
         )
+        scheduler.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED)
         scheduler.start()
         try:
             scheduler.modify_job("scrape-round", next_run_time=datetime.now(UTC))
@@ -319,6 +352,19 @@ class Collector:
         finally:
             self._scraper.abort()  # a round in flight ends now, not at its slowest target's timeout
             scheduler.shutdown(wait=True)
+
+    def _skipped(self, event: JobEvent) -> None:
+        """A tick at which no round started (the previous one was still running)."""
+        self.metrics.rounds_skipped.inc()
+        self._late.set()
+        self._log_once(
+            "round-skipped",
+            "a round ran past the %gs interval, so the next tick was skipped and the round runs once the late one "
+            "ends (a slow target or database write; scrape timeout %gs); skipped ticks are counted in "
+            "gpulens_collector_rounds_skipped_total",
+            self._settings.interval_s,
+            self._settings.timeout_s,
+        )
 
     def close(self) -> None:
         self._scraper.close()

@@ -13,7 +13,7 @@ from gpulens.clock import Clock
 from gpulens.dashboard import snapshot
 from gpulens.dashboard.alertdata import AlertReader
 from gpulens.dashboard.components import banner
-from gpulens.dashboard.timerange import RangeError, minute_text
+from gpulens.dashboard.timerange import CUSTOM, RangeError, minute_text
 from gpulens.gcpause import gc_paused
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.reading import NotAvailableOnBackendError, StoreReader, TooManySeriesError, reader_of
@@ -39,6 +39,11 @@ class Context:
         """The reader of this page view: inside ``guarded``, one session and snapshot (``dashboard.snapshot``)."""
         pinned = snapshot.current()
         return pinned if pinned is not None else self.base
+
+    def history_start(self, preset: str | None) -> float | None:
+        """Where a custom range must start at the earliest (``timerange.resolve_range``); asked of the store only
+        for a custom range."""
+        return self.store.history_start() if preset == CUSTOM else None
 
 
 class PageError(Exception):

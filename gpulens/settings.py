@@ -53,11 +53,23 @@ def parse_shard(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def default_timeout_s(interval_s: float) -> float:
+    """The scrape timeout when none is given: room before the next tick to store the round (as Prometheus requires
+    ``scrape_timeout`` <= ``scrape_interval``, with a margin)."""
+    return min(10.0, 0.8 * interval_s)
+
+
 class CollectorFile(InputStruct, frozen=True):
     """The scrape loop."""
 
     interval: Annotated[Duration, doc("Time between scrape rounds.")] = Duration(10.0)
-    timeout: Annotated[Duration, doc("Per-target scrape timeout (capped at the interval).")] = Duration(5.0)
+    timeout: Annotated[
+        Duration | None,
+        doc(
+            "Per-target scrape timeout; at most the interval. Default: `min(10s, 0.8 x interval)`, which leaves "
+            "each round time to store before the next tick."
+        ),
+    ] = None
     max_response_bytes: Annotated[int, doc("Largest response accepted per target.", ge=1024)] = 16 * 1024 * 1024
     concurrency: Annotated[int, doc("Targets scraped at the same time.", ge=1)] = 64
     listen: Annotated[str, doc("Where the collector serves its own /metrics.", kind="listen")] = "127.0.0.1:9411"
@@ -69,8 +81,14 @@ class CollectorFile(InputStruct, frozen=True):
     def __post_init__(self) -> None:
         for key, minimum in (("interval", 0.1), ("timeout", 0.01)):
             value = getattr(self, key)
-            if value < minimum:
+            if value is not None and value < minimum:
                 raise FieldError(key, f"must be at least {minimum:g}, got {value:g}")
+        if self.timeout is not None and self.timeout > self.interval:
+            raise FieldError(
+                "timeout",
+                f"{self.timeout:g}s is longer than the interval ({self.interval:g}s): a round would overrun the next "
+                "tick (leave it out for min(10s, 0.8 x interval))",
+            )
         try:
             parse_listen(self.listen)
         except ValueError as exc:
@@ -319,7 +337,7 @@ def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, st
         source=source,
         db_url=db_url or db.url,
         interval_s=float(col.interval),
-        timeout_s=float(min(col.timeout, col.interval)),
+        timeout_s=float(col.timeout) if col.timeout is not None else default_timeout_s(float(col.interval)),
         max_response_bytes=col.max_response_bytes,
         concurrency=col.concurrency,
         listen=col.listen,

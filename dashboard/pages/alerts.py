@@ -76,7 +76,7 @@ def render(context: Context, state: ViewState) -> tuple[Any, ...]:
     reader = context.alerts
 
     def load() -> tuple[Any, ...]:
-        span = resolve_range(state.range, state.start, state.end, now)
+        span = resolve_range(state.range, state.start, state.end, now, history_start=context.history_start(state.range))
         if reader is None:
             return span, [], [], []
         return span, reader.active(), reader.history(span.start, span.end), reader.silences(now)

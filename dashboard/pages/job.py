@@ -111,7 +111,7 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
     reader = context.alerts
 
     def load() -> tuple[Any, ...]:
-        span = resolve_range(state.range, state.start, state.end, now)
+        span = resolve_range(state.range, state.start, state.end, now, history_start=context.history_start(state.range))
         found = context.store.jobs(span.start, span.end, job_id=job_id)
         summary = found[0] if found else None
         if summary is None:

@@ -279,3 +279,50 @@ def test_rollups_are_built_between_rounds_in_short_steps(cluster: tuple[str, Man
     db.close()
     assert raw > 0
     assert minutes >= 1  # at least one whole minute has been rolled up by the loop
+
+
+def test_a_late_round_is_counted_logged_once_and_made_up(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A round that runs past its ticks (a hook held until three ticks were skipped): each skipped tick is counted,
+    one line says so (APScheduler's own line never shows), and rounds go on."""
+    caplog.set_level("INFO")
+    url = f"sqlite:///{tmp_path / 'late.db'}"
+    db = Database(url)
+    db.upgrade()
+    settings = dataclasses.replace(settings_for(url, [], tmp_path), interval_s=0.2, timeout_s=0.1)
+    collector = Collector(settings, db)
+    skipped = collector.metrics.rounds_skipped
+
+    def skipped_ticks() -> float:
+        return collector.metrics.registry.get_sample_value("gpulens_collector_rounds_skipped_total") or 0.0
+
+    rounds: list[float] = []
+    late_ended: list[float] = []
+
+    def hook(result: object) -> None:
+        rounds.append(time.monotonic())
+        if len(rounds) == 2:  # the second round is late: it waits until three ticks went by
+            deadline = time.monotonic() + 30
+            while skipped_ticks() < 3 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            late_ended.append(time.monotonic())
+
+    collector.add_hook(hook)
+    stop = threading.Event()
+    runner = threading.Thread(target=collector.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(rounds) < 6 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        runner.join(timeout=10)
+        collector.close()
+        db.close()
+    assert len(rounds) >= 6
+    assert skipped_ticks() >= 3
+    assert skipped is collector.metrics.rounds_skipped
+    lines = [r for r in caplog.records if "next tick was skipped" in r.getMessage()]
+    assert len(lines) == 1
+    assert not [r for r in caplog.records if "maximum number of running instances" in r.getMessage()]
+    assert late_ended

@@ -18,6 +18,7 @@ import bcrypt
 import pytest
 from dash.development.base_component import Component
 from plotly.io.json import to_json_plotly
+from sqlalchemy import event
 
 from gpulens.clock import ManualClock
 from gpulens.config import ConfigError
@@ -27,6 +28,7 @@ from gpulens.dashboard.context import Context, PageError
 from gpulens.dashboard.pages import alerts, gpu, interconnect, job, jobs, node, overview
 from gpulens.dashboard.server import load_basic_auth_file, run_dashboard
 from gpulens.storage.db import Database
+from gpulens.storage.inventory import history_start
 from gpulens.webauth import BasicAuth
 from tests.conftest import free_port, http_get
 from tests.dashboard.cluster import IDLE_JOB, STALLED_JOB, STRAGGLING_JOB
@@ -244,6 +246,33 @@ def test_a_bad_custom_range_is_explained(store: Store) -> None:
         node.render(context_of(store), state, "node-00")
     assert "Bad time range." in text_of(caught.value.banner)
     assert "is not after the start" in text_of(caught.value.banner)
+
+
+def test_an_unbounded_custom_range_is_clamped_to_the_stored_history(store: Store) -> None:
+    """``0001-01-01..9999-12-31``: every page renders, and no read walks more minutes than the history holds (the
+    per-minute walk SQLite's raw reads use would otherwise span ten thousand years)."""
+    first = history_start(store.db)
+    assert first is not None
+    walked: list[float] = []
+
+    def spans(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
+        if "WITH RECURSIVE minutes" in statement and isinstance(params, dict):
+            for key, lo in params.items():
+                if key.startswith(("read_from", "lo")) and (
+                    hi := params.get(key.replace("read_from", "hi").replace("lo", "hi"))
+                ):
+                    walked.append((hi - lo) / 60_000)
+
+    state = ViewState(range="custom", start="0001-01-01T00:00", end="9999-12-31T23:59")
+    event.listen(store.db.engine, "before_cursor_execute", spans)
+    try:
+        pages = render_all(context_of(store), state)
+    finally:
+        event.remove(store.db.engine, "before_cursor_execute", spans)
+    history_minutes = (store.clock.now() - first) / 60
+    assert walked  # the raw reads did run
+    assert max(walked) <= history_minutes + 60  # plus a counter's lookback
+    assert set(pages) == {"overview", "jobs", "job", "node", "gpu", "interconnect", "alerts"}
 
 
 def test_a_target_down_greys_its_gpus(store: Store) -> None:

@@ -111,6 +111,7 @@ def test_demo_example() -> None:
         ("GpuIdleAllocated", "node-03:4"),
         ("GpuIdleAllocated", "node-03:5"),
         ("GpuThermalThrottling", "node-03:2"),
+        ("JobInefficient", "reserved-eval"),  # the idle job: its GPUs held and idle past held_s
     ]
 
 
@@ -136,6 +137,7 @@ def test_faults_example_raises_each_faults_alert() -> None:
         ("GpuIdleAllocated", "node-03:4"),
         ("GpuIdleAllocated", "node-03:5"),
         ("ExporterDown", "node-04"),
+        ("JobInefficient", "forgotten"),  # the idle job
         *(("NvlinkBandwidthSaturated", f"node-02:{i}") for i in range(8)),
     }
     assert set(subjects(outcome)) == expected

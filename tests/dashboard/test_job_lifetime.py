@@ -34,6 +34,7 @@ def context(tmp_path: Path) -> Iterator[Context]:
         clock.set(t)
         short = tuple(h100("node-00", i, t) for i in range(2))
         serving = h100("node-01", 0, t)
+        serving_job = GpuJob("node-01", 0, serving.uuid, "serving")
         held = 1200 <= k <= 1320
         writer.write(
             [
@@ -41,7 +42,7 @@ def context(tmp_path: Path) -> Iterator[Context]:
                     "node-00", t, "test", gpus=short,
                     jobs=tuple(GpuJob("node-00", g.gpu, g.uuid, "short", "alice") for g in short) if held else (),
                 ),
-                NodeSnapshot("node-01", t, "test", gpus=(serving,), jobs=(GpuJob("node-01", 0, serving.uuid, "serving"),)),
+                NodeSnapshot("node-01", t, "test", gpus=(serving,), jobs=(serving_job,)),
             ]
         )  # fmt: skip
     yield Context(db=db, clock=clock, prices=Prices(per_gpu_hour=2.0, currency="EUR"))

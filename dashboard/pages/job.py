@@ -154,7 +154,7 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         found = context.store.jobs(span.start, span.end, job_id=job_id)
         summary = found[0] if found else None
         if summary is None:
-            return span, None, [], {}, [], [], None
+            return span, None, [], {}, [], [], (None, None)
         places = {g.uuid: g for g in context.store.gpu_info(uuids=summary.gpus)}
         points = max(60, min(600, POINT_BUDGET // max(1, len(summary.gpus))))
         series = context.store.series(summary.gpus, FIELDS, span.start, span.end, points)

@@ -1,11 +1,11 @@
 """Pod mapping: which Kubernetes pod and container hold each GPU, from the kubelet's pod-resources API.
 
 The kubelet names, for every container of every running pod, the device IDs the device plugin gave it: a GPU UUID
-(``nvidia.com/gpu``), a MIG UUID (``nvidia.com/mig-<profile>``, or ``MIG-<GPU UUID>/<gi>/<ci>`` from drivers before
-R470), with a ``::<n>`` suffix where a GPU is time-sliced. Each becomes a job ``<namespace>/<pod>`` on its GPU with
-namespace, pod and container; a GPU allocated to a pod is held even before any process runs on it. A process whose
-cgroup says ``pod/<uid>`` on a GPU that one pod holds takes that pod's name, and the pod keeps its UID (the API does
-not carry it).
+(``nvidia.com/gpu``; its index with the plugin's ``DEVICE_ID_STRATEGY=index``), a MIG UUID
+(``nvidia.com/mig-<profile>``, or ``MIG-<GPU UUID>/<gi>/<ci>`` from drivers before R470), with a ``::<n>`` suffix
+where a GPU is time-sliced. Each becomes a job ``<namespace>/<pod>`` on its GPU with namespace, pod and container; a
+GPU allocated to a pod is held even before any process runs on it. A process whose cgroup says ``pod/<uid>`` on a GPU
+that one pod holds takes that pod's name, and the pod keeps its UID (the API does not carry it).
 
 The mapper runs after the cgroup job mapper. It never reads processes' environments. A kubelet that does not answer
 is counted (``podresources_unavailable``), logged once, and the snapshot passes on as the cgroups left it.
@@ -109,6 +109,7 @@ class PodMapper:
 
     def _pod_jobs(self, snapshot: NodeSnapshot, assignments: Iterable[Assignment]) -> list[GpuJob]:
         gpus = {g.uuid: g.gpu for g in snapshot.gpus}
+        by_index = {str(g.gpu): g.uuid for g in snapshot.gpus}  # the device plugin's DEVICE_ID_STRATEGY=index
         migs = {m.mig_uuid: m for m in snapshot.migs}
         migs_by_instance = {(m.uuid, m.gpu_instance_id): m for m in snapshot.migs}
         out: list[GpuJob] = []
@@ -117,7 +118,7 @@ class PodMapper:
                 continue
             for device in a.device_ids:
                 device_id = device.split("::", 1)[0]  # time-slicing: GPU-<uuid>::<replica>
-                uuid, mig_uuid = device_id, None
+                uuid, mig_uuid = by_index.get(device_id, device_id), None
                 if device_id in migs:
                     uuid, mig_uuid = migs[device_id].uuid, device_id
                 elif match := _OLD_MIG.fullmatch(device_id):

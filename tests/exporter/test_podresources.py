@@ -131,6 +131,7 @@ def test_mig_time_sliced_and_old_mig_device_ids_find_their_gpu(kubelet: tuple[Ku
         pod("b", "sliced", ("c", "nvidia.com/gpu", [f"{UUIDS[1]}::3"])),
         pod("c", "old-mig", ("c", "nvidia.com/mig-1g.10gb", [f"MIG-{UUIDS[3]}/5/0"])),
         pod("d", "elsewhere", ("c", "nvidia.com/gpu", ["GPU-not-on-this-node"])),
+        pod("e", "by-index", ("c", "nvidia.com/gpu", ["2"])),  # DEVICE_ID_STRATEGY=index
     ]
     mapped, client = mapper(path)
     try:
@@ -139,6 +140,7 @@ def test_mig_time_sliced_and_old_mig_device_ids_find_their_gpu(kubelet: tuple[Ku
         client.close()
     assert [(j.gpu, j.job_id, j.mig_uuid) for j in result.jobs] == [
         (1, "b/sliced", None),
+        (2, "e/by-index", None),
         (3, "a/mig", MIG),
         (3, "c/old-mig", MIG),
     ]

@@ -206,12 +206,12 @@ BUILTIN_RULES: Final[tuple[AlertRule, ...]] = (
     AlertRule(
         name=JOB_INEFFICIENT,
         severity="info",
-        for_s=0.0,
+        for_s=30 * MINUTE,
         scope="job",
-        thresholds={"idle_utilization": 0.05, "idle_ratio": 0.8, "held_s": 30 * MINUTE},
-        meaning="A job has held its GPUs for at least `held_s` and they were below `idle_utilization` "
-        "utilization in at least `idle_ratio` of their readings since it started holding them (the share of its "
-        "allocated GPU time left idle, which its accounting summary also gives).",
+        thresholds={"idle_utilization": 0.05, "idle_ratio": 0.8},
+        meaning="A job's GPUs were below `idle_utilization` utilization in at least `idle_ratio` of their readings "
+        "over the history's window, for the whole `for` duration: it holds GPUs it mostly leaves idle (its "
+        "accounting summary gives the same share over its whole life).",
         action="Tell the job's user: ask for fewer GPUs, or fix the input pipeline or the code that leaves them "
         "waiting; `gpulens job-summary JOB_ID` shows what the job held and used.",
     ),

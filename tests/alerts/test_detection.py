@@ -137,7 +137,6 @@ def test_faults_example_raises_each_faults_alert() -> None:
         ("GpuIdleAllocated", "node-03:4"),
         ("GpuIdleAllocated", "node-03:5"),
         ("ExporterDown", "node-04"),
-        ("JobInefficient", "forgotten"),  # the idle job
         *(("NvlinkBandwidthSaturated", f"node-02:{i}") for i in range(8)),
     }
     assert set(subjects(outcome)) == expected

@@ -33,6 +33,7 @@ NVLINK_ERRORS: Final = "NvlinkErrors"
 COMMUNICATION_STALL: Final = "CommunicationStall"
 JOB_STRAGGLER: Final = "JobStraggler"
 IDLE_ALLOCATED: Final = "GpuIdleAllocated"
+JOB_INEFFICIENT: Final = "JobInefficient"
 XID_ERROR: Final = "XidError"
 ECC_UNCORRECTABLE: Final = "EccUncorrectable"
 GPU_LOST: Final = "GpuLost"
@@ -201,6 +202,18 @@ BUILTIN_RULES: Final[tuple[AlertRule, ...]] = (
         "threshold) for the whole `for` duration: it is reserved but unused.",
         action="Ask the job's user whether it still needs the GPU; idle interactive sessions and forgotten jobs "
         "are the usual cause.",
+    ),
+    AlertRule(
+        name=JOB_INEFFICIENT,
+        severity="info",
+        for_s=30 * MINUTE,
+        scope="job",
+        thresholds={"idle_utilization": 0.05, "idle_ratio": 0.8},
+        meaning="A job's GPUs were below `idle_utilization` utilization in at least `idle_ratio` of their readings "
+        "over the history's window, for the whole `for` duration: it holds GPUs it mostly leaves idle (its "
+        "accounting summary gives the same share over its whole life).",
+        action="Tell the job's user: ask for fewer GPUs, or fix the input pipeline or the code that leaves them "
+        "waiting; `gpulens job-summary JOB_ID` shows what the job held and used.",
     ),
     AlertRule(
         name=XID_ERROR,

@@ -34,6 +34,7 @@ from gpulens.alerts.catalogue import (
     IB_LINK_DOWN,
     IB_LINK_FLAPPING,
     IDLE_ALLOCATED,
+    JOB_INEFFICIENT,
     JOB_INPUT_BOUND,
     JOB_STRAGGLER,
     MEMORY_SATURATED,
@@ -54,6 +55,8 @@ _GPUS = f"* {_PORT} group_left(gpus) max by (node, device, port, gpus) (gpulens_
 
 # Builtins with no Prometheus rule, and why (docs/alerts.md repeats it).
 NOT_EXPORTED: Final = {
+    JOB_INEFFICIENT: "it counts a job's idle GPU readings over the rounds that list the job, which PromQL cannot "
+    "bound per job",
     JOB_INPUT_BOUND: "it needs each job's cgroup CPU limit beside its GPUs' idle share and a checkpoint's writes, "
     "which the exported families do not join (the job CPU family carries no limit)",
 }

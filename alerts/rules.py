@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
-from gpulens.alerts import checks, detect, fabricchecks, hostchecks
+from gpulens.alerts import checks, detect, fabricchecks, hostchecks, inefficient
 from gpulens.alerts.base import SEVERITIES, AlertRule, Candidate, Threshold
 from gpulens.alerts.catalogue import (
     BUILTIN_RULES,
@@ -27,6 +27,7 @@ from gpulens.alerts.catalogue import (
     IB_LINK_DOWN,
     IB_LINK_FLAPPING,
     IDLE_ALLOCATED,
+    JOB_INEFFICIENT,
     JOB_INPUT_BOUND,
     JOB_STRAGGLER,
     MEMORY_SATURATED,
@@ -58,6 +59,7 @@ CHECKS: Final[Mapping[str, Check]] = {
     COMMUNICATION_STALL: detect.communication_stall,
     JOB_STRAGGLER: detect.job_straggler,
     IDLE_ALLOCATED: checks.idle_allocated,
+    JOB_INEFFICIENT: inefficient.job_inefficient,
     XID_ERROR: checks.xid_error,
     ECC_UNCORRECTABLE: checks.ecc_uncorrectable,
     GPU_LOST: checks.gpu_lost,

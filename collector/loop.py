@@ -27,6 +27,7 @@ from gpulens.collector.targets import TargetSet
 from gpulens.logutil import LogOnce
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.settings import Settings
+from gpulens.storage import jobsummary
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.retention import Retention, RetentionJob
 from gpulens.storage.rollup import Rollups
@@ -38,6 +39,7 @@ RETENTION_EVERY_S = 3600.0
 # Rollups and retention run in steps of about this long, between rounds, and stop this long before the next round is
 # due: one step at most overruns, so they delay a round by well under 100 ms (storage/rollup.py, retention.py).
 MAINTENANCE_STEP_S = 0.05
+ACCOUNTING_EVERY_S = 60.0  # ended jobs are summarised (storage.jobsummary) at most this often
 MAINTENANCE_MARGIN_S = 0.2
 
 
@@ -136,6 +138,7 @@ class Collector:
         self.metrics = CollectorMetrics()
         self._reported_dropped = 0
         self._late = threading.Event()  # a tick came while a round was running: run the next one at once
+        self._accounted_at = float("-inf")  # when ended jobs were last summarised (storage.jobsummary)
 
     def target_count(self) -> int:
         """How many targets the next round scrapes (static and discovered, this shard's)."""
@@ -285,6 +288,9 @@ class Collector:
                     pending = self._retention_job.step(now, max_seconds=MAINTENANCE_STEP_S)
                 if not pending:
                     break
+            if now - self._accounted_at >= ACCOUNTING_EVERY_S and time.perf_counter() + MAINTENANCE_STEP_S < until:
+                self._accounted_at = now
+                jobsummary.account_ended(self._db, self._settings.prices, now=now)
         except DatabaseUnavailableError as exc:
             self._log_once("maintenance-db-down", "rollups/retention postponed: %s", exc)
 

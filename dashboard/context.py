@@ -15,6 +15,7 @@ from gpulens.dashboard.alertdata import AlertReader
 from gpulens.dashboard.components import banner
 from gpulens.dashboard.timerange import CUSTOM, RangeError, minute_text
 from gpulens.gcpause import gc_paused
+from gpulens.settings import Prices
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.reading import NotAvailableOnBackendError, StoreReader, TooManySeriesError, reader_of
 
@@ -29,6 +30,7 @@ class Context:
     clock: Clock
     alerts: AlertReader | None = None
     stale_after_s: float = 120.0
+    prices: Prices = field(default_factory=Prices)  # [accounting]: a running job's summary on its page
     base: StoreReader = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -3,6 +3,8 @@ told to stop."""
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -12,8 +14,11 @@ from gpulens.config import ConfigError
 from gpulens.exporter.httpserver import ExporterServer, Routes
 from gpulens.exporter.poller import Enricher, OnDemandNode, Poller
 from gpulens.exporter.webconfig import WebConfig, load_web_config
+from gpulens.extras import MissingExtraError, require_k8s
 from gpulens.model import GpuSource, NodeSnapshot
 from gpulens.netaddr import parse_listen
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,8 @@ class ExporterOptions:
     scenario: str | None = None
     speed: float = 1.0
     all_nodes: bool = False
+    kubelet_socket: str | None = None  # the kubelet's pod-resources socket; None or "": not read
+    kubelet_socket_given: bool = False
 
 
 def _nvml_source(options: ExporterOptions) -> GpuSource:
@@ -73,6 +80,9 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
         from gpulens.exporter.jobmap import JobMapper
 
         enrichers: list[Enricher] = [JobMapper(proc_root=options.proc_root, job_map_dir=options.job_map_dir).enrich]
+        pods = _pod_mapper(options)
+        if pods is not None:  # after the cgroups: it names the pods their processes belong to
+            enrichers.append(pods)
         if options.fabric:  # after the job mapping: the job cgroups are found from the GPU processes
             from gpulens.exporter.fabric.node import FabricReader
 
@@ -81,6 +91,27 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
         enrich = _chain(enrichers)
     poller = Poller(source, interval_s=options.interval_s, enrich=enrich, dcgm_compat=options.dcgm_compat)
     return Routes(single=poller), poller, source.close
+
+
+def _pod_mapper(options: ExporterOptions) -> Enricher | None:
+    """The kubelet's pod-resources mapper where its socket was named or the default one exists; None elsewhere.
+
+    A missing k8s extra is a ConfigError (one line, with the hint) when the socket was named; at the default path it
+    is logged once and the node runs without pod names."""
+    path = options.kubelet_socket
+    if not path or (not options.kubelet_socket_given and not os.path.exists(path)):
+        return None
+    try:
+        require_k8s("--kubelet-socket")
+    except MissingExtraError as exc:
+        if options.kubelet_socket_given:
+            raise ConfigError(str(exc), key="--kubelet-socket") from None
+        logger.warning("%s is present, but pods cannot be named: %s", path, exc)
+        return None
+    from gpulens.exporter.podresources.client import KubeletClient
+    from gpulens.exporter.podresources.mapper import PodMapper
+
+    return PodMapper(KubeletClient(path), clock=time.monotonic).enrich
 
 
 def _chain(enrichers: list[Enricher]) -> Enricher:

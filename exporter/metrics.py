@@ -18,7 +18,15 @@ from gpulens.dcgmfields import COMPAT_FIELDS, COMPAT_LABELS, MIG_MEMORY_TARGETS,
 from gpulens.exporter.fabricmetrics import fabric_families
 from gpulens.exporter.promfamily import Family, escape_label, render_labels
 from gpulens.metriccatalogue import GPU_FIELDS, GPU_LABELS
-from gpulens.model import THROTTLE_REASONS, THROTTLE_REPORTED, THROTTLE_SOURCES, GpuReading, MigReading, NodeSnapshot
+from gpulens.model import (
+    THROTTLE_REASONS,
+    THROTTLE_REPORTED,
+    THROTTLE_SOURCES,
+    GpuJob,
+    GpuReading,
+    MigReading,
+    NodeSnapshot,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +154,17 @@ def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
         job_info.add_metric([job.node, str(job.gpu), job.uuid, job.job_id, job.user or ""], 1)
     yield job_info
 
+    pod_info = Family(
+        "gpulens_pod_gpu_info",
+        "1 for each Kubernetes pod container holding a GPU (the kubelet's pod-resources API); job_id is namespace/pod.",
+        labels=["node", "gpu", "uuid", "job_id", "namespace", "pod", "container", "pod_uid", "mig_uuid"],
+    )
+    for job in snapshot.jobs:
+        if job.pod is not None:
+            values = [job.namespace or "", job.pod, job.container or "", job.pod_uid or "", job.mig_uuid or ""]
+            pod_info.add_metric([job.node, str(job.gpu), job.uuid, job.job_id, *values], 1)
+    yield pod_info
+
     processes = Family(
         "gpulens_process_gpu_memory_bytes",
         "GPU memory used by a compute process (bytes).",
@@ -188,12 +207,15 @@ def _exporter_families(health: ExporterHealth) -> Iterator[Family]:
 # --- dcgm-exporter compatible families (--dcgm-compat) -----------------------------------------------------------
 
 
-def _pod_labels(job_id: str) -> tuple[str, str] | None:
-    """(namespace, pod) of a Kubernetes job id: ``<namespace>/<pod>`` (dcgm source), ``pod/<uid>`` (cgroup)."""
-    head, sep, tail = job_id.partition("/")
+def _pod_labels(job: GpuJob) -> tuple[str, str, str] | None:
+    """(container, namespace, pod) of a Kubernetes job: from the kubelet where it named the pod, else from the job
+    id, ``<namespace>/<pod>`` (dcgm source) or ``pod/<uid>`` (cgroup)."""
+    if job.pod is not None:
+        return (job.container or "", job.namespace or "", job.pod)
+    head, sep, tail = job.job_id.partition("/")
     if not sep or not tail or head == "docker":
         return None
-    return ("", tail) if head == "pod" else (head, tail)
+    return ("", "", tail) if head == "pod" else ("", head, tail)
 
 
 def _dcgm_families(snapshot: NodeSnapshot, last_xid: Mapping[str, int]) -> Iterator[Family]:
@@ -205,9 +227,9 @@ def _dcgm_families(snapshot: NodeSnapshot, last_xid: Mapping[str, int]) -> Itera
     that runs on that instance.
     """
     up_gpus = [g for g in snapshot.gpus if g.up]
-    pods: dict[str, tuple[str, str]] = {}  # by GPU UUID, and by MIG UUID for a pod on a MIG instance
+    pods: dict[str, tuple[str, str, str]] = {}  # by GPU UUID, and by MIG UUID for a pod on a MIG instance
     for job in snapshot.jobs:
-        pod = _pod_labels(job.job_id)
+        pod = _pod_labels(job)
         if pod is not None:
             if job.mig_uuid is not None:
                 pods.setdefault(job.mig_uuid, pod)
@@ -216,8 +238,9 @@ def _dcgm_families(snapshot: NodeSnapshot, last_xid: Mapping[str, int]) -> Itera
 
     def labels(g: GpuReading, mig: MigReading | None = None) -> str:
         driver = g.driver_version or snapshot.driver_version or ""
-        namespace, pod = pods.get(g.uuid if mig is None else mig.mig_uuid, ("", ""))
-        values = [str(g.gpu), g.uuid, g.pci_bus_id or "", f"nvidia{g.gpu}", g.model, g.node, driver, "", namespace, pod]
+        container, namespace, pod = pods.get(g.uuid if mig is None else mig.mig_uuid, ("", "", ""))
+        values = [str(g.gpu), g.uuid, g.pci_bus_id or "", f"nvidia{g.gpu}", g.model, g.node, driver]
+        values += [container, namespace, pod]
         text = render_labels(COMPAT_LABELS, values)
         if mig is None:
             return text

@@ -46,7 +46,7 @@ def _full_snapshot() -> NodeSnapshot:
         gpus=(gpu,),
         links=(LinkReading("n", 0, "GPU-0", 0, True, 1.0, 1.0),),
         processes=(ProcessReading("n", 0, "GPU-0", 1, 1, "c", "u", "j"),),
-        jobs=(GpuJob("n", 0, "GPU-0", "j", "u"),),
+        jobs=(GpuJob("n", 0, "GPU-0", "j", "u"), GpuJob("n", 0, "GPU-0", "ns/p", None, "MIG-0", "ns", "p", "c", "uid")),
         migs=(MigReading("n", 0, "GPU-0", "MIG-0", 1, 0, "p", 1, 1),),
         metric_sources={"GPU-0": {"pcie": "gpm"}},
         nics=(
@@ -85,6 +85,7 @@ def metrics_reference() -> str:
         "A value the GPU cannot give is omitted, never exported as 0 or NaN.",
         "`gpulens_nic_*` series (RDMA ports) carry `node, device, port` instead, `gpulens_host_*` series `node` and",
         "`gpulens_job_*` series `node, job_id`; docs/fabric.md describes where they come from.",
+        "`gpulens_pod_gpu_info` names the Kubernetes pod and container of a job on a GPU (`--kubelet-socket`).",
         "",
         "| family | type | labels beyond node, gpu, uuid, model | help |",
         "|---|---|---|---|",

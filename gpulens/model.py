@@ -161,6 +161,11 @@ class GpuJob:
     job_id: str
     user: str | None = None
     mig_uuid: str | None = None  # the MIG instance (MigReading.mig_uuid) the job runs on, when known
+    # A Kubernetes pod (the kubelet's pod-resources API): job_id is "<namespace>/<pod>"; pod_uid from its cgroup.
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    pod_uid: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

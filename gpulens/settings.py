@@ -107,6 +107,18 @@ class RetentionFile(InputStruct, frozen=True):
     hour: Annotated[Duration, doc("1-hour min/mean/max rollups.")] = Duration(730 * 86400.0)
 
 
+class AccountingFile(InputStruct, frozen=True):
+    """What a job's summary (`gpulens job-summary`) prices it at, once it has ended."""
+
+    price_per_gpu_hour: Annotated[float, doc("Cost of one GPU held for one hour.", ge=0)] = 0.0
+    price_per_kwh: Annotated[float, doc("Cost of one kWh of GPU energy.", ge=0)] = 0.0
+    currency: Annotated[str, doc("The currency the prices are in, shown beside the cost.")] = "USD"
+    carbon_gco2e_per_kwh: Annotated[float, doc("Grid carbon intensity, grams CO2e per kWh.", ge=0)] = 0.0
+    idle_utilization: Annotated[
+        float, doc("A GPU sample below this utilization counts as idle in the job's idle share.", ge=0, le=1)
+    ] = 0.05
+
+
 class AuthFile(InputStruct, frozen=True):
     """The credentials and TLS trust of a scrape (shared by ``[[targets]]`` and ``[[file_sd]]``)."""
 
@@ -197,6 +209,7 @@ class SettingsFile(InputStruct, frozen=True):
     database: DatabaseFile = msgspec.field(default_factory=DatabaseFile)
     collector: CollectorFile = msgspec.field(default_factory=CollectorFile)
     retention: RetentionFile = msgspec.field(default_factory=RetentionFile)
+    accounting: AccountingFile = msgspec.field(default_factory=AccountingFile)
     targets: tuple[TargetFile, ...] = ()
     file_sd: tuple[FileSdFile, ...] = ()
     alerts: Annotated[dict[str, Any], doc(DELEGATED_HELP, kind="delegated")] = msgspec.field(default_factory=dict)
@@ -271,6 +284,17 @@ class FileSdSettings:
 
 
 @dataclass(frozen=True)
+class Prices:
+    """``[accounting]``: what a GPU-hour and a kWh cost, and the grid's carbon intensity."""
+
+    per_gpu_hour: float = 0.0
+    per_kwh: float = 0.0
+    currency: str = "USD"
+    carbon_gco2e_per_kwh: float = 0.0
+    idle_utilization: float = 0.05
+
+
+@dataclass(frozen=True)
 class Settings:
     source: str | None  # the file it came from
     db_url: str
@@ -288,6 +312,7 @@ class Settings:
     retention_hour_s: float
     targets: tuple[TargetSettings, ...] = ()
     file_sd: tuple[FileSdSettings, ...] = ()
+    prices: Prices = field(default_factory=Prices)
     store_auth: StoreAuth = field(default_factory=StoreAuth)  # for a Prometheus db_url
     state_url: str = "sqlite:///gpulens-alerts.db"  # alert state beside a read-only (Prometheus) store
     raw: Mapping[str, Any] = field(default_factory=dict)  # the file's tables as parsed (``alerts`` among them)
@@ -350,6 +375,13 @@ def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, st
         retention_hour_s=float(ret.hour),
         targets=tuple(targets),
         file_sd=file_sd,
+        prices=Prices(
+            per_gpu_hour=file.accounting.price_per_gpu_hour,
+            per_kwh=file.accounting.price_per_kwh,
+            currency=file.accounting.currency,
+            carbon_gco2e_per_kwh=file.accounting.carbon_gco2e_per_kwh,
+            idle_utilization=file.accounting.idle_utilization,
+        ),
         store_auth=StoreAuth(
             tls=db.auth(),
             bearer_token_file=db.bearer_token_file,

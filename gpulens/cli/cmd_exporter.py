@@ -11,6 +11,9 @@ from gpulens.cli.base import Formatter, existing_directory, http_url, positive_d
 from gpulens.cli.envtwins import apply_env_twins
 from gpulens.cli.lifecycle import stop_on_signals
 
+# The kubelet's default (client.DEFAULT_SOCKET; not imported here, so that --help needs no gRPC).
+DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
 EXPORTER_EXAMPLES = """\
 examples:
   # on a GPU node (reads NVML), Prometheus scrapes :9410/metrics
@@ -23,6 +26,8 @@ examples:
   gpulens exporter --source sim --scenario examples/scenarios/stall.toml --node node-01 --speed 10
   # every node of a simulated cluster from one process: /node/<name>/metrics
   gpulens exporter --source sim --scenario examples/scenarios/healthy.toml --all-nodes --listen 127.0.0.1:9410
+  # on a Kubernetes node: jobs are namespace/pod, from the kubelet's pod-resources API (pip install 'gpulens[k8s]')
+  gpulens exporter --kubelet-socket /var/lib/kubelet/pod-resources/kubelet.sock
   # in a container with the host's root mounted read-only at /host (RDMA ports, PCIe, cgroups, /proc)
   gpulens exporter --sysfs-root /host --proc-root /host/proc
   # TLS and basic auth (Prometheus exporter-toolkit format)
@@ -51,6 +56,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--dcgm-compat", action="store_true", help="also export dcgm-exporter-named families")
     p.add_argument("--job-map-dir", default=None, help="Slurm prolog files named by GPU UUID or index")
+    p.add_argument(
+        "--kubelet-socket",
+        default=None,
+        help="the kubelet's pod-resources socket: names the pod and container holding each GPU (needs the k8s extra; "
+        f"default {DEFAULT_KUBELET_SOCKET}, read where it exists; '' turns it off)",
+    )
     p.add_argument(
         "--proc-root", default="/proc", help="the host's /proc: processes' cgroup, status and comm, CPU and memory"
     )
@@ -102,6 +113,8 @@ def _run_exporter(args: argparse.Namespace) -> int:
         scenario=args.scenario,
         speed=args.speed,
         all_nodes=args.all_nodes,
+        kubelet_socket=DEFAULT_KUBELET_SOCKET if args.kubelet_socket is None else args.kubelet_socket,
+        kubelet_socket_given=args.kubelet_socket is not None,
     )
     with stop_on_signals() as stop:
         return run_exporter(options, lambda line: print(line, file=sys.stderr, flush=True), stop)

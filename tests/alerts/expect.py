@@ -26,6 +26,7 @@ from gpulens.alerts.catalogue import (
     IB_LINK_DOWN,
     IB_LINK_FLAPPING,
     IDLE_ALLOCATED,
+    JOB_INEFFICIENT,
     JOB_INPUT_BOUND,
     JOB_STRAGGLER,
     MEMORY_SATURATED,
@@ -271,6 +272,8 @@ class _Expectations:
 
     def idle_jobs(self) -> None:
         for job in self.scenario.jobs:
+            # Any job may idle long enough (a long hang, a slow start) for JobInefficient; it need not.
+            self.out.append(Expected(JOB_INEFFICIENT, {"job_id": job.id}, job.start, job.end, False, f"job {job.id}"))
             if job.kind == "idle":
                 for ref in job.gpus:
                     self.add(IDLE_ALLOCATED, {**_gpu(ref), "job_id": job.id}, job.start, job.end, f"idle job {job.id}")

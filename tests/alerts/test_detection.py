@@ -111,6 +111,7 @@ def test_demo_example() -> None:
         ("GpuIdleAllocated", "node-03:4"),
         ("GpuIdleAllocated", "node-03:5"),
         ("GpuThermalThrottling", "node-03:2"),
+        ("JobInefficient", "reserved-eval"),  # the idle job: its GPUs held and idle past held_s
     ]
 
 

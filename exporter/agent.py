@@ -33,6 +33,8 @@ class ExporterOptions:
     scenario: str | None = None
     speed: float = 1.0
     all_nodes: bool = False
+    nccl_ras: bool = True
+    nccl_ras_addr: str = "127.0.0.1:28028"
 
 
 def _nvml_source(options: ExporterOptions) -> GpuSource:
@@ -78,6 +80,10 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
 
             fabric = FabricReader(options.node, sysfs_root=options.sysfs_root, proc_root=options.proc_root)
             enrichers.append(fabric.enrich)
+        if options.nccl_ras:  # last: it maps ranks to the jobs the job mapper found
+            from gpulens.exporter.ncclras import NcclRasReader
+
+            enrichers.append(NcclRasReader(options.nccl_ras_addr, interval_s=options.interval_s).enrich)
         enrich = _chain(enrichers)
     poller = Poller(source, interval_s=options.interval_s, enrich=enrich, dcgm_compat=options.dcgm_compat)
     return Routes(single=poller), poller, source.close

@@ -259,10 +259,11 @@ class NcclRasReader:
         lagging = tuple(
             sorted((r.rank, r.state, tuple(sorted(r.counts.items()))) for r in comm.ranks.values() if _behind(r, top))
         )
-        if not lagging:
+        if not lagging and "MISMATCH" not in comm.status:
             self._mismatch_since.pop(key, None)
             return None
-        signature = (lagging, tuple(sorted(top.items())))
+        # A text report leaves the ranks at the most common count unnamed: that count stands in for them.
+        signature = (lagging, tuple(sorted(top.items())), tuple(sorted(comm.majority.items())))
         seen = self._mismatch_since.get(key)
         if seen is None or seen[0] != signature:
             self._mismatch_since[key] = (signature, at)

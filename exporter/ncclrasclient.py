@@ -98,6 +98,7 @@ def query_status(
     max_bytes: int = MAX_BYTES,
     verbose: bool = True,
     want_json: bool = True,
+    grace_s: float = GRACE_S,
     now: Callable[[], float] = time.monotonic,
 ) -> RasAnswer:
     """One status report from the RAS server at ``addr``. Raises ``RasQueryError`` (and only that)."""
@@ -106,9 +107,9 @@ def query_status(
     except ValueError as exc:
         raise RasQueryError(f"bad RAS address {addr!r}: {exc}") from None
     start = now()
-    deadline = start + timeout_s + GRACE_S
+    deadline = start + timeout_s + grace_s
     try:
-        with socket.create_connection((host, port), timeout=min(1.0, timeout_s + GRACE_S)) as sock:
+        with socket.create_connection((host, port), timeout=min(1.0, timeout_s + grace_s)) as sock:
             talk = _Conversation(sock, deadline, max_bytes, now)
             talk.send(f"CLIENT PROTOCOL {PROTOCOL}")
             reply = talk.line()

@@ -3,9 +3,11 @@
 RAS gathers the whole job on every query, so the nodes of a job take turns: a node queries only in the intervals
 whose number (``floor(time / interval)``) modulo the job's node count equals its place among the job's hosts (sorted
 by IP address, as RAS reports them). The cluster thus sends at most one status query per job per interval, and each
-node refreshes its own ranks every ``nodes x interval``. A node learns the job's hosts from its first answer; until
-then it queries at most once per ``DISCOVER_EVERY`` intervals. Queries run on a background thread, so a slow RAS
-never delays a collection.
+node refreshes its own ranks every ``nodes x interval``. A node learns the job's hosts from a JSON answer (a text
+answer names only the ranks that stand out): until it knows them all, each node of the job queries once per the
+job's node count (from the text report's job summary; ``DISCOVER_EVERY`` before any answer) in a slot picked by a
+hash of its name, so two nodes may share a slot. An agent's very first query is sent at once. Queries run on a
+background thread, so a slow RAS never delays a collection.
 
 Each answer is mapped to gpulens's records: a rank's ``nvml_dev`` to the GPU UUID, its pid to the job through the
 job mapper's processes, its host to this node. Only ranks on this node are kept (their host is one that a local GPU
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -102,19 +105,25 @@ class NcclRasReader:
         self._last_seconds: float | None = None
         self._hosts: dict[str, tuple[str, ...]] = {}  # job -> its hosts, sorted, from the last answer
         self._local_hosts: set[str] = set()
+        self._seen_hosts: dict[str, set[str]] = {}  # job -> every host a report named for it
+        self._period: dict[str, int] = {}  # job -> its node count, from a text report's job summary
         self._mismatch_since: dict[tuple[str, str], tuple[object, float]] = {}  # (job, comm) -> (signature, since)
         self.queries = 0  # status queries sent (the simulator counts them per job)
 
     # --- when to query -------------------------------------------------------------------------------------------
 
-    def _due(self, jobs: set[str], now: float) -> bool:
+    def _due(self, jobs: set[str], now: float, node: str) -> bool:
         slot = math.floor(now / self._interval)
         if not jobs or slot == self._last_query_slot:
             return False
         known = [job for job in jobs if job in self._hosts]
-        if len(known) < len(jobs):  # a job whose hosts are not known: discover, sparingly
-            last = self._last_query_slot
-            return last is None or slot - last >= DISCOVER_EVERY
+        if len(known) < len(jobs):
+            # Hosts not all known (a text report names only the ranks that stand out): every node of the job takes
+            # one slot in ``period`` picked by its name, the job's node count once a report gave it.
+            if self._last_query_slot is None:
+                return True  # the agent's first query: at once
+            period = min(self._period.get(job, DISCOVER_EVERY) for job in jobs if job not in self._hosts)
+            return slot % period == zlib.crc32(node.encode()) % period
         for job in known:
             hosts = self._hosts[job]
             mine = [i for i, h in enumerate(hosts) if h in self._local_hosts]
@@ -151,7 +160,7 @@ class NcclRasReader:
         if not jobs and snapshot.processes:
             jobs = {""}  # GPU processes without a known job still run NCCL: query, mapped to no job
         with self._lock:
-            start = not self._inflight and self._due(jobs, now)
+            start = not self._inflight and self._due(jobs, now, snapshot.node)
             if start:
                 self._inflight = True
                 self._last_query_slot = math.floor(now / self._interval)
@@ -190,6 +199,7 @@ class NcclRasReader:
             for r in comm.ranks.values():
                 if r.host and r.pid in pid_gpus and (r.nvml_dev is None or r.nvml_dev in pid_gpus[r.pid]):
                     self._local_hosts.add(r.host)
+        jobs_here = {p.job_id for p in snapshot.processes if p.job_id}
         cap = MAX_LOCAL_RANKS_PER_GPU * max(1, len(snapshot.gpus))
         ranks: list[NcclRank] = []
         comms: list[NcclComm] = []
@@ -240,7 +250,16 @@ class NcclRasReader:
         if cut:
             self._errors.count("nccl_ras_ranks_cut", f"RAS named {cut} more ranks on this node than it has room for")
         for job, hosts in hosts_of_job.items():
-            self._hosts[job] = tuple(sorted(hosts, key=_host_key))
+            seen = self._seen_hosts.setdefault(job, set())
+            seen.update(hosts)
+            if report.nodes_total is not None:
+                self._period[job] = max(1, min(report.nodes_total, 4096))
+            if report.format == "json" or len(seen) >= (report.nodes_total or 1 << 30):
+                self._hosts[job] = tuple(sorted(seen, key=_host_key))
+        for job in [j for j in self._seen_hosts if j not in hosts_of_job and j not in jobs_here]:
+            self._seen_hosts.pop(job, None)
+            self._period.pop(job, None)
+            self._hosts.pop(job, None)
         for key in [k for k in self._mismatch_since if k[0] not in hosts_of_job and k[0] != ""]:
             del self._mismatch_since[key]
         return NcclView(

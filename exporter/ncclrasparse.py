@@ -67,6 +67,8 @@ class RasReport:
     # Text only: processes RAS considers dead or could not reach, as (host, pid) - the ranks they ran take that state.
     dead: set[tuple[str, int]] = field(default_factory=set)
     unresponsive: set[tuple[str, int]] = field(default_factory=set)
+    gpu_of: dict[tuple[str, int], int] = field(default_factory=dict)  # text: such a process's first GPU (NVML)
+    nodes_total: int | None = None  # text: the job summary's node count
 
 
 def comm_hash(raw: str) -> str:
@@ -203,7 +205,8 @@ _RANK_COUNT = re.compile(
 )
 _RANK_LISTED = re.compile(r"^  Rank (\d+)" + _WHO + r"(?: -- \[process information not found\])?$")
 _MISSING_LIST = re.compile(r"^  The missing ranks?: ([\d,]{1,20000})$")
-_PROCESS = re.compile(r"^  Process (-?\d+) on node (\S{1,64}) managing GPUs? ")
+_PROCESS = re.compile(r"^  Process (-?\d+) on node (\S{1,64}) managing GPUs? (\d+)(?:\S*)(?: \(NVML (\d+))?")
+_SUMMARY_ROW = re.compile(r"^\s*(\d+)\s+\d+(?:\s+\d+){0,3}\s*$")
 
 
 def parse_text(text: str) -> RasReport:
@@ -225,6 +228,9 @@ def parse_text(text: str) -> RasReport:
         if report.version is None and (m := _VERSION.match(line)):
             report.version = m.group(1)
             continue
+        if report.nodes_total is None and (m := _SUMMARY_ROW.match(line)) and comm is None and not section:
+            report.nodes_total = min(int(m.group(1)), MAX_RANKS)
+            continue
         if (m := _GROUP_ROW.match(line)) and comm is None and not section:
             sizes[int(m.group(1))] = int(m.group(5))
             continue
@@ -244,7 +250,9 @@ def parse_text(text: str) -> RasReport:
         if comm is None:
             if section in ("DEAD", "INCOMPLETE") and (m := _PROCESS.match(line)):
                 target = report.dead if section == "DEAD" else report.unresponsive
-                target.add((m.group(2), int(m.group(1))))
+                process = (m.group(2), int(m.group(1)))
+                target.add(process)
+                report.gpu_of[process] = min(int(m.group(4) or m.group(3)), 1024)
             continue
         ranks_seen += 1
         if ranks_seen > MAX_RANKS:
@@ -281,6 +289,7 @@ def parse_text(text: str) -> RasReport:
             elif m := _RANK_LISTED.match(line):  # 2.26+: the ranks whose process did not answer
                 _listed(comm, m, 2).state = RANK_UNRESPONSIVE
     report.comms = list(comms.values())
+    _place_numbered(report)
     for c in report.comms:
         for r in c.ranks.values():
             if r.host is not None and r.pid is not None:
@@ -289,6 +298,22 @@ def parse_text(text: str) -> RasReport:
                 elif (r.host, r.pid) in report.unresponsive and r.state == RANK_OK:
                     r.state = RANK_UNRESPONSIVE
     return report
+
+
+def _place_numbered(report: RasReport) -> None:
+    """NCCL 2.24 names a communicator's missing ranks by number and the processes RAS lost by host and pid, never
+    the two together: where a communicator misses as many ranks as there are lost processes, they are paired in
+    order (ranks ascending, processes by host and pid)."""
+    lost = sorted(report.dead | report.unresponsive)
+    for c in report.comms:
+        numbered = sorted(r.rank for r in c.ranks.values() if r.state == RANK_MISSING and r.host is None)
+        if not numbered or len(numbered) != len(lost):
+            continue
+        for rank, (host, pid) in zip(numbered, lost, strict=True):
+            entry = c.ranks[rank]
+            entry.host, entry.pid = host, pid
+            entry.nvml_dev = entry.cuda_dev = report.gpu_of.get((host, pid))
+            entry.state = RANK_DEAD if (host, pid) in report.dead else RANK_UNRESPONSIVE
 
 
 def _bounded_rank(text: str) -> int:

@@ -22,6 +22,7 @@ from gpulens.exporter.sim.fabric import Fabric
 from gpulens.exporter.sim.faults import FAULT_KINDS, LEAK_TARGET_SHARE
 from gpulens.exporter.sim.gpus import EnergyLedger, GpuContext, SimGpu, make_gpu
 from gpulens.exporter.sim.host import HostSim
+from gpulens.exporter.sim.ncclsim import NcclSim
 from gpulens.exporter.sim.readings import DRIVER_VERSION, gpu_reading, link_readings, lost_reading, process_readings
 from gpulens.exporter.sim.specs import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario
 from gpulens.exporter.sim.stepstate import Activity, GpuState, JobPhase, Placement, idle_activity
@@ -82,6 +83,16 @@ class SimCluster:
         self._last: dict[str, tuple[int, NodeSnapshot]] = {}
         self._fabric = Fabric(scenario, self._behaviours, self._phase, counter_scale)
         self._hosts = HostSim(scenario, self._phase, counter_scale)
+        self.nccl = NcclSim(
+            list(scenario.jobs),
+            list(scenario.faults),
+            list(self._nodes),
+            self._phase,
+            self._pids,
+            seed=scenario.seed,
+            origin=scenario.start,
+            step_s=scenario.step_s,
+        )
 
     @property
     def scenario(self) -> Scenario:
@@ -245,7 +256,7 @@ class SimCluster:
             links.extend(link_readings(gpu, reading))
             processes.extend(process_readings(gpu, state, reading))
         host, job_hosts = self._hosts.readings(node, k, t)
-        return NodeSnapshot(
+        snapshot = NodeSnapshot(
             node=node,
             timestamp=ts,
             source=SOURCE_NAME,
@@ -258,3 +269,4 @@ class SimCluster:
             host=host,
             job_hosts=job_hosts,
         )
+        return self.nccl.enrich(node, snapshot, k, t) if self.nccl.active else snapshot

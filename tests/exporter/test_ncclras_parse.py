@@ -9,7 +9,7 @@ import pytest
 from gpulens.exporter.ncclras import rank_lag, top_counts
 from gpulens.exporter.ncclrasparse import ALL_COLLECTIVES, RasFormatError, parse_report
 from gpulens.exporter.sim.rasserver import RasState, SimComm, SimRank, render_json, render_text
-from gpulens.ncclmodel import RANK_DEAD, RANK_MISSING, RANK_OK, RANK_UNRESPONSIVE
+from gpulens.ncclmodel import RANK_DEAD, RANK_OK, RANK_UNRESPONSIVE
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ncclras"
 
@@ -51,11 +51,22 @@ def test_guide_incomplete_and_dead() -> None:
     assert comm.comm == "cf264af53edbe986"
     assert comm.status == {"INCOMPLETE"}
     assert comm.size == 32
-    assert comm.ranks[21].state == RANK_MISSING
     assert incomplete.unresponsive == {("172.16.64.213", 3487984)}
+    # 2.24 names the rank by number and the lost process apart: one of each, so they are paired
+    missing = comm.ranks[21]
+    assert (missing.state, missing.host, missing.pid, missing.nvml_dev) == (
+        RANK_UNRESPONSIVE,
+        "172.16.64.213",
+        3487984,
+        5,
+    )
     dead = parse_report(fixture("guide_dead.txt"))
     assert dead.dead == {("172.16.64.213", 3487984)}
-    assert dead.comms[0].ranks[21].state == RANK_MISSING  # 2.24 names the rank by number only
+    assert dead.comms[0].ranks[21].state == RANK_DEAD
+
+
+def test_guide_job_summary_gives_the_node_count() -> None:
+    assert parse_report(fixture("guide_job_summary.txt")).nodes_total == 4
 
 
 def test_guide_healthy_excerpts_parse_without_communicator_problems() -> None:
@@ -99,9 +110,8 @@ def test_every_generation_names_the_lagging_rank_and_the_dead_one(version: str) 
         lagging = comm.ranks[5]
         assert rank_lag(lagging, top_counts(comm)) == 1
         assert (lagging.host, lagging.pid, lagging.nvml_dev) == ("10.0.0.2", 1005, 1)
-        if report.format == "json" or version >= "2.26":
-            assert comm.ranks[6].state == RANK_DEAD
-            assert comm.ranks[6].pid == 1006
+        assert comm.ranks[6].state == RANK_DEAD
+        assert comm.ranks[6].pid == 1006
         collective = "AllReduce" if version >= "2.26" else ALL_COLLECTIVES
         assert collective in lagging.counts
 

@@ -54,7 +54,13 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
             raise ConfigError("--source sim needs --scenario FILE", key="--scenario")
         scenario = load_scenario(options.scenario)
         clock = LiveTime(scenario.start, options.speed)
-        cluster = SimCluster(scenario, stamp=clock.to_real, counter_scale=1 / options.speed)
+        cluster = SimCluster(
+            scenario,
+            stamp=clock.to_real,
+            counter_scale=1 / options.speed,
+            nccl_ras=options.nccl_ras,
+            ras_over_tcp=not options.all_nodes,  # one node: its RAS on a real port; all nodes: read in process
+        )
         if options.all_nodes:
             multi = SimAllNodes(cluster, clock)
             nodes = {name: OnDemandNode(multi, name, dcgm_compat=options.dcgm_compat) for name in multi.node_names()}

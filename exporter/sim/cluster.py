@@ -51,7 +51,13 @@ class SimCluster:
     """Every node of a scenario, readable at any virtual time."""
 
     def __init__(
-        self, scenario: Scenario, *, stamp: Callable[[float], float] | None = None, counter_scale: float = 1.0
+        self,
+        scenario: Scenario,
+        *,
+        stamp: Callable[[float], float] | None = None,
+        counter_scale: float = 1.0,
+        nccl_ras: bool = True,
+        ras_over_tcp: bool = False,
     ) -> None:
         """``stamp`` maps a step's virtual time to the timestamp its readings carry (default: the virtual time
         itself); a live exporter passes ``LiveTime.to_real`` so that readings carry wall-clock times, and
@@ -92,7 +98,13 @@ class SimCluster:
             seed=scenario.seed,
             origin=scenario.start,
             step_s=scenario.step_s,
+            tcp=ras_over_tcp,
         )
+        self._nccl_on = nccl_ras  # the agents read NCCL RAS (each node's RAS on a real port with ras_over_tcp)
+
+    def close(self) -> None:
+        """Stop the simulated RAS ports (``ras_over_tcp``)."""
+        self.nccl.close()
 
     @property
     def scenario(self) -> Scenario:
@@ -269,4 +281,4 @@ class SimCluster:
             host=host,
             job_hosts=job_hosts,
         )
-        return self.nccl.enrich(node, snapshot, k, t) if self.nccl.active else snapshot
+        return self.nccl.enrich(node, snapshot, k, t) if self._nccl_on and self.nccl.active else snapshot

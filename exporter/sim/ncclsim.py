@@ -15,15 +15,25 @@ replay runs in virtual time (``RasServer`` serves the same reports over the real
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 from collections.abc import Callable, Mapping
 
 from gpulens.clock import ManualClock
 from gpulens.exporter.ncclras import NcclRasReader
-from gpulens.exporter.ncclrasclient import RasAnswer, RasQueryError
+from gpulens.exporter.ncclrasclient import RasAnswer, RasQueryError, query_status
 from gpulens.exporter.sim import noise
 from gpulens.exporter.sim.faults.rank_dead import RAS_DEAD_S, RAS_UNRESPONSIVE_S
-from gpulens.exporter.sim.rasserver import RasState, SimComm, SimRank, render_json, render_text, speaks_json
+from gpulens.exporter.sim.rasserver import (
+    RasServer,
+    RasState,
+    SimComm,
+    SimRank,
+    render_json,
+    render_text,
+    speaks_json,
+)
 from gpulens.exporter.sim.specs import FaultSpec, GpuRef, JobSpec
 from gpulens.exporter.sim.stepstate import RUN, JobPhase
 from gpulens.model import NodeSnapshot
@@ -48,6 +58,7 @@ class NcclSim:
         seed: int,
         origin: float,
         step_s: float,
+        tcp: bool = False,
     ) -> None:
         self._jobs = [j for j in jobs if j.kind == "training" and len(j.gpus) >= 2]
         self._faults = {j.id: [f for f in faults if f.job == j.id] for j in self._jobs}
@@ -60,6 +71,9 @@ class NcclSim:
         self._counted: dict[str, tuple[int, int]] = {}  # job -> (step, operations launched by its end)
         self._clock = ManualClock(origin)
         self._readers: dict[str, NcclRasReader] = {}
+        self._tcp = tcp  # each node's RAS on a port of 127.0.0.1, read over the real protocol (a live exporter)
+        self._servers: list[RasServer] = []
+        self._lock = threading.RLock()
         self.queries: dict[tuple[str, int], int] = {}  # (job, step) -> status queries answered
 
     @property
@@ -112,7 +126,7 @@ class NcclSim:
             counts = {"AllReduce": ops, "AllGather": ops // 8, "Broadcast": 1}
             ranks.append(SimRank(rank, self._ip[ref.node], pid, ref.index, counts, dead.get(ref, RANK_OK)))
         comm = int(noise.unit(self._seed, "comm", job.id) * (1 << 62)) | 1
-        return RasState(job.nccl_version, [SimComm(comm, ranks)])
+        return RasState(job.nccl_version, [SimComm(comm, ranks)], job=job.id)
 
     def _running_lags(self, job: JobSpec, k: int) -> dict[GpuRef, int]:
         lags: dict[GpuRef, int] = {}
@@ -131,26 +145,45 @@ class NcclSim:
             return snapshot
         reader = self._readers.get(node)
         if reader is None:
+            query = self._query(node)
+            if self._tcp:
+                server = RasServer(lambda: self._node_state(node), on_status=self._count_query)
+                self._servers.append(server)
+                query = functools.partial(query_status, server.addr)
             reader = NcclRasReader(
-                f"sim://{node}", interval_s=self._step, clock=self._clock, query=self._query(node), background=False
+                f"sim://{node}", interval_s=self._step, clock=self._clock, query=query, background=False
             )
             self._readers[node] = reader
-        self._clock.set(t)
-        return reader.enrich(snapshot)
+        with self._lock:  # one clock for every node's reader: --all-nodes serves nodes from several threads
+            self._clock.set(t)
+            return reader.enrich(snapshot)
+
+    def _node_state(self, node: str) -> RasState | None:
+        """What the node's RAS port answers now: the first running job on it (None: no job with RAS listens)."""
+        t = self._clock.now()
+        k = math.floor((t - self._origin) / self._step + 1e-9)
+        for job in self._jobs:
+            if job.running(t) and any(ref.node == node for ref in job.gpus):
+                return self.state(job, k, t)
+        return None
+
+    def _count_query(self, state: RasState) -> None:
+        k = math.floor((self._clock.now() - self._origin) / self._step + 1e-9)
+        self.queries[state.job, k] = self.queries.get((state.job, k), 0) + 1
 
     def _query(self, node: str) -> Callable[[], RasAnswer]:
         def query() -> RasAnswer:
-            t = self._clock.now()
-            k = math.floor((t - self._origin) / self._step + 1e-9)
-            for job in self._jobs:
-                if job.running(t) and any(ref.node == node for ref in job.gpus):
-                    state = self.state(job, k, t)
-                    if state is None:
-                        break  # the job's processes run no RAS: nothing listens on the port
-                    self.queries[job.id, k] = self.queries.get((job.id, k), 0) + 1
-                    if speaks_json(state.version):
-                        return RasAnswer(render_json(state), "json", 0.0)
-                    return RasAnswer(render_text(state), "text", 0.0)
-            raise RasQueryError(f"nothing listens at sim://{node} (no NCCL job with RAS on this node)")
+            state = self._node_state(node)
+            if state is None:
+                raise RasQueryError(f"nothing listens at sim://{node} (no NCCL job with RAS on this node)")
+            self._count_query(state)
+            if speaks_json(state.version):
+                return RasAnswer(render_json(state), "json", 0.0)
+            return RasAnswer(render_text(state), "text", 0.0)
 
         return query
+
+    def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        self._servers.clear()

@@ -42,6 +42,7 @@ class SimComm:
 class RasState:
     version: str  # "2.24.3", "2.26.2", "2.28.7", ...
     comms: list[SimComm] = field(default_factory=list)
+    job: str = ""  # the simulated job it belongs to (not part of the report)
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -225,8 +226,14 @@ def _count_lines(present: list[SimRank], name: str, total: int, verbose: bool, n
 class RasServer:
     """Serves ``state()`` over the RAS client protocol on ``host``:0 (a free port), one query per connection."""
 
-    def __init__(self, state: Callable[[], RasState | None], host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        state: Callable[[], RasState | None],
+        host: str = "127.0.0.1",
+        on_status: Callable[[RasState], None] | None = None,
+    ) -> None:
         self._state = state
+        self._on_status = on_status
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, 0))
@@ -281,6 +288,8 @@ class RasServer:
         if lower in ("status", "verbose status") and state is not None:
             with self._lock:
                 self.status_queries += 1
+            if self._on_status is not None:
+                self._on_status(state)
             if fmt == "json":
                 return render_json(state), fmt, True
             return render_text(state, verbose=lower.startswith("verbose")), fmt, True

@@ -342,3 +342,24 @@ def test_stuck_ranks_stay_one_operation_behind_in_ras() -> None:
         lags.append({r.rank: r.lag for r in view.ranks if r.lag})
     assert lags[-1] == {2: 1}
     assert all(lag in ({2: 1}, {}) for lag in lags)
+
+
+def test_stuck_ranks_over_the_ras_protocol_on_a_real_port() -> None:
+    """A live exporter's simulated node serves its RAS on 127.0.0.1: the agent's client reads it over TCP."""
+    from gpulens.exporter.sim import parse_scenario
+
+    text = BASE + fault("hang_spinning", 'job = "train"', "20m", "10m", 'stuck_ranks = ["node-00:2"]\n')
+    sim = SimCluster(parse_scenario(text, source="tcp"), ras_over_tcp=True)
+    try:
+        s = sim.scenario
+        views = []
+        for t in steps(s, 21, 24):
+            views.append(sim.snapshot("node-00", t).nccl)
+            sim.snapshot("node-01", t)
+    finally:
+        sim.close()
+    last = views[-1]
+    assert last is not None
+    assert last.up
+    assert {r.rank: r.lag for r in last.ranks if r.lag} == {2: 1}
+    assert sum(sim.nccl.queries.values()) >= 2

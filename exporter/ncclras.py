@@ -157,7 +157,9 @@ class NcclRasReader:
     def enrich(self, snapshot: NodeSnapshot) -> NodeSnapshot:
         now = self._clock.now()
         jobs = {p.job_id for p in snapshot.processes if p.job_id} | {j.job_id for j in snapshot.jobs}
-        if not jobs and snapshot.processes:
+        if not snapshot.processes:  # nothing runs on the GPUs: no NCCL job to read, and no view to keep showing
+            return snapshot if snapshot.nccl is None else snapshot.replace(nccl=None)
+        if not jobs:
             jobs = {""}  # GPU processes without a known job still run NCCL: query, mapped to no job
         with self._lock:
             start = not self._inflight and self._due(jobs, now, snapshot.node)

@@ -95,6 +95,7 @@ class SimCluster:
             list(self._nodes),
             self._phase,
             self._pids,
+            self._nccl_light,
             seed=scenario.seed,
             origin=scenario.start,
             step_s=scenario.step_s,
@@ -105,6 +106,20 @@ class SimCluster:
     def close(self) -> None:
         """Stop the simulated RAS ports (``ras_over_tcp``)."""
         self.nccl.close()
+
+    def _nccl_light(self, node: str, k: int) -> NodeSnapshot:
+        """What the node's RAS reader needs at step ``k``: its GPUs and their jobs' processes (pid, job)."""
+        t = self.step_time(k)
+        gpus: list[GpuReading] = []
+        processes: list[ProcessReading] = []
+        for gpu in self._nodes[node]:
+            gpus.append(GpuReading(node, gpu.ref.index, gpu.uuid, "", t))
+            processes.extend(
+                ProcessReading(node, gpu.ref.index, gpu.uuid, gpu.pids[job.id], job_id=job.id)
+                for job in self._jobs_on.get(gpu.ref, [])
+                if job.running(t)
+            )
+        return NodeSnapshot(node, t, SOURCE_NAME, gpus=tuple(gpus), processes=tuple(processes))
 
     @property
     def scenario(self) -> Scenario:

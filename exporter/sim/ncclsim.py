@@ -37,7 +37,7 @@ from gpulens.exporter.sim.rasserver import (
 from gpulens.exporter.sim.specs import FaultSpec, GpuRef, JobSpec
 from gpulens.exporter.sim.stepstate import RUN, JobPhase
 from gpulens.model import NodeSnapshot
-from gpulens.ncclmodel import RANK_DEAD, RANK_OK, RANK_UNRESPONSIVE
+from gpulens.ncclmodel import RANK_DEAD, RANK_OK, RANK_UNRESPONSIVE, NcclView
 
 OPS_PER_SECOND = 2.0
 TRANSIENT_SHARE = 0.3
@@ -54,6 +54,7 @@ class NcclSim:
         nodes: list[str],
         phase: Callable[[str, int], JobPhase | None],
         pids: Callable[[GpuRef], Mapping[str, int]],
+        light: Callable[[str, int], NodeSnapshot],
         *,
         seed: int,
         origin: float,
@@ -72,7 +73,11 @@ class NcclSim:
         self._clock = ManualClock(origin)
         self._readers: dict[str, NcclRasReader] = {}
         self._tcp = tcp  # each node's RAS on a port of 127.0.0.1, read over the real protocol (a live exporter)
-        self._servers: list[RasServer] = []
+        self._servers: dict[str, RasServer] = {}
+        self._done: dict[str, tuple[int, NcclView | None, Mapping[str, int]]] = {}  # node -> its reader's last step
+        self._light = light
+        self._step_now = 0
+        self._counted_queries: set[tuple[str, int, str]] = set()
         self._lock = threading.RLock()
         self.queries: dict[tuple[str, int], int] = {}  # (job, step) -> status queries answered
 
@@ -140,23 +145,48 @@ class NcclSim:
         return lags
 
     def enrich(self, node: str, snapshot: NodeSnapshot, k: int, t: float) -> NodeSnapshot:
-        """The node's snapshot with its agent's NCCL view at step ``k``."""
-        if not snapshot.processes:
-            return snapshot
-        reader = self._readers.get(node)
-        if reader is None:
-            query = self._query(node)
-            if self._tcp:
-                server = RasServer(lambda: self._node_state(node), on_status=self._count_query)
-                self._servers.append(server)
-                query = functools.partial(query_status, server.addr)
-            reader = NcclRasReader(
-                f"sim://{node}", interval_s=self._step, clock=self._clock, query=query, background=False
-            )
-            self._readers[node] = reader
+        """The node's snapshot with its agent's NCCL view at step ``k``.
+
+        The agent's reader keeps state from answer to answer (the job's hosts, its turn, how long a mismatch held),
+        so it is taken through every step from the scenario's start in order, fed the node's processes only
+        (``light``): the view at a step is then the same whatever order steps are asked for in. Asked for an
+        earlier step than it has reached, the reader starts again from the scenario's start."""
         with self._lock:  # one clock for every node's reader: --all-nodes serves nodes from several threads
-            self._clock.set(t)
-            return reader.enrich(snapshot)
+            view, errors = self._view_at(node, k)
+        if view is None:
+            return snapshot
+        return snapshot.replace(nccl=view, errors={**snapshot.errors, **errors})
+
+    def _reader(self, node: str) -> NcclRasReader:
+        query = self._query(node)
+        if self._tcp:
+            server = self._servers.get(node)
+            if server is None:
+                server = self._servers[node] = RasServer(
+                    lambda: self._node_state(node), on_status=lambda state: self._count_query(state, node)
+                )
+            query = functools.partial(query_status, server.addr)
+        return NcclRasReader(f"sim://{node}", interval_s=self._step, clock=self._clock, query=query, background=False)
+
+    def _view_at(self, node: str, k: int) -> tuple[NcclView | None, Mapping[str, int]]:
+        done = self._done.get(node)
+        if done is not None and done[0] == k:
+            return done[1], done[2]
+        if done is None or done[0] > k:
+            self._readers[node] = self._reader(node)
+            first = 0
+        else:
+            first = done[0] + 1
+        reader = self._readers[node]
+        out = None
+        for step in range(first, k + 1):
+            self._clock.set(self._origin + step * self._step)
+            self._step_now = step
+            out = reader.enrich(self._light(node, step))
+        view = out.nccl if out is not None else (done[1] if done is not None and done[0] < k else None)
+        errors = dict(out.errors) if out is not None else {}
+        self._done[node] = (k, view, errors)
+        return view, errors
 
     def _node_state(self, node: str) -> RasState | None:
         """What the node's RAS port answers now: the first running job on it (None: no job with RAS listens)."""
@@ -167,16 +197,20 @@ class NcclSim:
                 return self.state(job, k, t)
         return None
 
-    def _count_query(self, state: RasState) -> None:
-        k = math.floor((self._clock.now() - self._origin) / self._step + 1e-9)
-        self.queries[state.job, k] = self.queries.get((state.job, k), 0) + 1
+    def _count_query(self, state: RasState, node: str = "") -> None:
+        """Count a status query once, however often a reader is taken through the same step again."""
+        k = self._step_now
+        key = (state.job, k, node)
+        if key not in self._counted_queries:
+            self._counted_queries.add(key)
+            self.queries[state.job, k] = self.queries.get((state.job, k), 0) + 1
 
     def _query(self, node: str) -> Callable[[], RasAnswer]:
         def query() -> RasAnswer:
             state = self._node_state(node)
             if state is None:
                 raise RasQueryError(f"nothing listens at sim://{node} (no NCCL job with RAS on this node)")
-            self._count_query(state)
+            self._count_query(state, node)
             if speaks_json(state.version):
                 return RasAnswer(render_json(state), "json", 0.0)
             return RasAnswer(render_text(state), "text", 0.0)
@@ -184,6 +218,6 @@ class NcclSim:
         return query
 
     def close(self) -> None:
-        for server in self._servers:
+        for server in self._servers.values():
             server.close()
         self._servers.clear()

@@ -72,6 +72,7 @@ class Candidate:
     description: str
     hold: bool = False
     annotations: Mapping[str, str] = field(default_factory=dict)  # extra annotations (a user rule's templates)
+    for_s: float | None = None  # how long it must hold before it fires, when not the rule's ``for``
 
 
 def rule_labels(rule: AlertRule, subject: Mapping[str, str]) -> dict[str, str]:

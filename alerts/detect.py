@@ -41,6 +41,7 @@ from gpulens.alerts.base import AlertRule, Candidate, gpu_name, percent, rate_te
 from gpulens.alerts.checks import HW_POWER_BRAKE_BIT, HW_SLOWDOWN, SW_POWER_CAP, THERMAL_BITS
 from gpulens.alerts.fabricchecks import fabric_evidence
 from gpulens.alerts.history import History, JobRound, JobView, Round
+from gpulens.alerts.ncclchecks import nccl_stall_candidates
 from gpulens.config import format_duration
 from gpulens.model import THROTTLE_REASONS, GpuReading, throttle_reason_names
 
@@ -192,10 +193,11 @@ def communication_stall(rule: AlertRule, history: History, now: float) -> list[C
     latest = history.latest
     if latest is None:
         return []
-    out = []
+    nccl = nccl_stall_candidates(rule, history, now)
+    out = list(nccl.values())
     for job_id, view in latest.jobs.items():
-        if len(view.gpus) < 2:
-            continue  # a single-GPU job has nobody to talk to
+        if len(view.gpus) < 2 or job_id in nccl:
+            continue  # nobody to talk to; or NCCL named the stuck ranks, which mutes the hardware signatures
         summary = _current(history, latest, job_id)
         if summary is None:
             continue

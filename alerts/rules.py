@@ -199,7 +199,7 @@ def _threshold(key: str, value: Any, where: str) -> Threshold:
         if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             raise ConfigError("expected a list of integers (XID codes)", key=where)
         return tuple(float(v) for v in value)
-    if key.endswith("_s"):
+    if key.endswith("_s") or key == "ras_mismatch_for":  # the name for a duration, kept as given
         return _duration(value, where)
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise ConfigError(f"expected a non-negative number, got {value!r:.40}", key=where)

@@ -350,7 +350,8 @@ def _advance(prev: AlertState | None, fp: str, c: Candidate, ctx: _Round) -> Ale
     now = ctx.now
     annotations = _annotations(c, rule, ctx.dashboard_url)
     if prev is None or prev.state == RESOLVED:
-        firing = rule.for_s <= 0
+        wait = rule.for_s if c.for_s is None else c.for_s
+        firing = wait <= 0
         return AlertState(
             fingerprint=fp,
             rule=c.rule,
@@ -362,7 +363,7 @@ def _advance(prev: AlertState | None, fp: str, c: Candidate, ctx: _Round) -> Ale
             last_seen=now,
             value=c.value,
         )
-    if prev.state == PENDING and now - prev.active_since >= rule.for_s:
+    if prev.state == PENDING and now - prev.active_since >= (rule.for_s if c.for_s is None else c.for_s):
         return replace(prev, state=FIRING, fired_at=now, last_seen=now, value=c.value, annotations=annotations)
     return replace(prev, last_seen=now, value=c.value, annotations=annotations)
 

@@ -40,6 +40,8 @@ class ExporterOptions:
     all_nodes: bool = False
     kubelet_socket: str | None = None  # the kubelet's pod-resources socket; None or "": not read
     kubelet_socket_given: bool = False
+    nccl_ras: bool = True
+    nccl_ras_addr: str = "127.0.0.1:28028"
 
 
 def _nvml_source(options: ExporterOptions) -> GpuSource:
@@ -59,7 +61,13 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
             raise ConfigError("--source sim needs --scenario FILE", key="--scenario")
         scenario = load_scenario(options.scenario)
         clock = LiveTime(scenario.start, options.speed)
-        cluster = SimCluster(scenario, stamp=clock.to_real, counter_scale=1 / options.speed)
+        cluster = SimCluster(
+            scenario,
+            stamp=clock.to_real,
+            counter_scale=1 / options.speed,
+            nccl_ras=options.nccl_ras,
+            ras_over_tcp=not options.all_nodes,  # one node: its RAS on a real port; all nodes: read in process
+        )
         if options.all_nodes:
             multi = SimAllNodes(cluster, clock)
             nodes = {name: OnDemandNode(multi, name, dcgm_compat=options.dcgm_compat) for name in multi.node_names()}
@@ -88,6 +96,10 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
 
             fabric = FabricReader(options.node, sysfs_root=options.sysfs_root, proc_root=options.proc_root)
             enrichers.append(fabric.enrich)
+        if options.nccl_ras:  # last: it maps ranks to the jobs the job mapper found
+            from gpulens.exporter.ncclras import NcclRasReader
+
+            enrichers.append(NcclRasReader(options.nccl_ras_addr, interval_s=options.interval_s).enrich)
         enrich = _chain(enrichers)
     poller = Poller(source, interval_s=options.interval_s, enrich=enrich, dcgm_compat=options.dcgm_compat)
     return Routes(single=poller), poller, source.close

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
+from gpulens.ncclmodel import NcclView
 
 # Clock-event ("throttle") reason bits, as NVML defines them (nvmlClocksEventReason*).
 THROTTLE_REASONS: Final[tuple[tuple[str, int], ...]] = (
@@ -210,6 +211,8 @@ class NodeSnapshot:
     # GPU uuid -> quantity ("pcie", "nvlink", "profiling") -> where its values came from ("gpm", "sample",
     # "counters"); set by the NVML source, exported as gpulens_gpu_metric_source_info (not in the JSON document).
     metric_sources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # NCCL's own view of the jobs on this node (NCCL RAS); None where RAS is not read or nothing answered yet.
+    nccl: NcclView | None = None
 
     def replace(self, **changes: Any) -> NodeSnapshot:
         return dataclasses.replace(self, **changes)

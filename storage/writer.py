@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection
 
 from gpulens.logutil import LogOnce
 from gpulens.model import GpuReading, NodeSnapshot, TargetHealth
-from gpulens.storage import jobminute, schema
+from gpulens.storage import jobminute, ncclstore, schema
 from gpulens.storage.db import Database, lock_tier
 from gpulens.storage.fabricwriter import FabricWriter, fabric_times
 from gpulens.storage.gpuchanges import Changes, ChangeTracker, GpuState, Resolved, Static
@@ -204,6 +204,7 @@ class Writer:
                     stats.job_minute_rows += jobminute.recompute(conn, self._db.dialect, late)
                 stats.target_rows = self._write_targets(conn, targets)
                 stats.nic_rows, stats.host_rows, stats.job_host_rows = self._fabric.write(conn, snapshots)
+                ncclstore.write(conn, snapshots)
         except BaseException:
             # The state was updated as the round went; the commit may or may not have happened. Reload it.
             self._gpus = None

@@ -39,6 +39,7 @@ from gpulens.dashboard.formatting import gpu_label, percent_text
 from gpulens.dashboard.grid import natural_key
 from gpulens.dashboard.heatmaps import METRICS, Metric
 from gpulens.dashboard.jobhost import job_host_panels, read_job_host
+from gpulens.dashboard.ncclview import nccl_panel, read_nccl
 from gpulens.dashboard.pages.alerts import alerts_table, fired_newest_first
 from gpulens.dashboard.paths import gpu_path, node_path
 from gpulens.dashboard.timerange import CUSTOM, minute_text, resolve_range
@@ -154,7 +155,7 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         found = context.store.jobs(span.start, span.end, job_id=job_id)
         summary = found[0] if found else None
         if summary is None:
-            return span, None, [], {}, [], [], (None, None)
+            return span, None, [], {}, [], [], (None, None), []
         places = {g.uuid: g for g in context.store.gpu_info(uuids=summary.gpus)}
         points = max(60, min(600, POINT_BUDGET // max(1, len(summary.gpus))))
         series = context.store.series(summary.gpus, FIELDS, span.start, span.end, points)
@@ -162,9 +163,10 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         history = reader.history(span.start, span.end) if reader is not None else []
         host = read_job_host(context.store, job_id, list(places.values()), span.start, span.end)
         account = _account(context, job_id, now)
-        return span, summary, list(places.values()), series, active, history, (host, account)
+        nccl = read_nccl(context.store, job_id, span.start, span.end)
+        return span, summary, list(places.values()), series, active, history, (host, account), nccl
 
-    span, summary, places, series, active, history, (host, account) = guarded(context, load)
+    span, summary, places, series, active, history, (host, account), nccl = guarded(context, load)
     updated = f"as of {minute_text(now)} · {span.label}"
     if summary is None:
         note = " It may have run outside the range: try a longer one."
@@ -229,6 +231,9 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         status = banner("bad", "The alert engine flags this job.", None, summaries)
     alerts = alerts_table(episodes, state, empty="no alert about this job fired in this range")
     fabric = job_host_panels(host, start=span.start, end=span.end, bins=BINS, periods=periods)
+    stuck = nccl_panel(nccl, state)
+    if stuck is not None:  # NCCL's own view first: it names the ranks a hang waits for
+        fabric = [stuck, *fabric]
     return status, info, charts, gpu_table, alerts, fabric, updated
 
 

@@ -32,6 +32,8 @@ examples:
   gpulens exporter --sysfs-root /host --proc-root /host/proc
   # TLS and basic auth (Prometheus exporter-toolkit format)
   gpulens exporter --web-config /etc/gpulens/web.yml
+  # jobs started with NCCL_RAS_ADDR=127.0.0.1:29029
+  gpulens exporter --nccl-ras-addr 127.0.0.1:29029
 """
 
 
@@ -76,6 +78,18 @@ def register(sub: Any) -> None:
         action="store_true",
         help="do not read RDMA ports, host CPU and memory or job cgroups (GPUs only)",
     )
+    p.add_argument(
+        "--nccl-ras",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="read NCCL's own view of the jobs on this node from NCCL RAS (NCCL 2.24 and later); --no-nccl-ras: not",
+    )
+    p.add_argument(
+        "--nccl-ras-addr",
+        type=ras_address,
+        default="127.0.0.1:28028",
+        help="where NCCL RAS listens (NCCL_RAS_ADDR of the jobs); only connected to, never bound",
+    )
     p.add_argument("--web-config", default=None, help="TLS and basic-auth config (exporter-toolkit YAML)")
     p.add_argument("--scenario", default=None, help="scenario TOML for --source sim")
     p.add_argument("--speed", type=positive_float, default=1.0, help="virtual time speed-up for --source sim")
@@ -85,6 +99,16 @@ def register(sub: Any) -> None:
     )
     apply_env_twins(p, "GPULENS_EXPORTER_")
     p.set_defaults(func=_run_exporter)
+
+
+def ras_address(value: str) -> str:
+    from gpulens.netaddr import parse_listen
+
+    try:
+        parse_listen(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected host:port, e.g. 127.0.0.1:28028 ({exc})") from None
+    return value
 
 
 def _run_exporter(args: argparse.Namespace) -> int:
@@ -115,6 +139,8 @@ def _run_exporter(args: argparse.Namespace) -> int:
         all_nodes=args.all_nodes,
         kubelet_socket=DEFAULT_KUBELET_SOCKET if args.kubelet_socket is None else args.kubelet_socket,
         kubelet_socket_given=args.kubelet_socket is not None,
+        nccl_ras=args.nccl_ras,
+        nccl_ras_addr=args.nccl_ras_addr,
     )
     with stop_on_signals() as stop:
         return run_exporter(options, lambda line: print(line, file=sys.stderr, flush=True), stop)

@@ -46,8 +46,8 @@ from gpulens.dashboard.timerange import CUSTOM, minute_text, resolve_range
 from gpulens.hardware import nvlink_max_bytes_per_second
 from gpulens.ratios import busiest_direction, nvlink_utilization_ratio, power_limit_ratio, share
 from gpulens.storage import jobsummary
-from gpulens.storage.db import Database
 from gpulens.storage.jobsummary import JobAccount
+from gpulens.storage.reading import SqlReader
 from gpulens.storage.timeseries import SeriesData
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         active = reader.active() if reader is not None else []
         history = reader.history(span.start, span.end) if reader is not None else []
         host = read_job_host(context.store, job_id, list(places.values()), span.start, span.end)
-        account = _account(context, job_id, now)
+        account = _account(context, job_id)
         nccl = read_nccl(context.store, job_id, span.start, span.end)
         return span, summary, list(places.values()), series, active, history, (host, account), nccl
 
@@ -237,14 +237,15 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
     return status, info, charts, gpu_table, alerts, fabric, updated
 
 
-def _account(context: Context, job_id: str, now: float) -> JobAccount | None:
-    """The job's accounting summary: stored when it ended, else computed now (a SQL store only)."""
-    reader = context.base
-    db = getattr(reader, "db", None)
-    if not isinstance(db, Database):
+def _account(context: Context, job_id: str) -> JobAccount | None:
+    """The job's accounting summary as the collector stored it when the job ended (a SQL store only).
+
+    A page view reads the stored document, one row: computing a summary reads every raw sample of the job's life,
+    which ``gpulens job-summary`` does on demand and the collector once per ended job."""
+    reader = context.store  # the page view's one session (dashboard.snapshot)
+    if not isinstance(reader, SqlReader) or not jobsummary.has_table(reader.db):
         return None
-    stored = jobsummary.stored(db, job_id) if jobsummary.has_table(db) else None
-    return stored or jobsummary.summarise(db, job_id, context.prices, now=now)
+    return jobsummary.stored(reader.db, job_id)
 
 
 def _account_line(account: JobAccount | None) -> list[Any]:

@@ -230,6 +230,7 @@ def test_the_alert_service_starts_while_the_database_is_down(private_pg_server: 
         db.close()
 
 
+@pytest.mark.empty_store
 def test_the_worker_waits_for_the_schema_in_one_line(db_url: str, caplog: pytest.LogCaptureFixture) -> None:
     """A database that answers before it is migrated: the worker says so once, without a traceback, and delivers
     once the schema is there (as the writer waits for it)."""

@@ -14,6 +14,7 @@ from gpulens.dashboard.pages import job
 from gpulens.dashboard.timerange import CUSTOM, resolve_range
 from gpulens.model import GpuJob, NodeSnapshot
 from gpulens.settings import Prices
+from gpulens.storage import jobsummary
 from gpulens.storage.db import Database
 from gpulens.storage.writer import Writer
 from tests.dashboard.test_pages import text_of
@@ -65,9 +66,18 @@ def test_a_running_job_opens_from_its_start_to_now(context: Context) -> None:
     assert (span.start, span.end) == (T0, context.clock.now())
 
 
-def test_the_page_shows_the_jobs_accounting(context: Context) -> None:
-    _status, info, charts, *_ = job.render(context, job.lifetime_state(context, "short", {}), "short")
-    text = text_of(info)
+def test_the_page_shows_the_jobs_accounting_once_stored(context: Context) -> None:
+    def info_text() -> str:
+        _status, info, charts, *_ = job.render(context, job.lifetime_state(context, "short", {}), "short")
+        assert charts  # the charts are drawn over the job's range
+        return text_of(info)
+
+    assert "Accounting" not in info_text()  # not summarised yet: a page view never reads the job's raw samples
+    db = context.db
+    assert isinstance(db, Database)
+    account = jobsummary.summarise(db, "short", context.prices, now=context.clock.now())
+    assert account is not None
+    jobsummary.store(db, account, now=context.clock.now())  # what the collector does once the job has ended
+    text = info_text()
     assert "Accounting (ended): 0.07 GPU-hours" in text  # 2 GPUs for 2 minutes
     assert "0.13 EUR" in text
-    assert charts  # the charts are drawn over the job's range

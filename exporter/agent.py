@@ -3,6 +3,7 @@ told to stop."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ class ExporterOptions:
     dcgm_url: str = "http://127.0.0.1:9400/metrics"
     dcgm_compat: bool = False
     job_map_dir: str | None = None
+    job_info: str = "auto"  # "slurm" | "none" | "auto": slurm where squeue is installed
     proc_root: str = "/proc"
     sysfs_root: str = "/"
     fabric: bool = True
@@ -62,7 +64,11 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
         if node not in names:
             raise ConfigError(f"node {node!r} is not in the scenario (it has {', '.join(names[:5])}...)", key="--node")
         source: GpuSource = SimSource(cluster, node, clock)
-        enrich = None
+        enrichers: list[Enricher] = []
+        if options.job_map_dir is not None:  # simulated pids are not this host's: no /proc
+            from gpulens.exporter.jobmap import JobMapper
+
+            enrichers.append(JobMapper(job_map_dir=options.job_map_dir, inspect_processes=False).enrich)
     else:
         if options.source == "dcgm":
             from gpulens.exporter.dcgmsource import DcgmSource
@@ -72,15 +78,33 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
             source = _nvml_source(options)
         from gpulens.exporter.jobmap import JobMapper
 
-        enrichers: list[Enricher] = [JobMapper(proc_root=options.proc_root, job_map_dir=options.job_map_dir).enrich]
+        enrichers = [JobMapper(proc_root=options.proc_root, job_map_dir=options.job_map_dir).enrich]
         if options.fabric:  # after the job mapping: the job cgroups are found from the GPU processes
             from gpulens.exporter.fabric.node import FabricReader
 
             fabric = FabricReader(options.node, sysfs_root=options.sysfs_root, proc_root=options.proc_root)
             enrichers.append(fabric.enrich)
-        enrich = _chain(enrichers)
+    closers = [source.close]
+    if _wants_slurm(options.job_info):  # last: it names the jobs every step before found
+        from gpulens.exporter.slurmjobs import SlurmJobInfo
+
+        job_info = SlurmJobInfo()
+        enrichers.append(job_info.enrich)
+        closers.append(job_info.close)
+    enrich = _chain(enrichers) if enrichers else None
     poller = Poller(source, interval_s=options.interval_s, enrich=enrich, dcgm_compat=options.dcgm_compat)
-    return Routes(single=poller), poller, source.close
+
+    def close() -> None:
+        for step in closers:
+            step()
+
+    return Routes(single=poller), poller, close
+
+
+def _wants_slurm(job_info: str) -> bool:
+    if job_info not in ("auto", "slurm", "none"):
+        raise ConfigError(f"--job-info must be auto, slurm or none, not {job_info!r}", key="--job-info")
+    return job_info == "slurm" or (job_info == "auto" and shutil.which("squeue") is not None)
 
 
 def _chain(enrichers: list[Enricher]) -> Enricher:

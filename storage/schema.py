@@ -540,7 +540,3 @@ silence: Final = sa.Table(
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Index("ix_silence_ends_at", "ends_at"),
 )
-
-
-# Tables defined in their own modules register on this metadata when imported; the migrations compare them.
-from gpulens.storage import slurmtables as _slurmtables  # noqa: E402,F401

@@ -39,7 +39,10 @@ from gpulens.dashboard.pages.alerts import alerts_table, fired_newest_first
 from gpulens.dashboard.paths import gpu_path, node_path
 from gpulens.dashboard.timerange import minute_text, resolve_range
 from gpulens.hardware import nvlink_max_bytes_per_second
+from gpulens.model import JobInfo
 from gpulens.ratios import busiest_direction, nvlink_utilization_ratio, power_limit_ratio, share
+from gpulens.storage.db import Database
+from gpulens.storage.slurmtables import read_job_info
 from gpulens.storage.timeseries import SeriesData
 
 PATH_TEMPLATE: Final = "/jobs/<job_id>"
@@ -122,9 +125,10 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         active = reader.active() if reader is not None else []
         history = reader.history(span.start, span.end) if reader is not None else []
         host = read_job_host(context.store, job_id, list(places.values()), span.start, span.end)
-        return span, summary, list(places.values()), series, active, history, host
+        meta = read_job_info(context.db, [job_id]).get(job_id) if isinstance(context.db, Database) else None
+        return span, summary, list(places.values()), series, active, history, (host, meta)
 
-    span, summary, places, series, active, history, host = guarded(context, load)
+    span, summary, places, series, active, history, (host, meta) = guarded(context, load)
     updated = f"as of {minute_text(now)} · {span.label}"
     if summary is None:
         note = " It may have run outside the range: try a longer one."
@@ -161,6 +165,7 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
     marks = [flag(f) for f in FLAG_ORDER if f in job_flags(mine).get(job_id, set())]
     info = html.Span(
         [
+            scheduler_text(meta),
             f"{summary.user or 'unknown user'} · {len(summary.gpus)} GPUs on {len(summary.nodes)} node(s) · "
             f"{minute_text(summary.first_seen)} to {minute_text(summary.last_seen)} · "
             f"{summary.gpu_hours:.1f} GPU-hours · mean utilization {percent_text(summary.utilization_ratio_mean)} ",
@@ -214,3 +219,14 @@ def _row(node: str, index: int, data: SeriesData | None) -> tuple[Row, Row, Row]
 def _mean(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.fmean(present) if present else None
+
+
+def scheduler_text(meta: JobInfo | None) -> str:
+    """What the scheduler calls the job: "name (account, partition, array 40_1) · ", or "" where it was not asked."""
+    if meta is None:
+        return ""
+    extra = [x for x in (meta.account, meta.partition) if x]
+    if meta.array_job_id is not None:
+        extra.append(f"array {meta.array_job_id}_{meta.array_task_id}")
+    detail = f" ({', '.join(extra)})" if extra else ""
+    return f"{meta.name or 'unnamed'}{detail} · "

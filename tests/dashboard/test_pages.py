@@ -27,8 +27,10 @@ from gpulens.dashboard.components import ViewState
 from gpulens.dashboard.context import Context, PageError
 from gpulens.dashboard.pages import alerts, gpu, interconnect, job, jobs, node, overview
 from gpulens.dashboard.server import load_basic_auth_file, run_dashboard
+from gpulens.model import JobInfo
+from gpulens.storage import slurmtables
 from gpulens.storage.db import Database
-from gpulens.storage.slurmtables import record_drain_action
+from gpulens.storage.slurmtables import record_drain_action, write_job_info
 from gpulens.webauth import BasicAuth
 from tests.conftest import free_port, http_get
 from tests.dashboard.cluster import IDLE_JOB, STALLED_JOB, STRAGGLING_JOB
@@ -407,3 +409,16 @@ def test_waitress_serves_gzip_and_immutable_versioned_assets(served: str) -> Non
     assert header(headers, "Content-Encoding") == "gzip"
     assert b"_dash-config" in gzip.decompress(body)
     assert "immutable" not in header(headers, "Cache-Control")
+
+
+def test_the_job_page_names_the_job_as_slurm_does(store: Store) -> None:
+    meta = JobInfo("node-00", STALLED_JOB, "pretrain-7b", "alice", "proj1", "gpu", "40", 1)
+    with store.db.write_transaction() as conn:
+        write_job_info(conn, [meta], store.clock.now())
+    try:
+        info = text_of(job.render(context_of(store), ViewState(), STALLED_JOB)[1])
+        assert info.startswith("pretrain-7b (proj1, gpu, array 40_1) · ")
+    finally:
+        with store.db.write_transaction() as conn:
+            conn.execute(slurmtables.job_info.delete())
+    assert not text_of(job.render(context_of(store), ViewState(), STALLED_JOB)[1]).startswith("pretrain-7b")

@@ -22,7 +22,7 @@ def test_an_xid_79_drains_the_node_with_a_reason_naming_alert_gpu_and_time(slurm
     clock = ManualClock(START)
     drainer = SlurmDrainer(DrainConfig(dry_run=False, resume_on_resolve=True), audit=audit.append, clock=clock.now)
     drainer.send([xid_alert(slurm.host)], group_labels={}, status="firing")
-    assert slurm.node_state().startswith("drain")
+    assert "drain" in slurm.node_state()
     assert slurm.node_reason() == "gpulens XidError 79 on GPU 3 (GPU-3) at 2026-12-03T12:13:20Z"
     assert [(r.node, r.rule, r.outcome) for r in audit] == [(slurm.host, "XidError:79", DRAINED)]
 
@@ -31,7 +31,7 @@ def test_an_xid_79_drains_the_node_with_a_reason_naming_alert_gpu_and_time(slurm
     assert audit[-1].outcome == REFUSED_COOLDOWN
 
     drainer.send([xid_alert(slurm.host, state=RESOLVED)], group_labels={}, status="resolved")
-    wait_for(lambda: not slurm.node_state().startswith("drain"), "the node to be resumed")
+    wait_for(lambda: "drain" not in slurm.node_state(), "the node to be resumed")
     assert audit[-1].outcome == RESUMED
 
 
@@ -39,5 +39,5 @@ def test_a_dry_run_only_logs_and_records(slurm: Slurm) -> None:
     audit: list[DrainRecord] = []
     drainer = SlurmDrainer(DrainConfig(), audit=audit.append, clock=ManualClock(START).now)  # dry_run by default
     drainer.send([xid_alert(slurm.host), xid_alert(slurm.host, xid="13")], group_labels={}, status="firing")
-    assert slurm.node_state() == "idle"
+    assert "drain" not in slurm.node_state()
     assert [(r.rule, r.outcome) for r in audit] == [("XidError:79", DRY_RUN)]  # XID 13 is not a listed rule

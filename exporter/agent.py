@@ -3,11 +3,13 @@ told to stop."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpulens.config import ConfigError
 from gpulens.exporter.httpserver import ExporterServer, Routes
@@ -104,7 +106,11 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
 def _wants_slurm(job_info: str) -> bool:
     if job_info not in ("auto", "slurm", "none"):
         raise ConfigError(f"--job-info must be auto, slurm or none, not {job_info!r}", key="--job-info")
-    return job_info == "slurm" or (job_info == "auto" and shutil.which("squeue") is not None)
+    if job_info != "auto":
+        return job_info == "slurm"
+    # auto: a Slurm client that can find its cluster (a config file, SLURM_CONF, or configless slurmd's cache)
+    configured = "SLURM_CONF" in os.environ or any(Path(p).exists() for p in _SLURM_CONFIGS)
+    return configured and shutil.which("squeue") is not None
 
 
 def _chain(enrichers: list[Enricher]) -> Enricher:
@@ -117,6 +123,7 @@ def _chain(enrichers: list[Enricher]) -> Enricher:
 
 
 FIRST_COLLECTION_WAIT_S = 5.0
+_SLURM_CONFIGS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
 
 
 def run_exporter(options: ExporterOptions, announce: Callable[[str], None], stop: threading.Event) -> int:

@@ -63,7 +63,7 @@ def register(sub: Any) -> None:
         choices=["auto", "slurm", "none"],
         default="auto",
         help="where job names, users, accounts and partitions come from: slurm (squeue --json, in the background), "
-        "none, or auto (slurm where squeue is installed)",
+        "none, or auto (slurm where squeue is installed and slurm.conf or SLURM_CONF names a cluster)",
     )
     p.add_argument(
         "--proc-root", default="/proc", help="the host's /proc: processes' cgroup, status and comm, CPU and memory"

@@ -15,7 +15,7 @@ WORKDIR /src
 COPY . .
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/gpulens \
- && /opt/gpulens/bin/pip install /wheels/gpulens-*.whl
+ && /opt/gpulens/bin/pip install "$(echo /wheels/gpulens-*.whl)[k8s]"
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="gpulens" \

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test test-fast lint typecheck unit unit-fast bench install clean
+.PHONY: podresources-stubs demo test test-fast lint typecheck unit unit-fast bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(PY) -m bench
+
+# The kubelet pod-resources stubs (exporter/podresources/api_pb2*.py), committed; run after editing api.proto.
+podresources-stubs: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. gpulens/exporter/podresources/api.proto
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Final
 from urllib.parse import quote
 
-from gpulens.model import GpuJob, GpuReading
+from gpulens.model import THROTTLE_INFERRED, THROTTLE_VIOLATION, GpuJob, GpuReading
 
 SEVERITIES: Final = ("critical", "warning", "info")
 SCOPES: Final = ("gpu", "node", "job")
@@ -72,6 +72,7 @@ class Candidate:
     description: str
     hold: bool = False
     annotations: Mapping[str, str] = field(default_factory=dict)  # extra annotations (a user rule's templates)
+    for_s: float | None = None  # how long it must hold before it fires, when not the rule's ``for``
 
 
 def rule_labels(rule: AlertRule, subject: Mapping[str, str]) -> dict[str, str]:
@@ -148,3 +149,13 @@ def rate_text(bytes_per_second: float) -> str:
         if bytes_per_second >= size:
             return f"{bytes_per_second / size:.1f} {unit}"
     return f"{bytes_per_second:.0f} B/s"
+
+
+def reasons_source_text(reading: GpuReading) -> str:
+    """What follows a reading's throttle reasons in an alert when the driver did not report them: inferred from clock,
+    temperature and power, or taken from DCGM's violation counters (``gpulens.dcgmthrottle``); empty when reported."""
+    if reading.throttle_reasons_source == THROTTLE_INFERRED:
+        return ", inferred from SM clock, temperature and power"
+    if reading.throttle_reasons_source == THROTTLE_VIOLATION:
+        return ", from DCGM's violation counters"
+    return ""

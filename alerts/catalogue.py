@@ -33,6 +33,7 @@ NVLINK_ERRORS: Final = "NvlinkErrors"
 COMMUNICATION_STALL: Final = "CommunicationStall"
 JOB_STRAGGLER: Final = "JobStraggler"
 IDLE_ALLOCATED: Final = "GpuIdleAllocated"
+JOB_INEFFICIENT: Final = "JobInefficient"
 XID_ERROR: Final = "XidError"
 ECC_UNCORRECTABLE: Final = "EccUncorrectable"
 GPU_LOST: Final = "GpuLost"
@@ -157,6 +158,7 @@ BUILTIN_RULES: Final[tuple[AlertRule, ...]] = (
             "blocked_after_s": 11 * MINUTE,
             "blocked_baseline_traffic_min_bytes_per_second": 3e9,
             "fabric_window_s": 10 * MINUTE,
+            "ras_mismatch_for": 30.0,
         },
         meaning="A multi-GPU job hangs (an NCCL hang): NVLink and PCIe traffic fell below `quiet_ratio` of the "
         "job's own recent baseline on every GPU, and its GPUs show one of three signatures (the `signature` label): "
@@ -167,8 +169,11 @@ BUILTIN_RULES: Final[tuple[AlertRule, ...]] = (
         "back from (checkpoints), and only for jobs whose baseline moved "
         "`blocked_baseline_traffic_min_bytes_per_second` per GPU. For a job on several nodes the alert also says "
         "what its NICs show (a port down, or down and up again within `fabric_window_s`, its traffic); a firing "
-        "`IbLinkDown` or `IbLinkFlapping` on one of the job's ports marks it as the cause. See 'How stall detection "
-        "works'.",
+        "`IbLinkDown` or `IbLinkFlapping` on one of the job's ports marks it as the cause. Where the job's NCCL "
+        "answers RAS queries, two more signatures name the ranks: `rank_missing`, a communicator's collective counts "
+        "show the same mismatch for `ras_mismatch_for` (some ranks never launched the collective the others wait "
+        "in), and `rank_dead`, RAS finds a rank's process dead (at once) or unresponsive (for `ras_mismatch_for`); "
+        "either replaces the hardware signatures for that job. See 'How stall detection works'.",
         action="The job makes no progress: look at its logs for the rank that died or hangs (NCCL_DEBUG=INFO, "
         "py-spy dump), and at XidError/GpuLost alerts on its GPUs; restart it from its last checkpoint.",
     ),
@@ -201,6 +206,18 @@ BUILTIN_RULES: Final[tuple[AlertRule, ...]] = (
         "threshold) for the whole `for` duration: it is reserved but unused.",
         action="Ask the job's user whether it still needs the GPU; idle interactive sessions and forgotten jobs "
         "are the usual cause.",
+    ),
+    AlertRule(
+        name=JOB_INEFFICIENT,
+        severity="info",
+        for_s=30 * MINUTE,
+        scope="job",
+        thresholds={"idle_utilization": 0.05, "idle_ratio": 0.8},
+        meaning="A job's GPUs were below `idle_utilization` utilization in at least `idle_ratio` of their readings "
+        "over the history's window, for the whole `for` duration: it holds GPUs it mostly leaves idle (its "
+        "accounting summary gives the same share over its whole life).",
+        action="Tell the job's user: ask for fewer GPUs, or fix the input pipeline or the code that leaves them "
+        "waiting; `gpulens job-summary JOB_ID` shows what the job held and used.",
     ),
     AlertRule(
         name=XID_ERROR,

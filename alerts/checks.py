@@ -2,7 +2,8 @@
 
 Each check is a pure function of a rule, the history and ``now`` that returns the candidates whose condition holds in
 the latest round. Link maxima come from each reading's own fields (maximum PCIe generation and width, active NVLink
-links), so no GPU model table is needed.
+links). A reading without a power limit (dcgm-exporter's default counters have none) is judged against its model's
+board power (``gpulens.hardware``), and its alert says so.
 """
 
 from __future__ import annotations
@@ -11,11 +12,21 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any, Final
 
-from gpulens.alerts.base import AlertRule, Candidate, gpu_name, gpu_subject, job_suffix, percent, rate_text, rule_labels
+from gpulens.alerts.base import (
+    AlertRule,
+    Candidate,
+    gpu_name,
+    gpu_subject,
+    job_suffix,
+    percent,
+    rate_text,
+    reasons_source_text,
+    rule_labels,
+)
 from gpulens.alerts.catalogue import XID_MEANINGS
 from gpulens.alerts.history import History, Round
 from gpulens.config import format_duration
-from gpulens.hardware import pcie_max_bytes_per_second
+from gpulens.hardware import find_gpu_model, pcie_max_bytes_per_second
 from gpulens.httpfetch import redact_url
 from gpulens.model import THROTTLE_REASONS, GpuJob, GpuReading, throttle_reason_names
 
@@ -47,8 +58,10 @@ def _candidate(
 
 
 def _clock_text(reading: GpuReading) -> str:
-    if reading.sm_clock_hertz and reading.max_sm_clock_hertz:
-        return f", SM clock {percent(reading.sm_clock_hertz / reading.max_sm_clock_hertz)} of max"
+    model = find_gpu_model(reading.model) if not reading.max_sm_clock_hertz else None
+    top = reading.max_sm_clock_hertz or (model.max_sm_clock_hertz if model else None)
+    if reading.sm_clock_hertz and top:
+        return f", SM clock {percent(reading.sm_clock_hertz / top)} of max"
     return ""
 
 
@@ -101,11 +114,12 @@ def thermal_throttling(rule: AlertRule, history: History, now: float) -> list[Ca
         reasons = [n for n in throttle_reason_names(bits) if n in ("sw_thermal", "hw_thermal", "hw_slowdown")]
         at = f"{temp:.0f} °C" if temp is not None else "an unknown temperature"
         limit = f" (slowdown {slowdown:.0f} °C)" if slowdown is not None else ""
-        what = f"thermal throttling at {at}{limit}" + (f": {', '.join(reasons)}" if reasons else "")
+        source = reasons_source_text(reading) if slowed else ""
+        what = f"thermal throttling at {at}{limit}" + (f": {', '.join(reasons)}{source}" if reasons else "")
         what += _clock_text(reading)
         description = (
-            f"Temperature {at}{limit}; clock reasons: {', '.join(throttle_reason_names(bits)) or 'none'}. The GPU "
-            "lowers its clocks to cool down."
+            f"Temperature {at}{limit}; clock reasons: {', '.join(throttle_reason_names(bits)) or 'none'}{source}. "
+            "The GPU lowers its clocks to cool down."
         )
         out.append(_candidate(rule, reading, jobs, temp, what, description))
     return out
@@ -116,12 +130,15 @@ def power_capped(rule: AlertRule, history: History, now: float) -> list[Candidat
     busy = rule.threshold("busy_utilization")
     out = []
     for reading, jobs in _gpus(history):
-        power, limit = reading.power_watts, reading.power_limit_watts
+        power, limit, whose = reading.power_watts, reading.power_limit_watts, "enforced power limit"
+        if not limit and (model := find_gpu_model(reading.model)) is not None:
+            limit, whose = model.board_power_watts, "board power (its model's: the page has no power limit)"
         if power is None or not limit:
             continue
         if (reading.throttle_reasons or 0) & SW_POWER_CAP and power >= share * limit:
-            what = f"held at its {limit:.0f} W power limit (sw_power_cap){_clock_text(reading)}"
-            description = f"Drawing {power:.0f} W of an enforced limit of {limit:.0f} W with SW_POWER_CAP set."
+            source = reasons_source_text(reading)
+            what = f"held at its {limit:.0f} W power limit (sw_power_cap{source}){_clock_text(reading)}"
+            description = f"Drawing {power:.0f} W of its {limit:.0f} W {whose} with SW_POWER_CAP set{source}."
             out.append(_candidate(rule, reading, jobs, power, what, description))
         elif reading.utilization_ratio is not None and reading.utilization_ratio < busy:
             out.append(_hold(rule, reading))  # a pause in the work: the cap cannot show, nothing to judge

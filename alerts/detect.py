@@ -2,8 +2,8 @@
 
 Both compare a job with its own *reference*: its recent rounds of normal, communicating work, which ``History``
 keeps per job (every GPU busy, data moving, clocks even). Neither uses a fixed traffic or power level, so they work
-the same on 2 GPUs or 512, on NVLink or PCIe-only nodes, on any GPU model. See docs/alerts.md for the reasoning and
-the known limits.
+the same on 2 GPUs or 512, on NVLink or PCIe-only nodes, on any GPU model. See docs/alerts-detection.md for the
+reasoning and the known limits.
 
 A stall is a multi-GPU job whose NVLink + PCIe traffic fell below ``quiet_ratio`` of the reference on every GPU,
 in one of three signatures (the ``signature`` label):
@@ -37,10 +37,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from gpulens.alerts.base import AlertRule, Candidate, gpu_name, percent, rate_text, rule_labels
+from gpulens.alerts.base import AlertRule, Candidate, gpu_name, percent, rate_text, reasons_source_text, rule_labels
 from gpulens.alerts.checks import HW_POWER_BRAKE_BIT, HW_SLOWDOWN, SW_POWER_CAP, THERMAL_BITS
 from gpulens.alerts.fabricchecks import fabric_evidence
 from gpulens.alerts.history import History, JobRound, JobView, Round
+from gpulens.alerts.ncclchecks import nccl_stall_candidates
 from gpulens.config import format_duration
 from gpulens.model import THROTTLE_REASONS, GpuReading, throttle_reason_names
 
@@ -192,10 +193,11 @@ def communication_stall(rule: AlertRule, history: History, now: float) -> list[C
     latest = history.latest
     if latest is None:
         return []
-    out = []
+    nccl = nccl_stall_candidates(rule, history, now)
+    out = list(nccl.values())
     for job_id, view in latest.jobs.items():
-        if len(view.gpus) < 2:
-            continue  # a single-GPU job has nobody to talk to
+        if len(view.gpus) < 2 or job_id in nccl:
+            continue  # nobody to talk to; or NCCL named the stuck ranks, which mutes the hardware signatures
         summary = _current(history, latest, job_id)
         if summary is None:
             continue
@@ -411,7 +413,7 @@ def _straggler_candidate(rule: AlertRule, view: JobView, rank: _Rank, gpus: int)
     }
     labels = rule_labels(rule, subject)
     slower = f"at {percent(rank.clock_ratio)} of its peers' SM clock" if rank.clock_ratio is not None else "slow"
-    reasons = f" ({', '.join(rank.reasons)})" if rank.reasons else ""
+    reasons = f" ({', '.join(rank.reasons)}{reasons_source_text(reading)})" if rank.reasons else ""
     summary = f"job {view.job_id}: GPU {gpu_name(labels)} {slower}{reasons} holds back {gpus - 1} GPUs"
     power = reading.power_watts or 0.0
     description = (

@@ -21,7 +21,7 @@ import bisect
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Final
 
@@ -39,6 +39,7 @@ from gpulens.alerts.jobround import (
     traffic_bytes_per_second,
 )
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, TargetHealth
+from gpulens.ncclmodel import NcclView
 
 # JobRound and its helpers live in ``gpulens.alerts.jobround``; the rules and tests import them from here as before.
 __all__ = [
@@ -65,6 +66,7 @@ class Round:
     jobs: Mapping[str, JobView]
     nodes: frozenset[str]  # nodes whose snapshot arrived
     targets: tuple[TargetHealth, ...]
+    nccl: Mapping[str, NcclView] = field(default_factory=dict)  # node -> its agent's NCCL RAS view
 
 
 def _fits(reference: Sequence[JobRound], summary: JobRound, usual: float | None = None) -> bool:
@@ -199,6 +201,7 @@ class History:
             jobs=jobs,
             nodes=frozenset(s.node for s in snapshots),
             targets=tuple(targets),
+            nccl={s.node: s.nccl for s in snapshots if s.nccl is not None},
         )
         self._rounds.append(round_)
         self._since.clear()

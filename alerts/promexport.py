@@ -4,8 +4,8 @@ For operators who alert with Prometheus and Alertmanager rather than (or next to
 translate one to one, with the thresholds and ``for`` durations of the given rules (so config overrides carry over).
 ``CommunicationStall`` and ``JobStraggler`` compare a job with its own baseline and its peers; PromQL can express
 approximations of both, given here, but the collector's detectors are more careful (baseline lengths, pauses, dead
-profiling counters); docs/alerts.md explains the difference. ``CommunicationStall`` is exported as three rules, one
-per ``signature`` (spinning, blocked, mixed); the blocked and mixed ones wait ``blocked_after_s`` more.
+profiling counters); docs/alerts-detection.md explains the difference. ``CommunicationStall`` is exported as three
+rules, one per ``signature`` (spinning, blocked, mixed); the blocked and mixed ones wait ``blocked_after_s`` more.
 
 The fabric rules translate over the ``gpulens_nic_*`` families, labelled ``node``, ``device`` and ``port`` (and
 ``gpus`` from ``gpulens_nic_info``); their baselines (a port's highest rate, its usual transmit wait) are
@@ -14,12 +14,13 @@ approximated over the last hour or day. ``NOT_EXPORTED`` lists the rules PromQL 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, Final
 
 import yaml
 
-from gpulens.alerts.base import AlertRule
+from gpulens.alerts.base import AlertRule, percent, rate_text
 from gpulens.alerts.catalogue import (
     COMMUNICATION_STALL,
     ECC_UNCORRECTABLE,
@@ -33,6 +34,7 @@ from gpulens.alerts.catalogue import (
     IB_LINK_DOWN,
     IB_LINK_FLAPPING,
     IDLE_ALLOCATED,
+    JOB_INEFFICIENT,
     JOB_INPUT_BOUND,
     JOB_STRAGGLER,
     MEMORY_SATURATED,
@@ -44,6 +46,7 @@ from gpulens.alerts.catalogue import (
     THERMAL_THROTTLING,
     XID_ERROR,
 )
+from gpulens.config import format_duration
 from gpulens.hardware import PCIE_LANE_BYTES_PER_SECOND
 
 _JOB = "max by (node, gpu, uuid, job_id, user) (gpulens_gpu_job_info)"
@@ -52,6 +55,8 @@ _GPUS = f"* {_PORT} group_left(gpus) max by (node, device, port, gpus) (gpulens_
 
 # Builtins with no Prometheus rule, and why (docs/alerts.md repeats it).
 NOT_EXPORTED: Final = {
+    JOB_INEFFICIENT: "it counts a job's idle GPU readings over the rounds that list the job, which PromQL cannot "
+    "bound per job",
     JOB_INPUT_BOUND: "it needs each job's cgroup CPU limit beside its GPUs' idle share and a checkpoint's writes, "
     "which the exported families do not join (the job CPU family carries no limit)",
 }
@@ -238,15 +243,76 @@ def _stall_exprs(rule: AlertRule) -> list[tuple[str, str, float]]:
     ]
 
 
+_GPU_NAME = "GPU {{ $labels.node }}:{{ $labels.gpu }}"
+_USER = "{{ with $labels.user }} of user {{ . }}{{ end }}"
+_STALL_SHAPES: Final = {
+    "spinning": "spin at full utilization",
+    "blocked": "sit idle holding their memory",
+    "mixed": "spin or sit idle",
+}
+
+
+def _summary(rule: AlertRule, expr: str, labels: dict[str, str]) -> str:
+    """One sentence naming the alert's subject from the labels its expression keeps (a ``count by (job_id, user)``
+    has no ``node``: the stall names its job)."""
+    name = rule.name
+    if name == COMMUNICATION_STALL:
+        signature = labels["signature"]
+        return (
+            f"CommunicationStall ({signature}): job {{{{ $labels.job_id }}}}{_USER}: its {{{{ $value }}}} GPUs "
+            f"{_STALL_SHAPES[signature]} with no NVLink or PCIe traffic."
+        )
+    if name == JOB_STRAGGLER:
+        return f"JobStraggler: {_GPU_NAME} holds back job {{{{ $labels.job_id }}}}{_USER}."
+    if name == EXPORTER_DOWN:
+        return "ExporterDown: the exporter at {{ $labels.instance }} (job {{ $labels.job }}) does not answer."
+    if name == XID_ERROR:
+        return f"XidError on {_GPU_NAME}: the driver reported XID {{{{ $labels.xid }}}}."
+    if "gpulens_nic_" in expr:
+        return f"{name} on {{{{ $labels.node }}}} port {{{{ $labels.device }}}} {{{{ $labels.port }}}}."
+    return f"{name} on {_GPU_NAME} ({{{{ $labels.uuid }}}})."
+
+
+def _threshold_text(rule: AlertRule, name: str) -> str | None:
+    """A threshold the way the description reads it: ``5%``, ``11m``, ``3.0 GB/s``; None for a word that is not
+    one of the rule's thresholds."""
+    if name == "for":
+        return format_duration(rule.for_s)
+    value = rule.thresholds.get(name)
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        return ", ".join(f"{v:g}" for v in value)
+    if name.endswith("_s"):
+        return format_duration(value)
+    if name.endswith("bytes_per_second"):
+        return rate_text(value)
+    if name.endswith("_celsius"):
+        return f"{value:g} °C"
+    if any(word in name for word in ("ratio", "utilization", "difference")) and value <= 1:
+        return percent(value)
+    return f"{value:g}"
+
+
+def _description(rule: AlertRule) -> str:
+    """The rule's meaning with its thresholds filled in (no `quiet_ratio` left for the reader to look up)."""
+
+    def fill(match: re.Match[str]) -> str:
+        text = _threshold_text(rule, match.group(1))
+        return match.group(0) if text is None else text
+
+    text = re.sub(r"`(\w+)`", fill, rule.meaning)
+    return re.sub(r"See '([^']+)'\.", r"See '\1' in gpulens's docs/alerts.md.", text)
+
+
 def _entry(rule: AlertRule, expr: str, for_s: float, labels: dict[str, str]) -> dict[str, Any]:
-    subject = "gpu }} {{ $labels.job_id" if "gpulens_nic_" not in expr else "device }} {{ $labels.port"
     entry: dict[str, Any] = {
         "alert": rule.name,
         "expr": expr,
         "labels": {"severity": rule.severity, **dict(rule.labels), **labels},
         "annotations": {
-            "summary": f"{rule.name} on {{{{ $labels.node }}}} {{{{ $labels.{subject} }}}}",
-            "description": rule.meaning,
+            "summary": _summary(rule, expr, labels),
+            "description": _description(rule),
             "runbook": rule.action,
         },
     }

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
-from gpulens.alerts import checks, detect, fabricchecks, hostchecks
+from gpulens.alerts import checks, detect, fabricchecks, hostchecks, inefficient
 from gpulens.alerts.base import SEVERITIES, AlertRule, Candidate, Threshold
 from gpulens.alerts.catalogue import (
     BUILTIN_RULES,
@@ -27,6 +27,7 @@ from gpulens.alerts.catalogue import (
     IB_LINK_DOWN,
     IB_LINK_FLAPPING,
     IDLE_ALLOCATED,
+    JOB_INEFFICIENT,
     JOB_INPUT_BOUND,
     JOB_STRAGGLER,
     MEMORY_SATURATED,
@@ -58,6 +59,7 @@ CHECKS: Final[Mapping[str, Check]] = {
     COMMUNICATION_STALL: detect.communication_stall,
     JOB_STRAGGLER: detect.job_straggler,
     IDLE_ALLOCATED: checks.idle_allocated,
+    JOB_INEFFICIENT: inefficient.job_inefficient,
     XID_ERROR: checks.xid_error,
     ECC_UNCORRECTABLE: checks.ecc_uncorrectable,
     GPU_LOST: checks.gpu_lost,
@@ -77,7 +79,25 @@ def evaluate(rules: Sequence[AlertRule], history: History, now: float) -> list[C
     """Every rule's candidates on the history's latest round (pure: reads ``history``, changes nothing)."""
     out: list[Candidate] = []
     for rule in rules:
-        out.extend(CHECKS[rule.check or rule.name](rule, history, now))
+        found = CHECKS[rule.check or rule.name](rule, history, now)
+        out.extend(with_job_nodes(found, history) if rule.scope == "job" else found)
+    return out
+
+
+def with_job_nodes(candidates: Sequence[Candidate], history: History) -> list[Candidate]:
+    """A job alert's candidates labelled ``nodes``: the nodes of the job's GPUs this round, sorted, comma-joined
+    (what a person needs to find the job's hosts; a check may have set it already)."""
+    latest = history.latest
+    if latest is None:
+        return list(candidates)
+    out = []
+    for c in candidates:
+        view = latest.jobs.get(c.labels.get("job_id", ""))
+        if c.hold or view is None or "nodes" in c.labels:
+            out.append(c)
+            continue
+        nodes = sorted({reading.node for uuid in view.gpus if (reading := latest.gpus.get(uuid)) is not None})
+        out.append(replace(c, labels={**c.labels, "nodes": ",".join(nodes)}) if nodes else c)
     return out
 
 
@@ -91,8 +111,11 @@ def data_missing(history: History, rule: str, labels: Mapping[str, str]) -> bool
     if rule == EXPORTER_DOWN:
         return False
     node = labels.get("node")
-    if node is not None and node in history.missing_nodes():
+    missing = history.missing_nodes()
+    if node is not None and node in missing:
         return True
+    if missing and any(n in missing for n in labels.get("nodes", "").split(",")):
+        return True  # a job alert whose job spans a node that did not answer
     uuid = labels.get("uuid")
     if uuid is None or rule == GPU_LOST:
         return False
@@ -176,7 +199,7 @@ def _threshold(key: str, value: Any, where: str) -> Threshold:
         if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             raise ConfigError("expected a list of integers (XID codes)", key=where)
         return tuple(float(v) for v in value)
-    if key.endswith("_s"):
+    if key.endswith("_s") or key == "ras_mismatch_for":  # the issue's name for a duration, kept as given
         return _duration(value, where)
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise ConfigError(f"expected a non-negative number, got {value!r:.40}", key=where)

@@ -331,8 +331,13 @@ def step(
     return StepResult(states, transitions, removed)
 
 
+# A rule without advice of its own (a user rule that gives no ``runbook`` annotation).
+NO_ADVICE: Final = "No advice is recorded for this rule: see its definition in the alerting config."
+
+
 def _annotations(c: Candidate, rule: AlertRule, dashboard_url: str | None) -> dict[str, str]:
     annotations = {"summary": c.summary, "description": c.description, **c.annotations}
+    annotations.setdefault("runbook", rule.action or NO_ADVICE)
     link = dashboard_link(dashboard_url, c.labels, rule.scope)
     if link:
         annotations["dashboard"] = link
@@ -345,7 +350,8 @@ def _advance(prev: AlertState | None, fp: str, c: Candidate, ctx: _Round) -> Ale
     now = ctx.now
     annotations = _annotations(c, rule, ctx.dashboard_url)
     if prev is None or prev.state == RESOLVED:
-        firing = rule.for_s <= 0
+        wait = rule.for_s if c.for_s is None else c.for_s
+        firing = wait <= 0
         return AlertState(
             fingerprint=fp,
             rule=c.rule,
@@ -357,7 +363,7 @@ def _advance(prev: AlertState | None, fp: str, c: Candidate, ctx: _Round) -> Ale
             last_seen=now,
             value=c.value,
         )
-    if prev.state == PENDING and now - prev.active_since >= rule.for_s:
+    if prev.state == PENDING and now - prev.active_since >= (rule.for_s if c.for_s is None else c.for_s):
         return replace(prev, state=FIRING, fired_at=now, last_seen=now, value=c.value, annotations=annotations)
     return replace(prev, last_seen=now, value=c.value, annotations=annotations)
 

@@ -13,7 +13,9 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Final
 
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -25,6 +27,7 @@ from gpulens.collector.targets import TargetSet
 from gpulens.logutil import LogOnce
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.settings import Settings
+from gpulens.storage import jobsummary
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.retention import Retention, RetentionJob
 from gpulens.storage.rollup import Rollups
@@ -36,6 +39,7 @@ RETENTION_EVERY_S = 3600.0
 # Rollups and retention run in steps of about this long, between rounds, and stop this long before the next round is
 # due: one step at most overruns, so they delay a round by well under 100 ms (storage/rollup.py, retention.py).
 MAINTENANCE_STEP_S = 0.05
+ACCOUNTING_EVERY_S = 60.0  # ended jobs are summarised (storage.jobsummary) at most this often
 MAINTENANCE_MARGIN_S = 0.2
 
 
@@ -77,6 +81,23 @@ class CollectorMetrics:
         )
         self.db_up = Gauge("gpulens_collector_database_up", "1 if the last write reached the database.", registry=r)
         self.last_round = Gauge("gpulens_collector_last_round_timestamp_seconds", "End of the last round.", registry=r)
+        self.rounds_skipped = Counter(
+            "gpulens_collector_rounds_skipped",
+            "Ticks at which no round started because the previous round was still running.",
+            registry=r,
+        )
+
+
+# APScheduler's own lines about a skipped or missed run: the collector counts those ticks and logs the first itself.
+_SCHEDULER_SKIP_LINES: Final = ("maximum number of running instances reached", "was missed by")
+
+
+class _QuietSkips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(line in str(record.msg) for line in _SCHEDULER_SKIP_LINES)
+
+
+_QUIET_SKIPS: Final = _QuietSkips()
 
 
 class Collector:
@@ -116,6 +137,8 @@ class Collector:
         self._lock = threading.Lock()  # one round at a time, whoever calls
         self.metrics = CollectorMetrics()
         self._reported_dropped = 0
+        self._late = threading.Event()  # a tick came while a round was running: run the next one at once
+        self._accounted_at = float("-inf")  # when ended jobs were last summarised (storage.jobsummary)
 
     def target_count(self) -> int:
         """How many targets the next round scrapes (static and discovered, this shard's)."""
@@ -158,6 +181,10 @@ class Collector:
         node_owners: dict[str, str] = {}
         for r in results:
             merge_counts(round_.rejected, r.rejected)
+            for reason in r.rejected:  # counted every round, told once per target and reason
+                self._log_once(
+                    f"rejected:{r.target.name}:{reason}", "target %s: values rejected (%s)", r.target.name, reason
+                )
             health = r.health
             snapshot = r.snapshot
             if snapshot is not None and node_owners.setdefault(snapshot.node, r.target.name) != r.target.name:
@@ -209,6 +236,8 @@ class Collector:
         result.written = True
         self.metrics.db_up.set(1)
         self._count_rows(stats)
+        if stats.isolated:  # snapshots the database refused (logged once by the writer): the rest are stored
+            merge_counts(result.rejected, {"unwritable_snapshot": len(stats.isolated)})
 
     def _count_rows(self, stats: WriteStats) -> None:
         for table, rows in (
@@ -259,6 +288,9 @@ class Collector:
                     pending = self._retention_job.step(now, max_seconds=MAINTENANCE_STEP_S)
                 if not pending:
                     break
+            if now - self._accounted_at >= ACCOUNTING_EVERY_S and time.perf_counter() + MAINTENANCE_STEP_S < until:
+                self._accounted_at = now
+                jobsummary.account_ended(self._db, self._settings.prices, now=now)
         except DatabaseUnavailableError as exc:
             self._log_once("maintenance-db-down", "rollups/retention postponed: %s", exc)
 
@@ -288,13 +320,25 @@ class Collector:
     # -- schedule -------------------------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event, *, on_round: RoundHook | None = None) -> None:
-        """Run rounds every interval until ``stop`` is set (APScheduler; a slow round delays, never overlaps)."""
+        """Run rounds every interval until ``stop`` is set (APScheduler; a slow round delays, never overlaps).
+
+        A tick that comes while a round is still running is skipped: counted in
+        ``gpulens_collector_rounds_skipped_total``, logged the first time, and made up by starting the next round as
+        soon as the late one ends, so a slow target or write does not cost the other targets their samples."""
+        for name in ("apscheduler.scheduler", "apscheduler.executors.default"):
+            logger = logging.getLogger(name)
+            if _QUIET_SKIPS not in logger.filters:
+                logger.addFilter(_QUIET_SKIPS)
         scheduler = BackgroundScheduler(timezone="UTC")
 
         def job() -> None:
-            result = self.run_round()
-            if on_round is not None:
-                on_round(result)
+            while True:
+                self._late.clear()
+                result = self.run_round()
+                if on_round is not None:
+                    on_round(result)
+                if stop.is_set() or not self._late.is_set():
+                    return
 
         scheduler.add_job(
             job,
@@ -305,6 +349,7 @@ class Collector:
             misfire_grace_time=max(1, int(self._settings.interval_s)),
             next_run_time=None,
         )
+        scheduler.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED)
         scheduler.start()
         try:
             scheduler.modify_job("scrape-round", next_run_time=datetime.now(UTC))
@@ -313,6 +358,19 @@ class Collector:
         finally:
             self._scraper.abort()  # a round in flight ends now, not at its slowest target's timeout
             scheduler.shutdown(wait=True)
+
+    def _skipped(self, event: JobEvent) -> None:
+        """A tick at which no round started (the previous one was still running)."""
+        self.metrics.rounds_skipped.inc()
+        self._late.set()
+        self._log_once(
+            "round-skipped",
+            "a round ran past the %gs interval, so the next tick was skipped and the round runs once the late one "
+            "ends (a slow target or database write; scrape timeout %gs); skipped ticks are counted in "
+            "gpulens_collector_rounds_skipped_total",
+            self._settings.interval_s,
+            self._settings.timeout_s,
+        )
 
     def close(self) -> None:
         self._scraper.close()

@@ -36,13 +36,26 @@ from gpulens.collector.targets import Target
 from gpulens.config import ConfigError
 from gpulens.dcgmnode import DcgmPageError, DcgmPageReader
 from gpulens.httpfetch import redact_url
+from gpulens.metriccatalogue import fields_in
 from gpulens.model import LINKS_INACTIVE, GpuReading, NodeSnapshot, SnapshotFormatError, TargetHealth
 from gpulens.multifetch import ABORTED, Get, MultiFetcher, Outcome
+from gpulens.promtext import DEFAULT_LIMITS, PageDecodeError, decode_page
 from gpulens.snapshotcodec import LAYOUT_COLUMNAR, SnapshotNotJSONError, snapshot_from_bytes
+from gpulens.storedrange import (
+    GPU_LIMIT,
+    GPUS_PER_TARGET,
+    LINK_OUT_OF_RANGE,
+    PID_OUT_OF_RANGE,
+    all_links_storable,
+    all_storable,
+    bound_reading,
+    link_storable,
+    process_storable,
+)
 
 log = logging.getLogger(__name__)
 
-_RATIO_FIELDS: Final = ("utilization_ratio", "sm_active_ratio", "tensor_active_ratio", "dram_active_ratio")
+_RATIO_FIELDS: Final = fields_in("ratio")  # every 0-1 field, by its range in the metric catalogue
 _NON_NEGATIVE: Final = tuple(
     f.name
     for f in dataclasses.fields(GpuReading)
@@ -59,6 +72,9 @@ _TIMESTAMP, _POWER, _NODE, _UUID = map(attrgetter, ("timestamp", "power_watts", 
 # Query asking a gpulens exporter for the columnar snapshot with only the inactive links (the collector stores link
 # outages, and each GPU's NVLink totals are in its reading): older exporters ignore what they do not know.
 SNAPSHOT_QUERY = f"layout={LAYOUT_COLUMNAR}&links={LINKS_INACTIVE}"
+# A job id in a snapshot is held to a label value's length on a page (gpulens.promtext.TextLimits).
+_JOB_ID_MAX: Final = DEFAULT_LIMITS.label_value_length
+JOB_ID_TOO_LONG: Final = "job_id_too_long"
 
 
 class ScrapeError(Exception):
@@ -110,12 +126,20 @@ def _all_plausible(gpus: Sequence[GpuReading], node: str, now: float, future_tol
         and max(filter(None, map(_POWER, gpus)), default=0) <= 20_000
         and set(map(_NODE, gpus)) == {node}
         and len(set(map(_UUID, gpus))) == len(gpus)
+        and len(gpus) <= GPUS_PER_TARGET
+        and all_storable(gpus)
     )
 
 
 def sanitize(snapshot: NodeSnapshot, now: float, future_tolerance_s: float) -> tuple[NodeSnapshot, dict[str, int]]:
-    """Drop the readings that cannot be true (and duplicate GPUs), counting each by reason."""
-    if _all_plausible(snapshot.gpus, snapshot.node, now, future_tolerance_s):
+    """Drop the readings that cannot be true (and duplicate GPUs), the values storage cannot hold, and the GPUs past
+    ``GPUS_PER_TARGET``, counting each by reason (``gpulens.storedrange``)."""
+    if (
+        _all_plausible(snapshot.gpus, snapshot.node, now, future_tolerance_s)
+        and all_links_storable(snapshot.links)
+        and all(map(process_storable, snapshot.processes))
+        and all(len(j.job_id) <= _JOB_ID_MAX for j in snapshot.jobs)
+    ):
         return snapshot, {}
     return sanitize_each(snapshot, now, future_tolerance_s)
 
@@ -129,20 +153,35 @@ def sanitize_each(snapshot: NodeSnapshot, now: float, future_tolerance_s: float)
         reason = "duplicate_gpu" if g.uuid in seen else _reject_reason(g, now, future_tolerance_s)
         if reason is None and g.node != snapshot.node:
             reason = "node_mismatch"
+        if reason is None and len(kept) >= GPUS_PER_TARGET:
+            reason = GPU_LIMIT
         if reason is not None:
             rejected[reason] = rejected.get(reason, 0) + 1
             continue
+        bounded = bound_reading(g, rejected)  # values storage cannot hold dropped alone; an index it cannot, the GPU
+        if bounded is None:
+            continue
         seen.add(g.uuid)
-        kept.append(g)
+        kept.append(bounded)
+    keep = {g.uuid for g in kept}
+    jobs = tuple(x for x in snapshot.jobs if x.uuid in keep and len(x.job_id) <= _JOB_ID_MAX)
+    links = tuple(x for x in snapshot.links if x.uuid in keep and link_storable(x))
+    processes = tuple(x for x in snapshot.processes if x.uuid in keep and process_storable(x))
+    for reason, bad in (
+        (LINK_OUT_OF_RANGE, sum(not link_storable(x) for x in snapshot.links)),
+        (PID_OUT_OF_RANGE, sum(not process_storable(x) for x in snapshot.processes)),
+        (JOB_ID_TOO_LONG, sum(len(x.job_id) > _JOB_ID_MAX for x in snapshot.jobs)),
+    ):
+        if bad:
+            rejected[reason] = rejected.get(reason, 0) + bad
     if not rejected:
         return snapshot, rejected
-    keep = {g.uuid for g in kept}
     return (
         snapshot.replace(
             gpus=tuple(kept),
-            links=tuple(x for x in snapshot.links if x.uuid in keep),
-            processes=tuple(x for x in snapshot.processes if x.uuid in keep),
-            jobs=tuple(x for x in snapshot.jobs if x.uuid in keep),
+            links=links,
+            processes=processes,
+            jobs=jobs,
             migs=tuple(x for x in snapshot.migs if x.uuid in keep),
         ),
         rejected,
@@ -244,9 +283,9 @@ class Scraper:
     def _parse(self, target: Target, body: bytes, now: float) -> tuple[NodeSnapshot, dict[str, int]]:
         if target.kind == "dcgm":
             try:
-                text = body.decode("utf-8")
-            except UnicodeDecodeError:
-                raise ScrapeError("the response is not UTF-8") from None
+                text = decode_page(body)
+            except PageDecodeError as exc:
+                raise ScrapeError(f"the response is {exc}") from None
             try:
                 result = self._reader(target).read(text, now)
             except DcgmPageError as exc:

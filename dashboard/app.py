@@ -23,6 +23,7 @@ from gpulens.dashboard.components import clientside
 from gpulens.dashboard.context import Context
 from gpulens.dashboard.ids import SHELL_NAV, SHELL_THEME_TOGGLE
 from gpulens.dashboard.pages import PAGES
+from gpulens.settings import Prices
 from gpulens.storage.db import Database
 from gpulens.storage.reading import StoreReader, reader_of
 from gpulens.webauth import BasicAuth
@@ -55,16 +56,20 @@ def create_app(
     basic_auth: BasicAuth | None = None,
     stale_after_s: float = 120.0,
     title: str = "gpulens",
+    prices: Prices | None = None,
 ) -> Dash:
     """The dashboard over ``db`` (a SQL ``Database``, or any ``StoreReader``: Prometheus). ``clock`` says what
     "now" is (default: the store's clock); ``alerts`` reads
     the alert engine's alerts (without it the pages say that no alert store is connected).
 
     ``stale_after_s``: a GPU whose newest reading is older than this shows as stale (its exporter or the collector
-    is down). With ``basic_auth`` every request but ``/healthz`` needs a user and password.
+    is down). With ``basic_auth`` every request but ``/healthz`` needs a user and password. ``prices`` (the
+    config's ``[accounting]``) price a running job's summary on its page.
     """
     store = reader_of(db)
-    context = Context(db=store, clock=clock or store.clock, alerts=alerts, stale_after_s=stale_after_s)
+    context = Context(
+        db=store, clock=clock or store.clock, alerts=alerts, stale_after_s=stale_after_s, prices=prices or Prices()
+    )
     app = _Dash(
         __name__,
         use_pages=True,

@@ -13,8 +13,9 @@ from gpulens.clock import Clock
 from gpulens.dashboard import snapshot
 from gpulens.dashboard.alertdata import AlertReader
 from gpulens.dashboard.components import banner
-from gpulens.dashboard.timerange import RangeError, minute_text
+from gpulens.dashboard.timerange import CUSTOM, RangeError, minute_text
 from gpulens.gcpause import gc_paused
+from gpulens.settings import Prices
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.reading import NotAvailableOnBackendError, StoreReader, TooManySeriesError, reader_of
 
@@ -29,6 +30,7 @@ class Context:
     clock: Clock
     alerts: AlertReader | None = None
     stale_after_s: float = 120.0
+    prices: Prices = field(default_factory=Prices)  # [accounting]: a running job's summary on its page
     base: StoreReader = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -39,6 +41,11 @@ class Context:
         """The reader of this page view: inside ``guarded``, one session and snapshot (``dashboard.snapshot``)."""
         pinned = snapshot.current()
         return pinned if pinned is not None else self.base
+
+    def history_start(self, preset: str | None) -> float | None:
+        """Where a custom range must start at the earliest (``timerange.resolve_range``); asked of the store only
+        for a custom range."""
+        return self.store.history_start() if preset == CUSTOM else None
 
 
 class PageError(Exception):

@@ -4,10 +4,17 @@ GPU names), and rounding that keeps figure JSON small. A value that was not read
 
 from __future__ import annotations
 
+import html
 import math
 from typing import Final
 
 MISSING: Final = "\u2013"  # what a table or card shows for a value that was not read
+
+
+def plotly_text(value: object) -> str:
+    """A value a target or a job chose (node, model, UUID, job, user, device) for Plotly's hover and cell text, which
+    read a subset of HTML: escaped, so it shows as written and never as markup."""
+    return html.escape(str(value), quote=False)
 
 
 def round_sig(value: float | None, digits: int = 4) -> float | None:

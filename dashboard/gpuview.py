@@ -80,7 +80,7 @@ def load_gpu_view(
     now = context.clock.now()
 
     def load() -> GpuView:
-        span = resolve_range(state.range, state.start, state.end, now)
+        span = resolve_range(state.range, state.start, state.end, now, history_start=context.history_start(state.range))
         store = context.store
         readings = [r for r in store.latest_readings(node=node, uuids=uuids) if shown(r)]
         # the jobs and processes of the node shown (a GPU page's node is its reading's): not the whole cluster's

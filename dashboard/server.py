@@ -97,7 +97,8 @@ def run_dashboard(
             except DatabaseUnavailableError as exc:
                 log.warning("%s; serving anyway: the pages say so until it is back", exc)
             alert_reader = alerts(database) if alerts is not None else alert_reader
-        app = create_app(store, clock=clock, alerts=alert_reader, basic_auth=auth)
+        prices = db.prices if isinstance(db, Settings) else None
+        app = create_app(store, clock=clock, alerts=alert_reader, basic_auth=auth, prices=prices)
         tune_garbage_collector()  # each page builds thousands of records: collect young objects seldom (gcpause)
         wsgi = CompressAndCache(app.server.wsgi_app)
         try:

@@ -3,6 +3,7 @@ told to stop."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -15,8 +16,11 @@ from gpulens.config import ConfigError
 from gpulens.exporter.httpserver import ExporterServer, Routes
 from gpulens.exporter.poller import Enricher, OnDemandNode, Poller
 from gpulens.exporter.webconfig import WebConfig, load_web_config
+from gpulens.extras import MissingExtraError, require_k8s
 from gpulens.model import GpuSource, NodeSnapshot
 from gpulens.netaddr import parse_listen
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,10 @@ class ExporterOptions:
     scenario: str | None = None
     speed: float = 1.0
     all_nodes: bool = False
+    kubelet_socket: str | None = None  # the kubelet's pod-resources socket; None or "": not read
+    kubelet_socket_given: bool = False
+    nccl_ras: bool = True
+    nccl_ras_addr: str = "127.0.0.1:28028"
 
 
 def _nvml_source(options: ExporterOptions) -> GpuSource:
@@ -56,7 +64,13 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
             raise ConfigError("--source sim needs --scenario FILE", key="--scenario")
         scenario = load_scenario(options.scenario)
         clock = LiveTime(scenario.start, options.speed)
-        cluster = SimCluster(scenario, stamp=clock.to_real, counter_scale=1 / options.speed)
+        cluster = SimCluster(
+            scenario,
+            stamp=clock.to_real,
+            counter_scale=1 / options.speed,
+            nccl_ras=options.nccl_ras,
+            ras_over_tcp=not options.all_nodes,  # one node: its RAS on a real port; all nodes: read in process
+        )
         if options.all_nodes:
             multi = SimAllNodes(cluster, clock)
             nodes = {name: OnDemandNode(multi, name, dcgm_compat=options.dcgm_compat) for name in multi.node_names()}
@@ -81,11 +95,18 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
         from gpulens.exporter.jobmap import JobMapper
 
         enrichers = [JobMapper(proc_root=options.proc_root, job_map_dir=options.job_map_dir).enrich]
+        pods = _pod_mapper(options)
+        if pods is not None:  # after the cgroups: it names the pods their processes belong to
+            enrichers.append(pods)
         if options.fabric:  # after the job mapping: the job cgroups are found from the GPU processes
             from gpulens.exporter.fabric.node import FabricReader
 
             fabric = FabricReader(options.node, sysfs_root=options.sysfs_root, proc_root=options.proc_root)
             enrichers.append(fabric.enrich)
+        if options.nccl_ras:  # last: it maps ranks to the jobs the job mapper found
+            from gpulens.exporter.ncclras import NcclRasReader
+
+            enrichers.append(NcclRasReader(options.nccl_ras_addr, interval_s=options.interval_s).enrich)
     closers = [source.close]
     if _wants_slurm(options.job_info):  # last: it names the jobs every step before found
         from gpulens.exporter.slurmjobs import SlurmJobInfo
@@ -111,6 +132,27 @@ def _wants_slurm(job_info: str) -> bool:
     # auto: a Slurm client that can find its cluster (a config file, SLURM_CONF, or configless slurmd's cache)
     configured = "SLURM_CONF" in os.environ or any(Path(p).exists() for p in _SLURM_CONFIGS)
     return configured and shutil.which("squeue") is not None
+
+
+def _pod_mapper(options: ExporterOptions) -> Enricher | None:
+    """The kubelet's pod-resources mapper where its socket was named or the default one exists; None elsewhere.
+
+    A missing k8s extra is a ConfigError (one line, with the hint) when the socket was named; at the default path it
+    is logged once and the node runs without pod names."""
+    path = options.kubelet_socket
+    if not path or (not options.kubelet_socket_given and not os.path.exists(path)):
+        return None
+    try:
+        require_k8s("--kubelet-socket")
+    except MissingExtraError as exc:
+        if options.kubelet_socket_given:
+            raise ConfigError(str(exc), key="--kubelet-socket") from None
+        logger.warning("%s is present, but pods cannot be named: %s", path, exc)
+        return None
+    from gpulens.exporter.podresources.client import KubeletClient
+    from gpulens.exporter.podresources.mapper import PodMapper
+
+    return PodMapper(KubeletClient(path), clock=time.monotonic).enrich
 
 
 def _chain(enrichers: list[Enricher]) -> Enricher:

@@ -2,8 +2,9 @@
 
 ``DcgmSource`` fetches the page over HTTP and converts it with ``gpulens.dcgmnode.DcgmPageReader``, the converter the
 collector uses too (parsing rules: ``gpulens.dcgmpage``; XID counters, lost GPUs, node name: ``gpulens.dcgmnode``). It
-keeps cumulative error counts. A page that cannot be used (truncated, no GPU series) fails the read with the reason,
-so ``/healthz`` reports it. The memory of GPUs seen lives in the reader: restarting the exporter forgets a lost GPU.
+keeps cumulative error counts. A page that cannot be used (no GPU series) fails the read with the reason, so
+``/healthz`` reports it; the page's limit hits (``gpulens.promtext.TextLimits``) are counted by reason. The memory
+of GPUs seen lives in the reader: restarting the exporter forgets a lost GPU.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gpulens.dcgmpage import BAD_LINES, FETCH_FAILED, DcgmParse
 from gpulens.httpfetch import Fetch, check_url, fetch_url, redact_url
 from gpulens.logutil import LogOnce
 from gpulens.model import NodeSnapshot, SourceError
+from gpulens.promtext import PageDecodeError, decode_page
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +88,9 @@ class DcgmSource:
             if len(body) > self._max_bytes:
                 raise SourceError(f"dcgm-exporter at {self._safe_url} sent more than {self._max_bytes} bytes")
             try:
-                return body.decode("utf-8-sig")
-            except UnicodeDecodeError as exc:
-                raise SourceError(
-                    f"dcgm-exporter at {self._safe_url} sent a body that is not UTF-8 (byte {exc.start})"
-                ) from None
+                return decode_page(body)
+            except PageDecodeError as exc:
+                raise SourceError(f"dcgm-exporter at {self._safe_url} sent a body that is {exc}") from None
         except SourceError as exc:
             self._count(FETCH_FAILED, 1, "reading dcgm-exporter failed: %s", exc)
             raise

@@ -47,9 +47,17 @@ _MAX_CACHED_PROCESSES: Final = 4096
 _USER_CACHE_SIZE: Final = 256
 _STAT_STARTTIME_INDEX: Final = 19  # field 22 of /proc/<pid>/stat, counted from field 3 (the first after "comm)")
 
-# Slurm: cgroup v1 ``/slurm[_<host>]/uid_<uid>/job_<id>/...``, v2 ``/system.slice/[<host>_]slurmstepd.scope/job_<id>/``.
+# Slurm job ids: digits, array jobs ``123_4``, heterogeneous jobs ``123+0``.
+_JOB_ID_CHARS: Final = r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}"
+_MAP_JOB_ID: Final = re.compile(_JOB_ID_CHARS)
+# Slurm, only from its own cgroup roots, at the start of a hierarchy's path: v1 ``/slurm[_<host>]/uid_<uid>/job_<id>/``,
+# v2 ``/system.slice/[<host>_]slurmstepd.scope/job_<id>/`` (``/[<host>_]slurmstepd.scope/job_<id>/`` in a cgroup
+# namespace). A Docker container may hold them (Slurm in a container without its own cgroup namespace); a
+# ``job_<id>`` anywhere else (a cgroup a pod made for itself) names no Slurm job.
 _SLURM_JOB: Final = re.compile(
-    r"(?:^|/)(?:slurm(?:_[^/]+)?|(?:[^/]+_)?slurmstepd\.scope)/(?:uid_\d+/)?job_([^/]+)(?:/|$)"
+    r"^(?:/docker/[0-9a-f]{64}|/system\.slice/docker-[0-9a-f]{64}\.scope)?"
+    r"/(?:slurm(?:_[^/]+)?/uid_\d+|(?:system\.slice/)?(?:[^/]+_)?slurmstepd\.scope)"
+    rf"/job_({_JOB_ID_CHARS})(?:/|$)"
 )
 # Kubernetes: cgroupfs ``/kubepods/burstable/pod<uid>/<cid>``, systemd ``kubepods-burstable-pod<uid_>.slice``.
 # Pod uids are UUIDs, or 32 hex digits for static pods.
@@ -61,8 +69,6 @@ _K8S_POD: Final = re.compile(
 # Docker: systemd ``docker-<id>.scope``, cgroupfs ``/docker/<id>``.
 _DOCKER: Final = re.compile(r"(?:^|/)docker[-/]([0-9a-f]{64})(?:\.scope)?(?:/|$)")
 _CGROUP_LINE: Final = re.compile(r"(\d+):([^:]*):(/.*)")
-# Slurm job ids: digits, array jobs ``123_4``, heterogeneous jobs ``123+0``.
-_MAP_JOB_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 _UID: Final = re.compile(r"[0-9]{1,10}")
 _DIGITS: Final = re.compile(r"[0-9]+")
 
@@ -91,15 +97,24 @@ def _lookup_passwd(uid: int) -> str | None:
         return None
 
 
+def _owner(path: str) -> tuple[int, str] | None:
+    """The outermost scheduler that owns a cgroup path (Slurm or Kubernetes), as (where it starts, job id)."""
+    found = []
+    if match := _SLURM_JOB.match(path):
+        found.append((match.start(), match.group(1)))
+    if match := _K8S_POD.search(path):
+        found.append((match.start(), "pod/" + match.group(1).replace("_", "-").lower()))
+    return min(found) if found else None
+
+
 def job_id_from_cgroup_paths(paths: Iterable[str]) -> str | None:
-    """The job a process belongs to, from its cgroup paths: Slurm first, then Kubernetes, then Docker."""
+    """The job a process belongs to, from its cgroup paths. Where owners nest, the outermost recognised one wins (a
+    Slurm-looking cgroup inside a pod is the pod's); a Slurm job before a pod across hierarchies; Docker last, as a
+    container is a job only when no scheduler placed it."""
     candidates = list(paths)
-    for path in candidates:
-        if match := _SLURM_JOB.search(path):
-            return match.group(1)
-    for path in candidates:
-        if match := _K8S_POD.search(path):
-            return "pod/" + match.group(1).replace("_", "-").lower()
+    owners = [owner[1] for path in candidates if (owner := _owner(path)) is not None]
+    if owners:
+        return next((o for o in owners if not o.startswith("pod/")), owners[0])
     for path in candidates:
         if match := _DOCKER.search(path):
             return "docker/" + match.group(1)[:12]

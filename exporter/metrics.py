@@ -16,9 +16,18 @@ from dataclasses import dataclass, field
 import gpulens
 from gpulens.dcgmfields import COMPAT_FIELDS, COMPAT_LABELS, MIG_MEMORY_TARGETS, compat_value, mig_memory_value
 from gpulens.exporter.fabricmetrics import fabric_families
+from gpulens.exporter.ncclmetrics import nccl_families
 from gpulens.exporter.promfamily import Family, escape_label, render_labels
 from gpulens.metriccatalogue import GPU_FIELDS, GPU_LABELS
-from gpulens.model import THROTTLE_REASONS, GpuReading, MigReading, NodeSnapshot
+from gpulens.model import (
+    THROTTLE_REASONS,
+    THROTTLE_REPORTED,
+    THROTTLE_SOURCES,
+    GpuJob,
+    GpuReading,
+    MigReading,
+    NodeSnapshot,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +89,9 @@ def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
 
     throttle = Family(
         "gpulens_gpu_throttle_active",
-        "1 while a clock-event (throttle) reason is active.",
-        labels=[*GPU_LABELS, "reason"],
+        "1 while a clock-event (throttle) reason is active; source: reported, violation (a DCGM violation counter "
+        "rose) or inferred (from clock, temperature and power).",
+        labels=[*GPU_LABELS, "reason", "source"],
     )
     xids = Family(
         "gpulens_gpu_xid_errors_total",
@@ -91,8 +101,11 @@ def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
     )
     for g, prefix in zip(gpus, prefixes, strict=True):
         if g.throttle_reasons is not None:
+            source = g.throttle_reasons_source if g.throttle_reasons_source in THROTTLE_SOURCES else THROTTLE_REPORTED
             for name, bit in THROTTLE_REASONS:
-                throttle.add_rendered(f'{prefix},reason="{name}"', 1 if g.throttle_reasons & bit else 0)
+                throttle.add_rendered(
+                    f'{prefix},reason="{name}",source="{source}"', 1 if g.throttle_reasons & bit else 0
+                )
         for code, count in sorted(g.xid_errors.items()):
             xids.add_rendered(f'{prefix},xid="{code}"', count)
     yield throttle
@@ -151,6 +164,16 @@ def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
         labels = [meta.job_id, meta.name or "", meta.user or "", meta.account or "", meta.partition or ""]
         scheduler_info.add_metric(labels, 1)
     yield scheduler_info
+    pod_info = Family(
+        "gpulens_pod_gpu_info",
+        "1 for each Kubernetes pod container holding a GPU (the kubelet's pod-resources API); job_id is namespace/pod.",
+        labels=["node", "gpu", "uuid", "job_id", "namespace", "pod", "container", "pod_uid", "mig_uuid"],
+    )
+    for job in snapshot.jobs:
+        if job.pod is not None:
+            values = [job.namespace or "", job.pod, job.container or "", job.pod_uid or "", job.mig_uuid or ""]
+            pod_info.add_metric([job.node, str(job.gpu), job.uuid, job.job_id, *values], 1)
+    yield pod_info
 
     processes = Family(
         "gpulens_process_gpu_memory_bytes",
@@ -194,12 +217,15 @@ def _exporter_families(health: ExporterHealth) -> Iterator[Family]:
 # --- dcgm-exporter compatible families (--dcgm-compat) -----------------------------------------------------------
 
 
-def _pod_labels(job_id: str) -> tuple[str, str] | None:
-    """(namespace, pod) of a Kubernetes job id: ``<namespace>/<pod>`` (dcgm source), ``pod/<uid>`` (cgroup)."""
-    head, sep, tail = job_id.partition("/")
+def _pod_labels(job: GpuJob) -> tuple[str, str, str] | None:
+    """(container, namespace, pod) of a Kubernetes job: from the kubelet where it named the pod, else from the job
+    id, ``<namespace>/<pod>`` (dcgm source) or ``pod/<uid>`` (cgroup)."""
+    if job.pod is not None:
+        return (job.container or "", job.namespace or "", job.pod)
+    head, sep, tail = job.job_id.partition("/")
     if not sep or not tail or head == "docker":
         return None
-    return ("", tail) if head == "pod" else (head, tail)
+    return ("", "", tail) if head == "pod" else ("", head, tail)
 
 
 def _dcgm_families(snapshot: NodeSnapshot, last_xid: Mapping[str, int]) -> Iterator[Family]:
@@ -211,9 +237,9 @@ def _dcgm_families(snapshot: NodeSnapshot, last_xid: Mapping[str, int]) -> Itera
     that runs on that instance.
     """
     up_gpus = [g for g in snapshot.gpus if g.up]
-    pods: dict[str, tuple[str, str]] = {}  # by GPU UUID, and by MIG UUID for a pod on a MIG instance
+    pods: dict[str, tuple[str, str, str]] = {}  # by GPU UUID, and by MIG UUID for a pod on a MIG instance
     for job in snapshot.jobs:
-        pod = _pod_labels(job.job_id)
+        pod = _pod_labels(job)
         if pod is not None:
             if job.mig_uuid is not None:
                 pods.setdefault(job.mig_uuid, pod)
@@ -222,8 +248,9 @@ def _dcgm_families(snapshot: NodeSnapshot, last_xid: Mapping[str, int]) -> Itera
 
     def labels(g: GpuReading, mig: MigReading | None = None) -> str:
         driver = g.driver_version or snapshot.driver_version or ""
-        namespace, pod = pods.get(g.uuid if mig is None else mig.mig_uuid, ("", ""))
-        values = [str(g.gpu), g.uuid, g.pci_bus_id or "", f"nvidia{g.gpu}", g.model, g.node, driver, "", namespace, pod]
+        container, namespace, pod = pods.get(g.uuid if mig is None else mig.mig_uuid, ("", "", ""))
+        values = [str(g.gpu), g.uuid, g.pci_bus_id or "", f"nvidia{g.gpu}", g.model, g.node, driver]
+        values += [container, namespace, pod]
         text = render_labels(COMPAT_LABELS, values)
         if mig is None:
             return text
@@ -275,6 +302,7 @@ def render_metrics(
     if snapshot is not None:
         families.append(_gpulens_families(snapshot))
         families.append(fabric_families(snapshot))
+        families.append(nccl_families(snapshot))
         if dcgm_compat:
             families.append(_dcgm_families(snapshot, last_xid or {}))
     families.append(_exporter_families(health))

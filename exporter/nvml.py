@@ -32,7 +32,15 @@ from gpulens.exporter.nvmllinks import LINK_STATE_REFRESH_S, count_links, nvlink
 from gpulens.exporter.nvmlmig import read_migs
 from gpulens.exporter.nvmlxid import XidWatcher
 from gpulens.logutil import ErrorCounter
-from gpulens.model import GpuReading, LinkReading, MigReading, NodeSnapshot, ProcessReading, SourceError
+from gpulens.model import (
+    THROTTLE_REPORTED,
+    GpuReading,
+    LinkReading,
+    MigReading,
+    NodeSnapshot,
+    ProcessReading,
+    SourceError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +247,7 @@ class NvmlSource:
             max_sm_clock_hertz=gpu.max_sm_clock_hertz,
             max_memory_clock_hertz=gpu.max_memory_clock_hertz,
             throttle_reasons=thermal.throttle_reasons,
+            throttle_reasons_source=None if thermal.throttle_reasons is None else THROTTLE_REPORTED,
             pcie_tx_bytes_per_second=tx.result(),
             pcie_rx_bytes_per_second=rx.result(),
             pcie_link_generation=link.generation,

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpulens.exporter.metrics import ExporterHealth, render_metrics
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, JobInfo, LinkReading, MigReading, NodeSnapshot, ProcessReading
+from gpulens.ncclmodel import NcclComm, NcclRank, NcclView
 
 
 def _every_field(cls: type, given: dict[str, object]) -> dict[str, object]:
@@ -46,7 +47,7 @@ def _full_snapshot() -> NodeSnapshot:
         gpus=(gpu,),
         links=(LinkReading("n", 0, "GPU-0", 0, True, 1.0, 1.0),),
         processes=(ProcessReading("n", 0, "GPU-0", 1, 1, "c", "u", "j"),),
-        jobs=(GpuJob("n", 0, "GPU-0", "j", "u"),),
+        jobs=(GpuJob("n", 0, "GPU-0", "j", "u"), GpuJob("n", 0, "GPU-0", "ns/p", None, "MIG-0", "ns", "p", "c", "uid")),
         job_info=(JobInfo("n", "j", "train", "u", "a", "p"),),
         migs=(MigReading("n", 0, "GPU-0", "MIG-0", 1, 0, "p", 1, 1),),
         metric_sources={"GPU-0": {"pcie": "gpm"}},
@@ -69,6 +70,12 @@ def _full_snapshot() -> NodeSnapshot:
         ),
         host=HostReading(**_every_field(HostReading, {"node": "n"})),  # type: ignore[arg-type]
         job_hosts=(JobHostReading(**_every_field(JobHostReading, {"node": "n", "job_id": "j"})),),  # type: ignore[arg-type]
+        nccl=NcclView(
+            up=True,
+            query_seconds=0.01,
+            comms=(NcclComm("j", "27a079b828ff1a75", 2, "MISMATCH", 7, "AllReduce", 31.0),),
+            ranks=(NcclRank("j", "27a079b828ff1a75", 1, "10.0.0.1", 1, 0, "GPU-0", {"AllReduce": 6}, 1),),
+        ),
     )
 
 
@@ -86,6 +93,9 @@ def metrics_reference() -> str:
         "A value the GPU cannot give is omitted, never exported as 0 or NaN.",
         "`gpulens_nic_*` series (RDMA ports) carry `node, device, port` instead, `gpulens_host_*` series `node` and",
         "`gpulens_job_*` series `node, job_id`; docs/fabric.md describes where they come from.",
+        "`gpulens_pod_gpu_info` names the Kubernetes pod and container of a job on a GPU (`--kubelet-socket`).",
+        "`gpulens_nccl_*` series (NCCL RAS) carry `node` and, per rank, `job_id, comm, rank`; docs/nccl.md describes",
+        "them.",
         "",
         "| family | type | labels beyond node, gpu, uuid, model | help |",
         "|---|---|---|---|",

@@ -9,12 +9,16 @@ collector's ``kind = "dcgm"`` targets (each keeps one reader per dcgm-exporter i
   adds the rise (the first page adds its counts; a fall is events leaving the window). Otherwise the sticky
   last-XID field counts one event each time it changes to a non-zero code (43 -> 0 -> 43 counts twice); a repeat of
   the same code between two pages cannot be seen from it.
+* **Throttle reasons** where the page has no clock-event reasons (dcgm-exporter's default counters): from the
+  clock-event window counts, the ``*_VIOLATION`` counters' rise since the previous page, or inferred from clock,
+  temperature and power, each reading saying which (``gpulens.dcgmthrottle``).
 * **Lost GPUs.** A GPU seen before and missing from a page that still has GPUs is reported down (``up=False``,
   identity and XID counts kept, as the NVML source reports a lost GPU) until it comes back; the event is counted
   once as ``dcgm_gpu_missing`` and logged once. Nothing is persisted: restarting the exporter or the collector, or
   ``forget(uuid)``, forgets a lost GPU.
-* **Pages that say nothing.** A truncated page, or one without a single GPU series (an empty body, an unknown
-  format), raises ``DcgmPageError`` with the reason; it is never reported as a healthy node without GPUs.
+* **Pages that say nothing.** A page without a single GPU series (an empty body, an unknown format) raises
+  ``DcgmPageError`` with the reason; it is never reported as a healthy node without GPUs. A page whose last line
+  has no line feed (maybe cut in transit) is read without that line, counted as ``dcgm_truncated``.
 * **Node name.** Configuration first (the target's ``node`` / the exporter's ``--node``), then the host of the URL
   (unless it is a loopback name or address: NVIDIA's ``-r localhost:5555`` setup), then the page's ``hostname`` /
   ``Hostname`` label (unless it is ``localhost``), then the caller's fallback (both readers pass this machine's
@@ -31,18 +35,19 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from gpulens.dcgmpage import DcgmParse, parse_dcgm_metrics
+from gpulens.dcgmthrottle import ThrottleTracker
 from gpulens.model import GpuReading, NodeSnapshot
 
 log = logging.getLogger(__name__)
 
 GPU_MISSING: Final = "dcgm_gpu_missing"
-TRUNCATED: Final = "dcgm_truncated"
+TRUNCATED: Final = "dcgm_truncated"  # counted by gpulens.dcgmpage (promtext's "truncated", prefixed)
 NO_GPU_SERIES: Final = "dcgm_no_gpu_series"
 _LOOPBACK_NAMES: Final = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 
 
 class DcgmPageError(Exception):
-    """The page cannot be used (truncated, or no GPU series); ``reason`` is the error-count key."""
+    """The page cannot be used (no GPU series); ``reason`` is the error-count key."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
@@ -112,12 +117,11 @@ class DcgmPageReader:
         self._fallback = fallback_node
         self._label = label or url
         self._known: dict[str, _Known] = {}
+        self._throttle = ThrottleTracker()
 
     def read(self, text: str, now: float) -> DcgmRead:
-        """Parse one page. Raises ``DcgmPageError`` for a truncated page or one without GPU series."""
+        """Parse one page. Raises ``DcgmPageError`` for a page without GPU series."""
         parsed = parse_dcgm_metrics(text, node=None, timestamp=now, fallback_node=self._fallback)
-        if parsed.truncated:
-            raise DcgmPageError(TRUNCATED, "the page is truncated (its last line was cut mid-sample)")
         if not parsed.gpus:
             example = f", e.g. {parsed.example_name!r}" if parsed.example_name else ""
             raise DcgmPageError(NO_GPU_SERIES, f"no GPU series on the page ({parsed.samples} samples{example})")
@@ -133,7 +137,7 @@ class DcgmPageReader:
             elif known.missing:
                 known.missing = False
                 log.warning("%s: GPU %d (%s) is back on the page", self._label, g.gpu, g.uuid)
-            known.reading = g
+            g = known.reading = self._throttle.apply(g, parsed.clock_event_counts.get(g.uuid))
             self._count_xids(known, parsed.last_xid.get(g.uuid), parsed.xid_window_counts.get(g.uuid))
             gpus.append(replace(g, node=node, xid_errors=dict(known.xid_counts)))
         for uuid, known in self._known.items():
@@ -163,6 +167,7 @@ class DcgmPageReader:
 
     def forget(self, uuid: str) -> bool:
         """Forget a GPU (an operator retired it): it is no longer reported down. True when it was known."""
+        self._throttle.forget(uuid)
         return self._known.pop(uuid, None) is not None
 
     @property

@@ -18,9 +18,10 @@ Rules (each one is a decision; the tests hold the code to them):
 * **Sentinels.** DCGM's blank / not-found / not-supported / not-permissioned values are dropped (``None``) and
   counted as ``dcgm_sentinel`` (``gpulens.dcgmfields.is_dcgm_sentinel``). Memory temperature 0 (GDDR boards: T4,
   L4, L40S have no sensor) is unknown: dropped, not counted.
-* **Plausibility.** After conversion every value must be finite, non-negative and inside a per-quantity range
-  (ratios <= 1, temperatures <= 200 C, power <= 10 kW, clocks <= 100 GHz, rates <= 10 TB/s, memory <= 1 PiB,
-  PCIe gen <= 16, width <= 64); integer fields must be whole. Anything else is ``dcgm_absurd_value``.
+* **Plausibility.** After conversion every value must be finite, non-negative and inside its field's range (the
+  metric catalogue's ``range`` column: ratios <= 1, temperatures <= 200 C and so on, ``metriccatalogue.QUANTITIES``);
+  integer fields must be whole. Anything else is ``dcgm_absurd_value``. A plausible value that storage cannot hold
+  (``gpulens.storedrange``: a counter over 2^31 - 1, say) is dropped alone as ``dcgm_value_out_of_range``.
 * **NVLink totals.** ``DCGM_FI_PROF_NVLINK_TX/RX_BYTES`` give tx/rx directly. Only when neither exists for a GPU,
   the total (field 449, ``..._NVLINK_THROUGHPUT_TOTAL`` / ``..._BANDWIDTH_TOTAL``), which counts both directions, is
   split evenly into tx and rx: the sum stays right and a stall stays visible, while the split is an assumption.
@@ -35,17 +36,23 @@ Rules (each one is a decision; the tests hold the code to them):
 * **Identity.** ``gpu`` (index), ``UUID`` (``uuid`` with ``--use-old-namespace``), ``modelName``, ``pci_bus_id``.
   A known metric without a usable ``gpu``/UUID is ``dcgm_bad_identity``. A UUID seen again with another index, or an
   index claimed by a second UUID, is a duplicate GPU: counted once per (UUID, index) as ``dcgm_duplicate_gpu``,
-  later samples dropped. Samples of other DCGM entities (``nvswitch``, ``nvlink``/``link``, ``cpu``, ``cpucore``
-  labels) are ignored, as are names this module does not know.
+  later samples dropped. A GPU index storage cannot hold (over 32767) is ``dcgm_gpu_index_out_of_range``; GPUs past
+  ``GPUS_PER_TARGET`` are ``dcgm_gpu_limit`` (each counted once). Samples of other DCGM entities (``nvswitch``,
+  ``nvlink``/``link``, ``cpu``, ``cpucore`` labels) are ignored, as are names this module does not know.
 * **Jobs.** Non-empty ``pod`` (``pod_name``) gives ``GpuJob(job_id="<namespace>/<pod>")`` (just ``<pod>`` without
   a namespace); non-empty ``hpc_job`` gives ``GpuJob(job_id=hpc_job)``. A job seen on a MIG instance's series stays
   on that instance: its ``mig_uuid`` is the instance's (``MIG-<parent UUID>/<GPU_I_ID>``).
 * **Node.** The ``node`` argument, else the first ``hostname`` (newer) or ``Hostname`` label, else ``None``. Which
   node a page belongs to is decided by the page's reader (``gpulens.dcgmnode``), which prefers configuration.
+* **The text's limits** (``gpulens.promtext.TextLimits``) are counted as ``dcgm_<reason>`` (``dcgm_line_too_long``,
+  ``dcgm_label_value_too_long``, ``dcgm_too_many_labels``, ``dcgm_series_limit``); a last line without its line
+  feed is never used and counted as ``dcgm_truncated``.
 * **XIDs.** ``DCGM_FI_DEV_XID_ERRORS`` / ``DCGM_FI_DEV_XID_ERROR`` hold the last XID seen (sticky), not a count: the
   parse reports it per GPU. ``DCGM_EXP_XID_ERRORS_COUNT`` (label ``xid``; ``err_code`` accepted too) counts the XIDs
   of each code within dcgm-exporter's window: the parse reports code -> count per GPU. ``gpulens.dcgmnode`` turns
   both into counters.
+* **dcgm-exporter's own series** (``DCGM_EXP_*``, read by ``gpulens.dcgmexp``): the XID and clock-event window counts
+  are reported per GPU; the health status and peer-to-peer status fill ``health_status`` and ``p2p_peers_ok``.
 """
 
 from __future__ import annotations
@@ -56,18 +63,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from gpulens.dcgmexp import EXP_NAMES, ExpSeries
 from gpulens.dcgmfields import (
     BY_NAME,
     FREE,
     MEM_COPY,
     NVLINK_TOTAL,
+    XID_COUNT_NAME,
     XID_TARGET,
     NameSpec,
     help_factor,
     is_dcgm_sentinel,
 )
 from gpulens.model import GpuJob, GpuReading, MigReading
-from gpulens.promtext import LineStats, Sample, read_samples
+from gpulens.promtext import DEFAULT_LIMITS, LineStats, Sample, TextLimits, read_samples
+from gpulens.storedrange import GPU_INDEX_MAX, GPUS_PER_TARGET, storable
 
 # Per MIG instance: these describe the instance, not the GPU.
 _MIG_MEMORY_TARGETS: Final = frozenset({"memory_used_bytes", FREE, "memory_reserved_bytes", "memory_total_bytes"})
@@ -82,9 +92,7 @@ _MIG_LOCAL_TARGETS: Final = _MIG_MEMORY_TARGETS | {
     "nvlink_rx_bytes_per_second",
 }
 _NOT_READING_FIELDS: Final = frozenset({FREE, NVLINK_TOTAL, XID_TARGET, MEM_COPY})
-# dcgm-exporter's own XID counter: XIDs seen per code within its window (--xid-count-window-size, 5 min).
-XID_COUNT_NAME: Final = "DCGM_EXP_XID_ERRORS_COUNT"
-_XID_CODE_LABELS: Final = ("xid", "err_code")
+__all__ = ["XID_COUNT_NAME", "DcgmParse", "dcgm_records", "parse_dcgm_metrics"]
 _UUID_LABELS: Final = ("UUID", "uuid")  # uuid: --use-old-namespace and 1.x
 _OTHER_ENTITY_LABELS: Final = ("nvswitch", "nvlink", "link", "cpu", "cpucore")
 _DRIVER_LABELS: Final = ("DCGM_FI_SYSTEM_DRIVER_VERSION", "DCGM_FI_DRIVER_VERSION")
@@ -100,6 +108,9 @@ ABSURD_VALUE: Final = "dcgm_absurd_value"
 DUPLICATE_GPU: Final = "dcgm_duplicate_gpu"
 BAD_IDENTITY: Final = "dcgm_bad_identity"
 FETCH_FAILED: Final = "dcgm_fetch_failed"
+OUT_OF_RANGE: Final = "dcgm_value_out_of_range"
+GPU_INDEX_OUT_OF_RANGE: Final = "dcgm_gpu_index_out_of_range"
+GPU_LIMIT: Final = "dcgm_gpu_limit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +126,12 @@ class DcgmParse:
     last_xid: Mapping[str, int]
     # GPU UUID -> XID code -> events within dcgm-exporter's window (DCGM_EXP_XID_ERRORS_COUNT), where served.
     xid_window_counts: Mapping[str, Mapping[int, int]]
+    # GPU UUID -> clock-event reason bit -> samples within dcgm-exporter's window (DCGM_EXP_CLOCK_EVENTS_COUNT).
+    clock_event_counts: Mapping[str, Mapping[int, int]]
     samples: int  # well-formed sample lines, known names or not
     gpu_samples: int  # samples that fed a GPU (known names with a GPU identity)
     example_name: str | None  # the first sample's name, to tell the operator what an unreadable page held
-    truncated: bool  # the last line was cut (no newline, not a complete sample): the page must not be used
+    truncated: bool  # the last line had no line feed: it was not used (counted as dcgm_truncated)
     bad_lines: int
     bad_line_reasons: Mapping[str, int]  # e.g. "bad_labels", "bad_value", "duplicate_series"
     first_bad_line: int | None  # 1-based line number, for the log
@@ -182,6 +195,8 @@ def _convert(spec: NameSpec, raw: float, factor: float | None = None) -> _Value 
     quantity = row.quantity
     if not 0.0 <= value <= quantity.high:
         return ABSURD_VALUE
+    if not storable(spec.target, value):
+        return OUT_OF_RANGE
     if quantity.kind == "float":
         return value
     if not value.is_integer():
@@ -230,9 +245,10 @@ class _Builder:
         self.hostname: str | None = None
         self.driver_version: str | None = None
         self.problems: dict[str, int] = {}
-        self.xid_windows: dict[str, dict[int, int]] = {}
+        self.exp: dict[str, ExpSeries] = {}
         self.gpu_samples = 0
         self.example_name: str | None = None
+        self.refused: set[str] = set()  # UUIDs past GPUS_PER_TARGET
 
     def problem(self, reason: str) -> None:
         self.problems[reason] = self.problems.get(reason, 0) + 1
@@ -244,8 +260,8 @@ class _Builder:
             self.hostname = next((labels[k] for k in _HOSTNAME_LABELS if labels.get(k)), None)
         if any(k in labels for k in _OTHER_ENTITY_LABELS):
             return
-        if sample.name == XID_COUNT_NAME:
-            self._xid_count(sample)
+        if sample.name in EXP_NAMES:
+            self._exp(sample)
             return
         spec = BY_NAME.get(sample.name)
         if spec is None:
@@ -274,20 +290,14 @@ class _Builder:
             if spec.target not in _MIG_LOCAL_TARGETS:
                 gpu.values.offer(spec.target, (False, rank), value)
 
-    def _xid_count(self, sample: Sample) -> None:
-        """``DCGM_EXP_XID_ERRORS_COUNT{xid="43"} 2``: two XID 43 within the window (no code label: none at all)."""
+    def _exp(self, sample: Sample) -> None:
+        """One sample of dcgm-exporter's own series (``gpulens.dcgmexp``), for the GPU it names."""
         gpu = self._gpu_for(sample.labels)
         if gpu is None:
             return
-        counts = self.xid_windows.setdefault(gpu.uuid, {})
-        code_text = next((sample.labels[k] for k in _XID_CODE_LABELS if sample.labels.get(k)), "")
-        if not code_text:
-            return
-        if not _INDEX_RE.fullmatch(code_text) or not math.isfinite(sample.value) or sample.value < 0:
-            self.problem(ABSURD_VALUE)
-            return
-        if int(code_text) and sample.value:
-            counts[int(code_text)] = counts.get(int(code_text), 0) + int(sample.value)
+        problem = self.exp.setdefault(gpu.uuid, ExpSeries()).add(sample)
+        if problem is not None:
+            self.problem(problem)
 
     def _gpu_for(self, labels: Mapping[str, str]) -> _Gpu | None:
         index_text = labels.get("gpu", "")
@@ -296,7 +306,15 @@ class _Builder:
             self.problem(BAD_IDENTITY)
             return None
         index = int(index_text)
+        if index > GPU_INDEX_MAX:
+            self.problem(GPU_INDEX_OUT_OF_RANGE)
+            return None
         gpu = self.gpus.get(uuid)
+        if gpu is None and len(self.gpus) >= GPUS_PER_TARGET:
+            if uuid not in self.refused:
+                self.refused.add(uuid)
+                self.problem(GPU_LIMIT)
+            return None
         if gpu is None and index not in self.index_owner:
             gpu = self.gpus[uuid] = _Gpu(index, uuid)
             self.index_owner[index] = uuid
@@ -339,6 +357,9 @@ class _Builder:
             fields["nvlink_tx_bytes_per_second"] = fields["nvlink_rx_bytes_per_second"] = total / 2
         if "utilization_ratio" not in fields:
             fields["utilization_ratio"] = _mig_utilization(gpu)
+        exp = self.exp.get(gpu.uuid)
+        if exp is not None:
+            fields["health_status"], fields["p2p_peers_ok"] = exp.health_status, exp.p2p_peers_ok
         return GpuReading(
             node=node,
             gpu=gpu.index,
@@ -386,7 +407,8 @@ class _Builder:
             jobs=tuple(jobs),
             driver_version=self.driver_version,
             last_xid={g.uuid: g.values.get(XID_TARGET) for g in gpus if g.values.get(XID_TARGET) is not None},
-            xid_window_counts={uuid: dict(counts) for uuid, counts in self.xid_windows.items()},
+            xid_window_counts={u: dict(e.xid_window) for u, e in self.exp.items() if e.xid_window is not None},
+            clock_event_counts={u: dict(e.clock_events) for u, e in self.exp.items() if e.clock_events is not None},
             samples=parse.samples,
             gpu_samples=self.gpu_samples,
             example_name=self.example_name,
@@ -394,7 +416,7 @@ class _Builder:
             bad_lines=sum(parse.bad_reasons.values()),
             bad_line_reasons=dict(parse.bad_reasons),
             first_bad_line=parse.first_bad_line,
-            problems=dict(self.problems),
+            problems={**self.problems, **{f"dcgm_{reason}": n for reason, n in parse.limits.items()}},
         )
 
 
@@ -408,13 +430,15 @@ def dcgm_records(
     return builder.finish(node=node, timestamp=timestamp, fallback_node=fallback_node, parse=LineStats())
 
 
-def parse_dcgm_metrics(text: str, *, node: str | None, timestamp: float, fallback_node: str = "") -> DcgmParse:
+def parse_dcgm_metrics(
+    text: str, *, node: str | None, timestamp: float, fallback_node: str = "", limits: TextLimits = DEFAULT_LIMITS
+) -> DcgmParse:
     """Parse a dcgm-exporter ``/metrics`` page. Never raises on bad content: bad lines are counted and skipped.
 
     ``node`` overrides the hostname label; records carry ``fallback_node`` when neither names the node.
     """
     stats = LineStats()
     builder = _Builder(stats.help)
-    for sample in read_samples(text, stats):
+    for sample in read_samples(text, stats, limits):
         builder.add(sample)
     return builder.finish(node=node, timestamp=timestamp, fallback_node=fallback_node, parse=stats)

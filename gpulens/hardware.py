@@ -70,6 +70,10 @@ class GpuModelFacts:
     pcie_generation: int
     pcie_width: int
     board_power_watts: float
+    max_sm_clock_hertz: float  # the boost clock, what NVML reports as the maximum SM clock
+    # Where the driver starts slowing the GPU down to cool it, as NVML reports it on these boards (typical, not a
+    # datasheet figure): read by the throttle inference when a dcgm-exporter page does not say (gpulens.dcgmthrottle).
+    slowdown_temperature_celsius: float
 
     @property
     def nvlink_link_bytes_per_second(self) -> float:
@@ -91,10 +95,10 @@ class GpuModelFacts:
 GPU_MODELS: Final[Mapping[str, GpuModelFacts]] = {
     m.name: m
     for m in (
-        GpuModelFacts("A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", 2.0e12, 3, 12, 4, 16, 400.0),
-        GpuModelFacts("H100-SXM5-80GB", "NVIDIA H100 80GB HBM3", 3.35e12, 4, 18, 5, 16, 700.0),
-        GpuModelFacts("H200-SXM-141GB", "NVIDIA H200", 4.8e12, 4, 18, 5, 16, 700.0),
-        GpuModelFacts("L40S", "NVIDIA L40S", 0.864e12, None, 0, 4, 16, 350.0),
+        GpuModelFacts("A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", 2.0e12, 3, 12, 4, 16, 400.0, 1410e6, 89.0),
+        GpuModelFacts("H100-SXM5-80GB", "NVIDIA H100 80GB HBM3", 3.35e12, 4, 18, 5, 16, 700.0, 1980e6, 90.0),
+        GpuModelFacts("H200-SXM-141GB", "NVIDIA H200", 4.8e12, 4, 18, 5, 16, 700.0, 1980e6, 90.0),
+        GpuModelFacts("L40S", "NVIDIA L40S", 0.864e12, None, 0, 4, 16, 350.0, 2520e6, 91.0),
     )
 }
 

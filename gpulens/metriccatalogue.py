@@ -1,12 +1,19 @@
-"""The metric catalogue: which GpuReading field becomes which Prometheus series. Data, validated at import."""
+"""The metric catalogue: which GpuReading field becomes which Prometheus series, and the range of its values.
+
+Data (``metriccatalogue.csv``), validated at import. Each field names its range, one of ``QUANTITIES``: the kind of
+its values and the largest plausible one (the smallest is 0), in gpulens units. The ranges are kept here only: the
+DCGM page reader (through ``gpulens.dcgmfields``) drops a value outside its field's range, and the collector
+rejects a reading with a value above 1 in a ``ratio`` field.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Final
+from typing import Final, Literal
 
 from gpulens.config import ConfigError
 from gpulens.model import GpuReading
@@ -16,14 +23,47 @@ GPU_LABELS: Final = ("node", "gpu", "uuid", "model")
 _NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _NUMERIC_TYPES: Final = ("int | None", "float | None", "bool | None")
 
+Kind = Literal["float", "int", "bool"]
+
+
+@dataclass(frozen=True, slots=True)
+class Quantity:
+    """The kind of a value and its largest plausible value (the smallest is 0), in gpulens units."""
+
+    kind: Kind
+    high: float
+
+
+QUANTITIES: Final[Mapping[str, Quantity]] = {
+    "ratio": Quantity("float", 1.0),
+    "bytes": Quantity("int", float(2**50)),
+    "celsius": Quantity("float", 200.0),
+    "watts": Quantity("float", 10_000.0),
+    "joules": Quantity("float", 1e15),
+    "hertz": Quantity("float", 1e11),
+    "bytes_per_second": Quantity("float", 1e13),
+    "count": Quantity("int", float(2**63 - 1)),
+    "pcie_generation": Quantity("int", 16.0),
+    "pcie_lanes": Quantity("int", 64.0),
+    "flag": Quantity("bool", 1.0),
+    "seconds": Quantity("float", 1e10),  # a time counter since the driver loaded: 300 years
+    "xid": Quantity("int", float(2**31 - 1)),  # an XID code (not a GpuReading field: DCGM's last XID)
+}
+_KIND_OF_TYPE: Final = {"float | None": "float", "int | None": "int", "bool | None": "bool"}
+
 
 @dataclass(frozen=True, slots=True)
 class FieldSpec:
     field: str
     family: str
     type: str  # "gauge" | "counter"
+    range: str  # a key of QUANTITIES
     labels: tuple[tuple[str, str], ...]
     help: str
+
+    @property
+    def quantity(self) -> Quantity:
+        return QUANTITIES[self.range]
 
 
 def parse_catalogue(text: str, source: str = "metriccatalogue.csv") -> tuple[FieldSpec, ...]:
@@ -37,10 +77,10 @@ def parse_catalogue(text: str, source: str = "metriccatalogue.csv") -> tuple[Fie
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        parts = [p.strip() for p in line.split(",", 4)]
-        if len(parts) != 5:
-            raise ConfigError("expected 5 comma-separated columns", file=source, line=lineno)
-        name, family, kind, labels_text, help_text = parts
+        parts = [p.strip() for p in line.split(",", 5)]
+        if len(parts) != 6:
+            raise ConfigError("expected 6 comma-separated columns", file=source, line=lineno)
+        name, family, kind, range_name, labels_text, help_text = parts
 
         def fail(message: str, key: str, line: int = lineno) -> ConfigError:
             return ConfigError(message, file=source, key=key, line=line)
@@ -59,6 +99,13 @@ def parse_catalogue(text: str, source: str = "metriccatalogue.csv") -> tuple[Fie
             raise fail("counters, and only counters, end in _total", "family")
         if family_types.setdefault(family, kind) != kind:
             raise fail(f"{family} is declared with two types", "type")
+        if range_name not in QUANTITIES:
+            raise fail(f"range must be one of {', '.join(QUANTITIES)}, not {range_name!r}", "range")
+        if QUANTITIES[range_name].kind != _KIND_OF_TYPE[reading_fields[name]]:
+            raise fail(
+                f"range {range_name} holds {QUANTITIES[range_name].kind} values, {name} is {reading_fields[name]}",
+                "range",
+            )
         labels: list[tuple[str, str]] = []
         for pair in filter(None, (p.strip() for p in labels_text.split(";"))):
             key, sep, value = pair.partition("=")
@@ -71,7 +118,7 @@ def parse_catalogue(text: str, source: str = "metriccatalogue.csv") -> tuple[Fie
         if not help_text:
             raise fail("help text is empty", "help")
         seen_fields.add(name)
-        specs.append(FieldSpec(name, family, kind, tuple(labels), help_text))
+        specs.append(FieldSpec(name, family, kind, range_name, tuple(labels), help_text))
     if not specs:
         raise ConfigError("the catalogue is empty", file=source)
     return tuple(specs)
@@ -84,3 +131,8 @@ def _load() -> tuple[FieldSpec, ...]:
 
 GPU_FIELDS: Final[tuple[FieldSpec, ...]] = _load()
 FIELD_BY_NAME: Final[dict[str, FieldSpec]] = {spec.field: spec for spec in GPU_FIELDS}
+
+
+def fields_in(range_name: str) -> tuple[str, ...]:
+    """The catalogue's fields whose range is ``range_name`` (``fields_in("ratio")``: every 0-1 field)."""
+    return tuple(spec.field for spec in GPU_FIELDS if spec.range == range_name)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
+from gpulens.ncclmodel import NcclView
 
 # Clock-event ("throttle") reason bits, as NVML defines them (nvmlClocksEventReason*).
 THROTTLE_REASONS: Final[tuple[tuple[str, int], ...]] = (
@@ -26,6 +27,13 @@ THROTTLE_REASONS: Final[tuple[tuple[str, int], ...]] = (
     ("display_clocks", 0x100),
 )
 THROTTLE_MASK: Final = sum(bit for _, bit in THROTTLE_REASONS)
+# Where a reading's throttle reasons came from (``GpuReading.throttle_reasons_source``): the driver's clock-event
+# reasons (NVML, DCGM field 112, dcgm-exporter's clock-event counts); a rise of DCGM's ``*_VIOLATION`` time counters;
+# or inferred from the SM clock against its maximum with temperature and power against their limits.
+THROTTLE_REPORTED: Final = "reported"
+THROTTLE_VIOLATION: Final = "violation"
+THROTTLE_INFERRED: Final = "inferred"
+THROTTLE_SOURCES: Final = (THROTTLE_REPORTED, THROTTLE_VIOLATION, THROTTLE_INFERRED)
 # What a snapshot's ``links`` holds (``NodeSnapshot.links_scope``).
 LINKS_ALL: Final = "all"
 LINKS_INACTIVE: Final = "inactive"
@@ -65,6 +73,7 @@ class GpuReading:
     max_sm_clock_hertz: float | None = None
     max_memory_clock_hertz: float | None = None
     throttle_reasons: int | None = None
+    throttle_reasons_source: str | None = None  # one of THROTTLE_SOURCES; None (with reasons known): reported
     pcie_tx_bytes_per_second: float | None = None
     pcie_rx_bytes_per_second: float | None = None
     pcie_link_generation: int | None = None
@@ -89,6 +98,28 @@ class GpuReading:
     dram_active_ratio: float | None = None
     encoder_utilization_ratio: float | None = None
     decoder_utilization_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    fp64_active_ratio: float | None = None
+    fp32_active_ratio: float | None = None
+    fp16_active_ratio: float | None = None
+    # Time the clocks were held down by each DCGM violation policy, since the driver loaded (counters).
+    power_violation_seconds_total: float | None = None
+    thermal_violation_seconds_total: float | None = None
+    sync_boost_violation_seconds_total: float | None = None
+    board_limit_violation_seconds_total: float | None = None
+    low_utilization_violation_seconds_total: float | None = None
+    reliability_violation_seconds_total: float | None = None
+    # Persistent (aggregate, over the GPU's life) ECC errors, and pre-Ampere page retirement.
+    ecc_corrected_errors_persistent_total: int | None = None
+    ecc_uncorrected_errors_persistent_total: int | None = None
+    retired_pages_single_bit_total: int | None = None
+    retired_pages_double_bit_total: int | None = None
+    retired_pages_pending: bool | None = None
+    nvlink_crc_data_errors_total: int | None = None
+    # dcgm-exporter's own series: the worst DCGM health-watch result (0 pass, 1 warn, 2 fail) and the peer GPUs
+    # this GPU reaches peer-to-peer (DCGM_EXP_P2P_STATUS "OK").
+    health_status: int | None = None
+    p2p_peers_ok: int | None = None
     # XID code -> number of events seen since the source started (a counter per code).
     xid_errors: Mapping[int, int] = field(default_factory=dict)
 
@@ -131,6 +162,11 @@ class GpuJob:
     job_id: str
     user: str | None = None
     mig_uuid: str | None = None  # the MIG instance (MigReading.mig_uuid) the job runs on, when known
+    # A Kubernetes pod (the kubelet's pod-resources API): job_id is "<namespace>/<pod>"; pod_uid from its cgroup.
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    pod_uid: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +229,8 @@ class NodeSnapshot:
     # GPU uuid -> quantity ("pcie", "nvlink", "profiling") -> where its values came from ("gpm", "sample",
     # "counters"); set by the NVML source, exported as gpulens_gpu_metric_source_info (not in the JSON document).
     metric_sources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # NCCL's own view of the jobs on this node (NCCL RAS); None where RAS is not read or nothing answered yet.
+    nccl: NcclView | None = None
 
     def replace(self, **changes: Any) -> NodeSnapshot:
         return dataclasses.replace(self, **changes)

@@ -53,11 +53,23 @@ def parse_shard(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def default_timeout_s(interval_s: float) -> float:
+    """The scrape timeout when none is given: room before the next tick to store the round (as Prometheus requires
+    ``scrape_timeout`` <= ``scrape_interval``, with a margin)."""
+    return min(10.0, 0.8 * interval_s)
+
+
 class CollectorFile(InputStruct, frozen=True):
     """The scrape loop."""
 
     interval: Annotated[Duration, doc("Time between scrape rounds.")] = Duration(10.0)
-    timeout: Annotated[Duration, doc("Per-target scrape timeout (capped at the interval).")] = Duration(5.0)
+    timeout: Annotated[
+        Duration | None,
+        doc(
+            "Per-target scrape timeout; at most the interval. Default: `min(10s, 0.8 x interval)`, which leaves "
+            "each round time to store before the next tick."
+        ),
+    ] = None
     max_response_bytes: Annotated[int, doc("Largest response accepted per target.", ge=1024)] = 16 * 1024 * 1024
     concurrency: Annotated[int, doc("Targets scraped at the same time.", ge=1)] = 64
     listen: Annotated[str, doc("Where the collector serves its own /metrics.", kind="listen")] = "127.0.0.1:9411"
@@ -69,8 +81,14 @@ class CollectorFile(InputStruct, frozen=True):
     def __post_init__(self) -> None:
         for key, minimum in (("interval", 0.1), ("timeout", 0.01)):
             value = getattr(self, key)
-            if value < minimum:
+            if value is not None and value < minimum:
                 raise FieldError(key, f"must be at least {minimum:g}, got {value:g}")
+        if self.timeout is not None and self.timeout > self.interval:
+            raise FieldError(
+                "timeout",
+                f"{self.timeout:g}s is longer than the interval ({self.interval:g}s): a round would overrun the next "
+                "tick (leave it out for min(10s, 0.8 x interval))",
+            )
         try:
             parse_listen(self.listen)
         except ValueError as exc:
@@ -87,6 +105,18 @@ class RetentionFile(InputStruct, frozen=True):
     raw: Annotated[Duration, doc("Raw readings (one row per GPU per scrape).")] = Duration(7 * 86400.0)
     minute: Annotated[Duration, doc("1-minute min/mean/max rollups.")] = Duration(90 * 86400.0)
     hour: Annotated[Duration, doc("1-hour min/mean/max rollups.")] = Duration(730 * 86400.0)
+
+
+class AccountingFile(InputStruct, frozen=True):
+    """What a job's summary (`gpulens job-summary`) prices it at, once it has ended."""
+
+    price_per_gpu_hour: Annotated[float, doc("Cost of one GPU held for one hour.", ge=0)] = 0.0
+    price_per_kwh: Annotated[float, doc("Cost of one kWh of GPU energy.", ge=0)] = 0.0
+    currency: Annotated[str, doc("The currency the prices are in, shown beside the cost.")] = "USD"
+    carbon_gco2e_per_kwh: Annotated[float, doc("Grid carbon intensity, grams CO2e per kWh.", ge=0)] = 0.0
+    idle_utilization: Annotated[
+        float, doc("A GPU sample below this utilization counts as idle in the job's idle share.", ge=0, le=1)
+    ] = 0.05
 
 
 class AuthFile(InputStruct, frozen=True):
@@ -179,6 +209,7 @@ class SettingsFile(InputStruct, frozen=True):
     database: DatabaseFile = msgspec.field(default_factory=DatabaseFile)
     collector: CollectorFile = msgspec.field(default_factory=CollectorFile)
     retention: RetentionFile = msgspec.field(default_factory=RetentionFile)
+    accounting: AccountingFile = msgspec.field(default_factory=AccountingFile)
     targets: tuple[TargetFile, ...] = ()
     file_sd: tuple[FileSdFile, ...] = ()
     alerts: Annotated[dict[str, Any], doc(DELEGATED_HELP, kind="delegated")] = msgspec.field(default_factory=dict)
@@ -253,6 +284,17 @@ class FileSdSettings:
 
 
 @dataclass(frozen=True)
+class Prices:
+    """``[accounting]``: what a GPU-hour and a kWh cost, and the grid's carbon intensity."""
+
+    per_gpu_hour: float = 0.0
+    per_kwh: float = 0.0
+    currency: str = "USD"
+    carbon_gco2e_per_kwh: float = 0.0
+    idle_utilization: float = 0.05
+
+
+@dataclass(frozen=True)
 class Settings:
     source: str | None  # the file it came from
     db_url: str
@@ -270,6 +312,7 @@ class Settings:
     retention_hour_s: float
     targets: tuple[TargetSettings, ...] = ()
     file_sd: tuple[FileSdSettings, ...] = ()
+    prices: Prices = field(default_factory=Prices)
     store_auth: StoreAuth = field(default_factory=StoreAuth)  # for a Prometheus db_url
     state_url: str = "sqlite:///gpulens-alerts.db"  # alert state beside a read-only (Prometheus) store
     raw: Mapping[str, Any] = field(default_factory=dict)  # the file's tables as parsed (``alerts`` among them)
@@ -319,7 +362,7 @@ def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, st
         source=source,
         db_url=db_url or db.url,
         interval_s=float(col.interval),
-        timeout_s=float(min(col.timeout, col.interval)),
+        timeout_s=float(col.timeout) if col.timeout is not None else default_timeout_s(float(col.interval)),
         max_response_bytes=col.max_response_bytes,
         concurrency=col.concurrency,
         listen=col.listen,
@@ -332,6 +375,13 @@ def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, st
         retention_hour_s=float(ret.hour),
         targets=tuple(targets),
         file_sd=file_sd,
+        prices=Prices(
+            per_gpu_hour=file.accounting.price_per_gpu_hour,
+            per_kwh=file.accounting.price_per_kwh,
+            currency=file.accounting.currency,
+            carbon_gco2e_per_kwh=file.accounting.carbon_gco2e_per_kwh,
+            idle_utilization=file.accounting.idle_utilization,
+        ),
         store_auth=StoreAuth(
             tls=db.auth(),
             bearer_token_file=db.bearer_token_file,

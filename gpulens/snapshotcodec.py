@@ -35,6 +35,7 @@ from gpulens.model import (
     ProcessReading,
     SnapshotFormatError,
 )
+from gpulens.ncclmodel import NcclView
 
 # Schema 2 added the ``nics`` and ``host`` sections; schema-1 documents (older exporters) are still read.
 SNAPSHOT_SCHEMA: Final = 2
@@ -153,6 +154,8 @@ def snapshot_to_json(
     if snapshot.links_scope != LINKS_ALL:  # only the inactive links: said, so that no reader takes it for all
         doc["links_scope"] = snapshot.links_scope
     doc["host"] = _host_to_json(snapshot)
+    if snapshot.nccl is not None:  # the same object in both layouts: a few ranks at most
+        doc["nccl"] = msgspec.to_builtins(snapshot.nccl)
     doc["errors"] = dict(snapshot.errors)
     if health is not None:
         doc["exporter"] = dict(health)
@@ -255,6 +258,7 @@ _DOCUMENT: Final[Any] = msgspec.defstruct(
         ("migs", _section(list[MigReading]), None),
         ("nics", _section(list[_NIC]), None),  # type: ignore[valid-type]
         ("host", _HOST | None, None),
+        ("nccl", NcclView | None, None),
         ("errors", dict[str, int], msgspec.field(default_factory=dict)),
     ],
     kw_only=True,
@@ -415,6 +419,7 @@ def _snapshot(doc: Any) -> NodeSnapshot:
         nics=_records(doc, "nics", NicReading, node, columnar=columnar),
         host=host,
         job_hosts=job_hosts,
+        nccl=doc.nccl,
         errors=doc.errors,
     )
 

@@ -50,6 +50,15 @@ class DatabaseUnavailableError(Exception):
     """The database cannot be reached now (refused, down, locked too long): the caller spools and retries."""
 
 
+class SchemaNotReadyError(DatabaseUnavailableError):
+    """The database answers but its schema is not there yet (a table is missing: it came back before the collector
+    migrated it). Waiting cures it, as for an unreachable database."""
+
+
+# PostgreSQL's undefined_table; SQLite says "no such table".
+_UNDEFINED_TABLE_SQLSTATE: Final = "42P01"
+
+
 class DatabaseURLError(ValueError):
     """A database URL gpulens cannot use. ``url`` is safe to show (no password); ``reason`` says what would work."""
 
@@ -167,7 +176,11 @@ class Database:
         """Turn connection-level failures into ``DatabaseUnavailableError`` with a message free of the password."""
         try:
             yield
-        except (exc.OperationalError, exc.InterfaceError, exc.TimeoutError) as err:
+        except (exc.OperationalError, exc.InterfaceError, exc.TimeoutError, exc.ProgrammingError) as err:
+            if self._is_schema_missing(err):
+                raise SchemaNotReadyError(self._message(err, "has no schema yet")) from None
+            if isinstance(err, exc.ProgrammingError):
+                raise
             if self._is_access_refused(err):
                 raise DatabaseAccessError(self._message(err, "refused access")) from None
             if self._is_unavailable(err):
@@ -177,6 +190,13 @@ class Database:
             if err.connection_invalidated:
                 raise DatabaseUnavailableError(self._message(err)) from None
             raise
+
+    @staticmethod
+    def _is_schema_missing(err: exc.SQLAlchemyError) -> bool:
+        cause = getattr(err, "orig", None)
+        if getattr(cause, "sqlstate", None) == _UNDEFINED_TABLE_SQLSTATE:
+            return True
+        return isinstance(err, exc.OperationalError) and "no such table" in str(cause or err).lower()
 
     def _is_unavailable(self, err: exc.SQLAlchemyError) -> bool:
         if self.dialect == "postgresql" or not isinstance(err, exc.OperationalError):

@@ -3,7 +3,7 @@
 SQLAlchemy's execution path (finding the compiled statement, expanding its ``IN`` lists, building a result and its
 rows) costs more than a short read itself. A one-GPU range of 18 points on SQLite took 2.1 ms through it, of which
 the two queries were 0.3 ms; through the driver's cursor the same read takes 1.4 ms (``bench_prom_peer``'s "one GPU
-over the range" and docs/storage.md, "Short reads through the driver"). ``rows`` hands a statement and its
+over the range" and docs/storage-reading.md, "Short reads through the driver"). ``rows`` hands a statement and its
 parameters to the driver as they are, in the session's transaction (a pinned page view keeps its one snapshot), and
 returns plain tuples. It fires the engine's ``before_cursor_execute`` and ``after_cursor_execute`` listeners as
 SQLAlchemy would (the query-count bound tests and the query-plan tests listen there), and wraps a driver error as
@@ -39,7 +39,7 @@ def driver_sql(sql: str, paramstyle: str) -> str:
 def in_list(name: str, values: Iterable[Any]) -> tuple[str, dict[str, Any]]:
     """An ``IN`` list of parameters ``:name0, :name1...`` and their values (``(NULL)``, matching nothing, when
     empty). Bound, not literals: SQLite reads a literal list of 8 ids over an hour 40 % slower than the same list
-    bound (measured on the one-node read of docs/storage.md)."""
+    bound (docs/storage-reading.md, "Short reads through the driver")."""
     params = {f"{name}{i}": value for i, value in enumerate(values)}
     return f"({', '.join(f':{key}' for key in params) or 'NULL'})", params
 

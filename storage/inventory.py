@@ -108,3 +108,11 @@ def link_outages(db: Database, start: float, end: float) -> list[LinkOutage]:
         )
         for row in rows
     ]
+
+
+def history_start(db: Database) -> float | None:
+    """When the stored history begins: the first GPU's ``first_seen_ms`` (one row of the small GPU table); None for
+    an empty store."""
+    with db.session() as s:
+        first = s.execute(sa.select(sa.func.min(schema.gpu.c.first_seen_ms))).scalar()
+    return None if first is None else first / 1000.0

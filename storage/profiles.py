@@ -1,8 +1,8 @@
 """GPU profiles: the seldom-changing fields of a reading, stored once per distinct combination in ``gpu_profile``.
 
-A sample row names its combination by ``profile_id`` (revision 0008; see docs/storage.md, "Profiles"). ``Profiles``
-keeps the combinations stored so far in memory, keyed by their SI values, and stores a new one with an idempotent
-insert, which two collectors writing the same store can both run. Reads join the table back
+A sample row names its combination by ``profile_id`` (revision 0008; see docs/storage-schema.md, "Profiles").
+``Profiles`` keeps the combinations stored so far in memory, keyed by their SI values, and stores a new one with an
+idempotent insert, which two collectors writing the same store can both run. Reads join the table back
 (``schema.sample_source``).
 """
 

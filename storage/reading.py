@@ -108,6 +108,10 @@ class StoreReader(Protocol):
         out, over every port). A name that is not a ``NicReading`` field raises ``ValueError``."""
         ...
 
+    def history_start(self) -> float | None:
+        """When the stored history begins (the first GPU seen); None when unknown or nothing is stored."""
+        ...
+
     def nic_counts(self) -> dict[str, tuple[int, int]]:
         """Per node, its RDMA ports now: (up, all) (counted in the store: one short answer per node, where
         ``latest_nics`` reads every port's fields)."""
@@ -204,6 +208,9 @@ class SqlReader:
         nodes: Sequence[str] | None = None,
     ) -> list[NicReading]:
         return fabric.latest_nics(self.db, node=node, max_age_s=max_age_s, fields=fields, nodes=nodes)
+
+    def history_start(self) -> float | None:
+        return inventory.history_start(self.db)
 
     def nic_counts(self) -> dict[str, tuple[int, int]]:
         return fabric.nic_counts(self.db)

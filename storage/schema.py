@@ -2,7 +2,7 @@
 
 Time-series tables key rows by ``(gpu_id, ts_ms)``: ``gpu_id`` is the small integer id of the ``gpu`` table, where
 static GPU and node info is kept once, and ``ts_ms`` is integer milliseconds since the epoch. Low-volume tables (target
-health, alerts) store float seconds in ``*_at`` columns. See docs/storage.md for the reasoning and the measurements.
+health, alerts) store float seconds in ``*_at`` columns. See docs/storage-schema.md for the reasoning.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from gpulens.metriccatalogue import GPU_FIELDS
-from gpulens.model import GpuReading
+from gpulens.model import THROTTLE_SOURCES, GpuReading
+from gpulens.storedrange import BYTES_TYPE, GPU_INDEX_TYPE, LINK_TYPE, PID_TYPE, SQL_INT_MAX, encoding
 
 metadata: Final = sa.MetaData()
 
@@ -23,11 +24,14 @@ MINUTE_MS: Final = 60_000
 HOUR_MS: Final = 3_600_000
 DAY_MS: Final = 86_400_000
 
-# The SQL integer types used for encoded values, with the range each can hold.
+# The SQL integer types used for encoded values (their names and ranges: gpulens.storedrange, the one table).
+SQL_TYPES: Final[dict[str, type[sa.types.TypeEngine[int]]]] = {
+    "smallint": sa.SmallInteger,
+    "integer": sa.Integer,
+    "bigint": sa.BigInteger,
+}
 _INT_RANGES: Final[dict[type[sa.types.TypeEngine[int]], int]] = {
-    sa.SmallInteger: 2**15 - 1,
-    sa.Integer: 2**31 - 1,
-    sa.BigInteger: 2**63 - 1,
+    SQL_TYPES[name]: limit for name, limit in SQL_INT_MAX.items()
 }
 
 
@@ -50,6 +54,7 @@ class StoredField:
     is_bool: bool = False
     is_int: bool = False  # the GpuReading field is an int (decode to int)
     profile: bool = False  # stored once per distinct combination in ``gpu_profile``, not in every sample row
+    codes: tuple[str, ...] = ()  # a text field's words, stored as bits 1, 2, 4...; a mixed rollup bucket reads NULL
 
     @property
     def limit(self) -> int:
@@ -58,7 +63,7 @@ class StoredField:
     @property
     def pg_param_type(self) -> str:
         """The type the SI value is sent as to PostgreSQL (an int of any size arrives as numeric)."""
-        return "boolean" if self.is_bool else "numeric" if self.is_int else "double precision"
+        return "text" if self.codes else "boolean" if self.is_bool else "numeric" if self.is_int else "double precision"
 
     @property
     def aggregates(self) -> tuple[str, ...]:
@@ -70,6 +75,10 @@ class StoredField:
 
         Encoding in SQL keeps the writer's Python work per reading to building one tuple.
         """
+        if self.codes:
+            return "CASE {} {} END".format(
+                value, " ".join(f"WHEN '{w}' THEN {1 << i}" for i, w in enumerate(self.codes))
+            )
         if self.is_bool:
             # sqlite3 binds Python booleans as 1 and 0; PostgreSQL stages them as booleans.
             return f"CASE WHEN {value} THEN 1 WHEN NOT {value} THEN 0 END" if dialect == "postgresql" else value
@@ -83,8 +92,12 @@ class StoredField:
     def sql_decode(self, column: str, dialect: str) -> str:
         """SQL turning the stored-unit ``column`` (or an aggregate of it) into SI units.
 
-        Booleans stay 0/1: SQL has no portable bool.
+        Booleans stay 0/1: SQL has no portable bool. A coded field reads as its word.
         """
+        if self.codes:
+            return "CASE {} {} END".format(
+                column, " ".join(f"WHEN {1 << i} THEN '{w}'" for i, w in enumerate(self.codes))
+            )
         if self.is_bool or (self.unit == 1 and self.per_unit == 1):
             return column
         if self.is_int:  # widened first: KiB in a PostgreSQL integer times 1024 overflows it
@@ -104,46 +117,26 @@ AGGREGATES: Final[dict[str, tuple[str, ...]]] = {
     "bitmask": ("or",),
 }
 
-# The stored units: (SI suffix, stored suffix, sql type, unit, per_unit) for float fields. A stored column is the
-# field's name with its SI suffix replaced by the stored one; other fields (counts, flags) are stored as they are.
-# Each type is the narrowest that holds the field's plausible range (0.1 W up to 214 kW, MHz up to 32 GHz, kB/s up to
-# 2.1 TB/s): PostgreSQL stores smallint in 2 bytes, integer in 4, bigint in 8 (SQLite sizes each value by itself).
-STORED_UNITS: Final = (
-    ("_ratio", "_per10k", sa.SmallInteger, 1, 10_000),  # ten-thousandths
-    ("_celsius", "_decicelsius", sa.SmallInteger, 1, 10),  # 0.1 degree
-    ("_watts", "_deciwatts", sa.Integer, 1, 10),
-    ("_joules_total", "_millijoules_total", sa.BigInteger, 1, 1000),
-    ("_hertz", "_mhz", sa.SmallInteger, 1_000_000, 1),  # MHz, NVML's own resolution
-    ("_bytes_per_second", "_kb_per_second", sa.Integer, 1000, 1),  # kB/s (1000 B/s), NVML's own resolution
-)
-KIB_SUFFIX: Final = ("_bytes", "_kib")  # integer byte counts are stored in KiB, up to 2 TiB
-# Fields whose range needs more than their suffix's type: a GPU's NVLink throughput passes 2.1 TB/s (NVLink 5).
-WIDE_FIELDS: Final = frozenset({"nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second"})
-
 
 def _stored_field(name: str, annotation: str, kind: str) -> StoredField:
-    if annotation == "bool | None":
-        return StoredField(name, name, kind, sa.SmallInteger, is_bool=True)
-    if annotation == "int | None":
-        si_suffix, stored_suffix = KIB_SUFFIX
-        if name.endswith(si_suffix):
-            column = name.removesuffix(si_suffix) + stored_suffix
-            return StoredField(name, column, kind, sa.Integer, unit=1024, is_int=True)
-        # Error counters fit 32 bits (NVML's PCIe replay counter is 32 bits); link states and row counts 16.
-        sql_type = sa.Integer if kind == "counter" else sa.SmallInteger
-        return StoredField(name, name, kind, sql_type, is_int=True)
-    for si_suffix, stored_suffix, float_type, unit, per_unit in STORED_UNITS:
-        if annotation == "float | None" and name.endswith(si_suffix):
-            column = name.removesuffix(si_suffix) + stored_suffix
-            sql_type = sa.BigInteger if name in WIDE_FIELDS else float_type
-            return StoredField(name, column, kind, sql_type, unit=unit, per_unit=per_unit)
-    raise TypeError(f"no storage encoding for GpuReading.{name} ({annotation}): add one in storage/schema.py")
+    """The field's column, from its encoding in ``gpulens.storedrange`` (where the readers' bounds come from too)."""
+    enc = encoding(name, annotation, kind)
+    return StoredField(
+        name,
+        enc.column,
+        kind,
+        SQL_TYPES[enc.sql_type],
+        unit=enc.unit,
+        per_unit=enc.per_unit,
+        is_bool=enc.is_bool,
+        is_int=enc.is_int,
+    )
 
 
 # The fields that change seldom on a GPU (limits, maxima, link widths, remapped rows): revision 0008 keeps each
 # distinct combination of their values once, in ``gpu_profile``, and a sample row names its combination by
-# ``profile_id``. A GPU's row then carries 15 columns fewer (see docs/storage.md, "Profiles"). Error counters stay
-# in the row: on a faulty GPU they grow every sample, and each value would be a new combination, kept for good.
+# ``profile_id``. A GPU's row then carries 15 columns fewer (see docs/storage-schema.md, "Profiles"). Error counters
+# stay in the row: on a faulty GPU they grow every sample, and each value would be a new combination, kept for good.
 PROFILE_FIELDS: Final = (
     *("memory_total_bytes", "memory_reserved_bytes", "slowdown_temperature_celsius", "power_limit_watts"),
     *("max_sm_clock_hertz", "max_memory_clock_hertz"),
@@ -155,10 +148,11 @@ PROFILE_FIELDS: Final = (
 
 def _sample_fields() -> tuple[StoredField, ...]:
     annotations = {f.name: str(f.type) for f in dataclasses.fields(GpuReading)}
-    fields = [StoredField("up", "up", "gauge", sa.SmallInteger, is_bool=True)]
+    fields = [_stored_field("up", annotations["up"], "gauge")]
     fields += [_stored_field(spec.field, annotations[spec.field], spec.type) for spec in GPU_FIELDS]
     fields = [dataclasses.replace(f, profile=f.name in PROFILE_FIELDS) for f in fields]
-    fields.append(StoredField("throttle_reasons", "throttle_reasons", "bitmask", sa.Integer, is_int=True))
+    fields.append(_stored_field("throttle_reasons", annotations["throttle_reasons"], "bitmask"))
+    fields.append(StoredField(*("throttle_reasons_source",) * 2, "bitmask", sa.SmallInteger, codes=THROTTLE_SOURCES))
     fields.append(StoredField("xid_total", "xid_total", "counter", sa.Integer, is_int=True))
     return tuple(fields)
 
@@ -178,7 +172,7 @@ gpu: Final = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("uuid", sa.Text, nullable=False, unique=True),
     sa.Column("node", sa.Text, nullable=False),
-    sa.Column("gpu_index", sa.SmallInteger, nullable=False),
+    sa.Column("gpu_index", SQL_TYPES[GPU_INDEX_TYPE], nullable=False),
     sa.Column("model", sa.Text, nullable=False),
     sa.Column("pci_bus_id", sa.Text),
     sa.Column("driver_version", sa.Text),
@@ -252,7 +246,7 @@ def _sample_table() -> sa.Table:
     SQLite clusters the rows by minute (revisions 0010, 0011): a ``WITHOUT ROWID`` table whose primary key is
     ``(minute, gpu_id, ms)``, the time stored as two small integers (see ``MINUTE``; SQLite keys no expression). A
     round then touches the pages of one minute instead of one page per GPU, which keeps inserts fast when the table
-    is large, and the key is the table: no second copy of it in an index (measured in docs/storage.md). One GPU's
+    is large, and the key is the table: no second copy of it in an index (measured in docs/storage-schema.md). One GPU's
     range is read with one seek per minute. PostgreSQL has no ``minute`` column: it indexes ``(gpu_id, ts_ms)``
     within each day partition, and orders the columns widest first (revision 0007): no alignment padding in a row.
     """
@@ -301,17 +295,14 @@ def _rollup_table(name: str) -> sa.Table:
 # Columns narrowed on PostgreSQL by revision 0004 (smallint <- integer <- bigint). SQLite keeps declaring the wider
 # type of 0003: it stores each integer in as few bytes as its value needs whatever the declaration, and retyping a
 # column there would copy the whole table.
-_NARROWED_IN_0004: Final = frozenset(
-    {
-        *("memory_used_kib", "memory_total_kib", "memory_reserved_kib"),
-        *("pcie_tx_kb_per_second", "pcie_rx_kb_per_second"),
-        *("sm_clock_mhz", "memory_clock_mhz", "max_sm_clock_mhz", "max_memory_clock_mhz", "nvlink_links_active"),
-        *("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max"),
-        *("remapped_rows_correctable", "remapped_rows_uncorrectable", "pcie_replays_total", "xid_total"),
-        *("nvlink_crc_flit_errors_total", "nvlink_replay_errors_total", "nvlink_recovery_errors_total"),
-        *("ecc_corrected_errors_total", "ecc_uncorrected_errors_total"),
-    }
-)
+_NARROWED_IN_0004: Final = {
+    *("memory_used_kib", "memory_total_kib", "memory_reserved_kib", "pcie_tx_kb_per_second", "pcie_rx_kb_per_second"),
+    *("sm_clock_mhz", "memory_clock_mhz", "max_sm_clock_mhz", "max_memory_clock_mhz", "nvlink_links_active"),
+    *("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max"),
+    *("remapped_rows_correctable", "remapped_rows_uncorrectable", "pcie_replays_total", "xid_total"),
+    *("nvlink_crc_flit_errors_total", "nvlink_replay_errors_total", "nvlink_recovery_errors_total"),
+    *("ecc_corrected_errors_total", "ecc_uncorrected_errors_total"),
+}
 _WIDER: Final[dict[type[sa.types.TypeEngine[int]], type[sa.types.TypeEngine[int]]]] = {
     sa.SmallInteger: sa.Integer,
     sa.Integer: sa.BigInteger,
@@ -437,9 +428,9 @@ process_latest: Final = sa.Table(
     "process_latest",
     metadata,
     sa.Column("gpu_id", sa.Integer, sa.ForeignKey("gpu.id", ondelete="CASCADE"), primary_key=True),
-    sa.Column("pid", sa.Integer, primary_key=True),
+    sa.Column("pid", SQL_TYPES[PID_TYPE], primary_key=True),
     sa.Column("seen_ms", sa.BigInteger, nullable=False),
-    sa.Column("memory_used_bytes", sa.BigInteger),
+    sa.Column("memory_used_bytes", SQL_TYPES[BYTES_TYPE]),
     sa.Column("command", sa.Text),
     sa.Column("user_name", sa.Text),
     sa.Column("job_id", sa.Text),
@@ -448,7 +439,7 @@ nvlink_down: Final = sa.Table(
     "nvlink_down",
     metadata,
     sa.Column("gpu_id", sa.Integer, sa.ForeignKey("gpu.id", ondelete="CASCADE"), primary_key=True),
-    sa.Column("link", sa.SmallInteger, primary_key=True),
+    sa.Column("link", SQL_TYPES[LINK_TYPE], primary_key=True),
     sa.Column("start_ms", sa.BigInteger, primary_key=True),  # first reading that showed the link inactive
     sa.Column("end_ms", sa.BigInteger),  # last reading that showed it inactive; NULL while it still is
     sa.Column("remote_pci_bus_id", sa.Text),

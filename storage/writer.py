@@ -11,13 +11,19 @@ minute aggregate (``gpulens.storage.jobminute``). Jobs, processes and inactive N
 (``storage.gpuchanges``). The writer keeps what it has stored per GPU in memory, compares each node's snapshot with
 the node's previous one, and reloads its state from the database after any failure, so a failed transaction never
 leaves memory and database apart.
+
+A snapshot the database refuses (a value out of a column's range, an integrity error: readers drop such values at
+the door, ``gpulens.storedrange``, so this is the last line) does not cost the round: the round is written again one
+snapshot per transaction, the targets' health apart, and each snapshot that still fails is dropped, named in
+``WriteStats.isolated`` and logged once per node.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any, Final
 
@@ -25,8 +31,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
+from gpulens.logutil import LogOnce
 from gpulens.model import GpuReading, JobInfo, NodeSnapshot, TargetHealth
-from gpulens.storage import jobminute, schema
+from gpulens.storage import jobminute, ncclstore, schema
 from gpulens.storage.db import Database, lock_tier
 from gpulens.storage.fabricwriter import FabricWriter, fabric_times
 from gpulens.storage.gpuchanges import Changes, ChangeTracker, GpuState, Resolved, Static
@@ -34,6 +41,12 @@ from gpulens.storage.profiles import VALUES as PROFILE_VALUES
 from gpulens.storage.profiles import Profiles
 from gpulens.storage.rollup import PENDING
 from gpulens.storage.slurmtables import write_job_info
+
+log = logging.getLogger(__name__)
+
+# What a snapshot's own values can cause (not the database's state): a round that fails so is written one snapshot
+# at a time. sqlite3 raises OverflowError itself for an integer over 64 bits.
+_SNAPSHOT_ERRORS: Final = (sa.exc.IntegrityError, sa.exc.DataError, OverflowError)
 
 # gpu.last_seen_ms moves at most once a minute per GPU, not every scrape (see schema.newest_sample_ms).
 LAST_SEEN_RESOLUTION_MS: Final = schema.MINUTE_MS
@@ -102,10 +115,22 @@ class WriteStats:
     host_rows: int = 0
     job_host_rows: int = 0
     job_minute_rows: int = 0  # (minute, job) rows of the per-job aggregate added to or computed again
+    isolated: list[str] = field(default_factory=list)  # nodes whose snapshot the database refused: not stored
+
+    def add(self, other: WriteStats) -> None:
+        for f in fields(self):
+            if f.name != "isolated":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        self.isolated += other.isolated
 
 
 def _ms(seconds: float) -> int:
     return round(seconds * 1000)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The error's first line (a DBAPI error's message carries the statement and parameters after it)."""
+    return (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _xid_columns(xids: Mapping[int, int]) -> tuple[int | None, str | None]:
@@ -128,9 +153,34 @@ class Writer:
         self._job_info: dict[str, JobInfo] = {}  # the scheduler's metadata as last written, by job id
         self._fabric = FabricWriter(db.dialect)
         self._job_minutes = True  # the store has the per-job aggregate (revision 0009); checked on each _load
+        self._log_once = LogOnce(log)
 
     def write(self, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth] = ()) -> WriteStats:
-        """Store a scrape round in one transaction. Raises ``DatabaseUnavailableError`` (nothing written)."""
+        """Store a scrape round in one transaction; when the database refuses it for a snapshot's values, one
+        snapshot per transaction, the refused ones dropped (``WriteStats.isolated``). Raises
+        ``DatabaseUnavailableError`` (then what was written is written again when the round is replayed)."""
+        try:
+            return self._write(snapshots, targets)
+        except _SNAPSHOT_ERRORS:
+            if not snapshots:
+                raise
+        stats = WriteStats()
+        for snapshot in snapshots:
+            try:
+                stats.add(self._write([snapshot], ()))
+            except _SNAPSHOT_ERRORS as exc:
+                stats.isolated.append(snapshot.node)
+                self._log_once(
+                    f"isolated:{snapshot.node}",
+                    "node %s: the database refused its snapshot (%s); the round's other snapshots are stored",
+                    snapshot.node,
+                    _first_line(exc),
+                )
+        stats.add(self._write((), targets))
+        return stats
+
+    def _write(self, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth]) -> WriteStats:
+        """One transaction."""
         readings = self._readings(snapshots)
         times = [round(reading.timestamp * 1000) for reading in readings]
         fabric = fabric_times(snapshots)
@@ -158,6 +208,7 @@ class Writer:
                 stats.target_rows = self._write_targets(conn, targets)
                 stats.nic_rows, stats.host_rows, stats.job_host_rows = self._fabric.write(conn, snapshots)
                 self._write_job_info(conn, snapshots)
+                ncclstore.write(conn, snapshots)
         except BaseException:
             self._job_info.clear()
             # The state was updated as the round went; the commit may or may not have happened. Reload it.

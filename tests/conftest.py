@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import socket
 import urllib.request
@@ -42,3 +43,38 @@ def http_get(url: str, *, headers: dict[str, str] | None = None, timeout: float 
         body = err.read()
         err.close()
         return err.code, dict(err.headers), body
+
+
+# --- the `external` mark: what `make test-fast` leaves out ----------------------------------------------------------
+
+# Fixtures that start or run a program outside Python; a test that needs one, at any depth, is external.
+_EXTERNAL_FIXTURES = frozenset({"pg_server", "private_pg_server", "promtool", "prometheus_bin", "browser"})
+# Calls in a test's own body that do the same.
+_EXTERNAL_CALLS = ("chromium(", "require_tool(", "running_prometheus(", "pg_server", "promtool", "Stack(")
+# Whole folders whose tests run deployment tools or the whole stack.
+_EXTERNAL_FOLDERS = ("deploy", "e2e")
+
+
+def _is_external(item: pytest.Item) -> bool:
+    if _EXTERNAL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "postgresql" in callspec.params.values():
+        return True
+    path = item.path
+    if path.parent.name in _EXTERNAL_FOLDERS:
+        return True
+    function = getattr(item, "function", None)
+    if function is None:
+        return False
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+    return any(call in source for call in _EXTERNAL_CALLS)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _is_external(item):
+            item.add_marker(pytest.mark.external)

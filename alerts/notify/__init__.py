@@ -46,11 +46,14 @@ MAX_RESPONSE_BYTES = 64 * 1024
 class DeliveryError(Exception):
     """A notification could not be delivered. ``retryable``: a later attempt may succeed."""
 
-    def __init__(self, message: str, *, retryable: bool, retry_after_s: float | None = None) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool, retry_after_s: float | None = None, status: int | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.retryable = retryable
         self.retry_after_s = retry_after_s
+        self.status = status  # the receiver's HTTP status, when it answered
 
 
 class Notifier(Protocol):
@@ -205,5 +208,5 @@ def post(
     message = scrub(f"{where}: HTTP {status}" + (f": {detail}" if detail else ""), url, *secrets)
     if status == 429:
         retry_after = retry_after_seconds(response.headers.get("retry-after"))
-        raise DeliveryError(message, retryable=True, retry_after_s=retry_after)
-    raise DeliveryError(message, retryable=status >= 500 or status == 408)
+        raise DeliveryError(message, retryable=True, retry_after_s=retry_after, status=status)
+    raise DeliveryError(message, retryable=status >= 500 or status == 408, status=status)

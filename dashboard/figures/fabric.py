@@ -14,7 +14,7 @@ from gpulens.dashboard.fabric import NodeTraffic, gbit_text, gpus_text
 from gpulens.dashboard.figures.gputime import Row, gpu_time_heatmap
 from gpulens.dashboard.figures.periods import Period
 from gpulens.dashboard.figures.style import DOWN_COLOR, STALE_COLOR, VALIDATE, load_color
-from gpulens.dashboard.formatting import percent_text, rate_text
+from gpulens.dashboard.formatting import percent_text, plotly_text, rate_text
 from gpulens.dashboard.heatmaps import Metric
 from gpulens.fabricmodel import NicReading
 from gpulens.ratios import busiest_direction, share
@@ -80,16 +80,16 @@ def nic_traces(nics: Sequence[NicReading], gpu_xy: Mapping[int, tuple[float, flo
     labels, hovers, colors = [], [], []
     for n, _, _ in placed:
         load = nic_load(n)
-        labels.append(f"<b>{n.device}</b><br>{'down' if not n.up else percent_text(load)}")
+        labels.append(f"<b>{plotly_text(n.device)}</b><br>{'down' if not n.up else percent_text(load)}")
         colors.append(DOWN_COLOR if not n.up else (load_color(load) if load is not None else STALE_COLOR))
-        layer = "RoCE" if n.is_roce else (n.link_layer or "?")
+        layer = plotly_text("RoCE" if n.is_roce else (n.link_layer or "?"))
         hovers.append(
             "<br>".join(
                 [
-                    f"<b>{n.node} {n.device} port {n.port}</b> ({layer})",
-                    f"state {n.state or '?'} / {n.phys_state or '?'}",
+                    f"<b>{plotly_text(f'{n.node} {n.device} port {n.port}')}</b> ({layer})",
+                    plotly_text(f"state {n.state or '?'} / {n.phys_state or '?'}"),
                     f"rate {gbit_text(n.rate_bytes_per_second)}"
-                    + (f" ({n.link_width}X {n.link_speed or ''})".rstrip() if n.link_width else ""),
+                    + (plotly_text(f" ({n.link_width}X {n.link_speed or ''})".rstrip()) if n.link_width else ""),
                     f"TX {rate_text(n.transmit_bytes_per_second)} · RX {rate_text(n.receive_bytes_per_second)}",
                     f"next to GPUs {gpus_text(n.gpus)}" if n.gpus else "next to no GPU",
                 ]

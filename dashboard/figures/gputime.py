@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from gpulens.dashboard.figures.periods import Period, period_label, period_outline
 from gpulens.dashboard.figures.style import VALIDATE, base_layout, colorscale, empty_figure, figure
-from gpulens.dashboard.formatting import round_sig
+from gpulens.dashboard.formatting import plotly_text, round_sig
 from gpulens.dashboard.heatmaps import Metric
 
 
@@ -71,7 +71,7 @@ def gpu_time_heatmap(
     trace = go.Heatmap(
         z=z,
         x=centres,
-        y=[r.label for r in rows],
+        y=[plotly_text(r.label) for r in rows],
         zmin=metric.zmin,
         zmax=zmax,
         colorscale=colorscale(metric.colorscale),

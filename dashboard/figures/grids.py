@@ -21,7 +21,7 @@ from gpulens.dashboard.figures.style import (
     empty_figure,
     figure,
 )
-from gpulens.dashboard.formatting import celsius_text, gpu_label, percent_text, round_sig, watts_text
+from gpulens.dashboard.formatting import celsius_text, gpu_label, percent_text, plotly_text, round_sig, watts_text
 from gpulens.dashboard.heatmaps import Metric
 from gpulens.dashboard.paths import gpu_path, job_path
 from gpulens.model import GpuJob, GpuReading, throttle_reason_names
@@ -39,9 +39,9 @@ class GridCell:
 
 def gpu_hover(r: GpuReading, jobs: Sequence[GpuJob] = ()) -> str:
     """The hover text of one GPU: where it is, what runs on it and its main readings."""
-    lines = [f"<b>{gpu_label(r.node, r.gpu)}</b> {r.model}", r.uuid]
+    lines = [f"<b>{plotly_text(gpu_label(r.node, r.gpu))}</b> {plotly_text(r.model)}", plotly_text(r.uuid)]
     if jobs:
-        lines.append("job " + ", ".join(f"{j.job_id} ({j.user or '?'})" for j in jobs))
+        lines.append("job " + ", ".join(plotly_text(f"{j.job_id} ({j.user or '?'})") for j in jobs))
     if not r.up:
         lines.append("<b>GPU down</b> (lost or unreadable)")
         return "<br>".join(lines)
@@ -58,18 +58,27 @@ def gpu_hover(r: GpuReading, jobs: Sequence[GpuJob] = ()) -> str:
     return "<br>".join(lines)
 
 
-def _grid_axes(nodes: Sequence[str], columns: int, height_per_row: int) -> dict[str, Any]:
+def _grid_axes(nodes: Sequence[str], columns: Sequence[int], height_per_row: int) -> dict[str, Any]:
     return {
         "height": max(160, 70 + height_per_row * len(nodes)),
         "xaxis": {
             "title": {"text": "GPU"},
+            "type": "category",
             "tickmode": "array",
-            "tickvals": list(range(columns)),
+            "tickvals": list(columns),
             "side": "top",
             "showgrid": False,
             "fixedrange": True,
         },
-        "yaxis": {"autorange": "reversed", "showgrid": False, "fixedrange": True, "automargin": True},
+        "yaxis": {
+            "autorange": "reversed",
+            "showgrid": False,
+            "fixedrange": True,
+            "automargin": True,
+            "tickmode": "array",
+            "tickvals": list(nodes),
+            "ticktext": [plotly_text(node) for node in nodes],
+        },
         "margin": {"l": 8, "r": 8, "t": 40, "b": 8},
     }
 
@@ -105,11 +114,14 @@ class _Matrix:
 
 def _matrix(
     cells: Sequence[GridCell], nodes: Sequence[str], describe: Callable[[GridCell], _Cell]
-) -> tuple[int, _Matrix]:
+) -> tuple[list[int], _Matrix]:
+    """One column per GPU index that exists among the nodes shown (not ``max(index) + 1``: one GPU numbered 400,000
+    must not make every row 400,001 cells wide)."""
     by_key = {(c.reading.node, c.reading.gpu): c for c in cells}
-    columns = max((c.reading.gpu for c in cells), default=-1) + 1
+    shown = set(nodes)
+    columns = sorted({c.reading.gpu for c in cells if c.reading.node in shown})
     rows = [
-        [describe(cell) if (cell := by_key.get((node, i))) is not None else _EMPTY_CELL for i in range(columns)]
+        [describe(cell) if (cell := by_key.get((node, i))) is not None else _EMPTY_CELL for i in columns]
         for node in nodes
     ]
     return columns, _Matrix(
@@ -121,11 +133,11 @@ def _matrix(
     )
 
 
-def _cell_trace(m: _Matrix, nodes: Sequence[str], columns: int, **style: Any) -> go.Heatmap:
+def _cell_trace(m: _Matrix, nodes: Sequence[str], columns: Sequence[int], **style: Any) -> go.Heatmap:
     if isinstance(style.get("colorscale"), str):  # unvalidated traces get the stops, not the name
         style["colorscale"] = colorscale(style["colorscale"])
     return go.Heatmap(
-        x=list(range(columns)),
+        x=list(columns),
         y=list(nodes),
         customdata=m.hover,
         hovertext=m.path,
@@ -218,7 +230,7 @@ def job_grid(cells: Sequence[GridCell], nodes: Sequence[str], *, show_text: bool
             return _Cell(None, hover + "<br>free", gpu_path(r.uuid))
         job = cell.jobs[0].job_id
         short = job if len(job) <= 12 else job[:11] + "\u2026"
-        return _Cell(float(slot[job]), hover, job_path(job), short)
+        return _Cell(float(slot[job]), hover, job_path(job), plotly_text(short))
 
     columns, m = _matrix(cells, nodes, describe)
     labels = [_run_starts(row) for row in m.text]

@@ -23,7 +23,7 @@ from gpulens.dashboard.figures.style import (
     figure,
     load_color,
 )
-from gpulens.dashboard.formatting import gpu_label, percent_text, rate_text, round_sig
+from gpulens.dashboard.formatting import gpu_label, percent_text, plotly_text, rate_text, round_sig
 from gpulens.dashboard.paths import gpu_path
 from gpulens.fabricmodel import NicReading
 from gpulens.hardware import nvlink_max_bytes_per_second
@@ -77,7 +77,7 @@ def link_load(readings: Sequence[GpuReading], *, top: int = LOAD_TOP) -> go.Figu
         x=[round_sig(x, 3) for x, _, _ in busiest],
         y=[round_sig(y, 3) for _, y, _ in busiest],
         customdata=[gpu_path(r.uuid) for _, _, r in busiest],
-        text=[gpu_label(r.node, r.gpu) for _, _, r in busiest],
+        text=[plotly_text(gpu_label(r.node, r.gpu)) for _, _, r in busiest],
         mode="markers",
         name=f"the {len(busiest)} busiest GPUs",
         marker={"size": 7, "color": PALETTE[1], "opacity": 0.85, "line": {"width": 0.5, "color": "#ffffff"}},
@@ -134,7 +134,7 @@ def node_topology(
         missing = down.get(r.uuid, 0)
         degraded = pcie_degraded(r)
         labels.append(f"<b>GPU {r.gpu}</b><br>Gen{r.pcie_link_generation or '?'} x{r.pcie_link_width or '?'}")
-        hover = [f"<b>{gpu_label(r.node, r.gpu)}</b>", r.uuid]
+        hover = [f"<b>{plotly_text(gpu_label(r.node, r.gpu))}</b>", plotly_text(r.uuid)]
         if r.nvlink_links_active is not None:
             ceiling = rate_text(nvlink_max_bytes_per_second(r.nvlink_links_active))
             hover.append(f"NVLink {r.nvlink_links_active} links active" + (f", {missing} down" if missing else ""))

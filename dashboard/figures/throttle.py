@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from gpulens.dashboard.figures.periods import Period, period_shape
 from gpulens.dashboard.figures.style import VALIDATE, base_layout, empty_figure, epoch_ms, figure
+from gpulens.dashboard.formatting import plotly_text
 from gpulens.model import THROTTLE_REASONS
 
 REASON_COLORS: Final = {
@@ -56,7 +57,7 @@ def throttle_timeline(
                     marker={"color": REASON_COLORS[name], "symbol": "square", "size": 7},
                     connectgaps=False,
                     name=name,
-                    hovertemplate=f"{s.label}: {name}<extra></extra>",
+                    hovertemplate=f"{plotly_text(s.label)}: {name}<extra></extra>",
                     **VALIDATE,
                 )
             )

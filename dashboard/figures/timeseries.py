@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from gpulens.dashboard.figures.periods import Period, period_label, period_shape
 from gpulens.dashboard.figures.style import PALETTE, VALIDATE, base_layout, empty_figure, epoch_ms, figure
-from gpulens.dashboard.formatting import round_sig
+from gpulens.dashboard.formatting import plotly_text, round_sig
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +69,12 @@ def time_series(
         go.Scatter(
             x=epoch_ms(line.times),
             y=[round_sig(v * axis.scale) if v is not None else None for v in line.values],
-            name=line.name,
+            name=plotly_text(line.name),
             mode="lines",
             line={"color": line.color, "dash": line.dash, "width": line.width},
             legendgroup=line.group,
             connectgaps=False,
-            hovertemplate=f"{line.name}: %{{y:{axis.hoverformat}}}{axis.ticksuffix}<extra></extra>",
+            hovertemplate=f"{plotly_text(line.name)}: %{{y:{axis.hoverformat}}}{axis.ticksuffix}<extra></extra>",
             **VALIDATE,
         )
         for line in drawn

@@ -80,7 +80,7 @@ def render(context: Context, state: ViewState) -> tuple[Any, ...]:
     reader = context.alerts
 
     def load() -> tuple[Any, ...]:
-        span = resolve_range(state.range, state.start, state.end, now)
+        span = resolve_range(state.range, state.start, state.end, now, history_start=context.history_start(state.range))
         drains = recent_drain_actions(context.db) if isinstance(context.db, Database) else []
         if reader is None:
             return span, [], [], [], drains

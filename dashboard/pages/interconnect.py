@@ -162,7 +162,7 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
     now = context.clock.now()
 
     def load() -> tuple[Any, ...]:
-        span = resolve_range(state.range, state.start, state.end, now)
+        span = resolve_range(state.range, state.start, state.end, now, history_start=context.history_start(state.range))
         readings = context.store.latest_readings(fields=LINK_FIELDS)
         nodes = sorted({r.node for r in readings}, key=natural_key)
         chosen = node if node in nodes else (nodes[0] if nodes else None)

@@ -5,13 +5,17 @@ them its fabric traffic (the RDMA ports next to its GPUs, per node) and its host
 
 from __future__ import annotations
 
+import logging
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any, Final
 from urllib.parse import unquote
 
 from dash import Dash, Output, State, html
 
+from gpulens.config import format_duration
 from gpulens.dashboard import ids
 from gpulens.dashboard.components import (
     Cell,
@@ -35,16 +39,20 @@ from gpulens.dashboard.formatting import gpu_label, percent_text
 from gpulens.dashboard.grid import natural_key
 from gpulens.dashboard.heatmaps import METRICS, Metric
 from gpulens.dashboard.jobhost import job_host_panels, read_job_host
+from gpulens.dashboard.ncclview import nccl_panel, read_nccl
 from gpulens.dashboard.pages.alerts import alerts_table, fired_newest_first
 from gpulens.dashboard.paths import gpu_path, node_path
-from gpulens.dashboard.timerange import minute_text, resolve_range
+from gpulens.dashboard.timerange import CUSTOM, minute_text, resolve_range
 from gpulens.hardware import nvlink_max_bytes_per_second
 from gpulens.model import JobInfo
 from gpulens.ratios import busiest_direction, nvlink_utilization_ratio, power_limit_ratio, share
+from gpulens.storage import jobsummary
 from gpulens.storage.db import Database
+from gpulens.storage.jobsummary import JobAccount
 from gpulens.storage.slurmtables import read_job_info
 from gpulens.storage.timeseries import SeriesData
 
+log = logging.getLogger(__name__)
 PATH_TEMPLATE: Final = "/jobs/<job_id>"
 IDS: Final = ids.JOB
 FIELDS: Final = (
@@ -55,6 +63,8 @@ FIELDS: Final = (
     "power_watts",
     "power_limit_watts",
 )
+LIFETIME_LOOKBACK_S: Final = 7 * 86400.0  # how far back the page looks for the job's lifetime
+RUNNING_WITHIN_S: Final = 180.0  # a job seen this recently is still running: its range ends at now
 POINT_BUDGET: Final = 60_000  # series points per page, shared by the job's GPUs
 BINS: Final = 160
 
@@ -69,9 +79,35 @@ def title(job_id: str = "") -> str:
     return f"Job {unquote(job_id)} · gpulens" if job_id else "Job · gpulens"
 
 
-def layout(job_id: str = "", **query: Any) -> html.Div:
-    name = unquote(job_id)
+def lifetime_state(context: Context, job_id: str, query: Mapping[str, Any]) -> ViewState:
+    """The page's range: the URL's where it names one, else the job's own lifetime, from its first minute to its
+    last (or to now while it runs), found among the jobs of the last ``LIFETIME_LOOKBACK_S``."""
     state = ViewState.from_query(query)
+    if query.get("range") or not job_id:
+        return state
+    now = context.clock.now()
+    try:
+        found = context.base.jobs(now - LIFETIME_LOOKBACK_S, now, job_id=job_id)
+    except Exception:
+        log.debug("job %s: lifetime not found, the default range is used", job_id, exc_info=True)
+        return state
+    if not found:
+        return state
+    job = found[0]
+    start = job.first_seen - job.first_seen % 60
+    end = job.last_seen + (-job.last_seen) % 60
+    running = now - job.last_seen < RUNNING_WITHIN_S
+    end = max(end, start + 60)
+    return replace(state, range=CUSTOM, start=_minute(start), end="" if running else _minute(end))
+
+
+def _minute(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M")
+
+
+def layout(job_id: str = "", *, context: Context | None = None, **query: Any) -> html.Div:
+    name = unquote(job_id)
+    state = lifetime_state(context, name, query) if context is not None else ViewState.from_query(query)
     return html.Div(
         [
             page_header(f"Job {name}", html.Span(id=ids.JOB_INFO), IDS, state),
@@ -86,7 +122,10 @@ def layout(job_id: str = "", **query: Any) -> html.Div:
 
 
 def register(app: Dash, context: Context) -> None:
-    register_page(__name__, path_template=PATH_TEMPLATE, title=title, name="Job", layout=layout)
+    def page(job_id: str = "", **query: Any) -> html.Div:
+        return layout(job_id, context=context, **query)
+
+    register_page(__name__, path_template=PATH_TEMPLATE, title=title, name="Job", layout=page)
     register_toolbar(app, IDS)
 
     @app.callback(
@@ -114,21 +153,23 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
     reader = context.alerts
 
     def load() -> tuple[Any, ...]:
-        span = resolve_range(state.range, state.start, state.end, now)
+        span = resolve_range(state.range, state.start, state.end, now, history_start=context.history_start(state.range))
         found = context.store.jobs(span.start, span.end, job_id=job_id)
         summary = found[0] if found else None
         if summary is None:
-            return span, None, [], {}, [], [], None
+            return span, None, [], {}, [], [], (None, None, None), []
         places = {g.uuid: g for g in context.store.gpu_info(uuids=summary.gpus)}
         points = max(60, min(600, POINT_BUDGET // max(1, len(summary.gpus))))
         series = context.store.series(summary.gpus, FIELDS, span.start, span.end, points)
         active = reader.active() if reader is not None else []
         history = reader.history(span.start, span.end) if reader is not None else []
         host = read_job_host(context.store, job_id, list(places.values()), span.start, span.end)
+        account = _account(context, job_id, now)
+        nccl = read_nccl(context.store, job_id, span.start, span.end)
         meta = read_job_info(context.db, [job_id]).get(job_id) if isinstance(context.db, Database) else None
-        return span, summary, list(places.values()), series, active, history, (host, meta)
+        return span, summary, list(places.values()), series, active, history, (host, account, meta), nccl
 
-    span, summary, places, series, active, history, (host, meta) = guarded(context, load)
+    span, summary, places, series, active, history, (host, account, meta), nccl = guarded(context, load)
     updated = f"as of {minute_text(now)} · {span.label}"
     if summary is None:
         note = " It may have run outside the range: try a longer one."
@@ -170,6 +211,7 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
             f"{minute_text(summary.first_seen)} to {minute_text(summary.last_seen)} · "
             f"{summary.gpu_hours:.1f} GPU-hours · mean utilization {percent_text(summary.utilization_ratio_mean)} ",
             *marks,
+            *_account_line(account),
         ]
     )
     gpu_rows: list[list[Cell]] = [
@@ -193,7 +235,40 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         status = banner("bad", "The alert engine flags this job.", None, summaries)
     alerts = alerts_table(episodes, state, empty="no alert about this job fired in this range")
     fabric = job_host_panels(host, start=span.start, end=span.end, bins=BINS, periods=periods)
+    stuck = nccl_panel(nccl, state)
+    if stuck is not None:  # NCCL's own view first: it names the ranks a hang waits for
+        fabric = [stuck, *fabric]
     return status, info, charts, gpu_table, alerts, fabric, updated
+
+
+def _account(context: Context, job_id: str, now: float) -> JobAccount | None:
+    """The job's accounting summary: stored when it ended, else computed now (a SQL store only)."""
+    reader = context.base
+    db = getattr(reader, "db", None)
+    if not isinstance(db, Database):
+        return None
+    stored = jobsummary.stored(db, job_id) if jobsummary.has_table(db) else None
+    return stored or jobsummary.summarise(db, job_id, context.prices, now=now)
+
+
+def _account_line(account: JobAccount | None) -> list[Any]:
+    return [] if account is None else [html.Br(), account_text(account)]
+
+
+def account_text(account: JobAccount) -> str:
+    """``Accounting: 0.33 GPU-hours · 0.150 kWh · idle 50% · stalled 2m30s · 0.71 EUR · 60 g CO2e``"""
+    parts = [f"{account.gpu_hours:.2f} GPU-hours"]
+    if account.energy_kwh is not None:
+        parts.append(f"{account.energy_kwh:.3f} kWh")
+    if account.idle_ratio is not None:
+        parts.append(f"idle {percent_text(account.idle_ratio)}")
+    if account.memory_peak_bytes is not None:
+        parts.append(f"peak memory {account.memory_peak_bytes / 2**30:.1f} GiB")
+    parts.append(f"stalled {format_duration(account.stall_seconds)}" if account.stall_seconds else "never stalled")
+    parts.append(f"{account.cost:.2f} {account.currency}")
+    if account.carbon_gco2e is not None:
+        parts.append(f"{account.carbon_gco2e:.0f} g CO2e")
+    return ("Accounting (ended): " if account.ended else "Accounting (so far): ") + " · ".join(parts)
 
 
 def _row(node: str, index: int, data: SeriesData | None) -> tuple[Row, Row, Row]:

@@ -147,7 +147,7 @@ def render(context: Context, state: ViewState, flag_filter: str, text: str, page
     now = context.clock.now()
 
     def load() -> tuple[Any, ...]:
-        span = resolve_range(state.range, state.start, state.end, now)
+        span = resolve_range(state.range, state.start, state.end, now, history_start=context.history_start(state.range))
         summaries = context.store.jobs(span.start, span.end)
         jobs = context.store.current_jobs()
         # the grid shows one page of the nodes with jobs: read the readings of their held GPUs only

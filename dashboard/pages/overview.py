@@ -46,7 +46,7 @@ from gpulens.dashboard.fabric import (
 from gpulens.dashboard.fabricview import fabric_card, node_fabric_table
 from gpulens.dashboard.figures.grids import cluster_map, gpu_heatmap
 from gpulens.dashboard.figures.style import empty_figure
-from gpulens.dashboard.formatting import MISSING, bytes_text, percent_text, watts_text
+from gpulens.dashboard.formatting import MISSING, bytes_text, percent_text, plotly_text, watts_text
 from gpulens.dashboard.grid import DEFAULT_SORT, NODES_PER_PAGE, SORTS, GridPage, grid_cells, parse_page, select_page
 from gpulens.dashboard.heatmaps import DEFAULT_METRIC, METRIC_FIELDS, METRICS, Metric
 from gpulens.dashboard.paths import node_path
@@ -216,7 +216,7 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
     now = context.clock.now()
 
     def load() -> tuple[Any, ...]:
-        span = resolve_range(state.range, state.start, state.end, now)
+        span = resolve_range(state.range, state.start, state.end, now, history_start=context.history_start(state.range))
         readings = context.store.latest_readings(fields=SUMMARY_FIELDS + METRIC_FIELDS.get(metric.key, ()))
         jobs = context.store.current_jobs()
         targets = context.store.target_health()
@@ -291,7 +291,7 @@ def node_map(grid: GridPage, metric: Metric) -> Any:
     for row in grid.rows:
         state = f"{row.problems} GPU(s) down or stale" if row.problems else f"{len(row.cells)} GPUs"
         value = metric.text(row.value) if row.value is not None else MISSING
-        hover = f"<b>{row.node}</b><br>{metric.label}: {value}<br>{state}"
+        hover = f"<b>{plotly_text(row.node)}</b><br>{metric.label}: {value}<br>{state}"
         values.append((row.node, row.value, hover))
     return cluster_map(values, metric, columns=MAP_COLUMNS)
 

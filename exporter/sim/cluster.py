@@ -22,6 +22,7 @@ from gpulens.exporter.sim.fabric import Fabric
 from gpulens.exporter.sim.faults import FAULT_KINDS, LEAK_TARGET_SHARE
 from gpulens.exporter.sim.gpus import EnergyLedger, GpuContext, SimGpu, make_gpu
 from gpulens.exporter.sim.host import HostSim
+from gpulens.exporter.sim.ncclsim import NcclSim
 from gpulens.exporter.sim.readings import DRIVER_VERSION, gpu_reading, link_readings, lost_reading, process_readings
 from gpulens.exporter.sim.specs import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario
 from gpulens.exporter.sim.stepstate import Activity, GpuState, JobPhase, Placement, idle_activity
@@ -50,7 +51,13 @@ class SimCluster:
     """Every node of a scenario, readable at any virtual time."""
 
     def __init__(
-        self, scenario: Scenario, *, stamp: Callable[[float], float] | None = None, counter_scale: float = 1.0
+        self,
+        scenario: Scenario,
+        *,
+        stamp: Callable[[float], float] | None = None,
+        counter_scale: float = 1.0,
+        nccl_ras: bool = True,
+        ras_over_tcp: bool = False,
     ) -> None:
         """``stamp`` maps a step's virtual time to the timestamp its readings carry (default: the virtual time
         itself); a live exporter passes ``LiveTime.to_real`` so that readings carry wall-clock times, and
@@ -82,6 +89,37 @@ class SimCluster:
         self._last: dict[str, tuple[int, NodeSnapshot]] = {}
         self._fabric = Fabric(scenario, self._behaviours, self._phase, counter_scale)
         self._hosts = HostSim(scenario, self._phase, counter_scale)
+        self.nccl = NcclSim(
+            list(scenario.jobs),
+            list(scenario.faults),
+            list(self._nodes),
+            self._phase,
+            self._pids,
+            self._nccl_light,
+            seed=scenario.seed,
+            origin=scenario.start,
+            step_s=scenario.step_s,
+            tcp=ras_over_tcp,
+        )
+        self._nccl_on = nccl_ras  # the agents read NCCL RAS (each node's RAS on a real port with ras_over_tcp)
+
+    def close(self) -> None:
+        """Stop the simulated RAS ports (``ras_over_tcp``)."""
+        self.nccl.close()
+
+    def _nccl_light(self, node: str, k: int) -> NodeSnapshot:
+        """What the node's RAS reader needs at step ``k``: its GPUs and their jobs' processes (pid, job)."""
+        t = self.step_time(k)
+        gpus: list[GpuReading] = []
+        processes: list[ProcessReading] = []
+        for gpu in self._nodes[node]:
+            gpus.append(GpuReading(node, gpu.ref.index, gpu.uuid, "", t))
+            processes.extend(
+                ProcessReading(node, gpu.ref.index, gpu.uuid, gpu.pids[job.id], job_id=job.id)
+                for job in self._jobs_on.get(gpu.ref, [])
+                if job.running(t)
+            )
+        return NodeSnapshot(node, t, SOURCE_NAME, gpus=tuple(gpus), processes=tuple(processes))
 
     @property
     def scenario(self) -> Scenario:
@@ -245,7 +283,7 @@ class SimCluster:
             links.extend(link_readings(gpu, reading))
             processes.extend(process_readings(gpu, state, reading))
         host, job_hosts = self._hosts.readings(node, k, t)
-        return NodeSnapshot(
+        snapshot = NodeSnapshot(
             node=node,
             timestamp=ts,
             source=SOURCE_NAME,
@@ -258,3 +296,4 @@ class SimCluster:
             host=host,
             job_hosts=job_hosts,
         )
+        return self.nccl.enrich(node, snapshot, k, t) if self._nccl_on and self.nccl.active else snapshot

@@ -1,9 +1,10 @@
 """The simulator's GPU model catalogue: the datasheet facts of ``gpulens.hardware`` plus typical NVML values.
 
-Datasheet figures (memory bandwidth, NVLink, PCIe, board power) are ceilings and are read from
-:data:`gpulens.hardware.GPU_MODELS`; nothing here writes one down again. The other figures (memory as NVML reports
-it, idle power, clocks, temperatures, reserved memory, NVSwitch count) are typical of what NVML shows on such a GPU;
-they make the simulation look real, they are not measurements (docs/domain.md).
+Datasheet figures (memory bandwidth, NVLink, PCIe, board power, maximum SM clock) are ceilings and, with the
+slowdown temperature, are read from :data:`gpulens.hardware.GPU_MODELS`; nothing here writes one down again. The
+other figures (memory as NVML reports it, idle power, idle clocks, temperatures, reserved memory, NVSwitch count) are
+typical of what NVML shows on such a GPU; they make the simulation look real, they are not measurements
+(docs/domain.md).
 """
 
 from __future__ import annotations
@@ -27,11 +28,9 @@ class GpuModel:
     memory_reserved_bytes: int
     nvswitches: int  # NVSwitch chips the links fan out to (0 without NVLink)
     idle_power_watts: float
-    max_sm_clock_hertz: float
     idle_sm_clock_hertz: float
     max_memory_clock_hertz: float
     idle_memory_clock_hertz: float
-    slowdown_temperature_celsius: float
     idle_temperature_celsius: float
     load_temperature_celsius: float  # at board power, with healthy cooling
     memory_temperature_offset_celsius: float | None  # None: the memory sensor is not readable (GDDR boards)
@@ -53,6 +52,14 @@ class GpuModel:
     @property
     def board_power_watts(self) -> float:
         return self.facts.board_power_watts
+
+    @property
+    def max_sm_clock_hertz(self) -> float:
+        return self.facts.max_sm_clock_hertz
+
+    @property
+    def slowdown_temperature_celsius(self) -> float:
+        return self.facts.slowdown_temperature_celsius
 
     @property
     def nvlink_generation(self) -> int | None:
@@ -100,11 +107,9 @@ CATALOGUE: Final[Mapping[str, GpuModel]] = {
             memory_reserved_bytes=613 * _MIB,
             nvswitches=6,
             idle_power_watts=55.0,
-            max_sm_clock_hertz=1410 * _MHZ,
             idle_sm_clock_hertz=210 * _MHZ,
             max_memory_clock_hertz=1593 * _MHZ,
             idle_memory_clock_hertz=1593 * _MHZ,
-            slowdown_temperature_celsius=89.0,
             idle_temperature_celsius=31.0,
             load_temperature_celsius=68.0,
             memory_temperature_offset_celsius=4.0,
@@ -115,11 +120,9 @@ CATALOGUE: Final[Mapping[str, GpuModel]] = {
             memory_reserved_bytes=583 * _MIB,
             nvswitches=4,
             idle_power_watts=70.0,
-            max_sm_clock_hertz=1980 * _MHZ,
             idle_sm_clock_hertz=345 * _MHZ,
             max_memory_clock_hertz=2619 * _MHZ,
             idle_memory_clock_hertz=2619 * _MHZ,
-            slowdown_temperature_celsius=90.0,
             idle_temperature_celsius=32.0,
             load_temperature_celsius=72.0,
             memory_temperature_offset_celsius=6.0,
@@ -130,11 +133,9 @@ CATALOGUE: Final[Mapping[str, GpuModel]] = {
             memory_reserved_bytes=603 * _MIB,
             nvswitches=4,
             idle_power_watts=75.0,
-            max_sm_clock_hertz=1980 * _MHZ,
             idle_sm_clock_hertz=345 * _MHZ,
             max_memory_clock_hertz=3201 * _MHZ,
             idle_memory_clock_hertz=3201 * _MHZ,
-            slowdown_temperature_celsius=90.0,
             idle_temperature_celsius=33.0,
             load_temperature_celsius=73.0,
             memory_temperature_offset_celsius=6.0,
@@ -145,11 +146,9 @@ CATALOGUE: Final[Mapping[str, GpuModel]] = {
             memory_reserved_bytes=587 * _MIB,
             nvswitches=0,
             idle_power_watts=32.0,
-            max_sm_clock_hertz=2520 * _MHZ,
             idle_sm_clock_hertz=210 * _MHZ,
             max_memory_clock_hertz=9001 * _MHZ,
             idle_memory_clock_hertz=405 * _MHZ,
-            slowdown_temperature_celsius=91.0,
             idle_temperature_celsius=30.0,
             load_temperature_celsius=76.0,
             memory_temperature_offset_celsius=None,

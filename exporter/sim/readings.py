@@ -16,7 +16,7 @@ from gpulens.exporter.sim.gpus import SimGpu
 from gpulens.exporter.sim.models import GpuModel
 from gpulens.exporter.sim.stepstate import Activity, Counters, GpuState
 from gpulens.hardware import pcie_max_bytes_per_second
-from gpulens.model import GpuReading, LinkReading, ProcessReading
+from gpulens.model import THROTTLE_REPORTED, GpuReading, LinkReading, ProcessReading
 
 DRIVER_VERSION: Final = "550.127.08"
 
@@ -96,6 +96,7 @@ def gpu_reading(gpu: SimGpu, k: int, t: float, ts: float, state: GpuState, count
         max_sm_clock_hertz=model.max_sm_clock_hertz,
         max_memory_clock_hertz=model.max_memory_clock_hertz,
         throttle_reasons=state.throttle,
+        throttle_reasons_source=THROTTLE_REPORTED,
         pcie_tx_bytes_per_second=_rate(act.pcie_tx, pcie_max, u[_U_PCIE_TX], 0.08, 1000.0),
         pcie_rx_bytes_per_second=_rate(act.pcie_rx, pcie_max, u[_U_PCIE_RX], 0.08, 1000.0),
         pcie_link_generation=state.pcie_generation,

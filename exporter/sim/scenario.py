@@ -245,9 +245,17 @@ class _Resolver:
             memory_fraction=float(fraction),
             checkpoint_every_s=self._checkpoint_every(i, job, kind),
             **self._phases(i, job, kind, end - start),
+            nccl_ras=job.nccl_ras,
+            nccl_version=self._nccl_version(i, job.nccl_version),
         )
         self.jobs[job_id] = spec
         return spec
+
+    def _nccl_version(self, i: int, version: str) -> str:
+        parts = version.split(".")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts) or (int(parts[0]), int(parts[1])) < (2, 24):
+            raise self.fail("jobs", i, "nccl_version", "expected an NCCL version 2.24.0 or later, e.g. 2.28.7")
+        return version
 
     def _checkpoint_every(self, i: int, job: JobInput, kind: str) -> float | None:
         every = self.duration("jobs", i, "checkpoint_every", job.checkpoint_every)
@@ -335,6 +343,13 @@ class _Resolver:
             job = self._gpu_holder(i, kind.name, gpu, at)
         raw_ranks = kind.ranks(params)
         ranks = () if raw_ranks is None else self.ranges.gpu_list("faults", i, "ranks", raw_ranks)
+        raw_stuck = kind.stuck_ranks(params)
+        stuck = () if raw_stuck is None else self.ranges.gpu_list("faults", i, "stuck_ranks", raw_stuck)
+        if job is not None and stuck:
+            if any(ref not in job.gpus for ref in stuck):
+                raise self.fail("faults", i, "stuck_ranks", f"names a GPU that is not one of job {job.id!r}'s")
+            if len(set(stuck)) >= len(job.gpus):
+                raise self.fail("faults", i, "stuck_ranks", "names every GPU of the job: some ranks must launch")
         fault = FaultSpec(
             index=i,
             kind=kind.name,
@@ -344,6 +359,7 @@ class _Resolver:
             gpu=gpu,
             node=None if node_spec is None else node_spec.name,
             ranks=ranks,
+            stuck=stuck,
             nic=nic,
             jobs_hit=self._jobs_hit(kind, job, node_spec, nic, at),
             step_s=self.step,

@@ -74,6 +74,8 @@ class JobInput(InputStruct, frozen=True):
     eval_every: DurationValue | None = None
     eval_duration: DurationValue | None = None
     first_step: DurationValue | None = None
+    nccl_ras: bool = True  # false: NCCL older than 2.24, or RAS disabled
+    nccl_version: str = "2.28.7"  # the NCCL its simulated RAS answers as (text before 2.28.7, JSON from it)
 
 
 class ScenarioInput(InputStruct, frozen=True):

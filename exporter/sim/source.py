@@ -51,7 +51,8 @@ class SimSource:
         return self._cluster.snapshot(self._node, self._clock.now())
 
     def close(self) -> None:
-        """Nothing to release: the simulation holds no devices, files or threads."""
+        """Stop the simulated RAS ports, if any; the simulation holds no devices or files."""
+        self._cluster.close()
 
 
 class SimAllNodes:
@@ -69,4 +70,5 @@ class SimAllNodes:
         return self._cluster.snapshot(node, self._clock.now())
 
     def close(self) -> None:
-        """Nothing to release: the simulation holds no devices, files or threads."""
+        """Stop the simulated RAS ports, if any; the simulation holds no devices or files."""
+        self._cluster.close()

@@ -64,6 +64,8 @@ class JobSpec:
     eval_every_s: float | None = None
     eval_duration_s: float | None = None
     first_step_s: float | None = None  # a slow first step (compilation, warm-up) from the job's start
+    nccl_ras: bool = True  # NCCL RAS answers for the job (NCCL 2.24 or later with RAS on)
+    nccl_version: str = "2.28.7"
 
     def running(self, t: float) -> bool:
         return self.start <= t < self.end
@@ -88,6 +90,7 @@ class FaultSpec:
     node: str | None = None
     xid: int | None = None
     ranks: tuple[GpuRef, ...] = ()
+    stuck: tuple[GpuRef, ...] = ()  # hangs: the GPUs whose ranks never launch the collective (NCCL RAS's view)
     nic: str | None = None
     jobs_hit: tuple[str, ...] = ()
     count: int | None = None

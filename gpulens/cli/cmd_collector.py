@@ -59,7 +59,7 @@ def register(sub: Any) -> None:
 
 
 def collector_settings(args: argparse.Namespace) -> Any:
-    from gpulens.settings import TargetSettings, parse_shard
+    from gpulens.settings import TargetSettings, default_timeout_s, parse_shard
 
     settings = settings_from(args)
     changes: dict[str, Any] = {}
@@ -79,7 +79,13 @@ def collector_settings(args: argparse.Namespace) -> Any:
         changes["targets"] = (*settings.targets, *extra)
     if args.interval is not None:
         changes["interval_s"] = args.interval
-        changes["timeout_s"] = min(settings.timeout_s, args.interval)
+        if settings.raw.get("collector", {}).get("timeout") is None:
+            changes["timeout_s"] = default_timeout_s(args.interval)
+        elif settings.timeout_s > args.interval:
+            raise UsageError(
+                f"--interval {args.interval:g}: shorter than collector.timeout ({settings.timeout_s:g}s) in the "
+                "config; a round would overrun the next tick"
+            )
     if args.shard is not None:
         try:
             changes["shard"] = parse_shard(args.shard)

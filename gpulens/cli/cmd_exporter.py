@@ -11,6 +11,9 @@ from gpulens.cli.base import Formatter, existing_directory, http_url, positive_d
 from gpulens.cli.envtwins import apply_env_twins
 from gpulens.cli.lifecycle import stop_on_signals
 
+# The kubelet's default (client.DEFAULT_SOCKET; not imported here, so that --help needs no gRPC).
+DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
 EXPORTER_EXAMPLES = """\
 examples:
   # on a GPU node (reads NVML), Prometheus scrapes :9410/metrics
@@ -25,10 +28,14 @@ examples:
   gpulens exporter --source sim --scenario examples/scenarios/stall.toml --node node-01 --speed 10
   # every node of a simulated cluster from one process: /node/<name>/metrics
   gpulens exporter --source sim --scenario examples/scenarios/healthy.toml --all-nodes --listen 127.0.0.1:9410
+  # on a Kubernetes node: jobs are namespace/pod, from the kubelet's pod-resources API (pip install 'gpulens[k8s]')
+  gpulens exporter --kubelet-socket /var/lib/kubelet/pod-resources/kubelet.sock
   # in a container with the host's root mounted read-only at /host (RDMA ports, PCIe, cgroups, /proc)
   gpulens exporter --sysfs-root /host --proc-root /host/proc
   # TLS and basic auth (Prometheus exporter-toolkit format)
   gpulens exporter --web-config /etc/gpulens/web.yml
+  # jobs started with NCCL_RAS_ADDR=127.0.0.1:29029
+  gpulens exporter --nccl-ras-addr 127.0.0.1:29029
 """
 
 
@@ -66,6 +73,12 @@ def register(sub: Any) -> None:
         "none, or auto (slurm where squeue is installed and slurm.conf or SLURM_CONF names a cluster)",
     )
     p.add_argument(
+        "--kubelet-socket",
+        default=None,
+        help="the kubelet's pod-resources socket: names the pod and container holding each GPU (needs the k8s extra; "
+        f"default {DEFAULT_KUBELET_SOCKET}, read where it exists; '' turns it off)",
+    )
+    p.add_argument(
         "--proc-root", default="/proc", help="the host's /proc: processes' cgroup, status and comm, CPU and memory"
     )
     p.add_argument(
@@ -79,6 +92,18 @@ def register(sub: Any) -> None:
         action="store_true",
         help="do not read RDMA ports, host CPU and memory or job cgroups (GPUs only)",
     )
+    p.add_argument(
+        "--nccl-ras",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="read NCCL's own view of the jobs on this node from NCCL RAS (NCCL 2.24 and later); --no-nccl-ras: not",
+    )
+    p.add_argument(
+        "--nccl-ras-addr",
+        type=ras_address,
+        default="127.0.0.1:28028",
+        help="where NCCL RAS listens (NCCL_RAS_ADDR of the jobs); only connected to, never bound",
+    )
     p.add_argument("--web-config", default=None, help="TLS and basic-auth config (exporter-toolkit YAML)")
     p.add_argument("--scenario", default=None, help="scenario TOML for --source sim")
     p.add_argument("--speed", type=positive_float, default=1.0, help="virtual time speed-up for --source sim")
@@ -88,6 +113,16 @@ def register(sub: Any) -> None:
     )
     apply_env_twins(p, "GPULENS_EXPORTER_")
     p.set_defaults(func=_run_exporter)
+
+
+def ras_address(value: str) -> str:
+    from gpulens.netaddr import parse_listen
+
+    try:
+        parse_listen(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected host:port, e.g. 127.0.0.1:28028 ({exc})") from None
+    return value
 
 
 def _run_exporter(args: argparse.Namespace) -> int:
@@ -117,6 +152,10 @@ def _run_exporter(args: argparse.Namespace) -> int:
         scenario=args.scenario,
         speed=args.speed,
         all_nodes=args.all_nodes,
+        kubelet_socket=DEFAULT_KUBELET_SOCKET if args.kubelet_socket is None else args.kubelet_socket,
+        kubelet_socket_given=args.kubelet_socket is not None,
+        nccl_ras=args.nccl_ras,
+        nccl_ras_addr=args.nccl_ras_addr,
     )
     with stop_on_signals() as stop:
         return run_exporter(options, lambda line: print(line, file=sys.stderr, flush=True), stop)

@@ -27,7 +27,7 @@ def apply_env_twins(parser: argparse.ArgumentParser, prefix: str, environ: Any =
         if raw is None:
             continue
         flag = action.option_strings[-1]
-        if isinstance(action, argparse._StoreTrueAction):
+        if isinstance(action, argparse._StoreTrueAction | argparse.BooleanOptionalAction):
             if raw.strip().lower() not in _TRUE | _FALSE:
                 raise UsageError(f"{name}={raw!r}: expected true or false (the twin of {flag})")
             action.default = raw.strip().lower() in _TRUE

@@ -16,6 +16,7 @@ from gpulens.cli import (
     cmd_db,
     cmd_demo,
     cmd_exporter,
+    cmd_job_summary,
     cmd_query,
     cmd_rules,
     cmd_silence,
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_check_config.register(sub)
     cmd_db.register(sub)
     cmd_query.register(sub)
+    cmd_job_summary.register(sub)
     cmd_demo.register(sub)
     cmd_simulate.register(sub)
     cmd_rules.register(sub)

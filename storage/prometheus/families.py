@@ -22,7 +22,7 @@ from typing import Any, Final
 from gpulens.dcgmfields import BY_NAME, FREE, NVLINK_TOTAL
 from gpulens.dcgmpage import dcgm_records
 from gpulens.metriccatalogue import GPU_FIELDS
-from gpulens.model import THROTTLE_REASONS, GpuJob, GpuReading
+from gpulens.model import THROTTLE_REASONS, THROTTLE_SOURCES, GpuJob, GpuReading
 from gpulens.promtext import Sample
 from gpulens.storage.prometheus.client import PromSeries, quote
 
@@ -51,7 +51,7 @@ def reading_families(fields: Sequence[str] | None) -> tuple[str, ...]:
     wanted = set(fields)
     families = {UP} | {spec.family for spec in GPU_FIELDS if spec.field in wanted}
     families |= {INFO} if wanted & {"pci_bus_id", "driver_version"} else set()
-    families |= {THROTTLE} if "throttle_reasons" in wanted else set()
+    families |= {THROTTLE} if wanted & {"throttle_reasons", "throttle_reasons_source"} else set()
     families |= {XIDS} if "xid_errors" in wanted else set()
     return tuple(sorted(families))
 
@@ -171,6 +171,8 @@ def gpulens_readings(series: Sequence[PromSeries], times: Mapping[str, float], n
             bit = THROTTLE_BITS.get(labels.get("reason", ""))
             if bit is not None:
                 fields["throttle_reasons"] = fields.get("throttle_reasons", 0) | (bit if value else 0)
+            if labels.get("source") in THROTTLE_SOURCES:
+                fields["throttle_reasons_source"] = labels["source"]
         elif name == XIDS and labels.get("xid", "").isdigit():
             fields["xid_errors"][int(labels["xid"])] = round(value)
     return [GpuReading(**fields) for fields in gpus.values()]

@@ -457,6 +457,9 @@ class PromReader:
     ) -> list[NicReading]:
         return fabric.latest_nics(self, node=node, max_age_s=max_age_s, fields=fields, nodes=nodes)
 
+    def history_start(self) -> float | None:
+        return None  # Prometheus bounds a range query by its own retention and step
+
     def nic_counts(self) -> dict[str, tuple[int, int]]:
         return fabric.nic_counts(self)
 

@@ -26,6 +26,7 @@ from gpulens.alerts.catalogue import (
     IB_LINK_DOWN,
     IB_LINK_FLAPPING,
     IDLE_ALLOCATED,
+    JOB_INEFFICIENT,
     JOB_INPUT_BOUND,
     JOB_STRAGGLER,
     MEMORY_SATURATED,
@@ -172,6 +173,15 @@ class _Expectations:
             self.add(simple[f.kind], _gpu(f.gpu), s, e, cause)
         elif f.kind in HANG_SIGNATURES:
             self.hang(f, cause)
+        elif f.kind == "rank_dead":
+            if self.jobs[str(f.job)].nccl_ras:
+                self.add(COMMUNICATION_STALL, {"job_id": str(f.job), "signature": "rank_dead"}, s, e, cause)
+            else:  # the others spin, the dead rank's GPU idles with its memory freed: no hardware signature holds
+                wait = self.rules[COMMUNICATION_STALL].threshold("blocked_after_s")
+                self.add(COMMUNICATION_STALL, {"job_id": str(f.job), "signature": "mixed"}, s, e, cause, wait)
+                self.out[-1] = replace(self.out[-1], required=False)
+            if f.gpu is not None:  # its GPU idles: an idle allocation too, should it last
+                self.add(IDLE_ALLOCATED, {**_gpu(f.gpu), "job_id": str(f.job)}, s, e, cause + " (dead rank)")
         elif f.kind == "straggler":
             self.add(JOB_STRAGGLER, {**_gpu(f.gpu), "job_id": str(f.job)}, s, e, cause)
             self.add(THERMAL_THROTTLING, _gpu(f.gpu), s, e, cause + " (sw_thermal)")
@@ -201,10 +211,13 @@ class _Expectations:
         """The stall with its signature; a blocked or mixed one once it outlasts a healthy pause. Ranks that sit
         idle long enough are idle allocations too."""
         signature = HANG_SIGNATURES[f.kind]
-        wait = 0.0 if signature == "spinning" else self.rules[COMMUNICATION_STALL].threshold("blocked_after_s")
+        if f.stuck and self.jobs[str(f.job)].nccl_ras:
+            signature = "rank_missing"  # NCCL RAS names the ranks: the hardware signatures are muted
+        slow = signature in ("blocked", "mixed")
+        wait = self.rules[COMMUNICATION_STALL].threshold("blocked_after_s") if slow else 0.0
         match = {"job_id": str(f.job), "signature": signature}
         self.add(COMMUNICATION_STALL, match, f.start, f.end, cause, wait)
-        idle = self.jobs[str(f.job)].gpus if signature == "blocked" else f.ranks
+        idle = self.jobs[str(f.job)].gpus if f.kind == "hang_blocked" else f.ranks
         for ref in idle:
             self.add(IDLE_ALLOCATED, {**_gpu(ref), "job_id": str(f.job)}, f.start, f.end, cause + " (idle rank)")
 
@@ -271,6 +284,8 @@ class _Expectations:
 
     def idle_jobs(self) -> None:
         for job in self.scenario.jobs:
+            # Any job may idle long enough (a long hang, a slow start) for JobInefficient; it need not.
+            self.out.append(Expected(JOB_INEFFICIENT, {"job_id": job.id}, job.start, job.end, False, f"job {job.id}"))
             if job.kind == "idle":
                 for ref in job.gpus:
                     self.add(IDLE_ALLOCATED, {**_gpu(ref), "job_id": job.id}, job.start, job.end, f"idle job {job.id}")

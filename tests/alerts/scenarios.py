@@ -166,6 +166,41 @@ def hangs(nodes: int, model: str, seed: int, topology: str, step: str = "10s") -
     return "\n".join(lines + faults) + "\n"
 
 
+def _nccl(version: str, ras: bool) -> list[str]:
+    return [f'nccl_version = "{version}"', f"nccl_ras = {'true' if ras else 'false'}"]
+
+
+def nccl_hangs(nodes: int, model: str, seed: int, topology: str, version: str = "2.28.7", ras: bool = True) -> str:
+    """``hangs`` with NCCL RAS: each hang names its last GPU in ``stuck_ranks``, and a fourth job (two GPUs of the
+    last node) loses a rank's process (``rank_dead``) at 15m; every training job answers RAS as NCCL ``version``
+    (or not at all, ``ras=False``). 50 minutes."""
+    lines = _header(nodes, model, seed, "50m")
+    used: dict[str, list[int]] = {}
+    faults: list[str] = []
+    for shape, signature in zip(_hang_shapes(topology, nodes), ("spinning", "blocked", "mixed"), strict=True):
+        for name, g in shape.items():
+            used.setdefault(name, []).extend(g)
+        job = f"hang-{signature}"
+        gpus = [f"{n}:{i}" for n, g in shape.items() for i in g]
+        lines += _job(
+            job, "training", [f"{n}:{','.join(map(str, g))}" for n, g in shape.items()], checkpoint_every="6m"
+        )
+        lines += _nccl(version, ras)
+        extra: dict[str, list[str]] = {"stuck_ranks": gpus[-1:]}
+        if signature == "mixed":
+            extra["ranks"] = gpus[: len(gpus) // 2]
+        faults += _fault(f"hang_{signature}", "job", job, "15m", "25m", **extra)
+    last = node(nodes - 1, nodes)
+    free = [i for i in range(GPUS_PER_NODE) if i not in used.get(last, [])][:2]
+    used.setdefault(last, []).extend(free)
+    lines += _job("rank-dead", "training", [f"{last}:{free[0]},{free[1]}"], checkpoint_every="6m")
+    lines += _nccl(version, ras)
+    faults += _fault("rank_dead", "gpu", f"{last}:{free[1]}", "15m")
+    for chunk in _background(nodes, used):
+        lines += chunk
+    return "\n".join(lines + faults) + "\n"
+
+
 def gpu_faults(nodes: int, model: str, seed: int) -> str:
     """Every GPU-, node- and job-scoped hardware fault, each on its own target in its own window (50 minutes)."""
     n0, n1, last = node(0, nodes), node(1, nodes), node(nodes - 1, nodes)

@@ -143,7 +143,7 @@ def test_no_routes_means_every_receiver_gets_everything() -> None:
 
 def test_defaults_are_the_builtin_catalogue() -> None:
     config = parse_alerting(None)
-    assert len(config.rules) == 22  # 15 GPU and job rules, 7 fabric and host rules
+    assert len(config.rules) == 23  # 16 GPU and job rules, 7 fabric and host rules
     assert config.receivers == ()
 
 

@@ -8,10 +8,11 @@ import statistics
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpulens.alerts.catalogue import COMMUNICATION_STALL, JOB_STRAGGLER
+from gpulens.alerts.catalogue import BUILTIN_RULES, COMMUNICATION_STALL, JOB_STRAGGLER
 from gpulens.alerts.detect import _median_without, baseline
 from gpulens.alerts.history import JobRound
 from gpulens.alerts.rules import evaluate
+from gpulens.alerts.state import step
 
 from .support import GIB, Feed, blocked, job_snapshot, rule, snapshot, stalled, training, uuid
 
@@ -45,6 +46,7 @@ def test_stall_of_a_communicating_job_is_a_candidate_with_a_readable_summary() -
     assert c.labels["severity"] == "critical"
     assert c.labels["signature"] == "spinning"
     assert "gpu" not in c.labels  # the whole job, not one GPU
+    assert c.labels["nodes"] == "node-00,node-01"  # where to look, on the alert itself
     assert c.summary == "job train: 16 GPUs at 100% with no NVLink traffic for 50s"
     assert c.value is not None
     assert c.value < 0.01
@@ -336,3 +338,15 @@ def test_peer_median_leaves_the_gpu_itself_out(values: list[float], data: st.Dat
     others.remove(value)
     expected = statistics.median(others) if others else None
     assert _median_without(sorted(values), value) == expected
+
+
+def test_every_alert_carries_its_rules_advice_and_job_alerts_their_nodes() -> None:
+    feed = fed()
+    for _ in range(6):
+        feed.add(two_nodes(stalled))
+    rules = {r.name: r for r in BUILTIN_RULES}
+    result = step({}, feed.candidates([STALL]), rules, feed.now)
+    [alert] = result.states.values()
+    assert alert.annotations["runbook"] == rules[COMMUNICATION_STALL].action
+    assert alert.annotations["runbook"].startswith("The job makes no progress")
+    assert alert.labels["nodes"] == "node-00,node-01"

@@ -111,6 +111,7 @@ def test_demo_example() -> None:
         ("GpuIdleAllocated", "node-03:4"),
         ("GpuIdleAllocated", "node-03:5"),
         ("GpuThermalThrottling", "node-03:2"),
+        ("JobInefficient", "reserved-eval"),  # the idle job: its GPUs held and idle past held_s
     ]
 
 
@@ -139,7 +140,12 @@ def test_faults_example_raises_each_faults_alert() -> None:
         *(("NvlinkBandwidthSaturated", f"node-02:{i}") for i in range(8)),
     }
     assert set(subjects(outcome)) == expected
-    assert len(outcome.fired) == len(expected)  # each once
+    # each once, but hang-spin twice: its hang, then (NCCL RAS) its rank_dead
+    assert len(outcome.fired) == len(expected) + 1
+    assert sorted(a.labels["signature"] for a in outcome.fired if a.labels.get("job_id") == "hang-spin") == [
+        "rank_dead",
+        "spinning",
+    ]
     kinds, rules = tally([outcome])
     assert kinds["nvlink_saturation"] == KindTally(injected=1, alerting=1, detected=1)
     assert rules["NvlinkBandwidthSaturated"] == RuleTally(required=8, detected=8, fired=8, false=0)  # one per GPU
@@ -148,7 +154,8 @@ def test_faults_example_raises_each_faults_alert() -> None:
     assert {
         k: kinds[k].detected for k in ("comm_stall", "hang_spinning", "hang_blocked", "hang_mixed")
     } == dict.fromkeys(("comm_stall", "hang_spinning", "hang_blocked", "hang_mixed"), 1)
-    assert sum(k.injected for k in kinds.values()) == 17
+    assert kinds["rank_dead"] == KindTally(1, 1, 1)
+    assert sum(k.injected for k in kinds.values()) == 18
 
 
 def test_fabric_example_raises_each_faults_alert_on_its_port_and_job() -> None:

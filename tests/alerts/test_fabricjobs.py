@@ -74,6 +74,7 @@ def test_a_starving_job_with_its_cgroup_cpu_at_its_limit_is_input_bound() -> Non
         "job_id": "train",
         "user": "alice",
         "job": "train",
+        "nodes": "node-00",
     }
     assert c.summary == ("job train: 8 GPUs at 15% waiting on the host: node-00 cgroup CPU 15.8 of its limit 16 cores")
     assert c.value == 0.15

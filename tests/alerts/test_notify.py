@@ -158,9 +158,11 @@ def test_slack_block_kit_message(server: tuple[str, Script]) -> None:
     assert body["text"] == "[FIRING:1] GpuLost"
     [attachment] = body["attachments"]
     assert attachment["color"] == COLOURS["critical"]
-    header, summary, facts, link = attachment["blocks"]
+    header, summary, details, facts, link = attachment["blocks"]
     assert header == {"type": "header", "text": {"type": "plain_text", "text": "[FIRING:1] GpuLost"}}
     assert summary["text"]["text"] == "*Critical:* GPU node-01:3 (job llm, user alice): lost &lt;really&gt;"
+    assert summary["text"]["verbatim"] is True  # no auto-linked @here or #channel from a label
+    assert details["text"]["text"] == "d"
     fields = {f["text"].split("\n")[0]: f["text"].split("\n")[1] for f in facts["fields"]}
     assert fields == {"*Severity*": "critical", "*Node*": "node-01", "*GPU*": "3", "*Job*": "llm", "*Value*": "0.5"}
     assert link["elements"][0]["text"] == "<https://gpulens.example/gpus/GPU-abc|Open in the gpulens dashboard>"
@@ -247,7 +249,7 @@ def test_failures_are_typed_and_never_show_the_url(
     server: tuple[str, Script], step: tuple[Any, ...], retryable: bool, retry_after: float | None
 ) -> None:
     url, script = server
-    script.steps.append(step)
+    script.steps.extend([step, step] if step[0] == 400 else [step])  # a 400 is tried again shorter, once
     with pytest.raises(DeliveryError) as err:
         SlackNotifier(url, name="ops", timeout_s=0.1).send([alert()], group_labels={}, status=FIRING)
     assert err.value.retryable is retryable

@@ -20,8 +20,8 @@ def test_promtool_checks_the_exported_rules(promtool: str, tmp_path: Path) -> No
     path.write_text(prometheus_rules_yaml(builtin_rules()))
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    # CommunicationStall is exported once per signature; JobInputBound is not exportable
-    assert NOT_EXPORTED.keys() == {"JobInputBound"}
+    # CommunicationStall is exported once per signature; JobInputBound and JobInefficient are not exportable
+    assert NOT_EXPORTED.keys() == {"JobInputBound", "JobInefficient"}
     assert f"SUCCESS: {len(BUILTIN_NAMES) - len(NOT_EXPORTED) + 2} rules found" in result.stdout
 
 
@@ -68,3 +68,123 @@ def test_fabric_rules_are_exported_over_the_nic_families() -> None:
     for name in ("IbLinkDown", "IbLinkDegraded", "IbErrors", "FabricCongestion", "FabricBandwidthSaturated"):
         assert "gpulens_nic_" in exported[name]["expr"], name
         assert "$labels.device" in exported[name]["annotations"]["summary"], name
+
+
+def _series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
+    pairs = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return {"series": f"{name}{{{pairs}}}", "values": values}
+
+
+def test_exported_alerts_render_complete_sentences_under_promtool(promtool: str, tmp_path: Path) -> None:
+    """``promtool test rules``: input series for a stalled two-GPU job, a full GPU memory, a port gone down and an
+    exporter that does not answer; the alerts and their exact annotations as Prometheus renders them."""
+    rules = {r.name: r for r in builtin_rules()}
+    (tmp_path / "rules.yml").write_text(prometheus_rules_yaml(list(rules.values())))
+    gpus = [{"node": "node-01", "gpu": str(i), "uuid": f"GPU-{i}", "model": "H100"} for i in range(2)]
+    series = []
+    for g in gpus:
+        place = {k: g[k] for k in ("node", "gpu", "uuid")}
+        series += [
+            _series("gpulens_gpu_job_info", {**place, "job_id": "llm-pretrain", "user": "alice"}, "1x50"),
+            _series("gpulens_gpu_utilization_ratio", g, "1x50"),
+            _series("gpulens_gpu_nvlink_throughput_bytes_per_second", {**g, "direction": "tx"}, "2e9x10 0x40"),
+            _series("gpulens_gpu_pcie_throughput_bytes_per_second", {**g, "direction": "tx"}, "0x50"),
+            _series("gpulens_gpu_memory_used_bytes", g, "80e9x50"),
+            _series("gpulens_gpu_memory_total_bytes", g, "81e9x50"),
+        ]
+    port = {"node": "node-01", "device": "mlx5_0", "port": "1"}
+    series += [
+        _series("gpulens_nic_up", port, "1x10 0x40"),
+        _series(
+            "gpulens_nic_info",
+            {**port, "link_layer": "InfiniBand", "gpus": "0,1", "pci_bus_id": "0000:17:00.0"},
+            "1x50",
+        ),
+        _series("up", {"job": "gpulens-exporters", "instance": "node-02:9410"}, "0x50"),
+    ]
+
+    def annotations(rule: str, summary: str) -> dict[str, str]:
+        doc = yaml.safe_load(prometheus_rules_yaml([rules[rule]]))["groups"][0]["rules"][0]
+        return {"summary": summary, "description": doc["annotations"]["description"], "runbook": rules[rule].action}
+
+    stall = annotations(
+        "CommunicationStall",
+        "CommunicationStall (spinning): job llm-pretrain of user alice: its 2 GPUs spin at full utilization with no "
+        "NVLink or PCIe traffic.",
+    )
+    expected = [
+        {
+            "alertname": "CommunicationStall",
+            "exp_alerts": [
+                {
+                    "exp_labels": {
+                        "severity": "critical",
+                        "signature": "spinning",
+                        "job_id": "llm-pretrain",
+                        "user": "alice",
+                    },
+                    "exp_annotations": stall,
+                }
+            ],
+        },
+        {
+            "alertname": "GpuMemorySaturated",
+            "exp_alerts": [
+                {
+                    "exp_labels": {"severity": "warning", **g},
+                    "exp_annotations": annotations(
+                        "GpuMemorySaturated", f"GpuMemorySaturated on GPU node-01:{g['gpu']} ({g['uuid']})."
+                    ),
+                }
+                for g in gpus
+            ],
+        },
+        {
+            "alertname": "IbLinkDown",
+            "exp_alerts": [
+                {
+                    "exp_labels": {"severity": rules["IbLinkDown"].severity, **port, "gpus": "0,1"},
+                    "exp_annotations": annotations("IbLinkDown", "IbLinkDown on node-01 port mlx5_0 1."),
+                }
+            ],
+        },
+        {
+            "alertname": "ExporterDown",
+            "exp_alerts": [
+                {
+                    "exp_labels": {"severity": "critical", "job": "gpulens-exporters", "instance": "node-02:9410"},
+                    "exp_annotations": annotations(
+                        "ExporterDown",
+                        "ExporterDown: the exporter at node-02:9410 (job gpulens-exporters) does not answer.",
+                    ),
+                }
+            ],
+        },
+    ]
+    test = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {"interval": "1m", "input_series": series, "alert_rule_test": [{"eval_time": "30m", **e} for e in expected]}
+        ],
+    }
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False, width=1000))
+    result = subprocess.run(
+        [promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout + result.stderr
+    assert "quiet_ratio" not in stall["description"]
+    assert "below 5% of the job's own recent baseline" in stall["description"]
+
+
+def test_no_exported_description_leaves_a_threshold_unfilled() -> None:
+    all_rules = builtin_rules()
+    doc = yaml.safe_load(prometheus_rules_yaml(all_rules))
+    names = {k for r in all_rules for k in r.thresholds} | {"for"}
+    for entry in doc["groups"][0]["rules"]:
+        description = entry["annotations"]["description"]
+        assert not [n for n in names if f"`{n}`" in description], entry["alert"]
+        assert "{{" not in description
+        assert entry["annotations"]["summary"].endswith(".")
+        assert entry["annotations"]["runbook"]

@@ -37,6 +37,7 @@ def test_replay_json_is_what_simulate_prints() -> None:
         "job_id": "llm-pretrain",
         "user": "alice",
         "signature": "spinning",
+        "nodes": "node-00,node-01",
     }
     assert parse_timestamp(doc["startsAt"]) == scenario.start + 25 * MINUTE
     assert parse_timestamp(doc["endsAt"]) == scenario.start + 30 * MINUTE

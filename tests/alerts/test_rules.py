@@ -41,6 +41,7 @@ CONTRACT = {
     "CommunicationStall",
     "JobStraggler",
     "GpuIdleAllocated",
+    "JobInefficient",
     "XidError",
     "EccUncorrectable",
     "GpuLost",

@@ -14,6 +14,7 @@ from gpulens.storage.db import Database
 from gpulens.storage.recent import recent_rounds
 from gpulens.storage.writer import Writer
 from tests.alerts.support import STEP, T0, job_snapshot, stalled, training
+from tests.dbtemplate import migrated_sqlite
 
 GPUS = range(8)
 
@@ -38,8 +39,7 @@ def stall_rounds(svc: AlertService, clock: ManualClock, count: int) -> set[str]:
 
 def test_stored_rounds_come_back_as_rounds_with_their_jobs(tmp_path: Path) -> None:
     clock = ManualClock(T0)
-    db = Database(f"sqlite:///{tmp_path / 'g.db'}", clock=clock)
-    db.upgrade()
+    db = Database(migrated_sqlite(tmp_path / "g.db"), clock=clock)
     writer = Writer(db)
     for i in range(12):
         writer.write([at(job_snapshot("node-00", training, GPUS), T0 + i * STEP)])
@@ -53,10 +53,9 @@ def test_stored_rounds_come_back_as_rounds_with_their_jobs(tmp_path: Path) -> No
 
 
 def test_a_restarted_engine_keeps_the_baseline_and_catches_a_stall(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'g.db'}"
+    url = migrated_sqlite(tmp_path / "g.db")
     clock = ManualClock(T0)
     db = Database(url, clock=clock)
-    db.upgrade()
     first = service(db, clock)
     writer = Writer(db)
     for _ in range(30):  # five minutes of a communicating 8-GPU job, stored and judged
@@ -71,7 +70,6 @@ def test_a_restarted_engine_keeps_the_baseline_and_catches_a_stall(tmp_path: Pat
     assert restarted.engine.history.job_reference("train")
     assert "CommunicationStall" in stall_rounds(restarted, clock, 40)
 
-    empty = Database(f"sqlite:///{tmp_path / 'empty.db'}", clock=clock)
-    empty.upgrade()
+    empty = Database(migrated_sqlite(tmp_path / "empty.db"), clock=clock)
     cold = service(empty, clock)  # what a restart gave before: no history, so no baseline to call a stall against
     assert "CommunicationStall" not in stall_rounds(cold, clock, 40)

@@ -228,3 +228,35 @@ def test_the_alert_service_starts_while_the_database_is_down(private_pg_server: 
         assert (again.fingerprint, again.fired_at) == (fired.fingerprint, fired.fired_at)  # resumed, not re-fired
     finally:
         db.close()
+
+
+def test_the_worker_waits_for_the_schema_in_one_line(db_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A database that answers before it is migrated: the worker says so once, without a traceback, and delivers
+    once the schema is there (as the writer waits for it)."""
+    caplog.set_level("INFO", logger="gpulens")
+    bare = Database(db_url)  # reachable, not migrated: no notification_outbox table yet
+    passes: list[Any] = []
+    with flaky_receiver([]) as (url, receiver):
+        delivery = Delivery(
+            SqlOutbox(bare), {"hook": WebhookNotifier(url, name="hook", timeout_s=5.0)}, clock=SystemClock()
+        )
+        worker = NotificationWorker(delivery, poll_s=0.05, on_pass=passes.append)
+        worker.start()
+        try:
+            wait_until(lambda: sum("no schema yet" in r.getMessage() for r in caplog.records) >= 1)
+            for _ in range(3):  # more passes against the missing table
+                worker.wake()
+                time.sleep(0.1)
+            bare.upgrade()
+            payload = {"receiver": "hook", "group_key": "g", "group_labels": {}, "status": "firing", "alerts": []}
+            SqlOutbox(bare).enqueue("hook", {**payload, "created_at": 0}, time.time())
+            worker.wake()
+            wait_until(lambda: receiver.received)
+        finally:
+            worker.stop()
+            bare.close()
+    waits = [r for r in caplog.records if "no schema yet" in r.getMessage()]
+    assert len(waits) == 1
+    assert "\n" not in waits[0].getMessage()
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= 40]  # no traceback, no ERROR
+    assert [r.getMessage() for r in caplog.records if "reachable again" in r.getMessage()]

@@ -17,6 +17,7 @@ from gpulens.collector.loop import Collector
 from gpulens.settings import TargetSettings, default_settings
 from gpulens.storage import inventory, latest
 from gpulens.storage.db import Database
+from tests.dbtemplate import migrated_sqlite
 from tests.fakes.dcgm_pages import GPU0, GPU1, ID0, ID1
 from tests.fakes.dcgm_server import stand_in_dcgm_exporter
 
@@ -46,10 +47,9 @@ def settings(db_url: str, tmp_path: Path, *urls: str):  # type: ignore[no-untype
 
 
 def test_an_xid_fires_xid_error_and_a_vanished_gpu_fires_gpu_lost(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'g.db'}"
+    url = migrated_sqlite(tmp_path / "g.db")
     clock = ManualClock(1_750_000_000.0)
     db = Database(url)
-    db.upgrade()
     service = AlertService(db, AlertingConfig(rules=tuple(builtin_rules())), notifiers={})
     with stand_in_dcgm_exporter(page()) as server:
         collector = Collector(settings(url, tmp_path, server.url), db, clock=clock, hooks=[service.hook])
@@ -92,9 +92,8 @@ def test_an_xid_fires_xid_error_and_a_vanished_gpu_fires_gpu_lost(tmp_path: Path
 
 
 def test_a_page_without_gpu_series_leaves_the_target_unhealthy_with_the_reason(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'g.db'}"
+    url = migrated_sqlite(tmp_path / "g.db")
     db = Database(url)
-    db.upgrade()
     with stand_in_dcgm_exporter("# HELP go_goroutines x\n# TYPE go_goroutines gauge\ngo_goroutines 12\n") as server:
         collector = Collector(settings(url, tmp_path, server.url), db)
         try:
@@ -113,9 +112,8 @@ def test_a_page_without_gpu_series_leaves_the_target_unhealthy_with_the_reason(t
 
 
 def test_two_targets_claiming_one_node_are_an_error_not_a_merge(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'g.db'}"
+    url = migrated_sqlite(tmp_path / "g.db")
     db = Database(url)
-    db.upgrade()
     other = page(host="gpu-node-31").replace(GPU0, "GPU-00000000-0000-4000-8000-00000000aa01")
     other = other.replace(GPU1, "GPU-00000000-0000-4000-8000-00000000aa02")
     with stand_in_dcgm_exporter(page()) as first, stand_in_dcgm_exporter(other) as second:

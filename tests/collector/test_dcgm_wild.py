@@ -238,7 +238,7 @@ def test_a_configured_node_wins_over_the_page_label() -> None:
     assert {g.node for g in result.snapshot.gpus} == {"inf-07"}
 
 
-def test_a_truncated_page_is_refused_by_both_readers() -> None:
+def test_a_cut_body_is_refused_and_a_cut_last_line_is_dropped_by_both_readers() -> None:
     text = (WILD / "dcgm4x_h100.prom").read_bytes()
     with stand_in_dcgm_exporter(text) as server:
         server.serve(text, cut_to=len(text) // 2)  # the connection drops before Content-Length bytes arrived
@@ -248,10 +248,12 @@ def test_a_truncated_page_is_refused_by_both_readers() -> None:
             DcgmSource(server.url).read()
         server.serve(text[: len(text) - 9])  # a complete response whose last line was cut mid-labels
         mid_line = scraper.scrape(Target(name="t", url=server.url, kind="dcgm"))
-        with pytest.raises(SourceError, match="the page is truncated"):
-            DcgmSource(server.url).read()
+        exporter = DcgmSource(server.url).read()
         scraper.close()
     assert not cut.health.up
     assert "body is truncated" in (cut.health.last_error or "")
-    assert not mid_line.health.up
-    assert mid_line.health.last_error == "the page is truncated (its last line was cut mid-sample)"
+    assert mid_line.health.up  # the lines before the cut one are kept, the cut one is counted
+    assert mid_line.rejected["dcgm_truncated"] == 1
+    assert exporter.errors["dcgm_truncated"] == 1
+    assert mid_line.snapshot is not None
+    assert [g.uuid for g in mid_line.snapshot.gpus] == [g.uuid for g in exporter.gpus]

@@ -27,6 +27,7 @@ from gpulens.settings import TargetSettings, default_settings
 from gpulens.storage import inventory, jobstats, latest, schema, timeseries
 from gpulens.storage.db import Database
 from tests.conftest import free_port
+from tests.dbtemplate import migrated_sqlite
 from tests.storage.conftest import PgServer
 
 SCENARIO = """
@@ -211,10 +212,9 @@ def test_a_killed_collector_replays_its_spool_when_it_starts_again(
     cluster: tuple[str, ManualClock], tmp_path: Path
 ) -> None:
     base, real = cluster
-    url = f"sqlite:///{tmp_path / 'g.db'}"
+    url = migrated_sqlite(tmp_path / "g.db")
     settings = settings_for(url, [f"{base}/node/node-01"], tmp_path)
     db = Database(url)
-    db.upgrade()
     first = Collector(settings, db)
     first.spool.append(first.run_round().snapshots, [])  # a round that was spooled when the process died
     first.close()
@@ -235,14 +235,13 @@ def test_the_alert_engine_runs_after_each_round_and_survives_a_restart(
     cluster: tuple[str, ManualClock], broken: str, tmp_path: Path
 ) -> None:
     base, real = cluster
-    url = f"sqlite:///{tmp_path / 'g.db'}"
+    url = migrated_sqlite(tmp_path / "g.db")
     dead = f"http://127.0.0.1:{free_port()}"
     settings = settings_for(url, [f"{base}/node/node-00", dead], tmp_path)
     config = AlertingConfig(rules=tuple(builtin_rules()))
 
     def run(rounds: int) -> AlertService:
         db = Database(url)
-        db.upgrade()
         service = AlertService(db, config, notifiers={})
         collector = Collector(settings, db, clock=real, hooks=[service.hook])
         try:
@@ -265,9 +264,8 @@ def test_the_alert_engine_runs_after_each_round_and_survives_a_restart(
 def test_rollups_are_built_between_rounds_in_short_steps(cluster: tuple[str, ManualClock], tmp_path: Path) -> None:
     """The loop rolls up finished minutes after each round (storage's stepped rollups), not in a separate run."""
     base, real = cluster
-    url = f"sqlite:///{tmp_path / 'r.db'}"
+    url = migrated_sqlite(tmp_path / "r.db")
     db = Database(url, clock=real)
-    db.upgrade()
     collector = Collector(settings_for(url, [f"{base}/node/node-00"], tmp_path), db, clock=real)
     try:
         for _ in range(15):  # two and a half minutes of 10 s rounds
@@ -281,3 +279,50 @@ def test_rollups_are_built_between_rounds_in_short_steps(cluster: tuple[str, Man
     db.close()
     assert raw > 0
     assert minutes >= 1  # at least one whole minute has been rolled up by the loop
+
+
+def test_a_late_round_is_counted_logged_once_and_made_up(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A round that runs past its ticks (a hook held until three ticks were skipped): each skipped tick is counted,
+    one line says so (APScheduler's own line never shows), and rounds go on."""
+    caplog.set_level("INFO")
+    url = f"sqlite:///{tmp_path / 'late.db'}"
+    db = Database(url)
+    db.upgrade()
+    settings = dataclasses.replace(settings_for(url, [], tmp_path), interval_s=0.2, timeout_s=0.1)
+    collector = Collector(settings, db)
+    skipped = collector.metrics.rounds_skipped
+
+    def skipped_ticks() -> float:
+        return collector.metrics.registry.get_sample_value("gpulens_collector_rounds_skipped_total") or 0.0
+
+    rounds: list[float] = []
+    late_ended: list[float] = []
+
+    def hook(result: object) -> None:
+        rounds.append(time.monotonic())
+        if len(rounds) == 2:  # the second round is late: it waits until three ticks went by
+            deadline = time.monotonic() + 30
+            while skipped_ticks() < 3 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            late_ended.append(time.monotonic())
+
+    collector.add_hook(hook)
+    stop = threading.Event()
+    runner = threading.Thread(target=collector.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(rounds) < 6 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        runner.join(timeout=10)
+        collector.close()
+        db.close()
+    assert len(rounds) >= 6
+    assert skipped_ticks() >= 3
+    assert skipped is collector.metrics.rounds_skipped
+    lines = [r for r in caplog.records if "next tick was skipped" in r.getMessage()]
+    assert len(lines) == 1
+    assert not [r for r in caplog.records if "maximum number of running instances" in r.getMessage()]
+    assert late_ended

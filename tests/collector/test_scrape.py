@@ -22,6 +22,7 @@ from gpulens.collector.spool import Spool
 from gpulens.collector.targets import FileSd, Target, TargetSet, in_shard, shard_of
 from gpulens.exporter.httpserver import ExporterServer, Routes
 from gpulens.exporter.poller import Poller
+from gpulens.metriccatalogue import fields_in
 from gpulens.settings import FileSdSettings, TlsAuth, parse_settings
 from gpulens.snapshotcodec import snapshot_to_json
 from tests.conftest import free_port
@@ -337,3 +338,12 @@ def test_a_damaged_spool_file_is_reported(tmp_path: Path) -> None:
     path.write_bytes(b"not gzip")
     with pytest.raises(ValueError, match="damaged"):
         spool.load(path)
+
+
+@pytest.mark.parametrize("field", fields_in("ratio"))
+def test_every_ratio_of_the_catalogue_is_held_to_one(field: str) -> None:
+    now = 1_700_000_000.0
+    snap = node_snapshot("n", gpus=2, t=now)
+    kept, rejected = sanitize(snap.replace(gpus=(h100("n", 0, now, **{field: 1.5}), snap.gpus[1])), now, 300)
+    assert [g.gpu for g in kept.gpus] == [1]
+    assert rejected == {"ratio_above_one": 1}

@@ -87,7 +87,6 @@ def test_a_vanished_gpu_is_reported_down_until_it_returns_or_is_forgotten() -> N
     [
         ("", r"no GPU series on the page \(0 samples\)"),
         ("# HELP foo_bar x\n# TYPE foo_bar gauge\nfoo_bar 1\ngo_goroutines 7\n", r"\(2 samples, e.g. 'foo_bar'\)"),
-        (page(*temps())[:-8], "truncated"),
     ],
 )
 def test_unusable_pages_raise_with_the_reason(text: str, message: str) -> None:
@@ -105,9 +104,12 @@ def test_an_unusable_page_does_not_report_the_gpus_lost() -> None:
     assert reader.missing == []
 
 
-def test_a_complete_last_line_without_newline_is_kept() -> None:
+@pytest.mark.parametrize("cut", [1, 8])
+def test_a_last_line_without_its_line_feed_is_not_used_and_counted(cut: int) -> None:
     reader = DcgmPageReader(URL, node="n", fallback_node="f")
-    assert len(reader.read(page(*temps()).rstrip("\n"), 0.0).snapshot.gpus) == 2
+    read = reader.read(page(*temps())[:-cut], 0.0)  # the last line complete but for its line feed, or cut mid-value
+    assert [g.temperature_celsius for g in read.snapshot.gpus] == [40.0]
+    assert read.problems == {"dcgm_truncated": 1}
 
 
 @pytest.mark.parametrize(

@@ -221,6 +221,7 @@ def test_values_next_to_the_sentinels_are_kept() -> None:
         ("DCGM_FI_DEV_PCIE_LINK_WIDTH", "128", "pcie_link_width"),
         ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "2", "remapped_rows_failure"),
         ("DCGM_FI_PROF_PCIE_TX_BYTES", "2e13", "pcie_tx_bytes_per_second"),
+        ("DCGM_FI_DEV_ENC_UTIL", "150", "encoder_utilization_ratio"),  # 1.5: above its catalogue range
     ],
 )
 def test_absurd_values_are_dropped_and_counted(metric: str, value: str, field_name: str) -> None:
@@ -373,9 +374,8 @@ def test_value_and_timestamp_forms(value: str, expected: float) -> None:
         (f"DCGM_FI_DEV_GPU_UTIL{{{ID0},,}} 5", "bad_labels"),
         (f'DCGM_FI_DEV_GPU_UTIL{{{ID0},"quoted"="name"}} 5', "bad_labels"),
         ("DCGM-FI 5", "bad_name"),
-        ("# TYPE DCGM_FI_DEV_GPU_UTIL", "bad_comment"),
-        ("# HELP", "bad_comment"),
         ("# HELP 9lives doc", "bad_comment"),
+        ("# TYPE 9lives gauge", "bad_comment"),
     ],
 )
 def test_bad_lines_by_reason(line: str, reason: str) -> None:
@@ -385,24 +385,33 @@ def test_bad_lines_by_reason(line: str, reason: str) -> None:
     assert result.gpus[0].temperature_celsius == 40.0
 
 
+@pytest.mark.parametrize(
+    "line", ["# TYPE DCGM_FI_DEV_GPU_UTIL", "# HELP", "# HELP   ", "# TYPE DCGM_FI_DEV_GPU_UTIL gaugey", "# Hrandom"]
+)
+def test_comments_prometheus_reads_as_comments_are_not_bad_lines(line: str) -> None:
+    result = parse(f"{line}\nDCGM_FI_DEV_GPU_TEMP{{{ID0}}} 40\n")
+    assert (result.bad_lines, result.samples) == (0, 1)
+
+
 def test_a_malformed_page_parses_what_it_can_and_counts_every_bad_line() -> None:
     result = parse(fixture("malformed.prom"))
 
-    assert result.bad_lines == 13
+    assert result.bad_lines == 11
     assert result.bad_line_reasons == {
         "bad_value": 2,
         "bad_labels": 4,
         "bad_timestamp": 1,
         "bad_name": 1,
-        "bad_comment": 1,
         "duplicate_label": 1,
-        "bad_escape": 1,
         "duplicate_series": 1,
         "trailing_garbage": 1,
     }
-    assert (result.samples, result.first_bad_line) == (4, 5)
+    assert result.problems["dcgm_truncated"] == 1
+    assert (result.samples, result.first_bad_line) == (4, 7)
     gpu = only_gpu(fixture("malformed.prom"))
-    assert (gpu.temperature_celsius, gpu.memory_clock_hertz, gpu.memory_used_bytes) == (51.0, 2.619e9, 1024 * MIB)
+    # the first FB_USED sample wins: the one whose pod label keeps its unknown escape
+    assert (gpu.temperature_celsius, gpu.memory_clock_hertz, gpu.memory_used_bytes) == (51.0, 2.619e9, 100 * MIB)
+    assert [j.job_id for j in result.jobs] == ["a\\qb"]
     assert result.node == "bad-node-01"
 
 
@@ -476,7 +485,8 @@ def test_deleting_whole_lines_creates_no_bad_line(data: st.DataObject) -> None:
     text = "\n".join(line for line, keep in zip(lines, kept, strict=True) if keep)
     result = parse(text)
     assert result.bad_lines == 0
-    assert result.samples == sum(1 for line in text.split("\n") if line.startswith("DCGM_"))
+    complete = text.split("\n")[:-1]  # the last line, without its line feed, is never used
+    assert result.samples == sum(1 for line in complete if line.startswith("DCGM_"))
 
 
 @FUZZ
@@ -486,7 +496,7 @@ def test_injected_garbage_lines_are_counted_exactly(data: st.DataObject) -> None
     garbage = st.text(st.characters(blacklist_characters="\n"), max_size=40).map(lambda s: "@" + s)
     for _ in range(count := data.draw(st.integers(1, 10))):
         lines.insert(data.draw(st.integers(0, len(lines))), data.draw(garbage))
-    result = parse("\n".join(lines))
+    result = parse("\n".join(lines) + "\n")
     assert result.bad_lines == count
     assert result.gpus == parse(FIXTURE_TEXTS["current.prom"]).gpus
 

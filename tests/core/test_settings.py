@@ -14,7 +14,7 @@ url = "sqlite:///x.db"
 
 [collector]
 interval = "5s"
-timeout = "10s"
+timeout = "4s"
 shard = "1/3"
 
 [[targets]]
@@ -36,7 +36,7 @@ def test_a_good_config_and_its_defaults() -> None:
     s = parse_settings(GOOD, "g.toml", environ={})
     assert s.db_url == "sqlite:///x.db"
     assert s.interval_s == 5.0
-    assert s.timeout_s == 5.0  # capped at the interval
+    assert s.timeout_s == 4.0
     assert s.shard == (1, 3)
     assert s.retention_raw_s == 7 * 86400
     assert [t.url for t in s.targets] == ["http://gpu-node-07:9410", "http://gpu-node-08:9400/metrics"]
@@ -63,6 +63,7 @@ def test_url_file_keeps_the_password_out_of_the_config(tmp_path: Path) -> None:
         ('[collector]\ninterval = "soon"\n', "collector.interval", 2),
         ('[collector]\n\ninterval = "0s"\n', "collector.interval", 3),
         ('[collector]\nshard = "3/3"\n', "collector.shard", 2),
+        ('[collector]\ninterval = "2s"\ntimeout = "3s"\n', "collector.timeout", 3),
         ('[collector]\nlisten = "nowhere"\n', "collector.listen", 2),
         ("[colector]\n", "colector", 1),
         ('[[targets]]\nurl = "http://a:1"\n[[targets]]\nurl = "http://b:1"\nkind = "snmp"\n', "targets[1].kind", 5),
@@ -115,3 +116,19 @@ def test_the_configuration_reference_is_current() -> None:
     assert doc.read_text() == configuration_reference(), (
         "regenerate: python -m gpulens.configdoc > docs/configuration.md"
     )
+
+
+@pytest.mark.parametrize(("interval", "timeout_s"), [("2s", 1.6), ("10s", 8.0), ("60s", 10.0)])
+def test_the_default_timeout_leaves_room_before_the_next_tick(interval: str, timeout_s: float) -> None:
+    s = parse_settings(f'[collector]\ninterval = "{interval}"\n', "g.toml", environ={})
+    assert s.timeout_s == pytest.approx(timeout_s)  # min(10 s, 0.8 x interval)
+
+
+def test_a_timeout_above_the_interval_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_settings('[collector]\ninterval = "2s"\ntimeout = "2.5s"\n', "g.toml", environ={})
+    message = str(info.value)
+    assert message.startswith("g.toml:3: collector.timeout: 2.5s is longer than the interval (2s)")
+    assert "\n" not in message
+    equal = parse_settings('[collector]\ninterval = "2s"\ntimeout = "2s"\n', "g.toml", environ={})
+    assert equal.timeout_s == 2.0  # at most the interval, as Prometheus allows

@@ -12,6 +12,7 @@ from gpulens.clock import ManualClock
 from gpulens.dashboard.app import create_app
 from gpulens.storage.db import Database
 from tests.dashboard.cluster import Filled, fill
+from tests.dbtemplate import migrated_sqlite
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
 @pytest.fixture
 def empty_db(tmp_path: Path) -> Iterator[Database]:
     """A database with the schema and nothing in it (the collector has not written yet)."""
-    db = Database(f"sqlite:///{tmp_path / 'empty.db'}", clock=ManualClock(1_767_225_600.0))
-    db.upgrade()
+    db = Database(migrated_sqlite(tmp_path / "empty.db"), clock=ManualClock(1_767_225_600.0))
     yield db
     db.close()
 

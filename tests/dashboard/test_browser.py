@@ -21,6 +21,7 @@ from tests.conftest import free_port
 from tests.dashboard.browser import ChromiumMissingError, chromium, serving, wait_rendered
 from tests.dashboard.cluster import STALLED_JOB
 from tests.dashboard.conftest import Store
+from tests.dbtemplate import migrated_sqlite
 
 
 @pytest.fixture(scope="module")
@@ -182,8 +183,7 @@ def test_empty_and_unreachable_databases_are_said_plainly(
     page: Page, browser: Browser, tmp_path: Path, broken: str
 ) -> None:
     if broken == "empty":
-        db = Database(f"sqlite:///{tmp_path / 'empty.db'}", clock=ManualClock(1_767_225_600.0))
-        db.upgrade()
+        db = Database(migrated_sqlite(tmp_path / "empty.db"), clock=ManualClock(1_767_225_600.0))
         expected = {"/": "No data yet.", "/jobs": "No data yet.", "/nodes/node-00": "No GPU of node 'node-00'"}
     else:
         db = Database(f"postgresql+psycopg://gpulens:pw@127.0.0.1:{free_port()}/gpulens", clock=ManualClock(0.0))

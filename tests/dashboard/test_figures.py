@@ -112,6 +112,43 @@ def test_heatmap_places_each_gpu_and_links_to_it() -> None:
     assert len(data["data"]) == 1  # nothing down or stale: no overlay
 
 
+def test_a_huge_gpu_index_adds_one_column_not_four_hundred_thousand() -> None:
+    """One target claims GPU 400,000: the grid lays out the GPUs that exist (nine columns), not max(index) + 1."""
+    cells = [GridCell(reading("node-00", i)) for i in range(8)]
+    cells.append(GridCell(reading("node-01", 400_000)))
+    for fig in (
+        gpu_heatmap(cells, ["node-00", "node-01"], METRICS["utilization"]),
+        job_grid(cells, ["node-00", "node-01"]),
+    ):
+        data = as_data(fig)
+        trace = data["data"][0]
+        assert trace["x"] == [*range(8), 400_000]
+        assert all(len(row) == 9 for row in trace["z"])
+        assert data["layout"]["xaxis"]["type"] == "category"
+        assert len(pio.to_json(fig)) < 100_000  # 67 MB before, for a grid of 400,001 columns
+
+
+def test_values_from_targets_and_jobs_are_escaped_in_hover_and_cell_text() -> None:
+    """Node, model, job and user go into Plotly's pseudo-HTML as text, never as markup."""
+    evil = "<img src=x onerror=alert(1)>"
+    r = dataclasses.replace(reading(node=evil, gpu=0), model="<b>GPU</b>", uuid="GPU-<i>")
+    cell = GridCell(r, (GpuJob(evil, 0, r.uuid, "<script>x</script>", "&bob"),))
+    heat = as_data(gpu_heatmap([cell], [evil], METRICS["utilization"]))
+    jobs = as_data(job_grid([cell], [evil]))
+    shown = [heat["data"][0]["customdata"][0][0], jobs["data"][0]["customdata"][0][0], jobs["data"][0]["text"][0][0]]
+    shown += heat["layout"]["yaxis"]["ticktext"]
+    for text in shown:
+        assert "<img" not in text
+        assert "<script" not in text
+        assert "<i>" not in text
+    hover = heat["data"][0]["customdata"][0][0]
+    assert "&lt;img src=x onerror=alert(1)&gt;:0" in hover
+    assert "&lt;b&gt;GPU&lt;/b&gt;" in hover
+    assert "&lt;script&gt;x&lt;/script&gt; (&amp;bob)" in hover
+    assert hover.startswith("<b>")  # gpulens's own markup stays
+    assert jobs["data"][0]["text"][0][0].startswith("&lt;script&gt;")
+
+
 def test_heatmap_marks_down_and_stale_gpus_apart_from_values() -> None:
     cells = [
         GridCell(reading(gpu=0)),

@@ -20,7 +20,7 @@ from gpulens.dashboard.heatmaps import METRICS
 from gpulens.dashboard.pages.overview import next_page
 from gpulens.dashboard.panels import GpuSeries, gpu_charts
 from gpulens.dashboard.summary import IDLE_BELOW, headline
-from gpulens.dashboard.timerange import RangeError, resolve_range
+from gpulens.dashboard.timerange import UNKNOWN_HISTORY_S, RangeError, resolve_range
 from gpulens.model import GpuJob
 from tests.dashboard.test_figures import GIB, T0, reading
 
@@ -41,6 +41,18 @@ def test_custom_range_in_utc_with_an_open_end() -> None:
     assert span.start == T0 + 1200
     assert span.end == T0 + 3600
     assert span.label == "2026-01-01 00:20 UTC to 2026-01-01 01:00 UTC"
+
+
+def test_a_custom_range_is_clamped_to_the_stored_history() -> None:
+    span = resolve_range("custom", "0001-01-01T00:00", "9999-12-31T23:59", T0, history_start=T0 - 7200)
+    assert (span.start, span.end) == (T0 - 7200, T0)
+    unknown = resolve_range("custom", "0001-01-01T00:00", "9999-12-31T23:59", T0)
+    assert unknown.end == T0
+    assert unknown.start == T0 - UNKNOWN_HISTORY_S
+    with pytest.raises(RangeError, match="before the stored history begins"):
+        resolve_range("custom", "2000-01-01T00:00", "2000-01-02T00:00", T0, history_start=T0 - 7200)
+    with pytest.raises(RangeError, match="in the future"):
+        resolve_range("custom", "9000-01-01T00:00", "9999-01-01T00:00", T0)
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import bcrypt
 import pytest
 from dash.development.base_component import Component
 from plotly.io.json import to_json_plotly
+from sqlalchemy import event
 
 from gpulens.alerts.drain import DrainRecord
 from gpulens.clock import ManualClock
@@ -30,11 +31,13 @@ from gpulens.dashboard.server import load_basic_auth_file, run_dashboard
 from gpulens.model import JobInfo
 from gpulens.storage import slurmtables
 from gpulens.storage.db import Database
+from gpulens.storage.inventory import history_start
 from gpulens.storage.slurmtables import record_drain_action, write_job_info
 from gpulens.webauth import BasicAuth
 from tests.conftest import free_port, http_get
 from tests.dashboard.cluster import IDLE_JOB, STALLED_JOB, STRAGGLING_JOB
 from tests.dashboard.conftest import Store
+from tests.dbtemplate import migrated_sqlite
 
 MAX_PAYLOAD_BYTES = 1_000_000
 PASSWORD = "s3cret-Pa55word"
@@ -260,6 +263,33 @@ def test_a_bad_custom_range_is_explained(store: Store) -> None:
     assert "is not after the start" in text_of(caught.value.banner)
 
 
+def test_an_unbounded_custom_range_is_clamped_to_the_stored_history(store: Store) -> None:
+    """``0001-01-01..9999-12-31``: every page renders, and no read walks more minutes than the history holds (the
+    per-minute walk SQLite's raw reads use would otherwise span ten thousand years)."""
+    first = history_start(store.db)
+    assert first is not None
+    walked: list[float] = []
+
+    def spans(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
+        if "WITH RECURSIVE minutes" in statement and isinstance(params, dict):
+            for key, lo in params.items():
+                if key.startswith(("read_from", "lo")) and (
+                    hi := params.get(key.replace("read_from", "hi").replace("lo", "hi"))
+                ):
+                    walked.append((hi - lo) / 60_000)
+
+    state = ViewState(range="custom", start="0001-01-01T00:00", end="9999-12-31T23:59")
+    event.listen(store.db.engine, "before_cursor_execute", spans)
+    try:
+        pages = render_all(context_of(store), state)
+    finally:
+        event.remove(store.db.engine, "before_cursor_execute", spans)
+    history_minutes = (store.clock.now() - first) / 60
+    assert walked  # the raw reads did run
+    assert max(walked) <= history_minutes + 60  # plus a counter's lookback
+    assert set(pages) == {"overview", "jobs", "job", "node", "gpu", "interconnect", "alerts"}
+
+
 def test_a_target_down_greys_its_gpus(store: Store) -> None:
     heatmap = overview.render(context_of(store), ViewState(), "utilization", "name", "", 1)[4]
     overlay = heatmap.to_plotly_json()["data"][1]
@@ -321,7 +351,7 @@ def test_basic_auth_file(tmp_path: Path) -> None:
 def served(tmp_path: Path) -> Iterator[str]:
     """``run_dashboard`` on a free port in a thread; yields its base URL and stops it."""
     database = tmp_path / "served.db"
-    Database(f"sqlite:///{database}").upgrade()
+    migrated_sqlite(database)
     announced: list[str] = []
     stop = threading.Event()
     port = free_port()

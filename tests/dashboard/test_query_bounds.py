@@ -26,6 +26,7 @@ from gpulens.dashboard.pages import gpu, interconnect, job, jobs, node, overview
 from gpulens.storage.db import Database
 from gpulens.storage.reading import SqlReader
 from gpulens.storage.rollup import Rollups
+from tests.dbtemplate import migrated_sqlite
 from tests.storage.conftest import PgServer, _pg_root, pg_server  # noqa: F401 (fixtures)
 
 SIZES = (10, 40)
@@ -43,8 +44,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, Count
     made: dict[int, Counted] = {}
     for nodes in SIZES:
         path: Path = tmp_path_factory.mktemp(f"bounds{nodes}") / "gpulens.db"
-        db = Database(f"sqlite:///{path}", clock=ManualClock(END))
-        db.upgrade()
+        db = Database(migrated_sqlite(path), clock=ManualClock(END))
         cluster = Cluster(nodes, 8)
         build(db, cluster, timeline(1.5, 60, 0.25, 10))
         Rollups(db, settle_s=0).run(END)

@@ -55,6 +55,20 @@ def test_pods_see_the_host_processes_through_a_read_only_proc(
     assert mounts[proc]["readOnly"] is True
 
 
+def test_pods_read_the_kubelets_pod_resources_socket(
+    objects: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = pod_spec(objects)
+    env = {e["name"]: e["value"] for e in container(objects)["env"] if "value" in e}
+    args = parse_with_env(container(objects)["args"], env, monkeypatch)
+    mounts = {m["name"]: m for m in container(objects)["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    directory = "/var/lib/kubelet/pod-resources"
+    (name,) = [n for n, v in volumes.items() if v.get("hostPath", {}).get("path") == directory]
+    assert args.kubelet_socket == f"{mounts[name]['mountPath']}/kubelet.sock"
+    assert mounts[name]["readOnly"] is True
+
+
 def test_container_uses_real_flags_and_the_default_port(
     objects: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,4 +1,5 @@
-"""The systemd unit for the exporter: systemd accepts it, and it starts the CLI with real flags and variables."""
+"""The systemd units (exporter, collector, dashboard): systemd accepts them, they start the CLI with real flags and
+variables, they are hardened, and the user the collector and dashboard run as is created by systemd-sysusers."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ SYSTEMD = DEPLOY / "systemd"
 UNIT = SYSTEMD / "gpulens-exporter.service"
 DROP_IN = SYSTEMD / "gpulens-exporter.service.d" / "slurm.conf"
 TMPFILES = SYSTEMD / "gpustat.tmpfiles.conf"
+COLLECTOR = SYSTEMD / "gpulens-collector.service"
+DASHBOARD = SYSTEMD / "gpulens-dashboard.service"
+SYSUSERS = SYSTEMD / "gpulens.sysusers.conf"
+# Each unit and the folder of its drop-ins (verified with it).
+UNITS = {"exporter": (UNIT, DROP_IN.parent), "collector": (COLLECTOR, None), "dashboard": (DASHBOARD, None)}
 INSTALLED_BINARY = "/opt/gpulens/bin/gpulens"
 
 
@@ -38,16 +44,19 @@ def unit_entries(*paths: Path) -> dict[str, list[str]]:
     return entries
 
 
-def test_systemd_analyze_verify_accepts_the_unit_and_drop_in(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", UNITS)
+def test_systemd_analyze_verify_accepts_the_unit_and_drop_ins(tmp_path: Path, name: str) -> None:
     analyze = require_tool("systemd-analyze")
+    source, drop_ins = UNITS[name]
     # verify checks that ExecStart's binary exists: point it at this checkout's gpulens, change nothing else
     local_binary = Path(sys.executable).parent / "gpulens"
     assert local_binary.exists()
-    text = UNIT.read_text()
-    assert f"ExecStart={INSTALLED_BINARY} " in text
-    unit = tmp_path / UNIT.name
+    text = source.read_text()
+    assert f"ExecStart={INSTALLED_BINARY} {name}" in text
+    unit = tmp_path / source.name
     unit.write_text(text.replace(f"ExecStart={INSTALLED_BINARY} ", f"ExecStart={local_binary} "))
-    shutil.copytree(DROP_IN.parent, tmp_path / DROP_IN.parent.name)
+    if drop_ins is not None:
+        shutil.copytree(drop_ins, tmp_path / drop_ins.name)
     result = subprocess.run(
         [analyze, "verify", "--man=no", f"./{unit.name}"],
         cwd=tmp_path,
@@ -124,3 +133,81 @@ def test_slurm_pieces_agree_on_the_job_map_directory(tmp_path: Path) -> None:
     created = tmp_path / directory.lstrip("/")
     assert created.is_dir()
     assert oct(created.stat().st_mode & 0o777) == "0o755"
+
+
+# --- the collector and the dashboard ------------------------------------------------------------------------------
+
+
+def test_the_collector_starts_with_its_config_and_spool_in_its_state_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    entries = unit_entries(COLLECTOR)
+    (exec_start,) = entries["Service.ExecStart"]
+    argv = shlex.split(exec_start)
+    assert argv[0] == INSTALLED_BINARY
+    args = parse_with_env(argv[1:], {}, monkeypatch)
+    assert args.command == "collector"
+    assert args.config == "/etc/gpulens/gpulens.toml"
+    (state,) = entries["Service.StateDirectory"]
+    assert args.spool_dir.startswith("/var/lib/")
+    assert args.spool_dir.removeprefix("/var/lib/") in state.split()  # systemd creates it, owned by the user
+    assert entries["Service.WorkingDirectory"] == ["/var/lib/gpulens"]  # the default SQLite store lands there
+    assert entries["Service.EnvironmentFile"] == ["-/etc/gpulens/collector.env"]
+
+
+def test_the_dashboard_takes_its_settings_and_database_from_its_environment_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    entries = unit_entries(DASHBOARD)
+    (exec_start,) = entries["Service.ExecStart"]
+    argv = shlex.split(exec_start)
+    assert argv[0] == INSTALLED_BINARY
+    assert entries["Service.EnvironmentFile"] == ["-/etc/gpulens/dashboard.env"]
+    # The example lines of the unit's header are what an operator writes into that file: all of them are real.
+    examples = dict(
+        line.removeprefix("#").strip().split("=", 1)
+        for line in DASHBOARD.read_text().splitlines()
+        if re.match(r"#\s+GPULENS_[A-Z_]+=", line)
+    )
+    assert "GPULENS_DB_URL" in examples
+    assert not unknown_twins("dashboard", examples)
+    args = parse_with_env(argv[1:], examples, monkeypatch)
+    assert args.command == "dashboard"
+    assert args.listen == examples["GPULENS_DASHBOARD_LISTEN"]
+    assert args.basic_auth_file == examples["GPULENS_DASHBOARD_BASIC_AUTH_FILE"]
+    assert entries["Service.StateDirectory"] == ["gpulens"]  # the collector's SQLite store, when there is no URL
+
+
+@pytest.mark.parametrize("unit", [COLLECTOR, DASHBOARD])
+def test_the_collector_and_dashboard_units_are_hardened(unit: Path) -> None:
+    entries = unit_entries(unit)
+    single = {key: values[-1] for key, values in entries.items()}
+    expected = {
+        "Service.User": "gpulens",
+        "Service.NoNewPrivileges": "yes",
+        "Service.ProtectSystem": "strict",
+        "Service.ProtectHome": "yes",
+        "Service.PrivateDevices": "yes",
+        "Service.ProtectProc": "invisible",
+        "Service.CapabilityBoundingSet": "",
+        "Service.ProtectKernelTunables": "yes",
+        "Service.ProtectKernelModules": "yes",
+        "Service.ProtectControlGroups": "yes",
+        "Service.RestrictNamespaces": "yes",
+        "Service.SystemCallArchitectures": "native",
+    }
+    assert {key: single.get(key) for key in expected} == expected
+    assert "Service.ReadWritePaths" not in entries  # only the state directory is writable
+
+
+def test_sysusers_creates_the_user_the_collector_and_dashboard_run_as(tmp_path: Path) -> None:
+    sysusers = require_tool("systemd-sysusers")
+    (tmp_path / "etc").mkdir()  # an empty root: sysusers writes its passwd and group files
+    result = subprocess.run(
+        [sysusers, f"--root={tmp_path}", str(SYSUSERS)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    users = {line.split(":")[0]: line.split(":") for line in (tmp_path / "etc" / "passwd").read_text().splitlines()}
+    for unit in (COLLECTOR, DASHBOARD):
+        entries = unit_entries(unit)
+        (user,) = entries["Service.User"]
+        assert user in users, unit.name
+        assert users[user][5] == entries["Service.WorkingDirectory"][0]  # its home is the state directory

@@ -116,6 +116,11 @@ def test_demo_runs_the_whole_stack_and_stops_cleanly(receiver: str, tmp_path: Pa
         alert = wait_until(stall, 150, "the CommunicationStall notification")
         assert alert["labels"]["job_id"] == "llm-pretrain"  # type: ignore[index]
         assert "no NVLink traffic" in alert["annotations"]["summary"]  # type: ignore[index]
+        # what the on-call engineer reads: where the job runs, and what to do
+        nodes = alert["labels"]["nodes"].split(",")  # type: ignore[index]
+        assert nodes == sorted(nodes)
+        assert all(n.startswith("node-") for n in nodes)
+        assert alert["annotations"]["runbook"].startswith("The job makes no progress")  # type: ignore[index]
         # the dashboard in a real browser, with the stalled job flagged
         with chromium() as browser:
             page = browser.new_page()

@@ -108,7 +108,13 @@ def test_snapshot_carries_node_time_records_and_cumulative_errors() -> None:
     third = source.read()
     assert third.timestamp == 1_700_000_030.0
     # malformed.prom holds other GPUs: legacy.prom's two are reported down, counted once each.
-    assert third.errors == {"dcgm_sentinel": 1, "dcgm_fetch_failed": 1, "dcgm_bad_lines": 13, "dcgm_gpu_missing": 2}
+    assert third.errors == {
+        "dcgm_sentinel": 1,
+        "dcgm_fetch_failed": 1,
+        "dcgm_bad_lines": 11,
+        "dcgm_truncated": 1,
+        "dcgm_gpu_missing": 2,
+    }
     assert {g.uuid for g in third.gpus if not g.up} == {GPU0, GPU1}
     assert pages.calls == [("http://127.0.0.1:9400/metrics", 2.5)] * 3
 
@@ -238,7 +244,12 @@ def test_reads_a_real_exporter_plain_and_gzip(serve: Callable[[Behaviour], str],
     snapshot = DcgmSource(serve(behaviour)).read()
 
     assert snapshot.gpus == tuple(
-        dataclasses.replace(g, xid_errors={48: 1} if g.uuid == GPU1 else {}, timestamp=snapshot.timestamp)
+        dataclasses.replace(
+            g,
+            xid_errors={48: 1} if g.uuid == GPU1 else {},
+            timestamp=snapshot.timestamp,
+            throttle_reasons_source="reported",  # the page serves DCGM's clock-event reasons (field 112)
+        )
         for g in parse(fixture("current.prom")).gpus
     )
     assert behaviour.seen_headers[0]["Accept-Encoding"] == "gzip"
@@ -337,3 +348,15 @@ def test_exporter_over_a_stand_in_page_reports_unusable_pages_and_lost_gpus() ->
             assert 'gpulens_exporter_collect_errors_total{reason="dcgm_gpu_missing"} 1' in text
         finally:
             server.close()
+
+
+def test_values_storage_cannot_hold_are_dropped_alone_and_counted_by_reason() -> None:
+    page = (
+        f'DCGM_FI_DEV_GPU_TEMP{{gpu="40000",UUID="GPU-far"}} 40\n'
+        f"DCGM_FI_DEV_GPU_TEMP{{{ID0}}} 41\n"
+        f"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{{ID0}}} 5e9\n"
+    ).encode()
+    snapshot = DcgmSource("http://127.0.0.1:9400/metrics", node="n", fetch=lambda url, timeout: page).read()
+    assert snapshot.errors == {"dcgm_gpu_index_out_of_range": 1, "dcgm_value_out_of_range": 1}
+    [gpu] = snapshot.gpus
+    assert (gpu.uuid, gpu.temperature_celsius, gpu.nvlink_crc_flit_errors_total) == (GPU0, 41.0, None)

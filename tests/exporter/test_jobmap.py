@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gpulens.exporter.fabric.host import job_cgroup
 from gpulens.exporter.jobmap import JobMapper, job_id_from_cgroup_paths
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading
 from gpulens.snapshotcodec import snapshot_to_json
@@ -185,6 +186,44 @@ def test_job_id_comes_from_the_cgroup_file(proc: Path, cgroup: str, expected: st
     result = mapper(proc).enrich(snapshot(process(4100)))
     assert only(result, 4100).job_id == expected
     assert result.errors == {}
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        pytest.param(
+            f"/kubepods/burstable/pod{POD_UID}/{CONTAINER}/slurm/uid_0/job_999/step_0",
+            f"pod/{POD_UID}",
+            id="slurm-v1-look-alike-inside-a-pod",
+        ),
+        pytest.param(
+            f"/kubepods.slice/kubepods-pod{POD_UID.replace('-', '_')}.slice/system.slice/slurmstepd.scope/job_1/step_0",
+            f"pod/{POD_UID}",
+            id="slurm-v2-look-alike-inside-a-pod",
+        ),
+        pytest.param(
+            f"/system.slice/slurmstepd.scope/job_77/step_0/kubepods/pod{POD_UID}/x",
+            "77",
+            id="pod-look-alike-inside-a-slurm-job",
+        ),
+        pytest.param("/user.slice/user-1000.slice/slurm/uid_1000/job_5/step_0", None, id="slurm-not-at-its-root"),
+        pytest.param("/user.slice/slurmstepd.scope/job_5", None, id="slurmstepd-not-at-its-root"),
+        pytest.param("/system.slice/slurmstepd.scope/job_4242;reboot/step_0", None, id="bad-characters"),
+        pytest.param("/system.slice/slurmstepd.scope/job_-1/step_0", None, id="bad-first-character"),
+        pytest.param("/system.slice/slurmstepd.scope/job_" + "9" * 129, None, id="too-long"),
+        pytest.param("/slurm/uid_0/job_123+0/step_0", "123+0", id="heterogeneous"),
+        pytest.param(f"/docker/{CONTAINER}/slurm/uid_0/job_7/step_0", "7", id="slurm-in-a-container"),
+        pytest.param("/slurmstepd.scope/job_8/step_0", "8", id="slurm-v2-in-a-cgroup-namespace"),
+    ],
+)
+def test_slurm_ids_come_only_from_slurms_roots_and_the_outermost_owner_wins(path: str, expected: str | None) -> None:
+    assert job_id_from_cgroup_paths([path]) == expected
+
+
+def test_a_pod_cannot_claim_a_slurm_jobs_cgroup_for_the_host_reader() -> None:
+    nested = f"/kubepods/burstable/pod{POD_UID}/{CONTAINER}/slurm/uid_0/job_999/step_0"
+    assert job_cgroup(nested, "999") is None  # no Slurm job's cgroup here: its CPU and memory are not the job's
+    assert job_cgroup(nested, f"pod/{POD_UID}") == f"/kubepods/burstable/pod{POD_UID}"
 
 
 def test_kubernetes_in_docker_names_the_pod_not_the_node_container() -> None:

@@ -88,6 +88,23 @@ def test_throttle_reasons_are_one_series_per_reason() -> None:
     assert {r for r, v in active.items() if v == 1} == {"sw_thermal", "hw_thermal"}
 
 
+def test_throttle_reasons_say_their_source_and_the_opt_in_fields_are_exported() -> None:
+    inferred = h100("node-00", 0, 0.0, throttle_reasons=0x20, throttle_reasons_source="inferred")
+    unsaid = h100("node-00", 1, 0.0, throttle_reasons=0x4, power_violation_seconds_total=99.5, p2p_peers_ok=5)
+    snap = node_snapshot(gpus=2).replace(gpus=(inferred, unsaid))
+    families = parse(render_metrics(snap, HEALTH))
+    sources = {(s.labels["gpu"], s.labels["source"]) for s in families["gpulens_gpu_throttle_active"]}
+    assert sources == {("0", "inferred"), ("1", "reported")}  # no source given: the driver reported them
+    violations = families["gpulens_gpu_clock_violation_seconds"]  # the parser names a counter without _total
+    assert len(violations) == 2 * 6  # six policies on each GPU
+    power = {s.labels["gpu"]: s.value for s in violations if s.labels["policy"] == "power"}
+    assert power == {"0": 12.5, "1": 99.5}
+    assert sorted((s.labels["gpu"], s.labels["status"], s.value) for s in families["gpulens_gpu_p2p_peers"]) == [
+        ("0", "ok", 7),
+        ("1", "ok", 5),
+    ]
+
+
 def test_missing_values_are_omitted_not_zero_or_nan() -> None:
     snap = node_snapshot(gpus=2)
     snap = snap.replace(gpus=(h100("node-00", 0, 0.0, memory_temperature_celsius=None, power_watts=None), snap.gpus[1]))

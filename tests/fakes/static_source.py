@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 from gpulens.clock import Clock, ManualClock
@@ -11,13 +12,14 @@ GIB = 1024**3
 
 
 def h100(node: str, index: int, t: float, **changes: object) -> GpuReading:
-    """A busy H100 SXM5 reading with every field set."""
+    """A busy H100 SXM5 reading with every field set ; ``changes`` override some."""
     values: dict[str, object] = {
         "node": node,
         "gpu": index,
         "uuid": f"GPU-{node}-{index:04d}-0000-0000-000000000000",
         "model": "NVIDIA H100 80GB HBM3",
         "timestamp": t,
+        "up": True,
         "pci_bus_id": f"00000000:{0x18 + index:02X}:00.0",
         "driver_version": "550.54.15",
         "mig_enabled": False,
@@ -58,8 +60,32 @@ def h100(node: str, index: int, t: float, **changes: object) -> GpuReading:
         "sm_active_ratio": 0.81,
         "tensor_active_ratio": 0.55,
         "dram_active_ratio": 0.62,
+        "encoder_utilization_ratio": 0.12,
+        "decoder_utilization_ratio": 0.34,
+        "sm_occupancy_ratio": 0.41,
+        "fp64_active_ratio": 0.02,
+        "fp32_active_ratio": 0.18,
+        "fp16_active_ratio": 0.07,
+        "power_violation_seconds_total": 12.5,
+        "thermal_violation_seconds_total": 3.25,
+        "sync_boost_violation_seconds_total": 0.0,
+        "board_limit_violation_seconds_total": 1.5,
+        "low_utilization_violation_seconds_total": 640.0,
+        "reliability_violation_seconds_total": 0.0,
+        "ecc_corrected_errors_persistent_total": 7,
+        "ecc_uncorrected_errors_persistent_total": 0,
+        "retired_pages_single_bit_total": 2,
+        "retired_pages_double_bit_total": 0,
+        "retired_pages_pending": False,
+        "nvlink_crc_data_errors_total": 3,
+        "health_status": 0,
+        "p2p_peers_ok": 7,
+        "throttle_reasons_source": "reported",
         "xid_errors": {},
     }
+    missing = {f.name for f in dataclasses.fields(GpuReading)} - values.keys()
+    if missing:  # a new GpuReading field: give it a plausible H100 value above, so the round-trip tests cover it
+        raise TypeError(f"h100() sets no value for {', '.join(sorted(missing))}")
     values.update(changes)
     return GpuReading(**values)  # type: ignore[arg-type]
 

@@ -309,3 +309,57 @@ def test_fault_defaults_to_the_end_of_its_job_or_the_scenario() -> None:
     stall, throttle = sim.scenario.faults
     assert stall.end == at(sim.scenario, 40)
     assert throttle.end == at(sim.scenario, 60)
+
+
+def test_rank_dead_frees_its_gpu_and_ras_loses_its_process() -> None:
+    sim = cluster(fault("rank_dead", 'gpu = "node-01:5"', "20m", "10m"))
+    s = sim.scenario
+    for t in steps(s, 21, 30):
+        dead = reading(sim, "node-01", 5, t)
+        assert num(dead.utilization_ratio) <= 0.02
+        assert num(dead.memory_used_bytes) < 0.05 * H100.memory_total_bytes  # its memory freed
+        others = readings(sim, TRAIN_GPUS - {("node-01", 5)}, t)
+        assert all(num(r.utilization_ratio) >= 0.98 for r in others)  # the others spin
+    states = {}
+    for minutes in (20.0 + 3 / 60, 20.5, 21.5):
+        t = at(s, minutes)
+        view = sim.snapshot("node-01", t).nccl
+        sim.snapshot("node-00", t)
+        assert view is not None
+        states[minutes] = next(r.state for r in view.ranks if r.gpu == 5)
+    assert states[20.5] == "unresponsive"
+    assert states[21.5] == "dead"
+
+
+def test_stuck_ranks_stay_one_operation_behind_in_ras() -> None:
+    sim = cluster(fault("hang_spinning", 'job = "train"', "20m", "10m", 'stuck_ranks = ["node-00:2"]\n'))
+    s = sim.scenario
+    lags = []
+    for t in steps(s, 21, 25):
+        view = sim.snapshot("node-00", t).nccl
+        sim.snapshot("node-01", t)
+        assert view is not None
+        lags.append({r.rank: r.lag for r in view.ranks if r.lag})
+    assert lags[-1] == {2: 1}
+    assert all(lag in ({2: 1}, {}) for lag in lags)
+
+
+def test_stuck_ranks_over_the_ras_protocol_on_a_real_port() -> None:
+    """A live exporter's simulated node serves its RAS on 127.0.0.1: the agent's client reads it over TCP."""
+    from gpulens.exporter.sim import parse_scenario
+
+    text = BASE + fault("hang_spinning", 'job = "train"', "20m", "10m", 'stuck_ranks = ["node-00:2"]\n')
+    sim = SimCluster(parse_scenario(text, source="tcp"), ras_over_tcp=True)
+    try:
+        s = sim.scenario
+        views = []
+        for t in steps(s, 21, 24):
+            views.append(sim.snapshot("node-00", t).nccl)
+            sim.snapshot("node-01", t)
+    finally:
+        sim.close()
+    last = views[-1]
+    assert last is not None
+    assert last.up
+    assert {r.rank: r.lag for r in last.ranks if r.lag} == {2: 1}
+    assert sum(sim.nccl.queries.values()) >= 2

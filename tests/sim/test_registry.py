@@ -44,6 +44,7 @@ def test_targets_and_phase_priorities() -> None:
         "host_memory_pressure",
         "host_cpu_contention",
         "fabric_saturation",
+        "rank_dead",
     ]
 
 

@@ -307,7 +307,7 @@ MALFORMED = {
         + TRAINING
         + "[[faults]]\nkind = 'hang_blocked'\njob = 'train'\nat = '1m'\nranks = ['node-00:0']  # <-\n",
         "faults[0].ranks",
-        "unknown key (expected one of: at, duration, job, kind)",
+        "unknown key (expected one of: at, duration, job, kind, stuck_ranks)",
     ),
     "hang of a single-GPU job": (
         CLUSTER + SINGLE + "[[faults]]\nkind = 'hang_blocked'\njob = 'solo'  # <-\nat = '1m'\n",

@@ -20,6 +20,7 @@ import pytest
 from gpulens.clock import ManualClock
 from gpulens.storage.db import Database
 from tests.conftest import free_port
+from tests.dbtemplate import migrate_once, migrated_sqlite
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 SECRET_ROLE = "gpulens_secret"
@@ -44,6 +45,7 @@ class PgServer:
         self.port = port
         self.data = root / "data"
         self.bindir = _pg_bindir()
+        self._template: str | None = None
 
     def _run(self, tool: str, *args: str) -> None:
         command = [str(self.bindir / tool), *args]
@@ -72,13 +74,26 @@ class PgServer:
     def admin(self) -> psycopg.Connection[tuple[object, ...]]:
         return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True)
 
-    def create_database(self) -> str:
+    def create_database(self, *, migrated: bool = False) -> str:
+        """A new database owned by the password role: empty, or a copy of one at the newest schema revision."""
         name = f"t_{uuid.uuid4().hex[:12]}"
+        template = f' TEMPLATE "{self._migrated_template()}"' if migrated else ""
         with self.admin() as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"{template}')
             conn.execute(f'GRANT ALL ON DATABASE "{name}" TO {SECRET_ROLE}')
             conn.execute(f'ALTER DATABASE "{name}" OWNER TO {SECRET_ROLE}')
         return name
+
+    def _migrated_template(self) -> str:
+        """A database migrated once (tests/dbtemplate.py), that ``create_database(migrated=True)`` copies."""
+        if self._template is None:
+            name = f"template_{uuid.uuid4().hex[:8]}"
+            with self.admin() as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
+                conn.execute(f'ALTER DATABASE "{name}" OWNER TO {SECRET_ROLE}')
+            migrate_once(self.url(name))
+            self._template = name
+        return self._template
 
     def drop_database(self, name: str) -> None:
         with self.admin() as conn:
@@ -128,11 +143,15 @@ def private_pg_server(_pg_root: Path) -> Iterator[PgServer]:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A new store on each backend at the newest schema revision, or empty for tests marked ``empty_store`` (the
+    migration tests, which upgrade revision by revision)."""
+    migrated = request.node.get_closest_marker("empty_store") is None
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'gpulens.db'}"
+        path = tmp_path / "gpulens.db"
+        yield migrated_sqlite(path) if migrated else f"sqlite:///{path}"
         return
     server: PgServer = request.getfixturevalue("pg_server")
-    name = server.create_database()
+    name = server.create_database(migrated=migrated)
     yield server.url(name)
     server.drop_database(name)
 
@@ -143,8 +162,10 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def db(db_url: str, clock: ManualClock) -> Iterator[Database]:
+def db(request: pytest.FixtureRequest, db_url: str, clock: ManualClock) -> Iterator[Database]:
+    """A store at the newest schema revision (``db_url`` made it a copy of one migrated once)."""
     database = Database(db_url, clock=clock)
-    database.upgrade()
+    if request.node.get_closest_marker("empty_store") is not None:
+        database.upgrade()
     yield database
     database.close()

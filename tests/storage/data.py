@@ -8,10 +8,12 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
 
 from gpulens.model import GpuJob, LinkReading, NodeSnapshot, ProcessReading
 from gpulens.storage import partitions, schema
 from gpulens.storage.db import MIGRATIONS_DIR, Database
+from gpulens.storage.migrations.fields import fields_at
 from tests.fakes.static_source import GIB, h100
 
 
@@ -54,7 +56,9 @@ def uuid_of(node: str, index: int) -> str:
 def write_wide(db: Database, snapshots: Sequence[NodeSnapshot]) -> None:
     """Store the snapshots' GPU readings as the writer did before revision 0008 (every field in the sample row, no
     ``gpu_profile``): for stores held at an older revision. GPU rows and samples only; values encoded alike."""
-    fields = schema.SAMPLE_FIELDS[:-1]  # xid_total (the last) is derived from xid_errors
+    with db.engine.connect() as conn:  # the store's revision may predate some fields (0012's, say)
+        present = {c["name"] for c in sa.inspect(conn).get_columns("gpu_sample")}
+    fields = [f for f in schema.SAMPLE_FIELDS[:-1] if f.column in present]  # xid_total (the last): from xid_errors
     pg = db.dialect == "postgresql"
 
     def param(i: int, f: schema.StoredField) -> str:
@@ -94,3 +98,11 @@ def downgrade(db: Database, revision: str) -> None:
     with db.engine.begin() as conn:
         config.attributes["connection"] = conn
         command.downgrade(config, revision)
+
+
+def columns_added_after(revision: str) -> frozenset[str]:
+    """The sample columns later revisions added: a downgrade below them drops their values, by design."""
+    script = ScriptDirectory(str(MIGRATIONS_DIR))
+    before = {f.column for f in fields_at(revision, script)}
+    added = [f for f in fields_at(Database.head_revision(), script) if f.column not in before]
+    return frozenset([f.column for f in added] + [f.name for f in added])  # stored columns, and the views' names

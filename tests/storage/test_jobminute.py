@@ -192,6 +192,7 @@ def test_the_retention_job_trims_the_aggregate_in_steps(db: Database) -> None:
     assert min(row[0] for row in stored(db)) == cutoff_ms
 
 
+@pytest.mark.empty_store
 def test_the_upgrade_fills_the_aggregate_of_a_store_with_data(db_url: str) -> None:
     """A store at 0008 (no aggregate), partly rolled up: after 0009 the minutes below the rollup position come from
     the rollups, the rest from the samples, and the jobs read the same as before the upgrade.
@@ -238,6 +239,7 @@ def test_the_upgrade_fills_the_aggregate_of_a_store_with_data(db_url: str) -> No
         db.close()
 
 
+@pytest.mark.empty_store
 def test_the_downgrade_drops_the_aggregate_and_its_horizon(db_url: str) -> None:
     db = Database(db_url)
     try:

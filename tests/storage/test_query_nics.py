@@ -12,14 +12,14 @@ import pytest
 from gpulens.cli import main
 from gpulens.storage.db import Database
 from gpulens.storage.writer import Writer
+from tests.dbtemplate import migrated_sqlite
 from tests.storage.fabricdata import NDR, fabric_snapshot
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'gpulens.db'}"
+    url = migrated_sqlite(tmp_path / "gpulens.db")
     db = Database(url)
-    db.upgrade()
     now = time.time()
     writer = Writer(db)
     writer.write([fabric_snapshot("node-01", now - 10, 0), fabric_snapshot("node-02", now - 10, 0)])

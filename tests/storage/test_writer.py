@@ -53,6 +53,8 @@ def test_every_field_round_trips(db: Database) -> None:
         mig_enabled=True,
         ecc_uncorrected_errors_total=7,
     )
+    unset = [f.name for f in dataclasses.fields(written) if getattr(written, f.name) in (None, {})]
+    assert unset == [], "h100() must set every field, or this test cannot show that it is stored"
     snap = snapshot("node-7", T0, gpus=0).replace(gpus=(written,))
     Writer(db).write([snap])
     [read] = latest.latest_readings(db)

@@ -1,7 +1,7 @@
 """The simulator's fault kinds: the registry that maps each kind's name to its checks and effect (one module each).
 
 The engine and the scenario reader look kinds up here; nothing else names a kind. To add one, see "Adding a fault
-kind" in docs/scenarios.md.
+kind" in docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from gpulens.exporter.sim.faults.nvlink_saturation import NvlinkSaturation, Nvli
 from gpulens.exporter.sim.faults.pcie_degraded import PcieDegraded, PcieDegradedParams
 from gpulens.exporter.sim.faults.pcie_saturation import PcieSaturation, PcieSaturationParams
 from gpulens.exporter.sim.faults.power_cap import PowerCap, PowerCapParams
+from gpulens.exporter.sim.faults.rank_dead import RankDead, RankDeadParams
 from gpulens.exporter.sim.faults.straggler import Straggler, StragglerParams
 from gpulens.exporter.sim.faults.thermal_throttle import ThermalThrottle, ThermalThrottleParams
 from gpulens.exporter.sim.faults.xid import Xid, XidParams
@@ -43,6 +44,7 @@ FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
         HangSpinning(),
         HangBlocked(),
         HangMixed(),
+        RankDead(),
         Straggler(),
         MemoryLeak(),
         ThermalThrottle(),
@@ -73,6 +75,7 @@ AnyFaultParams = (
     | HangSpinningParams
     | HangBlockedParams
     | HangMixedParams
+    | RankDeadParams
     | StragglerParams
     | MemoryLeakParams
     | ThermalThrottleParams

@@ -13,7 +13,9 @@ from gpulens.exporter.sim.stepstate import STALL, Activity, JobPhase, Placement,
 
 
 class HangBlockedParams(JobFaultParams, frozen=True, tag="hang_blocked"):
-    """``job``, ``at``, ``duration``."""
+    """``job``, ``at``, ``duration``; ``stuck_ranks``: GPU ranges whose ranks never launch the collective."""
+
+    stuck_ranks: str | list[str] | None = None
 
 
 def blocked(memory_fraction: float) -> Activity:

@@ -29,6 +29,7 @@ class HangMixedParams(JobFaultParams, frozen=True, tag="hang_mixed", kw_only=Tru
     """``job``, ``at``, ``duration``, ``ranks``: a list of GPU ranges, the job's GPUs that fall idle."""
 
     ranks: str | list[str]
+    stuck_ranks: str | list[str] | None = None
 
 
 class HangMixed(FaultKind):

@@ -14,7 +14,9 @@ from gpulens.exporter.sim.stepstate import STALL, JobPhase
 
 
 class HangSpinningParams(JobFaultParams, frozen=True, tag="hang_spinning"):
-    """``job``, ``at``, ``duration``."""
+    """``job``, ``at``, ``duration``; ``stuck_ranks``: GPU ranges whose ranks never launch the collective."""
+
+    stuck_ranks: str | list[str] | None = None
 
 
 class HangSpinning(FaultKind):

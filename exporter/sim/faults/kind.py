@@ -135,6 +135,10 @@ class FaultKind:
         alone, through ``apply``), or ``None`` for a kind without one."""
         return None
 
+    def stuck_ranks(self, params: Any) -> str | list[str] | None:
+        """The GPU ranges of a hang's ``stuck_ranks`` key (resolved into ``FaultSpec.stuck``), or ``None``."""
+        return getattr(params, "stuck_ranks", None)
+
     def check(self, fault: FaultSpec, job: JobSpec | None, scenario: ScenarioView) -> None:
         """Reject a fault this kind cannot act as (raise :class:`FaultCheckError`); ``job``: the job it acts in."""
 

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from gpulens.storage import views
+from gpulens.storage.migrations.fields import fields_at
 from gpulens.storage.schema import StoredField
 
 revision = "0003"
@@ -77,7 +78,9 @@ _AGGREGATES = {
 }
 
 
-def _fields() -> list[StoredField]:
+def change_sample_fields(before: list[StoredField]) -> list[StoredField]:
+    """The first revision with SI views: every sample field, from ``_FIELDS`` (see ``fields.fields_at``)."""
+    assert before == []
     return [
         StoredField(name, column, kind, sa.Integer, unit, per_unit, is_bool, is_int)
         for name, column, kind, unit, per_unit, is_bool, is_int in _FIELDS
@@ -99,7 +102,7 @@ def _renames() -> list[tuple[str, str, str]]:
 def upgrade() -> None:
     for table, old, new in _renames():
         op.execute(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}")
-    views.create_views(op.get_bind(), _fields())
+    views.create_views(op.get_bind(), fields_at(revision))
 
 
 def downgrade() -> None:

@@ -19,10 +19,9 @@ Create Date: 2026-11-30
 from __future__ import annotations
 
 from alembic import op
-from alembic.script import ScriptDirectory
 
 from gpulens.storage import views
-from gpulens.storage.schema import StoredField
+from gpulens.storage.migrations.fields import fields_at
 
 revision = "0004"
 down_revision: str | None = "0003"
@@ -79,17 +78,7 @@ def _migrate(new: bool) -> None:
     rollup = [(f"{c[0]}_{agg}", c[pick]) for c in _CHANGES if c[1] == "gauge" for agg in ("min", "max")]
     for table in ("gpu_rollup_1m", "gpu_rollup_1h"):
         _alter(table, rollup)
-    views.create_views(conn, _fields_of_0003())
-
-
-def _fields_of_0003() -> list[StoredField]:
-    """The sample fields as revision 0003 froze them (their names and units are unchanged here)."""
-    config = op.get_context().config
-    assert config is not None
-    script = ScriptDirectory.from_config(config).get_revision("0003")
-    assert script is not None
-    fields: list[StoredField] = script.module._fields()
-    return fields
+    views.create_views(conn, fields_at(revision))  # the fields of 0003: unchanged here
 
 
 def upgrade() -> None:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-from alembic.script import ScriptDirectory
 
 from gpulens.storage import views
+from gpulens.storage.migrations.fields import fields_at
 from gpulens.storage.schema import StoredField
 
 revision = "0005"
@@ -32,17 +32,10 @@ _NEW = (
 _ROLLUPS = ("gpu_rollup_1m", "gpu_rollup_1h")
 
 
-def _fields_before() -> list[StoredField]:
-    config = op.get_context().config
-    assert config is not None
-    script = ScriptDirectory.from_config(config).get_revision("0003")
-    assert script is not None
-    fields: list[StoredField] = script.module._fields()
-    return fields
-
-
-def _new_fields() -> list[StoredField]:
-    return [StoredField(name, column, "gauge", sa.SmallInteger, 1, 10_000) for name, column in _NEW]
+def change_sample_fields(before: list[StoredField]) -> list[StoredField]:
+    """The fields of 0004 and the two new ones, last (see ``fields.fields_at``)."""
+    new = [StoredField(name, column, "gauge", sa.SmallInteger, 1, 10_000) for name, column in _NEW]
+    return [*before, *new]
 
 
 def upgrade() -> None:
@@ -54,7 +47,7 @@ def upgrade() -> None:
             op.add_column(table, sa.Column(f"{column}_min", sa.SmallInteger()))
             op.add_column(table, sa.Column(f"{column}_mean", sa.Double()))
             op.add_column(table, sa.Column(f"{column}_max", sa.SmallInteger()))
-    views.create_views(conn, [*_fields_before(), *_new_fields()])
+    views.create_views(conn, fields_at(revision))
 
 
 def downgrade() -> None:
@@ -65,4 +58,5 @@ def downgrade() -> None:
         for table in _ROLLUPS:
             for suffix in ("min", "mean", "max"):
                 op.execute(f"ALTER TABLE {table} DROP COLUMN {column}_{suffix}")
-    views.create_views(conn, _fields_before())
+    assert down_revision is not None
+    views.create_views(conn, fields_at(down_revision))

@@ -24,12 +24,11 @@ Create Date: 2026-12-01
 from __future__ import annotations
 
 from alembic import op
-from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
 from gpulens.storage import views
+from gpulens.storage.migrations.fields import fields_at
 from gpulens.storage.partitions import create_partition, existing_partitions
-from gpulens.storage.schema import StoredField
 
 revision = "0007"
 down_revision: str | None = "0006"
@@ -94,16 +93,6 @@ def _reorder(conn: Connection, table: str) -> None:
     conn.exec_driver_sql(f"DROP TABLE {old_parent}")
 
 
-def _fields_of_0005() -> list[StoredField]:
-    """The sample fields as revision 0005 left them (unchanged here): what the SI views are created with."""
-    config = op.get_context().config
-    assert config is not None
-    script = ScriptDirectory.from_config(config).get_revision("0005")
-    assert script is not None
-    fields: list[StoredField] = [*script.module._fields_before(), *script.module._new_fields()]
-    return fields
-
-
 def upgrade() -> None:
     conn = op.get_bind()
     if conn.dialect.name != "postgresql":
@@ -111,7 +100,7 @@ def upgrade() -> None:
     views.drop_views(conn)
     for table in _TABLES:
         _reorder(conn, table)
-    views.create_views(conn, _fields_of_0005())
+    views.create_views(conn, fields_at(revision))  # the fields of 0005: unchanged here
 
 
 def downgrade() -> None:

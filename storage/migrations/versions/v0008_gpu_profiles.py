@@ -24,10 +24,10 @@ from __future__ import annotations
 import dataclasses
 
 from alembic import op
-from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
 from gpulens.storage import views
+from gpulens.storage.migrations.fields import fields_at
 from gpulens.storage.partitions import create_partition, existing_partitions
 from gpulens.storage.schema import StoredField
 
@@ -48,18 +48,13 @@ _SQLITE_BATCH_ROWS = 50_000  # rows copied per statement on SQLite
 _WIDTHS = {"bigint": 8, "double precision": 8, "integer": 4, "smallint": 2}  # PostgreSQL; the text goes last
 
 
-def _fields() -> list[StoredField]:
-    """The sample fields (unchanged since 0005), those of this revision's profile marked."""
-    config = op.get_context().config
-    assert config is not None
-    script = ScriptDirectory.from_config(config).get_revision("0007")
-    assert script is not None
-    fields: list[StoredField] = script.module._fields_of_0005()
-    return [dataclasses.replace(f, profile=f.name in _PROFILE) for f in fields]
+def change_sample_fields(before: list[StoredField]) -> list[StoredField]:
+    """The sample fields (unchanged since 0005), those of this revision's profile marked (see ``fields.fields_at``)."""
+    return [dataclasses.replace(f, profile=f.name in _PROFILE) for f in before]
 
 
 def _profile_columns() -> list[str]:
-    return [f.column for f in _fields() if f.profile]
+    return [f.column for f in fields_at(revision) if f.profile]
 
 
 def _columns(conn: Connection, table: str) -> list[tuple[str, str, bool]]:
@@ -97,7 +92,7 @@ def upgrade() -> None:
         _sqlite_copy(conn, new, join)
     else:
         _pg_copy(conn, new, join)
-    views.create_views(conn, _fields(), profiles=True)
+    views.create_views(conn, fields_at(revision), profiles=True)
 
 
 def downgrade() -> None:
@@ -114,7 +109,8 @@ def downgrade() -> None:
     else:
         _pg_copy(conn, new, join)
     conn.exec_driver_sql("DROP TABLE gpu_profile")
-    views.create_views(conn, [dataclasses.replace(f, profile=False) for f in _fields()])
+    assert down_revision is not None
+    views.create_views(conn, fields_at(down_revision))
 
 
 def _select_list(new: list[tuple[str, str, bool]]) -> str:

@@ -1,7 +1,7 @@
 """Slurm's job metadata (``job_info``) and the slurm-drain audit (``drain_action``): ``gpulens.storage.slurmtables``.
 
 Revision ID: 0014
-Revises: 0011
+Revises: 0013
 Create Date: 2026-12-03
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0014"
-down_revision: str | None = "0011"  # the lead re-chains it after 0012 and 0013 at merge
+down_revision: str | None = "0013"
 branch_labels: str | None = None
 depends_on: str | None = None
 

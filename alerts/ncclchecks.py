@@ -1,0 +1,138 @@
+"""``CommunicationStall`` from NCCL's own view (NCCL RAS): the signatures ``rank_missing`` and ``rank_dead``.
+
+Each node's agent exports its own ranks (``NcclView``); a job's view is the union over the latest round's nodes.
+
+- ``rank_dead``: RAS declares a rank's process dead (fires at once) or unresponsive (fires once that has held for
+  ``ras_mismatch_for``).
+- ``rank_missing``: a communicator shows the same mismatch of collective counts (every lagging rank's count and the
+  highest count unchanged across RAS queries) for ``ras_mismatch_for``: the lagging ranks never launched the
+  collective the others wait in. A transient mismatch and a straggler move from one query to the next and never
+  age; a checkpoint or an evaluation phase freezes equal counts, which is no mismatch at all.
+
+The summary names the communicator and the collective, and each stuck rank with its node, GPU, pid and the count it
+reached against the others' count; the ``stuck_ranks`` annotation lists them one per line and ``cause`` says what RAS
+saw. Hangs whose counts are equal (every rank launched; the data is stuck in the network) are left to the hardware
+signatures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from gpulens.alerts.base import AlertRule, Candidate, rule_labels
+from gpulens.alerts.history import History
+from gpulens.config import format_duration
+from gpulens.ncclmodel import RANK_DEAD, RANK_OK, RANK_UNRESPONSIVE, NcclComm, NcclRank
+
+RANK_MISSING_SIGNATURE: Final = "rank_missing"
+RANK_DEAD_SIGNATURE: Final = "rank_dead"
+DEFAULT_RAS_MISMATCH_FOR_S: Final = 30.0
+MAX_NAMED: Final = 8  # stuck ranks named in the summary; the annotation lists them all
+
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    node: str
+    rank: NcclRank
+
+
+def _describe(p: _Placed, collective: str | None, top: int | None) -> str:
+    r = p.rank
+    where = f"{p.node} GPU {r.gpu if r.gpu is not None else '?'} pid {r.pid if r.pid is not None else '?'}"
+    if r.state in (RANK_DEAD, RANK_UNRESPONSIVE):
+        return f"rank {r.rank} ({where}) {r.state}"
+    count = r.counts.get(collective) if collective else None
+    if count is not None and top is not None:
+        return f"rank {r.rank} ({where}) at {count} against {top}"
+    return f"rank {r.rank} ({where}) {r.lag or '?'} behind"
+
+
+def _ranges(text: Iterable[str]) -> str:
+    items = list(text)
+    named = "; ".join(items[:MAX_NAMED])
+    return named + (f"; and {len(items) - MAX_NAMED} more" if len(items) > MAX_NAMED else "")
+
+
+def nccl_stall_candidates(rule: AlertRule, history: History, now: float) -> dict[str, Candidate]:
+    """Job -> its NCCL-signature stall, from the latest round's NCCL views."""
+    latest = history.latest
+    if latest is None or not latest.nccl:
+        return {}
+    hold_s = rule.threshold("ras_mismatch_for") if "ras_mismatch_for" in rule.thresholds else DEFAULT_RAS_MISMATCH_FOR_S
+    ranks: dict[tuple[str, str], list[_Placed]] = {}
+    comms: dict[tuple[str, str], NcclComm] = {}
+    for node, view in latest.nccl.items():
+        for r in view.ranks:
+            if r.job_id:
+                ranks.setdefault((r.job_id, r.comm), []).append(_Placed(node, r))
+        for c in view.comms:
+            if not c.job_id:
+                continue
+            key = (c.job_id, c.comm)
+            known = comms.get(key)
+            if known is None or (c.mismatch_age_s or -1.0) > (known.mismatch_age_s or -1.0):
+                comms[key] = c
+    out: dict[str, Candidate] = {}
+    for (job, comm_id), placed in sorted(ranks.items()):
+        gone = [p for p in placed if p.rank.state in (RANK_DEAD, RANK_UNRESPONSIVE)]
+        if gone:
+            dead = any(p.rank.state == RANK_DEAD for p in gone)
+            out[job] = _candidate(
+                rule, history, job, comms.get((job, comm_id)), comm_id, gone, dead=dead, hold_s=hold_s
+            )
+    for (job, comm_id), comm in sorted(comms.items()):
+        if job in out or comm.mismatch_age_s is None or comm.mismatch_age_s < hold_s:
+            continue
+        stuck = [p for p in ranks.get((job, comm_id), []) if p.rank.state == RANK_OK and (p.rank.lag or 0) > 0]
+        if stuck:
+            out[job] = _candidate(rule, history, job, comm, comm_id, stuck, dead=False, hold_s=hold_s)
+    return out
+
+
+def _candidate(
+    rule: AlertRule,
+    history: History,
+    job: str,
+    comm: NcclComm | None,
+    comm_id: str,
+    placed: list[_Placed],
+    *,
+    dead: bool,
+    hold_s: float,
+) -> Candidate:
+    placed = sorted(placed, key=lambda p: p.rank.rank)
+    collective = comm.collective if comm is not None else None
+    top = comm.top_count if comm is not None else None
+    lines = [_describe(p, collective, top) for p in placed]
+    view = history.latest.jobs.get(job) if history.latest is not None else None
+    user = view.user if view is not None else None
+    nodes = sorted({p.node for p in placed})
+    if dead or any(p.rank.state != RANK_OK for p in placed):
+        signature = RANK_DEAD_SIGNATURE
+        what = "dead" if dead else "unresponsive"
+        summary = f"job {job}: NCCL RAS finds {len(placed)} rank(s) of communicator {comm_id} {what}: {_ranges(lines)}"
+        cause = (
+            f"NCCL RAS cannot reach the process of {len(placed)} rank(s) on {', '.join(nodes)} "
+            f"({'considered dead after 60 s without an answer' if dead else 'unresponsive'}); the other ranks wait "
+            f"for it in {collective or 'their next collective'}."
+        )
+        for_s = 0.0 if dead else hold_s
+    else:
+        signature = RANK_MISSING_SIGNATURE
+        age = comm.mismatch_age_s if comm is not None and comm.mismatch_age_s is not None else hold_s
+        summary = (
+            f"job {job}: communicator {comm_id} stuck in {collective or 'a collective'} for {format_duration(age)}; "
+            f"{len(placed)} rank(s) never launched it: {_ranges(lines)}"
+        )
+        cause = (
+            f"NCCL RAS shows the same collective counts for {format_duration(age)}: {len(placed)} rank(s) stopped "
+            f"below the others' count {top if top is not None else '?'} in {collective or 'a collective'}, so the "
+            "others wait for them (look at what those ranks do: py-spy dump, a data or host problem on their node)."
+        )
+        for_s = 0.0
+    labels = rule_labels(rule, {"job_id": job, "user": user or "", "signature": signature})
+    description = cause + (f" User {user}." if user else "")
+    annotations = {"stuck_ranks": "\n".join(lines), "cause": cause}
+    return Candidate(rule.name, labels, float(len(placed)), summary, description, annotations=annotations, for_s=for_s)

@@ -1,0 +1,59 @@
+"""The job page's NCCL panel: the ranks NCCL RAS found behind or unreachable, on the node and GPU where they run.
+
+Read from the store's NCCL rounds (``gpulens.storage.ncclstore``; the SQL store only). For each stuck rank the panel
+shows where it runs (node, GPU, pid), its state, the count it reached against its communicator's highest count in
+the collective that differs, and since when it has stood still there: each rank's progress as NCCL counts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dash import html
+
+from gpulens.dashboard.components import Cell, ViewState, link, panel, table
+from gpulens.dashboard.formatting import gpu_label
+from gpulens.dashboard.paths import gpu_path, node_path
+from gpulens.dashboard.timerange import minute_text
+from gpulens.storage import ncclstore
+from gpulens.storage.reading import SqlReader, StoreReader
+
+
+def read_nccl(store: StoreReader, job_id: str, start: float, end: float) -> list[ncclstore.StuckRank]:
+    if not isinstance(store, SqlReader):
+        return []  # the Prometheus reader keeps no NCCL rounds
+    return ncclstore.stuck_ranks(store.db, job_id, start, end)
+
+
+def nccl_panel(found: Sequence[ncclstore.StuckRank], state: ViewState | None = None) -> html.Div | None:
+    """The stuck ranks of the latest round that had any, each with since when its count stood still."""
+    if not found:
+        return None
+    newest = max(s.ts for s in found)
+    since: dict[tuple[str, int], float] = {}
+    last: dict[tuple[str, int], int | None] = {}
+    for s in found:  # oldest first: a rank's stand-still starts where its count last changed
+        key = (s.comm, s.rank)
+        if key not in since or last.get(key) != s.count:
+            since[key] = s.ts
+        last[key] = s.count
+    rows: list[list[Cell]] = []
+    for s in sorted((s for s in found if s.ts == newest), key=lambda x: (x.comm, x.rank)):
+        where = gpu_label(s.node, s.gpu) if s.gpu is not None else s.node
+        gpu_cell: Cell = link(where, gpu_path(s.gpu_uuid), state) if s.gpu_uuid else where
+        progress = f"{s.count} of {s.top_count}" if s.count is not None and s.top_count is not None else "-"
+        rows.append(
+            [
+                str(s.rank),
+                s.comm,
+                link(s.node, node_path(s.node), state),
+                gpu_cell,
+                str(s.pid) if s.pid is not None else "-",
+                s.state if s.state != "ok" else f"{s.lag} behind",
+                f"{progress} {s.collective or ''}".strip(),
+                minute_text(since[(s.comm, s.rank)]),
+            ]
+        )
+    columns = ["rank", "communicator", "node", "GPU", "pid", "state", "launched", "since"]
+    title = f"NCCL: stuck ranks (as of {minute_text(newest)})"
+    return panel(title, table(columns, rows, numeric=["rank"]))

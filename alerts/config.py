@@ -43,6 +43,7 @@ import msgspec
 
 from gpulens.alerts.base import AlertRule
 from gpulens.alerts.catalogue import BUILTIN_NAMES
+from gpulens.alerts.drain import DEFAULT_RULES, DrainConfig
 from gpulens.alerts.grouping import ALL_LABELS, Route
 from gpulens.alerts.matchers import MatcherError, parse_matcher
 from gpulens.alerts.notify import HttpPost, Notifier, SecretSource, env_secret, file_secret, urllib_post
@@ -89,6 +90,7 @@ class AlertingConfig:
     receivers: tuple[ReceiverConfig, ...] = ()
     routes: tuple[Route, ...] = ()
     dashboard_url: str | None = None
+    actions: tuple[DrainConfig, ...] = ()  # [[alerts.actions]]: the slurm-drain actions
 
 
 # --- the [alerts] tables as written ---------------------------------------------------------------------------------
@@ -161,6 +163,41 @@ class ReceiverFile(InputStruct, frozen=True, kw_only=True):
         )
 
 
+class ActionFile(InputStruct, frozen=True, kw_only=True):
+    """One ``[[alerts.actions]]`` table (``kind = "slurm-drain"``, gpulens.alerts.drain)."""
+
+    kind: Literal["slurm-drain"]
+    name: str = "slurm-drain"
+    rules: tuple[str, ...] = DEFAULT_RULES
+    dry_run: bool = True
+    max_drained_fraction: float = 0.05
+    cooldown: Duration = Duration(3600.0)
+    resume_on_resolve: bool = False
+    scontrol: str = "scontrol"
+    sinfo: str = "sinfo"
+    timeout: Duration = Duration(10.0)
+
+    def __post_init__(self) -> None:
+        _name("name", self.name)
+        if not 0 < self.max_drained_fraction <= 1:
+            raise FieldError("max_drained_fraction", "expected a fraction of the nodes, above 0 and at most 1")
+        if not self.rules:
+            raise FieldError("rules", "expected at least one rule (Rule or Rule:xid)")
+
+    def config(self) -> DrainConfig:
+        return DrainConfig(
+            name=self.name,
+            rules=tuple(self.rules),
+            dry_run=self.dry_run,
+            max_drained_fraction=self.max_drained_fraction,
+            cooldown_s=float(self.cooldown),
+            resume_on_resolve=self.resume_on_resolve,
+            scontrol=self.scontrol,
+            sinfo=self.sinfo,
+            timeout_s=float(self.timeout),
+        )
+
+
 class RouteFile(InputStruct, frozen=True, kw_only=True):
     """One ``[[alerts.routes]]`` table."""
 
@@ -206,6 +243,7 @@ class AlertsFile(InputStruct, frozen=True):
     rules: tuple[RuleFile, ...] = ()
     receivers: tuple[ReceiverFile, ...] = ()
     routes: tuple[RouteFile, ...] = ()
+    actions: tuple[ActionFile, ...] = ()
 
     def __post_init__(self) -> None:
         if self.dashboard_url is not None and not self.dashboard_url.startswith(("http://", "https://")):
@@ -250,7 +288,19 @@ def parse_alerting(
         routes.append(route.route())
     if receivers and not routes:
         routes = [Route(r.name, continue_=True) for r in receivers]  # no routes: every receiver gets every alert
-    return AlertingConfig(tuple(rules), tuple(receivers), tuple(routes), file.dashboard_url)
+    actions: list[DrainConfig] = []
+    for i, a in enumerate(file.actions):
+        if a.name in {r.name for r in receivers} | {other.name for other in actions}:
+            raise input_error(
+                f"{a.name!r} names a receiver or another action", [*at, "actions", i, "name"], text=text, source=source
+            )
+        actions.append(a.config())
+    # Each action sees every alert at once (it picks its rules itself), before and whatever the routes.
+    routes = [
+        *(Route(a.name, group_by=("alertname", "node", "gpu"), group_wait_s=0.0, continue_=True) for a in actions),
+        *routes,
+    ]
+    return AlertingConfig(tuple(rules), tuple(receivers), tuple(routes), file.dashboard_url, tuple(actions))
 
 
 def _builtin(overrides: Mapping[str, Any], source: str | None, locator: TomlLocator | None) -> list[AlertRule]:

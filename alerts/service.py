@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpulens.alerts.config import AlertingConfig, build_notifiers, parse_alerting
+from gpulens.alerts.drain import DrainRecord, SlurmDrainer
 from gpulens.alerts.engine import AlertEngine, EngineRound
 from gpulens.alerts.grouping import GroupState
 from gpulens.alerts.matchers import matchers_from_json
@@ -32,6 +33,7 @@ from gpulens.settings import Settings
 from gpulens.storage import alertstore
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.recent import recent_rounds
+from gpulens.storage.slurmtables import record_drain_action
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +133,15 @@ class AlertService:
             if notifiers is not None
             else build_notifiers(config.receivers, dashboard_url=config.dashboard_url, environ=environ)
         )
+        for action in config.actions:  # [[alerts.actions]]: run by the same worker, audited in drain_action
+            self._notifiers.setdefault(
+                action.name, SlurmDrainer(action, audit=self._audit_drain, clock=self._clock.now)
+            )
         self.delivery = Delivery(self.outbox, self._notifiers, clock=self._clock, backoff=backoff)
         self.worker = NotificationWorker(self.delivery, poll_s=poll_s)
+
+    def _audit_drain(self, record: DrainRecord) -> None:
+        record_drain_action(self._db, record)
 
     def _load(self, before: float | None = None) -> None:
         """The stored states, groups and recent rounds, once.

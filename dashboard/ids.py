@@ -150,3 +150,4 @@ ALERTS: Final = Toolbar("alerts")
 ALERTS_ACTIVE: Final = "alerts-active"
 ALERTS_HISTORY: Final = "alerts-history"
 ALERTS_SILENCES: Final = "alerts-silences"
+ALERTS_DRAINS: Final = "alerts-drains"

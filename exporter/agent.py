@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpulens.config import ConfigError
 from gpulens.exporter.httpserver import ExporterServer, Routes
@@ -31,6 +33,7 @@ class ExporterOptions:
     dcgm_url: str = "http://127.0.0.1:9400/metrics"
     dcgm_compat: bool = False
     job_map_dir: str | None = None
+    job_info: str = "auto"  # "slurm" | "none" | "auto": slurm where squeue is installed
     proc_root: str = "/proc"
     sysfs_root: str = "/"
     fabric: bool = True
@@ -77,7 +80,11 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
         if node not in names:
             raise ConfigError(f"node {node!r} is not in the scenario (it has {', '.join(names[:5])}...)", key="--node")
         source: GpuSource = SimSource(cluster, node, clock)
-        enrich = None
+        enrichers: list[Enricher] = []
+        if options.job_map_dir is not None:  # simulated pids are not this host's: no /proc
+            from gpulens.exporter.jobmap import JobMapper
+
+            enrichers.append(JobMapper(job_map_dir=options.job_map_dir, inspect_processes=False).enrich)
     else:
         if options.source == "dcgm":
             from gpulens.exporter.dcgmsource import DcgmSource
@@ -87,7 +94,7 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
             source = _nvml_source(options)
         from gpulens.exporter.jobmap import JobMapper
 
-        enrichers: list[Enricher] = [JobMapper(proc_root=options.proc_root, job_map_dir=options.job_map_dir).enrich]
+        enrichers = [JobMapper(proc_root=options.proc_root, job_map_dir=options.job_map_dir).enrich]
         pods = _pod_mapper(options)
         if pods is not None:  # after the cgroups: it names the pods their processes belong to
             enrichers.append(pods)
@@ -100,9 +107,31 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
             from gpulens.exporter.ncclras import NcclRasReader
 
             enrichers.append(NcclRasReader(options.nccl_ras_addr, interval_s=options.interval_s).enrich)
-        enrich = _chain(enrichers)
+    closers = [source.close]
+    if _wants_slurm(options.job_info):  # last: it names the jobs every step before found
+        from gpulens.exporter.slurmjobs import SlurmJobInfo
+
+        job_info = SlurmJobInfo()
+        enrichers.append(job_info.enrich)
+        closers.append(job_info.close)
+    enrich = _chain(enrichers) if enrichers else None
     poller = Poller(source, interval_s=options.interval_s, enrich=enrich, dcgm_compat=options.dcgm_compat)
-    return Routes(single=poller), poller, source.close
+
+    def close() -> None:
+        for step in closers:
+            step()
+
+    return Routes(single=poller), poller, close
+
+
+def _wants_slurm(job_info: str) -> bool:
+    if job_info not in ("auto", "slurm", "none"):
+        raise ConfigError(f"--job-info must be auto, slurm or none, not {job_info!r}", key="--job-info")
+    if job_info != "auto":
+        return job_info == "slurm"
+    # auto: a Slurm client that can find its cluster (a config file, SLURM_CONF, or configless slurmd's cache)
+    configured = "SLURM_CONF" in os.environ or any(Path(p).exists() for p in _SLURM_CONFIGS)
+    return configured and shutil.which("squeue") is not None
 
 
 def _pod_mapper(options: ExporterOptions) -> Enricher | None:
@@ -136,6 +165,7 @@ def _chain(enrichers: list[Enricher]) -> Enricher:
 
 
 FIRST_COLLECTION_WAIT_S = 5.0
+_SLURM_CONFIGS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
 
 
 def run_exporter(options: ExporterOptions, announce: Callable[[str], None], stop: threading.Event) -> int:

@@ -7,7 +7,9 @@ carry secrets.
 
 Job ids come from the cgroup path (Slurm ``job_<id>``, Kubernetes ``pod/<uid>``, Docker ``docker/<id>``) and from
 Slurm prolog files in a job-map directory, named by GPU UUID or index and holding ``<jobid> [<uid>]`` lines (the
-jobstats and dcgm-exporter conventions).
+jobstats and dcgm-exporter conventions). A GPU named in the job-map directory holds exactly the jobs named there,
+whatever the source said (the simulator's scenario included). A job the prolog named by UUID is read from the UUID
+files only: its index files follow Slurm's order, which need not be the source's.
 
 Enrichment fails soft: every failure is counted by reason (``jobmap_*``) and the readings pass on.
 """
@@ -137,7 +139,8 @@ class JobMapper:
 
     ``proc_root`` is the host's ``/proc`` (NVML reports host PIDs). ``job_map_dir`` is the Slurm prolog's directory
     of per-GPU files (e.g. jobstats' ``/run/gpustat``). ``user_lookup`` maps a uid to a user name (``None`` when
-    unknown); the default reads the passwd database. Lookups are cached.
+    unknown); the default reads the passwd database. Lookups are cached. ``inspect_processes`` false reads no
+    ``/proc`` at all (the simulator's pids are not this host's).
 
     Fields a source already filled in are kept. Results per process are cached by (pid, start time), so an
     unchanged process costs one read of ``stat`` per collection; pids that leave the snapshot are evicted.
@@ -149,7 +152,9 @@ class JobMapper:
         proc_root: str | Path = "/proc",
         job_map_dir: str | Path | None = None,
         user_lookup: Callable[[int], str | None] | None = None,
+        inspect_processes: bool = True,
     ) -> None:
+        self._inspect_enabled = inspect_processes
         self._proc_root = Path(proc_root)
         self._job_map_dir = None if job_map_dir is None else Path(job_map_dir)
         self._user_lookup = functools.lru_cache(maxsize=_USER_CACHE_SIZE)(user_lookup or _lookup_passwd)
@@ -165,13 +170,15 @@ class JobMapper:
     def enrich(self, snapshot: NodeSnapshot) -> NodeSnapshot:
         """The snapshot with processes enriched, ``jobs`` completed and this mapper's error counts merged in."""
         with self._lock:
-            infos = self._inspect_processes(snapshot.processes)
+            infos = self._inspect_processes(snapshot.processes) if self._inspect_enabled else {}
             file_jobs = self._read_job_map(snapshot)
         processes = tuple(self._enriched(p, infos.get(p.pid), file_jobs) for p in snapshot.processes)
+        mapped = {(job.uuid, job.job_id) for by_uuid in file_jobs.values() for job in by_uuid}
         jobs = _merge_jobs(
             [
-                *snapshot.jobs,
                 *(job for by_uuid in file_jobs.values() for job in by_uuid),
+                # the source's jobs, except on a GPU the job map names (there: only to lend a user to its jobs)
+                *(job for job in snapshot.jobs if job.uuid not in file_jobs or (job.uuid, job.job_id) in mapped),
                 *_jobs_of_processes(processes),
             ]
         )
@@ -277,11 +284,15 @@ class JobMapper:
     def _enriched(
         self, process: ProcessReading, info: _ProcessInfo | None, file_jobs: Mapping[str, list[GpuJob]]
     ) -> ProcessReading:
-        if info is None:
+        gpu_jobs = file_jobs.get(process.uuid)
+        job_id = process.job_id
+        if gpu_jobs is not None and job_id is not None and job_id not in {j.job_id for j in gpu_jobs}:
+            job_id = None  # the source's job is not the one the job map names for this GPU
+        if info is None and job_id == process.job_id:
             return process
-        job_id = process.job_id or info.job_id
-        gpu_jobs = file_jobs.get(process.uuid, [])
-        if job_id is None and len(gpu_jobs) == 1:
+        info = info or _ProcessInfo()
+        job_id = job_id or info.job_id
+        if job_id is None and gpu_jobs is not None and len(gpu_jobs) == 1:
             job_id = gpu_jobs[0].job_id
         return dataclasses.replace(
             process,
@@ -305,12 +316,21 @@ class JobMapper:
         records: list[GpuReading | ProcessReading] = [*snapshot.gpus, *snapshot.processes]
         for record in records:
             gpus.setdefault(record.uuid, (record.node, record.gpu))
+        by_uuid = {uuid: self._read_map_file(self._job_map_dir / uuid) for uuid in gpus if uuid in names}
+        # Jobs the prolog named by UUID: their index files are not read (Slurm's index order need not be ours).
+        named = {job.job_id for mapped in by_uuid.values() for job in mapped}
         jobs: dict[str, list[GpuJob]] = {}
         for uuid, (node, index) in gpus.items():
-            name = uuid if uuid in names else str(index)
-            if name in names:
-                mapped = self._read_map_file(self._job_map_dir / name)
-                jobs[uuid] = [GpuJob(node=node, gpu=index, uuid=uuid, job_id=j.job_id, user=j.user) for j in mapped]
+            if uuid in by_uuid:
+                mapped = by_uuid[uuid]
+            elif str(index) in names:
+                read = self._read_map_file(self._job_map_dir / str(index))
+                mapped = [j for j in read if j.job_id not in named]
+                if read and not mapped:
+                    continue  # only jobs placed by UUID: this index file names some other GPU of ours
+            else:
+                continue
+            jobs[uuid] = [GpuJob(node=node, gpu=index, uuid=uuid, job_id=j.job_id, user=j.user) for j in mapped]
         return jobs
 
     def _read_map_file(self, path: Path) -> list[_MappedJob]:

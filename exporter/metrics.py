@@ -155,6 +155,15 @@ def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
         job_info.add_metric([job.node, str(job.gpu), job.uuid, job.job_id, job.user or ""], 1)
     yield job_info
 
+    scheduler_info = Family(
+        "gpulens_job_info",
+        "1 for each job holding one of the node's GPUs, with what the scheduler (Slurm) says of it.",
+        labels=["job_id", "name", "user", "account", "partition"],
+    )
+    for meta in snapshot.job_info:
+        labels = [meta.job_id, meta.name or "", meta.user or "", meta.account or "", meta.partition or ""]
+        scheduler_info.add_metric(labels, 1)
+    yield scheduler_info
     pod_info = Family(
         "gpulens_pod_gpu_info",
         "1 for each Kubernetes pod container holding a GPU (the kubelet's pod-resources API); job_id is namespace/pod.",

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpulens.exporter.metrics import ExporterHealth, render_metrics
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
-from gpulens.model import GpuJob, GpuReading, LinkReading, MigReading, NodeSnapshot, ProcessReading
+from gpulens.model import GpuJob, GpuReading, JobInfo, LinkReading, MigReading, NodeSnapshot, ProcessReading
 from gpulens.ncclmodel import NcclComm, NcclRank, NcclView
 
 
@@ -48,6 +48,7 @@ def _full_snapshot() -> NodeSnapshot:
         links=(LinkReading("n", 0, "GPU-0", 0, True, 1.0, 1.0),),
         processes=(ProcessReading("n", 0, "GPU-0", 1, 1, "c", "u", "j"),),
         jobs=(GpuJob("n", 0, "GPU-0", "j", "u"), GpuJob("n", 0, "GPU-0", "ns/p", None, "MIG-0", "ns", "p", "c", "uid")),
+        job_info=(JobInfo("n", "j", "train", "u", "a", "p"),),
         migs=(MigReading("n", 0, "GPU-0", "MIG-0", 1, 0, "p", 1, 1),),
         metric_sources={"GPU-0": {"pcie": "gpm"}},
         nics=(

@@ -170,6 +170,22 @@ class GpuJob:
 
 
 @dataclass(frozen=True, slots=True)
+class JobInfo:
+    """What the scheduler says of a job holding one of the node's GPUs (Slurm's ``squeue``); times in Unix seconds."""
+
+    node: str
+    job_id: str
+    name: str | None = None
+    user: str | None = None
+    account: str | None = None
+    partition: str | None = None
+    array_job_id: str | None = None
+    array_task_id: int | None = None
+    submit_time: float | None = None
+    start_time: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class MigReading:
     """One MIG device (GPU instance) of a MIG-enabled GPU."""
 
@@ -196,6 +212,8 @@ class NodeSnapshot:
     processes: tuple[ProcessReading, ...] = ()
     jobs: tuple[GpuJob, ...] = ()
     migs: tuple[MigReading, ...] = ()
+    # The scheduler's metadata for the jobs in ``jobs``, where a scheduler was asked (``--job-info``).
+    job_info: tuple[JobInfo, ...] = ()
     driver_version: str | None = None
     # The node's RDMA ports (InfiniBand / RoCE), its host CPUs and memory, and each job's share of the host;
     # empty / None where the source does not read them (dcgm-exporter pages, fabric reading off).

@@ -28,6 +28,7 @@ from gpulens.model import (
     LINKS_ALL,
     GpuJob,
     GpuReading,
+    JobInfo,
     LinkReading,
     MigReading,
     NodeSnapshot,
@@ -137,6 +138,7 @@ def snapshot_to_json(
         doc["links"] = [[getattr(link, c) for c in LINK_COLUMNS] for link in snapshot.links]
         doc["processes"] = [_record_to_json(p) for p in snapshot.processes]
         doc["jobs"] = [_record_to_json(j) for j in snapshot.jobs]
+        doc["job_info"] = [_record_to_json(j) for j in snapshot.job_info]
         doc["migs"] = [_record_to_json(m) for m in snapshot.migs]
         doc["nics"] = [_without_node(_record_to_json(n)) for n in snapshot.nics]
     elif layout == LAYOUT_COLUMNAR:
@@ -144,6 +146,7 @@ def snapshot_to_json(
         doc["links"] = _table(LinkReading, snapshot.links, ("node", "uuid"))
         doc["processes"] = _table(ProcessReading, snapshot.processes)
         doc["jobs"] = _table(GpuJob, snapshot.jobs)
+        doc["job_info"] = _table(JobInfo, snapshot.job_info)
         doc["migs"] = _table(MigReading, snapshot.migs)
         doc["nics"] = _table(NicReading, snapshot.nics)
     else:
@@ -251,6 +254,7 @@ _DOCUMENT: Final[Any] = msgspec.defstruct(
         ("links_scope", str, LINKS_ALL),
         ("processes", _section(list[_PROCESS]), None),  # type: ignore[valid-type]
         ("jobs", _section(list[GpuJob]), None),
+        ("job_info", _section(list[JobInfo]), None),
         ("migs", _section(list[MigReading]), None),
         ("nics", _section(list[_NIC]), None),  # type: ignore[valid-type]
         ("host", _HOST | None, None),
@@ -410,6 +414,7 @@ def _snapshot(doc: Any) -> NodeSnapshot:
         links_scope=doc.links_scope,
         processes=_records(doc, "processes", ProcessReading, node, columnar=columnar),
         jobs=_records(doc, "jobs", GpuJob, node, columnar=columnar),
+        job_info=_records(doc, "job_info", JobInfo, node, columnar=columnar),
         migs=_records(doc, "migs", MigReading, node, columnar=columnar),
         nics=_records(doc, "nics", NicReading, node, columnar=columnar),
         host=host,

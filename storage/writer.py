@@ -32,7 +32,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from gpulens.logutil import LogOnce
-from gpulens.model import GpuReading, NodeSnapshot, TargetHealth
+from gpulens.model import GpuReading, JobInfo, NodeSnapshot, TargetHealth
 from gpulens.storage import jobminute, ncclstore, schema
 from gpulens.storage.db import Database, lock_tier
 from gpulens.storage.fabricwriter import FabricWriter, fabric_times
@@ -40,6 +40,7 @@ from gpulens.storage.gpuchanges import Changes, ChangeTracker, GpuState, Resolve
 from gpulens.storage.profiles import VALUES as PROFILE_VALUES
 from gpulens.storage.profiles import Profiles
 from gpulens.storage.rollup import PENDING
+from gpulens.storage.slurmtables import write_job_info
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ _SNAPSHOT_ERRORS: Final = (sa.exc.IntegrityError, sa.exc.DataError, OverflowErro
 LAST_SEEN_RESOLUTION_MS: Final = schema.MINUTE_MS
 
 # Every field of the row but xid_total (the last), derived from xid_errors, and the profile's (storage.profiles).
+_MAX_JOB_INFO: Final = 10_000  # jobs whose written metadata the writer remembers (then it forgets them all)
 _ENCODED_FIELDS: Final = tuple(f for f in schema.SAMPLE_FIELDS[:-1] if not f.profile)
 _READING_VALUES: Final[Callable[[GpuReading], tuple[Any, ...]]] = attrgetter(*(f.name for f in _ENCODED_FIELDS))
 # The order of a row tuple: the reading's values first, so one tuple concatenation builds a row. The tuple holds SI
@@ -148,6 +150,7 @@ class Writer:
         self._gpus: dict[str, GpuState] | None = None
         self._profiles = Profiles(db.dialect)  # loaded with the GPUs
         self._tracker = ChangeTracker()  # what each round changes of the jobs, processes and links
+        self._job_info: dict[str, JobInfo] = {}  # the scheduler's metadata as last written, by job id
         self._fabric = FabricWriter(db.dialect)
         self._job_minutes = True  # the store has the per-job aggregate (revision 0009); checked on each _load
         self._log_once = LogOnce(log)
@@ -204,8 +207,10 @@ class Writer:
                     stats.job_minute_rows += jobminute.recompute(conn, self._db.dialect, late)
                 stats.target_rows = self._write_targets(conn, targets)
                 stats.nic_rows, stats.host_rows, stats.job_host_rows = self._fabric.write(conn, snapshots)
+                self._write_job_info(conn, snapshots)
                 ncclstore.write(conn, snapshots)
         except BaseException:
+            self._job_info.clear()
             # The state was updated as the round went; the commit may or may not have happened. Reload it.
             self._gpus = None
             self._profiles.reset()
@@ -213,6 +218,15 @@ class Writer:
             self._fabric.reset()
             raise
         return stats
+
+    def _write_job_info(self, conn: Connection, snapshots: Sequence[NodeSnapshot]) -> None:
+        """The scheduler's metadata of the jobs whose metadata changed (or is new to this writer)."""
+        changed = [i for s in snapshots for i in s.job_info if self._job_info.get(i.job_id) != i]
+        if changed:
+            if len(self._job_info) > _MAX_JOB_INFO:
+                self._job_info.clear()
+            write_job_info(conn, changed, max(s.timestamp for s in snapshots))
+            self._job_info.update((i.job_id, i) for i in changed)
 
     # --- readings and static GPU info ---------------------------------------------------------------------------
 

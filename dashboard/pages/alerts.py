@@ -30,6 +30,8 @@ from gpulens.dashboard.flags import alert_jobs
 from gpulens.dashboard.formatting import MISSING, duration_text
 from gpulens.dashboard.paths import gpu_path, job_path, node_path
 from gpulens.dashboard.timerange import minute_text, resolve_range
+from gpulens.storage.db import Database
+from gpulens.storage.slurmtables import recent_drain_actions
 
 PATH: Final = "/alerts"
 IDS: Final = ids.ALERTS
@@ -45,6 +47,7 @@ def layout(**query: Any) -> html.Div:
             panel("Now", html.Div(id=ids.ALERTS_ACTIVE)),
             panel("History", html.Div(id=ids.ALERTS_HISTORY)),
             panel("Silences", html.Div(id=ids.ALERTS_SILENCES)),
+            panel("Drain actions", html.Div(id=ids.ALERTS_DRAINS)),
         ]
     )
 
@@ -58,6 +61,7 @@ def register(app: Dash, context: Context) -> None:
         Output(ids.ALERTS_ACTIVE, "children"),
         Output(ids.ALERTS_HISTORY, "children"),
         Output(ids.ALERTS_SILENCES, "children"),
+        Output(ids.ALERTS_DRAINS, "children"),
         Output(IDS.updated, "children"),
         *toolbar_inputs(IDS),
         State(IDS.refresh, "value"),
@@ -67,7 +71,7 @@ def register(app: Dash, context: Context) -> None:
         try:
             return render(context, state)
         except PageError as problem:
-            return problem.banner, None, None, None, problem.as_of
+            return problem.banner, None, None, None, None, problem.as_of
 
 
 def render(context: Context, state: ViewState) -> tuple[Any, ...]:
@@ -77,14 +81,16 @@ def render(context: Context, state: ViewState) -> tuple[Any, ...]:
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now, history_start=context.history_start(state.range))
+        drains = recent_drain_actions(context.db) if isinstance(context.db, Database) else []
         if reader is None:
-            return span, [], [], []
-        return span, reader.active(), reader.history(span.start, span.end), reader.silences(now)
+            return span, [], [], [], drains
+        return span, reader.active(), reader.history(span.start, span.end), reader.silences(now), drains
 
-    span, active, history, silences = guarded(context, load)
+    span, active, history, silences, drains = guarded(context, load)
     if reader is None:
         note = " Alerts are evaluated by the collector's alert engine; this dashboard was started without its store."
-        return banner("info", "No alert store connected.", note), None, None, None, f"as of {minute_text(now)}"
+        no_store = banner("info", "No alert store connected.", note)
+        return no_store, None, None, None, drains_table(drains, state), f"as of {minute_text(now)}"
     firing = [a for a in active if a.state == "firing"]
     status = None
     if firing:
@@ -103,6 +109,7 @@ def render(context: Context, state: ViewState) -> tuple[Any, ...]:
         alerts_table(ordered, state, empty="nothing firing or pending", now=now),
         alerts_table(fired_newest_first(history), state, empty="no alert fired in this range"),
         silences_table(silences, now),
+        drains_table(drains, state),
         f"as of {minute_text(now)} · {span.label}",
     )
 
@@ -177,3 +184,19 @@ def silences_table(silences: Sequence[Silence], now: float) -> html.Div:
         for s in silences
     ]
     return table(["state", "matchers", "from → to", "by", "comment"], rows, empty="no silence active or scheduled")
+
+
+def drains_table(drains: Sequence[Mapping[str, Any]], state: ViewState) -> html.Div:
+    """The slurm-drain actions' latest decisions, taken or refused (``[[alerts.actions]]``), newest first."""
+    rows: list[list[Cell]] = [
+        [
+            minute_text(float(d["time"])),
+            flag(str(d["outcome"]), "firing" if d["outcome"] in ("drained", "failed") else None),
+            link(str(d["node"]), node_path(str(d["node"])), state),
+            str(d["gpu"]) or MISSING,
+            html.Span(str(d["rule"]), className="mono"),
+            str(d["reason"]),
+        ]
+        for d in drains
+    ]
+    return table(["when", "outcome", "node", "GPU", "rule", "reason"], rows, empty="no drain action", limit=50)

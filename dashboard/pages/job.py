@@ -44,10 +44,12 @@ from gpulens.dashboard.pages.alerts import alerts_table, fired_newest_first
 from gpulens.dashboard.paths import gpu_path, node_path
 from gpulens.dashboard.timerange import CUSTOM, minute_text, resolve_range
 from gpulens.hardware import nvlink_max_bytes_per_second
+from gpulens.model import JobInfo
 from gpulens.ratios import busiest_direction, nvlink_utilization_ratio, power_limit_ratio, share
 from gpulens.storage import jobsummary
 from gpulens.storage.jobsummary import JobAccount
 from gpulens.storage.reading import SqlReader
+from gpulens.storage.slurmtables import read_job_info
 from gpulens.storage.timeseries import SeriesData
 
 log = logging.getLogger(__name__)
@@ -155,7 +157,7 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         found = context.store.jobs(span.start, span.end, job_id=job_id)
         summary = found[0] if found else None
         if summary is None:
-            return span, None, [], {}, [], [], (None, None), []
+            return span, None, [], {}, [], [], (None, None, None), []
         places = {g.uuid: g for g in context.store.gpu_info(uuids=summary.gpus)}
         points = max(60, min(600, POINT_BUDGET // max(1, len(summary.gpus))))
         series = context.store.series(summary.gpus, FIELDS, span.start, span.end, points)
@@ -164,9 +166,11 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         host = read_job_host(context.store, job_id, list(places.values()), span.start, span.end)
         account = _account(context, job_id)
         nccl = read_nccl(context.store, job_id, span.start, span.end)
-        return span, summary, list(places.values()), series, active, history, (host, account), nccl
+        store = context.store  # the page view's one session
+        meta = read_job_info(store.db, [job_id]).get(job_id) if isinstance(store, SqlReader) else None
+        return span, summary, list(places.values()), series, active, history, (host, account, meta), nccl
 
-    span, summary, places, series, active, history, (host, account), nccl = guarded(context, load)
+    span, summary, places, series, active, history, (host, account, meta), nccl = guarded(context, load)
     updated = f"as of {minute_text(now)} · {span.label}"
     if summary is None:
         note = " It may have run outside the range: try a longer one."
@@ -203,6 +207,7 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
     marks = [flag(f) for f in FLAG_ORDER if f in job_flags(mine).get(job_id, set())]
     info = html.Span(
         [
+            scheduler_text(meta),
             f"{summary.user or 'unknown user'} · {len(summary.gpus)} GPUs on {len(summary.nodes)} node(s) · "
             f"{minute_text(summary.first_seen)} to {minute_text(summary.last_seen)} · "
             f"{summary.gpu_hours:.1f} GPU-hours · mean utilization {percent_text(summary.utilization_ratio_mean)} ",
@@ -291,3 +296,14 @@ def _row(node: str, index: int, data: SeriesData | None) -> tuple[Row, Row, Row]
 def _mean(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.fmean(present) if present else None
+
+
+def scheduler_text(meta: JobInfo | None) -> str:
+    """What the scheduler calls the job: "name (account, partition, array 40_1) · ", or "" where it was not asked."""
+    if meta is None:
+        return ""
+    extra = [x for x in (meta.account, meta.partition) if x]
+    if meta.array_job_id is not None:
+        extra.append(f"array {meta.array_job_id}_{meta.array_task_id}")
+    detail = f" ({', '.join(extra)})" if extra else ""
+    return f"{meta.name or 'unnamed'}{detail} · "

@@ -20,6 +20,8 @@ examples:
   gpulens exporter
   # map GPU processes to Slurm jobs through prolog files, and add dcgm-exporter-named series for old dashboards
   gpulens exporter --job-map-dir /run/gpustat --dcgm-compat
+  # simulated GPUs that carry the real Slurm jobs of this node (names and users from squeue)
+  gpulens exporter --source sim --scenario examples/scenarios/healthy.toml --job-map-dir /run/gpustat
   # re-export a local dcgm-exporter with gpulens names (and its profiling fields)
   gpulens exporter --source dcgm --dcgm-url http://127.0.0.1:9400/metrics
   # one node of a simulated cluster, 10x faster than real time
@@ -57,7 +59,19 @@ def register(sub: Any) -> None:
         help="dcgm-exporter /metrics URL",
     )
     p.add_argument("--dcgm-compat", action="store_true", help="also export dcgm-exporter-named families")
-    p.add_argument("--job-map-dir", default=None, help="Slurm prolog files named by GPU UUID or index")
+    p.add_argument(
+        "--job-map-dir",
+        default=None,
+        help="Slurm prolog files named by GPU UUID or index: a GPU named there holds that job, whatever the source "
+        "(the simulator included) says",
+    )
+    p.add_argument(
+        "--job-info",
+        choices=["auto", "slurm", "none"],
+        default="auto",
+        help="where job names, users, accounts and partitions come from: slurm (squeue --json, in the background), "
+        "none, or auto (slurm where squeue is installed and slurm.conf or SLURM_CONF names a cluster)",
+    )
     p.add_argument(
         "--kubelet-socket",
         default=None,
@@ -114,9 +128,9 @@ def ras_address(value: str) -> str:
 def _run_exporter(args: argparse.Namespace) -> int:
     from gpulens.exporter.agent import ExporterOptions, run_exporter
 
-    if args.source != "sim":  # the job mapper reads them; a simulated cluster has its own jobs
-        if args.job_map_dir is not None:
-            existing_directory("--job-map-dir", args.job_map_dir, "the directory the Slurm prolog writes, /run/gpustat")
+    if args.job_map_dir is not None:  # every source, the simulator included
+        existing_directory("--job-map-dir", args.job_map_dir, "the directory the Slurm prolog writes, /run/gpustat")
+    if args.source != "sim":  # the job mapper reads them; a simulated cluster has its own processes
         if args.proc_root != "/proc":
             existing_directory("--proc-root", args.proc_root, "the host's /proc, mounted in the container")
         if args.sysfs_root != "/":
@@ -130,6 +144,7 @@ def _run_exporter(args: argparse.Namespace) -> int:
         dcgm_url=args.dcgm_url,
         dcgm_compat=args.dcgm_compat,
         job_map_dir=args.job_map_dir,
+        job_info=args.job_info,
         proc_root=args.proc_root,
         sysfs_root=args.sysfs_root,
         fabric=not args.no_fabric,

@@ -254,3 +254,34 @@ def test_rules_file_errors_name_the_key_and_line(tmp_path: Path, text: str, key:
         load_rules_file(path)
     assert (err.value.file, err.value.key, err.value.line) == (str(path), key, line)
     assert message in err.value.message
+
+
+def test_a_slurm_drain_action_is_safe_by_default_and_sees_every_alert_first() -> None:
+    config = parse_alerting(tomllib.loads('[[alerts.actions]]\nkind = "slurm-drain"\n')["alerts"])
+    (action,) = config.actions
+    assert (action.name, action.dry_run, action.max_drained_fraction, action.resume_on_resolve) == (
+        "slurm-drain",
+        True,
+        0.05,
+        False,
+    )
+    assert {"GpuLost", "XidError:79", "XidError:48", "XidError:94", "XidError:95", "XidError:119"} <= set(action.rules)
+    assert "EccUncorrectable" in action.rules
+    assert config.routes[0] == Route(
+        "slurm-drain", group_by=("alertname", "node", "gpu"), group_wait_s=0.0, continue_=True
+    )
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('kind = "slurm-drain"\nmax_drained_fraction = 1.5', "max_drained_fraction"),
+        ('kind = "slurm-drain"\nrules = []', "rules"),
+        ('kind = "reboot"', "kind"),
+    ],
+)
+def test_a_bad_action_is_a_one_line_error(table: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse(f"[[alerts.actions]]\n{table}\n")
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)

@@ -20,6 +20,7 @@ from dash.development.base_component import Component
 from plotly.io.json import to_json_plotly
 from sqlalchemy import event
 
+from gpulens.alerts.drain import DrainRecord
 from gpulens.clock import ManualClock
 from gpulens.config import ConfigError
 from gpulens.dashboard.app import create_app
@@ -27,8 +28,11 @@ from gpulens.dashboard.components import ViewState
 from gpulens.dashboard.context import Context, PageError
 from gpulens.dashboard.pages import alerts, gpu, interconnect, job, jobs, node, overview
 from gpulens.dashboard.server import load_basic_auth_file, run_dashboard
+from gpulens.model import JobInfo
+from gpulens.storage import slurmtables
 from gpulens.storage.db import Database
 from gpulens.storage.inventory import history_start
+from gpulens.storage.slurmtables import record_drain_action, write_job_info
 from gpulens.webauth import BasicAuth
 from tests.conftest import free_port, http_get
 from tests.dashboard.cluster import IDLE_JOB, STALLED_JOB, STRAGGLING_JOB
@@ -171,7 +175,7 @@ def test_interconnect_shows_degraded_links_and_errors(store: Store) -> None:
 
 
 def test_alerts_page_lists_firing_alerts_history_and_silences(store: Store) -> None:
-    status, now_part, history, silences, _ = alerts.render(context_of(store), ViewState())
+    status, now_part, history, silences, _drains, _ = alerts.render(context_of(store), ViewState())
     assert re.search(r"\d+ alert\(s\) firing", text_of(status))
     assert "CommunicationStall" in text_of(now_part)
     assert "NvlinkErrors" in text_of(history)  # resolved within the hour
@@ -198,6 +202,17 @@ def test_an_empty_database_says_no_data_yet(empty_db: Database) -> None:
     assert "not in the database" in text_of(gpu.render(context, ViewState(), "GPU-none")[0])
     assert "No GPU held by job" in text_of(job.render(context, ViewState(), "nope")[0])
     assert "No alert store connected." in text_of(alerts.render(context, ViewState())[0])
+
+
+def test_the_alerts_page_lists_drain_actions_taken_and_refused(empty_db: Database) -> None:
+    t = empty_db.clock.now()
+    record_drain_action(empty_db, DrainRecord(t, "slurm-drain", "node-07", "3", "XidError:79", "drained", "gpulens X"))
+    record_drain_action(empty_db, DrainRecord(t + 1, "slurm-drain", "node-08", "1", "GpuLost", "refused-cooldown", "w"))
+    drains = text_of(alerts.render(Context(db=empty_db, clock=empty_db.clock), ViewState())[4])
+    assert drains.index("refused-cooldown") < drains.index("drained")  # newest first
+    assert "node-07" in drains
+    assert "XidError:79" in drains
+    assert "gpulens X" in drains
 
 
 def test_an_unreachable_database_is_said_without_its_password() -> None:
@@ -424,3 +439,16 @@ def test_waitress_serves_gzip_and_immutable_versioned_assets(served: str) -> Non
     assert header(headers, "Content-Encoding") == "gzip"
     assert b"_dash-config" in gzip.decompress(body)
     assert "immutable" not in header(headers, "Cache-Control")
+
+
+def test_the_job_page_names_the_job_as_slurm_does(store: Store) -> None:
+    meta = JobInfo("node-00", STALLED_JOB, "pretrain-7b", "alice", "proj1", "gpu", "40", 1)
+    with store.db.write_transaction() as conn:
+        write_job_info(conn, [meta], store.clock.now())
+    try:
+        info = text_of(job.render(context_of(store), ViewState(), STALLED_JOB)[1])
+        assert info.startswith("pretrain-7b (proj1, gpu, array 40_1) · ")
+    finally:
+        with store.db.write_transaction() as conn:
+            conn.execute(slurmtables.job_info.delete())
+    assert not text_of(job.render(context_of(store), ViewState(), STALLED_JOB)[1]).startswith("pretrain-7b")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -613,3 +614,30 @@ def test_reads_the_real_proc_for_this_process() -> None:
     assert mine.command
     assert len(mine.command) <= 15
     assert result.errors == {}
+
+
+def test_a_gpu_in_the_job_map_holds_its_jobs_whatever_the_source_says(jobmap: Path) -> None:
+    """The simulator's case: no /proc is read; the job map overrides the source's jobs and processes GPU by GPU."""
+    (jobmap / UUIDS[0]).write_text("77 1000\n")
+    existing = (
+        GpuJob(node=NODE, gpu=0, uuid=UUIDS[0], job_id="sim-1", user="dave"),
+        GpuJob(node=NODE, gpu=1, uuid=UUIDS[1], job_id="sim-1", user="dave"),
+    )
+    readings = [dataclasses.replace(process(1, 0), job_id="sim-1"), dataclasses.replace(process(2, 1), job_id="sim-1")]
+    result = JobMapper(job_map_dir=jobmap, inspect_processes=False, user_lookup=USERS.get).enrich(
+        snapshot(*readings, jobs=existing)
+    )
+    assert job_keys(result) == [(0, "77", "alice"), (1, "sim-1", "dave")]
+    assert [(p.gpu, p.job_id) for p in result.processes] == [(0, "77"), (1, "sim-1")]
+
+
+def test_a_job_the_prolog_named_by_uuid_is_not_read_from_index_files(jobmap: Path) -> None:
+    """Slurm's GPU 0 is the source's GPU 1: the prolog wrote both "0" and GPU 1's UUID; only the UUID counts."""
+    (jobmap / "0").write_text("88 1000\n")
+    (jobmap / UUIDS[1]).write_text("88 1000\n")
+    (jobmap / "2").write_text("99 1000\n")  # a job mapped by index only (no nvidia-smi) still is
+    gpus = tuple(GpuReading(node=NODE, gpu=i, uuid=UUIDS[i], model="m", timestamp=0.0) for i in range(3))
+    result = JobMapper(job_map_dir=jobmap, inspect_processes=False, user_lookup=USERS.get).enrich(
+        NodeSnapshot(node=NODE, timestamp=0.0, source="sim", gpus=gpus)
+    )
+    assert [(j.gpu, j.job_id) for j in result.jobs] == [(1, "88"), (2, "99")]

@@ -5,7 +5,7 @@ summary as JSON (``document``). Jobs that ended before the upgrade get no summar
 theirs on demand.
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 Create Date: 2026-12-03
 """
 
@@ -16,7 +16,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0015"
-down_revision: str | None = "0013"
+down_revision: str | None = "0014"
 branch_labels: str | None = None
 depends_on: str | None = None
 

@@ -87,7 +87,9 @@ def test_a_hanging_and_a_dripping_receiver_never_delay_a_round(pg_server: PgServ
         assert closed_in < 5.0  # the worker stops within 5 s, a send in flight or not
         # Every round ran on time (one a second) and was stored: no receiver held the loop.
         assert abs(len(rounds) - int(elapsed)) <= 1, (len(rounds), elapsed)
-        assert all(r.written for r in rounds)
+        # A round that the stop cut short mid-scrape stores nothing by design (it has no targets): at most the last.
+        assert all(r.targets for r in rounds[:-1])
+        assert all(r.written for r in rounds if r.targets)
         assert abs(stored_rounds(db) - len(rounds)) <= 1
         # ... while the engine did notify both receivers, every round (the rule flips each scrape).
         receivers = {item.receiver for item in alertstore.outbox_items(db)}

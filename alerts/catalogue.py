@@ -38,6 +38,7 @@ XID_ERROR: Final = "XidError"
 ECC_UNCORRECTABLE: Final = "EccUncorrectable"
 GPU_LOST: Final = "GpuLost"
 EXPORTER_DOWN: Final = "ExporterDown"
+WATCHDOG: Final = "Watchdog"
 
 # The XIDs operators page on (docs/domain.md §4) and what each means.
 PAGING_XIDS: Final = (48, 62, 64, 74, 79, 94, 95, 119, 120)
@@ -257,6 +258,15 @@ BUILTIN_RULES: Final[tuple[AlertRule, ...]] = (
         action="Check the node and the exporter service (systemctl status gpulens-exporter, its log).",
     ),
     *FABRIC_RULES,
+    AlertRule(
+        name=WATCHDOG,
+        severity="none",
+        for_s=0.0,
+        meaning="Always firing while the alert engine runs: a dead-man's switch. Alertmanager (or a webhook's "
+        "tool) pages when it stops arriving, that is when gpulens's alerting is down.",
+        action="Nothing while it fires. Route it to a dead-man's-switch service (a heartbeat check that pages when "
+        "the alert stops), never to people.",
+    ),
 )
 
 __all__ = [
@@ -269,6 +279,7 @@ __all__ = [
     "IB_LINK_DOWN",
     "IB_LINK_FLAPPING",
     "JOB_INPUT_BOUND",
+    "WATCHDOG",
 ]
 
 BUILTIN_NAMES: Final = tuple(rule.name for rule in BUILTIN_RULES)

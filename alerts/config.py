@@ -16,8 +16,13 @@ threshold = 85
 
 [[alerts.receivers]]
 name = "ops-slack"
-kind = "slack"                                  # slack | webhook
+kind = "slack"                                  # slack | webhook | alertmanager | log
 url_env = "GPULENS_SLACK_WEBHOOK_URL"           # or url_file: the URL is a secret, never in the file itself
+
+[[alerts.receivers]]
+name = "am"
+kind = "alertmanager"                           # POSTs to /api/v2/alerts of each URL, again every resend_interval
+url_env = ["GPULENS_AM_URL_A", "GPULENS_AM_URL_B"]  # an HA pair: each URL gets every alert
 
 [[alerts.routes]]
 receiver = "ops-slack"
@@ -28,6 +33,10 @@ group_interval = "5m"
 repeat_interval = "4h"
 ```
 
+Routes to an alertmanager receiver take no ``group_wait``, ``group_interval`` or ``repeat_interval``: Alertmanager
+groups for itself, and gpulens sends a firing alert at once and again every ``resend_interval`` (1m), as Prometheus
+does. The ``Watchdog`` goes to webhook and alertmanager receivers only, never to Slack, a log or an action.
+
 Every problem is a ``ConfigError`` naming the file, the dotted key and the line.
 """
 
@@ -35,18 +44,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
 import msgspec
 
 from gpulens.alerts.base import AlertRule
-from gpulens.alerts.catalogue import BUILTIN_NAMES
+from gpulens.alerts.catalogue import BUILTIN_NAMES, WATCHDOG
 from gpulens.alerts.drain import DEFAULT_RULES, DrainConfig
 from gpulens.alerts.grouping import ALL_LABELS, Route
 from gpulens.alerts.matchers import MatcherError, parse_matcher
 from gpulens.alerts.notify import HttpPost, Notifier, SecretSource, env_secret, file_secret, urllib_post
+from gpulens.alerts.notify.alertmanager import DEFAULT_RESEND_S, AlertmanagerNotifier, lease_s
 from gpulens.alerts.notify.logfile import LogNotifier
 from gpulens.alerts.notify.slack import SlackNotifier
 from gpulens.alerts.notify.webhook import WebhookNotifier
@@ -63,7 +73,9 @@ from gpulens.typedinput import (
     read_text,
 )
 
-RECEIVER_KINDS: Final = ("slack", "webhook", "log")
+RECEIVER_KINDS: Final = ("slack", "webhook", "alertmanager", "log")
+# Receiver kinds the Watchdog reaches: machines that watch for it to stop (people are not paged by it).
+WATCHDOG_KINDS: Final = ("webhook", "alertmanager")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -73,8 +85,8 @@ class ReceiverConfig:
 
     name: str
     kind: str
-    url_env: str | None = None
-    url_file: str | None = None
+    url_env: tuple[str, ...] = ()  # one variable per URL (several: an alertmanager receiver's HA peers)
+    url_file: tuple[str, ...] = ()
     timeout_s: float = 10.0
     username: str | None = None
     password_env: str | None = None
@@ -82,6 +94,12 @@ class ReceiverConfig:
     bearer_token_env: str | None = None
     bearer_token_file: str | None = None
     path: str | None = None  # kind = "log": the file that receives one JSON line per notification
+    resend_s: float = DEFAULT_RESEND_S  # kind = "alertmanager": how often a firing alert is sent again
+
+    def destinations(self) -> tuple[str, ...]:
+        """The receiver's outbox destinations: its name, or ``name#1``, ``name#2``, ... one per URL."""
+        count = len(self.url_env or self.url_file)
+        return (self.name,) if count <= 1 else tuple(f"{self.name}#{i}" for i in range(1, count + 1))
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,10 @@ class AlertingConfig:
     dashboard_url: str | None = None
     actions: tuple[DrainConfig, ...] = ()  # [[alerts.actions]]: the slurm-drain actions
 
+    def destinations(self) -> dict[str, tuple[str, ...]]:
+        """Each receiver's outbox destinations (one per URL), by receiver name."""
+        return {r.name: r.destinations() for r in self.receivers}
+
 
 # --- the [alerts] tables as written ---------------------------------------------------------------------------------
 
@@ -101,7 +123,7 @@ def _name(key: str, value: str) -> None:
         raise FieldError(key, f"{value!r} is not a name (letters, digits, '.', '_', '-')")
 
 
-def _one_of(first: str, a: str | None, second: str, b: str | None) -> None:
+def _one_of(first: str, a: object, second: str, b: object) -> None:
     if a and b:
         raise FieldError(second, f"give {first} or {second}, not both")
 
@@ -110,10 +132,10 @@ class ReceiverFile(InputStruct, frozen=True, kw_only=True):
     """One ``[[alerts.receivers]]`` table."""
 
     name: str
-    kind: Literal["slack", "webhook", "log"]
+    kind: Literal["slack", "webhook", "alertmanager", "log"]
     url: str | None = None  # refused: the URL is a secret
-    url_env: str | None = None
-    url_file: str | None = None
+    url_env: str | tuple[str, ...] | None = None  # several: an alertmanager receiver's HA peers
+    url_file: str | tuple[str, ...] | None = None
     timeout: Duration = Duration(10.0)
     username: str | None = None
     password_env: str | None = None
@@ -121,6 +143,7 @@ class ReceiverFile(InputStruct, frozen=True, kw_only=True):
     bearer_token_env: str | None = None
     bearer_token_file: str | None = None
     path: str | None = None
+    resend_interval: Duration | None = None
 
     def __post_init__(self) -> None:
         if self.url is not None:
@@ -134,9 +157,16 @@ class ReceiverFile(InputStruct, frozen=True, kw_only=True):
             return
         if self.path is not None:
             raise FieldError("path", "only log receivers take a path")
+        if self.resend_interval is not None and (self.kind != "alertmanager" or self.resend_interval <= 0):
+            raise FieldError("resend_interval", "only alertmanager receivers take one, above 0")
         _one_of("url_env", self.url_env, "url_file", self.url_file)
         if not (self.url_env or self.url_file):
             raise FieldError("url_env", "missing: give url_env or url_file")
+        for key, value in (("url_env", self.url_env), ("url_file", self.url_file)):
+            if isinstance(value, tuple) and self.kind != "alertmanager":
+                raise FieldError(key, "only alertmanager receivers take several URLs")
+            if isinstance(value, tuple) and not all(value):
+                raise FieldError(key, "expected names, one per URL")
         _one_of("password_env", self.password_env, "password_file", self.password_file)
         _one_of("bearer_token_env", self.bearer_token_env, "bearer_token_file", self.bearer_token_file)
         basic = self.password_env or self.password_file
@@ -152,15 +182,20 @@ class ReceiverFile(InputStruct, frozen=True, kw_only=True):
         return ReceiverConfig(
             name=self.name,
             kind=self.kind,
-            url_env=self.url_env or None,
-            url_file=self.url_file or None,
+            url_env=_listed(self.url_env),
+            url_file=_listed(self.url_file),
             timeout_s=float(self.timeout),
             username=self.username or None,
             password_env=self.password_env or None,
             password_file=self.password_file or None,
             bearer_token_env=self.bearer_token_env or None,
             bearer_token_file=self.bearer_token_file or None,
+            resend_s=DEFAULT_RESEND_S if self.resend_interval is None else float(self.resend_interval),
         )
+
+
+def _listed(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    return () if not value else (value,) if isinstance(value, str) else value
 
 
 class ActionFile(InputStruct, frozen=True, kw_only=True):
@@ -204,9 +239,9 @@ class RouteFile(InputStruct, frozen=True, kw_only=True):
     receiver: str
     match: str | tuple[str, ...] = ()
     group_by: tuple[str, ...] = ("alertname",)
-    group_wait: Duration = Duration(30.0)
-    group_interval: Duration = Duration(300.0)
-    repeat_interval: Duration = Duration(4 * 3600.0)
+    group_wait: Duration | None = None  # None: 30s (routes to an alertmanager receiver take none of the three)
+    group_interval: Duration | None = None  # 5m
+    repeat_interval: Duration | None = None  # 4h
     continue_: bool = msgspec.field(default=False, name="continue")
     send_resolved: bool = True
 
@@ -227,9 +262,9 @@ class RouteFile(InputStruct, frozen=True, kw_only=True):
             receiver=self.receiver,
             matchers=matchers,
             group_by=self.group_by,
-            group_wait_s=float(self.group_wait),
-            group_interval_s=float(self.group_interval),
-            repeat_interval_s=float(self.repeat_interval),
+            group_wait_s=30.0 if self.group_wait is None else float(self.group_wait),
+            group_interval_s=300.0 if self.group_interval is None else float(self.group_interval),
+            repeat_interval_s=4 * 3600.0 if self.repeat_interval is None else float(self.repeat_interval),
             continue_=self.continue_,
             send_resolved=self.send_resolved,
         )
@@ -276,18 +311,29 @@ def parse_alerting(
                 f"receiver {r.name!r} is defined twice", [*at, "receivers", i, "name"], text=text, source=source
             )
         receivers.append(r.config())
+    by_name = {r.name: r for r in receivers}
     routes: list[Route] = []
     for i, route in enumerate(file.routes):
-        if not any(r.name == route.receiver for r in receivers):
+        receiver = by_name.get(route.receiver)
+        if receiver is None:
             raise input_error(
                 f"no receiver named {route.receiver!r} in [[alerts.receivers]]",
                 [*at, "routes", i, "receiver"],
                 text=text,
                 source=source,
             )
-        routes.append(route.route())
-    if receivers and not routes:
-        routes = [Route(r.name, continue_=True) for r in receivers]  # no routes: every receiver gets every alert
+        timing = [k for k in ("group_wait", "group_interval", "repeat_interval") if getattr(route, k) is not None]
+        if receiver.kind == "alertmanager" and timing:
+            raise input_error(
+                "routes to an alertmanager receiver take no timing: Alertmanager groups the alerts itself, gpulens "
+                "sends them at once and again every resend_interval of the receiver",
+                [*at, "routes", i, timing[0]],
+                text=text,
+                source=source,
+            )
+        routes.append(_for_receiver(route.route(), receiver))
+    if receivers and not routes:  # no routes: every receiver gets every alert
+        routes = [_for_receiver(Route(r.name, continue_=True), r) for r in receivers]
     actions: list[DrainConfig] = []
     for i, a in enumerate(file.actions):
         if a.name in {r.name for r in receivers} | {other.name for other in actions}:
@@ -297,10 +343,26 @@ def parse_alerting(
         actions.append(a.config())
     # Each action sees every alert at once (it picks its rules itself), before and whatever the routes.
     routes = [
-        *(Route(a.name, group_by=("alertname", "node", "gpu"), group_wait_s=0.0, continue_=True) for a in actions),
+        *(
+            Route(a.name, (_NOT_WATCHDOG,), group_by=("alertname", "node", "gpu"), group_wait_s=0.0, continue_=True)
+            for a in actions
+        ),
         *routes,
     ]
     return AlertingConfig(tuple(rules), tuple(receivers), tuple(routes), file.dashboard_url, tuple(actions))
+
+
+_NOT_WATCHDOG: Final = parse_matcher(f"alertname!={WATCHDOG}")
+
+
+def _for_receiver(route: Route, receiver: ReceiverConfig) -> Route:
+    """A route as its receiver's kind needs it: an alertmanager receiver gets each firing alert at once and again
+    every ``resend_s`` (Alertmanager does the grouping); only webhook and alertmanager receivers get the Watchdog."""
+    if receiver.kind == "alertmanager":
+        route = replace(route, group_wait_s=0.0, group_interval_s=0.0, repeat_interval_s=receiver.resend_s)
+    if receiver.kind not in WATCHDOG_KINDS:
+        route = replace(route, matchers=(_NOT_WATCHDOG, *route.matchers))
+    return route
 
 
 def _builtin(overrides: Mapping[str, Any], source: str | None, locator: TomlLocator | None) -> list[AlertRule]:
@@ -334,31 +396,37 @@ def build_notifiers(
     dashboard_url: str | None = None,
     environ: Mapping[str, str] | None = None,
     http: HttpPost = urllib_post,
+    eval_interval_s: float = 10.0,
 ) -> dict[str, Notifier]:
-    """A notifier for each configured receiver, by name."""
+    """A notifier for each outbox destination of the configured receivers (``ReceiverConfig.destinations``): one per
+    receiver, or one per URL of an alertmanager receiver. ``eval_interval_s``: the rules' interval (Alertmanager's
+    ``endsAt`` lies 4 x max(resend interval, it) ahead)."""
     notifiers: dict[str, Notifier] = {}
     for r in receivers:
         if r.kind == "log":
             assert r.path is not None
             notifiers[r.name] = LogNotifier(r.path, name=r.name, external_url=dashboard_url or "")
             continue
-        url = _secret(r.url_env, r.url_file, environ)
-        assert url is not None
+        urls = [env_secret(v, environ) for v in r.url_env] or [file_secret(f) for f in r.url_file]
         if r.kind == "slack":
             notifiers[r.name] = SlackNotifier(
-                url, name=r.name, dashboard_url=dashboard_url, timeout_s=r.timeout_s, http=http
+                urls[0], name=r.name, dashboard_url=dashboard_url, timeout_s=r.timeout_s, http=http
             )
-        else:
-            notifiers[r.name] = WebhookNotifier(
-                url,
-                name=r.name,
-                external_url=dashboard_url or "",
-                timeout_s=r.timeout_s,
-                http=http,
-                username=r.username,
-                password_source=_secret(r.password_env, r.password_file, environ),
-                bearer_source=_secret(r.bearer_token_env, r.bearer_token_file, environ),
-            )
+            continue
+        auth: dict[str, Any] = {
+            "external_url": dashboard_url or "",
+            "timeout_s": r.timeout_s,
+            "http": http,
+            "username": r.username,
+            "password_source": _secret(r.password_env, r.password_file, environ),
+            "bearer_source": _secret(r.bearer_token_env, r.bearer_token_file, environ),
+        }
+        if r.kind == "webhook":
+            notifiers[r.name] = WebhookNotifier(urls[0], name=r.name, **auth)
+            continue
+        lease = lease_s(r.resend_s, eval_interval_s)
+        for destination, url in zip(r.destinations(), urls, strict=True):
+            notifiers[destination] = AlertmanagerNotifier(url, name=destination, lease_s=lease, **auth)
     return notifiers
 
 

@@ -50,7 +50,10 @@ class AlertEngine:
         history: History | None = None,
         dashboard_url: str | None = None,
         inhibitions: Sequence[Inhibition] = DEFAULT_INHIBITIONS,
+        destinations: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
+        """``destinations``: a receiver's outbox destinations when it has several (an alertmanager receiver's URLs:
+        each gets its own copy of every notification, delivered and retried on its own); else the receiver."""
         names = [r.name for r in rules]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -65,6 +68,7 @@ class AlertEngine:
         self._silences = silences
         self._dashboard_url = dashboard_url
         self._inhibitions = tuple(inhibitions)
+        self._destinations = {k: tuple(v) for k, v in (destinations or {}).items()}
 
     def process(self, now: float, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth]) -> EngineRound:
         """Take one scrape round: add it to the history, evaluate, step the alerts, group and enqueue."""
@@ -86,5 +90,9 @@ class AlertEngine:
         self.groups = grouping.groups
         ids = []
         if self.outbox is not None:
-            ids = [self.outbox.enqueue(n.receiver, n.payload(), now) for n in grouping.notifications]
+            ids = [
+                self.outbox.enqueue(destination, n.payload(), now)
+                for n in grouping.notifications
+                for destination in self._destinations.get(n.receiver, (n.receiver,))
+            ]
         return EngineRound(now, candidates, result, grouping.groups, grouping.notifications, ids)

@@ -9,7 +9,8 @@ rules, one per ``signature`` (spinning, blocked, mixed); the blocked and mixed o
 
 The fabric rules translate over the ``gpulens_nic_*`` families, labelled ``node``, ``device`` and ``port`` (and
 ``gpus`` from ``gpulens_nic_info``); their baselines (a port's highest rate, its usual transmit wait) are
-approximated over the last hour or day. ``NOT_EXPORTED`` lists the rules PromQL cannot express, with the reason.
+approximated over the last hour or day. ``Watchdog`` is Prometheus's conventional ``vector(1)``. ``NOT_EXPORTED``
+lists the rules PromQL cannot express, with the reason.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from gpulens.alerts.catalogue import (
     PCIE_SATURATED,
     POWER_CAPPED,
     THERMAL_THROTTLING,
+    WATCHDOG,
     XID_ERROR,
 )
 from gpulens.config import format_duration
@@ -152,6 +154,8 @@ def _expr(rule: AlertRule) -> str | None:
         )
     if name == GPU_LOST:
         return "gpulens_gpu_up == 0"
+    if name == WATCHDOG:
+        return "vector(1)"  # Prometheus's conventional dead-man's switch
     fabric = _fabric_expr(rule)
     if fabric is not None:
         return fabric
@@ -268,6 +272,8 @@ def _summary(rule: AlertRule, expr: str, labels: dict[str, str]) -> str:
         return "ExporterDown: the exporter at {{ $labels.instance }} (job {{ $labels.job }}) does not answer."
     if name == XID_ERROR:
         return f"XidError on {_GPU_NAME}: the driver reported XID {{{{ $labels.xid }}}}."
+    if name == WATCHDOG:
+        return "An alert that always fires while Prometheus evaluates the gpulens rules: its alerting pipeline works."
     if "gpulens_nic_" in expr:
         return f"{name} on {{{{ $labels.node }}}} port {{{{ $labels.device }}}} {{{{ $labels.port }}}}."
     return f"{name} on {_GPU_NAME} ({{{{ $labels.uuid }}}})."

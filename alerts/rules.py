@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
-from gpulens.alerts import checks, detect, fabricchecks, hostchecks, inefficient
+from gpulens.alerts import checks, detect, fabricchecks, hostchecks, inefficient, watchdog
 from gpulens.alerts.base import SEVERITIES, AlertRule, Candidate, Threshold
 from gpulens.alerts.catalogue import (
     BUILTIN_RULES,
@@ -37,6 +37,7 @@ from gpulens.alerts.catalogue import (
     PCIE_SATURATED,
     POWER_CAPPED,
     THERMAL_THROTTLING,
+    WATCHDOG,
     XID_ERROR,
 )
 from gpulens.alerts.history import History
@@ -71,6 +72,7 @@ CHECKS: Final[Mapping[str, Check]] = {
     FABRIC_CONGESTION: fabricchecks.fabric_congestion,
     FABRIC_SATURATED: fabricchecks.fabric_saturated,
     JOB_INPUT_BOUND: hostchecks.job_input_bound,
+    WATCHDOG: watchdog.watchdog,
     THRESHOLD_CHECK: threshold_check,
 }
 

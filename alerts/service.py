@@ -122,6 +122,7 @@ class AlertService:
             outbox=self.outbox,
             silences=self._silences,
             dashboard_url=config.dashboard_url,
+            destinations=config.destinations(),
         )
         self._loaded = False
         try:
@@ -131,7 +132,9 @@ class AlertService:
         self._notifiers = dict(
             notifiers
             if notifiers is not None
-            else build_notifiers(config.receivers, dashboard_url=config.dashboard_url, environ=environ)
+            else build_notifiers(
+                config.receivers, dashboard_url=config.dashboard_url, environ=environ, eval_interval_s=interval_s
+            )
         )
         for action in config.actions:  # [[alerts.actions]]: run by the same worker, audited in drain_action
             self._notifiers.setdefault(

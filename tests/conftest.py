@@ -27,6 +27,11 @@ def prometheus_bin() -> str:
     return require_tool("prometheus")
 
 
+@pytest.fixture(scope="session")
+def alertmanager_bin() -> str:
+    return require_tool("prometheus-alertmanager")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -48,7 +53,9 @@ def http_get(url: str, *, headers: dict[str, str] | None = None, timeout: float 
 # --- the `external` mark: what `make test-fast` leaves out ----------------------------------------------------------
 
 # Fixtures that start or run a program outside Python; a test that needs one, at any depth, is external.
-_EXTERNAL_FIXTURES = frozenset({"pg_server", "private_pg_server", "promtool", "prometheus_bin", "browser"})
+_EXTERNAL_FIXTURES = frozenset(
+    {"pg_server", "private_pg_server", "promtool", "prometheus_bin", "alertmanager_bin", "browser"}
+)
 # Calls in a test's own body that do the same.
 _EXTERNAL_CALLS = ("chromium(", "require_tool(", "running_prometheus(", "pg_server", "promtool", "Stack(")
 # Whole folders whose tests run deployment tools or the whole stack.

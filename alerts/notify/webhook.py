@@ -113,6 +113,10 @@ class WebhookNotifier:
         group_key: str = "",
     ) -> None:
         payload = self.render(alerts, group_labels=group_labels, status=status, group_key=group_key)
+        self._post(json.dumps(payload).encode())
+
+    def _post(self, body: bytes, url: SecretSource | None = None) -> None:
+        """POST a JSON body with the receiver's credentials (to ``url``, or to the receiver's URL)."""
         headers = {"Content-Type": "application/json", "User-Agent": "gpulens"}
         secrets: list[str] = []
         if self._bearer is not None:
@@ -124,4 +128,4 @@ class WebhookNotifier:
             secrets.append(password)
             pair = f"{self._username or ''}:{password}".encode()
             headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
-        post(self.name, self._url, json.dumps(payload).encode(), headers, self._timeout_s, self._http, secrets=secrets)
+        post(self.name, url or self._url, body, headers, self._timeout_s, self._http, secrets=secrets)

@@ -1,4 +1,4 @@
-"""``gpulens alerts run`` and ``gpulens alerts test-notify``: the alert engine over a store, and alerting tools."""
+"""``gpulens alerts run``, ``list`` and ``test-notify``: the alert engine over a store, and alerting tools."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from gpulens.cli.base import (
     Parser,
     add_db_flags,
     add_log_level,
+    database_errors,
+    database_origin,
     positive_duration,
     settings_from,
 )
@@ -24,12 +26,21 @@ examples:
 """
 
 
+LIST_EXAMPLES = """\
+examples:
+  gpulens alerts list --db sqlite:///var/lib/gpulens/gpulens.db
+  gpulens alerts list --db prometheus+http://prometheus:9090 --state-db sqlite:///var/lib/gpulens/alerts.db --json
+"""
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "alerts",
         help="alerting tools",
         description="Alerting tools.",
-        epilog=RUN_EXAMPLES + "  gpulens alerts test-notify ops-slack --config gpulens.toml\n",
+        epilog=RUN_EXAMPLES
+        + LIST_EXAMPLES.removeprefix("examples:\n")
+        + "  gpulens alerts test-notify ops-slack --config gpulens.toml\n",
         formatter_class=Formatter,
     )
     asub = p.add_subparsers(dest="alerts_command", metavar="ACTION", parser_class=Parser)
@@ -51,6 +62,20 @@ def register(sub: Any) -> None:
         "--log-level", choices=["debug", "info", "warning", "error"], default="info", help="logging verbosity"
     )
     run.set_defaults(func=_run_rules)
+    lst = asub.add_parser(
+        "list",
+        help="what fires and what is pending now",
+        description="The alerts firing and pending now, from the stored alert states: the SQL store of the "
+        "collectors (or of alerts run), or with a Prometheus --db the alert state store beside it (--state-db, "
+        "[database] state_url). Firing first, the most severe first.",
+        epilog=LIST_EXAMPLES,
+        formatter_class=Formatter,
+    )
+    add_db_flags(lst)
+    lst.add_argument("--state-db", default=None, help="alert state store beside a Prometheus --db (SQL URL)")
+    lst.add_argument("--json", action="store_true", help="print one JSON array of alerts")
+    add_log_level(lst)
+    lst.set_defaults(func=_run_list)
     test = asub.add_parser("test-notify", help="send a test notification to a receiver now")
     test.add_argument("receiver", help="a receiver name from [[alerts.receivers]]")
     test.add_argument("--config", required=True, help="gpulens.toml with the receiver")
@@ -68,16 +93,94 @@ def _run_test_notify(args: argparse.Namespace) -> int:
 
     config = alerting_config(load_settings(args.config))
     notifiers = build_notifiers(config.receivers, dashboard_url=config.dashboard_url)
-    notifier = notifiers.get(args.receiver)
-    if notifier is None:
-        raise CliError(f"no receiver {args.receiver!r} (the config has: {', '.join(notifiers) or 'none'})")
+    destinations = config.destinations().get(args.receiver)
+    if destinations is None:
+        raise CliError(f"no receiver {args.receiver!r} (the config has: {', '.join(config.destinations()) or 'none'})")
     note = probe_notification(args.receiver, time.time())
-    try:
-        notifier.send(note.alerts, group_labels=note.group_labels, status=note.status, group_key=note.group_key)
-    except DeliveryError as exc:
-        raise CliError(exc.message) from None
-    print(f"test notification delivered to {args.receiver}")
+    for destination in destinations:  # each URL of an alertmanager receiver
+        try:
+            notifiers[destination].send(
+                note.alerts, group_labels=note.group_labels, status=note.status, group_key=note.group_key
+            )
+        except DeliveryError as exc:
+            raise CliError(exc.message) from None
+    print(
+        f"test notification delivered to {args.receiver}"
+        + (f" ({len(destinations)} URLs)" if len(destinations) > 1 else "")
+    )
     return 0
+
+
+def _run_list(args: argparse.Namespace) -> int:
+    import json
+
+    from gpulens.alerts.service import SqlAlertReader
+    from gpulens.cli.table import render_table
+    from gpulens.storage.connect import is_prometheus_url, open_existing_database
+
+    settings = settings_from(args)
+    url = args.state_db or (settings.state_url if is_prometheus_url(settings.db_url) else settings.db_url)
+    origin = "--state-db" if args.state_db else database_origin(args, settings)
+    with database_errors(origin):
+        db = open_existing_database(url)
+        try:
+            active = SqlAlertReader(db).active()
+        finally:
+            db.close()
+    ordered = sorted(active, key=_order)
+    if args.json:
+        print(json.dumps([alert_row(a) for a in ordered]))
+    else:
+        print(render_table([_table_row(a) for a in ordered], _COLUMNS), end="")
+    return 0
+
+
+_SEVERITY_ORDER = ("critical", "warning", "info")
+_SUBJECT = ("node", "gpu", "job_id")
+_COLUMNS = ("alertname", "state", "severity", *_SUBJECT, "since", "value", "labels", "summary")
+
+
+def _order(alert: Any) -> tuple[Any, ...]:
+    rank = _SEVERITY_ORDER.index(alert.severity) if alert.severity in _SEVERITY_ORDER else len(_SEVERITY_ORDER)
+    return (alert.state != "firing", rank, alert.fired_at or alert.active_since, alert.rule)
+
+
+def _since(alert: Any) -> float:
+    """When a firing alert fired; when a pending one began."""
+    return float(alert.fired_at if alert.state == "firing" and alert.fired_at is not None else alert.active_since)
+
+
+def alert_row(alert: Any) -> dict[str, Any]:
+    """One alert as ``alerts list --json`` prints it."""
+    from gpulens.config import format_timestamp
+
+    return {
+        "alertname": alert.rule,
+        "state": alert.state,
+        "severity": alert.severity,
+        "labels": dict(alert.labels),
+        "since": format_timestamp(_since(alert)),
+        "value": alert.value,
+        "summary": alert.summary,
+        "muted": alert.muted,
+        "annotations": dict(alert.annotations),
+        "fingerprint": alert.fingerprint,
+    }
+
+
+def _table_row(alert: Any) -> dict[str, Any]:
+    labels = alert.labels
+    rest = ",".join(f"{k}={v}" for k, v in labels.items() if k not in ("alertname", "severity", "uuid", *_SUBJECT))
+    return {
+        "alertname": alert.rule,
+        "state": alert.state + (f" ({alert.muted})" if alert.muted else ""),
+        "severity": alert.severity,
+        **{k: labels.get(k) for k in _SUBJECT},
+        "since": _since(alert),
+        "value": alert.value,
+        "labels": rest or None,
+        "summary": alert.summary,
+    }
 
 
 def _run_rules(args: argparse.Namespace) -> int:

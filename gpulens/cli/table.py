@@ -19,7 +19,7 @@ def _cell(key: str, value: Any) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):
             return "-"
-        if key in ("time", "timestamp", "first_seen", "last_seen", "start", "end") or key.endswith("_at"):
+        if key in ("time", "timestamp", "first_seen", "last_seen", "start", "end", "since") or key.endswith("_at"):
             return format_timestamp(value)
         if key in _NETWORK_RATES:  # in bits, as links are sold: "400 Gb/s"
             return f"{value * 8 / 1e9:.4g} Gb/s"

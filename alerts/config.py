@@ -344,7 +344,7 @@ def parse_alerting(
     # Each action sees every alert at once (it picks its rules itself), before and whatever the routes.
     routes = [
         *(
-            Route(a.name, (_NOT_WATCHDOG,), group_by=("alertname", "node", "gpu"), group_wait_s=0.0, continue_=True)
+            Route(a.name, (NOT_WATCHDOG,), group_by=("alertname", "node", "gpu"), group_wait_s=0.0, continue_=True)
             for a in actions
         ),
         *routes,
@@ -352,7 +352,7 @@ def parse_alerting(
     return AlertingConfig(tuple(rules), tuple(receivers), tuple(routes), file.dashboard_url, tuple(actions))
 
 
-_NOT_WATCHDOG: Final = parse_matcher(f"alertname!={WATCHDOG}")
+NOT_WATCHDOG: Final = parse_matcher(f"alertname!={WATCHDOG}")
 
 
 def _for_receiver(route: Route, receiver: ReceiverConfig) -> Route:
@@ -361,7 +361,7 @@ def _for_receiver(route: Route, receiver: ReceiverConfig) -> Route:
     if receiver.kind == "alertmanager":
         route = replace(route, group_wait_s=0.0, group_interval_s=0.0, repeat_interval_s=receiver.resend_s)
     if receiver.kind not in WATCHDOG_KINDS:
-        route = replace(route, matchers=(_NOT_WATCHDOG, *route.matchers))
+        route = replace(route, matchers=(NOT_WATCHDOG, *route.matchers))
     return route
 
 

@@ -2,7 +2,8 @@
 
 ``rounds`` reads every node at each step, as a collector would, turning a node that cannot be read
 (``NodeUnavailableError``) into a failed scrape. ``AlertTimeline`` collects which alerts fired and when they ended,
-in the shape ``gpulens simulate --json`` prints. ``replay`` ties the two to an ``AlertEngine``; with storage in the
+in the shape ``gpulens simulate --json`` prints; it leaves out the ``Watchdog``, which fires in every round and says
+nothing about the cluster. ``replay`` ties the two to an ``AlertEngine``; with storage in the
 loop, call ``rounds`` and ``AlertTimeline`` around the collector's own ingest and engine instead.
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpulens.alerts.base import AlertRule
+from gpulens.alerts.catalogue import WATCHDOG
 from gpulens.alerts.engine import AlertEngine, EngineRound
 from gpulens.alerts.state import FIRING, RESOLVED, StepResult
 from gpulens.config import format_duration, format_timestamp
@@ -83,13 +85,16 @@ class FiredAlert:
 
 @dataclass
 class AlertTimeline:
-    """Collects fired and resolved alerts from the engine's step results, in the order they fired."""
+    """Collects fired and resolved alerts from the engine's step results, in the order they fired (not the
+    ``Watchdog``)."""
 
     alerts: list[FiredAlert] = field(default_factory=list)
     _open: dict[str, FiredAlert] = field(default_factory=dict)
 
     def observe(self, result: StepResult) -> None:
         for transition in result.transitions:
+            if transition.rule == WATCHDOG:
+                continue
             if transition.state == FIRING:
                 state = result.states[transition.fingerprint]
                 fired = FiredAlert(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpulens.alerts.catalogue import MEMORY_SATURATED
-from gpulens.alerts.config import AlertingConfig, build_notifiers, load_rules_file, parse_alerting
+from gpulens.alerts.config import NOT_WATCHDOG, AlertingConfig, build_notifiers, load_rules_file, parse_alerting
 from gpulens.alerts.grouping import Route
 from gpulens.alerts.notify.slack import SlackNotifier
 from gpulens.alerts.notify.webhook import WebhookNotifier
@@ -137,13 +137,13 @@ def test_derived_fields() -> None:
 
 
 def test_no_routes_means_every_receiver_gets_everything() -> None:
-    config = parse('[alerts]\n[[alerts.receivers]]\nname = "a"\nkind = "slack"\nurl_env = "A"\n')
+    config = parse('[alerts]\n[[alerts.receivers]]\nname = "a"\nkind = "webhook"\nurl_env = "A"\n')
     assert config.routes == (Route("a", continue_=True),)
 
 
 def test_defaults_are_the_builtin_catalogue() -> None:
     config = parse_alerting(None)
-    assert len(config.rules) == 23  # 16 GPU and job rules, 7 fabric and host rules
+    assert len(config.rules) == 24  # 16 GPU and job rules, 7 fabric and host rules, the Watchdog
     assert config.receivers == ()
 
 
@@ -268,7 +268,7 @@ def test_a_slurm_drain_action_is_safe_by_default_and_sees_every_alert_first() ->
     assert {"GpuLost", "XidError:79", "XidError:48", "XidError:94", "XidError:95", "XidError:119"} <= set(action.rules)
     assert "EccUncorrectable" in action.rules
     assert config.routes[0] == Route(
-        "slurm-drain", group_by=("alertname", "node", "gpu"), group_wait_s=0.0, continue_=True
+        "slurm-drain", (NOT_WATCHDOG,), group_by=("alertname", "node", "gpu"), group_wait_s=0.0, continue_=True
     )
 
 

@@ -298,6 +298,18 @@ def test_silence(c: Case, places: dict[str, str]) -> None:
     check(c, places)
 
 
+ALERTS_LIST = [
+    case("alerts list --db {pg}", 1, "--db", "127.0.0.1:1", "unavailable"),
+    case("alerts list --db sqlite:///{tmp}/none.db --json", 1, "--db", "none.db", "no database"),
+    case("alerts list --db prometheus+http://127.0.0.1:1 --state-db sqlite:///{tmp}/no/s.db", 1, "--state-db", "no"),
+]
+
+
+@pytest.mark.parametrize("c", ALERTS_LIST, ids=ids(ALERTS_LIST))
+def test_alerts_list(c: Case, places: dict[str, str]) -> None:
+    check(c, places)
+
+
 ALERTS = [
     case("alerts test-notify ops", 2, "--config"),
     case("alerts test-notify ops --config {tmp}/missing.toml", 1, "missing.toml", "cannot read"),

@@ -6,20 +6,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpulens.alerts.config import parse_alerting
-from gpulens.alerts.notify.delivery import Backoff
+from gpulens.alerts.config import build_notifiers, parse_alerting
+from gpulens.alerts.engine import AlertEngine
+from gpulens.alerts.notify.alertmanager import AlertmanagerNotifier, api_url, lease_s, postable_alerts
+from gpulens.alerts.notify.delivery import Backoff, InMemoryOutbox
 from gpulens.alerts.service import AlertService
+from gpulens.alerts.state import FIRING, RESOLVED, AlertState, fingerprint
+from gpulens.config import ConfigError, format_timestamp
 from gpulens.model import TargetHealth
 from gpulens.storage import alertstore
 from gpulens.storage.connect import open_database
 from gpulens.storage.db import Database
 from tests.alerts.amserver import Alertmanager
-from tests.alerts.support import healthy_gpu, snapshot, uuid
+from tests.alerts.support import T0, healthy_gpu, snapshot, uuid
 
 DASHBOARD = "https://gpulens.example.org"
 
@@ -152,3 +157,84 @@ def test_an_alertmanager_that_is_down_costs_no_alert(store: Database, pair: tupl
     critical = labelled(down, "GpuHotCritical", "n3")
     assert critical["generatorURL"] == f"{DASHBOARD}/gpus/{uuid('n3', 0)}"
     assert alertstore.outbox_items(store, status="pending") == []
+
+
+# --- without a server: the resend schedule, the rendering and the config ------------------------------------------
+
+
+def am_config(**receiver: Any) -> Any:
+    hot = {"name": "GpuHot", "field": "temperature_celsius", "threshold": 85, "for": "0s"}
+    return parse_alerting(
+        {
+            "rules": [hot],
+            "receivers": [
+                {"name": "am", "kind": "alertmanager", "url_env": "AM", **receiver},
+                {"name": "chat", "kind": "slack", "url_env": "SLACK"},
+            ],
+        }
+    )
+
+
+def test_a_firing_alert_is_sent_at_once_and_again_every_resend_interval() -> None:
+    config = am_config(resend_interval="1m")
+    outbox = InMemoryOutbox()
+    rules = [r for r in config.rules if r.name in ("GpuHot", "Watchdog")]
+    engine = AlertEngine(rules, routes=config.routes, outbox=outbox, destinations=config.destinations())
+    sent: dict[str, list[float]] = {}
+    for k in range(14):  # rounds every 10 s for 130 s; a second GPU gets hot in the round at 30 s
+        now = T0 + 10 * k
+        hot = {"n1": 90.0, "n2": 90.0 if k >= 3 else 40.0}
+        snaps = [snapshot(n, [healthy_gpu(n, 0, temperature_celsius=t)]) for n, t in hot.items()]
+        for note in engine.process(now, snaps, []).notifications:
+            sent.setdefault(f"{note.receiver}:{note.group_labels['alertname']}", []).append(now - T0)
+    # Alertmanager: at once, then every minute; a new alert of the group goes at once (with the group's others).
+    assert sent["am:GpuHot"] == [0, 30, 90]
+    assert sent["am:Watchdog"] == [0, 60, 120]
+    # Slack keeps its grouping (30 s wait) and never gets the Watchdog.
+    assert sent["chat:GpuHot"] == [30]
+    assert "chat:Watchdog" not in sent
+
+
+def test_postable_alerts_end_ahead_while_firing_and_at_the_resolution_once_resolved() -> None:
+    labels = {"alertname": "GpuHot", "severity": "warning", "node": "n1"}
+    firing = AlertState(fingerprint(labels), "GpuHot", labels, {"dashboard": "/gpus/U"}, FIRING, T0, fired_at=T0)
+    resolved = replace(firing, state=RESOLVED, resolved_at=T0 + 50)
+    docs = postable_alerts([firing, resolved], now=T0 + 60, lease_s=lease_s(60, 10), external_url="https://d")
+    assert docs[0] == {
+        "labels": labels,
+        "annotations": {"dashboard": "/gpus/U"},
+        "startsAt": format_timestamp(T0),
+        "endsAt": format_timestamp(T0 + 60 + 240),
+        "generatorURL": "/gpus/U",
+    }
+    assert docs[1]["endsAt"] == format_timestamp(T0 + 50)
+    assert lease_s(60, 120) == 480  # 4 x the rules' interval when it is the longer
+    assert api_url("https://am.example/prefix/") == "https://am.example/prefix/api/v2/alerts"
+
+
+def test_each_url_is_a_destination_with_its_own_notifier() -> None:
+    config = am_config(url_env=["A", "B"])
+    assert config.destinations() == {"am": ("am#1", "am#2"), "chat": ("chat",)}
+    notifiers = build_notifiers(config.receivers, environ={"A": "http://a", "B": "http://b", "SLACK": "x"})
+    assert set(notifiers) == {"am#1", "am#2", "chat"}
+    assert isinstance(notifiers["am#2"], AlertmanagerNotifier)
+
+
+@pytest.mark.parametrize(
+    ("receiver", "route", "key", "message"),
+    [
+        ({}, {"group_wait": "30s"}, "alerts.routes[0].group_wait", "take no timing"),
+        ({}, {"repeat_interval": "4h"}, "alerts.routes[0].repeat_interval", "resend_interval"),
+        ({"kind": "webhook", "url_env": ["A", "B"]}, {}, "alerts.receivers[0].url_env", "several URLs"),
+        ({"kind": "webhook", "resend_interval": "1m"}, {}, "alerts.receivers[0].resend_interval", "alertmanager"),
+        ({"url_file": ["a", ""], "url_env": None}, {}, "alerts.receivers[0].url_file", "one per URL"),
+    ],
+)
+def test_bad_alertmanager_config_names_the_key(
+    receiver: dict[str, Any], route: dict[str, Any], key: str, message: str
+) -> None:
+    table = {k: v for k, v in {"name": "am", "kind": "alertmanager", "url_env": "AM", **receiver}.items() if v}
+    with pytest.raises(ConfigError) as err:
+        parse_alerting({"receivers": [table], "routes": [{"receiver": "am", **route}]})
+    assert err.value.key == key
+    assert message in err.value.message

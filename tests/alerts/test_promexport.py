@@ -188,3 +188,11 @@ def test_no_exported_description_leaves_a_threshold_unfilled() -> None:
         assert "{{" not in description
         assert entry["annotations"]["summary"].endswith(".")
         assert entry["annotations"]["runbook"]
+
+
+def test_the_watchdog_is_prometheus_conventional_vector_1() -> None:
+    doc = yaml.safe_load(prometheus_rules_yaml(builtin_rules()))
+    [watchdog] = [r for r in doc["groups"][0]["rules"] if r["alert"] == "Watchdog"]
+    assert watchdog["expr"] == "vector(1)"
+    assert watchdog["labels"] == {"severity": "none"}
+    assert "for" not in watchdog

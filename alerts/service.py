@@ -37,6 +37,11 @@ from gpulens.storage.slurmtables import record_drain_action
 
 log = logging.getLogger(__name__)
 
+# Delivered notifications stay in the outbox this long (an alertmanager receiver adds one per group and URL every
+# minute), and are pruned at most this often.
+OUTBOX_KEEP_S = 3600.0
+OUTBOX_PRUNE_EVERY_S = 600.0
+
 
 class SqlOutbox:
     """The ``OutboxStore`` protocol over the notification_outbox table."""
@@ -125,6 +130,7 @@ class AlertService:
             destinations=config.destinations(),
         )
         self._loaded = False
+        self._pruned_at = float("-inf")
         try:
             self._load()
         except DatabaseUnavailableError as exc:
@@ -205,6 +211,9 @@ class AlertService:
             groups={key: g.to_json() for key, g in result.groups.items()},
             now=now,
         )
+        if now - self._pruned_at >= OUTBOX_PRUNE_EVERY_S:
+            alertstore.outbox_prune(self._db, before=now - OUTBOX_KEEP_S)
+            self._pruned_at = now
         return result
 
     def deliver(self, now: float | None = None) -> DeliveryCounts:

@@ -278,6 +278,15 @@ def outbox_mark(
         conn.execute(sa.update(o).where(o.c.id == item_id, o.c.status == "pending").values(**values))
 
 
+def outbox_prune(db: Database, before: float) -> int:
+    """Delete the delivered (``sent``) and replaced (``superseded``) notifications created before ``before``;
+    pending and failed ones stay. Returns how many went."""
+    o = schema.notification_outbox
+    with db.write_transaction() as conn:
+        done = sa.delete(o).where(o.c.status.in_(("sent", "superseded")), o.c.created_at < before)
+        return int(conn.execute(done).rowcount or 0)
+
+
 # --- silences -------------------------------------------------------------------------------------------------------
 
 

@@ -157,6 +157,10 @@ def test_an_alertmanager_that_is_down_costs_no_alert(store: Database, pair: tupl
     critical = labelled(down, "GpuHotCritical", "n3")
     assert critical["generatorURL"] == f"{DASHBOARD}/gpus/{uuid('n3', 0)}"
     assert alertstore.outbox_items(store, status="pending") == []
+    # Delivered notifications leave the outbox an hour later (one per group and URL each minute would pile up).
+    assert len(alertstore.outbox_items(store, status="sent")) == 6
+    process(svc, now + 3700, {"n3": 90.0})  # the resends of the hour's end: pending, the sent ones pruned
+    assert {item.status for item in alertstore.outbox_items(store)} == {"pending"}
 
 
 # --- without a server: the resend schedule, the rendering and the config ------------------------------------------

@@ -42,9 +42,10 @@ COOL = 50.0
 
 
 def alerting(receiver_env: str = "HOOK_URL", timeout: str = "10s") -> AlertingConfig:
-    """GpuHot on each GPU (for 0), one group per alert, no waiting: every change is a notification."""
+    """GpuHot on each GPU (for 0), one group per alert, no waiting: every change is a notification (no Watchdog)."""
     return parse_alerting(
         {
+            "builtin": {"Watchdog": {"enabled": False}},
             "rules": [
                 {
                     "name": "GpuHot",

@@ -4,6 +4,9 @@ HA pair gets every alert at both URLs; and an Alertmanager that is down costs no
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -161,6 +164,24 @@ def test_an_alertmanager_that_is_down_costs_no_alert(store: Database, pair: tupl
     assert len(alertstore.outbox_items(store, status="sent")) == 6
     process(svc, now + 3700, {"n3": 90.0})  # the resends of the hour's end: pending, the sent ones pruned
     assert {item.status for item in alertstore.outbox_items(store)} == {"pending"}
+
+
+def test_test_notify_reaches_each_alertmanager_of_the_receiver(pair: tuple[Alertmanager, ...], tmp_path: Path) -> None:
+    config = tmp_path / "gpulens.toml"
+    config.write_text('[[alerts.receivers]]\nname = "am"\nkind = "alertmanager"\nurl_env = ["AM_A", "AM_B"]\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULENS_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "gpulens.cli", "alerts", "test-notify", "am", "--config", str(config)],
+        env={**env, "AM_A": pair[0].url, "AM_B": pair[1].url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "test notification delivered to am (2 URLs)"
+    for am in pair:
+        assert labelled(am, "GpulensTestNotification")["labels"]["severity"] == "info"
 
 
 # --- without a server: the resend schedule, the rendering and the config ------------------------------------------

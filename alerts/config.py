@@ -239,9 +239,10 @@ class RouteFile(InputStruct, frozen=True, kw_only=True):
     receiver: str
     match: str | tuple[str, ...] = ()
     group_by: tuple[str, ...] = ("alertname",)
-    group_wait: Duration | None = None  # None: 30s (routes to an alertmanager receiver take none of the three)
-    group_interval: Duration | None = None  # 5m
-    repeat_interval: Duration | None = None  # 4h
+    # None: Route's defaults (30s, 5m, 4h); routes to an alertmanager receiver take none of the three
+    group_wait: Duration | None = None
+    group_interval: Duration | None = None
+    repeat_interval: Duration | None = None
     continue_: bool = msgspec.field(default=False, name="continue")
     send_resolved: bool = True
 
@@ -258,16 +259,20 @@ class RouteFile(InputStruct, frozen=True, kw_only=True):
             matchers = tuple(parse_matcher(m) for m in ((self.match,) if isinstance(self.match, str) else self.match))
         except MatcherError as exc:
             raise FieldError("match", str(exc)) from None
-        return Route(
+        route = Route(
             receiver=self.receiver,
             matchers=matchers,
             group_by=self.group_by,
-            group_wait_s=30.0 if self.group_wait is None else float(self.group_wait),
-            group_interval_s=300.0 if self.group_interval is None else float(self.group_interval),
-            repeat_interval_s=4 * 3600.0 if self.repeat_interval is None else float(self.repeat_interval),
             continue_=self.continue_,
             send_resolved=self.send_resolved,
         )
+        if self.group_wait is not None:
+            route = replace(route, group_wait_s=float(self.group_wait))
+        if self.group_interval is not None:
+            route = replace(route, group_interval_s=float(self.group_interval))
+        if self.repeat_interval is not None:
+            route = replace(route, repeat_interval_s=float(self.repeat_interval))
+        return route
 
 
 class AlertsFile(InputStruct, frozen=True):

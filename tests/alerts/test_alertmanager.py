@@ -4,12 +4,15 @@ HA pair gets every alert at both URLs; and an Alertmanager that is down costs no
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from gpulens.storage import alertstore
 from gpulens.storage.connect import open_database
 from gpulens.storage.db import Database
 from tests.alerts.amserver import Alertmanager
+from tests.alerts.receivers import serve
 from tests.alerts.support import T0, healthy_gpu, snapshot, uuid
 
 DASHBOARD = "https://gpulens.example.org"
@@ -243,6 +247,36 @@ def test_each_url_is_a_destination_with_its_own_notifier() -> None:
     notifiers = build_notifiers(config.receivers, environ={"A": "http://a", "B": "http://b", "SLACK": "x"})
     assert set(notifiers) == {"am#1", "am#2", "chat"}
     assert isinstance(notifiers["am#2"], AlertmanagerNotifier)
+
+
+class _Capture(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        self.server.state.append((self.path, self.headers.get("Authorization"), body))  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+
+def test_many_alerts_go_in_batches_of_256_with_the_receivers_credentials() -> None:
+    posts: list[tuple[str, str | None, list[dict[str, Any]]]] = []
+    alerts = [
+        AlertState(fingerprint({"n": str(i)}), "GpuHot", {"alertname": "GpuHot", "n": str(i)}, {}, FIRING, T0)
+        for i in range(300)
+    ]
+    with serve(_Capture, posts) as url:
+        base = url.removesuffix("/hook") + "/prefix/"
+        notifier = AlertmanagerNotifier(base, name="am", username="gpulens", password_source=lambda: "secret")
+        notifier.send(alerts, group_labels={}, status=FIRING)
+    assert [(path, len(body)) for path, _, body in posts] == [
+        ("/prefix/api/v2/alerts", 256),
+        ("/prefix/api/v2/alerts", 44),
+    ]
+    assert {auth for _, auth, _ in posts} == {"Basic " + base64.b64encode(b"gpulens:secret").decode()}
+    assert [a["labels"]["n"] for _, _, body in posts for a in body] == [str(i) for i in range(300)]
 
 
 @pytest.mark.parametrize(

@@ -28,8 +28,8 @@ examples:
 
 LIST_EXAMPLES = """\
 examples:
-  gpulens alerts list --db sqlite:///var/lib/gpulens/gpulens.db
-  gpulens alerts list --db prometheus+http://prometheus:9090 --state-db sqlite:///var/lib/gpulens/alerts.db --json
+  gpulens alerts list --db sqlite:////var/lib/gpulens/gpulens.db
+  gpulens alerts list --db prometheus+http://prometheus:9090 --state-db sqlite:////var/lib/gpulens/alerts.db --json
 """
 
 

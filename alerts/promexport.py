@@ -48,6 +48,7 @@ from gpulens.alerts.catalogue import (
 )
 from gpulens.config import format_duration
 from gpulens.hardware import PCIE_LANE_BYTES_PER_SECOND
+from gpulens.storage.prometheus.targets import exporter_down
 
 _JOB = "max by (node, gpu, uuid, job_id, user) (gpulens_gpu_job_info)"
 _PORT = "on(node, device, port)"
@@ -156,7 +157,7 @@ def _expr(rule: AlertRule) -> str | None:
     if fabric is not None:
         return fabric
     if name == EXPORTER_DOWN:
-        return 'up{job=~".*gpulens.*"} == 0'
+        return exporter_down()
     return None
 
 

@@ -30,7 +30,7 @@ from gpulens.settings import StoreAuth
 from gpulens.storage import schema
 from gpulens.storage.inventory import GpuInfo, LinkOutage
 from gpulens.storage.jobstats import JOB_POINTS, JobSummary
-from gpulens.storage.prometheus import fabric, jobquery, problems
+from gpulens.storage.prometheus import fabric, jobquery, problems, targets
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus.client import PromClient, PromQueryError, PromSeries, quote, regex_escape, regex_of
 from gpulens.storage.reading import NotAvailableOnBackendError
@@ -424,26 +424,7 @@ class PromReader:
         return sorted(out, key=lambda o: (o.node, o.gpu, o.link, o.since))
 
     def target_health(self) -> list[TargetHealth]:
-        now = self.clock.now()
-        series = self.client.query('{__name__=~"up|scrape_duration_seconds|scrape_samples_scraped"}', now)
-        targets: dict[tuple[str, str], dict[str, Any]] = {}
-        for s in series:
-            key = (s.labels.get("job", ""), s.labels.get("instance", ""))
-            targets.setdefault(key, {})[s.labels.get("__name__", "")] = s.value
-            targets[key]["time"] = s.samples[-1][0]
-        return [
-            TargetHealth(
-                target=f"{job}/{instance}" if job else instance,
-                url=instance,
-                kind="prometheus",
-                timestamp=values["time"],
-                up=values.get("up", 0.0) == 1.0,
-                scrape_duration_seconds=values.get("scrape_duration_seconds"),
-                samples=round(values.get("scrape_samples_scraped", 0.0)),
-                last_error=None if values.get("up", 0.0) == 1.0 else "down in Prometheus (its /targets page says why)",
-            )
-            for (job, instance), values in sorted(targets.items())
-        ]
+        return targets.target_health(self.client, self.clock.now())
 
     # --- the fabric and the host (storage.prometheus.fabric) -----------------------------------------------------
 

@@ -101,6 +101,10 @@ def test_exported_alerts_render_complete_sentences_under_promtool(promtool: str,
             "1x50",
         ),
         _series("up", {"job": "gpulens-exporters", "instance": "node-02:9410"}, "0x50"),
+        # node-03 of the same job answers with gpulens families: the job is watched; a node exporter is not
+        _series("up", {"job": "gpulens-exporters", "instance": "node-03:9410"}, "1x50"),
+        _series("gpulens_exporter_build_info", {"job": "gpulens-exporters", "instance": "node-03:9410"}, "1x50"),
+        _series("up", {"job": "node", "instance": "node-02:9100"}, "0x50"),
     ]
 
     def annotations(rule: str, summary: str) -> dict[str, str]:

@@ -15,10 +15,10 @@ from pathlib import Path
 from gpulens.config import ConfigError
 from gpulens.exporter.httpserver import ExporterServer, Routes
 from gpulens.exporter.poller import Enricher, OnDemandNode, Poller
-from gpulens.exporter.webconfig import WebConfig, load_web_config
 from gpulens.extras import MissingExtraError, require_k8s
 from gpulens.model import GpuSource, NodeSnapshot
 from gpulens.netaddr import parse_listen
+from gpulens.webconfig import WebConfig, load_web_config
 
 logger = logging.getLogger(__name__)
 

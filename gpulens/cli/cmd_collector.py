@@ -50,6 +50,12 @@ def register(sub: Any) -> None:
     p.add_argument("--interval", type=positive_duration, default=None, help="scrape interval (default 10s)")
     p.add_argument("--shard", default=None, help="I/N: scrape the targets whose name hashes to I")
     p.add_argument("--listen", default=None, help="where to serve the collector's /metrics (default 127.0.0.1:9411)")
+    p.add_argument(
+        "--web-config",
+        default=None,
+        metavar="FILE",
+        help="TLS and basic auth for the collector's /metrics (the exporter's --web-config format)",
+    )
     p.add_argument("--spool-dir", default=None, help="where rounds wait while the database is down")
     p.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error"], default="info", help="logging verbosity"
@@ -99,6 +105,8 @@ def collector_settings(args: argparse.Namespace) -> Any:
         changes["listen"] = args.listen
     if args.spool_dir is not None:
         changes["spool_dir"] = args.spool_dir
+    if args.web_config is not None:
+        changes["web_config"] = args.web_config
     return dataclasses.replace(settings, **changes)
 
 

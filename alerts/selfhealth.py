@@ -6,7 +6,8 @@ grows or drops rounds, notifications that wait in the outbox, and an exporter wh
 in Prometheus: a collector cannot be trusted to report that it is itself late.
 
 Counters whose series appear with their first event (``gpulens_exporter_collect_errors_total{reason}``) are read as
-"grew in the window, or appeared in it" (``unless ... offset``), so the first error fires too; unlabelled counters
+"grew in the window, or appeared in it on a target scraped before it" (``unless ... offset`` and ``up offset``), so
+the first error fires too, and a target Prometheus has just begun to scrape does not; unlabelled counters
 (``gpulens_collector_spool_dropped_rounds_total``, ``_rounds_skipped_total``) are exported at 0 from the start.
 """
 
@@ -112,7 +113,8 @@ SELF_RULES: Final = (
     SelfRule(
         "GpulensExporterCollectionErrors",
         "warning",
-        f"increase({_ERRORS}[{WINDOW}]) > 0 or ({_ERRORS} unless {_ERRORS} offset {WINDOW})",
+        f"increase({_ERRORS}[{WINDOW}]) > 0 "
+        f"or ({_ERRORS} unless {_ERRORS} offset {WINDOW}) and on(job, instance) (up offset {WINDOW})",
         "",
         f"GpulensExporterCollectionErrors: the exporter at {_INSTANCE} fails to collect ({{{{ $labels.reason }}}}).",
         f"The exporter counted collection failures of this reason in the last {WINDOW}: some of its GPU readings are "

@@ -60,6 +60,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--dcgm-compat", action="store_true", help="also export dcgm-exporter-named families")
     p.add_argument(
+        "--process-pids",
+        action="store_true",
+        help="export GPU process memory per process (pid and command labels: series that come and go with every "
+        "process) rather than per job and GPU",
+    )
+    p.add_argument(
         "--job-map-dir",
         default=None,
         help="Slurm prolog files named by GPU UUID or index: a GPU named there holds that job, whatever the source "
@@ -143,6 +149,7 @@ def _run_exporter(args: argparse.Namespace) -> int:
         node_given=args.node is not None,
         dcgm_url=args.dcgm_url,
         dcgm_compat=args.dcgm_compat,
+        process_pids=args.process_pids,
         job_map_dir=args.job_map_dir,
         job_info=args.job_info,
         proc_root=args.proc_root,

@@ -11,8 +11,10 @@ than ``[database] min_step`` (the scrape interval), gauges read with ``avg/min/m
 refused with a message saying so.
 
 What Prometheus does not hold is said, not faked: processes exist only where gpulens exporters export them
-(``gpulens_process_gpu_memory_bytes``); over dcgm-exporter data alone ``current_processes`` raises
-``NotAvailableOnBackendError``. First-seen times are not kept: a GPU's ``first_seen`` is its first sample in range.
+(``gpulens_process_gpu_memory_bytes``: by default one series per GPU and job, read as a process with pid 0 and no
+command, the job's processes together; per process with the exporter's ``--process-pids``); over dcgm-exporter data
+alone ``current_processes`` raises ``NotAvailableOnBackendError``. First-seen times are not kept: a GPU's
+``first_seen`` is its first sample in range.
 """
 
 from __future__ import annotations
@@ -229,7 +231,7 @@ class PromReader:
                 job_id=s.labels.get("job_id") or None,
             )
             for s in rows
-            if s.labels.get("pid", "").isdigit() and (node is None or s.labels.get("node", "") == node)
+            if s.labels.get("pid", "0").isdigit() and (node is None or s.labels.get("node", "") == node)
         ]
         return sorted(out, key=lambda p: (p.node, p.gpu, p.pid))
 

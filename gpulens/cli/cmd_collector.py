@@ -33,6 +33,8 @@ examples:
   gpulens collector --target http://gpu-node-09:9400/metrics
   # one of four collectors sharing a cluster, writing to PostgreSQL (password from the environment)
   GPULENS_DB_URL=postgresql+psycopg://gpulens:secret@db/gpulens gpulens collector --config gpulens.toml --shard 1/4
+  # its own /metrics on every interface, over HTTPS with basic auth (docs/self-health.md)
+  gpulens collector --config gpulens.toml --listen 0.0.0.0:9411 --web-config /etc/gpulens/web.yml
 """
 
 

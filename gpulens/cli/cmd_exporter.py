@@ -20,6 +20,8 @@ examples:
   gpulens exporter
   # map GPU processes to Slurm jobs through prolog files, and add dcgm-exporter-named series for old dashboards
   gpulens exporter --job-map-dir /run/gpustat --dcgm-compat
+  # GPU process memory per process (pid and command labels) rather than per job and GPU
+  gpulens exporter --process-pids
   # simulated GPUs that carry the real Slurm jobs of this node (names and users from squeue)
   gpulens exporter --source sim --scenario examples/scenarios/healthy.toml --job-map-dir /run/gpustat
   # re-export a local dcgm-exporter with gpulens names (and its profiling fields)

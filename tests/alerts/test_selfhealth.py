@@ -114,3 +114,20 @@ def test_each_self_health_rule_fires_on_its_trouble_only(promtool: str, tmp_path
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout + result.stderr
     assert {c["alertname"] for c in cases if c["exp_alerts"]} == {r.name for r in SELF_RULES}  # each one fires
+
+
+def test_the_rules_read_only_families_the_collector_and_the_exporter_export() -> None:
+    """A renamed family breaks this test, not the alert (which would then never fire)."""
+    from prometheus_client import generate_latest
+
+    from gpulens.collector.loop import CollectorMetrics
+    from gpulens.exporter.metrics import ExporterHealth, render_metrics
+
+    exported = generate_latest(CollectorMetrics().registry).decode()
+    exported += render_metrics(None, ExporterHealth(collect_errors={"nvml_timeout": 1})).decode()
+    lines = exported.splitlines()
+    names = {ln.split("{")[0].split(" ")[0] for ln in lines if not ln.startswith("#")}
+    names |= {ln.split(" ")[2] for ln in lines if ln.startswith("# TYPE ")}  # labelled, no series until the first round
+    used = {n for r in SELF_RULES for n in re.findall(r"\bgpulens_\w+", r.expr)}
+    assert used
+    assert used <= names, used - names

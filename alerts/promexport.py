@@ -48,8 +48,10 @@ from gpulens.alerts.catalogue import (
     WATCHDOG,
     XID_ERROR,
 )
+from gpulens.alerts.selfhealth import self_health_group
 from gpulens.config import format_duration
 from gpulens.hardware import PCIE_LANE_BYTES_PER_SECOND
+from gpulens.storage.prometheus.targets import exporter_down
 
 _JOB = "max by (node, gpu, uuid, job_id, user) (gpulens_gpu_job_info)"
 _PORT = "on(node, device, port)"
@@ -160,7 +162,7 @@ def _expr(rule: AlertRule) -> str | None:
     if fabric is not None:
         return fabric
     if name == EXPORTER_DOWN:
-        return 'up{job=~".*gpulens.*"} == 0'
+        return exporter_down()
     return None
 
 
@@ -341,7 +343,15 @@ def prometheus_rules(rules: Sequence[AlertRule], *, group: str = "gpulens") -> d
         expr = _expr(rule)
         if expr is not None:
             out.append(_entry(rule, expr, rule.for_s, {}))
-    return {"groups": [{"name": group, "rules": out}]}
+    return {"groups": [{"name": group, "rules": out}, *_self_health_groups()]}
+
+
+# --- gpulens's own health (gpulens.alerts.selfhealth) -------------------------------------------------------------
+
+
+def _self_health_groups() -> list[dict[str, Any]]:
+    """The self-health rules, a group of their own: the collector, its spool and outbox, the exporters."""
+    return [self_health_group()]
 
 
 def prometheus_rules_yaml(rules: Sequence[AlertRule]) -> str:

@@ -28,6 +28,7 @@ from gpulens.logutil import LogOnce
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.settings import Settings
 from gpulens.storage import jobsummary
+from gpulens.storage.alertstore import outbox_backlog
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.retention import Retention, RetentionJob
 from gpulens.storage.rollup import Rollups
@@ -40,6 +41,7 @@ RETENTION_EVERY_S = 3600.0
 # due: one step at most overruns, so they delay a round by well under 100 ms (storage/rollup.py, retention.py).
 MAINTENANCE_STEP_S = 0.05
 ACCOUNTING_EVERY_S = 60.0  # ended jobs are summarised (storage.jobsummary) at most this often
+OUTBOX_EVERY_S = 30.0  # the outbox backlog (gpulens_collector_outbox_*) is counted at most this often
 MAINTENANCE_MARGIN_S = 0.2
 
 
@@ -81,6 +83,15 @@ class CollectorMetrics:
         )
         self.db_up = Gauge("gpulens_collector_database_up", "1 if the last write reached the database.", registry=r)
         self.last_round = Gauge("gpulens_collector_last_round_timestamp_seconds", "End of the last round.", registry=r)
+        self.interval = Gauge("gpulens_collector_interval_seconds", "The interval between rounds.", registry=r)
+        self.outbox_pending = Gauge(
+            "gpulens_collector_outbox_pending", "Notifications waiting in the outbox for delivery.", registry=r
+        )
+        self.outbox_age = Gauge(
+            "gpulens_collector_outbox_oldest_pending_age_seconds",
+            "How long the oldest notification waiting in the outbox has waited (0 when none waits).",
+            registry=r,
+        )
         self.rounds_skipped = Counter(
             "gpulens_collector_rounds_skipped",
             "Ticks at which no round started because the previous round was still running.",
@@ -136,6 +147,8 @@ class Collector:
         self._retention_job = RetentionJob(db, self._retention, every_s=RETENTION_EVERY_S)
         self._lock = threading.Lock()  # one round at a time, whoever calls
         self.metrics = CollectorMetrics()
+        self.metrics.interval.set(settings.interval_s)
+        self._outbox_read_at = float("-inf")
         self._reported_dropped = 0
         self._late = threading.Event()  # a tick came while a round was running: run the next one at once
         self._accounted_at = float("-inf")  # when ended jobs were last summarised (storage.jobsummary)
@@ -291,6 +304,11 @@ class Collector:
             if now - self._accounted_at >= ACCOUNTING_EVERY_S and time.perf_counter() + MAINTENANCE_STEP_S < until:
                 self._accounted_at = now
                 jobsummary.account_ended(self._db, self._settings.prices, now=now)
+            if now - self._outbox_read_at >= OUTBOX_EVERY_S:
+                self._outbox_read_at = now
+                waiting, age = outbox_backlog(self._db, now)
+                self.metrics.outbox_pending.set(waiting)
+                self.metrics.outbox_age.set(age)
         except DatabaseUnavailableError as exc:
             self._log_once("maintenance-db-down", "rollups/retention postponed: %s", exc)
 

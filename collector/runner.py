@@ -7,16 +7,18 @@ import resource
 import threading
 from collections.abc import Callable, Sequence
 
-from prometheus_client import start_http_server
+from prometheus_client import generate_latest
 
 from gpulens.collector.loop import Collector
 from gpulens.config import ConfigError
 from gpulens.gcpause import tune_garbage_collector
+from gpulens.metricsserver import MetricsServer
 from gpulens.netaddr import parse_listen
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.settings import Settings
 from gpulens.storage.connect import open_database_when_reachable
 from gpulens.storage.db import Database
+from gpulens.webconfig import WebConfig, load_web_config
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,7 @@ def run_collector(
         host, port = parse_listen(settings.listen)
     except ValueError as exc:
         raise ConfigError(str(exc), key="collector.listen") from None
+    web = load_web_config(settings.web_config) if settings.web_config else WebConfig()
     db, schema_ready = open_database_when_reachable(settings.db_url)
     try:
         round_hooks = list(hooks(db)) if hooks is not None else []
@@ -79,26 +82,36 @@ def run_collector(
     raise_open_files_limit(collector.target_count())
     tune_garbage_collector()
     try:
-        try:
-            server, thread = start_http_server(port, host, registry=collector.metrics.registry)
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot listen on {settings.listen}: {exc.strerror or exc}") from None
+        server = serve_metrics(collector, settings, web)
         shard = f", shard {settings.shard[0]}/{settings.shard[1]}" if settings.shard[1] > 1 else ""
         announce(
             f"gpulens collector writing to {db.url_redacted} every {settings.interval_s:g}s{shard}; "
-            f"its metrics at http://{host}:{port}/metrics"
+            f"its metrics at {server.scheme}://{host}:{port}/metrics"
+            + (" (basic auth)" if web.basic_auth is not None else "")
         )
         try:
             collector.run(stop, on_round=RoundAnnouncer(announce))
         finally:
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=5)
+            server.close()
     finally:
         collector.close()
         close_hooks(round_hooks)
         db.close()
     return 0
+
+
+def serve_metrics(collector: Collector, settings: Settings, web: WebConfig) -> MetricsServer:
+    """The collector's own /metrics on ``settings.listen``, with the web config's TLS and basic auth, started."""
+    host, port = parse_listen(settings.listen)
+    registry = collector.metrics.registry
+    try:
+        server = MetricsServer(
+            lambda: generate_latest(registry), host=host, port=port, web=web, name="gpulens collector"
+        )
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot listen on {settings.listen}: {exc.strerror or exc}") from None
+    server.start()
+    return server
 
 
 def close_hooks(hooks: Sequence[RoundHook]) -> None:

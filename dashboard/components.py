@@ -292,7 +292,7 @@ def processes_table(processes: Sequence[ProcessReading] | None, state: ViewState
     rows = [
         [
             link(f"{p.node}:{p.gpu}", gpu_path(p.uuid), state),
-            str(p.pid),
+            str(p.pid) if p.pid else MISSING,  # 0: a job's processes together (Prometheus, no pids exported)
             p.user or MISSING,
             link(p.job_id, job_path(p.job_id), state) if p.job_id else MISSING,
             p.command or MISSING,

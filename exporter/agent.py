@@ -15,10 +15,10 @@ from pathlib import Path
 from gpulens.config import ConfigError
 from gpulens.exporter.httpserver import ExporterServer, Routes
 from gpulens.exporter.poller import Enricher, OnDemandNode, Poller
-from gpulens.exporter.webconfig import WebConfig, load_web_config
 from gpulens.extras import MissingExtraError, require_k8s
 from gpulens.model import GpuSource, NodeSnapshot
 from gpulens.netaddr import parse_listen
+from gpulens.webconfig import WebConfig, load_web_config
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ class ExporterOptions:
     node_given: bool = False
     dcgm_url: str = "http://127.0.0.1:9400/metrics"
     dcgm_compat: bool = False
+    process_pids: bool = False  # one process memory series per pid (--process-pids), not per job
     job_map_dir: str | None = None
     job_info: str = "auto"  # "slurm" | "none" | "auto": slurm where squeue is installed
     proc_root: str = "/proc"
@@ -73,7 +74,10 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
         )
         if options.all_nodes:
             multi = SimAllNodes(cluster, clock)
-            nodes = {name: OnDemandNode(multi, name, dcgm_compat=options.dcgm_compat) for name in multi.node_names()}
+            nodes = {
+                name: OnDemandNode(multi, name, dcgm_compat=options.dcgm_compat, process_pids=options.process_pids)
+                for name in multi.node_names()
+            }
             return Routes(nodes=nodes), None, multi.close
         names = cluster.node_names()
         node = options.node if options.node_given else names[0]
@@ -115,7 +119,13 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
         enrichers.append(job_info.enrich)
         closers.append(job_info.close)
     enrich = _chain(enrichers) if enrichers else None
-    poller = Poller(source, interval_s=options.interval_s, enrich=enrich, dcgm_compat=options.dcgm_compat)
+    poller = Poller(
+        source,
+        interval_s=options.interval_s,
+        enrich=enrich,
+        dcgm_compat=options.dcgm_compat,
+        process_pids=options.process_pids,
+    )
 
     def close() -> None:
         for step in closers:

@@ -22,9 +22,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from gpulens.exporter.connections import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_WORKERS, Connection, ConnectionPool
 from gpulens.exporter.poller import NodeEndpoint, Published
-from gpulens.exporter.webconfig import WebConfig
 from gpulens.model import LINK_SCOPES, LINKS_ALL
 from gpulens.snapshotcodec import LAYOUT_ROWS, LAYOUTS
+from gpulens.webconfig import CHALLENGE, WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -137,15 +137,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(doc, separators=(",", ":")).encode(), JSON_CONTENT_TYPE)
 
     def _authorized(self) -> bool:
-        auth = self.server.web.basic_auth
-        if auth is None or auth.check(self.headers.get("Authorization")) is not None:
+        if self.server.web.authorized(self.headers.get("Authorization")):
             return True
-        self._send(
-            HTTPStatus.UNAUTHORIZED,
-            b"Unauthorized\n",
-            "text/plain; charset=utf-8",
-            {"WWW-Authenticate": 'Basic realm="gpulens"'},
-        )
+        self._send(HTTPStatus.UNAUTHORIZED, b"Unauthorized\n", "text/plain; charset=utf-8", CHALLENGE)
         return False
 
     def do_HEAD(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 import gpulens
 from gpulens.dcgmfields import COMPAT_FIELDS, COMPAT_LABELS, MIG_MEMORY_TARGETS, compat_value, mig_memory_value
@@ -39,11 +40,14 @@ class ExporterHealth:
     collect_errors: Mapping[str, int] = field(default_factory=dict)
 
 
+PROCESS_LABELS: Final = ("node", "gpu", "uuid", "job_id", "user")  # the process family's labels without pids
+
+
 def _gpu_labels(g: GpuReading) -> list[str]:
     return [g.node, str(g.gpu), g.uuid, g.model]
 
 
-def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
+def _gpulens_families(snapshot: NodeSnapshot, *, process_pids: bool) -> Iterator[Family]:
     gpus = snapshot.gpus
     # Each GPU's identity labels are escaped once and reused by every series of that GPU.
     prefixes = [render_labels(GPU_LABELS, _gpu_labels(g)) for g in gpus]
@@ -175,18 +179,38 @@ def _gpulens_families(snapshot: NodeSnapshot) -> Iterator[Family]:
             pod_info.add_metric([job.node, str(job.gpu), job.uuid, job.job_id, *values], 1)
     yield pod_info
 
-    processes = Family(
+    yield _process_family(snapshot, pids=process_pids)
+
+
+def _process_family(snapshot: NodeSnapshot, *, pids: bool) -> Family:
+    """GPU memory of the compute processes: summed per GPU and job by default (no ``pid`` label: series that do not
+    come and go with every process, as dcgm-exporter's), one series per process with ``pids``."""
+    if pids:
+        family = Family(
+            "gpulens_process_gpu_memory_bytes",
+            "GPU memory used by a compute process (bytes).",
+            labels=[*PROCESS_LABELS[:3], "pid", *PROCESS_LABELS[3:], "command"],
+        )
+        for p in snapshot.processes:
+            if p.memory_used_bytes is not None:
+                family.add_metric(
+                    [p.node, str(p.gpu), p.uuid, str(p.pid), p.job_id or "", p.user or "", p.command or ""],
+                    p.memory_used_bytes,
+                )
+        return family
+    family = Family(
         "gpulens_process_gpu_memory_bytes",
-        "GPU memory used by a compute process (bytes).",
-        labels=["node", "gpu", "uuid", "pid", "job_id", "user", "command"],
+        "GPU memory used by a job's compute processes on a GPU (bytes; per process with --process-pids).",
+        labels=list(PROCESS_LABELS),
     )
+    sums: dict[tuple[str, str, str, str, str], int] = {}
     for p in snapshot.processes:
         if p.memory_used_bytes is not None:
-            processes.add_metric(
-                [p.node, str(p.gpu), p.uuid, str(p.pid), p.job_id or "", p.user or "", p.command or ""],
-                p.memory_used_bytes,
-            )
-    yield processes
+            key = (p.node, str(p.gpu), p.uuid, p.job_id or "", p.user or "")
+            sums[key] = sums.get(key, 0) + p.memory_used_bytes
+    for key, total in sums.items():
+        family.add_metric(list(key), total)
+    return family
 
 
 def _exporter_families(health: ExporterHealth) -> Iterator[Family]:
@@ -296,11 +320,13 @@ def render_metrics(
     *,
     dcgm_compat: bool = False,
     last_xid: Mapping[str, int] | None = None,
+    process_pids: bool = False,
 ) -> bytes:
-    """The Prometheus text exposition (format 0.0.4) of a snapshot (``None``: only the exporter's own families)."""
+    """The Prometheus text exposition (format 0.0.4) of a snapshot (``None``: only the exporter's own families).
+    ``process_pids``: one process memory series per process (``pid`` and ``command`` labels), not per job."""
     families: list[Iterable[Family]] = []
     if snapshot is not None:
-        families.append(_gpulens_families(snapshot))
+        families.append(_gpulens_families(snapshot, process_pids=process_pids))
         families.append(fabric_families(snapshot))
         families.append(nccl_families(snapshot))
         if dcgm_compat:

@@ -42,6 +42,7 @@ class Published:
         dcgm_compat: bool = False,
         last_xid: Mapping[str, int] | None = None,
         unavailable: bool = False,
+        process_pids: bool = False,
     ) -> None:
         self.snapshot = snapshot
         self.health = health
@@ -50,11 +51,18 @@ class Published:
         self.unavailable = unavailable  # the node answers nothing (HTTP 503 on every endpoint)
         self._dcgm_compat = dcgm_compat
         self._last_xid = last_xid
+        self._process_pids = process_pids
         self._bodies: dict[tuple[str, str, bool], bytes] = {}  # (layout, links, gzipped) -> the snapshot document
 
     @functools.cached_property
     def metrics(self) -> bytes:
-        return render_metrics(self.snapshot, self.health, dcgm_compat=self._dcgm_compat, last_xid=self._last_xid)
+        return render_metrics(
+            self.snapshot,
+            self.health,
+            dcgm_compat=self._dcgm_compat,
+            last_xid=self._last_xid,
+            process_pids=self._process_pids,
+        )
 
     @functools.cached_property
     def metrics_gzip(self) -> bytes:
@@ -99,6 +107,7 @@ class Poller:
         enrich: Enricher | None = None,
         dcgm_compat: bool = False,
         stale_after_s: float | None = None,
+        process_pids: bool = False,
     ) -> None:
         if interval_s <= 0:
             raise ValueError("interval must be positive")
@@ -107,6 +116,7 @@ class Poller:
         self._clock = clock or SystemClock()
         self._enrich = enrich
         self._dcgm_compat = dcgm_compat
+        self._process_pids = process_pids
         self._stale_after = stale_after_s if stale_after_s is not None else 3 * interval_s
         self._errors = ErrorCounter(log)
         self._xids = LastXidTracker()
@@ -212,6 +222,7 @@ class Poller:
             dcgm_compat=self._dcgm_compat,
             last_xid=last_xid,
             unavailable=unavailable,
+            process_pids=self._process_pids,
         )
 
     def published(self) -> Published:
@@ -254,10 +265,13 @@ class Poller:
 class OnDemandNode:
     """One node of a multi-node source, computed when asked and cached for as long as its snapshot is current."""
 
-    def __init__(self, source: MultiNodeSource, node: str, *, dcgm_compat: bool = False) -> None:
+    def __init__(
+        self, source: MultiNodeSource, node: str, *, dcgm_compat: bool = False, process_pids: bool = False
+    ) -> None:
         self._source = source
         self._node = node
         self._dcgm_compat = dcgm_compat
+        self._process_pids = process_pids
         self._xids = LastXidTracker()
         self._cache: tuple[float, Published] | None = None
         self._lock = threading.Lock()
@@ -293,7 +307,13 @@ class OnDemandNode:
             "collect_duration_seconds": duration,
         }
         published = Published(
-            snapshot, health, healthy=True, health_doc=ok_doc, dcgm_compat=self._dcgm_compat, last_xid=last_xid
+            snapshot,
+            health,
+            healthy=True,
+            health_doc=ok_doc,
+            dcgm_compat=self._dcgm_compat,
+            last_xid=last_xid,
+            process_pids=self._process_pids,
         )
         with self._lock:
             self._cache = (snapshot.timestamp, published)

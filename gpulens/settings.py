@@ -72,7 +72,13 @@ class CollectorFile(InputStruct, frozen=True):
     ] = None
     max_response_bytes: Annotated[int, doc("Largest response accepted per target.", ge=1024)] = 16 * 1024 * 1024
     concurrency: Annotated[int, doc("Targets scraped at the same time.", ge=1)] = 64
-    listen: Annotated[str, doc("Where the collector serves its own /metrics.", kind="listen")] = "127.0.0.1:9411"
+    listen: Annotated[
+        str, doc("Where the collector serves its own /metrics; `0.0.0.0:9411`: every interface.", kind="listen")
+    ] = "127.0.0.1:9411"
+    web_config: Annotated[
+        str | None,
+        doc("A web config file (the exporter's `--web-config` format): TLS and basic auth for that /metrics."),
+    ] = None
     shard: Annotated[str, doc("`I/N`: scrape only the targets whose name hashes to I of N.", kind="shard")] = "0/1"
     spool_dir: Annotated[str, doc("Where rounds wait while the database is unreachable.")] = "gpulens-spool"
     spool_max_bytes: Annotated[int, doc("Spool size limit; the oldest rounds go first.", ge=1024)] = 1024**3
@@ -315,6 +321,7 @@ class Settings:
     prices: Prices = field(default_factory=Prices)
     store_auth: StoreAuth = field(default_factory=StoreAuth)  # for a Prometheus db_url
     state_url: str = "sqlite:///gpulens-alerts.db"  # alert state beside a read-only (Prometheus) store
+    web_config: str | None = None  # TLS and basic auth of the collector's /metrics (gpulens.webconfig)
     raw: Mapping[str, Any] = field(default_factory=dict)  # the file's tables as parsed (``alerts`` among them)
     text: str = ""  # the file's text, for the line numbers of errors found by delegated validators
 
@@ -366,6 +373,7 @@ def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, st
         max_response_bytes=col.max_response_bytes,
         concurrency=col.concurrency,
         listen=col.listen,
+        web_config=col.web_config,
         shard=parse_shard(col.shard),
         spool_dir=col.spool_dir,
         spool_max_bytes=col.spool_max_bytes,

@@ -237,6 +237,15 @@ def outbox_next_attempt_at(db: Database) -> float | None:
     return None if value is None else float(value)
 
 
+def outbox_backlog(db: Database, now: float) -> tuple[int, float]:
+    """The notifications waiting for delivery: how many, and how long the oldest has waited (0 when none)."""
+    o = schema.notification_outbox
+    query = sa.select(sa.func.count(), sa.func.min(o.c.created_at)).where(o.c.status == "pending")
+    with db.session() as s:
+        count, oldest = s.execute(query).one()
+    return int(count), 0.0 if oldest is None else max(0.0, now - float(oldest))
+
+
 def outbox_due(db: Database, now: float, limit: int) -> list[OutboxRow]:
     o = schema.notification_outbox
     query = (

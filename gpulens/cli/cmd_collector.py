@@ -33,6 +33,8 @@ examples:
   gpulens collector --target http://gpu-node-09:9400/metrics
   # one of four collectors sharing a cluster, writing to PostgreSQL (password from the environment)
   GPULENS_DB_URL=postgresql+psycopg://gpulens:secret@db/gpulens gpulens collector --config gpulens.toml --shard 1/4
+  # its own /metrics on every interface, over HTTPS with basic auth (docs/self-health.md)
+  gpulens collector --config gpulens.toml --listen 0.0.0.0:9411 --web-config /etc/gpulens/web.yml
 """
 
 
@@ -50,6 +52,12 @@ def register(sub: Any) -> None:
     p.add_argument("--interval", type=positive_duration, default=None, help="scrape interval (default 10s)")
     p.add_argument("--shard", default=None, help="I/N: scrape the targets whose name hashes to I")
     p.add_argument("--listen", default=None, help="where to serve the collector's /metrics (default 127.0.0.1:9411)")
+    p.add_argument(
+        "--web-config",
+        default=None,
+        metavar="FILE",
+        help="TLS and basic auth for the collector's /metrics (the exporter's --web-config format)",
+    )
     p.add_argument("--spool-dir", default=None, help="where rounds wait while the database is down")
     p.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error"], default="info", help="logging verbosity"
@@ -99,6 +107,8 @@ def collector_settings(args: argparse.Namespace) -> Any:
         changes["listen"] = args.listen
     if args.spool_dir is not None:
         changes["spool_dir"] = args.spool_dir
+    if args.web_config is not None:
+        changes["web_config"] = args.web_config
     return dataclasses.replace(settings, **changes)
 
 

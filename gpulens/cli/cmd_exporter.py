@@ -20,6 +20,8 @@ examples:
   gpulens exporter
   # map GPU processes to Slurm jobs through prolog files, and add dcgm-exporter-named series for old dashboards
   gpulens exporter --job-map-dir /run/gpustat --dcgm-compat
+  # GPU process memory per process (pid and command labels) rather than per job and GPU
+  gpulens exporter --process-pids
   # simulated GPUs that carry the real Slurm jobs of this node (names and users from squeue)
   gpulens exporter --source sim --scenario examples/scenarios/healthy.toml --job-map-dir /run/gpustat
   # re-export a local dcgm-exporter with gpulens names (and its profiling fields)
@@ -59,6 +61,12 @@ def register(sub: Any) -> None:
         help="dcgm-exporter /metrics URL",
     )
     p.add_argument("--dcgm-compat", action="store_true", help="also export dcgm-exporter-named families")
+    p.add_argument(
+        "--process-pids",
+        action="store_true",
+        help="export GPU process memory per process (pid and command labels: series that come and go with every "
+        "process) rather than per job and GPU",
+    )
     p.add_argument(
         "--job-map-dir",
         default=None,
@@ -143,6 +151,7 @@ def _run_exporter(args: argparse.Namespace) -> int:
         node_given=args.node is not None,
         dcgm_url=args.dcgm_url,
         dcgm_compat=args.dcgm_compat,
+        process_pids=args.process_pids,
         job_map_dir=args.job_map_dir,
         job_info=args.job_info,
         proc_root=args.proc_root,

@@ -11,8 +11,10 @@ than ``[database] min_step`` (the scrape interval), gauges read with ``avg/min/m
 refused with a message saying so.
 
 What Prometheus does not hold is said, not faked: processes exist only where gpulens exporters export them
-(``gpulens_process_gpu_memory_bytes``); over dcgm-exporter data alone ``current_processes`` raises
-``NotAvailableOnBackendError``. First-seen times are not kept: a GPU's ``first_seen`` is its first sample in range.
+(``gpulens_process_gpu_memory_bytes``: by default one series per GPU and job, read as a process with pid 0 and no
+command, the job's processes together; per process with the exporter's ``--process-pids``); over dcgm-exporter data
+alone ``current_processes`` raises ``NotAvailableOnBackendError``. First-seen times are not kept: a GPU's
+``first_seen`` is its first sample in range.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from gpulens.settings import StoreAuth
 from gpulens.storage import schema
 from gpulens.storage.inventory import GpuInfo, LinkOutage
 from gpulens.storage.jobstats import JOB_POINTS, JobSummary
-from gpulens.storage.prometheus import fabric, jobquery, problems
+from gpulens.storage.prometheus import fabric, jobquery, problems, targets
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus.client import PromClient, PromQueryError, PromSeries, quote, regex_escape, regex_of
 from gpulens.storage.reading import NotAvailableOnBackendError
@@ -229,7 +231,7 @@ class PromReader:
                 job_id=s.labels.get("job_id") or None,
             )
             for s in rows
-            if s.labels.get("pid", "").isdigit() and (node is None or s.labels.get("node", "") == node)
+            if s.labels.get("pid", "0").isdigit() and (node is None or s.labels.get("node", "") == node)
         ]
         return sorted(out, key=lambda p: (p.node, p.gpu, p.pid))
 
@@ -424,26 +426,7 @@ class PromReader:
         return sorted(out, key=lambda o: (o.node, o.gpu, o.link, o.since))
 
     def target_health(self) -> list[TargetHealth]:
-        now = self.clock.now()
-        series = self.client.query('{__name__=~"up|scrape_duration_seconds|scrape_samples_scraped"}', now)
-        targets: dict[tuple[str, str], dict[str, Any]] = {}
-        for s in series:
-            key = (s.labels.get("job", ""), s.labels.get("instance", ""))
-            targets.setdefault(key, {})[s.labels.get("__name__", "")] = s.value
-            targets[key]["time"] = s.samples[-1][0]
-        return [
-            TargetHealth(
-                target=f"{job}/{instance}" if job else instance,
-                url=instance,
-                kind="prometheus",
-                timestamp=values["time"],
-                up=values.get("up", 0.0) == 1.0,
-                scrape_duration_seconds=values.get("scrape_duration_seconds"),
-                samples=round(values.get("scrape_samples_scraped", 0.0)),
-                last_error=None if values.get("up", 0.0) == 1.0 else "down in Prometheus (its /targets page says why)",
-            )
-            for (job, instance), values in sorted(targets.items())
-        ]
+        return targets.target_health(self.client, self.clock.now())
 
     # --- the fabric and the host (storage.prometheus.fabric) -----------------------------------------------------
 

@@ -11,6 +11,7 @@ import yaml
 from gpulens.alerts.catalogue import BUILTIN_NAMES
 from gpulens.alerts.promexport import NOT_EXPORTED, prometheus_rules_yaml
 from gpulens.alerts.rules import builtin_rules
+from gpulens.alerts.selfhealth import SELF_RULES
 
 SHIPPED = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "rules" / "gpulens.yml"
 
@@ -22,7 +23,7 @@ def test_promtool_checks_the_exported_rules(promtool: str, tmp_path: Path) -> No
     assert result.returncode == 0, result.stdout + result.stderr
     # CommunicationStall is exported once per signature; JobInputBound and JobInefficient are not exportable
     assert NOT_EXPORTED.keys() == {"JobInputBound", "JobInefficient"}
-    assert f"SUCCESS: {len(BUILTIN_NAMES) - len(NOT_EXPORTED) + 2} rules found" in result.stdout
+    assert f"SUCCESS: {len(BUILTIN_NAMES) - len(NOT_EXPORTED) + 2 + len(SELF_RULES)} rules found" in result.stdout
 
 
 def test_every_builtin_is_exported_with_its_severity_and_for() -> None:
@@ -101,6 +102,10 @@ def test_exported_alerts_render_complete_sentences_under_promtool(promtool: str,
             "1x50",
         ),
         _series("up", {"job": "gpulens-exporters", "instance": "node-02:9410"}, "0x50"),
+        # node-03 of the same job answers with gpulens families: the job is watched; a node exporter is not
+        _series("up", {"job": "gpulens-exporters", "instance": "node-03:9410"}, "1x50"),
+        _series("gpulens_exporter_build_info", {"job": "gpulens-exporters", "instance": "node-03:9410"}, "1x50"),
+        _series("up", {"job": "node", "instance": "node-02:9100"}, "0x50"),
     ]
 
     def annotations(rule: str, summary: str) -> dict[str, str]:

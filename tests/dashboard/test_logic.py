@@ -295,3 +295,25 @@ def test_charts_say_what_is_missing() -> None:
     assert charts["activity"]["layout"]["annotations"][0]["text"] == "no profiling data (DCGM sources only)"
     assert charts["errors"]["layout"]["annotations"][0]["text"] == "no errors in this range"
     assert charts["throttle"]["layout"]["annotations"][0]["text"] == "no throttling in this range"
+
+
+def test_a_jobs_processes_read_together_show_no_pid() -> None:
+    """Over Prometheus an exporter without --process-pids gives a job's processes on a GPU as one, pid 0: the table
+    shows no pid for it, and the pid of a real process."""
+    from gpulens.dashboard.components import processes_table
+    from gpulens.dashboard.formatting import MISSING
+    from gpulens.model import ProcessReading
+
+    def texts(node: Any) -> list[str]:
+        if isinstance(node, str):
+            return [node]
+        children = getattr(node, "children", None)
+        items = children if isinstance(children, list) else [] if children is None else [children]
+        return [t for child in items for t in texts(child)]
+
+    together = ProcessReading("n1", 0, "GPU-0", 0, 5 * GIB, None, "alice", "42")
+    one = ProcessReading("n1", 1, "GPU-1", 4711, GIB, "python", "bob", "43")
+    cells = texts(processes_table([together, one], ViewState()))
+    assert "4711" in cells
+    assert "0" not in cells
+    assert cells.count(MISSING) == 2  # the pid and the command of the job's processes together

@@ -1,7 +1,8 @@
 """The shipped Prometheus configs and Grafana dashboard: valid, in agreement with the metrics reference, and working.
 
-The last test runs the compose stack's simulated exporter as its service definition says, scrapes it with a real
-Prometheus using the shipped sim config, and evaluates every dashboard query against it.
+The live tests run the compose stack's simulated exporter as its service definition says, scrape it with a real
+Prometheus using the shipped sim config (one Prometheus for the module), and evaluate every dashboard query against
+it with its template variables resolved as Grafana resolves them: each must parse and return data.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import yaml
 
 from gpulens.exporter.sim import SimCluster, load_scenario
 from tests.conftest import free_port, http_get
+from tests.deploy.grafanavars import View, range_of, rate_interval_s, resolve
 from tests.deploy.support import (
     GRAFANA_JSON,
     METRICS_MD,
@@ -42,8 +45,9 @@ SELECTOR = re.compile(r"\b(gpulens_[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+)\{([^}]*)\}")
 MATCHER = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)")
 GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
 LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
-# Grafana's variables, as the dashboard's "All" selection and a default rate window expand them.
-VARIABLES = {"$node": ".*", "$job_id": ".*", "$__rate_interval": "1m"}
+LABEL_VALUES = re.compile(r"label_values\((\w+),\s*(\w+)\)")
+SCRAPE_S = 1  # the test Prometheus's scrape interval, and so the data source's "scrape interval" setting
+SELECTED = {"node": ["node-00", "node-01"], "job_id": ["llm-pretrain"]}  # a selection of values, not "All"
 
 
 def promtool_check(promtool: str, config: Path) -> subprocess.CompletedProcess[str]:
@@ -70,12 +74,6 @@ def dashboard() -> dict[str, Any]:
 
 def panels() -> list[dict[str, Any]]:
     return [p for p in dashboard()["panels"] if p["type"] != "row"]
-
-
-def expand(expr: str) -> str:
-    for name, value in VARIABLES.items():
-        expr = expr.replace(name, value)
-    return expr
 
 
 # --- Prometheus -------------------------------------------------------------------------------------------------------
@@ -174,7 +172,7 @@ def test_dashboard_queries_use_only_documented_metrics_and_labels() -> None:
             referenced |= set(LEGEND.findall(target.get("legendFormat", "")))
             assert referenced <= allowed, f"{panel['title']}: {referenced - allowed}"
     # the panels the dashboard promises: utilization, memory, temperature vs slowdown, power vs limit, throttling,
-    # PCIe and NVLink throughput, errors, jobs
+    # PCIe and NVLink throughput, errors, jobs, the RDMA fabric, hosts, job cgroups, Slurm metadata, NCCL
     for family in (
         "gpulens_gpu_utilization_ratio",
         "gpulens_gpu_memory_used_bytes",
@@ -191,6 +189,19 @@ def test_dashboard_queries_use_only_documented_metrics_and_labels() -> None:
         "gpulens_gpu_nvlink_errors_total",
         "gpulens_gpu_job_info",
         "gpulens_process_gpu_memory_bytes",
+        "gpulens_nic_up",
+        "gpulens_nic_receive_bytes_total",
+        "gpulens_nic_transmit_bytes_total",
+        "gpulens_nic_link_speed_bytes_per_second",
+        "gpulens_nic_transmit_wait_total",
+        "gpulens_nic_symbol_errors_total",
+        "gpulens_host_cpu_busy_ratio",
+        "gpulens_host_memory_used_bytes",
+        "gpulens_job_cpu_seconds_total",
+        "gpulens_job_memory_used_bytes",
+        "gpulens_job_info",
+        "gpulens_nccl_rank_lag",
+        "gpulens_nccl_collective_launched_total",
     ):
         assert family in used, family
 
@@ -264,30 +275,24 @@ def instant(base: str, expr: str) -> dict[str, Any]:
     return doc
 
 
-# Panels that the demo scenario fills from its first minutes: a running training job, inference, an idle allocation.
-EXPECT_DATA = {
-    "GPUs up",
-    "Mean utilization",
-    "Memory used",
-    "Power drawn",
-    "Jobs running",
-    "GPU utilization",
-    "Memory used / total",
-    "GPU temperature vs slowdown threshold",
-    "Headroom to slowdown",
-    "Power / enforced limit",
-    "SM clock / maximum",
-    "PCIe throughput",
-    "NVLink throughput",
-    "Jobs",
-    "Utilization by job",
-    "NVLink traffic by job",
-    "Collection duration",
-    "Exporter versions",
-}
+def targets() -> list[tuple[str, str]]:
+    """``(panel title, expression)`` of every query the dashboard sends."""
+    return [(panel["title"], target["expr"]) for panel in panels() for target in panel["targets"]]
 
 
-def test_sim_stack_is_scraped_and_every_dashboard_query_evaluates(prometheus_bin: str, tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class SimPrometheus:
+    base: str  # Prometheus's URL
+    exporter_port: int
+    nodes: int
+
+
+@pytest.fixture(scope="module")
+def sim_prometheus(prometheus_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimPrometheus]:
+    """The compose stack's simulated exporter (the demo cluster: GPUs, RDMA ports, hosts, job cgroups, NCCL RAS)
+    scraped every second by a real Prometheus with the shipped sim config's gpulens job; every node scraped at least
+    three times, so that rate() and increase() have samples."""
+    tmp_path = tmp_path_factory.mktemp("sim-stack")
     config = yaml.safe_load((PROMETHEUS_DIR / "prometheus-sim.yml").read_text())
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "gpulens"]
     nodes = len(job["static_configs"])
@@ -295,7 +300,7 @@ def test_sim_stack_is_scraped_and_every_dashboard_query_evaluates(prometheus_bin
         # the shipped gpulens job, pointed at the local exporter and scraped every second
         for group in job["static_configs"]:
             group["targets"] = [f"127.0.0.1:{port}"]
-        config = {"global": {"scrape_interval": "1s", "scrape_timeout": "900ms"}, "scrape_configs": [job]}
+        config = {"global": {"scrape_interval": f"{SCRAPE_S}s", "scrape_timeout": "900ms"}, "scrape_configs": [job]}
         with prometheus_with(prometheus_bin, config, tmp_path) as (prom, prometheus):
 
             def scraped_thrice() -> bool:
@@ -304,18 +309,73 @@ def test_sim_stack_is_scraped_and_every_dashboard_query_evaluates(prometheus_bin
                 return len(instant(prom, expr)["data"]["result"]) == nodes
 
             wait_until(scraped_thrice, [exporter, prometheus], tmp_path)
-            up = instant(prom, 'up{job="gpulens"}')["data"]["result"]
-            instances = sorted(r["metric"]["instance"] for r in up)
-            assert instances == [f"127.0.0.1:{port}/node-{i:02d}" for i in range(nodes)]
-            empty = set()
-            for panel in panels():
-                for target in panel["targets"]:
-                    answer = instant(prom, expand(target["expr"]))
-                    assert answer["http_status"] == 200, f"{panel['title']}: {answer}"
-                    assert answer["status"] == "success", f"{panel['title']}: {answer}"
-                    if not answer["data"]["result"]:
-                        empty.add(panel["title"])
-            assert not EXPECT_DATA & empty, sorted(EXPECT_DATA & empty)
-            by_job = next(p for p in panels() if p["title"] == "Utilization by job")["targets"][0]["expr"]
-            jobs = {r["metric"]["job_id"] for r in instant(prom, expand(by_job))["data"]["result"]}
-            assert jobs >= {"llm-pretrain", "chat-api", "reserved-eval"}
+            yield SimPrometheus(prom, port, nodes)
+
+
+def test_sim_stack_is_scraped_as_the_shipped_config_says(sim_prometheus: SimPrometheus) -> None:
+    up = instant(sim_prometheus.base, 'up{job="gpulens"}')["data"]["result"]
+    instances = sorted(r["metric"]["instance"] for r in up)
+    port = sim_prometheus.exporter_port
+    assert instances == [f"127.0.0.1:{port}/node-{i:02d}" for i in range(sim_prometheus.nodes)]
+
+
+def test_template_variables_list_the_simulated_nodes_and_jobs(sim_prometheus: SimPrometheus) -> None:
+    """Each query variable's ``label_values(metric, label)``, asked as Grafana asks it (the label values API)."""
+    found = {}
+    for variable in dashboard()["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        call = LABEL_VALUES.fullmatch(variable["definition"])
+        assert call, variable["definition"]
+        assert variable["query"]["query"] == variable["definition"]
+        metric, label = call.groups()
+        query = urllib.parse.urlencode({"match[]": metric})
+        status, _, body = http_get(f"{sim_prometheus.base}/api/v1/label/{label}/values?{query}", timeout=30)
+        assert status == 200, body
+        found[variable["name"]] = set(json.loads(body)["data"])
+    assert found["node"] == {f"node-{i:02d}" for i in range(sim_prometheus.nodes)}
+    assert found["job_id"] >= {"llm-pretrain", "chat-api", "reserved-eval"}
+    for name, values in SELECTED.items():
+        assert set(values) <= found[name]
+
+
+@pytest.mark.parametrize("chosen", [{}, SELECTED], ids=["all", "chosen"])
+def test_every_dashboard_query_parses_and_returns_data(
+    sim_prometheus: SimPrometheus, chosen: dict[str, list[str]]
+) -> None:
+    """Every panel's every query, its variables resolved as Grafana resolves them (tests/deploy/grafanavars.py) for
+    "All" and for two chosen nodes and one job, evaluated by Prometheus at the latest sample (an instant query: a
+    range panel's query is the same expression at each step)."""
+    doc = dashboard()
+    view = View(range_s=range_of(doc), scrape_interval_s=SCRAPE_S, chosen=chosen)
+    assert rate_interval_s(view) == 21  # 6 h over 1,000 points: $__interval 20s, + one scrape interval
+    failures = []
+    for title, expr in targets():
+        query = resolve(expr, doc, view)
+        assert "$" not in query, f"{title}: unresolved variable in {query}"
+        answer = instant(sim_prometheus.base, query)
+        if answer["http_status"] != 200 or answer["status"] != "success":
+            failures.append(f"{title}: {query}: {answer.get('error')}")
+        elif not answer["data"]["result"]:
+            failures.append(f"{title}: {query}: no data")
+    assert not failures, "\n".join(failures)
+
+
+def test_job_panels_name_the_scenario_jobs(sim_prometheus: SimPrometheus) -> None:
+    doc = dashboard()
+    view = View(range_s=range_of(doc), scrape_interval_s=SCRAPE_S)
+    by_job = next(p for p in panels() if p["title"] == "Utilization by job")["targets"][0]["expr"]
+    jobs = {r["metric"]["job_id"] for r in instant(sim_prometheus.base, resolve(by_job, doc, view))["data"]["result"]}
+    assert jobs >= {"llm-pretrain", "chat-api", "reserved-eval"}
+    lag = next(p for p in panels() if p["title"] == "Rank lag (operations behind)")["targets"][0]["expr"]
+    ranked = {r["metric"]["job_id"] for r in instant(sim_prometheus.base, resolve(lag, doc, view))["data"]["result"]}
+    assert "llm-pretrain" in ranked
+
+
+def test_chosen_nodes_narrow_the_panels(sim_prometheus: SimPrometheus) -> None:
+    doc = dashboard()
+    view = View(range_s=range_of(doc), scrape_interval_s=SCRAPE_S, chosen=SELECTED)
+    for title in ("CPU busy", "Port receive rate", "GPU utilization"):
+        expr = next(p for p in panels() if p["title"] == title)["targets"][0]["expr"]
+        result = instant(sim_prometheus.base, resolve(expr, doc, view))["data"]["result"]
+        assert {r["metric"]["node"] for r in result} == set(SELECTED["node"]), title

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 
 import pytest
@@ -76,8 +77,31 @@ def test_every_contract_family_is_present_with_its_labels() -> None:
     assert {(s.labels["job_id"], s.labels["user"]) for s in jobs} == {("4242", "alice")}
     assert len(jobs) == 8
     procs = families["gpulens_process_gpu_memory_bytes"]
-    assert {s.labels["command"] for s in procs} == {"python"}
+    assert {(s.labels["job_id"], s.labels["user"]) for s in procs} == {("4242", "alice")}
     assert procs[0].value == 69 * GIB
+
+
+def test_process_memory_is_summed_per_job_and_gpu_unless_pids_are_asked_for(promtool: str) -> None:
+    """By default no ``pid`` label (series that would come and go with every process): a job's processes on a GPU
+    are one series, their sum; ``process_pids`` exports the per-process series, ``pid`` and ``command`` labelled."""
+    snap = node_snapshot(gpus=2)
+    first = snap.processes[0]
+    second = dataclasses.replace(first, pid=first.pid + 100, memory_used_bytes=GIB, command="torchrun")
+    other_job = dataclasses.replace(first, pid=first.pid + 200, memory_used_bytes=2 * GIB, job_id="77", user="bob")
+    snap = snap.replace(processes=(*snap.processes, second, other_job))
+    default = render_metrics(snap, HEALTH)
+    summed = parse(default)["gpulens_process_gpu_memory_bytes"]
+    assert all(set(s.labels) == {"node", "gpu", "uuid", "job_id", "user"} for s in summed)
+    by_job = {(s.labels["gpu"], s.labels["job_id"]): s.value for s in summed}
+    assert by_job == {("0", "4242"): 70 * GIB, ("0", "77"): 2 * GIB, ("1", "4242"): 69 * GIB}
+    per_pid = render_metrics(snap, HEALTH, process_pids=True)
+    processes = parse(per_pid)["gpulens_process_gpu_memory_bytes"]
+    assert sorted((s.labels["pid"], s.labels["command"], s.value) for s in processes) == sorted(
+        (str(p.pid), p.command, p.memory_used_bytes) for p in snap.processes
+    )
+    for body in (default, per_pid):
+        result = promtool_check(promtool, body)
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_throttle_reasons_are_one_series_per_reason() -> None:

@@ -25,9 +25,9 @@ from gpulens.exporter import metrics as metrics_module
 from gpulens.exporter import poller as poller_module
 from gpulens.exporter.httpserver import ExporterServer, Routes
 from gpulens.exporter.poller import OnDemandNode, Poller
-from gpulens.exporter.webconfig import load_web_config
 from gpulens.model import NodeUnavailableError, SourceError
 from gpulens.snapshotcodec import snapshot_from_json
+from gpulens.webconfig import load_web_config
 from tests.conftest import http_get
 from tests.fakes.static_source import StaticSource, node_snapshot
 

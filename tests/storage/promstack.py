@@ -233,7 +233,7 @@ def running_stack(root: Path, prometheus: str) -> Iterator[Stack]:
         # 36 s before the stall to learn the job's baseline (6 rounds of normal work; started after the exporters,
         # an engine on a loaded machine once had too few, held its judgement and never fired).
         stalled = {
-            "gl": (_exporter(root, "gl", stall, SPEED, gl_port), gl_port),
+            "gl": (_exporter(root, "gl", stall, SPEED, gl_port, "--process-pids"), gl_port),  # the frozen: no pids
             "dcgm": (_exporter(root, "dcgm", stall, SPEED, dcgm_port, "--dcgm-compat"), dcgm_port),
         }
         for name, (proc, port) in stalled.items():

@@ -119,7 +119,13 @@ def test_dcgm_families_read_through_the_same_field_table(stack: Stack) -> None:
     assert {(j.uuid, j.job_id) for j in jobs} == {(uuid, "llm-pretrain") for uuid in ours}  # from hpc_job
     with pytest.raises(NotAvailableOnBackendError, match="not available on this backend"):
         dcgm.current_processes()
-    assert len(gl.current_processes()) > 0  # the gpulens exporter exports its processes
+    processes = gl.current_processes()
+    assert len(processes) > 0  # the gpulens exporters export their processes
+    # the stalled exporter runs with --process-pids: each process; the frozen one, by default: each job on a GPU
+    assert all(p.pid > 0 and p.command for p in processes if p.node in NODES)
+    frozen = [p for p in processes if p.node in FROZEN_NODES]
+    assert frozen
+    assert all(p.pid == 0 and p.command is None and p.job_id == "frozen-train" for p in frozen)
 
 
 def test_one_query_per_field_whatever_the_gpu_count(stack: Stack) -> None:

@@ -1,4 +1,5 @@
-"""``--web-config FILE``: TLS and basic auth in the Prometheus exporter-toolkit format.
+"""``--web-config FILE``: TLS and basic auth in the Prometheus exporter-toolkit format, for every gpulens HTTP server
+that Prometheus scrapes (the exporter's endpoints, the collector's own /metrics).
 
 ```yaml
 tls_server_config:
@@ -63,10 +64,17 @@ class TlsConfig:
         return ctx
 
 
+CHALLENGE: Final = {"WWW-Authenticate": 'Basic realm="gpulens"'}  # the headers of a 401 answer
+
+
 @dataclass(frozen=True)
 class WebConfig:
     tls: TlsConfig | None = None
     basic_auth: BasicAuth | None = None
+
+    def authorized(self, header: str | None) -> bool:
+        """Whether a request with this ``Authorization`` header may be answered (always, without basic auth)."""
+        return self.basic_auth is None or self.basic_auth.check(header) is not None
 
 
 class TlsServerFile(InputStruct, frozen=True):

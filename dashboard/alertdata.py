@@ -25,3 +25,9 @@ class AlertReader(Protocol):
     def silences(self, now: float) -> Sequence[Silence]:
         """The silences active at ``now`` or scheduled after it."""
         ...
+
+
+def counts_as_firing(alert: AlertState) -> bool:
+    """Firing, and not a heartbeat: the Watchdog (severity ``none``) fires in every round to prove the engine runs,
+    so the pages list it but never count it among the alerts firing."""
+    return alert.state == "firing" and alert.labels.get("severity") != "none"

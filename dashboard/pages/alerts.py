@@ -11,6 +11,7 @@ from dash import Dash, Output, State, html
 
 from gpulens.alerts.state import AlertState, Silence
 from gpulens.dashboard import ids
+from gpulens.dashboard.alertdata import counts_as_firing
 from gpulens.dashboard.components import (
     Cell,
     ViewState,
@@ -91,7 +92,7 @@ def render(context: Context, state: ViewState) -> tuple[Any, ...]:
         note = " Alerts are evaluated by the collector's alert engine; this dashboard was started without its store."
         no_store = banner("info", "No alert store connected.", note)
         return no_store, None, None, None, drains_table(drains, state), f"as of {minute_text(now)}"
-    firing = [a for a in active if a.state == "firing"]
+    firing = [a for a in active if counts_as_firing(a)]
     status = None
     if firing:
         critical = sum(1 for a in firing if a.labels.get("severity") == "critical")

@@ -15,6 +15,7 @@ from dash import Dash, Input, Output, State, ctx, dcc, html
 
 from gpulens.alerts.state import AlertState
 from gpulens.dashboard import ids
+from gpulens.dashboard.alertdata import counts_as_firing
 from gpulens.dashboard.components import (
     Cell,
     ViewState,
@@ -232,7 +233,7 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
 
     span, targets, firing, cells, grid, fabric = guarded(context, load)
     head = headline(cells)
-    alerts_firing = None if firing is None else sum(1 for a in firing if a.state == "firing")
+    alerts_firing = None if firing is None else sum(1 for a in firing if counts_as_firing(a))
     show_map = len(grid.rows) > grid.per_page
     map_figure = node_map(grid, metric) if show_map else empty_figure("")
     heatmap = (

@@ -12,6 +12,7 @@ import pytest
 
 from gpulens.alerts.state import AlertState
 from gpulens.dashboard import ids
+from gpulens.dashboard.alertdata import counts_as_firing
 from gpulens.dashboard.components import ViewState, href
 from gpulens.dashboard.figures.grids import GridCell
 from gpulens.dashboard.flags import alert_jobs, job_flags, job_periods
@@ -214,6 +215,15 @@ def test_flags_come_from_firing_job_alerts_only() -> None:
     ]
     assert job_flags(alerts) == {"a": {"stalled"}, "c": {"idle"}, "d": {"idle"}}
     assert alert_jobs({"job_id": "c,d"}) == ["c", "d"]
+
+
+def test_the_watchdog_is_never_counted_as_firing() -> None:
+    alerts = [
+        alert("Watchdog", "firing", {"severity": "none"}, T0),
+        alert("GpuThermalThrottling", "firing", {"severity": "warning", "node": "n", "gpu": "0"}, T0),
+        alert("JobStraggler", "pending", {"severity": "warning", "job_id": "b"}, None),
+    ]
+    assert [a.rule for a in alerts if counts_as_firing(a)] == ["GpuThermalThrottling"]
 
 
 def test_periods_mark_each_alert_until_it_resolved_or_now() -> None:

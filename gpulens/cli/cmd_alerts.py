@@ -109,7 +109,9 @@ def _run_rules(args: argparse.Namespace) -> int:
         leadership = Leadership(state, RULES_LOCK_KEY, what="this gpulens alerts run", standby_note=RULES_STANDBY_NOTE)
         # Built on becoming active: its notification worker delivers what the rounds decide, apart from them.
         rules = WhileActive(
-            lambda: AlertService(state, alerting, interval_s=args.interval, notifiers=notifiers).start()
+            lambda: AlertService(
+                state, alerting, interval_s=args.interval, notifiers=notifiers, load_at_first_round=True
+            ).start()
         )
         try:
             tune_garbage_collector()  # each round reads 8,000 GPUs' records into a 30-minute history (gcpause)

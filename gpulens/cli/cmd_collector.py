@@ -126,7 +126,9 @@ def _run_collector(args: argparse.Namespace) -> int:
         notifiers = build_notifiers(alerting.receivers, dashboard_url=alerting.dashboard_url)  # secrets read now
 
         def rules() -> Any:
-            return AlertService(db, alerting, interval_s=settings.interval_s, notifiers=notifiers).start()
+            return AlertService(
+                db, alerting, interval_s=settings.interval_s, notifiers=notifiers, load_at_first_round=True
+            ).start()
 
         if settings.shard[1] == 1:
             return [WhileActive(rules)]

@@ -63,7 +63,11 @@ def pair(pg_server: PgServer, tmp_path: Path) -> Iterator[tuple[Member, Member, 
                 spool_dir=str(tmp_path / f"spool{i}"),
             )
             # Not started: no worker thread; what would be sent is what the outbox holds.
-            rules = WhileActive(lambda db=db: AlertService(db, config, environ={"HOOK_URL": "http://127.0.0.1:9/"}))
+            rules = WhileActive(
+                lambda db=db: AlertService(
+                    db, config, environ={"HOOK_URL": "http://127.0.0.1:9/"}, load_at_first_round=True
+                )
+            )
             collector = Collector(settings, db, hooks=[rules])
             stack.callback(db.close)
             stack.callback(collector.close)

@@ -64,12 +64,8 @@ def leader(listen: str) -> float | None:
     return float(found.group(1)) if status == 200 and found else None
 
 
-T0 = time.monotonic()
-
-
 def until(what: str, ready: Callable[[], bool], logs: list[Path], *, within_s: float = 60) -> None:
     """Wait for ``ready`` (a bound against a hang, not a measurement)."""
-    print("PHASE", what, round(time.monotonic() - T0, 1))
     deadline = time.monotonic() + within_s
     while not ready():
         if time.monotonic() > deadline:
@@ -136,14 +132,6 @@ def test_killing_the_active_collector_loses_no_round_and_no_alert(pg_server: PgS
         times = round_times(db)
         gaps = [b - a for a, b in itertools.pairwise(times)]
         around_kill = max(b - a for a, b in itertools.pairwise(times) if a <= killed_at < b)
-        print(
-            "HA-FIGURES",
-            len(times),
-            times[-1] - times[0],
-            max(gaps),
-            [round(g, 2) for g in gaps if g > 1.2],
-            killed_at - times[0],
-        )
         # One writer: at most one stored round per interval (two writers would store about two).
         assert len(times) <= (times[-1] - times[0]) / INTERVAL_S + 2, times
         # The takeover: the killed collector's last round is at most one interval before the kill and the standby's

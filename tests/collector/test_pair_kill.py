@@ -4,13 +4,16 @@ Two ``gpulens collector`` processes with the same config (only --listen and --sp
 write one PostgreSQL store every second. A fault (GPUs running hot) fires an alert; the active collector is killed
 with SIGKILL; the standby takes over; the fault clears. The webhook receiver, a real HTTP server, must have received
 the alert once FIRING and once RESOLVED, and the stored rounds must have no hole wider than the takeover allows.
+The same for two ``gpulens alerts run`` processes over one PostgreSQL store.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -18,6 +21,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from gpulens.collector.loop import Collector
+from gpulens.settings import TargetSettings, default_settings
 from gpulens.storage import alertstore, schema
 from gpulens.storage.db import Database
 from tests.alerts.receivers import FlakyState, flaky_receiver
@@ -146,3 +151,70 @@ def statuses(received: FlakyState) -> list[str]:
 
 def outbox(db: Database) -> list[str]:
     return [f"{item.payload['status']} {item.status}" for item in alertstore.outbox_items(db)]
+
+
+def test_killing_the_active_alerts_run_loses_no_alert(pg_server: PgServer, tmp_path: Path) -> None:
+    url = pg_server.url(pg_server.create_database(migrated=True))
+    fault = Fault()
+    db = Database(url)
+    with ExitStack() as stack:
+        stack.callback(db.close)
+        exporter = stack.enter_context(live_exporter(fault))
+        hook, received = stack.enter_context(flaky_receiver([]))
+        # The rounds come from a collector without rules, in this process.
+        settings = dataclasses.replace(
+            default_settings(environ={}),
+            db_url=url,
+            targets=(TargetSettings(url=exporter, name="node-00"),),
+            interval_s=INTERVAL_S,
+            timeout_s=0.5,
+            spool_dir=str(tmp_path / "spool"),
+        )
+        collector, stop = Collector(settings, db), threading.Event()
+        writing = threading.Thread(target=collector.run, args=(stop,))
+        writing.start()
+        stack.callback(collector.close)
+        stack.callback(writing.join, 30)
+        stack.callback(stop.set)
+        config = tmp_path / "gpulens.toml"
+        config.write_text(CONFIG.format(exporter=exporter))
+        members = []
+        for i in range(2):
+            log = tmp_path / f"rules{i}.log"
+            proc = gpulens(
+                "alerts",
+                "run",
+                "--config",
+                str(config),
+                "--db",
+                url,
+                "--interval",
+                "1s",
+                env={"HOOK_URL": hook},
+                log=log,
+            )
+            stack.enter_context(process(proc, log))
+            members.append((proc, log))
+        logs = [log for _, log in members]
+
+        def said(line: str) -> list[bool]:
+            return [line in log.read_text() for log in logs]
+
+        both = lambda: any(said("is on standby")) and any(said("is now the active one"))  # noqa: E731
+        until("one alerts run active, the other on standby", both, logs)
+        assert sorted(said("is now the active one")) == [False, True]
+        assert sorted(said("is on standby")) == [False, True]
+        (killed, _), (survivor, survivor_log) = sorted(members, key=lambda m: "is on standby" in m[1].read_text())
+        fault.on = True
+        until("the alert fires", lambda: statuses(received) == ["firing"] and outbox(db) == ["firing sent"], logs)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+        until("the standby takes over", lambda: "is now the active one" in survivor_log.read_text(), logs)
+        fault.on = False
+        until("the alert resolves", lambda: "resolved" in statuses(received), logs)
+        resolved_at = time.time()
+        until("three rounds after the resolution", lambda: sum(t > resolved_at for t in round_times(db)) >= 3, logs)
+
+        assert statuses(received) == ["firing", "resolved"]  # once each: the survivor did not notify again
+        assert all("Traceback" not in log.read_text() for log in logs)
+        assert survivor.poll() is None

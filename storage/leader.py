@@ -1,7 +1,7 @@
 """Electing one process among several that share a PostgreSQL store: a session advisory lock held on its own
 connection (``pg_try_advisory_lock``). The lock goes with the connection: a process that dies frees it, at once
-when it is killed (its socket closes), within about a minute when its host or network goes away (the lock's
-session asks the server for TCP keepalives).
+when it is killed (its socket closes), and when its host or network goes away once the server's TCP keepalive
+probes of the lock's session go unanswered (the session asks for them: 20 s idle, then 3 probes 10 s apart).
 
 ``AdvisoryLock`` is the lock; ``Leadership`` is the role it gives a process of a group of identical ones (an HA pair
 of collectors, of ``gpulens alerts run``): active while it holds the lock, standby otherwise, logged at each change.
@@ -23,7 +23,7 @@ from gpulens.storage.db import Database, DatabaseUnavailableError
 log = logging.getLogger(__name__)
 
 # The lock's session asks the server to probe its client: a holder whose host or network went away is dropped (and
-# its lock freed) after about IDLE + INTERVAL * COUNT seconds, not the kernel's two hours.
+# its lock freed) once IDLE + INTERVAL * COUNT seconds of probes go unanswered, not after the kernel's two hours.
 _KEEPALIVES: Final = "SET tcp_keepalives_idle = 20; SET tcp_keepalives_interval = 10; SET tcp_keepalives_count = 3"
 
 

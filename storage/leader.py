@@ -115,10 +115,11 @@ class Leadership:
         except DatabaseUnavailableError:
             return None
         if held != self.active:
+            level = logging.INFO if self.active is None else logging.WARNING  # the first role is news; a change, more
             if held:
-                log.warning("%s is now the active one of its HA pair (it holds the advisory lock)", self._what)
+                log.log(level, "%s is now the active one of its HA pair (it holds the advisory lock)", self._what)
             else:
-                log.warning("%s is on standby: %s", self._what, self._standby_note)
+                log.log(level, "%s is on standby: %s", self._what, self._standby_note)
             self.active = held
         return held
 

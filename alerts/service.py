@@ -116,7 +116,11 @@ class AlertService:
         backoff: Backoff | None = None,
         poll_s: float = DEFAULT_POLL_S,
         interval_s: float = 10.0,
+        load_at_first_round: bool = False,
     ) -> None:
+        """``load_at_first_round``: load the stored states at the first round instead of now (a service built for a
+        round that is already stored, as ``collector.pair.WhileActive`` builds it, must not count that round as
+        history)."""
         self._db = db
         self._interval_s = interval_s
         self._clock = clock or SystemClock()
@@ -132,7 +136,8 @@ class AlertService:
         self._loaded = False
         self._pruned_at = float("-inf")
         try:
-            self._load()
+            if not load_at_first_round:
+                self._load()
         except DatabaseUnavailableError as exc:
             log.warning("alert states not loaded yet (%s): loaded at the first round that reaches the database", exc)
         self._notifiers = dict(

@@ -24,7 +24,11 @@ from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, Store
 
 log = logging.getLogger(__name__)
 
-RULES_LOCK_KEY: Final = 0x67707572756C6573  # "gpurules": the advisory lock of the collector that runs the rules
+RULES_LOCK_KEY: Final = 0x67707572756C6573  # "gpurules": the advisory lock of the process that runs the rules
+RULES_STANDBY_NOTE: Final = (
+    "another process runs the rules over this store (gpulens alerts run, or the elected collector of a sharded set) "
+    "and holds the PostgreSQL advisory lock; this one takes over within one interval if that one stops"
+)
 
 
 def store_round(store: StoreReader, now: float, *, max_age_s: float) -> RoundResult:
@@ -116,18 +120,27 @@ def run_store_rules(
     stop: threading.Event,
     clock: Callable[[], float],
     on_round: Callable[[RoundResult], None] | None = None,
+    active: Callable[[], bool | None] | None = None,
 ) -> None:
     """Every ``interval_s`` until ``stop``: read the cluster from ``store`` and hand it to ``rules``. A store that
-    cannot be reached postpones the round (logged), it does not end the loop."""
+    cannot be reached postpones the round (logged), it does not end the loop. ``active`` (``Leadership.check``):
+    the process's role in its HA pair, asked first: a standby reads nothing and hands ``rules`` a round with
+    ``leading=False``; an unknown role (the state store is unreachable) postpones the round."""
     max_age_s = max(3 * interval_s, 30.0)
     while not stop.is_set():
         started = time.monotonic()
-        try:
-            result = store_round(store, clock(), max_age_s=max_age_s)
-        except DatabaseUnavailableError as exc:
-            log.warning("alert round postponed: %s", exc)
+        role = True if active is None else active()
+        if role is None:
+            log.warning("alert round postponed: the alert state store is unreachable")
+        elif not role:
+            rules(RoundResult(time=clock(), snapshots=[], targets=[], leading=False))
         else:
-            rules(result)
-            if on_round is not None:
-                on_round(result)
+            try:
+                result = store_round(store, clock(), max_age_s=max_age_s)
+            except DatabaseUnavailableError as exc:
+                log.warning("alert round postponed: %s", exc)
+            else:
+                rules(result)
+                if on_round is not None:
+                    on_round(result)
         stop.wait(max(0.0, interval_s - (time.monotonic() - started)))

@@ -3,6 +3,9 @@
 One thread does all the writing (rounds, spool replay, rollups, retention), so SQLite always has a single writer;
 scrapes run concurrently on a thread pool and each costs at most its own timeout. After each round, hooks run
 (the alert engine is one) with what was scraped.
+
+On PostgreSQL a round starts by checking the collector's role in its HA pair (``collector.pair``): a standby
+scrapes and writes nothing, and runs no maintenance.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpulens.clock import Clock, SystemClock
+from gpulens.collector.pair import STANDBY_NOTE, pair_key
 from gpulens.collector.scrape import Scraper, ScrapeResult, merge_counts
 from gpulens.collector.spool import Spool
 from gpulens.collector.targets import TargetSet
@@ -30,6 +34,7 @@ from gpulens.settings import Settings
 from gpulens.storage import jobsummary
 from gpulens.storage.alertstore import outbox_backlog
 from gpulens.storage.db import Database, DatabaseUnavailableError
+from gpulens.storage.leader import Leadership
 from gpulens.storage.retention import Retention, RetentionJob
 from gpulens.storage.rollup import Rollups
 from gpulens.storage.writer import Writer, WriteStats
@@ -97,6 +102,11 @@ class CollectorMetrics:
             "Ticks at which no round started because the previous round was still running.",
             registry=r,
         )
+        self.leader = Gauge(
+            "gpulens_collector_leader",
+            "1 if this collector is the active one of its HA pair (or runs alone), 0 on standby.",
+            registry=r,
+        )
 
 
 # APScheduler's own lines about a skipped or missed run: the collector counts those ticks and logs the first itself.
@@ -152,6 +162,7 @@ class Collector:
         self._reported_dropped = 0
         self._late = threading.Event()  # a tick came while a round was running: run the next one at once
         self._accounted_at = float("-inf")  # when ended jobs were last summarised (storage.jobsummary)
+        self._leadership = Leadership(db, pair_key(settings), what="this collector", standby_note=STANDBY_NOTE)
 
     def target_count(self) -> int:
         """How many targets the next round scrapes (static and discovered, this shard's)."""
@@ -170,23 +181,40 @@ class Collector:
         with self._lock:
             started = time.perf_counter()
             now = self._clock.now()
-            targets = self._targets.current()
-            results = self._scraper.scrape_all(targets)
-            if self._scraper.aborted:  # stopping mid-round: the targets did not fail, we left; store nothing
-                log.info("round cut short by shutdown: not stored")
-                return RoundResult(time=now, snapshots=[], targets=[])
-            result = self._assemble(now, results)
-            self._store(result)
-            result.duration_s = time.perf_counter() - started
-            self._observe(result)
+            if not self._active():
+                result = RoundResult(time=now, snapshots=[], targets=[], leading=False)
+            else:
+                targets = self._targets.current()
+                results = self._scraper.scrape_all(targets)
+                if self._scraper.aborted:  # stopping mid-round: the targets did not fail, we left; store nothing
+                    log.info("round cut short by shutdown: not stored")
+                    return RoundResult(time=now, snapshots=[], targets=[])
+                result = self._assemble(now, results)
+                self._store(result)
+                result.duration_s = time.perf_counter() - started
+                self._observe(result)
         for hook in self._hooks:
             try:
                 hook(result)
             except Exception:
                 log.exception("a post-round hook failed")
-        with self._lock:  # after the round and its hooks, in the time left before the next one
-            self._maintain(now, until=started + self._settings.interval_s - MAINTENANCE_MARGIN_S)
+        if result.leading:
+            with self._lock:  # after the round and its hooks, in the time left before the next one
+                self._maintain(now, until=started + self._settings.interval_s - MAINTENANCE_MARGIN_S)
         return result
+
+    def _active(self) -> bool:
+        """This round's role in the HA pair: active (scrape and write) or standby (nothing). While the database is
+        unreachable the role is unknown: an active collector (or one just started) scrapes and spools, a standby
+        stays one."""
+        was = self._leadership.active
+        active = self._leadership.check()
+        if active is None:
+            active = was is not False
+        elif active and was is False:
+            self._writer.forget()  # the other collector wrote meanwhile: what this one remembers is stale
+        self.metrics.leader.set(1 if active else 0)
+        return active
 
     def _assemble(self, now: float, results: list[ScrapeResult]) -> RoundResult:
         round_ = RoundResult(time=now, snapshots=[], targets=[])
@@ -391,4 +419,6 @@ class Collector:
         )
 
     def close(self) -> None:
+        """Close the scraper and give up the pair's lock (close the hooks first: the standby may take over now)."""
         self._scraper.close()
+        self._leadership.release()

@@ -94,8 +94,8 @@ def run_collector(
         finally:
             server.close()
     finally:
+        close_hooks(round_hooks)  # the notification worker stops before the lock goes to the standby
         collector.close()
-        close_hooks(round_hooks)
         db.close()
     return 0
 
@@ -132,6 +132,9 @@ class RoundAnnouncer:
         self._last: tuple[int, int, bool] | None = None
 
     def __call__(self, result: RoundResult) -> None:
+        if not result.leading:  # a standby (collector.pair logs the change); its first active round is reported
+            self._last = None
+            return
         up = sum(1 for t in result.targets if t.up)
         key = (up, len(result.targets), result.written)
         if self._last == key:

@@ -20,6 +20,9 @@ class RoundResult:
     spooled: bool = False
     replayed: int = 0
     duration_s: float = 0.0
+    # False: a standby round of an HA pair's collector (collector.pair): nothing was scraped or written, and the
+    # hooks that run in the active process only (collector.pair.WhileActive) stop.
+    leading: bool = True
 
 
 RoundHook = Callable[[RoundResult], None]

@@ -1,16 +1,30 @@
 """Electing one process among several that share a PostgreSQL store: a session advisory lock held on its own
-connection (``pg_try_advisory_lock``). The lock goes with the connection: a process that dies frees it.
+connection (``pg_try_advisory_lock``). The lock goes with the connection: a process that dies frees it, at once
+when it is killed (its socket closes), and when its host or network goes away once the server's TCP keepalive
+probes of the lock's session go unanswered (the session asks for them: 20 s idle, then 3 probes 10 s apart).
 
-SQLite has no such lock (and one SQLite file is not shared across hosts): there nobody is elected, and the rules
-of a sharded set of collectors run in ``gpulens alerts run`` instead.
+``AdvisoryLock`` is the lock; ``Leadership`` is the role it gives a process of a group of identical ones (an HA pair
+of collectors, of ``gpulens alerts run``): active while it holds the lock, standby otherwise, logged at each change.
+
+SQLite has no such lock (and one SQLite file is not shared across hosts): there nobody is elected, every process is
+active, and the rules of a sharded set of collectors run in ``gpulens alerts run`` instead.
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Final
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpulens.storage.db import Database
+from gpulens.storage.db import Database, DatabaseUnavailableError
+
+log = logging.getLogger(__name__)
+
+# The lock's session asks the server to probe its client: a holder whose host or network went away is dropped (and
+# its lock freed) once IDLE + INTERVAL * COUNT seconds of probes go unanswered, not after the kernel's two hours.
+_KEEPALIVES: Final = "SET tcp_keepalives_idle = 20; SET tcp_keepalives_interval = 10; SET tcp_keepalives_count = 3"
 
 
 class AdvisoryLock:
@@ -26,7 +40,8 @@ class AdvisoryLock:
         return self._db.dialect == "postgresql"
 
     def try_hold(self) -> bool:
-        """True while this process holds the lock (taking it if it is free). Raises ``DatabaseUnavailableError``."""
+        """True while this process holds the lock (taking it if it is free). A held lock whose connection broke
+        is lost (the server freed it): it is tried again on a new connection. Raises ``DatabaseUnavailableError``."""
         if not self.supported:
             return False
         with self._db.translate_errors():
@@ -36,9 +51,9 @@ class AdvisoryLock:
                     return True
                 except sa.exc.DBAPIError:
                     self._drop()
-                    raise
             conn = self._db.engine.connect()
             try:
+                conn.exec_driver_sql(_KEEPALIVES)
                 held = bool(conn.execute(sa.text("SELECT pg_try_advisory_lock(:key)"), {"key": self._key}).scalar())
                 conn.commit()
             except BaseException:
@@ -70,3 +85,43 @@ class AdvisoryLock:
                 pass
             finally:
                 conn.close()
+
+
+class Leadership:
+    """The role of one process in a group of identical ones sharing a PostgreSQL store: **active** while it holds
+    the advisory lock ``key``, **standby** otherwise. ``check()`` is called once a round; it logs one line at each
+    change of role. On SQLite there is no group: the process is always active (logged once)."""
+
+    def __init__(self, db: Database, key: int, *, what: str, standby_note: str) -> None:
+        """``what``: the process ("this collector"); ``standby_note``: what a standby does, for its log line."""
+        self._lock = AdvisoryLock(db, key)
+        self._what = what
+        self._standby_note = standby_note
+        self.active: bool | None = None  # None until the first check that reached the database
+
+    @property
+    def supported(self) -> bool:
+        return self._lock.supported
+
+    def check(self) -> bool | None:
+        """True: active; False: standby; None: the database is unreachable, so the role is unknown."""
+        if not self._lock.supported:
+            if self.active is None:
+                log.info("%s runs alone: an HA pair needs a PostgreSQL store, not SQLite", self._what)
+                self.active = True
+            return True
+        try:
+            held = self._lock.try_hold()
+        except DatabaseUnavailableError:
+            return None
+        if held != self.active:
+            level = logging.INFO if self.active is None else logging.WARNING  # the first role is news; a change, more
+            if held:
+                log.log(level, "%s is now the active one of its HA pair (it holds the advisory lock)", self._what)
+            else:
+                log.log(level, "%s is on standby: %s", self._what, self._standby_note)
+            self.active = held
+        return held
+
+    def release(self) -> None:
+        self._lock.release()

@@ -210,14 +210,19 @@ class Writer:
                 self._write_job_info(conn, snapshots)
                 ncclstore.write(conn, snapshots)
         except BaseException:
-            self._job_info.clear()
             # The state was updated as the round went; the commit may or may not have happened. Reload it.
-            self._gpus = None
-            self._profiles.reset()
-            self._tracker.reset()
-            self._fabric.reset()
+            self.forget()
             raise
         return stats
+
+    def forget(self) -> None:
+        """Drop what the writer remembers of the store; the next write reloads it (after a failure, or when the
+        other collector of an HA pair wrote meanwhile)."""
+        self._job_info.clear()
+        self._gpus = None
+        self._profiles.reset()
+        self._tracker.reset()
+        self._fabric.reset()
 
     def _write_job_info(self, conn: Connection, snapshots: Sequence[NodeSnapshot]) -> None:
         """The scheduler's metadata of the jobs whose metadata changed (or is new to this writer)."""

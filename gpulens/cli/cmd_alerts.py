@@ -23,6 +23,8 @@ examples:
   gpulens alerts run --db prometheus+http://prometheus:9090 --config gpulens.toml --interval 30s
   # the rules once, over the whole cluster, beside sharded collectors writing one PostgreSQL
   gpulens alerts run --db postgresql+psycopg://gpulens@db/gpulens --config gpulens.toml
+  # an HA pair: the same command on a second host; the one holding the rules lock in PostgreSQL runs the rules
+  gpulens alerts run --db postgresql+psycopg://gpulens@db/gpulens --config gpulens.toml
 """
 
 
@@ -188,32 +190,43 @@ def _run_rules(args: argparse.Namespace) -> int:
     import sys
     import time
 
+    from gpulens.alerts.config import build_notifiers
     from gpulens.alerts.service import AlertService, alerting_config
-    from gpulens.alerts.storeround import run_store_rules
+    from gpulens.alerts.storeround import RULES_LOCK_KEY, RULES_STANDBY_NOTE, run_store_rules
     from gpulens.cli.lifecycle import stop_on_signals
+    from gpulens.collector.pair import WhileActive
     from gpulens.gcpause import tune_garbage_collector
     from gpulens.storage.connect import is_prometheus_url, open_database, open_reader
+    from gpulens.storage.leader import Leadership
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from(args)
     alerting = alerting_config(settings)  # validated before anything starts
+    notifiers = build_notifiers(alerting.receivers, dashboard_url=alerting.dashboard_url)  # secrets read now
     prometheus = is_prometheus_url(settings.db_url)
     state_url = args.state_db or (settings.state_url if prometheus else settings.db_url)
     store = open_reader(settings.db_url, settings)
     try:
         state = open_database(state_url)
+        # An HA pair: the process holding the rules lock in the state store (PostgreSQL) evaluates and delivers.
+        leadership = Leadership(state, RULES_LOCK_KEY, what="this gpulens alerts run", standby_note=RULES_STANDBY_NOTE)
+        # Built on becoming active: its notification worker delivers what the rounds decide, apart from them.
+        rules = WhileActive(
+            lambda: AlertService(
+                state, alerting, interval_s=args.interval, notifiers=notifiers, load_at_first_round=True
+            ).start()
+        )
         try:
-            # Started: its notification worker delivers what the rounds decide, apart from them.
-            service = AlertService(state, alerting, interval_s=args.interval).start()
             tune_garbage_collector()  # each round reads 8,000 GPUs' records into a 30-minute history (gcpause)
             announce = f"gpulens alerts run: rules every {args.interval:g}s over {store.url_redacted}"
             print(f"{announce}, alert state in {state.url_redacted}", file=sys.stderr, flush=True)
-            try:
-                with stop_on_signals() as stop:
-                    run_store_rules(store, service.hook, interval_s=args.interval, stop=stop, clock=time.time)
-            finally:
-                service.close()
+            with stop_on_signals() as stop:
+                run_store_rules(
+                    store, rules, interval_s=args.interval, stop=stop, clock=time.time, active=leadership.check
+                )
         finally:
+            rules.close()  # the notification worker stops before the lock goes to the standby
+            leadership.release()
             state.close()
     finally:
         store.close()

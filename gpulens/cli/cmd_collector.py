@@ -35,6 +35,8 @@ examples:
   GPULENS_DB_URL=postgresql+psycopg://gpulens:secret@db/gpulens gpulens collector --config gpulens.toml --shard 1/4
   # its own /metrics on every interface, over HTTPS with basic auth (docs/self-health.md)
   gpulens collector --config gpulens.toml --listen 0.0.0.0:9411 --web-config /etc/gpulens/web.yml
+  # an HA pair: the same command on a second host; one is active, the other takes over if it dies
+  GPULENS_DB_URL=postgresql+psycopg://gpulens:secret@db/gpulens gpulens collector --config gpulens.toml
 """
 
 
@@ -113,8 +115,10 @@ def collector_settings(args: argparse.Namespace) -> Any:
 
 
 def _run_collector(args: argparse.Namespace) -> int:
+    from gpulens.alerts.config import build_notifiers
     from gpulens.alerts.service import AlertService, alerting_config
     from gpulens.alerts.storeround import RuleElection
+    from gpulens.collector.pair import WhileActive
     from gpulens.collector.runner import run_collector
     from gpulens.storage.connect import refuse_read_only
 
@@ -127,16 +131,20 @@ def _run_collector(args: argparse.Namespace) -> int:
     _make_spool_dir(args, settings.spool_dir)
 
     def hooks(db: Any) -> list[Any]:
-        # The service is the round hook; its notification worker stops when the collector does (runner closes it).
+        # The rules and their notification worker run in the active collector of an HA pair only (WhileActive);
+        # they stop when the collector does (runner closes them).
+        notifiers = build_notifiers(alerting.receivers, dashboard_url=alerting.dashboard_url)  # secrets read now
+
         def rules() -> Any:
-            return AlertService(db, alerting, interval_s=settings.interval_s).start()
+            return AlertService(
+                db, alerting, interval_s=settings.interval_s, notifiers=notifiers, load_at_first_round=True
+            ).start()
 
         if settings.shard[1] == 1:
-            return [rules()]
+            return [WhileActive(rules)]
         # Sharded: the rules run once over the whole store, in the collector that holds the election lock
         # (PostgreSQL), or in `gpulens alerts run` (SQLite has no lock to elect with).
-        election = RuleElection(db, rules, max_age_s=max(3 * settings.interval_s, 30.0))
-        if not election.supported:
+        if db.dialect != "postgresql":
             print(
                 "collector: sharded over SQLite, so no collector runs the alert rules; run gpulens alerts run --db "
                 "<the same URL> beside them",
@@ -144,7 +152,7 @@ def _run_collector(args: argparse.Namespace) -> int:
                 flush=True,
             )
             return []
-        return [election]
+        return [WhileActive(lambda: RuleElection(db, rules, max_age_s=max(3 * settings.interval_s, 30.0)))]
 
     with stop_on_signals() as stop, database_errors(database_origin(args, settings)):
         return run_collector(settings, lambda line: print(line, file=sys.stderr, flush=True), stop, hooks=hooks)

@@ -2,7 +2,7 @@
 
 Every request gets a fresh two-GPU snapshot with the current time (so each round stores new rows); the GPUs'
 temperature alternates between hot and cool from one scrape to the next, so an alert rule on it changes state (and
-notifies) every round.
+notifies) every round; or, given a ``Fault``, is hot while the test holds the fault on.
 """
 
 from __future__ import annotations
@@ -22,6 +22,19 @@ from gpulens.snapshotcodec import snapshot_to_json
 from tests.fakes.static_source import node_snapshot
 
 GPUS = 2
+
+
+class Fault:
+    """A fault the test switches: the exporter's GPUs read hot while ``on``."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def __iter__(self) -> Iterator[bool]:
+        return self
+
+    def __next__(self) -> bool:
+        return self.on
 
 
 class _Live(BaseHTTPRequestHandler):
@@ -52,9 +65,9 @@ class _Server(ThreadingHTTPServer):
 
 
 @contextmanager
-def live_exporter() -> Iterator[str]:
+def live_exporter(fault: Fault | None = None) -> Iterator[str]:
     server = _Server(("127.0.0.1", 0), _Live)
-    server.flips = itertools.cycle((True, False))
+    server.flips = fault if fault is not None else itertools.cycle((True, False))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:

@@ -19,6 +19,7 @@ import pytest
 
 from gpulens.exporter.sim import SimCluster, load_scenario
 from gpulens.settings import CollectorFile, load_settings
+from tests.conftest import require_tool
 from tests.deploy.support import (
     COMPOSE_FILE,
     DEPLOY,
@@ -92,7 +93,11 @@ def test_profiles_split_the_gpu_stack_from_the_simulated_one(compose: dict[str, 
     assert {name for name, p in profiles.items() if "gpu" in p} == {"exporter", "collector", "prometheus"}
     assert {name for name, p in profiles.items() if "sim" in p} == {"exporter-sim", "collector-sim", "prometheus-sim"}
     assert {name for name, p in profiles.items() if "dcgm" in p} == {"dcgm-exporter"}
-    assert {name for name, p in profiles.items() if "prom-read" in p} == {"dashboard-prom", "alerts-prom"}
+    assert {name for name, p in profiles.items() if "prom-read" in p} == {
+        "dashboard-prom",
+        "alerts-prom",
+        "alertmanager",
+    }
 
 
 # --- services agree with the code -----------------------------------------------------------------------------------
@@ -203,6 +208,25 @@ def test_prom_read_profile_reads_the_bundled_prometheus(compose: dict[str, Any])
         state = Path(settings.state_url.removeprefix("sqlite:///")).parent
         assert mounts[str(state)] == "prom-alert-state", name  # a volume both services share
     assert "prom-alert-state" in compose["volumes"]
+
+
+def test_prom_read_profile_sends_the_alerts_to_its_alertmanager(compose: dict[str, Any]) -> None:
+    from gpulens.alerts.service import alerting_config
+
+    services = compose["services"]
+    alertmanager = services["alertmanager"]
+    port = next(iter(container_ports(alertmanager)))
+    env = service_env(services["alerts-prom"])
+    assert env["GPULENS_ALERTMANAGER_URL"] == f"http://alertmanager:{port}"
+    receivers = alerting_config(load_settings(ROOT / "deploy" / "config" / "gpulens-prometheus.toml", environ=env))
+    [receiver] = receivers.receivers
+    assert (receiver.kind, receiver.url_env) == ("alertmanager", ("GPULENS_ALERTMANAGER_URL",))
+    config = next(str(v).split(":")[0] for v in alertmanager["volumes"] if str(v).endswith("alertmanager.yml:ro"))
+    checked = subprocess.run(
+        [require_tool("amtool"), "check-config", config], capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "2 inhibit rules" in checked.stdout
 
 
 # --- secrets ----------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 def require_tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} is not installed: run .ci/run (or apt-get install prometheus) before the tests")
+        pytest.fail(f"{name} is not installed: run .ci/run (or apt-get install its package) before the tests")
     return path
 
 
@@ -25,6 +25,11 @@ def promtool() -> str:
 @pytest.fixture(scope="session")
 def prometheus_bin() -> str:
     return require_tool("prometheus")
+
+
+@pytest.fixture(scope="session")
+def victoriametrics_bin() -> str:
+    return require_tool("victoria-metrics")
 
 
 def free_port() -> int:
@@ -48,7 +53,9 @@ def http_get(url: str, *, headers: dict[str, str] | None = None, timeout: float 
 # --- the `external` mark: what `make test-fast` leaves out ----------------------------------------------------------
 
 # Fixtures that start or run a program outside Python; a test that needs one, at any depth, is external.
-_EXTERNAL_FIXTURES = frozenset({"pg_server", "private_pg_server", "promtool", "prometheus_bin", "browser"})
+_EXTERNAL_FIXTURES = frozenset(
+    {"pg_server", "private_pg_server", "promtool", "prometheus_bin", "victoriametrics_bin", "browser"}
+)
 # Calls in a test's own body that do the same.
 _EXTERNAL_CALLS = ("chromium(", "require_tool(", "running_prometheus(", "pg_server", "promtool", "Stack(")
 # Whole folders whose tests run deployment tools or the whole stack.

@@ -1,4 +1,5 @@
-"""A real Prometheus server (Debian's package) for tests: scrape our endpoints, then ask its HTTP API."""
+"""Real Prometheus and VictoriaMetrics servers (Debian's packages) for tests: scrape our endpoints, then ask their
+HTTP API (the same Prometheus query API)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,57 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
 from tests.conftest import free_port, http_get
+
+
+def scrape_config(
+    jobs: dict[str, tuple[str, str]], extra: dict[str, dict[str, Any]] | None, interval_s: float
+) -> dict[str, Any]:
+    """A Prometheus scrape configuration (which VictoriaMetrics reads too) of ``jobs`` ({job name: (host:port,
+    metrics path)}) every ``interval_s``; ``extra``: more scrape-config keys by job name."""
+    return {
+        "global": {"scrape_interval": f"{interval_s * 1000:.0f}ms", "scrape_timeout": f"{interval_s * 900:.0f}ms"},
+        "scrape_configs": [
+            {
+                "job_name": name,
+                "metrics_path": path,
+                "static_configs": [{"targets": [target]}],
+                **(extra or {}).get(name, {}),
+            }
+            for name, (target, path) in jobs.items()
+        ],
+    }
+
+
+@contextmanager
+def serving(command: list[str], base: str, ready: str, log_path: Path, what: str) -> Iterator[str]:
+    """Run ``command`` (its output in ``log_path``) until ``base + ready`` answers 200; yield ``base``; stop it."""
+    log = log_path.open("wb")
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if http_get(base + ready, timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not start:\n" + log_path.read_text()[-2000:])
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
 
 
 @contextmanager
@@ -31,54 +78,53 @@ def running_prometheus(
 
     ``extra``: more scrape-config keys by job name (``metric_relabel_configs``, ...); ``flags``: more command-line
     flags."""
-    config = {
-        "global": {"scrape_interval": f"{interval_s * 1000:.0f}ms", "scrape_timeout": f"{interval_s * 900:.0f}ms"},
-        "scrape_configs": [
-            {
-                "job_name": name,
-                "metrics_path": path,
-                "static_configs": [{"targets": [target]}],
-                **(extra or {}).get(name, {}),
-            }
-            for name, (target, path) in jobs.items()
-        ],
-    }
     config_path = workdir / "prometheus.yml"
-    config_path.write_text(yaml.safe_dump(config))
+    config_path.write_text(yaml.safe_dump(scrape_config(jobs, extra, interval_s)))
     port = free_port()
-    log = (workdir / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config_path}",
-            f"--storage.tsdb.path={workdir / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            *flags,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if http_get(f"{base}/-/ready", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("Prometheus did not start:\n" + (workdir / "prometheus.log").read_text()[-2000:])
-            time.sleep(0.2)
+    command = [
+        binary,
+        f"--config.file={config_path}",
+        f"--storage.tsdb.path={workdir / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        *flags,
+    ]
+    with serving(command, f"http://127.0.0.1:{port}", "/-/ready", workdir / "prometheus.log", "Prometheus") as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+
+
+# VictoriaMetrics's defaults that a test of a live scrape cannot keep: it answers a query at "now" as of
+# -search.latencyOffset earlier (30 s), and takes up to 60 % of the machine's memory for its caches.
+VM_TEST_FLAGS: Final = ("-search.latencyOffset=1s", "-memory.allowedBytes=512MB")
+
+
+@contextmanager
+def running_victoriametrics(
+    binary: str,
+    workdir: Path,
+    jobs: dict[str, tuple[str, str]],
+    *,
+    extra: dict[str, dict[str, Any]] | None = None,
+    interval_s: float = 1.0,
+    flags: Sequence[str] = VM_TEST_FLAGS,
+) -> Iterator[str]:
+    """Start VictoriaMetrics (single node, Debian's package) scraping ``jobs`` itself (``-promscrape.config``: the
+    Prometheus scrape configuration ``running_prometheus`` writes) every ``interval_s``; yield its base URL, the
+    prefix of its Prometheus query API. ``flags``: its command-line flags besides storage, listen address and
+    scrape configuration (``VM_TEST_FLAGS`` by default)."""
+    config_path = workdir / "scrape.yml"
+    config_path.write_text(yaml.safe_dump(scrape_config(jobs, extra, interval_s)))
+    port = free_port()
+    command = [
+        binary,
+        f"-storageDataPath={workdir / 'vmdata'}",
+        f"-httpListenAddr=127.0.0.1:{port}",
+        f"-promscrape.config={config_path}",
+        "-loggerLevel=WARN",
+        *flags,
+    ]
+    log = workdir / "victoria-metrics.log"
+    with serving(command, f"http://127.0.0.1:{port}", "/health", log, "VictoriaMetrics") as base:
+        yield base
 
 
 def query(base: str, promql: str) -> list[dict[str, Any]]:

@@ -85,7 +85,8 @@ def prom(
             if request.param == "prometheus"
             else (running_victoriametrics, victoriametrics_bin)
         )
-        with run(binary, tmp_path_factory.mktemp(request.param), {"agent": (target, "/metrics")}) as base:
+        # VictoriaMetrics with its defaults (-search.latencyOffset=30s): the newest values are read fresh all the same
+        with run(binary, tmp_path_factory.mktemp(request.param), {"agent": (target, "/metrics")}, flags=()) as base:
             wait_for(
                 base, "min(count_over_time(gpulens_nic_up[1m]))", lambda r: bool(r) and float(r[0]["value"][1]) >= 15
             )

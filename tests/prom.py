@@ -101,12 +101,14 @@ def running_victoriametrics(
     extra: dict[str, dict[str, Any]] | None = None,
     interval_s: float = 1.0,
     flags: Sequence[str] = ("-search.latencyOffset=1s",),
+    memory: str | None = "512MB",
 ) -> Iterator[str]:
     """Start VictoriaMetrics (single node, Debian's package) scraping ``jobs`` itself (``-promscrape.config``: the
     Prometheus scrape configuration ``running_prometheus`` writes) every ``interval_s``; yield its base URL, the
     prefix of its Prometheus query API. ``flags``: more command-line flags; by default ``-search.latencyOffset=1s``
     (as docs/victoriametrics.md advises: a range query's points of the last 30 s repeat the point before, and a
-    store younger than that answers none), ``()`` for VictoriaMetrics's defaults. Its caches get 512 MB."""
+    store younger than that answers none), ``()`` for VictoriaMetrics's defaults. ``memory``: what its caches may
+    take (``-memory.allowedBytes``; None: VictoriaMetrics's default, 60 % of the machine's memory)."""
     config_path = workdir / "scrape.yml"
     config_path.write_text(yaml.safe_dump(scrape_config(jobs, extra, interval_s)))
     port = free_port()
@@ -116,7 +118,7 @@ def running_victoriametrics(
         f"-httpListenAddr=127.0.0.1:{port}",
         f"-promscrape.config={config_path}",
         "-loggerLevel=WARN",
-        "-memory.allowedBytes=512MB",
+        *([f"-memory.allowedBytes={memory}"] if memory else []),
         *flags,
     ]
     log = workdir / "victoria-metrics.log"

@@ -244,8 +244,9 @@ class PromClient:
     def query(self, promql: str, at: float, *, max_series: int | None = None) -> list[PromSeries]:
         """An instant query evaluated at ``at``."""
         # nocache=1: VictoriaMetrics answers at ``at``, not -search.latencyOffset (30 s) before it when ``at`` is
-        # about now (readings 30 s older than the scrape: the alert engine's read of readings under 30 s old, at
-        # an --interval under 10 s, would find none); Prometheus, Thanos and Mimir ignore it.
+        # about now (readings 30 s older than the scrape: the alert engine's read of readings under 30 s old, at an
+        # --interval of 10 s or less, would find none); Prometheus, Thanos and Mimir ignore it
+        # (docs/victoriametrics.md).
         form = {"query": promql, "time": f"{at:.3f}", "nocache": "1"}
         data = self._post("/api/v1/query", form)
         return self._series(data, max_series, promql)

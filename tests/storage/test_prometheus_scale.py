@@ -3,7 +3,7 @@ number of queries over 4 nodes as over 12 (with three times the GPUs and jobs), 
 query, aggregated by job in Prometheus, whose answer agrees with summing the per-GPU series by hand.
 
 The history is backfilled TSDB blocks (``tests.storage.promblocks``, the bench's generator) served by a real
-Prometheus.
+Prometheus, then the same samples imported into a real VictoriaMetrics: every test runs over both.
 """
 
 from __future__ import annotations

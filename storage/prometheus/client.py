@@ -245,7 +245,7 @@ class PromClient:
         """An instant query evaluated at ``at``."""
         # nocache=1: VictoriaMetrics answers at ``at``, not -search.latencyOffset (30 s) before it when ``at`` is
         # about now (readings 30 s older than the scrape: the alert engine's read of readings under 30 s old, at an
-        # --interval of 10 s or less, would find none); Prometheus, Thanos and Mimir ignore it
+        # --interval of 10 s or less, would find none); Prometheus ignores it, as any parameter it does not know
         # (docs/victoriametrics.md).
         form = {"query": promql, "time": f"{at:.3f}", "nocache": "1"}
         data = self._post("/api/v1/query", form)

@@ -99,6 +99,12 @@ def _slow_items(raw: bytes) -> list[_Item]:
     return out
 
 
+def _shortened(error: str, keep: int = 400) -> str:
+    """An error text with its middle left out when long: VictoriaMetrics's quote the whole query (100 KB where it
+    lists thousands of GPUs), and the reason comes last."""
+    return error if len(error) <= 2 * keep else f"{error[:keep]} ... {error[-keep:]}"
+
+
 class PromQueryError(ValueError):
     """Prometheus refused a query (bad PromQL, too many samples, a timeout on its side)."""
 
@@ -228,7 +234,7 @@ class PromClient:
             if response.status >= 500 and not error:
                 raise self._unavailable(f"answered HTTP {response.status}")
             raise PromQueryError(
-                self.scrub(f"Prometheus at {self.url_redacted} refused a query: {error or response.status}")
+                self.scrub(f"Prometheus at {self.url_redacted} refused a query: {_shortened(error) or response.status}")
             )
         return doc.data
 

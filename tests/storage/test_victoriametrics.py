@@ -17,6 +17,7 @@ import pytest
 from gpulens.settings import StoreAuth
 from gpulens.storage.connect import open_existing_database
 from gpulens.storage.prometheus import PromReader
+from gpulens.storage.prometheus.client import PromQueryError
 from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, TooManySeriesError
 from tests.prom import running_victoriametrics, wait_for
 from tests.storage.promstack import FROZEN_NODES, NODES, Hook, Stack, fired, run_gpulens, running_stack
@@ -106,6 +107,16 @@ def test_one_query_per_field_and_the_series_limit(stack: Stack) -> None:
         assert any(v is not None for v in series.values["power_watts"])
     with pytest.raises(TooManySeriesError, match=r"over the limit of 5 \(\[database\] max_series\)"):
         reader(stack.prom_gl, max_series=5).latest_readings()
+
+
+def test_a_query_over_the_length_limit_says_why_in_a_few_lines(stack: Stack) -> None:
+    """VictoriaMetrics refuses a query longer than ``-search.maxQueryLen`` (16 KB by default: 600 GPUs listed by
+    UUID); the error names the flag without quoting the whole query."""
+    uuids = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(600)]
+    now = time.time()
+    with pytest.raises(PromQueryError, match=r"maxQueryLen=16384") as refused:
+        reader(stack.prom_gl).series(uuids, ["power_watts"], now - 60, now, 10)
+    assert len(str(refused.value)) < 1000
 
 
 def test_job_summaries_agree_with_the_sql_path_on_the_same_scrape(stack: Stack) -> None:

@@ -186,8 +186,25 @@ def import_vm(work: Path, base: str, nodes: int, end: float) -> None:
     built.write_text(f"{nodes} {end:.0f}\n")
 
 
-def time_pages(engine: str, store: Any, nodes: int, pages: list[str] | None, *, browser: bool) -> None:
-    """Print each page's data time (the median of ``REPEAT``), queries and series, then its time in Chromium."""
+def server_cpu(marker: str) -> float:
+    """CPU seconds the processes whose command line holds ``marker`` (the store's data path) have used."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            continue
+    return total
+
+
+def time_pages(
+    engine: str, store: Any, nodes: int, pages: list[str] | None, *, browser: bool, marker: str = ""
+) -> None:
+    """Print each page's data time (the median of ``REPEAT``), queries and series, and the CPU seconds per load of
+    the store (the processes whose command line holds ``marker``) and of gpulens (this process, the decoding and
+    the page's records: load-independent, where the time is not on a shared machine); then its time in Chromium."""
     from tests.storage.promblocks import GPUS
 
     gpus = nodes * GPUS
@@ -196,6 +213,7 @@ def time_pages(engine: str, store: Any, nodes: int, pages: list[str] | None, *, 
         if pages is not None and name not in pages:
             continue
         times = []
+        cpu = (server_cpu(marker), time.process_time())
         for _ in range(REPEAT):
             before = (store.client.stats.queries, store.client.stats.series)
             began = time.perf_counter()
@@ -203,7 +221,9 @@ def time_pages(engine: str, store: Any, nodes: int, pages: list[str] | None, *, 
             times.append(time.perf_counter() - began)
         queries = store.client.stats.queries - before[0]
         returned = store.client.stats.series - before[1]
+        spent = ((server_cpu(marker) - cpu[0]) / REPEAT, (time.process_time() - cpu[1]) / REPEAT)
         print(f"{engine}_{name}_page_data_{gpus}_gpus: {statistics.median(times) * 1000:.0f} ms")
+        print(f"{engine}_{name}_page_cpu_{gpus}_gpus: store {spent[0]:.2f} s + gpulens {spent[1]:.2f} s")
         print(f"{engine}_{name}_page_queries_{gpus}_gpus: {queries} queries")
         print(f"{engine}_{name}_page_series_{gpus}_gpus: {returned} series")
         sys.stdout.flush()
@@ -243,7 +263,8 @@ def measure(
             store = PromReader(
                 "prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=FixedClock(end + STEP_S / 2), timeout_s=120
             )
-            time_pages(engine, store, nodes, pages, browser=browser)
+            data = str(work / ("prom" if engine == "prometheus" else "vm"))
+            time_pages(engine, store, nodes, pages, browser=browser, marker=data)
         print(f"{engine}_load_average_after: {os.getloadavg()[0]:.1f} runnable", flush=True)
     return 0
 

@@ -6,9 +6,12 @@ as TSDB blocks with ``promtool``: ``tests.storage.promblocks``). Then each page'
 runs it (the page's render function with a ``PromReader``, server-side) over the dashboard's default range (the
 last hour), and, unless ``--no-browser``, each page loads whole in headless Chromium (the dashboard app over the same
 reader: request, callbacks, charts drawn). Printed per page: milliseconds (the median of ``REPEAT`` loads), PromQL
-queries and series returned. Usage: ``python -m bench.bench_prometheus [NODES] [--no-browser] [--dir=DIR]
-[--pages=NAME,...]``: ``--dir`` keeps the built TSDB in ``DIR`` and reuses it when run again with the same ``NODES``
-(building takes minutes); ``--pages`` times only the named pages.
+queries and series returned. With ``--engines=prometheus,victoriametrics`` the same pages are timed over a real
+VictoriaMetrics (Debian's ``victoria-metrics``) holding the same samples, imported through its Prometheus text import
+API (``tests.storage.promblocks.import_history``), its result cache off (each load evaluated, as in Prometheus).
+Usage: ``python -m bench.bench_prometheus [NODES] [--no-browser] [--dir=DIR] [--pages=NAME,...]
+[--engines=NAME,...]``: ``--dir`` keeps the built TSDB (and VictoriaMetrics's data) in ``DIR`` and reuses it when
+run again with the same ``NODES`` (building takes minutes); ``--pages`` times only the named pages.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,11 @@ HOURS = 1
 STEP_S = 60
 REPEAT = 3
 PAGES = ("overview", "jobs", "job", "node", "gpu", "interconnect")
+ENGINES = ("prometheus", "victoriametrics")
 BLOCK_FLAGS = ("--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h")
+# no result cache (a repeated load is evaluated again, as Prometheus does), queries that list thousands of GPUs
+# (docs/victoriametrics.md), the client's deadline for a query
+VM_FLAGS = ("-search.disableCache", "-search.maxQueryLen=1MB", "-search.maxQueryDuration=120s")
 
 
 class FixedClock:
@@ -100,80 +107,165 @@ def browser_loads(store: Any, names: list[str]) -> dict[str, float]:
 
 def main() -> int:
     parser = options.parser(
-        "bench.bench_prometheus", __doc__, "", "100 --no-browser", "--no-browser --dir=/tmp/prom-tsdb --pages=jobs,node"
+        "bench.bench_prometheus",
+        __doc__,
+        "",
+        "100 --no-browser",
+        "--no-browser --dir=/tmp/prom-tsdb --pages=jobs,node",
+        "--no-browser --engines=prometheus,victoriametrics",
     )
     parser.add_argument("nodes", nargs="?", type=int, default=NODES, help=f"simulated nodes (default {NODES})")
     parser.add_argument("--no-browser", action="store_true", help="time the pages' data only, not Chromium")
     parser.add_argument("--dir", type=Path, help="keep the built TSDB here, and reuse it when built for as many nodes")
     parser.add_argument("--pages", help="time only these pages (comma-separated: " + ", ".join(PAGES) + ")")
+    parser.add_argument(
+        "--engines",
+        default="prometheus",
+        help="the stores timed, in turn (comma-separated: prometheus, victoriametrics)",
+    )
     args = parser.parse_args()
     pages = args.pages.split(",") if args.pages else None
     if pages is not None and not set(pages) <= set(PAGES):
         parser.error(
             f"--pages: unknown page {sorted(set(pages) - set(PAGES))[0]!r}; expected some of {', '.join(PAGES)}"
         )
+    engines = args.engines.split(",")
+    if not engines or not set(engines) <= set(ENGINES):
+        parser.error(f"--engines: expected some of {', '.join(ENGINES)}, got {args.engines!r}")
     if args.dir is not None:
-        return measure(args.dir, args.nodes, pages, browser=not args.no_browser)
+        return measure(args.dir, args.nodes, pages, browser=not args.no_browser, engines=engines)
     with tempfile.TemporaryDirectory(prefix="gpulens-bench-prom-") as temporary:
-        return measure(Path(temporary), args.nodes, pages, browser=not args.no_browser)
+        return measure(Path(temporary), args.nodes, pages, browser=not args.no_browser, engines=engines)
 
 
-def build(work: Path, nodes: int) -> float:
-    """The history of ``nodes`` nodes under ``work / "prom"`` (kept there: reused when built before for as many
-    nodes); return the time of its end."""
+def history_end(work: Path, nodes: int) -> float:
+    """The end of the history built under ``work`` for ``nodes`` nodes (by either engine), else of a new one: a step
+    before a 2-hour boundary (one TSDB block, one pass of promtool over the input)."""
+    for marker in ("built.txt", "built-vm.txt"):
+        built = work / marker
+        if built.exists() and built.read_text().split()[0] == str(nodes):
+            return float(built.read_text().split()[1])
+    return float(int(time.time()) // 7200 * 7200 - STEP_S)
+
+
+def build(work: Path, nodes: int, end: float) -> None:
+    """The history of ``nodes`` nodes ending at ``end`` under ``work / "prom"`` (kept there: reused when built
+    before for as many nodes)."""
     from tests.storage.promblocks import GPUS, create_blocks
 
     gpus = nodes * GPUS
     built = work / "built.txt"
     if built.exists() and built.read_text().split()[0] == str(nodes):
         print(f"prometheus_history_reused_{gpus}_gpus: {work}")
-        return float(built.read_text().split()[1])
+        return
     (work / "prom").mkdir(parents=True, exist_ok=True)
     samples = HOURS * 3600 // STEP_S + 1
-    # the history ends a step before a 2-hour boundary: one TSDB block, one pass of promtool over the input
-    end = int(time.time()) // 7200 * 7200 - STEP_S
     began = time.perf_counter()
-    series = create_blocks("promtool", work / "prom", nodes, end - (samples - 1) * STEP_S, STEP_S, samples)
+    series = create_blocks("promtool", work / "prom", nodes, round(end) - (samples - 1) * STEP_S, STEP_S, samples)
     print(f"prometheus_history_series_{gpus}_gpus: {series} series")
     print(f"prometheus_history_samples_{gpus}_gpus: {series * samples} samples")
     print(f"prometheus_history_backfill_{gpus}_gpus: {time.perf_counter() - began:.0f} s")
-    built.write_text(f"{nodes} {end}\n")
-    return float(end)
+    built.write_text(f"{nodes} {end:.0f}\n")
 
 
-def measure(work: Path, nodes: int, pages: list[str] | None = None, *, browser: bool = True) -> int:
-    from gpulens.settings import StoreAuth
-    from gpulens.storage.prometheus import PromReader
-    from tests.prom import running_prometheus
+def import_vm(work: Path, base: str, nodes: int, end: float) -> None:
+    """The same history imported into the VictoriaMetrics at ``base`` (its data under ``work / "vm"``: reused when
+    imported before for as many nodes)."""
+    from tests.storage.promblocks import GPUS, import_history
+
+    gpus = nodes * GPUS
+    built = work / "built-vm.txt"
+    if built.exists() and built.read_text().split()[0] == str(nodes):
+        print(f"victoriametrics_history_reused_{gpus}_gpus: {work}")
+        return
+    samples = HOURS * 3600 // STEP_S + 1
+    began = time.perf_counter()
+    series = import_history(base, nodes, round(end) - (samples - 1) * STEP_S, STEP_S, samples)
+    print(f"victoriametrics_history_series_{gpus}_gpus: {series} series")
+    print(f"victoriametrics_history_import_{gpus}_gpus: {time.perf_counter() - began:.0f} s")
+    built.write_text(f"{nodes} {end:.0f}\n")
+
+
+def server_cpu(marker: str) -> float:
+    """CPU seconds the processes whose command line holds ``marker`` (the store's data path) have used."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            continue
+    return total
+
+
+def time_pages(
+    engine: str, store: Any, nodes: int, pages: list[str] | None, *, browser: bool, marker: str = ""
+) -> None:
+    """Print each page's data time (the median of ``REPEAT``), queries and series, and the CPU seconds per load of
+    the store (the processes whose command line holds ``marker``) and of gpulens (this process, the decoding and
+    the page's records: load-independent, where the time is not on a shared machine); then its time in Chromium."""
     from tests.storage.promblocks import GPUS
 
     gpus = nodes * GPUS
-    end = build(work, nodes)
     names = [f"node-{n:04d}" for n in range(nodes)]
-    print(f"prometheus_load_average_before: {os.getloadavg()[0]:.1f} runnable", flush=True)
-    with running_prometheus("prometheus", work / "prom", {}, interval_s=STEP_S, flags=BLOCK_FLAGS) as base:
-        store = PromReader(
-            "prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=FixedClock(end + STEP_S / 2), timeout_s=120
-        )
-        for name, load in page_loads(store, names).items():
-            if pages is not None and name not in pages:
-                continue
-            times = []
-            for _ in range(REPEAT):
-                before = (store.client.stats.queries, store.client.stats.series)
-                began = time.perf_counter()
-                load()
-                times.append(time.perf_counter() - began)
-            queries = store.client.stats.queries - before[0]
-            returned = store.client.stats.series - before[1]
-            print(f"prometheus_{name}_page_data_{gpus}_gpus: {statistics.median(times) * 1000:.0f} ms")
-            print(f"prometheus_{name}_page_queries_{gpus}_gpus: {queries} queries")
-            print(f"prometheus_{name}_page_series_{gpus}_gpus: {returned} series")
-            sys.stdout.flush()
-        if browser:
-            for name, ms in browser_loads(store, names).items():
-                print(f"prometheus_{name}_page_browser_{gpus}_gpus: {ms:.0f} ms")
-    print(f"prometheus_load_average_after: {os.getloadavg()[0]:.1f} runnable")
+    for name, load in page_loads(store, names).items():
+        if pages is not None and name not in pages:
+            continue
+        times = []
+        cpu = (server_cpu(marker), time.process_time())
+        for _ in range(REPEAT):
+            before = (store.client.stats.queries, store.client.stats.series)
+            began = time.perf_counter()
+            load()
+            times.append(time.perf_counter() - began)
+        queries = store.client.stats.queries - before[0]
+        returned = store.client.stats.series - before[1]
+        spent = ((server_cpu(marker) - cpu[0]) / REPEAT, (time.process_time() - cpu[1]) / REPEAT)
+        print(f"{engine}_{name}_page_data_{gpus}_gpus: {statistics.median(times) * 1000:.0f} ms")
+        print(f"{engine}_{name}_page_cpu_{gpus}_gpus: store {spent[0]:.2f} s + gpulens {spent[1]:.2f} s")
+        print(f"{engine}_{name}_page_queries_{gpus}_gpus: {queries} queries")
+        print(f"{engine}_{name}_page_series_{gpus}_gpus: {returned} series")
+        sys.stdout.flush()
+    if browser:
+        for name, ms in browser_loads(store, names).items():
+            if pages is None or name in pages:
+                print(f"{engine}_{name}_page_browser_{gpus}_gpus: {ms:.0f} ms")
+
+
+def measure(
+    work: Path,
+    nodes: int,
+    pages: list[str] | None = None,
+    *,
+    browser: bool = True,
+    engines: Sequence[str] = ("prometheus",),
+) -> int:
+    from gpulens.settings import StoreAuth
+    from gpulens.storage.prometheus import PromReader
+    from tests.prom import running_prometheus, running_victoriametrics
+
+    end = history_end(work, nodes)
+    if "prometheus" in engines:
+        build(work, nodes, end)
+    for engine in engines:
+        print(f"{engine}_load_average_before: {os.getloadavg()[0]:.1f} runnable", flush=True)
+        if engine == "prometheus":
+            server = running_prometheus("prometheus", work / "prom", {}, interval_s=STEP_S, flags=BLOCK_FLAGS)
+        else:
+            (work / "vm").mkdir(parents=True, exist_ok=True)
+            server = running_victoriametrics(
+                "victoria-metrics", work / "vm", {}, interval_s=STEP_S, flags=VM_FLAGS, memory=None
+            )
+        with server as base:
+            if engine == "victoriametrics":
+                import_vm(work, base, nodes, end)
+            store = PromReader(
+                "prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=FixedClock(end + STEP_S / 2), timeout_s=120
+            )
+            data = str(work / ("prom" if engine == "prometheus" else "vm"))
+            time_pages(engine, store, nodes, pages, browser=browser, marker=data)
+        print(f"{engine}_load_average_after: {os.getloadavg()[0]:.1f} runnable", flush=True)
     return 0
 
 

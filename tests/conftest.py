@@ -13,7 +13,7 @@ import pytest
 def require_tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} is not installed: run .ci/run (or apt-get install prometheus) before the tests")
+        pytest.fail(f"{name} is not installed: run .ci/run (or apt-get install its package) before the tests")
     return path
 
 
@@ -30,6 +30,11 @@ def prometheus_bin() -> str:
 @pytest.fixture(scope="session")
 def alertmanager_bin() -> str:
     return require_tool("prometheus-alertmanager")
+
+
+@pytest.fixture(scope="session")
+def victoriametrics_bin() -> str:
+    return require_tool("victoria-metrics")
 
 
 def free_port() -> int:
@@ -54,7 +59,15 @@ def http_get(url: str, *, headers: dict[str, str] | None = None, timeout: float 
 
 # Fixtures that start or run a program outside Python; a test that needs one, at any depth, is external.
 _EXTERNAL_FIXTURES = frozenset(
-    {"pg_server", "private_pg_server", "promtool", "prometheus_bin", "alertmanager_bin", "browser"}
+    {
+        "pg_server",
+        "private_pg_server",
+        "promtool",
+        "prometheus_bin",
+        "alertmanager_bin",
+        "victoriametrics_bin",
+        "browser",
+    }
 )
 # Calls in a test's own body that do the same.
 _EXTERNAL_CALLS = ("chromium(", "require_tool(", "running_prometheus(", "pg_server", "promtool", "Stack(")

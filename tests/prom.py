@@ -1,4 +1,5 @@
-"""A real Prometheus server (Debian's package) for tests: scrape our endpoints, then ask its HTTP API."""
+"""Real Prometheus and VictoriaMetrics servers (Debian's packages) for tests: scrape our endpoints, then ask their
+HTTP API (the same Prometheus query API)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,52 @@ import yaml
 from tests.conftest import free_port, http_get
 
 
+def scrape_config(
+    jobs: dict[str, tuple[str, str]], extra: dict[str, dict[str, Any]] | None, interval_s: float
+) -> dict[str, Any]:
+    """A Prometheus scrape configuration (which VictoriaMetrics reads too) of ``jobs`` ({job name: (host:port,
+    metrics path)}) every ``interval_s``; ``extra``: more scrape-config keys by job name."""
+    return {
+        "global": {"scrape_interval": f"{interval_s * 1000:.0f}ms", "scrape_timeout": f"{interval_s * 900:.0f}ms"},
+        "scrape_configs": [
+            {
+                "job_name": name,
+                "metrics_path": path,
+                "static_configs": [{"targets": [target]}],
+                **(extra or {}).get(name, {}),
+            }
+            for name, (target, path) in jobs.items()
+        ],
+    }
+
+
+@contextmanager
+def serving(command: list[str], base: str, ready: str, log_path: Path, what: str) -> Iterator[str]:
+    """Run ``command`` (its output in ``log_path``) until ``base + ready`` answers 200; yield ``base``; stop it."""
+    log = log_path.open("wb")
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if http_get(base + ready, timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not start:\n" + log_path.read_text()[-2000:])
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
 @contextmanager
 def running_prometheus(
     binary: str,
@@ -31,58 +78,57 @@ def running_prometheus(
 
     ``extra``: more scrape-config keys by job name (``metric_relabel_configs``, ...); ``flags``: more command-line
     flags."""
-    config = {
-        "global": {"scrape_interval": f"{interval_s * 1000:.0f}ms", "scrape_timeout": f"{interval_s * 900:.0f}ms"},
-        "scrape_configs": [
-            {
-                "job_name": name,
-                "metrics_path": path,
-                "static_configs": [{"targets": [target]}],
-                **(extra or {}).get(name, {}),
-            }
-            for name, (target, path) in jobs.items()
-        ],
-    }
     config_path = workdir / "prometheus.yml"
-    config_path.write_text(yaml.safe_dump(config))
+    config_path.write_text(yaml.safe_dump(scrape_config(jobs, extra, interval_s)))
     port = free_port()
-    log = (workdir / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config_path}",
-            f"--storage.tsdb.path={workdir / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            *flags,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if http_get(f"{base}/-/ready", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("Prometheus did not start:\n" + (workdir / "prometheus.log").read_text()[-2000:])
-            time.sleep(0.2)
+    command = [
+        binary,
+        f"--config.file={config_path}",
+        f"--storage.tsdb.path={workdir / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        *flags,
+    ]
+    with serving(command, f"http://127.0.0.1:{port}", "/-/ready", workdir / "prometheus.log", "Prometheus") as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+
+
+@contextmanager
+def running_victoriametrics(
+    binary: str,
+    workdir: Path,
+    jobs: dict[str, tuple[str, str]],
+    *,
+    extra: dict[str, dict[str, Any]] | None = None,
+    interval_s: float = 1.0,
+    flags: Sequence[str] = ("-search.latencyOffset=1s",),
+    memory: str | None = "512MB",
+) -> Iterator[str]:
+    """Start VictoriaMetrics (single node, Debian's package) scraping ``jobs`` itself (``-promscrape.config``: the
+    Prometheus scrape configuration ``running_prometheus`` writes) every ``interval_s``; yield its base URL, the
+    prefix of its Prometheus query API. ``flags``: more command-line flags; by default ``-search.latencyOffset=1s``
+    (as docs/victoriametrics.md advises: a range query's points of the last 30 s repeat the point before, and a
+    store younger than that answers none), ``()`` for VictoriaMetrics's defaults. ``memory``: what its caches may
+    take (``-memory.allowedBytes``; None: VictoriaMetrics's default, 60 % of the machine's memory)."""
+    config_path = workdir / "scrape.yml"
+    config_path.write_text(yaml.safe_dump(scrape_config(jobs, extra, interval_s)))
+    port = free_port()
+    command = [
+        binary,
+        f"-storageDataPath={workdir / 'vmdata'}",
+        f"-httpListenAddr=127.0.0.1:{port}",
+        f"-promscrape.config={config_path}",
+        "-loggerLevel=WARN",
+        *([f"-memory.allowedBytes={memory}"] if memory else []),
+        *flags,
+    ]
+    log = workdir / "victoria-metrics.log"
+    with serving(command, f"http://127.0.0.1:{port}", "/health", log, "VictoriaMetrics") as base:
+        yield base
 
 
 def query(base: str, promql: str) -> list[dict[str, Any]]:
-    status, _, body = http_get(f"{base}/api/v1/query?query={urllib.parse.quote(promql)}")
+    # nocache=1: VictoriaMetrics answers now, not as of -search.latencyOffset (30 s) ago (Prometheus ignores it)
+    status, _, body = http_get(f"{base}/api/v1/query?query={urllib.parse.quote(promql)}&nocache=1")
     assert status == 200, body
     doc = json.loads(body)
     assert doc["status"] == "success", doc

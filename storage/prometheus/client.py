@@ -99,6 +99,12 @@ def _slow_items(raw: bytes) -> list[_Item]:
     return out
 
 
+def _shortened(error: str, keep: int = 400) -> str:
+    """An error text with its middle left out when long: VictoriaMetrics's quote the whole query (100 KB where it
+    lists thousands of GPUs), and the reason comes last."""
+    return error if len(error) <= 2 * keep else f"{error[:keep]} ... {error[-keep:]}"
+
+
 class PromQueryError(ValueError):
     """Prometheus refused a query (bad PromQL, too many samples, a timeout on its side)."""
 
@@ -228,7 +234,7 @@ class PromClient:
             if response.status >= 500 and not error:
                 raise self._unavailable(f"answered HTTP {response.status}")
             raise PromQueryError(
-                self.scrub(f"Prometheus at {self.url_redacted} refused a query: {error or response.status}")
+                self.scrub(f"Prometheus at {self.url_redacted} refused a query: {_shortened(error) or response.status}")
             )
         return doc.data
 
@@ -243,7 +249,12 @@ class PromClient:
 
     def query(self, promql: str, at: float, *, max_series: int | None = None) -> list[PromSeries]:
         """An instant query evaluated at ``at``."""
-        data = self._post("/api/v1/query", {"query": promql, "time": f"{at:.3f}"})
+        # nocache=1: VictoriaMetrics answers at ``at``, not -search.latencyOffset (30 s) before it when ``at`` is
+        # about now (readings 30 s older than the scrape: the alert engine's read of readings under 30 s old, at an
+        # --interval of 10 s or less, would find none); Prometheus ignores it, as any parameter it does not know
+        # (docs/victoriametrics.md).
+        form = {"query": promql, "time": f"{at:.3f}", "nocache": "1"}
+        data = self._post("/api/v1/query", form)
         return self._series(data, max_series, promql)
 
     def query_range(

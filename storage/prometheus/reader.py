@@ -48,8 +48,8 @@ NAMES_LOOKBACK_S: Final = 8 * 86400.0  # the names of the longest range a page s
 _AGGREGATES: Final = (("mean", "avg_over_time"), ("min", "min_over_time"), ("max", "max_over_time"))
 
 
-def _tag(expr: str, value: str) -> str:
-    return f'label_replace({expr}, "gl", {quote(value)}, "", "")'
+def _tag(expr: str, value: str, label: str = "gl") -> str:
+    return f'label_replace({expr}, {quote(label)}, {quote(value)}, "", "")'
 
 
 class PromReader:
@@ -132,15 +132,20 @@ class PromReader:
         whole = node is None and uuids is None
         dcgm_matchers = self._dcgm_matchers(node, uuids)
         names = [n for n in fam.dcgm_names(fields) if self._exists(n)]
-        presence = " or ".join(fam.selector(fam.DCGM_PRESENCE, m) for m in dcgm_matchers)
-        # timestamp() drops __name__: keep it as a label first, or two names of one GPU would collide.
-        named = f'label_replace({presence}, "gl_name", "$1", "__name__", "(.+)")'
+        # timestamp() of each name's selector (MetricsQL evaluates timestamp() of anything but a selector as a
+        # subquery: no sample times), tagged with the name (timestamp() drops it: two names of one GPU would collide)
+        named = " or ".join(
+            _tag(f"timestamp({fam.selector((n,), m)})", n, "gl_name")
+            for n in fam.DCGM_PRESENCE
+            if self._exists(n)
+            for m in dcgm_matchers
+        )
         # the series and their sample times of both sources, at once
         series, times, dcgm_series, dcgm_times = self._parallel(
             lambda: self._instant(fam.reading_families(fields), own, now, chunk=1 if whole else 0),
             lambda: self._times(f"timestamp({fam.UP}{{{own}}})", "uuid", now),
             lambda: self._instant(names, dcgm_matchers, now, chunk=8 if whole else 0) if names else [],
-            lambda: self._times(f"max by (UUID) (timestamp({named}))", "UUID", now) if names else {},
+            lambda: self._times(f"max by (UUID) ({named})", "UUID", now) if names and named else {},
         )
         readings = fam.gpulens_readings(series, times, now)
         seen = {r.uuid for r in readings}

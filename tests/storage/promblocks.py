@@ -8,7 +8,8 @@ scrape adds and Prometheus's own ``up``/``scrape_*`` series per target. Values v
 within their range, counters growing); jobs hold whole nodes, one to four nodes each or half a node, and every third
 group of nodes changes jobs halfway through the history (the series churn of real job turnover); one node in ten is
 idle. Two links go down: link 5 of node 2's GPU 3 halfway through, link 0 of node 5's GPU 0 all along
-(``LINK_FAULTS``).
+(``LINK_FAULTS``). The same history is imported into a VictoriaMetrics through its Prometheus text import API
+(``import_history``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import subprocess
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import Protocol
 
 TEMPLATE_NODE = "node-0000"
 GPUS = 8
@@ -131,10 +132,15 @@ def _link_faults(name: str, labels: str, node: int, values: list[str], samples: 
     return ["0" if k in down else v for k, v in enumerate(values)]
 
 
-def write_openmetrics(out: IO[str], lay: Layout, start: int, step: int, samples: int) -> int:
-    """Write every node's series over ``samples`` samples ``step`` seconds apart from ``start``; return the
+class Writer(Protocol):
+    def write(self, text: str, /) -> object: ...
+
+
+def write_openmetrics(out: Writer, lay: Layout, start: int, step: int, samples: int, *, millis: bool = False) -> int:
+    """Write every node's series over ``samples`` samples ``step`` seconds apart from ``start`` (each write whole
+    lines; times in seconds, or milliseconds as the Prometheus text format has them if ``millis``); return the
     number of series written."""
-    times = [str(start + k * step) for k in range(samples)]
+    times = [str(start + k * step) + ("000" if millis else "") for k in range(samples)]
     rows = template()
     count = 0
     for n, node in enumerate(lay.names):
@@ -180,4 +186,62 @@ def create_blocks(promtool: str, work: Path, nodes: int, start: int, step: int, 
         stdout=subprocess.DEVNULL,
     )
     source.unlink()
+    return count
+
+
+class _Importer:
+    """Text written in whole lines, posted to VictoriaMetrics's ``/api/v1/import/prometheus`` a few MB at a time,
+    one post in flight while the next is written."""
+
+    CHUNK = 8 << 20
+
+    def __init__(self, base: str) -> None:
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        self.base = base
+        self.parts: list[str] = []
+        self.size = 0
+        self.pool = ThreadPoolExecutor(1)
+        self.pending: Future[None] | None = None
+
+    def _post(self, body: bytes) -> None:
+        import urllib.request
+
+        request = urllib.request.Request(f"{self.base}/api/v1/import/prometheus", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=600) as response:
+            response.read()
+
+    def write(self, text: str, /) -> int:
+        self.parts.append(text)
+        self.size += len(text)
+        if self.size >= self.CHUNK:
+            self.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        body = "".join(self.parts).encode()
+        self.parts, self.size = [], 0
+        if self.pending is not None:
+            self.pending.result()
+        self.pending = self.pool.submit(self._post, body)
+
+    def close(self) -> None:
+        self.flush()
+        if self.pending is not None:
+            self.pending.result()
+        self.pool.shutdown()
+
+
+def import_history(base: str, nodes: int, start: int, step: int, samples: int) -> int:
+    """Import the history of ``nodes`` nodes into the VictoriaMetrics at ``base`` (the same series and samples as
+    ``create_blocks`` writes), then make it searchable; return the series count."""
+    import urllib.request
+
+    importer = _Importer(base)
+    try:
+        count = write_openmetrics(importer, layout(nodes, samples), start, step, samples, millis=True)
+    finally:
+        importer.close()
+    with urllib.request.urlopen(f"{base}/internal/force_flush", timeout=600) as response:
+        response.read()
     return count

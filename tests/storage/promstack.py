@@ -1,6 +1,6 @@
 """A live stack for the Prometheus backend tests: simulated exporters (gpulens format and ``--dcgm-compat``) from a
-stall scenario, real Prometheus servers scraping them, a collector writing SQLite, ``gpulens alerts run`` over
-each Prometheus, and a local webhook receiver.
+stall scenario, real Prometheus (or VictoriaMetrics) servers scraping them, a collector writing SQLite, ``gpulens
+alerts run`` over each server, and a local webhook receiver.
 
 Prometheus ``gl`` scrapes the gpulens families of the stall exporter and of a frozen exporter (``--speed 0.001``:
 its readings do not change during the test, so the SQL path and Prometheus must agree on every value); Prometheus
@@ -17,8 +17,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -185,7 +185,11 @@ def _serving(stack: ExitStack, root: Path, name: str, proc: subprocess.Popen[byt
 
 
 @contextmanager
-def running_stack(root: Path, prometheus: str) -> Iterator[Stack]:
+def running_stack(
+    root: Path, prometheus: str, store: Callable[..., AbstractContextManager[str]] = running_prometheus
+) -> Iterator[Stack]:
+    """The stack, its two stores run by ``store`` (``running_prometheus`` or ``running_victoriametrics``) from the
+    binary ``prometheus``."""
     Hook.payloads = {}
     with ExitStack() as stack:
         server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
@@ -212,9 +216,9 @@ def running_stack(root: Path, prometheus: str) -> Iterator[Stack]:
         }
         (root / "p-gl").mkdir()
         (root / "p-dcgm").mkdir()
-        prom_gl = stack.enter_context(running_prometheus(prometheus, root / "p-gl", jobs_gl))
+        prom_gl = stack.enter_context(store(prometheus, root / "p-gl", jobs_gl))
         prom_dcgm = stack.enter_context(
-            running_prometheus(prometheus, root / "p-dcgm", jobs_dcgm, extra=dict.fromkeys(jobs_dcgm, dcgm_only))
+            store(prometheus, root / "p-dcgm", jobs_dcgm, extra=dict.fromkeys(jobs_dcgm, dcgm_only))
         )
         configs = {}
         engines = {}

@@ -1,5 +1,6 @@
-"""``PromReader``'s fabric and host reads against a real Prometheus scraping a page of the node agent's
-``gpulens_nic_*``, ``gpulens_host_*`` and ``gpulens_job_*`` families (counters growing at known rates)."""
+"""``PromReader``'s fabric and host reads against a real Prometheus, and a real VictoriaMetrics, scraping a page of
+the node agent's ``gpulens_nic_*``, ``gpulens_host_*`` and ``gpulens_job_*`` families (counters growing at known
+rates)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from gpulens.settings import StoreAuth
 from gpulens.storage.prometheus import PromReader
-from tests.prom import running_prometheus, wait_for
+from tests.prom import running_prometheus, running_victoriametrics, wait_for
 
 GIB = 1024**3
 PORTS = (
@@ -54,8 +55,14 @@ def page(elapsed: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.fixture(scope="module")
-def prom(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["prometheus", "victoriametrics"])
+def prom(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    prometheus_bin: str,
+    victoriametrics_bin: str,
+) -> Iterator[str]:
+    """Each store in turn (Prometheus, then VictoriaMetrics scraping the page itself) holding a quarter minute."""
     started = time.time()
 
     class Handler(BaseHTTPRequestHandler):
@@ -73,9 +80,13 @@ def prom(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> Itera
     threading.Thread(target=server.serve_forever, daemon=True).start()
     target = f"127.0.0.1:{server.server_address[1]}"
     try:
-        with running_prometheus(
-            prometheus_bin, tmp_path_factory.mktemp("prom"), {"agent": (target, "/metrics")}
-        ) as base:
+        run, binary = (
+            (running_prometheus, prometheus_bin)
+            if request.param == "prometheus"
+            else (running_victoriametrics, victoriametrics_bin)
+        )
+        # VictoriaMetrics with its defaults (-search.latencyOffset=30s): the newest values are read fresh all the same
+        with run(binary, tmp_path_factory.mktemp(request.param), {"agent": (target, "/metrics")}, flags=()) as base:
             wait_for(
                 base, "min(count_over_time(gpulens_nic_up[1m]))", lambda r: bool(r) and float(r[0]["value"][1]) >= 15
             )

@@ -3,7 +3,7 @@ number of queries over 4 nodes as over 12 (with three times the GPUs and jobs), 
 query, aggregated by job in Prometheus, whose answer agrees with summing the per-GPU series by hand.
 
 The history is backfilled TSDB blocks (``tests.storage.promblocks``, the bench's generator) served by a real
-Prometheus.
+Prometheus, then the same samples imported into a real VictoriaMetrics: every test runs over both.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pytest
 from gpulens.settings import StoreAuth
 from gpulens.storage.jobstats import JOB_POINTS
 from gpulens.storage.prometheus import PromReader
-from tests.prom import running_prometheus
-from tests.storage.promblocks import create_blocks, layout
+from tests.prom import running_prometheus, running_victoriametrics
+from tests.storage.promblocks import create_blocks, import_history, layout
 
 STEP_S = 60
 SAMPLES = 31  # half an hour
@@ -42,17 +42,29 @@ def end() -> int:
     return int(time.time()) // 7200 * 7200 - STEP_S
 
 
-@pytest.fixture(scope="module")
-def readers(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str, end: int) -> Iterator[dict[int, PromReader]]:
-    """Readers over two Prometheus servers holding the same half hour of 4 and of 12 nodes."""
+@pytest.fixture(scope="module", params=["prometheus", "victoriametrics"])
+def readers(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    prometheus_bin: str,
+    victoriametrics_bin: str,
+    end: int,
+) -> Iterator[dict[int, PromReader]]:
+    """Readers over two stores holding the same half hour of 4 and of 12 nodes: Prometheus servers (TSDB blocks),
+    then VictoriaMetrics servers (the same samples imported)."""
     from contextlib import ExitStack
 
     out = {}
+    start = end - (SAMPLES - 1) * STEP_S
     with ExitStack() as stack:
         for nodes in (4, 12):
-            work = tmp_path_factory.mktemp(f"blocks{nodes}")
-            create_blocks("promtool", work, nodes, end - (SAMPLES - 1) * STEP_S, STEP_S, SAMPLES)
-            base = stack.enter_context(running_prometheus(prometheus_bin, work, {}, interval_s=STEP_S, flags=FLAGS))
+            work = tmp_path_factory.mktemp(f"{request.param}{nodes}")
+            if request.param == "prometheus":
+                create_blocks("promtool", work, nodes, start, STEP_S, SAMPLES)
+                base = stack.enter_context(running_prometheus(prometheus_bin, work, {}, interval_s=STEP_S, flags=FLAGS))
+            else:
+                base = stack.enter_context(running_victoriametrics(victoriametrics_bin, work, {}, interval_s=STEP_S))
+                import_history(base, nodes, start, STEP_S, SAMPLES)
             out[nodes] = PromReader("prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=FixedClock(end + 30))
         yield out
 

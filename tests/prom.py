@@ -25,12 +25,13 @@ def running_prometheus(
     extra: dict[str, dict[str, Any]] | None = None,
     interval_s: float = 1.0,
     flags: Sequence[str] = (),
+    rules: Sequence[Path] = (),
 ) -> Iterator[str]:
     """Start Prometheus scraping ``jobs`` ({job name: (host:port, metrics path)}) every ``interval_s`` (one second);
     yield its base URL.
 
     ``extra``: more scrape-config keys by job name (``metric_relabel_configs``, ...); ``flags``: more command-line
-    flags."""
+    flags; ``rules``: rule files to load."""
     config = {
         "global": {"scrape_interval": f"{interval_s * 1000:.0f}ms", "scrape_timeout": f"{interval_s * 900:.0f}ms"},
         "scrape_configs": [
@@ -42,6 +43,7 @@ def running_prometheus(
             }
             for name, (target, path) in jobs.items()
         ],
+        **({"rule_files": [str(r) for r in rules]} if rules else {}),
     }
     config_path = workdir / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config))

@@ -5,10 +5,15 @@ every series ``NODES`` gpulens exporter nodes export (about 550 per node, jobs a
 as TSDB blocks with ``promtool``: ``tests.storage.promblocks``). Then each page's data loading runs as the dashboard
 runs it (the page's render function with a ``PromReader``, server-side) over the dashboard's default range (the
 last hour), and, unless ``--no-browser``, each page loads whole in headless Chromium (the dashboard app over the same
-reader: request, callbacks, charts drawn). Printed per page: milliseconds (the median of ``REPEAT`` loads), PromQL
-queries and series returned. Usage: ``python -m bench.bench_prometheus [NODES] [--no-browser] [--dir=DIR]
-[--pages=NAME,...]``: ``--dir`` keeps the built TSDB in ``DIR`` and reuses it when run again with the same ``NODES``
-(building takes minutes); ``--pages`` times only the named pages.
+reader: request, callbacks, charts drawn). Each page is timed twice: reading raw series only (``raw``), then with the
+recording rules (``gpulens rules export --format prometheus-recording``, evaluated every ``STEP_S`` over the whole
+history by ``promtool tsdb create-blocks-from rules``, as a Prometheus evaluating them since before the range would
+have; ``recorded``). The rules' cost is measured as Prometheus evaluates them: each rule's expression as an instant
+query at the history's end, Prometheus's own ``process_cpu_seconds_total`` read before and after. Printed per page:
+milliseconds (the median of ``REPEAT`` loads), PromQL queries and series returned. Usage: ``python -m
+bench.bench_prometheus [NODES] [--no-browser] [--dir=DIR] [--pages=NAME,...]``: ``--dir`` keeps the built TSDB
+(and the backfilled rules) in ``DIR`` and reuses it when run again with the same ``NODES`` (building takes minutes);
+``--pages`` times only the named pages.
 """
 
 from __future__ import annotations
@@ -141,6 +146,49 @@ def build(work: Path, nodes: int) -> float:
     return float(end)
 
 
+def record(work: Path, nodes: int, end: float) -> None:
+    """Backfill the recording rules over the history under ``work / "prom"`` (once per rules file)."""
+    from gpulens.storage.prometheus.recording import rules_yaml
+    from tests.prom import running_prometheus
+    from tests.storage.promblocks import backfill_rules, move_blocks
+
+    rules = rules_yaml(STEP_S, STEP_S)
+    path = work / "recording.yml"
+    if path.exists() and path.read_text() == rules:
+        return
+    path.write_text(rules)
+    began = time.perf_counter()
+    start = int(end) - (HOURS * 3600 // STEP_S) * STEP_S
+    with running_prometheus("prometheus", work / "prom", {}, interval_s=STEP_S, flags=BLOCK_FLAGS) as base:
+        backfill_rules("promtool", base, path, start, int(end) + STEP_S, work / "recorded")
+    move_blocks(work / "recorded", work / "prom" / "tsdb")
+    print(f"prometheus_recording_backfill_{nodes * 8}_gpus: {time.perf_counter() - began:.0f} s")
+
+
+def rule_cost(base: str, at: float, gpus: int) -> None:
+    """The CPU Prometheus spends on one evaluation of the recording rules (each expression as an instant query at
+    ``at``, one at a time), and that as a share of one core over the rules' interval."""
+    from gpulens.settings import StoreAuth
+    from gpulens.storage.prometheus.client import PromClient
+    from gpulens.storage.prometheus.recording import rules
+    from tests.conftest import http_get
+
+    def cpu() -> float:
+        text = http_get(base + "/metrics")[2].decode()
+        return float(next(ln.split()[1] for ln in text.splitlines() if ln.startswith("process_cpu_seconds_total")))
+
+    client = PromClient("prometheus+" + base, StoreAuth(), timeout_s=120, environ=None)
+    costs = []
+    for _ in range(REPEAT):
+        before, series = cpu(), 0
+        for rule in rules(STEP_S, STEP_S):
+            series += len(client.query(rule.expr, at, max_series=10**7))
+        costs.append(cpu() - before)
+    spent = statistics.median(costs)
+    print(f"prometheus_recording_rules_cpu_{gpus}_gpus: {spent:.2f} CPU-s per evaluation ({series} series)")
+    print(f"prometheus_recording_rules_core_share_{gpus}_gpus: {spent / STEP_S:.1%} of a core at {STEP_S} s")
+
+
 def measure(work: Path, nodes: int, pages: list[str] | None = None, *, browser: bool = True) -> int:
     from gpulens.settings import StoreAuth
     from gpulens.storage.prometheus import PromReader
@@ -149,30 +197,41 @@ def measure(work: Path, nodes: int, pages: list[str] | None = None, *, browser: 
 
     gpus = nodes * GPUS
     end = build(work, nodes)
+    record(work, nodes, end)
     names = [f"node-{n:04d}" for n in range(nodes)]
     print(f"prometheus_load_average_before: {os.getloadavg()[0]:.1f} runnable", flush=True)
     with running_prometheus("prometheus", work / "prom", {}, interval_s=STEP_S, flags=BLOCK_FLAGS) as base:
-        store = PromReader(
-            "prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=FixedClock(end + STEP_S / 2), timeout_s=120
-        )
-        for name, load in page_loads(store, names).items():
-            if pages is not None and name not in pages:
-                continue
-            times = []
-            for _ in range(REPEAT):
-                before = (store.client.stats.queries, store.client.stats.series)
-                began = time.perf_counter()
-                load()
-                times.append(time.perf_counter() - began)
-            queries = store.client.stats.queries - before[0]
-            returned = store.client.stats.series - before[1]
-            print(f"prometheus_{name}_page_data_{gpus}_gpus: {statistics.median(times) * 1000:.0f} ms")
-            print(f"prometheus_{name}_page_queries_{gpus}_gpus: {queries} queries")
-            print(f"prometheus_{name}_page_series_{gpus}_gpus: {returned} series")
-            sys.stdout.flush()
-        if browser:
-            for name, ms in browser_loads(store, names).items():
-                print(f"prometheus_{name}_page_browser_{gpus}_gpus: {ms:.0f} ms")
+        rule_cost(base, end, gpus)
+        for mode in ("raw", "recorded"):
+            store = PromReader(
+                "prometheus+" + base,
+                StoreAuth(min_step_s=STEP_S),
+                clock=FixedClock(end + STEP_S / 2),
+                timeout_s=120,
+                use_recorded=mode == "recorded",
+            )
+            for name, load in page_loads(store, names).items():
+                if pages is not None and name not in pages:
+                    continue
+                times = []
+                for _ in range(REPEAT):
+                    before = (store.client.stats.queries, store.client.stats.series)
+                    began = time.perf_counter()
+                    load()
+                    times.append(time.perf_counter() - began)
+                queries = store.client.stats.queries - before[0]
+                returned = store.client.stats.series - before[1]
+                key = f"prometheus_{name}_page_{mode}"
+                print(f"{key}_data_{gpus}_gpus: {statistics.median(times) * 1000:.0f} ms")
+                print(f"{key}_queries_{gpus}_gpus: {queries} queries")
+                print(f"{key}_series_{gpus}_gpus: {returned} series")
+                sys.stdout.flush()
+            if store.recording.missing:
+                print(f"prometheus_recorded_not_used: {store.recording.missing}")
+            if browser:
+                for name, ms in browser_loads(store, names).items():
+                    if pages is None or name in pages:
+                        print(f"prometheus_{name}_page_{mode}_browser_{gpus}_gpus: {ms:.0f} ms")
     print(f"prometheus_load_average_after: {os.getloadavg()[0]:.1f} runnable")
     return 0
 

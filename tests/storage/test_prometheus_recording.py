@@ -194,3 +194,24 @@ def test_doctor_tells_present_stale_and_missing(servers: dict[str, str], end: in
     assert "present  " + rec.CLOCK in done.stdout
     assert "missing  " + rec.JOB_GPUS in done.stdout
     assert "pages reading raw series: jobs, interconnect" in done.stdout
+
+
+def test_the_dashboard_says_once_which_rule_file_would_help(servers: dict[str, str], end: int) -> None:
+    from gpulens.dashboard.components import ViewState
+    from gpulens.dashboard.context import Context
+    from gpulens.dashboard.pages import interconnect, jobs
+
+    def statuses(base: str) -> list[str]:
+        store = reader(base, end + 30)
+        context = Context(db=store, clock=store.clock)
+        state = ViewState(range="15m")  # within the history (and the recorded series)
+        shown = [jobs.render(context, state, "all", "", 1)[0], interconnect.render(context, state, None)[0]]
+        shown.append(jobs.render(context, state, "all", "", 1)[0])
+        return [str(s) for s in shown]
+
+    first, second, third = statuses(servers["raw"])
+    assert rec.RULE_FILE in first
+    assert "jobs" in first
+    assert rec.RULE_FILE not in second
+    assert rec.RULE_FILE not in third
+    assert not any(rec.RULE_FILE in s for s in statuses(servers["recorded"]))

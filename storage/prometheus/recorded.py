@@ -17,8 +17,9 @@ import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
+from gpulens.clock import Clock
 from gpulens.fabricmodel import nic_id
 from gpulens.storage.jobstats import JOB_POINTS, JobSummary
 from gpulens.storage.portproblems import PORT_PROBLEMS
@@ -27,9 +28,6 @@ from gpulens.storage.prometheus import jobquery
 from gpulens.storage.prometheus import recording as rec
 from gpulens.storage.prometheus.client import PromClient, PromQueryError
 from gpulens.storage.prometheus.fabric import _nic_key
-
-if TYPE_CHECKING:
-    from gpulens.storage.prometheus.reader import PromReader
 
 STALE_INTERVALS: Final = 3  # recorded series whose newest evaluation is older than this many intervals are stale
 
@@ -55,6 +53,20 @@ class Usage:
             f"deploy/prometheus/rules/{rec.RULE_FILE} (gpulens rules export --format prometheus-recording) into "
             "Prometheus to make them faster."
         )
+
+
+class PromReader(Protocol):
+    """What these reads use of ``gpulens.storage.prometheus.reader.PromReader`` (which calls them)."""
+
+    client: PromClient
+    clock: Clock
+    recording: Usage
+
+    def _present(self) -> frozenset[str] | None: ...
+
+    def _exists(self, name: str) -> bool: ...
+
+    def _step(self, start: float, end: float, max_points: int) -> tuple[float, float, float]: ...
 
 
 def _clock(client: PromClient, lo: float, hi: float) -> tuple[float, float, float] | None:

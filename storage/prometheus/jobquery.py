@@ -77,8 +77,11 @@ def pairs(job_id: str | None, window: str, *, dcgm: bool, uuids: Sequence[str] |
     matchers = [f"UUID=~{regex_of(uuids)}"] if uuids is not None else []
 
     def held(label: str) -> str:
-        selected = fam.selector(fam.DCGM_PRESENCE, ", ".join([_NOT_EMPTY.format(label), *matchers]))
-        return f"count_over_time({selected}{window})" if window else selected
+        chosen = ", ".join([_NOT_EMPTY.format(label), *matchers])
+        if not window:
+            return fam.selector(fam.DCGM_PRESENCE, chosen)
+        # one name at a time: a range function drops the name, and a GPU exporting two of them would collide
+        return " or ".join(f"count_over_time({name}{{{chosen}}}{window})" for name in fam.DCGM_PRESENCE)
 
     pods = f"sum by ({_DCGM_BY}, pod, namespace) ({held('pod')})"
     pod_jobs = _relabel(f'label_join({pods}, "job_id", "/", "namespace", "pod")', "job_id", "job_id", "/(.*)")

@@ -215,3 +215,63 @@ def test_the_dashboard_says_once_which_rule_file_would_help(servers: dict[str, s
     assert rec.RULE_FILE not in second
     assert rec.RULE_FILE not in third
     assert not any(rec.RULE_FILE in s for s in statuses(servers["recorded"]))
+
+
+@pytest.mark.parametrize("page", ["current.prom", "legacy.prom"])
+def test_rules_read_every_dcgm_exporter_generation_in_gpulens_units(
+    page: str, prometheus_bin: str, tmp_path: Path
+) -> None:
+    """Over a dcgm-exporter page (4.6+ base-unit names, or 2.x-4.5 names), evaluated live: the per-node and per-job
+    recorded series are the sums and counts of what the reader reads from the raw series."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from typing import Any
+
+    from gpulens.storage.prometheus.client import PromClient
+
+    text = (ROOT / "tests" / "fixtures" / "dcgm" / page).read_text()
+
+    class Page(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (tmp_path / rec.RULE_FILE).write_text(rec.rules_yaml(1, 1))
+    target = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        with running_prometheus(
+            prometheus_bin, tmp_path, {"dcgm": (target, "/metrics")}, rules=[tmp_path / rec.RULE_FILE]
+        ) as base:
+            client = PromClient("prometheus+" + base, StoreAuth(), environ={})
+            deadline = time.monotonic() + 60
+            while not client.query(rec.JOB_GPUS, time.time()) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            at = time.time()
+            store = reader(base, at)
+            readings, jobs = store.latest_readings(), store.current_jobs()
+            recorded = {
+                name: {s.labels.get("node") or s.labels.get("job_id"): s.value for s in client.query(name, at)}
+                for name in (rec.NODE_UP, rec.NODE_MEMORY_USED, rec.NODE_POWER, rec.NODE_MEMORY_TOTAL, rec.JOB_GPUS)
+            }
+    finally:
+        server.shutdown()
+        server.server_close()
+    nodes = {r.node for r in readings}
+    assert readings
+    assert recorded[rec.NODE_UP] == {n: sum(1 for r in readings if r.node == n) for n in nodes}
+    for name, field in ((rec.NODE_MEMORY_USED, "memory_used_bytes"), (rec.NODE_POWER, "power_watts")):
+        want = {n: sum(getattr(r, field) or 0 for r in readings if r.node == n) for n in nodes}
+        assert recorded[name].keys() == want.keys()
+        for node, value in want.items():
+            assert math.isclose(recorded[name][node], value, rel_tol=1e-6), (name, node)
+    held = {j.job_id: sum(1 for k in jobs if k.job_id == j.job_id) for j in jobs}
+    assert recorded[rec.JOB_GPUS] == held
+    assert held

@@ -6,7 +6,7 @@ as TSDB blocks with ``promtool``: ``tests.storage.promblocks``). Then each page'
 runs it (the page's render function with a ``PromReader``, server-side) over the dashboard's default range (the
 last hour), and, unless ``--no-browser``, each page loads whole in headless Chromium (the dashboard app over the same
 reader: request, callbacks, charts drawn). Each page is timed twice: reading raw series only (``raw``), then with the
-recording rules (``gpulens rules export --format prometheus-recording``, evaluated every ``STEP_S`` over the whole
+recording rules (``gpulens rules export --format prometheus-recording``, evaluated at their interval over the whole
 history by ``promtool tsdb create-blocks-from rules``, as a Prometheus evaluating them since before the range would
 have; ``recorded``). The rules' cost is measured as Prometheus evaluates them: each rule's expression as an instant
 query at the history's end, Prometheus's own ``process_cpu_seconds_total`` read before and after. Printed per page:
@@ -148,14 +148,16 @@ def build(work: Path, nodes: int) -> float:
 
 def record(work: Path, nodes: int, end: float) -> None:
     """Backfill the recording rules over the history under ``work / "prom"`` (once per rules file)."""
-    from gpulens.storage.prometheus.recording import rules_yaml
+    from gpulens.storage.prometheus.recording import INTERVAL_S, rules_yaml
     from tests.prom import running_prometheus
     from tests.storage.promblocks import backfill_rules, move_blocks
 
-    rules = rules_yaml(STEP_S, STEP_S)
+    rules = rules_yaml(INTERVAL_S, STEP_S)
     path = work / "recording.yml"
     if path.exists() and path.read_text() == rules:
         return
+    if path.exists():  # series of other rules would add up with these: build the history again
+        raise SystemExit(f"{work} holds the series of other recording rules: remove it and run again")
     path.write_text(rules)
     began = time.perf_counter()
     start = int(end) - (HOURS * 3600 // STEP_S) * STEP_S
@@ -170,7 +172,7 @@ def rule_cost(base: str, at: float, gpus: int) -> None:
     ``at``, one at a time), and that as a share of one core over the rules' interval."""
     from gpulens.settings import StoreAuth
     from gpulens.storage.prometheus.client import PromClient
-    from gpulens.storage.prometheus.recording import rules
+    from gpulens.storage.prometheus.recording import INTERVAL_S, rules
     from tests.conftest import http_get
 
     def cpu() -> float:
@@ -181,12 +183,12 @@ def rule_cost(base: str, at: float, gpus: int) -> None:
     costs = []
     for _ in range(REPEAT):
         before, series = cpu(), 0
-        for rule in rules(STEP_S, STEP_S):
+        for rule in rules(INTERVAL_S, STEP_S):
             series += len(client.query(rule.expr, at, max_series=10**7))
         costs.append(cpu() - before)
     spent = statistics.median(costs)
     print(f"prometheus_recording_rules_cpu_{gpus}_gpus: {spent:.2f} CPU-s per evaluation ({series} series)")
-    print(f"prometheus_recording_rules_core_share_{gpus}_gpus: {spent / STEP_S:.1%} of a core at {STEP_S} s")
+    print(f"prometheus_recording_rules_core_share_{gpus}_gpus: {spent / INTERVAL_S:.1%} of a core at {INTERVAL_S} s")
 
 
 def measure(work: Path, nodes: int, pages: list[str] | None = None, *, browser: bool = True) -> int:

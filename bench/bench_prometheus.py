@@ -5,13 +5,19 @@ every series ``NODES`` gpulens exporter nodes export (about 550 per node, jobs a
 as TSDB blocks with ``promtool``: ``tests.storage.promblocks``). Then each page's data loading runs as the dashboard
 runs it (the page's render function with a ``PromReader``, server-side) over the dashboard's default range (the
 last hour), and, unless ``--no-browser``, each page loads whole in headless Chromium (the dashboard app over the same
-reader: request, callbacks, charts drawn). Printed per page: milliseconds (the median of ``REPEAT`` loads), PromQL
-queries and series returned. With ``--engines=prometheus,victoriametrics`` the same pages are timed over a real
-VictoriaMetrics (Debian's ``victoria-metrics``) holding the same samples, imported through its Prometheus text import
-API (``tests.storage.promblocks.import_history``), its result cache off (each load evaluated, as in Prometheus).
-Usage: ``python -m bench.bench_prometheus [NODES] [--no-browser] [--dir=DIR] [--pages=NAME,...]
-[--engines=NAME,...]``: ``--dir`` keeps the built TSDB (and VictoriaMetrics's data) in ``DIR`` and reuses it when
-run again with the same ``NODES`` (building takes minutes); ``--pages`` times only the named pages.
+reader: request, callbacks, charts drawn). Over Prometheus each page is timed twice: reading raw series only
+(``raw``), then with the recording rules (``gpulens rules export --format prometheus-recording``, evaluated at their
+interval over the whole history by ``promtool tsdb create-blocks-from rules``, as a Prometheus evaluating them since
+before the range would have; ``recorded``). The rules' cost is measured as Prometheus evaluates them: each rule's
+expression as an instant query at the history's end, Prometheus's own ``process_cpu_seconds_total`` read before and
+after. With ``--engines=prometheus,victoriametrics`` the same pages are timed (raw) over a real VictoriaMetrics
+(Debian's ``victoria-metrics``) holding the same samples, imported through its Prometheus text import API
+(``tests.storage.promblocks.import_history``), its result cache off (each load evaluated, as in Prometheus).
+Printed per page: milliseconds (the median of ``REPEAT`` loads), the CPU seconds of the store and of gpulens per
+load, PromQL queries and series returned. Usage: ``python -m bench.bench_prometheus [NODES] [--no-browser]
+[--dir=DIR] [--pages=NAME,...] [--engines=NAME,...]``: ``--dir`` keeps the built TSDB (with the backfilled rules, and
+VictoriaMetrics's data) in ``DIR`` and reuses it when run again with the same ``NODES`` (building takes minutes);
+``--pages`` times only the named pages.
 """
 
 from __future__ import annotations
@@ -199,9 +205,7 @@ def server_cpu(marker: str) -> float:
     return total
 
 
-def time_pages(
-    engine: str, store: Any, nodes: int, pages: list[str] | None, *, browser: bool, marker: str = ""
-) -> None:
+def time_pages(key: str, store: Any, nodes: int, pages: list[str] | None, *, browser: bool, marker: str = "") -> None:
     """Print each page's data time (the median of ``REPEAT``), queries and series, and the CPU seconds per load of
     the store (the processes whose command line holds ``marker``) and of gpulens (this process, the decoding and
     the page's records: load-independent, where the time is not on a shared machine); then its time in Chromium."""
@@ -222,15 +226,60 @@ def time_pages(
         queries = store.client.stats.queries - before[0]
         returned = store.client.stats.series - before[1]
         spent = ((server_cpu(marker) - cpu[0]) / REPEAT, (time.process_time() - cpu[1]) / REPEAT)
-        print(f"{engine}_{name}_page_data_{gpus}_gpus: {statistics.median(times) * 1000:.0f} ms")
-        print(f"{engine}_{name}_page_cpu_{gpus}_gpus: store {spent[0]:.2f} s + gpulens {spent[1]:.2f} s")
-        print(f"{engine}_{name}_page_queries_{gpus}_gpus: {queries} queries")
-        print(f"{engine}_{name}_page_series_{gpus}_gpus: {returned} series")
+        print(f"{key}_{name}_page_data_{gpus}_gpus: {statistics.median(times) * 1000:.0f} ms")
+        print(f"{key}_{name}_page_cpu_{gpus}_gpus: store {spent[0]:.2f} s + gpulens {spent[1]:.2f} s")
+        print(f"{key}_{name}_page_queries_{gpus}_gpus: {queries} queries")
+        print(f"{key}_{name}_page_series_{gpus}_gpus: {returned} series")
         sys.stdout.flush()
     if browser:
         for name, ms in browser_loads(store, names).items():
             if pages is None or name in pages:
-                print(f"{engine}_{name}_page_browser_{gpus}_gpus: {ms:.0f} ms")
+                print(f"{key}_{name}_page_browser_{gpus}_gpus: {ms:.0f} ms")
+
+
+def record(work: Path, nodes: int, end: float) -> None:
+    """Backfill the recording rules over the history under ``work / "prom"`` (once per rules file)."""
+    from gpulens.storage.prometheus.recording import INTERVAL_S, rules_yaml
+    from tests.prom import running_prometheus
+    from tests.storage.promblocks import backfill_rules, move_blocks
+
+    rules = rules_yaml(INTERVAL_S, STEP_S)
+    path = work / "recording.yml"
+    if path.exists() and path.read_text() == rules:
+        return
+    if path.exists():  # series of other rules would add up with these: build the history again
+        raise SystemExit(f"{work} holds the series of other recording rules: remove it and run again")
+    path.write_text(rules)
+    began = time.perf_counter()
+    start = int(end) - (HOURS * 3600 // STEP_S) * STEP_S
+    with running_prometheus("prometheus", work / "prom", {}, interval_s=STEP_S, flags=BLOCK_FLAGS) as base:
+        backfill_rules("promtool", base, path, start, int(end) + STEP_S, work / "recorded")
+    move_blocks(work / "recorded", work / "prom" / "tsdb")
+    print(f"prometheus_recording_backfill_{nodes * 8}_gpus: {time.perf_counter() - began:.0f} s")
+
+
+def rule_cost(base: str, at: float, gpus: int) -> None:
+    """The CPU Prometheus spends on one evaluation of the recording rules (each expression as an instant query at
+    ``at``, one at a time), and that as a share of one core over the rules' interval."""
+    from gpulens.settings import StoreAuth
+    from gpulens.storage.prometheus.client import PromClient
+    from gpulens.storage.prometheus.recording import INTERVAL_S, rules
+    from tests.conftest import http_get
+
+    def cpu() -> float:
+        text = http_get(base + "/metrics")[2].decode()
+        return float(next(ln.split()[1] for ln in text.splitlines() if ln.startswith("process_cpu_seconds_total")))
+
+    client = PromClient("prometheus+" + base, StoreAuth(), timeout_s=120, environ=None)
+    costs = []
+    for _ in range(REPEAT):
+        before, series = cpu(), 0
+        for rule in rules(INTERVAL_S, STEP_S):
+            series += len(client.query(rule.expr, at, max_series=10**7))
+        costs.append(cpu() - before)
+    spent = statistics.median(costs)
+    print(f"prometheus_recording_rules_cpu_{gpus}_gpus: {spent:.2f} CPU-s per evaluation ({series} series)")
+    print(f"prometheus_recording_rules_core_share_{gpus}_gpus: {spent / INTERVAL_S:.1%} of a core at {INTERVAL_S} s")
 
 
 def measure(
@@ -248,6 +297,7 @@ def measure(
     end = history_end(work, nodes)
     if "prometheus" in engines:
         build(work, nodes, end)
+        record(work, nodes, end)
     for engine in engines:
         print(f"{engine}_load_average_before: {os.getloadavg()[0]:.1f} runnable", flush=True)
         if engine == "prometheus":
@@ -260,11 +310,21 @@ def measure(
         with server as base:
             if engine == "victoriametrics":
                 import_vm(work, base, nodes, end)
-            store = PromReader(
-                "prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=FixedClock(end + STEP_S / 2), timeout_s=120
-            )
+            else:
+                rule_cost(base, end, nodes * 8)
             data = str(work / ("prom" if engine == "prometheus" else "vm"))
-            time_pages(engine, store, nodes, pages, browser=browser, marker=data)
+            # VictoriaMetrics evaluates no rules itself (vmalert does): its pages are timed raw
+            for mode in ("raw", "recorded") if engine == "prometheus" else ("raw",):
+                store = PromReader(
+                    "prometheus+" + base,
+                    StoreAuth(min_step_s=STEP_S),
+                    clock=FixedClock(end + STEP_S / 2),
+                    timeout_s=120,
+                    use_recorded=mode == "recorded",
+                )
+                time_pages(f"{engine}_{mode}", store, nodes, pages, browser=browser, marker=data)
+                if mode == "recorded" and store.recording.missing:
+                    print(f"{engine}_recorded_not_used: {store.recording.missing}")
         print(f"{engine}_load_average_after: {os.getloadavg()[0]:.1f} runnable", flush=True)
     return 0
 

@@ -42,6 +42,16 @@ class Context:
         pinned = snapshot.current()
         return pinned if pinned is not None else self.base
 
+    def with_recording_notice(self, status: html.Div | None) -> html.Div | None:
+        """``status``, and once per dashboard the line naming the recording rules file that would make a page over
+        Prometheus faster, when the page just read raw series for want of them (``storage.prometheus.recorded``)."""
+        usage = getattr(self.base, "recording", None)
+        hint = usage.hint() if usage is not None else None
+        if not hint:
+            return status
+        notice = banner("info", "Faster with recording rules:", " " + hint)
+        return notice if status is None else html.Div([status, notice])
+
     def history_start(self, preset: str | None) -> float | None:
         """Where a custom range must start at the earliest (``timerange.resolve_range``); asked of the store only
         for a custom range."""

@@ -72,14 +72,18 @@ def running_prometheus(
     extra: dict[str, dict[str, Any]] | None = None,
     interval_s: float = 1.0,
     flags: Sequence[str] = (),
+    rules: Sequence[Path] = (),
 ) -> Iterator[str]:
     """Start Prometheus scraping ``jobs`` ({job name: (host:port, metrics path)}) every ``interval_s`` (one second);
     yield its base URL.
 
     ``extra``: more scrape-config keys by job name (``metric_relabel_configs``, ...); ``flags``: more command-line
-    flags."""
+    flags; ``rules``: rule files to load."""
     config_path = workdir / "prometheus.yml"
-    config_path.write_text(yaml.safe_dump(scrape_config(jobs, extra, interval_s)))
+    config = scrape_config(jobs, extra, interval_s)
+    if rules:
+        config["rule_files"] = [str(r) for r in rules]
+    config_path.write_text(yaml.safe_dump(config))
     port = free_port()
     command = [
         binary,

@@ -209,7 +209,7 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
         ]
     )
     return (
-        status,
+        context.with_recording_notice(status),
         link_load(fresh),
         [{"label": n, "value": n} for n in nodes],
         chosen,

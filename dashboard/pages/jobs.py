@@ -181,7 +181,7 @@ def render(context: Context, state: ViewState, flag_filter: str, text: str, page
     elif alerts is None:
         status = banner("info", "No alert store connected:", " jobs cannot be flagged as stalled, straggling or idle.")
     return (
-        status,
+        context.with_recording_notice(status),
         jobs_table(summaries, flags, flag_filter, text, state),
         figure,
         info,

@@ -55,7 +55,7 @@ def _tag(expr: str, tag: str) -> str:
     return f'label_replace({expr}, "gl", {quote(tag)}, "", "")'
 
 
-def _dcgm_identity(expr: str) -> str:
+def dcgm_identity(expr: str) -> str:
     """``uuid`` from ``UUID`` and ``node`` from ``hostname``, else ``Hostname``, else the ``instance`` host."""
     expr = _relabel(expr, "uuid", "UUID", "(.+)")
     expr = _relabel(expr, "node", "instance", "(.*)")
@@ -77,13 +77,16 @@ def pairs(job_id: str | None, window: str, *, dcgm: bool, uuids: Sequence[str] |
     matchers = [f"UUID=~{regex_of(uuids)}"] if uuids is not None else []
 
     def held(label: str) -> str:
-        selected = fam.selector(fam.DCGM_PRESENCE, ", ".join([_NOT_EMPTY.format(label), *matchers]))
-        return f"count_over_time({selected}{window})" if window else selected
+        chosen = ", ".join([_NOT_EMPTY.format(label), *matchers])
+        if not window:
+            return fam.selector(fam.DCGM_PRESENCE, chosen)
+        # one name at a time: a range function drops the name, and a GPU exporting two of them would collide
+        return " or ".join(f"count_over_time({name}{{{chosen}}}{window})" for name in fam.DCGM_PRESENCE)
 
     pods = f"sum by ({_DCGM_BY}, pod, namespace) ({held('pod')})"
     pod_jobs = _relabel(f'label_join({pods}, "job_id", "/", "namespace", "pod")', "job_id", "job_id", "/(.*)")
     hpc_jobs = _relabel(f"sum by ({_DCGM_BY}, hpc_job) ({held('hpc_job')})", "job_id", "hpc_job", "(.+)")
-    dcgm_pairs = f"sum by ({_LABELS}) ({_dcgm_identity(f'{pod_jobs} or {hpc_jobs}')})"
+    dcgm_pairs = f"sum by ({_LABELS}) ({dcgm_identity(f'{pod_jobs} or {hpc_jobs}')})"
     if job_id is not None:
         dcgm_pairs = f'{dcgm_pairs} and on (job_id) label_replace(vector(1), "job_id", {quote(job_id)}, "", "")'
     if window:

@@ -32,7 +32,7 @@ from gpulens.settings import StoreAuth
 from gpulens.storage import schema
 from gpulens.storage.inventory import GpuInfo, LinkOutage
 from gpulens.storage.jobstats import JOB_POINTS, JobSummary
-from gpulens.storage.prometheus import fabric, jobquery, problems, targets
+from gpulens.storage.prometheus import fabric, jobquery, problems, recorded, targets
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus.client import PromClient, PromQueryError, PromSeries, quote, regex_escape, regex_of
 from gpulens.storage.reading import NotAvailableOnBackendError
@@ -65,12 +65,16 @@ class PromReader:
         clock: Clock | None = None,
         environ: Mapping[str, str] | None = None,
         timeout_s: float = 30.0,
+        use_recorded: bool = True,
     ) -> None:
         self.client = PromClient(url, auth, timeout_s=timeout_s, environ=environ)
         self.url_redacted = self.client.url_redacted
         self.clock = clock or SystemClock()
         self.min_step_s = self.client.auth.min_step_s
         self._names: tuple[float, frozenset[str], float] | None = None  # (monotonic time read, metric names, TTL)
+        # the recording rules' series (storage.prometheus.recorded) read where they cover a page's range
+        self.use_recorded = use_recorded
+        self.recording = recorded.Usage()
 
     def _present(self) -> frozenset[str] | None:
         """The metric names the store holds (read at most every ``NAMES_TTL_S``, or ``NAMES_CHANGED_TTL_S`` after
@@ -347,6 +351,8 @@ class PromReader:
         """Aggregated by job in Prometheus (``storage.prometheus.jobquery``): at once the (job, GPU) pairs, the GPUs'
         statistics and the GPUs held per step; once the pairs are in, where jobs came or went in the range, the
         per-step reads of those GPUs. (One job: its pairs first, then its GPUs' statistics.)"""
+        if job_id is None and self.use_recorded and (summaries := recorded.jobs(self, start, end)) is not None:
+            return summaries
         lo, hi, step = self._step(start, end, JOB_POINTS + 1)
         out = jobquery.Summaries(step)
         dcgm = any(self._exists(n) for n in fam.DCGM_PRESENCE)
@@ -452,7 +458,8 @@ class PromReader:
         return fabric.nic_counts(self)
 
     def nic_problems(self, start: float, end: float) -> dict[str, tuple[str, ...]]:
-        return problems.nic_problems(self, start, end)
+        found = recorded.nic_problems(self, start, end) if self.use_recorded else None
+        return problems.nic_problems(self, start, end) if found is None else found
 
     def latest_hosts(self, *, node: str | None = None) -> list[HostReading]:
         return fabric.latest_hosts(self, node=node)

@@ -245,3 +245,37 @@ def import_history(base: str, nodes: int, start: int, step: int, samples: int) -
     with urllib.request.urlopen(f"{base}/internal/force_flush", timeout=600) as response:
         response.read()
     return count
+
+
+def backfill_rules(promtool: str, base: str, rules: Path, start: int, end: int, out: Path) -> None:
+    """Evaluate the recording rules file ``rules`` over [start, end] against the Prometheus at ``base`` and write
+    their series as TSDB blocks into ``out`` (``promtool tsdb create-blocks-from rules``: each rule evaluated at
+    its group's interval, as a running Prometheus evaluates it); move them into a TSDB and restart Prometheus to
+    serve them."""
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            promtool,
+            "tsdb",
+            "create-blocks-from",
+            "rules",
+            f"--url={base}",
+            f"--start={start}",
+            f"--end={end}",
+            f"--output-dir={out}",
+            str(rules),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def move_blocks(source: Path, tsdb: Path) -> int:
+    """Move the TSDB blocks under ``source`` into ``tsdb``; return how many."""
+    moved = 0
+    for block in sorted(source.iterdir()):
+        if block.is_dir() and (block / "meta.json").exists():
+            block.rename(tsdb / block.name)
+            moved += 1
+    return moved

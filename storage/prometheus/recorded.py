@@ -1,0 +1,184 @@
+"""The reads of ``PromReader`` from recorded series (``storage.prometheus.recording``), where they are there.
+
+A page's summary of the whole cluster is read from the few series the recording rules keep when the rules run
+(their clock, ``recording.CLOCK``, was evaluated within ``STALE_INTERVALS`` intervals) and cover the range read
+(evaluated since its start); otherwise ``None`` comes back, the reader reads the raw series as before, and
+``Usage.hint`` says once which rule file would make it faster. ``status`` is what ``gpulens rules doctor`` prints.
+
+* jobs: the (job, GPU) pairs from the membership series (the GPU and node lists), the GPUs held per step from
+  ``job:gpulens_gpus:count``, and each job's utilization and memory statistics summed over the range from its
+  per-interval sums: 9 queries whose answers are one series per job (or pair), whatever the samples.
+* port problems: every port's flags now (one series per port) and the ports whose errors rose in the range.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+from gpulens.clock import Clock
+from gpulens.fabricmodel import nic_id
+from gpulens.storage.jobstats import JOB_POINTS, JobSummary
+from gpulens.storage.portproblems import PORT_PROBLEMS
+from gpulens.storage.prometheus import families as fam
+from gpulens.storage.prometheus import jobquery
+from gpulens.storage.prometheus import recording as rec
+from gpulens.storage.prometheus.client import PromClient, PromQueryError
+from gpulens.storage.prometheus.fabric import _nic_key
+
+STALE_INTERVALS: Final = 3  # recorded series whose newest evaluation is older than this many intervals are stale
+
+
+@dataclass
+class Usage:
+    """Which pages a reader read raw for want of recorded series, and whether that was said."""
+
+    missing: dict[str, str] = field(default_factory=dict)  # page -> why
+    said: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def hint(self) -> str | None:
+        """Once: one line naming the rule file that would make the pages read raw faster; then None."""
+        with self.lock:
+            if self.said or not self.missing:
+                return None
+            self.said = True
+            pages = " and ".join(sorted(self.missing))
+            why = "; ".join(sorted(set(self.missing.values())))
+        return (
+            f"The {pages} page{'s' if len(self.missing) > 1 else ''} read raw series ({why}): load "
+            f"deploy/prometheus/rules/{rec.RULE_FILE} (gpulens rules export --format prometheus-recording) into "
+            "Prometheus to make them faster."
+        )
+
+
+class PromReader(Protocol):
+    """What these reads use of ``gpulens.storage.prometheus.reader.PromReader`` (which calls them)."""
+
+    client: PromClient
+    clock: Clock
+    recording: Usage
+
+    def _present(self) -> frozenset[str] | None: ...
+
+    def _exists(self, name: str) -> bool: ...
+
+    def _step(self, start: float, end: float, max_points: int) -> tuple[float, float, float]: ...
+
+
+def _clock(client: PromClient, lo: float, hi: float) -> tuple[float, float, float] | None:
+    """(first, last evaluation in (lo, hi], interval) of the recording rules, or None when none is there."""
+    window = f"[{max(1, round(hi - lo))}s]"
+    query = (
+        f'label_replace(min_over_time({rec.CLOCK}{window}), "gl", "first", "", "") or '
+        f'label_replace(max_over_time({rec.CLOCK}{window}), "gl", "last", "", "")'
+    )
+    got = {s.labels.get("gl"): s for s in client.query(query, hi)}
+    if "first" not in got or "last" not in got:
+        return None
+    interval = got["last"].labels.get("interval", f"{rec.INTERVAL_S}s").removesuffix("s")
+    return got["first"].value, got["last"].value, float(interval) if interval.isdigit() else float(rec.INTERVAL_S)
+
+
+def covers(reader: PromReader, page: str, lo: float, now: float) -> bool:
+    """Whether the recorded series ``page`` needs are there, fresh at ``now`` and evaluated since ``lo``; if not,
+    why, in ``reader.recording``."""
+    present = reader._present()
+    why = None
+    if present is not None and not set(rec.PAGE_NEEDS[page]) <= present:
+        why = "no recording rules loaded"
+    else:
+        try:
+            clock = _clock(reader.client, lo, now)
+        except PromQueryError:
+            clock = None
+        if clock is None:
+            why = "no recording rules loaded"
+        elif now - clock[1] > STALE_INTERVALS * clock[2]:
+            why = "the recording rules are not evaluated"
+        elif clock[0] > lo + 2 * clock[2]:
+            why = "the recording rules began after the range's start"
+    if why is not None:
+        reader.recording.missing[page] = why
+        return False
+    reader.recording.missing.pop(page, None)
+    return True
+
+
+def jobs(reader: PromReader, start: float, end: float) -> list[JobSummary] | None:
+    """Every job's summary over [start, end] from recorded series; None when they do not cover it."""
+    lo, hi, step = reader._step(start, end, JOB_POINTS + 1)
+    if not covers(reader, "jobs", lo, reader.clock.now()):
+        return None
+    window = f"[{round(hi - lo)}s]"
+    dcgm = any(reader._exists(n) for n in fam.DCGM_PRESENCE)
+    stats = {
+        "util_n": f"sum by (job_id) (sum_over_time({rec.JOB_UTIL_N}{window}))",
+        "util_sum": f"sum by (job_id) (sum_over_time({rec.JOB_UTIL_SUM}{window}))",
+        "util_sq": f"sum by (job_id) (sum_over_time({rec.JOB_UTIL_SQ}{window}))",
+        "mem_n": f"sum by (job_id) (sum_over_time({rec.JOB_MEM_N}{window}))",
+        "mem_sum": f"sum by (job_id) (sum_over_time({rec.JOB_MEM_SUM}{window}))",
+        "mem_max": f"max by (job_id) (max_over_time({rec.JOB_MEM_MAX}{window}))",
+    }
+    client = reader.client
+    with ThreadPoolExecutor(4) as pool:
+        pairs = pool.submit(client.query, jobquery.pairs_query(None, lo, hi, dcgm=dcgm), hi)
+        held = pool.submit(client.query_range, f"sum by (job_id) ({rec.JOB_GPUS})", lo + step, hi, step)
+        answers = {tag: pool.submit(client.query, q, hi) for tag, q in stats.items()}
+        out = jobquery.Summaries(step)
+        out.add_pairs(pairs.result())
+        out.add_held(held.result())
+        for tag, answer in answers.items():
+            for s in answer.result():
+                entry = out.jobs.get(s.labels.get("job_id", ""))
+                if entry is not None and math.isfinite(s.value):
+                    entry.stats[tag] = s.value
+    return out.result()
+
+
+def nic_problems(reader: PromReader, start: float, end: float) -> dict[str, tuple[str, ...]] | None:
+    """Every port's problems from its recorded flags now and its errors over [start, end]; None when the recorded
+    series do not cover the range."""
+    now = reader.clock.now()
+    if not covers(reader, "interconnect", start, now):
+        return None
+    window = f"[{max(1, round(end - start))}s]"
+    with ThreadPoolExecutor(2) as pool:
+        flags = pool.submit(reader.client.query, rec.PORT_FLAGS, now)
+        errors = pool.submit(reader.client.query, f"max_over_time({rec.PORT_ERRORS}{window}) > 0", now)
+        rose = {key for s in errors.result() if (key := _nic_key(s.labels)) is not None}
+        found: dict[str, tuple[str, ...]] = {}
+        for s in flags.result():
+            key = _nic_key(s.labels)
+            if key is None or not math.isfinite(s.value):
+                continue
+            bits = round(s.value)
+            told = {name for name, bit in rec.FLAG_BITS if bits & bit} | ({"errors"} if key in rose else set())
+            found[nic_id(*key)] = tuple(p for p in PORT_PROBLEMS if p in told)
+    return found
+
+
+def status(client: PromClient, now: float) -> tuple[float | None, list[tuple[str, str, float | None]]]:
+    """The rules' interval (None: not evaluated lately) and, per recorded name, ("present" | "stale" | "missing",
+    the age of its newest sample in seconds, None when older than Prometheus's lookback): stale when older than
+    ``STALE_INTERVALS`` intervals, missing when the store holds no sample of it in the last 8 days."""
+    names = rec.names()
+    held = client.metric_names(now - 8 * 86400.0, now)
+    named = f'label_replace({{__name__=~"{"|".join(names)}"}}, "gl_name", "$1", "__name__", "(.+)")'
+    newest = {s.labels.get("gl_name", ""): s.value for s in client.query(f"max by (gl_name) (timestamp({named}))", now)}
+    interval = None
+    for s in client.query(rec.CLOCK, now):
+        text = s.labels.get("interval", "").removesuffix("s")
+        interval = float(text) if text.isdigit() else float(rec.INTERVAL_S)
+    stale_after = STALE_INTERVALS * (interval or rec.INTERVAL_S)
+    out: list[tuple[str, str, float | None]] = []
+    for name in names:
+        if name not in held:
+            out.append((name, "missing", None))
+            continue
+        age = max(0.0, now - newest[name]) if name in newest else None
+        out.append((name, "present" if age is not None and age <= stale_after else "stale", age))
+    return interval, out

@@ -229,4 +229,5 @@ def test_alerts_run_fires_the_stall_over_both_sources_and_delivers_it(stack: Sta
         assert {a["labels"]["job_id"] for a in alerts} == {"llm-pretrain"}
         assert len({a["fingerprint"] for a in alerts}) == 1
         delivered = {a["labels"]["alertname"] for p in Hook.payloads[f"/{source}"] for a in p["alerts"]}
-        assert delivered == {"CommunicationStall"}
+        # nothing else goes wrong in this scenario; the Watchdog, always firing, reaches webhooks
+        assert delivered == {"CommunicationStall", "Watchdog"}

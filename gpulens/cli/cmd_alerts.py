@@ -85,11 +85,13 @@ def _run_rules(args: argparse.Namespace) -> int:
     import sys
     import time
 
+    from gpulens.alerts.promround import round_reader
     from gpulens.alerts.service import AlertService, alerting_config
     from gpulens.alerts.storeround import run_store_rules
     from gpulens.cli.lifecycle import stop_on_signals
     from gpulens.gcpause import tune_garbage_collector
     from gpulens.storage.connect import is_prometheus_url, open_database, open_reader
+    from gpulens.storage.prometheus import PromReader
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from(args)
@@ -105,9 +107,14 @@ def _run_rules(args: argparse.Namespace) -> int:
             tune_garbage_collector()  # each round reads 8,000 GPUs' records into a 30-minute history (gcpause)
             announce = f"gpulens alerts run: rules every {args.interval:g}s over {store.url_redacted}"
             print(f"{announce}, alert state in {state.url_redacted}", file=sys.stderr, flush=True)
+            read = None
+            if isinstance(store, PromReader):  # every GPU's round fields, the rest where a rule could fire
+                read = round_reader(store, service.engine.rules, lambda: service.engine.states)
             try:
                 with stop_on_signals() as stop:
-                    run_store_rules(store, service.hook, interval_s=args.interval, stop=stop, clock=time.time)
+                    run_store_rules(
+                        store, service.hook, interval_s=args.interval, stop=stop, clock=time.time, read=read
+                    )
             finally:
                 service.close()
         finally:

@@ -156,8 +156,13 @@ def whole_reads_needed(store: PromReader, rules: Iterable[AlertRule]) -> bool:
 
 
 def watched_gpus(states: Mapping[str, AlertState]) -> set[str]:
-    """The GPUs of pending and firing alerts: read whole every round, so that each is judged as a whole read would."""
-    return {s.labels["uuid"] for s in states.values() if s.state in (PENDING, FIRING) and s.labels.get("uuid")}
+    """The GPUs of pending and firing alerts of the rules that read more than the round fields: read whole every
+    round, so that each is judged as a whole read would judge it (the others are, from the round fields)."""
+    return {
+        uuid
+        for s in states.values()
+        if s.state in (PENDING, FIRING) and s.rule not in ROUND_FIELD_RULES and (uuid := s.labels.get("uuid"))
+    }
 
 
 def prom_round(

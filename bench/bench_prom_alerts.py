@@ -4,11 +4,12 @@
 One ``--all-nodes`` simulator process serves ``--nodes`` nodes x 8 GPUs (training jobs of whole nodes); Prometheus
 (Debian's package) scrapes every node every ``--interval`` seconds. After ``--warm`` seconds, Prometheus's CPU
 (utime + stime from /proc/<pid>/stat) is read over ``--minutes`` with nothing else asking it anything: its scraping
-CPU per interval. Then the engine's round (``store_round`` over ``PromReader``, then ``AlertEngine.process`` with
-every built-in rule) runs every interval over as many minutes, in this process: Prometheus's CPU over that window
-less its scraping CPU, divided by the rounds, is the engine's cost to Prometheus per round; this process's CPU per
-round (decoding the answers and the rules) is the engine's own. The queries and series each round reads come from
-the reader's own counters.
+CPU per interval. Then the engine's round runs every interval over as many minutes, in this process, two ways in
+turn: ``whole`` (``store_round``: every field of every GPU) and ``filtered`` (``promround.prom_round``: every GPU's
+round fields, the rest where a rule could fire), then ``AlertEngine.process`` with every built-in rule. Prometheus's
+CPU over a way's window less its scraping CPU, divided by the rounds, is that way's cost to Prometheus per round; this
+process's CPU per round (decoding the answers and the rules) is the engine's own. The queries and series each round
+reads come from the reader's own counters.
 
 Usage: ``python -m bench.bench_prom_alerts [--nodes 100] [--minutes 2] [--interval 15]``.
 """
@@ -41,6 +42,7 @@ def main() -> int:
     parser.add_argument("--prometheus", default="prometheus", help="the Prometheus binary (default: on PATH)")
     args = parser.parse_args()
     from gpulens.alerts.engine import AlertEngine
+    from gpulens.alerts.promround import prom_round, watched_gpus
     from gpulens.alerts.rules import builtin_rules
     from gpulens.alerts.storeround import store_round
     from gpulens.settings import StoreAuth
@@ -77,26 +79,34 @@ def main() -> int:
         scrape_per_s = (cpu_seconds(pid) - began) / window
 
         store = PromReader("prometheus+" + base, StoreAuth(min_step_s=args.interval), timeout_s=120)
-        engine = AlertEngine(builtin_rules())
+        rules = builtin_rules()
         max_age_s = max(3 * args.interval, 30.0)
-        own: list[float] = []
-        queries: list[int] = []
-        series: list[int] = []
-        fired: set[str] = set()
-        began, started = cpu_seconds(pid), time.monotonic()
-        while time.monotonic() - started < window:
-            at = time.monotonic()
-            stats = store.client.stats
-            before = (stats.queries, stats.series, time.process_time())
-            result = store_round(store, time.time(), max_age_s=max_age_s)
-            engine.process(result.time, result.snapshots, result.targets)
-            own.append(time.process_time() - before[2])
-            queries.append(stats.queries - before[0])
-            series.append(stats.series - before[1])
-            fired |= {s.rule for s in engine.states.values() if s.state == "firing"}
-            time.sleep(max(0.0, args.interval - (time.monotonic() - at)))
-        elapsed = time.monotonic() - started
-        engine_prom = (cpu_seconds(pid) - began - scrape_per_s * elapsed) / len(own)
+        results = {}
+        for way in ("whole", "filtered"):
+            engine = AlertEngine(rules)
+            own: list[float] = []
+            queries: list[int] = []
+            series: list[int] = []
+            fired: set[str] = set()
+            began, started = cpu_seconds(pid), time.monotonic()
+            while time.monotonic() - started < window:
+                at = time.monotonic()
+                stats = store.client.stats
+                before = (stats.queries, stats.series, time.process_time())
+                if way == "whole":
+                    result = store_round(store, time.time(), max_age_s=max_age_s)
+                else:
+                    watched = watched_gpus(engine.states)
+                    result = prom_round(store, time.time(), max_age_s=max_age_s, rules=rules, watched=watched)
+                engine.process(result.time, result.snapshots, result.targets)
+                own.append(time.process_time() - before[2])
+                queries.append(stats.queries - before[0])
+                series.append(stats.series - before[1])
+                fired |= {s.rule for s in engine.states.values() if s.state == "firing"}
+                time.sleep(max(0.0, args.interval - (time.monotonic() - at)))
+            elapsed = time.monotonic() - started
+            prom = (cpu_seconds(pid) - began - scrape_per_s * elapsed) / len(own)
+            results[way] = (own, queries, series, fired, prom)
         load_after = os.getloadavg()[0]
         store.close()
     finally:
@@ -112,13 +122,14 @@ def main() -> int:
     tag = f"{args.nodes}x8"
     scrape = scrape_per_s * args.interval
     print(f"promalerts_load_average_{tag}: {load_before:.1f} before, {load_after:.1f} after (runnable)")
-    print(f"promalerts_rounds_{tag}: {len(own)} rounds (firing: {', '.join(sorted(fired)) or 'none'})")
-    print(f"promalerts_queries_per_round_{tag}: {statistics.median(queries):.0f} queries")
-    print(f"promalerts_series_per_round_{tag}: {statistics.median(series):.0f} series")
     print(f"promalerts_prometheus_scrape_cpu_per_interval_{tag}: {scrape:.3f} CPU-s ({args.interval:g} s)")
-    print(f"promalerts_prometheus_engine_cpu_per_round_{tag}: {engine_prom:.3f} CPU-s")
-    print(f"promalerts_ratio_engine_to_scrape_{tag}: {engine_prom / scrape:.2f}")
-    print(f"promalerts_engine_own_cpu_per_round_{tag}: {statistics.median(own):.3f} CPU-s")
+    for way, (own, queries, series, fired, prom) in results.items():
+        print(f"promalerts_{way}_rounds_{tag}: {len(own)} rounds (firing: {', '.join(sorted(fired)) or 'none'})")
+        print(f"promalerts_{way}_queries_per_round_{tag}: {statistics.median(queries):.0f} queries")
+        print(f"promalerts_{way}_series_per_round_{tag}: {statistics.median(series):.0f} series")
+        print(f"promalerts_{way}_prometheus_cpu_per_round_{tag}: {prom:.3f} CPU-s")
+        print(f"promalerts_{way}_ratio_to_scrape_{tag}: {prom / scrape:.2f}")
+        print(f"promalerts_{way}_engine_own_cpu_per_round_{tag}: {statistics.median(own):.3f} CPU-s")
     return 0
 
 

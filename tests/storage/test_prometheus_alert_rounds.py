@@ -30,14 +30,14 @@ from tests.alerts import scenarios
 from tests.prom import running_prometheus
 
 STEP_S: Final = 10.0  # the scrape interval the history is written at
-ROUND_S: Final = 30.0  # the engine's interval, in all three ways
+ROUND_S: Final = 60.0  # the engine's interval, in all three ways
 SPACING_S: Final = 4 * 3600  # each scenario's history starts this long after the previous one's
 SCENARIOS: Final = {
     "gpu-faults": scenarios.gpu_faults(2, "H100-SXM5-80GB", 1),
     "job-faults": scenarios.job_faults(2, "H100-SXM5-80GB", 11, "pair"),
     "healthy": scenarios.healthy(2, "H100-SXM5-80GB", 2, False),
 }
-FIRST_ROUNDS: Final = {"healthy": (20 * 60.0, 6)}  # (from, rounds): a few rounds of a cluster where nothing fires
+FIRST_ROUNDS: Final = {"healthy": (20 * 60.0, 4)}  # (from, rounds): a few rounds of a cluster where nothing fires
 MAX_AGE_S: Final = ROUND_S
 
 

@@ -6,9 +6,10 @@
   counters the error rules compare across their window, the power limit, ``up``) and its set slowdown reasons, so
   the history, the job summaries, the stall and straggler detectors, ``GpuIdleAllocated`` and ``GpuLost`` see exactly
   what a whole read gives them;
-* the other fields only for the GPUs that ``gpu_filters`` names (one PromQL query: each threshold rule's condition,
-  loosened by a rounding margin, so it names every GPU the rule could fire on) and the GPUs of the engine's pending
-  and firing alerts, read whole.
+* the other fields only for the GPUs that a rule could fire on, read whole: those that ``gpu_filters`` names (one
+  PromQL query: each threshold rule's condition, loosened by a rounding margin), those whose round fields say so
+  (``named_here``: clock reasons, power against its limit, told in gpulens: in PromQL the joins cost Prometheus more
+  than the reads), and the GPUs of the engine's pending and firing alerts of those rules.
 
 A rule a filter does not know (a user threshold rule) or a store that holds dcgm-exporter families makes the round
 read every GPU whole (``store_round``): ``whole_reads_needed``.
@@ -39,10 +40,12 @@ from gpulens.alerts.catalogue import (
     THERMAL_THROTTLING,
     XID_ERROR,
 )
+from gpulens.alerts.checks import HW_POWER_BRAKE_BIT, HW_SLOWDOWN, SW_POWER_CAP, THERMAL_BITS
 from gpulens.alerts.fabriccatalogue import FABRIC_RULES
 from gpulens.alerts.state import FIRING, PENDING, AlertState
 from gpulens.alerts.storeround import assemble_round, store_round
 from gpulens.hardware import PCIE_LANE_BYTES_PER_SECOND
+from gpulens.model import GpuReading
 from gpulens.rounds import RoundResult
 from gpulens.storage.prometheus import PromReader
 from gpulens.storage.prometheus import families as fam
@@ -56,10 +59,6 @@ ROUND_FIELD_RULES: Final = frozenset(
     {IDLE_ALLOCATED, GPU_LOST, EXPORTER_DOWN, COMMUNICATION_STALL, JOB_STRAGGLER, JOB_INEFFICIENT}
     | {rule.name for rule in FABRIC_RULES}
 )
-
-
-def _reasons(*names: str) -> str:
-    return f"{fam.THROTTLE}{{reason=~{regex_of(names)}}} != 0"
 
 
 def _lane_rate(generation: str) -> str:
@@ -92,15 +91,7 @@ def _filter(rule: AlertRule, margin_s: float) -> str | None:
         return f"{sel('memory_used_bytes')} / on (uuid) {sel('memory_total_bytes')} >= {limit!r}"
     if name == THERMAL_THROTTLING:
         margin = rule.threshold("margin_celsius") + 0.001
-        hot = f"{sel('temperature_celsius')} >= on (uuid) ({sel('slowdown_temperature_celsius')} - {margin!r})"
-        return f"{hot} or {_reasons('sw_thermal', 'hw_thermal', 'hw_slowdown')}"
-    if name == POWER_CAPPED:
-        power, limited = sel("power_watts"), sel("power_limit_watts")
-        share = rule.threshold("power_ratio") * SLACK
-        near = f"{power} >= on (uuid) ({limited} * {share!r}) or ({power} unless on (uuid) {limited})"
-        return f"({_reasons('sw_power_cap')}) and on (uuid) ({near})"
-    if name == HW_POWER_BRAKE:
-        return _reasons("hw_power_brake")
+        return f"{sel('temperature_celsius')} >= on (uuid) ({sel('slowdown_temperature_celsius')} - {margin!r})"
     if name == PCIE_SATURATED:
         return f"{pcie} >= on (uuid) ({_ceiling('max')} * {rule.threshold('utilization_ratio') * SLACK!r})"
     if name == NVLINK_SATURATED:
@@ -126,6 +117,27 @@ def _filter(rule: AlertRule, margin_s: float) -> str | None:
         window = f"{math.ceil(rule.threshold('window_s') + margin_s)}s"
         return f"changes({xids}[{window}]) > 0 or ({xids} unless {xids} offset {window})"
     return None
+
+
+def _named_here(rule: AlertRule, reading: GpuReading) -> bool:
+    """Whether ``rule`` could fire on the GPU of this round-field reading, for the part of its condition that the
+    round fields tell (its clock reasons, power and power limit): no PromQL needed."""
+    name = rule.check or rule.name
+    bits = reading.throttle_reasons or 0
+    if name == THERMAL_THROTTLING:
+        return bool(bits & (THERMAL_BITS | HW_SLOWDOWN))
+    if name == HW_POWER_BRAKE:
+        return bool(bits & HW_POWER_BRAKE_BIT)
+    if name == POWER_CAPPED and bits & SW_POWER_CAP and reading.power_watts is not None:
+        limit = reading.power_limit_watts
+        return not limit or reading.power_watts >= rule.threshold("power_ratio") * SLACK * limit
+    return False
+
+
+def named_here(rules: Sequence[AlertRule], readings: Iterable[GpuReading]) -> set[str]:
+    """The GPUs whose round fields say a rule could fire on them (``_named_here``)."""
+    judged = [r for r in rules if (r.check or r.name) in (THERMAL_THROTTLING, HW_POWER_BRAKE, POWER_CAPPED)]
+    return {g.uuid for g in readings if g.throttle_reasons and any(_named_here(r, g) for r in judged)}
 
 
 def gpu_filters(rules: Iterable[AlertRule], *, margin_s: float) -> list[str]:
@@ -181,7 +193,7 @@ def prom_round(
         store.current_jobs,
         store.target_health,
     )
-    detail = sorted(set(named) | set(watched))
+    detail = sorted(set(named) | named_here(rules, readings) | set(watched))
     if detail:
         whole = {r.uuid: r for r in store.latest_readings(uuids=detail, max_age_s=max_age_s)}
         readings = [whole.get(r.uuid, r) for r in readings]

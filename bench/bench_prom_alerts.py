@@ -5,11 +5,12 @@ One ``--all-nodes`` simulator process serves ``--nodes`` nodes x 8 GPUs (trainin
 (Debian's package) scrapes every node every ``--interval`` seconds. After ``--warm`` seconds, Prometheus's CPU
 (utime + stime from /proc/<pid>/stat) is read over ``--minutes`` with nothing else asking it anything: its scraping
 CPU per interval. Then the engine's round runs every interval over as many minutes, in this process, two ways in
-turn: ``whole`` (``store_round``: every field of every GPU) and ``filtered`` (``promround.prom_round``: every GPU's
-round fields, the rest where a rule could fire), then ``AlertEngine.process`` with every built-in rule. Prometheus's
-CPU over a way's window less its scraping CPU, divided by the rounds, is that way's cost to Prometheus per round; this
-process's CPU per round (decoding the answers and the rules) is the engine's own. The queries and series each round
-reads come from the reader's own counters.
+turn, each after an interval of rest (with ``--back-to-back``, one round after another): ``filtered``
+(``promround.prom_round``: every GPU's round fields, the rest where a rule could fire), then ``whole``
+(``store_round``: every field of every GPU), each followed by ``AlertEngine.process`` with every built-in rule.
+Prometheus's CPU over a way's window less its scraping CPU, divided by the rounds, is that way's cost to Prometheus
+per round; this process's CPU per round (decoding the answers and the rules) is the engine's own. The queries and
+series each round reads come from the reader's own counters.
 
 Usage: ``python -m bench.bench_prom_alerts [--nodes 100] [--minutes 2] [--interval 15]``.
 """
@@ -39,6 +40,9 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=2.0, help="each measurement window (default 2)")
     parser.add_argument("--interval", type=float, default=15.0, help="scrape and round interval, s (default 15)")
     parser.add_argument("--warm", type=float, default=45.0, help="seconds before measuring (default 45)")
+    parser.add_argument(
+        "--back-to-back", action="store_true", help="rounds one after another, not one per interval (more rounds)"
+    )
     parser.add_argument("--prometheus", default="prometheus", help="the Prometheus binary (default: on PATH)")
     args = parser.parse_args()
     from gpulens.alerts.engine import AlertEngine
@@ -82,7 +86,8 @@ def main() -> int:
         rules = builtin_rules()
         max_age_s = max(3 * args.interval, 30.0)
         results = {}
-        for way in ("whole", "filtered"):
+        for way in ("filtered", "whole"):
+            time.sleep(args.interval)  # what the previous window left to Prometheus (its garbage collection) settles
             engine = AlertEngine(rules)
             own: list[float] = []
             queries: list[int] = []
@@ -103,12 +108,17 @@ def main() -> int:
                 queries.append(stats.queries - before[0])
                 series.append(stats.series - before[1])
                 fired |= {s.rule for s in engine.states.values() if s.state == "firing"}
-                time.sleep(max(0.0, args.interval - (time.monotonic() - at)))
+                if not args.back_to_back:
+                    time.sleep(max(0.0, args.interval - (time.monotonic() - at)))
             elapsed = time.monotonic() - started
             prom = (cpu_seconds(pid) - began - scrape_per_s * elapsed) / len(own)
             results[way] = (own, queries, series, fired, prom)
         load_after = os.getloadavg()[0]
         store.close()
+        time.sleep(args.interval)
+        began = cpu_seconds(pid)
+        time.sleep(window)
+        scrape_after = (cpu_seconds(pid) - began) / window * args.interval
     finally:
         for name, proc in procs.items():
             if proc.poll() is None:
@@ -122,7 +132,10 @@ def main() -> int:
     tag = f"{args.nodes}x8"
     scrape = scrape_per_s * args.interval
     print(f"promalerts_load_average_{tag}: {load_before:.1f} before, {load_after:.1f} after (runnable)")
-    print(f"promalerts_prometheus_scrape_cpu_per_interval_{tag}: {scrape:.3f} CPU-s ({args.interval:g} s)")
+    print(
+        f"promalerts_prometheus_scrape_cpu_per_interval_{tag}: {scrape:.3f} CPU-s ({args.interval:g} s; "
+        f"{scrape_after:.3f} measured again after the rounds)"
+    )
     for way, (own, queries, series, fired, prom) in results.items():
         print(f"promalerts_{way}_rounds_{tag}: {len(own)} rounds (firing: {', '.join(sorted(fired)) or 'none'})")
         print(f"promalerts_{way}_queries_per_round_{tag}: {statistics.median(queries):.0f} queries")

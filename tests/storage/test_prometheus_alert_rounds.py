@@ -16,11 +16,13 @@ from typing import Final
 
 import pytest
 
+from gpulens.alerts.base import AlertRule
 from gpulens.alerts.engine import AlertEngine
 from gpulens.alerts.promround import prom_round, watched_gpus, whole_reads_needed
 from gpulens.alerts.rules import builtin_rules
 from gpulens.alerts.state import FIRING
 from gpulens.alerts.storeround import store_round
+from gpulens.alerts.userrules import THRESHOLD_CHECK
 from gpulens.exporter.metrics import ExporterHealth, render_metrics
 from gpulens.exporter.sim import SimCluster, parse_scenario
 from gpulens.model import NodeUnavailableError
@@ -89,6 +91,7 @@ class Replay:
     fired: dict[str, set[tuple[str, frozenset[tuple[str, str]]]]] = field(default_factory=dict)
     reads: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # (queries, series) per round
     gpus: int = 0
+    whole_with_user_rules: bool = False  # whole_reads_needed once a user threshold rule is configured
 
 
 def _identity(labels: dict[str, str]) -> frozenset[tuple[str, str]]:
@@ -104,6 +107,8 @@ def _replay(base: str, text: str, offset: float, first: tuple[float, int] | None
     rules = builtin_rules()
     engines = {way: AlertEngine(rules) for way in ("snapshots", "whole", "filtered")}
     out = Replay()
+    user_rule = AlertRule("HotGpu", "warning", 0.0, check=THRESHOLD_CHECK)
+    out.whole_with_user_rules = whole_reads_needed(store, [*rules, user_rule])
     k = 0
     try:
         while (t := start + k * ROUND_S) < scenario.end - 1e-9 and k < most:
@@ -188,3 +193,7 @@ def test_a_filtered_round_reads_a_bounded_share_of_a_whole_one(replays: dict[str
         # every GPU's round fields (about 20 series each) and the targets and jobs, never every field of every GPU
         assert s_filtered <= 21 * gpus + 4, (s_filtered, s_whole)
         assert s_whole >= 45 * gpus
+
+
+def test_a_user_threshold_rule_makes_rounds_read_every_gpu_whole(replays: dict[str, Replay]) -> None:
+    assert all(replay.whole_with_user_rules for replay in replays.values())

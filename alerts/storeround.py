@@ -13,10 +13,10 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
-from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading
+from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading, TargetHealth
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.leader import AdvisoryLock
@@ -39,7 +39,18 @@ def store_round(store: StoreReader, now: float, *, max_age_s: float) -> RoundRes
         processes = store.current_processes()
     except NotAvailableOnBackendError:
         processes = []
-    targets = store.target_health()
+    return assemble_round(store.backend, now, readings, jobs, processes, store.target_health())
+
+
+def assemble_round(
+    source: str,
+    now: float,
+    readings: Sequence[GpuReading],
+    jobs: Sequence[GpuJob],
+    processes: Sequence[ProcessReading],
+    targets: Sequence[TargetHealth],
+) -> RoundResult:
+    """One ``RoundResult`` of what a store gave: a snapshot per node that has readings."""
     gpus: dict[str, list[GpuReading]] = defaultdict(list)
     for r in readings:
         gpus[r.node].append(r)
@@ -53,14 +64,14 @@ def store_round(store: StoreReader, now: float, *, max_age_s: float) -> RoundRes
         NodeSnapshot(
             node=node,
             timestamp=max(r.timestamp for r in held),
-            source=store.backend,
+            source=source,
             gpus=tuple(held),
             processes=tuple(node_processes[node]),
             jobs=tuple(node_jobs[node]),
         )
         for node, held in sorted(gpus.items())
     ]
-    return RoundResult(time=now, snapshots=snapshots, targets=targets, written=True)
+    return RoundResult(time=now, snapshots=snapshots, targets=list(targets), written=True)
 
 
 class RuleElection:
@@ -121,11 +132,13 @@ def run_store_rules(
     clock: Callable[[], float],
     on_round: Callable[[RoundResult], None] | None = None,
     active: Callable[[], bool | None] | None = None,
+    read: Callable[[float, float], RoundResult] | None = None,
 ) -> None:
     """Every ``interval_s`` until ``stop``: read the cluster from ``store`` and hand it to ``rules``. A store that
     cannot be reached postpones the round (logged), it does not end the loop. ``active`` (``Leadership.check``):
     the process's role in its HA pair, asked first: a standby reads nothing and hands ``rules`` a round with
-    ``leading=False``; an unknown role (the state store is unreachable) postpones the round."""
+    ``leading=False``; an unknown role (the state store is unreachable) postpones the round. ``read(now,
+    max_age_s)`` reads a round instead of ``store_round`` (over Prometheus: ``promround.round_reader``)."""
     max_age_s = max(3 * interval_s, 30.0)
     while not stop.is_set():
         started = time.monotonic()
@@ -136,7 +149,8 @@ def run_store_rules(
             rules(RoundResult(time=clock(), snapshots=[], targets=[], leading=False))
         else:
             try:
-                result = store_round(store, clock(), max_age_s=max_age_s)
+                now = clock()
+                result = read(now, max_age_s) if read is not None else store_round(store, now, max_age_s=max_age_s)
             except DatabaseUnavailableError as exc:
                 log.warning("alert round postponed: %s", exc)
             else:

@@ -50,6 +50,11 @@ class WhileActive:
     def running(self) -> bool:
         return self._hook is not None
 
+    @property
+    def hook(self) -> RoundHook | None:
+        """What runs while active; None while standing by (or before the first active round)."""
+        return self._hook
+
     def __call__(self, result: RoundResult) -> None:
         if not result.leading:
             self.close()

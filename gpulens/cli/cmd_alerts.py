@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 from gpulens.cli.base import (
@@ -191,13 +192,16 @@ def _run_rules(args: argparse.Namespace) -> int:
     import time
 
     from gpulens.alerts.config import build_notifiers
+    from gpulens.alerts.promround import round_reader
     from gpulens.alerts.service import AlertService, alerting_config
+    from gpulens.alerts.state import AlertState
     from gpulens.alerts.storeround import RULES_LOCK_KEY, RULES_STANDBY_NOTE, run_store_rules
     from gpulens.cli.lifecycle import stop_on_signals
     from gpulens.collector.pair import WhileActive
     from gpulens.gcpause import tune_garbage_collector
     from gpulens.storage.connect import is_prometheus_url, open_database, open_reader
     from gpulens.storage.leader import Leadership
+    from gpulens.storage.prometheus import PromReader
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from(args)
@@ -220,9 +224,25 @@ def _run_rules(args: argparse.Namespace) -> int:
             tune_garbage_collector()  # each round reads 8,000 GPUs' records into a 30-minute history (gcpause)
             announce = f"gpulens alerts run: rules every {args.interval:g}s over {store.url_redacted}"
             print(f"{announce}, alert state in {state.url_redacted}", file=sys.stderr, flush=True)
+            read = None
+            if isinstance(store, PromReader):  # every GPU's round fields, the rest where a rule could fire
+
+                def engine_states() -> Mapping[str, AlertState] | None:
+                    """The engine's states while active; None until its first round, which then reads every GPU
+                    whole (a process that has just become active must see each GPU its stored alerts name)."""
+                    service = rules.hook
+                    return service.engine.states if isinstance(service, AlertService) else None
+
+                read = round_reader(store, alerting.rules, engine_states)
             with stop_on_signals() as stop:
                 run_store_rules(
-                    store, rules, interval_s=args.interval, stop=stop, clock=time.time, active=leadership.check
+                    store,
+                    rules,
+                    interval_s=args.interval,
+                    stop=stop,
+                    clock=time.time,
+                    active=leadership.check,
+                    read=read,
                 )
         finally:
             rules.close()  # the notification worker stops before the lock goes to the standby

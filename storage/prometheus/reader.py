@@ -94,6 +94,10 @@ class PromReader:
             self._names = (now, names, NAMES_TTL_S if settled else NAMES_CHANGED_TTL_S)
         return names
 
+    def present_names(self) -> frozenset[str] | None:
+        """The metric names the store holds (None where it does not say): see ``_present``."""
+        return self._present()
+
     def _exists(self, name: str) -> bool:
         present = self._present()
         return present is None or name in present
@@ -147,9 +151,9 @@ class PromReader:
         # the series and their sample times of both sources, at once
         series, times, dcgm_series, dcgm_times = self._parallel(
             lambda: self._instant(fam.reading_families(fields), own, now, chunk=1 if whole else 0),
-            lambda: self._times(f"timestamp({fam.UP}{{{own}}})", "uuid", now),
+            lambda: self.sample_times(f"timestamp({fam.UP}{{{own}}})", "uuid", now),
             lambda: self._instant(names, dcgm_matchers, now, chunk=8 if whole else 0) if names else [],
-            lambda: self._times(f"max by (UUID) ({named})", "UUID", now) if names and named else {},
+            lambda: self.sample_times(f"max by (UUID) ({named})", "UUID", now) if names and named else {},
         )
         readings = fam.gpulens_readings(series, times, now)
         seen = {r.uuid for r in readings}
@@ -190,7 +194,10 @@ class PromReader:
             futures = [pool.submit(call) for call in calls]
             return [future.result() for future in futures]
 
-    def _times(self, promql: str, label: str, now: float) -> dict[str, float]:
+    parallel = _parallel
+
+    def sample_times(self, promql: str, label: str, now: float) -> dict[str, float]:
+        """``label`` -> value of each series of ``promql`` (sample times: ``timestamp(...)``)."""
         return {s.labels[label]: s.value for s in self.client.query(promql, now) if s.labels.get(label)}
 
     def current_jobs(self, *, node: str | None = None) -> list[GpuJob]:

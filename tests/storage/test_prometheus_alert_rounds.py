@@ -1,0 +1,199 @@
+"""The alert engine's rounds over a real Prometheus: detection scenarios (tests/alerts/scenarios.py) written as TSDB
+blocks (the exporter's own pages of the simulated cluster, every 10 s, by ``promtool tsdb create-blocks-from
+openmetrics``), then replayed round by round three ways: from the simulator's snapshots (what the collector and the
+SQL store give the engine), from Prometheus read whole (``store_round``), and from Prometheus read where a rule could
+fire (``promround.prom_round``). The filtered rounds give the engine the same alerts as the whole ones at every
+round, and the same alerts as the snapshots; and they read a bounded share of what the whole ones read.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+from gpulens.alerts.base import AlertRule
+from gpulens.alerts.engine import AlertEngine
+from gpulens.alerts.promround import prom_round, watched_gpus, whole_reads_needed
+from gpulens.alerts.rules import builtin_rules
+from gpulens.alerts.state import FIRING
+from gpulens.alerts.storeround import store_round
+from gpulens.alerts.userrules import THRESHOLD_CHECK
+from gpulens.exporter.metrics import ExporterHealth, render_metrics
+from gpulens.exporter.sim import SimCluster, parse_scenario
+from gpulens.model import NodeUnavailableError
+from gpulens.settings import StoreAuth
+from gpulens.storage.prometheus import PromReader
+from tests.alerts import scenarios
+from tests.prom import running_prometheus
+
+STEP_S: Final = 10.0  # the scrape interval the history is written at
+ROUND_S: Final = 60.0  # the engine's interval, in all three ways
+SPACING_S: Final = 4 * 3600  # each scenario's history starts this long after the previous one's
+SCENARIOS: Final = {
+    "gpu-faults": scenarios.gpu_faults(2, "H100-SXM5-80GB", 1),
+    "job-faults": scenarios.job_faults(2, "H100-SXM5-80GB", 11, "pair"),
+    "healthy": scenarios.healthy(2, "H100-SXM5-80GB", 2, False),
+}
+FIRST_ROUNDS: Final = {"healthy": (20 * 60.0, 4)}  # (from, rounds): a few rounds of a cluster where nothing fires
+MAX_AGE_S: Final = ROUND_S
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def now(self) -> float:
+        return self.at
+
+    def monotonic(self) -> float:
+        return self.at
+
+
+def _openmetrics(text: str, offset: float) -> Iterator[str]:
+    """The scenario's exporter pages every ``STEP_S`` as OpenMetrics lines, ``offset`` seconds later, with the
+    labels and ``up`` series a scrape adds."""
+    scenario = parse_scenario(text)
+    sim = SimCluster(scenario)
+    k = 0
+    while (t := scenario.start + k * STEP_S) < scenario.end - 1e-9:
+        stamp = f"{t + offset:.3f}"
+        for node in sim.node_names():
+            scrape = f'instance="{node}:9410",job="gpulens"'
+            try:
+                page = render_metrics(sim.snapshot(node, t), ExporterHealth()).decode()
+            except NodeUnavailableError:
+                yield f"up{{{scrape}}} 0 {stamp}\n"
+                continue
+            yield f"up{{{scrape}}} 1 {stamp}\n"
+            for line in page.splitlines():
+                if not line or line.startswith("#"):
+                    continue
+                name, _, rest = line.partition("{")
+                if rest:
+                    labels, _, value = rest.rpartition("} ")
+                    yield f"{name}{{{labels},{scrape}}} {value} {stamp}\n"
+                else:
+                    metric, _, value = line.partition(" ")
+                    yield f"{metric}{{{scrape}}} {value} {stamp}\n"
+        k += 1
+
+
+@dataclass
+class Replay:
+    """What each way gave, round by round."""
+
+    states: dict[str, list[frozenset[tuple[str, frozenset[tuple[str, str]], str]]]] = field(default_factory=dict)
+    fired: dict[str, set[tuple[str, frozenset[tuple[str, str]]]]] = field(default_factory=dict)
+    reads: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # (queries, series) per round
+    gpus: int = 0
+    whole_with_user_rules: bool = False  # whole_reads_needed once a user threshold rule is configured
+
+
+def _identity(labels: dict[str, str]) -> frozenset[tuple[str, str]]:
+    return frozenset((k, v) for k, v in labels.items() if k != "target")
+
+
+def _replay(base: str, text: str, offset: float, first: tuple[float, int] | None) -> Replay:
+    scenario = parse_scenario(text)
+    start, most = (scenario.start, 10**6) if first is None else (scenario.start + first[0], first[1])
+    sim = SimCluster(scenario)
+    clock = Clock()
+    store = PromReader("prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=clock)
+    rules = builtin_rules()
+    engines = {way: AlertEngine(rules) for way in ("snapshots", "whole", "filtered")}
+    out = Replay()
+    user_rule = AlertRule("HotGpu", "warning", 0.0, check=THRESHOLD_CHECK)
+    out.whole_with_user_rules = whole_reads_needed(store, [*rules, user_rule])
+    k = 0
+    try:
+        while (t := start + k * ROUND_S) < scenario.end - 1e-9 and k < most:
+            clock.at = t + offset
+            snapshots = []
+            for node in sim.node_names():
+                try:
+                    snapshots.append(sim.snapshot(node, t))
+                except NodeUnavailableError:
+                    continue
+            engines["snapshots"].process(t + offset, snapshots, [])
+            for way in ("whole", "filtered"):
+                before = (store.client.stats.queries, store.client.stats.series)
+                if way == "whole":
+                    result = store_round(store, t + offset, max_age_s=MAX_AGE_S)
+                else:
+                    assert not whole_reads_needed(store, rules)
+                    watched = watched_gpus(engines[way].states)
+                    result = prom_round(store, t + offset, max_age_s=MAX_AGE_S, rules=rules, watched=watched)
+                out.reads.setdefault(way, []).append(
+                    (store.client.stats.queries - before[0], store.client.stats.series - before[1])
+                )
+                out.gpus = max(out.gpus, sum(len(s.gpus) for s in result.snapshots))
+                engines[way].process(result.time, result.snapshots, [])
+            for way, engine in engines.items():
+                states = frozenset((s.rule, _identity(dict(s.labels)), s.state) for s in engine.states.values())
+                out.states.setdefault(way, []).append(states)
+                fired = {(s.rule, _identity(dict(s.labels))) for s in engine.states.values() if s.state == FIRING}
+                out.fired.setdefault(way, set()).update(fired)
+            k += 1
+    finally:
+        store.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def replays(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str, promtool: str) -> dict[str, Replay]:
+    work = tmp_path_factory.mktemp("promrounds")
+    source = work / "history.om"
+    with source.open("w") as out:
+        for i, text in enumerate(SCENARIOS.values()):
+            out.writelines(_openmetrics(text, i * SPACING_S))
+        out.write("# EOF\n")
+    (work / "tsdb").mkdir()
+    subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(work / "tsdb")],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    flags = ("--storage.tsdb.retention.time=100y", "--query.lookback-delta=5m")
+    with running_prometheus(prometheus_bin, Path(work), {}, flags=flags) as base:
+        return {
+            name: _replay(base, text, i * SPACING_S, FIRST_ROUNDS.get(name))
+            for i, (name, text) in enumerate(SCENARIOS.items())
+        }
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_filtered_rounds_give_the_alerts_of_whole_rounds_at_every_round(replays: dict[str, Replay], name: str) -> None:
+    replay = replays[name]
+    whole, filtered = replay.states["whole"], replay.states["filtered"]
+    differ = [(k, sorted(a ^ b, key=str)) for k, (a, b) in enumerate(zip(whole, filtered, strict=True)) if a != b]
+    assert differ == [], differ[:3]
+
+
+@pytest.mark.parametrize("name", ["gpu-faults", "job-faults"])
+def test_filtered_rounds_fire_what_the_snapshots_fire(replays: dict[str, Replay], name: str) -> None:
+    replay = replays[name]
+    assert replay.fired["filtered"] == replay.fired["snapshots"]
+    assert len({rule for rule, _ in replay.fired["filtered"]}) >= 3, "the scenario fires its faults' alerts"
+
+
+def test_a_filtered_round_reads_a_bounded_share_of_a_whole_one(replays: dict[str, Replay]) -> None:
+    replay = replays["healthy"]
+    gpus = replay.gpus
+    assert gpus == 16
+    for (q_whole, s_whole), (q_filtered, s_filtered) in zip(
+        replay.reads["whole"], replay.reads["filtered"], strict=True
+    ):
+        assert q_filtered <= 21  # a fixed number of queries, whatever the cluster
+        assert q_filtered <= q_whole
+        # every GPU's round fields (about 20 series each) and the targets and jobs, never every field of every GPU
+        assert s_filtered <= 21 * gpus + 4, (s_filtered, s_whole)
+        assert s_whole >= 45 * gpus
+
+
+def test_a_user_threshold_rule_makes_rounds_read_every_gpu_whole(replays: dict[str, Replay]) -> None:
+    assert all(replay.whole_with_user_rules for replay in replays.values())

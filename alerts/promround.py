@@ -38,6 +38,7 @@ from gpulens.alerts.catalogue import (
     PCIE_SATURATED,
     POWER_CAPPED,
     THERMAL_THROTTLING,
+    WATCHDOG,
     XID_ERROR,
 )
 from gpulens.alerts.checks import HW_POWER_BRAKE_BIT, HW_SLOWDOWN, SW_POWER_CAP, THERMAL_BITS
@@ -56,7 +57,7 @@ from gpulens.storage.prometheus.client import regex_of
 SLACK: Final = 1 - 1e-6
 # Rules that read nothing beyond the round fields (or nothing from Prometheus: the fabric's)
 ROUND_FIELD_RULES: Final = frozenset(
-    {IDLE_ALLOCATED, GPU_LOST, EXPORTER_DOWN, COMMUNICATION_STALL, JOB_STRAGGLER, JOB_INEFFICIENT}
+    {IDLE_ALLOCATED, GPU_LOST, EXPORTER_DOWN, COMMUNICATION_STALL, JOB_STRAGGLER, JOB_INEFFICIENT, WATCHDOG}
     | {rule.name for rule in FABRIC_RULES}
 )
 

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from gpulens.exporter.sim import SimCluster, load_scenario
+from gpulens.storage.prometheus import recording
 from tests.conftest import free_port, http_get
 from tests.deploy.grafanavars import View, range_of, rate_interval_s, resolve
 from tests.deploy.support import (
@@ -45,6 +46,9 @@ SELECTOR = re.compile(r"\b(gpulens_[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+)\{([^}]*)\}")
 MATCHER = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)")
 GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
 LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+# a recorded series of the shipped recording rules (level:metric:operations), and the labels each level keeps
+RECORDED = re.compile(r"\b((node|job|port|cluster):gpulens_[a-z0-9_]+:[a-z0-9_]+)(?:\{([^}]*)\})?")
+RECORDED_LABELS = {"node": {"node"}, "job": {"job_id", "user"}, "port": {"node", "device", "port"}, "cluster": set()}
 LABEL_VALUES = re.compile(r"label_values\((\w+),\s*(\w+)\)")
 SCRAPE_S = 1  # the test Prometheus's scrape interval, and so the data source's "scrape interval" setting
 SELECTED = {"node": ["node-00", "node-01"], "job_id": ["llm-pretrain"]}  # a selection of values, not "All"
@@ -158,9 +162,17 @@ def test_dashboard_queries_use_only_documented_metrics_and_labels() -> None:
     families = reference_labels()
     assert "gpulens_gpu_utilization_ratio" in families
     used: set[str] = set()
+    recorded: set[str] = set()
     for panel in panels():
         for target in panel["targets"]:
-            expr = target["expr"]
+            recorded_labels: set[str] = set()
+            for name, level, matchers in RECORDED.findall(target["expr"]):
+                assert name in recording.names(), f"{panel['title']}: {name} is not a recorded series of ours"
+                labels = set(MATCHER.findall(matchers))
+                assert labels <= RECORDED_LABELS[level], f"{panel['title']}: {name} has no {labels}"
+                recorded_labels |= RECORDED_LABELS[level]
+                recorded.add(name)
+            expr = RECORDED.sub("", target["expr"])
             names = set(METRIC.findall(expr))
             used |= names
             assert names <= families.keys(), f"{panel['title']}: {names - families.keys()}"
@@ -168,6 +180,7 @@ def test_dashboard_queries_use_only_documented_metrics_and_labels() -> None:
                 labels = set(MATCHER.findall(matchers))
                 assert labels <= families[family], f"{panel['title']}: {family} has no {labels - families[family]}"
             allowed = set().union(*(families[name] for name in names)) if names else TARGET_LABELS
+            allowed |= recorded_labels
             referenced = {label.strip() for group in GROUPING.findall(expr) for label in group.split(",")} - {""}
             referenced |= set(LEGEND.findall(target.get("legendFormat", "")))
             assert referenced <= allowed, f"{panel['title']}: {referenced - allowed}"
@@ -204,6 +217,8 @@ def test_dashboard_queries_use_only_documented_metrics_and_labels() -> None:
         "gpulens_nccl_collective_launched_total",
     ):
         assert family in used, family
+    # at 10,000 nodes the cluster's stats and the per-job panels read the recording rules' few series
+    assert {recording.NODE_UP, recording.NODE_POWER, recording.JOB_GPUS, recording.NODE_MEMORY_USED} <= recorded
 
 
 # --- the sim stack, live ----------------------------------------------------------------------------------------------
@@ -300,13 +315,21 @@ def sim_prometheus(prometheus_bin: str, tmp_path_factory: pytest.TempPathFactory
         # the shipped gpulens job, pointed at the local exporter and scraped every second
         for group in job["static_configs"]:
             group["targets"] = [f"127.0.0.1:{port}"]
-        config = {"global": {"scrape_interval": f"{SCRAPE_S}s", "scrape_timeout": "900ms"}, "scrape_configs": [job]}
+        # the shipped recording rules, evaluated every second (the shipped file: every 120 s)
+        rules = tmp_path / recording.RULE_FILE
+        rules.write_text(recording.rules_yaml(SCRAPE_S, SCRAPE_S))
+        config = {
+            "global": {"scrape_interval": f"{SCRAPE_S}s", "scrape_timeout": "900ms"},
+            "scrape_configs": [job],
+            "rule_files": [str(rules)],
+        }
         with prometheus_with(prometheus_bin, config, tmp_path) as (prom, prometheus):
 
             def scraped_thrice() -> bool:
                 """Every node up, with enough samples for rate() and increase()."""
                 expr = 'count_over_time(up{job="gpulens"}[1m]) >= 3 and up{job="gpulens"} == 1'
-                return len(instant(prom, expr)["data"]["result"]) == nodes
+                recorded = instant(prom, f"count_over_time({recording.NODE_UP}[1m]) >= 2")["data"]["result"]
+                return len(instant(prom, expr)["data"]["result"]) == nodes and len(recorded) == nodes
 
             wait_until(scraped_thrice, [exporter, prometheus], tmp_path)
             yield SimPrometheus(prom, port, nodes)
@@ -364,7 +387,7 @@ def test_every_dashboard_query_parses_and_returns_data(
 def test_job_panels_name_the_scenario_jobs(sim_prometheus: SimPrometheus) -> None:
     doc = dashboard()
     view = View(range_s=range_of(doc), scrape_interval_s=SCRAPE_S)
-    by_job = next(p for p in panels() if p["title"] == "Utilization by job")["targets"][0]["expr"]
+    by_job = next(p for p in panels() if p["title"] == "Median GPU utilization by job")["targets"][0]["expr"]
     jobs = {r["metric"]["job_id"] for r in instant(sim_prometheus.base, resolve(by_job, doc, view))["data"]["result"]}
     assert jobs >= {"llm-pretrain", "chat-api", "reserved-eval"}
     lag = next(p for p in panels() if p["title"] == "Rank lag (operations behind)")["targets"][0]["expr"]

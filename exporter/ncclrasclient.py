@@ -26,7 +26,12 @@ DEFAULT_ADDR: Final = "127.0.0.1:28028"
 
 
 class RasQueryError(Exception):
-    """The query got no whole report; the message is one line."""
+    """The query got no whole report; the message is one line. ``absent``: nothing listens at the address, which is
+    how a node looks whose GPU processes run without NCCL's RAS (inference, single-GPU work): no failure."""
+
+    def __init__(self, message: str, *, absent: bool = False) -> None:
+        super().__init__(message)
+        self.absent = absent
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,7 @@ def query_status(
             talk.send("VERBOSE STATUS" if verbose else "STATUS")
             text = talk.rest()
     except ConnectionRefusedError:
-        raise RasQueryError(f"nothing listens at {addr} (no NCCL job with RAS on this node)") from None
+        raise RasQueryError(f"nothing listens at {addr} (no NCCL job with RAS on this node)", absent=True) from None
     except TimeoutError:
         raise RasQueryError(f"RAS at {addr} did not answer in time") from None
     except (OSError, UnicodeError) as exc:

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpulens.clock import ManualClock
 from gpulens.exporter.metrics import ExporterHealth, render_metrics
 from gpulens.exporter.ncclras import MAX_LOCAL_RANKS_PER_GPU, NcclRasReader
-from gpulens.exporter.ncclrasclient import RasQueryError, query_status
+from gpulens.exporter.ncclrasclient import RasAnswer, RasQueryError, query_status
 from gpulens.exporter.ncclrasparse import parse_report
 from gpulens.exporter.sim.rasserver import RasServer, RasState, SimComm, SimRank
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading
@@ -256,6 +256,21 @@ def test_nothing_listening_is_ras_down_not_an_exception() -> None:
     assert snap.nccl is not None
     assert not snap.nccl.up
     assert "nothing listens" in (snap.nccl.error or "")
+    assert not snap.errors  # GPU processes without NCCL's RAS are the usual case, not a collection error
+
+
+def test_a_ras_that_does_not_answer_in_time_is_a_collection_error() -> None:
+    reader = NcclRasReader(
+        "127.0.0.1:1", clock=ManualClock(), background=False, query=lambda: _raise(RasQueryError("no answer in time"))
+    )
+    snap = reader.enrich(_snapshot("node-a", 0))
+    assert snap.nccl is not None
+    assert not snap.nccl.up
+    assert snap.errors["nccl_ras_unreachable"] == 1
+
+
+def _raise(exc: Exception) -> RasAnswer:
+    raise exc
 
 
 def test_promtool_accepts_the_nccl_families(promtool: str) -> None:

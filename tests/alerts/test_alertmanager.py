@@ -33,9 +33,6 @@ from tests.alerts.amserver import Alertmanager
 from tests.alerts.receivers import serve
 from tests.alerts.support import T0, healthy_gpu, snapshot, uuid
 
-# Its module-scoped servers start once: under `pytest -n 2 --dist loadgroup` the module runs on one worker.
-pytestmark = pytest.mark.xdist_group(__name__)
-
 DASHBOARD = "https://gpulens.example.org"
 
 

@@ -23,9 +23,6 @@ from tests.dashboard.cluster import STALLED_JOB
 from tests.dashboard.conftest import Store
 from tests.dbtemplate import migrated_sqlite
 
-# Its module-scoped servers start once: under `pytest -n 2 --dist loadgroup` the module runs on one worker.
-pytestmark = pytest.mark.xdist_group(__name__)
-
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:

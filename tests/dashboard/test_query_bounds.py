@@ -29,9 +29,6 @@ from gpulens.storage.rollup import Rollups
 from tests.dbtemplate import migrated_sqlite
 from tests.storage.conftest import PgServer, _pg_root, pg_server  # noqa: F401 (fixtures)
 
-# Its module-scoped servers start once: under `pytest -n 2 --dist loadgroup` the module runs on one worker.
-pytestmark = pytest.mark.xdist_group(__name__)
-
 SIZES = (10, 40)
 
 

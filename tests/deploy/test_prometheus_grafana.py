@@ -38,9 +38,6 @@ from tests.deploy.support import (
     service_env,
 )
 
-# Its module-scoped servers start once: under `pytest -n 2 --dist loadgroup` the module runs on one worker.
-pytestmark = pytest.mark.xdist_group(__name__)
-
 CONFIGS = ("prometheus.yml", "prometheus-sim.yml")
 BASE_LABELS = {"node", "gpu", "uuid", "model"}
 TARGET_LABELS = {"job", "instance"}  # added by Prometheus at scrape time

@@ -24,9 +24,6 @@ import pytest
 
 from tests.conftest import free_port, http_get
 
-# Its module-scoped servers start once: under `pytest -n 2 --dist loadgroup` the module runs on one worker.
-pytestmark = pytest.mark.xdist_group(__name__)
-
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_LIBRARIES = ("dash", "plotly", "sqlalchemy", "alembic", "psycopg", "pycurl", "apscheduler", "waitress")
 

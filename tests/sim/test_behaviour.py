@@ -10,9 +10,6 @@ from gpulens.exporter.sim import CATALOGUE, SimCluster
 from gpulens.model import THROTTLE_REASONS
 from tests.sim.support import BASE, SMALL_GPUS, STEP, TRAIN_GPUS, at, cluster, median, num, reading, readings, steps
 
-# Its module-scoped servers start once: under `pytest -n 2 --dist loadgroup` the module runs on one worker.
-pytestmark = pytest.mark.xdist_group(__name__)
-
 BIT = dict(THROTTLE_REASONS)
 H100 = CATALOGUE["H100-SXM5-80GB"]
 L40S = CATALOGUE["L40S"]

@@ -26,9 +26,6 @@ from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, TooMa
 from tests.prom import wait_for
 from tests.storage.promstack import FROZEN_NODES, NODES, Hook, Stack, fired, run_gpulens, running_stack
 
-# Its module-scoped servers start once: under `pytest -n 2 --dist loadgroup` the module runs on one worker.
-pytestmark = pytest.mark.xdist_group(__name__)
-
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> Iterator[Stack]:

@@ -31,9 +31,6 @@ from gpulens.storage.prometheus import PromReader
 from tests.alerts import scenarios
 from tests.prom import running_prometheus
 
-# Its module-scoped servers start once: under `pytest -n 2 --dist loadgroup` the module runs on one worker.
-pytestmark = pytest.mark.xdist_group(__name__)
-
 STEP_S: Final = 10.0  # the scrape interval the history is written at
 ROUND_S: Final = 60.0  # the engine's interval, in all three ways
 SPACING_S: Final = 4 * 3600  # each scenario's history starts this long after the previous one's

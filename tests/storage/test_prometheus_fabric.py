@@ -16,9 +16,6 @@ from gpulens.settings import StoreAuth
 from gpulens.storage.prometheus import PromReader
 from tests.prom import running_prometheus, running_victoriametrics, wait_for
 
-# Its module-scoped servers start once: under `pytest -n 2 --dist loadgroup` the module runs on one worker.
-pytestmark = pytest.mark.xdist_group(__name__)
-
 GIB = 1024**3
 PORTS = (
     'node="n1",device="mlx5_0",port="1"',

@@ -25,9 +25,6 @@ from gpulens.storage.prometheus.recorded import status
 from tests.prom import running_prometheus
 from tests.storage.promblocks import backfill_rules, create_blocks, move_blocks
 
-# Its module-scoped servers start once: under `pytest -n 2 --dist loadgroup` the module runs on one worker.
-pytestmark = pytest.mark.xdist_group(__name__)
-
 STEP_S = 60
 SAMPLES = 31  # half an hour
 NODES = 8

@@ -21,9 +21,6 @@ from gpulens.storage.prometheus import PromReader
 from tests.prom import running_prometheus, running_victoriametrics
 from tests.storage.promblocks import create_blocks, import_history, layout
 
-# Its module-scoped servers start once: under `pytest -n 2 --dist loadgroup` the module runs on one worker.
-pytestmark = pytest.mark.xdist_group(__name__)
-
 STEP_S = 60
 SAMPLES = 31  # half an hour
 FLAGS = ("--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h")

@@ -16,9 +16,6 @@ from gpulens.storage.prometheus.targets import exporter_down
 from tests.conftest import free_port
 from tests.prom import query, running_prometheus, wait_for
 
-# Its module-scoped servers start once: under `pytest -n 2 --dist loadgroup` the module runs on one worker.
-pytestmark = pytest.mark.xdist_group(__name__)
-
 
 class _Page(BaseHTTPRequestHandler):
     body = render_metrics(None, ExporterHealth())  # a gpulens exporter's own families (no GPU read yet)

@@ -23,9 +23,6 @@ from tests.prom import running_victoriametrics, wait_for
 from tests.storage.promstack import FROZEN_NODES, NODES, Hook, Stack, fired, run_gpulens, running_stack
 from tests.storage.test_prometheus import _close, reader, sql_readings, vars_of, wait_until
 
-# Its module-scoped servers start once: under `pytest -n 2 --dist loadgroup` the module runs on one worker.
-pytestmark = pytest.mark.xdist_group(__name__)
-
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, victoriametrics_bin: str) -> Iterator[Stack]:

@@ -27,16 +27,13 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # The whole suite in two processes (pytest-xdist): most tests wait on servers, sockets and subprocesses, so two
-# workers on two cores finish in little more than half the time. `--dist loadscope` sends each module whole to one
-# worker, which runs its tests in a row: a module-scoped server (Prometheus, VictoriaMetrics, Alertmanager, the
-# alert-rounds TSDB) starts once per run, where `--dist load` started it on each worker that ran some of the
-# module's tests (xdist's loadgroup marks did not group here). The slowest tests are listed in the log.
+# workers on two cores finish in little more than half the time. The slowest tests are listed in the log.
 unit: $(STAMP)
-	$(VENV)/bin/pytest -n 2 --dist loadscope --durations=25
+	$(VENV)/bin/pytest -n 2 --durations=25
 
 # The edit loop: lint, types and every test that needs no external server (PostgreSQL, Prometheus, Chromium, ...).
 unit-fast: $(STAMP)
-	$(VENV)/bin/pytest -n 2 --dist loadscope -m "not external" --durations=10
+	$(VENV)/bin/pytest -n 2 -m "not external" --durations=10
 
 test: lint typecheck unit
 

@@ -16,7 +16,32 @@ from collections import deque
 from gpulens.alerts.base import AlertRule, Candidate, percent, rule_labels
 from gpulens.alerts.history import History, Round
 
-_Counts = deque[tuple[float, int, int]]  # (round time, readings, idle readings), oldest first
+
+class _Counts:
+    """A job's per-round counts over the window, oldest first, with their running totals (a round adds and drops
+    its counts instead of summing the window again: the window holds hundreds of rounds)."""
+
+    __slots__ = ("idle", "n", "rounds")
+
+    def __init__(self) -> None:
+        self.rounds: deque[tuple[float, int, int]] = deque()  # (round time, readings, idle readings)
+        self.n = self.idle = 0
+
+    def append(self, time: float, n: int, idle: int) -> None:
+        self.rounds.append((time, n, idle))
+        self.n += n
+        self.idle += idle
+
+    def appendleft(self, time: float, n: int, idle: int) -> None:
+        self.rounds.appendleft((time, n, idle))
+        self.n += n
+        self.idle += idle
+
+    def drop_before(self, horizon: float) -> None:
+        while self.rounds and self.rounds[0][0] < horizon:
+            _, n, idle = self.rounds.popleft()
+            self.n -= n
+            self.idle -= idle
 
 
 def job_inefficient(rule: AlertRule, history: History, now: float) -> list[Candidate]:
@@ -30,15 +55,13 @@ def job_inefficient(rule: AlertRule, history: History, now: float) -> list[Candi
     for job_id, view in latest.jobs.items():
         key = ("job_idle", job_id, limit)
         counts: _Counts | None = before.get(key)
-        if counts is None or not counts:
+        if counts is None or not counts.rounds:
             counts = _from_window(history, job_id, limit)
-        elif counts[-1][0] != latest.time:
-            counts.append((latest.time, *_count_round(latest, view.gpus, limit)))
-        while counts and counts[0][0] < horizon:
-            counts.popleft()
+        elif counts.rounds[-1][0] != latest.time:
+            counts.append(latest.time, *_count_round(latest, view.gpus, limit))
+        counts.drop_before(horizon)
         memo[key] = counts
-        n = sum(c[1] for c in counts)
-        idle = sum(c[2] for c in counts)
+        n, idle = counts.n, counts.idle
         if not n or idle / n < share_min:
             continue
         share = idle / n
@@ -69,10 +92,10 @@ def _count_round(round_: Round, gpus: tuple[str, ...], limit: float) -> tuple[in
 
 def _from_window(history: History, job_id: str, limit: float) -> _Counts:
     """The counts of the unbroken run of rounds, ending with the latest, that list the job."""
-    counts: _Counts = deque()
+    counts = _Counts()
     for round_ in reversed(history.rounds):
         view = round_.jobs.get(job_id)
         if view is None:
             break
-        counts.appendleft((round_.time, *_count_round(round_, view.gpus, limit)))
+        counts.appendleft(round_.time, *_count_round(round_, view.gpus, limit))
     return counts

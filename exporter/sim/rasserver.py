@@ -10,12 +10,13 @@ client code reads it, so the simulator exercises the exporter end to end. It cou
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import orjson
 
 from gpulens.ncclmodel import RANK_DEAD, RANK_OK, RANK_UNRESPONSIVE
 
@@ -109,7 +110,10 @@ def render_json(state: RasState) -> str:
         "communicators": comms,
         "ras": {"collection_time_sec": 0.004, "timeouts_count": 0},
     }
-    return json.dumps(doc, indent=2) + "\n"
+    # orjson, not json: the standard library's encoder falls back to pure Python when it indents, and the detection
+    # suites render thousands of these (a 256-rank communicator: 1.7 ms with the dict built, against 13 ms for
+    # json.dumps alone; the same text)
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
 
 
 def _outlier(count: int, total: int, verbose: bool) -> bool:

@@ -39,6 +39,7 @@ receiver = "hook"
 group_wait = "0s"
 {targets}
 """
+STALL_AT = "3m"  # 18 s after the exporter starts, at its speed
 
 
 @pytest.fixture
@@ -64,8 +65,11 @@ def test_two_shards_and_a_job_spanning_both_raise_one_stall(pg_server: PgServer,
     url = pg_server.url(name)
     scenario = tmp_path / "stall.toml"
     scenario.write_text(
-        SCENARIO.format(nodes=list(NODES), seed=7, a=NODES[0], b=NODES[1], job="llm-pretrain").replace("'", '"')
+        SCENARIO.format(nodes=list(NODES), seed=7, a=NODES[0], b=NODES[1], job="llm-pretrain")
+        .replace("'", '"')
+        .replace('at = "6m"', f'at = "{STALL_AT}"')
     )
+    assert f'at = "{STALL_AT}"' in scenario.read_text()
     port = free_port()
     log = tmp_path / "exporter.log"
     names = target_names()
@@ -87,8 +91,8 @@ def test_two_shards_and_a_job_spanning_both_raise_one_stall(pg_server: PgServer,
                 )  # fmt: skip
                 running.enter_context(process(proc, clog))
                 collectors.append((proc, clog))
-            # The exporter (and its clock) starts last: the collectors already run, so the rules have the whole 36 s
-            # before the stall to learn the job's baseline.
+            # The exporter (and its clock) starts last: the collectors already run, so the rules have the whole 18 s
+            # before the stall to learn the job's baseline (6 rounds of 1 s are enough).
             exporter = gpulens(
                 "exporter", "--source", "sim", "--scenario", str(scenario), "--all-nodes", "--speed", str(SPEED),
                 "--listen", f"127.0.0.1:{port}", log=log,

@@ -9,7 +9,6 @@ scraping) is in ``test_victoriametrics.py``.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path

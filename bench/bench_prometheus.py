@@ -12,7 +12,10 @@ before the range would have; ``recorded``). The rules' cost is measured as Prome
 expression as an instant query at the history's end, Prometheus's own ``process_cpu_seconds_total`` read before and
 after. With ``--engines=prometheus,victoriametrics`` the same pages are timed (raw) over a real VictoriaMetrics
 (Debian's ``victoria-metrics``) holding the same samples, imported through its Prometheus text import API
-(``tests.storage.promblocks.import_history``), its result cache off (each load evaluated, as in Prometheus).
+(``tests.storage.promblocks.import_history``), its result cache off (each load evaluated, as in Prometheus): raw,
+then with the same rules replayed over the history by ``vmalert -replay.timeFrom -replay.timeTo`` (their series
+written back by remote write; ``recorded``), the rules' cost measured the same way (VictoriaMetrics's own
+``process_cpu_seconds_total``).
 Printed per page: milliseconds (the median of ``REPEAT`` loads), the CPU seconds of the store and of gpulens per
 load, PromQL queries and series returned. Usage: ``python -m bench.bench_prometheus [NODES] [--no-browser]
 [--dir=DIR] [--pages=NAME,...] [--engines=NAME,...]``: ``--dir`` keeps the built TSDB (with the backfilled rules, and
@@ -258,9 +261,33 @@ def record(work: Path, nodes: int, end: float) -> None:
     print(f"prometheus_recording_backfill_{nodes * 8}_gpus: {time.perf_counter() - began:.0f} s")
 
 
-def rule_cost(base: str, at: float, gpus: int) -> None:
-    """The CPU Prometheus spends on one evaluation of the recording rules (each expression as an instant query at
-    ``at``, one at a time), and that as a share of one core over the rules' interval."""
+def record_vm(work: Path, base: str, nodes: int, end: float) -> None:
+    """Replay the recording rules over the history in the VictoriaMetrics at ``base`` (``vmalert -replay.timeFrom
+    -replay.timeTo``: each rule evaluated at the rules' interval, the series written back by remote write; once per
+    rules file), and print what VictoriaMetrics spent on it (range queries: less than as many live evaluations)."""
+    from gpulens.storage.prometheus.recording import INTERVAL_S, rules_yaml
+    from tests.prom import replay_rules
+
+    rules = rules_yaml(INTERVAL_S, STEP_S)
+    path = work / "recording-vm.yml"
+    if path.exists() and path.read_text() == rules:
+        return
+    if path.exists():
+        raise SystemExit(f"{work / 'vm'} holds the series of other recording rules: remove it and run again")
+    start = int(end) - (HOURS * 3600 // STEP_S) * STEP_S
+    pending = work / "recording-vm.yml.replaying"  # the marker once the replay is through
+    pending.write_text(rules)
+    began, cpu = time.perf_counter(), server_cpu(str(work / "vm"))
+    replay_rules("vmalert", base, pending, start, int(end) + STEP_S)
+    pending.rename(path)
+    spent = server_cpu(str(work / "vm")) - cpu
+    print(f"victoriametrics_recording_replay_{nodes * 8}_gpus: {time.perf_counter() - began:.0f} s, {spent:.0f} CPU-s")
+
+
+def rule_cost(base: str, at: float, gpus: int, engine: str = "prometheus") -> None:
+    """The CPU the store (``engine``) spends on one evaluation of the recording rules (each expression as an instant
+    query at ``at``, one at a time, as Prometheus or vmalert evaluates them), and that as a share of one core over the
+    rules' interval."""
     from gpulens.settings import StoreAuth
     from gpulens.storage.prometheus.client import PromClient
     from gpulens.storage.prometheus.recording import INTERVAL_S, rules
@@ -278,8 +305,8 @@ def rule_cost(base: str, at: float, gpus: int) -> None:
             series += len(client.query(rule.expr, at, max_series=10**7))
         costs.append(cpu() - before)
     spent = statistics.median(costs)
-    print(f"prometheus_recording_rules_cpu_{gpus}_gpus: {spent:.2f} CPU-s per evaluation ({series} series)")
-    print(f"prometheus_recording_rules_core_share_{gpus}_gpus: {spent / INTERVAL_S:.1%} of a core at {INTERVAL_S} s")
+    print(f"{engine}_recording_rules_cpu_{gpus}_gpus: {spent:.2f} CPU-s per evaluation ({series} series)")
+    print(f"{engine}_recording_rules_core_share_{gpus}_gpus: {spent / INTERVAL_S:.1%} of a core at {INTERVAL_S} s")
 
 
 def measure(
@@ -310,11 +337,10 @@ def measure(
         with server as base:
             if engine == "victoriametrics":
                 import_vm(work, base, nodes, end)
-            else:
-                rule_cost(base, end, nodes * 8)
+                record_vm(work, base, nodes, end)
+            rule_cost(base, end, nodes * 8, engine)
             data = str(work / ("prom" if engine == "prometheus" else "vm"))
-            # VictoriaMetrics evaluates no rules itself (vmalert does): its pages are timed raw
-            for mode in ("raw", "recorded") if engine == "prometheus" else ("raw",):
+            for mode in ("raw", "recorded"):
                 store = PromReader(
                     "prometheus+" + base,
                     StoreAuth(min_step_s=STEP_S),

@@ -37,6 +37,11 @@ def victoriametrics_bin() -> str:
     return require_tool("victoria-metrics")
 
 
+@pytest.fixture(scope="session")
+def vmalert_bin() -> str:
+    return require_tool("vmalert")  # in Debian's victoria-metrics package
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -66,6 +71,7 @@ _EXTERNAL_FIXTURES = frozenset(
         "prometheus_bin",
         "alertmanager_bin",
         "victoriametrics_bin",
+        "vmalert_bin",
         "browser",
     }
 )

@@ -130,6 +130,65 @@ def running_victoriametrics(
         yield base
 
 
+def vmalert_command(binary: str, base: str, rules: Path, *flags: str) -> list[str]:
+    """vmalert evaluating the rule file ``rules`` against the VictoriaMetrics at ``base`` and writing the recorded
+    series back into it (remote write): as docs/victoriametrics.md runs it. ``-datasource.queryStep=0``: a rule is
+    queried with its group's interval as the step (vmalert's default, 5 m, makes a replay evaluate every 5 m only)."""
+    return [
+        binary,
+        f"-rule={rules}",
+        f"-datasource.url={base}",
+        f"-remoteWrite.url={base}",
+        "-datasource.queryStep=0",
+        "-loggerLevel=WARN",
+        *flags,
+    ]
+
+
+@contextmanager
+def running_vmalert(binary: str, workdir: Path, base: str, rules: Path, flags: Sequence[str] = ()) -> Iterator[str]:
+    """Start vmalert evaluating ``rules`` against the VictoriaMetrics at ``base`` (recorded series written back every
+    second); yield vmalert's own base URL."""
+    port = free_port()
+    command = vmalert_command(
+        binary, base, rules, f"-httpListenAddr=127.0.0.1:{port}", "-remoteWrite.flushInterval=1s", *flags
+    )
+    with serving(command, f"http://127.0.0.1:{port}", "/health", workdir / "vmalert.log", "vmalert") as own:
+        yield own
+
+
+def replay_rules(binary: str, base: str, rules: Path, start: float, end: float) -> None:
+    """Evaluate ``rules`` over [start, end] at their groups' intervals against the VictoriaMetrics at ``base`` and
+    write the recorded series into it (vmalert's replay mode), then make them searchable."""
+    import datetime
+
+    def iso(t: float) -> str:
+        return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    done = subprocess.run(
+        vmalert_command(
+            binary,
+            base,
+            rules,
+            f"-replay.timeFrom={iso(start)}",
+            f"-replay.timeTo={iso(end)}",
+            "-replay.disableProgressBar",
+            "-replay.rulesDelay=0",  # no rule reads another's output
+        ),
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"vmalert replay failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    force_flush(base)
+
+
+def force_flush(base: str) -> None:
+    """Make what VictoriaMetrics at ``base`` was sent searchable now."""
+    status, _, body = http_get(f"{base}/internal/force_flush", timeout=600)
+    assert status == 200, body
+
+
 def query(base: str, promql: str) -> list[dict[str, Any]]:
     # nocache=1: VictoriaMetrics answers now, not as of -search.latencyOffset (30 s) ago (Prometheus ignores it)
     status, _, body = http_get(f"{base}/api/v1/query?query={urllib.parse.quote(promql)}&nocache=1")

@@ -167,8 +167,10 @@ def status(client: PromClient, now: float) -> tuple[float | None, list[tuple[str
     ``STALE_INTERVALS`` intervals, missing when the store holds no sample of it in the last 8 days."""
     names = rec.names()
     held = client.metric_names(now - 8 * 86400.0, now)
-    named = f'label_replace({{__name__=~"{"|".join(names)}"}}, "gl_name", "$1", "__name__", "(.+)")'
-    newest = {s.labels.get("gl_name", ""): s.value for s in client.query(f"max by (gl_name) (timestamp({named}))", now)}
+    # timestamp() of each name's own selector, tagged with the name after: MetricsQL answers timestamp() of an
+    # expression that is not a selector (a label_replace of one) as a subquery, at step-aligned times, not the samples'
+    newest_of = " or ".join(f'label_replace(max(timestamp({name})), "gl_name", "{name}", "", "")' for name in names)
+    newest = {s.labels.get("gl_name", ""): s.value for s in client.query(newest_of, now)}
     interval = None
     for s in client.query(rec.CLOCK, now):
         text = s.labels.get("interval", "").removesuffix("s")

@@ -8,8 +8,10 @@ than PromQL (docs/victoriametrics.md) give what they give over Prometheus.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,9 +19,10 @@ import pytest
 from gpulens.settings import StoreAuth
 from gpulens.storage.connect import open_existing_database
 from gpulens.storage.prometheus import PromReader
+from gpulens.storage.prometheus import recording as rec
 from gpulens.storage.prometheus.client import PromQueryError
 from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, TooManySeriesError
-from tests.prom import running_victoriametrics, wait_for
+from tests.prom import query, running_victoriametrics, running_vmalert, wait_for
 from tests.storage.promstack import FROZEN_NODES, NODES, Hook, Stack, fired, run_gpulens, running_stack
 from tests.storage.test_prometheus import _close, reader, sql_readings, vars_of, wait_until
 
@@ -238,3 +241,27 @@ def test_alerts_run_fires_the_stall_over_both_sources_and_delivers_it(stack: Sta
         delivered = {a["labels"]["alertname"] for p in Hook.payloads[f"/{source}"] for a in p["alerts"]}
         # nothing else goes wrong in this scenario; the Watchdog, always firing, reaches webhooks
         assert delivered == {"CommunicationStall", "Watchdog"}
+
+
+def test_vmalert_keeps_the_recorded_series_fresh_for_the_doctor(stack: Stack, vmalert_bin: str, tmp_path: Path) -> None:
+    """vmalert evaluating the exported rules against the live VictoriaMetrics (as docs/victoriametrics.md runs it,
+    every 2 s here), the recorded series written back by remote write: the doctor tells every recorded name present,
+    and the recorded GPUs up and held are the stack's. (``test_victoriametrics_recording.py`` checks the pages' data
+    from them over a replayed history.)"""
+    rules = tmp_path / rec.RULE_FILE
+    rules.write_text(rec.rules_yaml(2, 1))
+
+    def doctor() -> subprocess.CompletedProcess[str] | None:
+        done = run_gpulens("rules", "doctor", "--db", "prometheus+" + stack.prom_gl)
+        return done if done.returncode == 0 else None
+
+    with running_vmalert(vmalert_bin, tmp_path, stack.prom_gl, rules):
+        done = wait_until(doctor, 90, "every recorded series present")
+        up = wait_for(stack.prom_gl, f"sum({rec.NODE_UP})", lambda r: bool(r) and r[0]["value"][1] == "16")
+        held = {r["metric"]["job_id"]: r["value"][1] for r in query(stack.prom_gl, rec.JOB_GPUS)}
+    assert up
+    assert "evaluated every 2s" in done.stdout
+    assert all(f"present  {name}  (newest " in done.stdout for name in rec.names())
+    assert f"{len(rec.names())} present, 0 stale, 0 missing" in done.stdout
+    assert "pages reading raw series" not in done.stdout
+    assert held == {"llm-pretrain": "8", "frozen-train": "8"}

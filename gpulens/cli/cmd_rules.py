@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
     )
     export.add_argument("--config", default=None, help="gpulens.toml whose [alerts] overrides apply")
     export.add_argument(
-        "--interval", type=positive_int, default=None, help="recording rules: seconds between evaluations (120)"
+        "--interval", type=positive_int, default=None, help="recording rules: seconds between evaluations (180)"
     )
     export.add_argument(
         "--scrape-interval",

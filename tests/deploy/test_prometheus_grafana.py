@@ -315,7 +315,7 @@ def sim_prometheus(prometheus_bin: str, tmp_path_factory: pytest.TempPathFactory
         # the shipped gpulens job, pointed at the local exporter and scraped every second
         for group in job["static_configs"]:
             group["targets"] = [f"127.0.0.1:{port}"]
-        # the shipped recording rules, evaluated every second (the shipped file: every 120 s)
+        # the shipped recording rules, evaluated every second (the shipped file: every 180 s)
         rules = tmp_path / recording.RULE_FILE
         rules.write_text(recording.rules_yaml(SCRAPE_S, SCRAPE_S))
         config = {

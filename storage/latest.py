@@ -30,6 +30,24 @@ _READING_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(GpuReading
 
 
 @dataclass(frozen=True, slots=True)
+class NodeTotals:
+    """One node's GPUs now, counted and summed where a store keeps such sums (Prometheus's recording rules), so that
+    a page showing the whole cluster's totals need not read every GPU's fields. Over the node's GPUs up."""
+
+    node: str
+    timestamp: float  # when they were summed
+    up: int
+    busy: int
+    idle: int  # busy + idle: the GPUs up that report their utilization
+    allocated_idle: int
+    utilization_ratio_sum: float  # over busy + idle
+    memory_used_bytes: float
+    memory_total_bytes: float
+    power_watts: float
+    power_limit_watts: float
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSummary:
     timestamp: float
     gpus_total: int  # seen within the last week

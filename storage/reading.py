@@ -18,6 +18,7 @@ from gpulens.storage import fabric, inventory, jobstats, latest, portproblems, t
 from gpulens.storage.db import Database
 from gpulens.storage.inventory import GpuInfo, LinkOutage
 from gpulens.storage.jobstats import JobSummary
+from gpulens.storage.latest import NodeTotals
 from gpulens.storage.timeseries import SeriesData
 
 NOT_AVAILABLE = "not available on this backend"
@@ -63,6 +64,11 @@ class StoreReader(Protocol):
 
     def current_jobs(self, *, node: str | None = None) -> list[GpuJob]:
         """The jobs holding each GPU (of ``node`` only, if given) now."""
+        ...
+
+    def node_totals(self) -> list[NodeTotals] | None:
+        """Every node's GPUs now, counted and summed, where the store keeps such sums fresh; ``None`` where it does
+        not (the caller sums the readings)."""
         ...
 
     def current_processes(self, *, node: str | None = None) -> list[ProcessReading]:
@@ -178,6 +184,9 @@ class SqlReader:
 
     def current_jobs(self, *, node: str | None = None) -> list[GpuJob]:
         return latest.current_jobs(self.db, node=node)
+
+    def node_totals(self) -> list[NodeTotals] | None:
+        return None  # one indexed read gives every GPU's newest row: the page sums them
 
     def current_processes(self, *, node: str | None = None) -> list[ProcessReading]:
         return latest.current_processes(self.db, node=node)

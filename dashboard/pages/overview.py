@@ -218,7 +218,11 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now, history_start=context.history_start(state.range))
-        readings = context.store.latest_readings(fields=SUMMARY_FIELDS + METRIC_FIELDS.get(metric.key, ()))
+        # the headline from the nodes' totals where the store keeps them (Prometheus's recording rules): then only
+        # the heatmap's fields of every GPU are read
+        totals = context.store.node_totals()
+        shown = METRIC_FIELDS.get(metric.key, ())
+        readings = context.store.latest_readings(fields=shown if totals is not None else SUMMARY_FIELDS + shown)
         jobs = context.store.current_jobs()
         targets = context.store.target_health()
         firing = context.alerts.active() if context.alerts is not None else None
@@ -229,10 +233,10 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
         nics = available(lambda: context.store.latest_nics(nodes=grid.nodes, fields=STATUS_FIELDS))
         stale = stale_nodes(readings, now, context.stale_after_s)
         fabric = fabric_of(context, counts, nics, span, firing, stale)  # in the same snapshot
-        return span, targets, firing, cells, grid, fabric
+        return span, targets, firing, cells, grid, fabric, totals
 
-    span, targets, firing, cells, grid, fabric = guarded(context, load)
-    head = headline(cells)
+    span, targets, firing, cells, grid, fabric, totals = guarded(context, load)
+    head = headline(cells, totals)
     alerts_firing = None if firing is None else sum(1 for a in firing if counts_as_firing(a))
     show_map = len(grid.rows) > grid.per_page
     map_figure = node_map(grid, metric) if show_map else empty_figure("")
@@ -256,7 +260,8 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
         grid.pages,
         node_fabric_table(grid.nodes, fabric, state),
         targets_table(targets, state),
-        f"as of {minute_text(now)} · {span.label}",
+        f"as of {minute_text(now)} · {span.label}"
+        + (f" · totals recorded {minute_text(head.summed_at)}" if head.summed_at is not None else ""),
     )
 
 

@@ -32,6 +32,7 @@ from gpulens.storage.reading import TooManySeriesError
 
 SCHEMES: Final = ("prometheus+http", "prometheus+https")
 MAX_RESPONSE_BYTES: Final = 256 * 1024 * 1024
+LOOKBACK_S: Final = 300.0  # the default lookback: an instant query sees samples up to this old (VictoriaMetrics too)
 
 
 def quote(text: str) -> str:

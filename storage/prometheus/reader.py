@@ -32,13 +32,21 @@ from gpulens.settings import StoreAuth
 from gpulens.storage import schema
 from gpulens.storage.inventory import GpuInfo, LinkOutage
 from gpulens.storage.jobstats import JOB_POINTS, JobSummary
+from gpulens.storage.latest import NodeTotals
 from gpulens.storage.prometheus import fabric, jobquery, problems, recorded, targets
 from gpulens.storage.prometheus import families as fam
-from gpulens.storage.prometheus.client import PromClient, PromQueryError, PromSeries, quote, regex_escape, regex_of
+from gpulens.storage.prometheus.client import (
+    LOOKBACK_S,
+    PromClient,
+    PromQueryError,
+    PromSeries,
+    quote,
+    regex_escape,
+    regex_of,
+)
 from gpulens.storage.reading import NotAvailableOnBackendError
 from gpulens.storage.timeseries import SeriesData
 
-LOOKBACK_S: Final = 300.0  # Prometheus's default lookback: an instant query sees samples up to this old
 PARALLEL: Final = 4  # queries of one call in flight at once (Prometheus evaluates them on its cores)
 NAMES_TTL_S: Final = 30.0  # how long the list of metric names the store holds is trusted, once it holds still
 # ... and once it has changed: Prometheus lists a new target's names as it appends its first scrape, so a list read
@@ -199,6 +207,9 @@ class PromReader:
     def sample_times(self, promql: str, label: str, now: float) -> dict[str, float]:
         """``label`` -> value of each series of ``promql`` (sample times: ``timestamp(...)``)."""
         return {s.labels[label]: s.value for s in self.client.query(promql, now) if s.labels.get(label)}
+
+    def node_totals(self) -> list[NodeTotals] | None:
+        return recorded.node_totals(self, self.clock.now()) if self.use_recorded else None
 
     def current_jobs(self, *, node: str | None = None) -> list[GpuJob]:
         now = self.clock.now()

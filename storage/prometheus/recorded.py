@@ -9,6 +9,9 @@ A page's summary of the whole cluster is read from the few series the recording 
   ``job:gpulens_gpus:count``, and each job's utilization and memory statistics summed over the range from its
   per-interval sums: 9 queries whose answers are one series per job (or pair), whatever the samples.
 * port problems: every port's flags now (one series per port) and the ports whose errors rose in the range.
+* the overview's headline: every node's GPUs up, busy, idle and allocated-but-idle, utilization, memory and power
+  summed as of the rules' last evaluation (one query, a series per node and name), so that the page reads of every
+  GPU only the fields its heatmap shows.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from typing import Final, Protocol
 from gpulens.clock import Clock
 from gpulens.fabricmodel import nic_id
 from gpulens.storage.jobstats import JOB_POINTS, JobSummary
+from gpulens.storage.latest import NodeTotals
 from gpulens.storage.portproblems import PORT_PROBLEMS
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus import jobquery
 from gpulens.storage.prometheus import recording as rec
-from gpulens.storage.prometheus.client import PromClient, PromQueryError
+from gpulens.storage.prometheus.client import LOOKBACK_S, PromClient, PromQueryError
 from gpulens.storage.prometheus.fabric import _nic_key
 
 STALE_INTERVALS: Final = 3  # recorded series whose newest evaluation is older than this many intervals are stale
@@ -70,8 +74,9 @@ class PromReader(Protocol):
 
 
 def _clock(client: PromClient, lo: float, hi: float) -> tuple[float, float, float] | None:
-    """(first, last evaluation in (lo, hi], interval) of the recording rules, or None when none is there."""
-    window = f"[{max(1, round(hi - lo))}s]"
+    """(first, last evaluation in (lo, hi], interval) of the recording rules, or None when none is there (looked for
+    over ``STALE_INTERVALS`` default intervals at least: a page of the cluster now has ``lo == hi``)."""
+    window = f"[{max(1, round(hi - lo), STALE_INTERVALS * rec.INTERVAL_S)}s]"
     query = (
         f'label_replace(min_over_time({rec.CLOCK}{window}), "gl", "first", "", "") or '
         f'label_replace(max_over_time({rec.CLOCK}{window}), "gl", "last", "", "")'
@@ -83,11 +88,11 @@ def _clock(client: PromClient, lo: float, hi: float) -> tuple[float, float, floa
     return got["first"].value, got["last"].value, float(interval) if interval.isdigit() else float(rec.INTERVAL_S)
 
 
-def covers(reader: PromReader, page: str, lo: float, now: float) -> bool:
-    """Whether the recorded series ``page`` needs are there, fresh at ``now`` and evaluated since ``lo``; if not,
-    why, in ``reader.recording``."""
+def covers(reader: PromReader, page: str, lo: float, now: float) -> tuple[float, float, float] | None:
+    """The rules' (first, last evaluation, interval) where the recorded series ``page`` needs are there, fresh at
+    ``now`` and evaluated since ``lo``; if not, None, and why in ``reader.recording``."""
     present = reader._present()
-    why = None
+    clock = None
     if present is not None and not set(rec.PAGE_NEEDS[page]) <= present:
         why = "no recording rules loaded"
     else:
@@ -95,17 +100,19 @@ def covers(reader: PromReader, page: str, lo: float, now: float) -> bool:
             clock = _clock(reader.client, lo, now)
         except PromQueryError:
             clock = None
-        if clock is None:
-            why = "no recording rules loaded"
+        if clock is None:  # the names held lately (present) but no evaluation in the window: they stopped
+            why = "no recording rules loaded" if present is None else "the recording rules are not evaluated"
         elif now - clock[1] > STALE_INTERVALS * clock[2]:
             why = "the recording rules are not evaluated"
         elif clock[0] > lo + 2 * clock[2]:
             why = "the recording rules began after the range's start"
-    if why is not None:
-        reader.recording.missing[page] = why
-        return False
+        else:
+            why = None
+    if why is not None or clock is None:
+        reader.recording.missing[page] = why or "no recording rules loaded"
+        return None
     reader.recording.missing.pop(page, None)
-    return True
+    return clock
 
 
 def jobs(reader: PromReader, start: float, end: float) -> list[JobSummary] | None:
@@ -137,6 +144,56 @@ def jobs(reader: PromReader, start: float, end: float) -> list[JobSummary] | Non
                 if entry is not None and math.isfinite(s.value):
                     entry.stats[tag] = s.value
     return out.result()
+
+
+# each node's totals: NodeTotals's field -> the recorded name
+_TOTALS: Final = {
+    "up": rec.NODE_UP,
+    "busy": rec.NODE_BUSY,
+    "idle": rec.NODE_IDLE,
+    "allocated_idle": rec.NODE_ALLOCATED_IDLE,
+    "utilization_ratio_sum": rec.NODE_UTILIZATION,
+    "memory_used_bytes": rec.NODE_MEMORY_USED,
+    "memory_total_bytes": rec.NODE_MEMORY_TOTAL,
+    "power_watts": rec.NODE_POWER,
+    "power_limit_watts": rec.NODE_POWER_LIMIT,
+}
+
+
+def node_totals(reader: PromReader, now: float) -> list[NodeTotals] | None:
+    """Every node's totals from its recorded series of the rules' last evaluation (one query: a series per node and
+    name), with that evaluation's time; None when the rules do not run (or run less often than an instant query
+    looks back: their series are then not there between evaluations)."""
+    clock = covers(reader, "overview", now, now)
+    if clock is None:
+        return None
+    if clock[2] >= LOOKBACK_S:
+        reader.recording.missing["overview"] = f"the recording rules run less often than every {LOOKBACK_S:g} s"
+        return None
+    by_node: dict[str, dict[str, float]] = {}
+    field_of = {name: f for f, name in _TOTALS.items()}
+    for s in reader.client.query(fam.selector(_TOTALS.values()), now):
+        node, f = s.labels.get("node", ""), field_of.get(s.labels.get("__name__", ""))
+        if node and f is not None and math.isfinite(s.value):
+            by_node.setdefault(node, {})[f] = s.value
+    if not by_node:
+        return None
+    return [
+        NodeTotals(
+            node=node,
+            timestamp=clock[1],
+            up=round(values.get("up", 0.0)),
+            busy=round(values.get("busy", 0.0)),
+            idle=round(values.get("idle", 0.0)),
+            allocated_idle=round(values.get("allocated_idle", 0.0)),
+            utilization_ratio_sum=values.get("utilization_ratio_sum", 0.0),
+            memory_used_bytes=values.get("memory_used_bytes", 0.0),
+            memory_total_bytes=values.get("memory_total_bytes", 0.0),
+            power_watts=values.get("power_watts", 0.0),
+            power_limit_watts=values.get("power_limit_watts", 0.0),
+        )
+        for node, values in sorted(by_node.items())
+    ]
 
 
 def nic_problems(reader: PromReader, start: float, end: float) -> dict[str, tuple[str, ...]] | None:

@@ -7,8 +7,9 @@ another's output), so ``promtool tsdb create-blocks-from rules`` can backfill ev
 
 * ``cluster:gpulens_recording:time``: the evaluation time, labelled with the rules' ``interval``: whether the rules
   run, since when (a page's range is read from recorded series only where they cover it) and how often.
-* per node (``node``): GPUs up, busy, idle and allocated-but-idle, memory used and total, power and its limits, the
-  busiest NVLink's share of its maximum (gpulens families: links active x the common per-link rate).
+* per node (``node``): GPUs up, busy, idle and allocated-but-idle, their utilization summed, memory used and total,
+  power and its limits (the overview's headline), the busiest NVLink's share of its maximum (gpulens families: links
+  active x the common per-link rate).
 * per job (``job_id``, ``user``): the GPUs held; per interval, its GPUs' utilization samples, sum and sum of squares
   and memory samples, sum and peak (summed over a range they give the job summaries of the jobs page exactly); the
   median and the standard deviation over its GPUs of utilization, memory, power and NVLink traffic now.
@@ -26,6 +27,7 @@ from typing import Final
 
 import yaml
 
+from gpulens.dcgmfields import FREE
 from gpulens.hardware import NVLINK_DEFAULT_LINK_BYTES_PER_SECOND
 from gpulens.storage.latest import IDLE_UTILIZATION
 from gpulens.storage.portproblems import ERROR_FIELDS, SATURATED_AT
@@ -43,6 +45,7 @@ NODE_UP: Final = "node:gpulens_gpus_up:count"
 NODE_BUSY: Final = "node:gpulens_gpus_busy:count"
 NODE_IDLE: Final = "node:gpulens_gpus_idle:count"
 NODE_ALLOCATED_IDLE: Final = "node:gpulens_gpus_allocated_idle:count"
+NODE_UTILIZATION: Final = "node:gpulens_gpu_utilization_ratio:sum"
 NODE_MEMORY_USED: Final = "node:gpulens_gpu_memory_used_bytes:sum"
 NODE_MEMORY_TOTAL: Final = "node:gpulens_gpu_memory_total_bytes:sum"
 NODE_POWER: Final = "node:gpulens_gpu_power_watts:sum"
@@ -69,6 +72,8 @@ SPREAD_FIELDS: Final = {
 PAGE_NEEDS: Final = {
     "jobs": (CLOCK, JOB_GPUS, JOB_UTIL_N, JOB_UTIL_SUM, JOB_UTIL_SQ, JOB_MEM_N, JOB_MEM_SUM, JOB_MEM_MAX),
     "interconnect": (CLOCK, PORT_FLAGS, PORT_ERRORS),
+    # the others may hold no series (a store without power limits): read as the readings' sums would give them, 0
+    "overview": (CLOCK, NODE_UP),
 }
 _PORT: Final = "node, device, port"
 
@@ -91,6 +96,15 @@ def _gpu_now(field: str) -> str:
     return " or on (uuid) ".join(f"({p})" for p in parts)
 
 
+def _memory_total_now() -> str:
+    """Every GPU's memory total now: its total where exported, else used + free + reserved (dcgm-exporter without
+    ``FB_TOTAL``; reserved 0 where absent), as the reader tells it (``gpulens.dcgmpage``)."""
+    used, free = _gpu_now("memory_used_bytes"), _gpu_now(FREE)
+    reserved = f"({_gpu_now('memory_reserved_bytes')}) or on (uuid) (({used}) * 0)"
+    derived = f"(({used}) + on (node, uuid) ({free})) + on (node, uuid) ({reserved})"
+    return f"({_gpu_now('memory_total_bytes')}) or on (uuid) ({derived})"
+
+
 def _up_now() -> str:
     """Every GPU up now (value 1): gpulens's ``up``, or a dcgm-exporter GPU that reports its utilization."""
     dcgm = dcgm_identity(fam.selector(fam.DCGM_PRESENCE))
@@ -107,7 +121,8 @@ def node_rules() -> list[Rule]:
     idle = f"({util}) < {IDLE_UTILIZATION!r}"
 
     def of_up(field: str) -> str:
-        return f"sum by (node) (({_gpu_now(field)}) and on (uuid) ({up}))"
+        values = _memory_total_now() if field == "memory_total_bytes" else _gpu_now(field)
+        return f"sum by (node) (({values}) and on (uuid) ({up}))"
 
     links = fam.LINKS_ACTIVE
     traffic = "gpulens_gpu_nvlink_throughput_bytes_per_second"
@@ -124,6 +139,7 @@ def node_rules() -> list[Rule]:
         Rule(NODE_BUSY, count(f"({util}) >= {IDLE_UTILIZATION!r}")),
         Rule(NODE_IDLE, count(idle)),
         Rule(NODE_ALLOCATED_IDLE, count(f"({idle}) and on (uuid) ({_held_now()})")),
+        Rule(NODE_UTILIZATION, f"sum by (node) ({util})"),
         Rule(NODE_MEMORY_USED, of_up("memory_used_bytes")),
         Rule(NODE_MEMORY_TOTAL, of_up("memory_total_bytes")),
         Rule(NODE_POWER, of_up("power_watts")),

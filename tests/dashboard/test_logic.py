@@ -23,6 +23,7 @@ from gpulens.dashboard.panels import GpuSeries, gpu_charts
 from gpulens.dashboard.summary import IDLE_BELOW, headline
 from gpulens.dashboard.timerange import UNKNOWN_HISTORY_S, RangeError, resolve_range
 from gpulens.model import GpuJob
+from gpulens.storage.latest import NodeTotals
 from tests.dashboard.test_figures import GIB, T0, reading
 
 UTIL = METRICS["utilization"]
@@ -186,6 +187,28 @@ def test_headline_counts() -> None:
     assert h.memory_used_bytes == 10 * GIB
     assert h.memory_total_bytes == 160 * GIB
     assert h.power_watts == 850.0
+    assert h.summed_at is None
+
+
+def test_headline_from_the_nodes_totals() -> None:
+    """The store's totals give busy to power; the cells still give the GPUs, up, down and stale."""
+    cells = [
+        GridCell(reading("node-0", 0)),
+        GridCell(reading("node-1", 0, up=False)),
+        GridCell(reading("n", 1), stale=True),
+    ]
+    totals = [
+        NodeTotals("node-0", T0 - 100, 1, 1, 0, 0, 0.5, 8.0, 16.0, 300.0, 700.0),
+        NodeTotals("node-1", T0 - 90, 2, 0, 2, 1, 0.04, 2.0, 32.0, 200.0, 1400.0),
+    ]
+    h = headline(cells, totals)
+    assert (h.gpus, h.up, h.down, h.stale, h.nodes) == (3, 1, 1, 1, 3)
+    assert (h.busy, h.idle, h.allocated_idle) == (1, 2, 1)
+    assert h.utilization_ratio_mean == pytest.approx(0.54 / 3)
+    assert (h.memory_used_bytes, h.memory_total_bytes) == (10, 48)
+    assert (h.power_watts, h.power_limit_watts) == (500.0, 2100.0)
+    assert h.summed_at == T0 - 100  # the older node's time
+    assert headline(cells, []).utilization_ratio_mean is None
 
 
 # --- job flags from alerts ------------------------------------------------------------------------------------------

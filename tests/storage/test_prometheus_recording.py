@@ -8,6 +8,7 @@ which file would help; ``gpulens rules doctor`` tells present, stale and missing
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -147,12 +148,55 @@ def test_port_problems_from_recorded_flags_equal_the_raw_ones(servers: dict[str,
     assert any(got.values())
 
 
+def check_node_totals(base: str, at: float, gpus: int) -> None:
+    """The overview's headline from the recorded node totals read at ``at`` is the one summed from the readings and
+    jobs of ``gpus`` GPUs read where the rules' last evaluation saw the same scrape (just after it)."""
+    from gpulens.dashboard.figures.grids import GridCell
+    from gpulens.dashboard.grid import grid_cells
+    from gpulens.dashboard.summary import headline
+
+    fast = reader(base, at)
+    before = fast.client.stats.queries
+    totals = fast.node_totals()
+    assert fast.client.stats.queries - before == 3  # the names held, the rules' clock, every node's totals
+    assert totals is not None
+    assert fast.recording.missing == {}
+    summed = min(t.timestamp for t in totals)
+    assert at - STEP_S <= summed <= at
+    slow = reader(base, summed + 1, use_recorded=False)
+    assert slow.node_totals() is None
+    cells: list[GridCell] = grid_cells(slow.latest_readings(), slow.current_jobs(), now=summed + 1, stale_after_s=120)
+    assert {t.node for t in totals} == {c.reading.node for c in cells}
+    assert len(cells) == gpus
+    mine, theirs = headline(cells, totals), headline(cells)
+    assert mine.summed_at == summed
+    assert (mine.gpus, mine.up, mine.down, mine.stale) == (theirs.gpus, theirs.up, 0, 0)
+    assert (mine.busy, mine.idle, mine.allocated_idle) == (theirs.busy, theirs.idle, theirs.allocated_idle)
+    assert mine.busy + mine.idle == mine.up  # (idle GPUs: tests below, over dcgm-exporter pages)
+    assert close(mine.utilization_ratio_mean, theirs.utilization_ratio_mean)
+    assert abs(mine.memory_used_bytes - theirs.memory_used_bytes) <= gpus  # rounding, a byte a GPU
+    assert mine.memory_total_bytes == theirs.memory_total_bytes
+    assert close(mine.power_watts, theirs.power_watts)
+    assert close(mine.power_limit_watts, theirs.power_limit_watts)
+
+
+def test_node_totals_from_recorded_series_equal_the_readings_sums(servers: dict[str, str], end: int) -> None:
+    """The overview reads the nodes' totals, then of every GPU only the fields its heatmap shows."""
+    at = end - 30
+    check_node_totals(servers["recorded"], at, NODES * 8)
+    # the rules stopped (an hour after the history): stale, read raw and said
+    late = reader(servers["recorded"], end + 3600)
+    assert late.node_totals() is None
+    assert "not evaluated" in late.recording.missing["overview"]
+
+
 def test_without_recorded_series_the_reader_reads_raw_and_says_so_once(servers: dict[str, str], end: int) -> None:
     at = end + 30
     plain, raw = reader(servers["raw"], at), reader(servers["raw"], at, use_recorded=False)
     assert plain.jobs(at - 1800, at) == raw.jobs(at - 1800, at)
     assert plain.nic_problems(at - 1800, at) == raw.nic_problems(at - 1800, at)
-    assert set(plain.recording.missing) == {"jobs", "interconnect"}
+    assert plain.node_totals() is None
+    assert set(plain.recording.missing) == {"jobs", "interconnect", "overview"}
     hint = plain.recording.hint()
     assert hint is not None
     assert rec.RULE_FILE in hint
@@ -193,7 +237,7 @@ def test_doctor_tells_present_stale_and_missing(servers: dict[str, str], end: in
     assert done.returncode == 1, done.stdout + done.stderr
     assert "present  " + rec.CLOCK in done.stdout
     assert "missing  " + rec.JOB_GPUS in done.stdout
-    assert "pages reading raw series: jobs, interconnect" in done.stdout
+    assert "pages reading raw series: jobs, interconnect, overview" in done.stdout
 
 
 def test_the_dashboard_says_once_which_rule_file_would_help(servers: dict[str, str], end: int) -> None:
@@ -229,7 +273,12 @@ def test_rules_read_every_dcgm_exporter_generation_in_gpulens_units(
 
     from gpulens.storage.prometheus.client import PromClient
 
-    text = (ROOT / "tests" / "fixtures" / "dcgm" / page).read_text()
+    # GPU 0, which a job holds, made idle: each count of the overview's headline has a GPU
+    held = re.compile(
+        r'^((?:DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_GR_ENGINE_ACTIVE)\w*\{[^}]*UUID="GPU-1f0c8a52-[^}]*\}) \S+$', re.M
+    )
+    text, changed = held.subn(r"\1 0.01", (ROOT / "tests" / "fixtures" / "dcgm" / page).read_text())
+    assert changed >= 1
 
     class Page(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:
@@ -256,7 +305,7 @@ def test_rules_read_every_dcgm_exporter_generation_in_gpulens_units(
                 time.sleep(0.5)
             at = time.time()
             store = reader(base, at)
-            readings, jobs = store.latest_readings(), store.current_jobs()
+            readings, jobs, totals = store.latest_readings(), store.current_jobs(), store.node_totals()
             recorded = {
                 name: {s.labels.get("node") or s.labels.get("job_id"): s.value for s in client.query(name, at)}
                 for name in (rec.NODE_UP, rec.NODE_MEMORY_USED, rec.NODE_POWER, rec.NODE_MEMORY_TOTAL, rec.JOB_GPUS)
@@ -272,6 +321,18 @@ def test_rules_read_every_dcgm_exporter_generation_in_gpulens_units(
         assert recorded[name].keys() == want.keys()
         for node, value in want.items():
             assert math.isclose(recorded[name][node], value, rel_tol=1e-6), (name, node)
-    held = {j.job_id: sum(1 for k in jobs if k.job_id == j.job_id) for j in jobs}
-    assert recorded[rec.JOB_GPUS] == held
-    assert held
+    holding = {j.job_id: sum(1 for k in jobs if k.job_id == j.job_id) for j in jobs}
+    assert recorded[rec.JOB_GPUS] == holding
+    assert holding
+    # the overview's headline from the nodes' recorded totals is the one the readings give
+    from gpulens.dashboard.grid import grid_cells
+    from gpulens.dashboard.summary import headline
+
+    cells = grid_cells(readings, jobs, now=at, stale_after_s=60)
+    mine, theirs = headline(cells, totals), headline(cells)
+    assert mine.summed_at is not None, store.recording.missing
+    assert (mine.busy, mine.idle, mine.allocated_idle) == (theirs.busy, theirs.idle, theirs.allocated_idle)
+    assert mine.allocated_idle >= 1
+    assert close(mine.utilization_ratio_mean, theirs.utilization_ratio_mean, 1e-6)
+    for name in ("memory_used_bytes", "memory_total_bytes", "power_watts", "power_limit_watts"):
+        assert close(getattr(mine, name), getattr(theirs, name), 1e-6), name

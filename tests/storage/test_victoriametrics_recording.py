@@ -1,9 +1,9 @@
 """The recording rules over a real VictoriaMetrics, evaluated by a real vmalert (both from Debian's
 ``victoria-metrics``): the shipped rule file passes vmalert's check (MetricsQL parses every expression); replayed
 over a simulated cluster's imported history (``vmalert -replay.timeFrom/-replay.timeTo``, the recorded series
-written back through remote write), the reader gives the jobs and interconnect pages the raw series' data from them,
-and the doctor tells them present, then stale. The live path (vmalert evaluating as it runs, VictoriaMetrics
-scraping) is in ``test_victoriametrics.py``.
+written back through remote write), the reader gives the jobs and interconnect pages and the overview's headline the
+raw series' data from them, and the doctor tells them present, then stale. The live path (vmalert evaluating as it
+runs, VictoriaMetrics scraping) is in ``test_victoriametrics.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from gpulens.storage.prometheus.client import PromClient
 from gpulens.storage.prometheus.recorded import status
 from tests.prom import replay_rules, running_victoriametrics
 from tests.storage.promblocks import import_history
-from tests.storage.test_prometheus_recording import FixedClock, close
+from tests.storage.test_prometheus_recording import FixedClock, check_node_totals, close
 
 STEP_S = 60
 SAMPLES = 31  # half an hour
@@ -109,6 +109,11 @@ def test_port_problems_from_recorded_flags_equal_the_raw_ones(store: str, end: i
     assert got == slow.nic_problems(at - 1800, at)
     assert len(got) >= NODES
     assert any(got.values())
+
+
+def test_node_totals_from_recorded_series_equal_the_readings_sums(store: str, end: int) -> None:
+    at = end - 30
+    check_node_totals(store, at, NODES * 8)
 
 
 def test_doctor_tells_the_replayed_series_present_then_stale(store: str, end: int) -> None:

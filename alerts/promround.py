@@ -45,13 +45,13 @@ from gpulens.alerts.checks import HW_POWER_BRAKE_BIT, HW_SLOWDOWN, SW_POWER_CAP,
 from gpulens.alerts.fabriccatalogue import FABRIC_RULES
 from gpulens.alerts.state import FIRING, PENDING, AlertState
 from gpulens.alerts.storeround import assemble_round, store_round
-from gpulens.hardware import PCIE_LANE_BYTES_PER_SECOND
 from gpulens.model import GpuReading
 from gpulens.rounds import RoundResult
 from gpulens.storage.prometheus import PromReader
 from gpulens.storage.prometheus import families as fam
-from gpulens.storage.prometheus.alertread import field_selector, round_readings, round_selectors, uuids_where
+from gpulens.storage.prometheus.alertread import round_readings, round_selectors, uuids_where
 from gpulens.storage.prometheus.client import regex_of
+from gpulens.storage.prometheus.families import field_selector, pcie_ceiling
 
 # Thresholds are loosened by this share so that a float rounded differently in Prometheus never hides a GPU.
 SLACK: Final = 1 - 1e-6
@@ -60,19 +60,6 @@ ROUND_FIELD_RULES: Final = frozenset(
     {IDLE_ALLOCATED, GPU_LOST, EXPORTER_DOWN, COMMUNICATION_STALL, JOB_STRAGGLER, JOB_INEFFICIENT, WATCHDOG}
     | {rule.name for rule in FABRIC_RULES}
 )
-
-
-def _lane_rate(generation: str) -> str:
-    """PromQL: the per-lane PCIe rate of each GPU's ``generation`` series (``hardware.PCIE_LANE_BYTES_PER_SECOND``)."""
-    parts = [f"({generation} == {g}) * 0 + {rate:g}" for g, rate in sorted(PCIE_LANE_BYTES_PER_SECOND.items())]
-    return "(" + " or ".join(parts) + ")"
-
-
-def _ceiling(state: str) -> str:
-    """PromQL: each GPU's PCIe ceiling in one direction, of its ``current`` or ``max`` link."""
-    suffix = "" if state == "current" else "_max"
-    width = field_selector(f"pcie_link_width{suffix}")
-    return f"({width} * on (uuid) {_lane_rate(field_selector(f'pcie_link_generation{suffix}'))})"
 
 
 def _changed(fields: Sequence[str], window_s: float) -> str:
@@ -94,14 +81,14 @@ def _filter(rule: AlertRule, margin_s: float) -> str | None:
         margin = rule.threshold("margin_celsius") + 0.001
         return f"{sel('temperature_celsius')} >= on (uuid) ({sel('slowdown_temperature_celsius')} - {margin!r})"
     if name == PCIE_SATURATED:
-        return f"{pcie} >= on (uuid) ({_ceiling('max')} * {rule.threshold('utilization_ratio') * SLACK!r})"
+        return f"{pcie} >= on (uuid) ({pcie_ceiling('max')} * {rule.threshold('utilization_ratio') * SLACK!r})"
     if name == NVLINK_SATURATED:
         share = rule.threshold("utilization_ratio") * rule.threshold("link_bytes_per_second") * SLACK
         return f"{nvlink} >= on (uuid) ({sel('nvlink_links_active')} * {share!r})"
     if name == PCIE_DEGRADED:
         busy = (
             f"{sel('utilization_ratio')} >= {rule.threshold('busy_utilization') * SLACK!r} or {pcie} >= on (uuid) "
-            f"({_ceiling('current')} * {rule.threshold('busy_traffic_ratio') * SLACK!r})"
+            f"({pcie_ceiling('current')} * {rule.threshold('busy_traffic_ratio') * SLACK!r})"
         )
         narrow = f"{sel('pcie_link_width')} < on (uuid) {sel('pcie_link_width_max')}"
         slow = f"({sel('pcie_link_generation')} < on (uuid) {sel('pcie_link_generation_max')}) and on (uuid) ({busy})"

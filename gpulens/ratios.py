@@ -6,6 +6,9 @@ when either side is unknown or the ceiling is zero. ``*_of`` helpers apply them 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 from gpulens.hardware import nvlink_max_bytes_per_second, pcie_max_bytes_per_second
 from gpulens.model import GpuReading
 
@@ -51,3 +54,26 @@ def memory_used_ratio_of(r: GpuReading) -> float | None:
 
 def power_limit_ratio_of(r: GpuReading) -> float | None:
     return power_limit_ratio(r.power_watts, r.power_limit_watts)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkLoad:
+    """One GPU's busier PCIe and NVLink directions as shares of their links' ceilings (0 where unknown or without
+    NVLink): what the interconnect page plots of every GPU."""
+
+    node: str
+    gpu: int
+    uuid: str
+    pcie_ratio: float
+    nvlink_ratio: float
+
+
+def link_loads(readings: Iterable[GpuReading]) -> list[LinkLoad]:
+    """The link loads of every GPU up that reports a PCIe link or NVLinks."""
+    out = []
+    for r in readings:
+        if not r.up or (r.pcie_link_generation is None and r.nvlink_links_active is None):
+            continue
+        nvlink = (nvlink_utilization_ratio(r) or 0.0) if r.nvlink_links_active else 0.0
+        out.append(LinkLoad(r.node, r.gpu, r.uuid, pcie_utilization_ratio(r) or 0.0, nvlink))
+    return out

@@ -16,10 +16,18 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from gpulens.model import GpuJob, GpuReading, ProcessReading
+from gpulens.ratios import LinkLoad
 from gpulens.storage import schema
 from gpulens.storage.db import Database
 
 IDLE_UTILIZATION: Final = 0.05  # a GPU below this utilization is idle
+# the link error counters (their sum ranks GPUs by link errors)
+LINK_ERROR_FIELDS: Final = (
+    "pcie_replays_total",
+    "nvlink_crc_flit_errors_total",
+    "nvlink_replay_errors_total",
+    "nvlink_recovery_errors_total",
+)
 KNOWN_WITHIN_S: Final = 7 * 86_400.0  # cluster_summary counts GPUs seen this recently as part of the cluster
 # What every reading read carries, whatever fields are asked for: the GPU's identity, its time and whether it is up.
 ALWAYS_READ: Final = frozenset(
@@ -45,6 +53,18 @@ class NodeTotals:
     memory_total_bytes: float
     power_watts: float
     power_limit_watts: float
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSummary:
+    """The interconnect page's view of every GPU where a store keeps it (Prometheus's recording rules): every GPU's
+    link loads as of ``timestamp``, and the GPUs the page must read whole now, a superset of those whose links are
+    degraded and of the ``top`` with the most link errors counted."""
+
+    timestamp: float
+    loads: list[LinkLoad]
+    named: list[str]  # uuids
+    best_links: dict[str, int]  # model -> the most NVLinks active on a GPU of it
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from gpulens.storage import fabric, inventory, jobstats, latest, portproblems, t
 from gpulens.storage.db import Database
 from gpulens.storage.inventory import GpuInfo, LinkOutage
 from gpulens.storage.jobstats import JobSummary
-from gpulens.storage.latest import NodeTotals
+from gpulens.storage.latest import LinkSummary, NodeTotals
 from gpulens.storage.timeseries import SeriesData
 
 NOT_AVAILABLE = "not available on this backend"
@@ -64,6 +64,11 @@ class StoreReader(Protocol):
 
     def current_jobs(self, *, node: str | None = None) -> list[GpuJob]:
         """The jobs holding each GPU (of ``node`` only, if given) now."""
+        ...
+
+    def link_summary(self, top: int) -> LinkSummary | None:
+        """Every GPU's link loads and the GPUs to read whole (degraded links; the ``top`` by link errors), where the
+        store keeps the loads fresh; ``None`` where it does not (the caller reads every GPU's link fields)."""
         ...
 
     def node_totals(self) -> list[NodeTotals] | None:
@@ -187,6 +192,9 @@ class SqlReader:
 
     def node_totals(self) -> list[NodeTotals] | None:
         return None  # one indexed read gives every GPU's newest row: the page sums them
+
+    def link_summary(self, top: int) -> LinkSummary | None:
+        return None  # likewise
 
     def current_processes(self, *, node: str | None = None) -> list[ProcessReading]:
         return latest.current_processes(self.db, node=node)

@@ -28,7 +28,7 @@ from gpulens.dashboard.paths import gpu_path
 from gpulens.fabricmodel import NicReading
 from gpulens.hardware import nvlink_max_bytes_per_second
 from gpulens.model import GpuReading
-from gpulens.ratios import nvlink_utilization_ratio, pcie_utilization_ratio
+from gpulens.ratios import LinkLoad, nvlink_utilization_ratio, pcie_utilization_ratio
 
 
 def pcie_degraded(r: GpuReading) -> bool:
@@ -42,23 +42,18 @@ LOAD_BIN: Final = 0.05  # the density's cell: 5% of the link maximum on each axi
 LOAD_TOP: Final = 200  # the busiest GPUs drawn as their own (clickable) points
 
 
-def link_load(readings: Sequence[GpuReading], *, top: int = LOAD_TOP) -> go.Figure:
+def link_load(loads: Sequence[LinkLoad], *, top: int = LOAD_TOP) -> go.Figure:
     """Every GPU up against its link maximums: its busier PCIe direction (x) and NVLink direction (y) as shares of the
-    links' ceilings. A density counts every GPU in 5% cells (any cluster size, a few kB); the ``top`` busiest GPUs are
-    drawn as points with their names, a click opening the GPU. Saturated links sit at the right or top edge; GPUs
-    without NVLink sit at 0 on the y axis.
+    links' ceilings (``ratios.link_loads``). A density counts every GPU in 5% cells (any cluster size, a few kB); the
+    ``top`` busiest GPUs are drawn as points with their names, a click opening the GPU. Saturated links sit at the
+    right or top edge; GPUs without NVLink sit at 0 on the y axis.
     """
-    loads = []
-    for r in readings:
-        if not r.up or (r.pcie_link_generation is None and r.nvlink_links_active is None):
-            continue
-        nvlink = (nvlink_utilization_ratio(r) or 0.0) if r.nvlink_links_active else 0.0
-        loads.append((pcie_utilization_ratio(r) or 0.0, nvlink, r))
     if not loads:
         return empty_figure("no PCIe or NVLink readings", 380)
     cells = math.ceil(1 / LOAD_BIN) + 1  # the last cell holds 100% and above
     counts: list[list[int | None]] = [[None] * cells for _ in range(cells)]
-    for x, y, _ in loads:
+    for load in loads:
+        x, y = load.pcie_ratio, load.nvlink_ratio
         row, col = min(cells - 1, int(y / LOAD_BIN)), min(cells - 1, int(x / LOAD_BIN))
         counts[row][col] = (counts[row][col] or 0) + 1
     centres = [round((i + 0.5) * LOAD_BIN, 3) for i in range(cells)]
@@ -72,12 +67,12 @@ def link_load(readings: Sequence[GpuReading], *, top: int = LOAD_TOP) -> go.Figu
         name="all GPUs",
         **VALIDATE,
     )
-    busiest = sorted(loads, key=lambda load: -max(load[0], load[1]))[:top]
+    busiest = sorted(loads, key=lambda load: (-max(load.pcie_ratio, load.nvlink_ratio), load.node, load.gpu))[:top]
     points = go.Scatter(
-        x=[round_sig(x, 3) for x, _, _ in busiest],
-        y=[round_sig(y, 3) for _, y, _ in busiest],
-        customdata=[gpu_path(r.uuid) for _, _, r in busiest],
-        text=[plotly_text(gpu_label(r.node, r.gpu)) for _, _, r in busiest],
+        x=[round_sig(b.pcie_ratio, 3) for b in busiest],
+        y=[round_sig(b.nvlink_ratio, 3) for b in busiest],
+        customdata=[gpu_path(b.uuid) for b in busiest],
+        text=[plotly_text(gpu_label(b.node, b.gpu)) for b in busiest],
         mode="markers",
         name=f"the {len(busiest)} busiest GPUs",
         marker={"size": 7, "color": PALETTE[1], "opacity": 0.85, "line": {"width": 0.5, "color": "#ffffff"}},

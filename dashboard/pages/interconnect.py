@@ -52,18 +52,14 @@ from gpulens.dashboard.paths import gpu_path, node_path
 from gpulens.dashboard.timerange import minute_text, resolve_range
 from gpulens.fabricmodel import NicReading, parse_nic_id
 from gpulens.model import GpuReading
+from gpulens.ratios import link_loads
 from gpulens.storage.inventory import LinkOutage
+from gpulens.storage.latest import LINK_ERROR_FIELDS
 from gpulens.storage.reading import TooManySeriesError
 from gpulens.storage.timeseries import SeriesData
 
 PATH: Final = "/interconnect"
 IDS: Final = ids.INTERCONNECT
-LINK_ERROR_FIELDS: Final = (
-    "pcie_replays_total",
-    "nvlink_crc_flit_errors_total",
-    "nvlink_replay_errors_total",
-    "nvlink_recovery_errors_total",
-)
 TOP: Final = 25
 # What the page draws of every GPU: the link-load chart's throughputs against the links' ceilings (a store that reads
 # only the fields asked for, as Prometheus does, would otherwise put every GPU at 0 %), the degraded links and the
@@ -163,10 +159,17 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now, history_start=context.history_start(state.range))
-        readings = context.store.latest_readings(fields=LINK_FIELDS)
+        # where the store keeps every GPU's link loads (Prometheus's recording rules), every GPU's up and sample time
+        # are read, and the link fields only of the GPUs it names (degraded, most errors) and of the chosen node's
+        summary = context.store.link_summary(TOP)
+        readings = context.store.latest_readings(fields=LINK_FIELDS if summary is None else ())
         nodes = sorted({r.node for r in readings}, key=natural_key)
         chosen = node if node in nodes else (nodes[0] if nodes else None)
-        mine = [r for r in readings if r.node == chosen]
+        named = readings
+        if summary is not None:
+            gpus = sorted(set(summary.named) | {r.uuid for r in readings if r.node == chosen})
+            named = context.store.latest_readings(uuids=gpus, fields=LINK_FIELDS) if gpus else []
+        mine = [r for r in named if r.node == chosen]
         series = context.store.series([r.uuid for r in mine], LINK_ERROR_FIELDS, span.start, span.end, 240)
         outages = context.store.link_outages(span.start, span.end)
         firing = firing_on_ports(context.alerts.active()) if context.alerts is not None else {}
@@ -184,14 +187,21 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
         rows = nics if isinstance(nics, Unavailable) else [n for n in nics if n.id in listed]
         rates = _error_rates(context, rows, span.start, span.end)
         statuses = _shown(problems, shown, nics, rates, firing, stale)
-        return span, readings, nodes, chosen, series, outages, nics, rates, statuses, problems
+        return span, readings, named, summary, nodes, chosen, series, outages, nics, rates, statuses, problems
 
-    span, readings, nodes, chosen, series, outages, nics, rates, statuses, problems = guarded(context, load)
-    fresh = [r for r in readings if now - r.timestamp <= context.stale_after_s]
+    span, readings, named, summary, nodes, chosen, series, outages, nics, rates, statuses, problems = guarded(
+        context, load
+    )
+    fresh = [r for r in named if now - r.timestamp <= context.stale_after_s]
+    if summary is None:
+        loads = link_loads(fresh)
+    else:
+        current = {r.uuid for r in readings if r.up and now - r.timestamp <= context.stale_after_s}
+        loads = [load for load in summary.loads if load.uuid in current]
     status = None
     if not readings:
         status = banner("info", "No data yet.", " The collector has stored no reading in this database.")
-    node_readings = [r for r in readings if r.node == chosen]
+    node_readings = [r for r in named if r.node == chosen]
     down_now: dict[str, int] = defaultdict(int)
     for outage in outages:
         if outage.until is None:
@@ -210,11 +220,11 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
     )
     return (
         context.with_recording_notice(status),
-        link_load(fresh),
+        link_load(loads),
         [{"label": n, "value": n} for n in nodes],
         chosen,
         topology,
-        degraded_table(fresh, outages, state),
+        degraded_table(fresh, outages, state, None if summary is None else summary.best_links),
         errors,
         ports_table(
             statuses,
@@ -223,7 +233,8 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
             counts=None if isinstance(problems, Unavailable) else _counts(problems),
         ),
         topology_note(chosen, nics, node_nics),
-        f"as of {minute_text(now)} · {span.label}",
+        f"as of {minute_text(now)} · {span.label}"
+        + (f" · link loads recorded {minute_text(summary.timestamp)}" if summary is not None else ""),
     )
 
 
@@ -281,9 +292,12 @@ def topology_note(chosen: str | None, nics: list[NicReading] | Unavailable, mine
     )
 
 
-def degraded_links(readings: Sequence[GpuReading]) -> list[tuple[GpuReading, str]]:
-    """GPUs whose PCIe link trained below its maximum, or with fewer active NVLinks than their model's best."""
-    best: dict[str, int] = defaultdict(int)
+def degraded_links(
+    readings: Sequence[GpuReading], best_links: Mapping[str, int] | None = None
+) -> list[tuple[GpuReading, str]]:
+    """GPUs whose PCIe link trained below its maximum, or with fewer active NVLinks than their model's best (of
+    ``readings``, or ``best_links`` where the store told it of every GPU)."""
+    best: dict[str, int] = defaultdict(int, best_links or {})
     for r in readings:
         best[r.model] = max(best[r.model], r.nvlink_links_active or 0)
     found = []
@@ -304,7 +318,12 @@ def degraded_links(readings: Sequence[GpuReading]) -> list[tuple[GpuReading, str
     return found
 
 
-def degraded_table(readings: Sequence[GpuReading], outages: Sequence[LinkOutage], state: ViewState) -> html.Div:
+def degraded_table(
+    readings: Sequence[GpuReading],
+    outages: Sequence[LinkOutage],
+    state: ViewState,
+    best_links: Mapping[str, int] | None = None,
+) -> html.Div:
     """Links below their maximum now, and the NVLinks reported down in the range (with the link number)."""
     rows: list[list[Cell]] = [
         [
@@ -313,7 +332,7 @@ def degraded_table(readings: Sequence[GpuReading], outages: Sequence[LinkOutage]
             flag(what, "down"),
             "now",
         ]
-        for r, what in degraded_links(readings)
+        for r, what in degraded_links(readings, best_links)
     ]
     for o in outages:
         until = "still down" if o.until is None else f"to {minute_text(o.until)}"

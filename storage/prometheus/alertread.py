@@ -49,12 +49,6 @@ SLOWDOWN_REASONS: Final = ("hw_power_brake", "hw_slowdown", "hw_thermal", "sw_po
 SET_REASONS: Final = f"{fam.THROTTLE}{{reason=~{regex_of(SLOWDOWN_REASONS)}}} != 0"
 
 
-def field_selector(field: str, matchers: str = "") -> str:
-    """The gpulens series holding ``field``: ``family{constant labels, matchers}``."""
-    spec = next(s for s in GPU_FIELDS if s.field == field)
-    return fam.Source(spec.family, spec.labels).selector(matchers)
-
-
 def round_selectors(fields: Iterable[str]) -> list[str]:
     """One selector per family for ``fields``: the family's constant labels that tell the fields apart matched as
     a set (``gpulens_gpu_clock_hertz{clock=~"sm"}``), or none where every series of the family is wanted."""

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from gpulens.dcgmfields import BY_NAME, FREE, NVLINK_TOTAL
 from gpulens.dcgmpage import dcgm_records
+from gpulens.hardware import PCIE_LANE_BYTES_PER_SECOND
 from gpulens.metriccatalogue import GPU_FIELDS
 from gpulens.model import THROTTLE_REASONS, THROTTLE_SOURCES, GpuJob, GpuReading
 from gpulens.promtext import Sample
@@ -98,6 +99,22 @@ def sources(field: str) -> list[Source]:
         if spec.target == field:
             out.append(Source(name, (), spec.field.multiply / spec.field.divide, dcgm=True, rank=spec.field.rank))
     return out
+
+
+def field_selector(field: str, matchers: str = "") -> str:
+    """The gpulens series holding ``field``: ``family{constant labels, matchers}``."""
+    spec = next(s for s in GPU_FIELDS if s.field == field)
+    return Source(spec.family, spec.labels).selector(matchers)
+
+
+def pcie_ceiling(state: str) -> str:
+    """PromQL: each GPU's PCIe ceiling in one direction (one series per ``uuid``), of its ``current`` or ``max`` link:
+    its width times the per-lane rate of its generation (``hardware.PCIE_LANE_BYTES_PER_SECOND``)."""
+    suffix = "" if state == "current" else "_max"
+    generation = field_selector(f"pcie_link_generation{suffix}")
+    rates = sorted(PCIE_LANE_BYTES_PER_SECOND.items())
+    lane = " or ".join(f"({generation} == {g}) * 0 + {rate:g}" for g, rate in rates)
+    return f"({field_selector(f'pcie_link_width{suffix}')} * on (uuid) ({lane}))"
 
 
 def uuid_of(labels: Mapping[str, str]) -> str | None:

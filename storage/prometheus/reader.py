@@ -32,7 +32,7 @@ from gpulens.settings import StoreAuth
 from gpulens.storage import schema
 from gpulens.storage.inventory import GpuInfo, LinkOutage
 from gpulens.storage.jobstats import JOB_POINTS, JobSummary
-from gpulens.storage.latest import NodeTotals
+from gpulens.storage.latest import LinkSummary, NodeTotals
 from gpulens.storage.prometheus import fabric, jobquery, problems, recorded, targets
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus.client import (
@@ -210,6 +210,9 @@ class PromReader:
 
     def node_totals(self) -> list[NodeTotals] | None:
         return recorded.node_totals(self, self.clock.now()) if self.use_recorded else None
+
+    def link_summary(self, top: int) -> LinkSummary | None:
+        return recorded.link_summary(self, self.clock.now(), top) if self.use_recorded else None
 
     def current_jobs(self, *, node: str | None = None) -> list[GpuJob]:
         now = self.clock.now()

@@ -8,6 +8,8 @@ A page's summary of the whole cluster is read from the few series the recording 
 * jobs: the (job, GPU) pairs from the membership series (the GPU and node lists), the GPUs held per step from
   ``job:gpulens_gpus:count``, and each job's utilization and memory statistics summed over the range from its
   per-interval sums: 9 queries whose answers are one series per job (or pair), whatever the samples.
+* the interconnect page's chart: every GPU's link loads as of the rules' last evaluation (one series per GPU and
+  link).
 * port problems: every port's flags now (one series per port) and the ports whose errors rose in the range.
 * the overview's headline: every node's GPUs up, busy, idle and allocated-but-idle, utilization, memory and power
   summed as of the rules' last evaluation (one query, a series per node and name), so that the page reads of every
@@ -24,8 +26,9 @@ from typing import Final, Protocol
 
 from gpulens.clock import Clock
 from gpulens.fabricmodel import nic_id
+from gpulens.ratios import LinkLoad
 from gpulens.storage.jobstats import JOB_POINTS, JobSummary
-from gpulens.storage.latest import NodeTotals
+from gpulens.storage.latest import LINK_ERROR_FIELDS, LinkSummary, NodeTotals
 from gpulens.storage.portproblems import PORT_PROBLEMS
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus import jobquery
@@ -160,15 +163,22 @@ _TOTALS: Final = {
 }
 
 
+def _now(reader: PromReader, page: str, now: float) -> tuple[float, float, float] | None:
+    """The rules' clock where ``page``'s recorded series of the cluster now can be read at ``now`` (an instant query
+    finds them: the rules run more often than its lookback)."""
+    clock = covers(reader, page, now, now)
+    if clock is not None and clock[2] >= LOOKBACK_S:
+        reader.recording.missing[page] = f"the recording rules run less often than every {LOOKBACK_S:g} s"
+        return None
+    return clock
+
+
 def node_totals(reader: PromReader, now: float) -> list[NodeTotals] | None:
     """Every node's totals from its recorded series of the rules' last evaluation (one query: a series per node and
     name), with that evaluation's time; None when the rules do not run (or run less often than an instant query
     looks back: their series are then not there between evaluations)."""
-    clock = covers(reader, "overview", now, now)
+    clock = _now(reader, "overview", now)
     if clock is None:
-        return None
-    if clock[2] >= LOOKBACK_S:
-        reader.recording.missing["overview"] = f"the recording rules run less often than every {LOOKBACK_S:g} s"
         return None
     by_node: dict[str, dict[str, float]] = {}
     field_of = {name: f for f, name in _TOTALS.items()}
@@ -196,11 +206,56 @@ def node_totals(reader: PromReader, now: float) -> list[NodeTotals] | None:
     ]
 
 
+def link_loads(reader: PromReader, now: float) -> tuple[float, list[LinkLoad]] | None:
+    """Every GPU's link loads as of the rules' last evaluation, and its time (one query: a series per GPU and link);
+    None when the rules do not run. A GPU with one link's series only reads 0 of the other."""
+    clock = _now(reader, "interconnect", now)
+    if clock is None:
+        return None
+    found: dict[str, tuple[str, int, dict[str, float]]] = {}
+    for s in reader.client.query(rec.GPU_LINK_LOAD, now):
+        uuid, gpu = s.labels.get("uuid", ""), s.labels.get("gpu", "")
+        if uuid and gpu.isdigit() and math.isfinite(s.value):
+            found.setdefault(uuid, (s.labels.get("node", ""), int(gpu), {}))[2][s.labels.get("link", "")] = s.value
+    loads = [
+        LinkLoad(node, gpu, uuid, ratios.get("pcie", 0.0), ratios.get("nvlink", 0.0))
+        for uuid, (node, gpu, ratios) in found.items()
+    ]
+    return clock[1], sorted(loads, key=lambda load: (load.node, load.gpu))
+
+
+def link_summary(reader: PromReader, now: float, top: int) -> LinkSummary | None:
+    """The interconnect page's view of every GPU: the recorded link loads, and the GPUs to read whole now, told in
+    PromQL over the raw series (one query, a series per GPU named): a PCIe generation or width below its maximum,
+    fewer NVLinks active than the most of its model, and the ``top`` GPUs by link errors counted. None where the
+    loads are not recorded, or where the store holds dcgm-exporter families (the filters are over gpulens's)."""
+    if any(reader._exists(n) for n in fam.DCGM_PRESENCE):
+        return None
+    found = link_loads(reader, now)
+    if found is None:
+        return None
+    below = " or ".join(
+        f"group by (uuid) ({fam.field_selector(f)} < on (uuid) {fam.field_selector(f + '_max')})"
+        for f in ("pcie_link_generation", "pcie_link_width")
+    )
+    links = fam.field_selector("nvlink_links_active")
+    best = f"max by (model) ({links})"
+    fewer = f"group by (uuid) ({links} < on (model) group_left () {best})"
+    errors = "sum by (uuid) (" + " or ".join(fam.field_selector(f) for f in LINK_ERROR_FIELDS) + ")"
+    worst = f"group by (uuid) (topk({top}, {errors} > 0))"
+    with ThreadPoolExecutor(2) as pool:
+        named = pool.submit(reader.client.query, f"{below} or {fewer} or {worst}", now)
+        most = pool.submit(reader.client.query, best, now)
+        uuids = sorted({u for s in named.result() if (u := s.labels.get("uuid"))})
+        best_links = {s.labels.get("model", ""): round(s.value) for s in most.result() if math.isfinite(s.value)}
+    return LinkSummary(found[0], found[1], uuids, best_links)
+
+
 def nic_problems(reader: PromReader, start: float, end: float) -> dict[str, tuple[str, ...]] | None:
     """Every port's problems from its recorded flags now and its errors over [start, end]; None when the recorded
     series do not cover the range."""
     now = reader.clock.now()
-    if not covers(reader, "interconnect", start, now):
+    if not covers(reader, "interconnect ports", start, now):
         return None
     window = f"[{max(1, round(end - start))}s]"
     with ThreadPoolExecutor(2) as pool:

@@ -13,6 +13,8 @@ another's output), so ``promtool tsdb create-blocks-from rules`` can backfill ev
 * per job (``job_id``, ``user``): the GPUs held; per interval, its GPUs' utilization samples, sum and sum of squares
   and memory samples, sum and peak (summed over a range they give the job summaries of the jobs page exactly); the
   median and the standard deviation over its GPUs of utilization, memory, power and NVLink traffic now.
+* per GPU (``node``, ``gpu``, ``uuid``, ``link``): the busier PCIe and NVLink directions as shares of their links'
+  ceilings (the interconnect page's chart of every GPU; gpulens families).
 * per port (``node``, ``device``, ``port``): the problem flags (``FLAG_BITS``: down, degraded, saturated, as
   ``gpulens.storage.portproblems`` tells them) and whether an error counter rose in the rate window.
 
@@ -33,6 +35,7 @@ from gpulens.storage.latest import IDLE_UTILIZATION
 from gpulens.storage.portproblems import ERROR_FIELDS, SATURATED_AT
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus.fabric import NIC_FIELDS, NIC_INFO, NIC_UP
+from gpulens.storage.prometheus.families import field_selector, pcie_ceiling
 from gpulens.storage.prometheus.jobquery import dcgm_identity, pairs, per_gpu
 
 GROUP: Final = "gpulens-recording"
@@ -58,6 +61,7 @@ JOB_UTIL_SQ: Final = "job:gpulens_gpu_utilization_ratio:sumsq_over_interval"
 JOB_MEM_N: Final = "job:gpulens_gpu_memory_used_bytes:count_over_interval"
 JOB_MEM_SUM: Final = "job:gpulens_gpu_memory_used_bytes:sum_over_interval"
 JOB_MEM_MAX: Final = "job:gpulens_gpu_memory_used_bytes:max_over_interval"
+GPU_LINK_LOAD: Final = "gpu:gpulens_gpu_link_load:ratio"
 PORT_FLAGS: Final = "port:gpulens_nic_problems:flags"
 PORT_ERRORS: Final = "port:gpulens_nic_errors:rising"
 FLAG_BITS: Final = (("down", 1), ("degraded", 2), ("saturated", 4))
@@ -71,7 +75,8 @@ SPREAD_FIELDS: Final = {
 # what each page reads from recorded series, and which recorded names it needs
 PAGE_NEEDS: Final = {
     "jobs": (CLOCK, JOB_GPUS, JOB_UTIL_N, JOB_UTIL_SUM, JOB_UTIL_SQ, JOB_MEM_N, JOB_MEM_SUM, JOB_MEM_MAX),
-    "interconnect": (CLOCK, PORT_FLAGS, PORT_ERRORS),
+    "interconnect": (CLOCK, GPU_LINK_LOAD),
+    "interconnect ports": (CLOCK, PORT_FLAGS, PORT_ERRORS),
     # the others may hold no series (a store without power limits): read as the readings' sums would give them, 0
     "overview": (CLOCK, NODE_UP),
 }
@@ -185,6 +190,28 @@ def job_rules(interval_s: int) -> list[Rule]:
     return rules
 
 
+def link_rules() -> list[Rule]:
+    """Per GPU up (gpulens families; labels ``node``, ``gpu``, ``uuid``): the busier PCIe direction as a share of its
+    current link's ceiling (``link="pcie"``), the busier NVLink direction as a share of its active links' ceiling at
+    the common per-link rate (``link="nvlink"``, GPUs with links active), as ``gpulens.ratios.link_loads`` tells
+    them; a GPU without a ceiling has no series of that link."""
+    by = "node, gpu, uuid"
+    up = f"max by (uuid) ({fam.UP} == 1)"
+
+    def busier(field: str) -> str:
+        return f"max by ({by}) ({field_selector(field.format('tx'))} or {field_selector(field.format('rx'))})"
+
+    links = f"max by (uuid) ({field_selector('nvlink_links_active')} > 0) * {NVLINK_DEFAULT_LINK_BYTES_PER_SECOND!r}"
+    ceiling = f"max by (uuid) ({pcie_ceiling('current')} > 0)"
+    pcie = f"{busier('pcie_{}_bytes_per_second')} / on (uuid) group_left () ({ceiling})"
+    nvlink = f"{busier('nvlink_{}_bytes_per_second')} / on (uuid) group_left () ({links})"
+    expr = " or ".join(
+        f'label_replace(({ratio}) and on (uuid) ({up}), "link", "{link}", "", "")'
+        for link, ratio in (("pcie", pcie), ("nvlink", nvlink))
+    )
+    return [Rule(GPU_LINK_LOAD, expr)]
+
+
 def port_rules(scrape_s: int) -> list[Rule]:
     """The ports' problem flags, told as ``portproblems`` tells them from ``latest_nics``: down (``up`` 0), degraded
     (up, its width or rate below the best of its node's up ports of its link layer), saturated (up, a direction's
@@ -225,7 +252,7 @@ def port_rules(scrape_s: int) -> list[Rule]:
 
 def rules(interval_s: int = INTERVAL_S, scrape_s: int = SCRAPE_S) -> list[Rule]:
     clock = Rule(CLOCK, "vector(time())", (("interval", f"{interval_s}s"),))
-    return [clock, *node_rules(), *job_rules(interval_s), *port_rules(scrape_s)]
+    return [clock, *node_rules(), *job_rules(interval_s), *link_rules(), *port_rules(scrape_s)]
 
 
 def names() -> tuple[str, ...]:

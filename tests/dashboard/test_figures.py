@@ -22,7 +22,7 @@ from gpulens.dashboard.pages.interconnect import LINK_FIELDS
 from gpulens.hardware import nvlink_max_bytes_per_second, pcie_max_bytes_per_second
 from gpulens.metriccatalogue import GPU_FIELDS
 from gpulens.model import GpuJob, GpuReading
-from gpulens.ratios import memory_used_ratio_of, nvlink_utilization_ratio, pcie_utilization_ratio
+from gpulens.ratios import link_loads, memory_used_ratio_of, nvlink_utilization_ratio, pcie_utilization_ratio
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 GIB = 1024**3
@@ -279,7 +279,7 @@ def test_link_load_counts_every_gpu_and_names_the_busiest() -> None:
         reading(node="node-03", gpu=0, nvlink_links_active=0, nvlink_tx_bytes_per_second=None),
         reading(gpu=2, up=False),
     ]
-    data = as_data(link_load(readings, top=1))
+    data = as_data(link_load(link_loads(readings), top=1))
     density, points = data["data"]
     counts = {(r, c): n for r, row in enumerate(density["z"]) for c, n in enumerate(row) if n}
     # Rows are NVLink, columns PCIe, 5% each: 20% NVLink and just under 10% PCIe; the same PCIe without NVLink;
@@ -298,13 +298,13 @@ def test_link_load_reads_only_the_fields_the_interconnect_page_asks_for() -> Non
     narrowed = [
         dataclasses.replace(r, **{spec.field: None for spec in GPU_FIELDS if spec.field not in asked}) for r in readings
     ]
-    assert as_data(link_load(narrowed)) == as_data(link_load(readings))
+    assert as_data(link_load(link_loads(narrowed))) == as_data(link_load(link_loads(readings)))
     assert narrowed[0].power_watts is None  # the narrowing did narrow
 
 
 def test_link_load_without_link_readings_says_so() -> None:
     bare = [reading(pcie_link_generation=None, nvlink_links_active=None)]
-    assert as_data(link_load(bare))["layout"]["annotations"][0]["text"] == "no PCIe or NVLink readings"
+    assert as_data(link_load(link_loads(bare)))["layout"]["annotations"][0]["text"] == "no PCIe or NVLink readings"
 
 
 def test_topology_marks_degraded_and_down_links() -> None:

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from gpulens.model import GpuReading
 from gpulens.settings import StoreAuth
 from gpulens.storage.jobstats import JOB_POINTS
+from gpulens.storage.latest import LINK_ERROR_FIELDS
 from gpulens.storage.prometheus import PromReader
 from gpulens.storage.prometheus import recording as rec
 from gpulens.storage.prometheus.recorded import status
@@ -97,7 +99,7 @@ def test_the_export_passes_promtool_and_is_the_shipped_file(promtool: str, tmp_p
     assert f"SUCCESS: {len(rec.names())} rules found" in checked.stdout
     for name in rec.names():  # level:metric:operations
         level, metric, operations = name.split(":")
-        assert level in ("cluster", "node", "job", "port")
+        assert level in ("cluster", "node", "gpu", "job", "port")
         assert metric.startswith("gpulens_")
         assert operations
     other = tmp_path / "other.yml"
@@ -190,13 +192,68 @@ def test_node_totals_from_recorded_series_equal_the_readings_sums(servers: dict[
     assert "not evaluated" in late.recording.missing["overview"]
 
 
+def check_link_summary(base: str, at: float) -> None:
+    """The interconnect page from the recorded link loads and the GPUs the store names is the page read raw: the
+    chart's GPUs and loads, the degraded links, the GPUs with the most link errors; read just after the rules' last
+    evaluation (the same scrape)."""
+    from gpulens.dashboard.components import ViewState
+    from gpulens.dashboard.context import Context
+    from gpulens.dashboard.pages import interconnect
+    from gpulens.ratios import link_loads
+
+    summary = reader(base, at).link_summary(interconnect.TOP)
+    assert summary is not None
+    assert at - STEP_S <= summary.timestamp <= at
+    now = summary.timestamp + 1
+    fast, slow = reader(base, now), reader(base, now, use_recorded=False)
+    assert slow.link_summary(interconnect.TOP) is None
+    readings = slow.latest_readings(fields=interconnect.LINK_FIELDS)
+    want = {load.uuid: load for load in link_loads(readings)}
+    got = {load.uuid: load for load in summary.loads}
+    assert got.keys() == want.keys()
+    assert len(got) == NODES * 8
+    for uuid, load in got.items():
+        assert (load.node, load.gpu) == (want[uuid].node, want[uuid].gpu)
+        assert math.isclose(load.pcie_ratio, want[uuid].pcie_ratio, rel_tol=1e-9), uuid
+        assert math.isclose(load.nvlink_ratio, want[uuid].nvlink_ratio, rel_tol=1e-9), uuid
+    named = [r for r in readings if r.uuid in set(summary.named)]
+    degraded = interconnect.degraded_links(readings)
+    assert len(degraded) >= 2  # the history's NVLink outages
+    assert interconnect.degraded_links(named, summary.best_links) == degraded
+
+    def top(of: list[GpuReading]) -> list[float]:
+        totals = [sum(getattr(r, f) or 0 for f in LINK_ERROR_FIELDS) for r in of]
+        return sorted((t for t in totals if t), reverse=True)[: interconnect.TOP]
+
+    assert top(named) == top(readings)
+    assert len(top(readings)) == interconnect.TOP
+    # the page whole: the same chart, degraded links and error table as the page read raw
+    state = ViewState(range="15m")
+    before = (fast.client.stats.series, slow.client.stats.series)
+    mine = interconnect.render(Context(db=fast, clock=fast.clock), state, None)
+    theirs = interconnect.render(Context(db=slow, clock=slow.clock), state, None)
+    series = (fast.client.stats.series - before[0], slow.client.stats.series - before[1])
+    for i in range(2, 7):  # the nodes, the chosen one, its topology, the degraded links, the errors
+        assert str(mine[i]) == str(theirs[i]), (i, str(mine[i])[-1500:], str(theirs[i])[-1500:])
+    chart, raw_chart = mine[1].to_plotly_json()["data"], theirs[1].to_plotly_json()["data"]
+    assert chart[0]["z"] == raw_chart[0]["z"]
+    assert chart[1]["text"] == raw_chart[1]["text"]
+    assert "link loads recorded" in mine[-1]
+    assert series[0] < series[1]  # (of 64 GPUs 25 are named for their errors; the bench measures 8,000)
+
+
+def test_link_summary_from_recorded_loads_gives_the_raw_page(servers: dict[str, str], end: int) -> None:
+    check_link_summary(servers["recorded"], end - 30)
+
+
 def test_without_recorded_series_the_reader_reads_raw_and_says_so_once(servers: dict[str, str], end: int) -> None:
     at = end + 30
     plain, raw = reader(servers["raw"], at), reader(servers["raw"], at, use_recorded=False)
     assert plain.jobs(at - 1800, at) == raw.jobs(at - 1800, at)
     assert plain.nic_problems(at - 1800, at) == raw.nic_problems(at - 1800, at)
     assert plain.node_totals() is None
-    assert set(plain.recording.missing) == {"jobs", "interconnect", "overview"}
+    assert plain.link_summary(25) is None
+    assert set(plain.recording.missing) == {"jobs", "interconnect", "interconnect ports", "overview"}
     hint = plain.recording.hint()
     assert hint is not None
     assert rec.RULE_FILE in hint
@@ -237,7 +294,7 @@ def test_doctor_tells_present_stale_and_missing(servers: dict[str, str], end: in
     assert done.returncode == 1, done.stdout + done.stderr
     assert "present  " + rec.CLOCK in done.stdout
     assert "missing  " + rec.JOB_GPUS in done.stdout
-    assert "pages reading raw series: jobs, interconnect, overview" in done.stdout
+    assert "pages reading raw series: jobs, interconnect, interconnect ports, overview" in done.stdout
 
 
 def test_the_dashboard_says_once_which_rule_file_would_help(servers: dict[str, str], end: int) -> None:

@@ -23,7 +23,7 @@ from gpulens.storage.prometheus.client import PromClient
 from gpulens.storage.prometheus.recorded import status
 from tests.prom import replay_rules, running_victoriametrics
 from tests.storage.promblocks import import_history
-from tests.storage.test_prometheus_recording import FixedClock, check_node_totals, close
+from tests.storage.test_prometheus_recording import FixedClock, check_link_summary, check_node_totals, close
 
 STEP_S = 60
 SAMPLES = 31  # half an hour
@@ -114,6 +114,10 @@ def test_port_problems_from_recorded_flags_equal_the_raw_ones(store: str, end: i
 def test_node_totals_from_recorded_series_equal_the_readings_sums(store: str, end: int) -> None:
     at = end - 30
     check_node_totals(store, at, NODES * 8)
+
+
+def test_link_summary_from_recorded_loads_gives_the_raw_page(store: str, end: int) -> None:
+    check_link_summary(store, end - 30)
 
 
 def test_doctor_tells_the_replayed_series_present_then_stale(store: str, end: int) -> None:

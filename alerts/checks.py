@@ -233,14 +233,16 @@ def _increase(
     return max(0.0, end - start), t_last - oldest[0]
 
 
-_PCIE_REPLAYS: Final = attrgetter("pcie_replays_total")
-_NVLINK_ERRORS: Final = attrgetter(
+# The counters each error rule compares across its window (and ``alerts.promround``, which reads a GPU whole for
+# the rule only where they changed)
+PCIE_REPLAYS: Final = attrgetter("pcie_replays_total")
+NVLINK_ERROR_COUNTERS: Final = attrgetter(
     "nvlink_crc_flit_errors_total", "nvlink_replay_errors_total", "nvlink_recovery_errors_total"
 )
-_ECC_UNCORRECTED: Final = attrgetter("ecc_uncorrected_errors_total")
+ECC_UNCORRECTED: Final = attrgetter("ecc_uncorrected_errors_total")
 
 
-def _unchanged(
+def counters_unchanged(
     history: History, start: Round | None, reading: GpuReading, since: float, counters: Callable[[GpuReading], Any]
 ) -> bool:
     """Whether no counter that ``counters`` reads grew since ``since`` (``start``: the window's first round):
@@ -263,7 +265,7 @@ def pcie_degraded(rule: AlertRule, history: History, now: float) -> list[Candida
     replay_limit = rule.threshold("replays_per_minute")
     window = rule.threshold("window_s")
     start = history.round_since(now - window)
-    first = start.gpus if start is not None else {}  # the window's first readings (see ``_unchanged``)
+    first = start.gpus if start is not None else {}  # the window's first readings (see ``counters_unchanged``)
     out = []
     for reading, jobs in _gpus(history):
         gen, gen_max = reading.pcie_link_generation, reading.pcie_link_generation_max
@@ -281,7 +283,7 @@ def pcie_degraded(rule: AlertRule, history: History, now: float) -> list[Candida
                 (before := first.get(reading.uuid)) is not None
                 and before.pcie_replays_total == reading.pcie_replays_total
             )
-            or _unchanged(history, start, reading, now - window, _PCIE_REPLAYS)
+            or counters_unchanged(history, start, reading, now - window, PCIE_REPLAYS)
         ):
             continue  # no replay counted in the window: nothing to report (the common case, checked cheaply)
         replays = _increase(history, reading.uuid, now, window, lambda r: r.pcie_replays_total)
@@ -314,15 +316,15 @@ def nvlink_errors(rule: AlertRule, history: History, now: float) -> list[Candida
     crc_limit = rule.threshold("crc_per_second")
     window = rule.threshold("window_s")
     start = history.round_since(now - window)
-    first = start.gpus if start is not None else {}  # the window's first readings (see ``_unchanged``)
+    first = start.gpus if start is not None else {}  # the window's first readings (see ``counters_unchanged``)
     out = []
     for reading, jobs in _gpus(history):
         if not reading.nvlink_links_active:
             continue
         before = first.get(reading.uuid)
-        if (before is not None and _NVLINK_ERRORS(before) == _NVLINK_ERRORS(reading)) or _unchanged(
-            history, start, reading, now - window, _NVLINK_ERRORS
-        ):
+        if (
+            before is not None and NVLINK_ERROR_COUNTERS(before) == NVLINK_ERROR_COUNTERS(reading)
+        ) or counters_unchanged(history, start, reading, now - window, NVLINK_ERROR_COUNTERS):
             continue  # no error counted in the window (the common case, checked cheaply)
         rates = {}
         for name, get in (
@@ -371,7 +373,7 @@ def xid_error(rule: AlertRule, history: History, now: float) -> list[Candidate]:
 def ecc_uncorrectable(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     window = rule.threshold("window_s")
     start = history.round_since(now - window)
-    first = start.gpus if start is not None else {}  # the window's first readings (see ``_unchanged``)
+    first = start.gpus if start is not None else {}  # the window's first readings (see ``counters_unchanged``)
     out = []
     for reading, jobs in _gpus(history):
         if not reading.remapped_rows_failure and (
@@ -379,7 +381,7 @@ def ecc_uncorrectable(rule: AlertRule, history: History, now: float) -> list[Can
                 (before := first.get(reading.uuid)) is not None
                 and before.ecc_uncorrected_errors_total == reading.ecc_uncorrected_errors_total
             )
-            or _unchanged(history, start, reading, now - window, _ECC_UNCORRECTED)
+            or counters_unchanged(history, start, reading, now - window, ECC_UNCORRECTED)
         ):
             continue  # no failure, and no error counted in the window (the common case, checked cheaply)
         increase = _increase(history, reading.uuid, now, window, lambda r: r.ecc_uncorrected_errors_total)

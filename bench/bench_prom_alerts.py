@@ -51,6 +51,7 @@ def main() -> int:
     from gpulens.alerts.storeround import store_round
     from gpulens.settings import StoreAuth
     from gpulens.storage.prometheus import PromReader
+    from gpulens.storage.prometheus.alertread import GpuFacts
 
     work = Path(tempfile.mkdtemp(prefix="gpulens-bench-promalerts-"))
     names = [f"node-{n:04d}" for n in range(args.nodes)]
@@ -89,6 +90,7 @@ def main() -> int:
         for way in ("filtered", "whole"):
             time.sleep(args.interval)  # what the previous window left to Prometheus (its garbage collection) settles
             engine = AlertEngine(rules)
+            facts = GpuFacts(store)
             own: list[float] = []
             queries: list[int] = []
             series: list[int] = []
@@ -102,7 +104,15 @@ def main() -> int:
                     result = store_round(store, time.time(), max_age_s=max_age_s)
                 else:
                     watched = watched_gpus(engine.states)
-                    result = prom_round(store, time.time(), max_age_s=max_age_s, rules=rules, watched=watched)
+                    result = prom_round(
+                        store,
+                        time.time(),
+                        max_age_s=max_age_s,
+                        rules=rules,
+                        history=engine.history,
+                        facts=facts,
+                        watched=watched,
+                    )
                 engine.process(result.time, result.snapshots, result.targets)
                 own.append(time.process_time() - before[2])
                 queries.append(stats.queries - before[0])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
 from typing import Any
 
 from gpulens.cli.base import (
@@ -192,9 +191,9 @@ def _run_rules(args: argparse.Namespace) -> int:
     import time
 
     from gpulens.alerts.config import build_notifiers
+    from gpulens.alerts.engine import AlertEngine
     from gpulens.alerts.promround import round_reader
     from gpulens.alerts.service import AlertService, alerting_config
-    from gpulens.alerts.state import AlertState
     from gpulens.alerts.storeround import RULES_LOCK_KEY, RULES_STANDBY_NOTE, run_store_rules
     from gpulens.cli.lifecycle import stop_on_signals
     from gpulens.collector.pair import WhileActive
@@ -227,13 +226,13 @@ def _run_rules(args: argparse.Namespace) -> int:
             read = None
             if isinstance(store, PromReader):  # every GPU's round fields, the rest where a rule could fire
 
-                def engine_states() -> Mapping[str, AlertState] | None:
-                    """The engine's states while active; None until its first round, which then reads every GPU
-                    whole (a process that has just become active must see each GPU its stored alerts name)."""
+                def engine() -> AlertEngine | None:
+                    """The engine while active; None until its first round, which then reads every GPU whole (a
+                    process that has just become active must see each GPU its stored alerts name)."""
                     service = rules.hook
-                    return service.engine.states if isinstance(service, AlertService) else None
+                    return service.engine if isinstance(service, AlertService) else None
 
-                read = round_reader(store, alerting.rules, engine_states)
+                read = round_reader(store, alerting.rules, engine)
             with stop_on_signals() as stop:
                 run_store_rules(
                     store,

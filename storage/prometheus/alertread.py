@@ -1,16 +1,20 @@
-"""The alert engine's reads over Prometheus: every GPU's few *round fields*, and the GPUs a PromQL filter names.
+"""The alert engine's reads over Prometheus: every GPU's few *round fields*, the GPUs a PromQL filter names, and
+each GPU's hardware constants (``GpuFacts``).
 
 A rule round over Prometheus (``gpulens.alerts.promround``) reads, for every GPU, only what the rules need of every
 GPU every round (``ROUND_FIELDS``: what the job detectors summarise, the counters the hardware-error rules compare
 across their window, ``up``) and its *set* clock reasons (``gpulens_gpu_throttle_active != 0``: one series per reason
 that is set, none on most GPUs); every other field it reads only for the GPUs a rule could fire on, named by PromQL
-filters (``uuids_where``). Both read gpulens families; over dcgm-exporter families the round reads every GPU whole
-(``PromReader.latest_readings``).
+filters (``uuids_where``) or by the round fields weighed against the GPU's constants. The round fields come back
+with ``uuid`` and the label telling a family's fields apart, and nothing else: the labels are most of what
+Prometheus spends encoding an answer. Everything reads gpulens families; over dcgm-exporter families the round reads
+every GPU whole (``PromReader.latest_readings``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 from gpulens.metriccatalogue import GPU_FIELDS
@@ -22,14 +26,13 @@ if TYPE_CHECKING:
     from gpulens.storage.prometheus.reader import PromReader
 
 # What the rules read of every GPU every round: the job summaries' fields (``alerts.jobround.summarise_job``), the
-# counters compared across a rule's window (PCIe replays, NVLink errors, uncorrectable ECC errors, XIDs), the row
-# remapping failure, the power limit (``GpuPowerCapped`` holds its judgement on a GPU pausing) and ``up``.
-# Everything else a rule reads is read only for the GPUs a filter names.
+# counters compared across a rule's window (PCIe replays, NVLink errors, uncorrectable ECC errors, XIDs), and what
+# tells whether a threshold rule could fire (the active NVLink count, the temperature) with ``up``. Everything else a
+# rule reads is read only for the GPUs a rule could fire on.
 ROUND_FIELDS: Final = (
     "utilization_ratio",
     "memory_used_bytes",
     "power_watts",
-    "power_limit_watts",
     "sm_active_ratio",
     "sm_clock_hertz",
     "nvlink_tx_bytes_per_second",
@@ -41,12 +44,35 @@ ROUND_FIELDS: Final = (
     "nvlink_replay_errors_total",
     "nvlink_recovery_errors_total",
     "ecc_uncorrected_errors_total",
-    "remapped_rows_failure",
+    "nvlink_links_active",
+    "temperature_celsius",
 )
+# Each GPU's hardware constants that the round fields are weighed against (memory used against its total, PCIe
+# traffic against its link's maximum): read once for a GPU, and for every GPU again each ``FACTS_REFRESH_S``.
+FACT_FIELDS: Final = (
+    "memory_total_bytes",
+    "pcie_link_generation_max",
+    "pcie_link_width_max",
+    "slowdown_temperature_celsius",
+)
+FACTS_REFRESH_S: Final = 600.0
+# More GPUs than this new to the facts are read with every other GPU (a selector naming each costs more)
+FACTS_BY_UUID_MAX: Final = 64
 # The slowdown clock reasons that are set (the only ones a rule weighs of a GPU it does not read whole): a GPU with
 # none reads ``throttle_reasons = None``, which every rule reads as 0.
 SLOWDOWN_REASONS: Final = ("hw_power_brake", "hw_slowdown", "hw_thermal", "sw_power_cap", "sw_thermal")
 SET_REASONS: Final = f"{fam.THROTTLE}{{reason=~{regex_of(SLOWDOWN_REASONS)}}} != 0"
+
+
+def _family_keys() -> dict[str, set[str]]:
+    """Each gpulens family's labels that tell its fields apart (``direction``, ``type``, ``state``...)."""
+    keys: dict[str, set[str]] = {}
+    for spec in GPU_FIELDS:
+        keys.setdefault(spec.family, set()).update(k for k, _ in spec.labels)
+    return keys
+
+
+_FAMILY_KEYS: Final = _family_keys()
 
 
 def round_selectors(fields: Iterable[str]) -> list[str]:
@@ -70,23 +96,65 @@ def round_selectors(fields: Iterable[str]) -> list[str]:
     return out
 
 
+def _bare(selector: str) -> tuple[str, str]:
+    """(family, PromQL) of ``selector``'s series with only ``uuid`` and the labels that tell the family's fields
+    apart (its name is put back on each answer: an aggregation drops it)."""
+    family = selector.partition("{")[0]
+    keys = ", ".join(["uuid", *sorted(_FAMILY_KEYS.get(family, ()))])
+    return family, f"max by ({keys}) ({selector})"
+
+
+def _named(family: str, series: list[PromSeries]) -> list[PromSeries]:
+    return [PromSeries({**s.labels, "__name__": family}, s.samples) for s in series]
+
+
 def round_readings(reader: PromReader, *, max_age_s: float, fields: Sequence[str] = ROUND_FIELDS) -> list[GpuReading]:
     """Every GPU's ``fields``, ``up``, XID counts and set clock reasons (gpulens families), newer than
-    ``max_age_s``: one query per family, at once."""
+    ``max_age_s``: one query per family, at once. ``up`` comes first with every label of the GPU (its node, index
+    and model); the fields come with ``uuid`` and their family's keys only (``_bare``)."""
     now = reader.clock.now()
-    queries = [fam.UP, fam.XIDS, SET_REASONS, *round_selectors(fields)]
+    bare = [_bare(s) for s in round_selectors(fields)]
+    whole = [fam.UP, fam.XIDS, SET_REASONS]
     answers: list[list[PromSeries]] = reader.parallel(
-        *[lambda q=q: reader.client.query(q, now) for q in queries],
-        lambda: reader.sample_times(f"timestamp({fam.UP})", "uuid", now),
+        *[lambda q=q: reader.client.query(q, now) for q in whole],
+        *[lambda f=f, q=q: _named(f, reader.client.query(q, now)) for f, q in bare],
+        lambda: reader.sample_times(f"max by (uuid) (timestamp({fam.UP}))", "uuid", now),
     )
     times: dict[str, float] = answers.pop()  # type: ignore[assignment]
     readings = fam.gpulens_readings([s for answer in answers for s in answer], times, now)
     return sorted((r for r in readings if r.timestamp >= now - max_age_s), key=lambda r: (r.node, r.gpu))
 
 
+class GpuFacts:
+    """Each GPU's ``FACT_FIELDS`` (hardware constants: its memory total, its PCIe link's maximum generation and
+    width), read for the GPUs not seen before and for every GPU each ``refresh_s`` (or when the clock goes back)."""
+
+    def __init__(self, reader: PromReader, *, refresh_s: float = FACTS_REFRESH_S) -> None:
+        self._reader = reader
+        self._refresh_s = refresh_s
+        self._facts: dict[str, GpuReading | None] = {}
+        self._read_at = -math.inf
+
+    def of(self, uuids: Collection[str]) -> Mapping[str, GpuReading | None]:
+        """The facts of at least ``uuids`` (None for a GPU whose facts Prometheus does not hold)."""
+        now = self._reader.clock.now()
+        missing = [u for u in uuids if u not in self._facts]
+        stale = not 0 <= now - self._read_at < self._refresh_s
+        if stale or len(missing) > FACTS_BY_UUID_MAX:
+            read = self._reader.latest_readings(fields=FACT_FIELDS)
+            self._facts, self._read_at = {r.uuid: r for r in read}, now
+        elif missing:
+            self._facts.update({r.uuid: r for r in self._reader.latest_readings(uuids=missing, fields=FACT_FIELDS)})
+        for uuid in missing:
+            self._facts.setdefault(uuid, None)
+        return self._facts
+
+
 def uuids_where(reader: PromReader, filters: Sequence[str]) -> set[str]:
-    """The GPUs (``uuid``) that any of the PromQL ``filters`` returns a series for: one query."""
-    if not filters:
-        return set()
-    promql = "group by (uuid) (" + " or ".join(f"({f})" for f in filters) + ")"
-    return {s.labels["uuid"] for s in reader.client.query(promql, reader.clock.now()) if s.labels.get("uuid")}
+    """The GPUs (``uuid``) that any of the PromQL ``filters`` returns a series for: a query each, at once (one
+    query of them all, or'd, costs Prometheus more than the parts)."""
+    now = reader.clock.now()
+    answers: list[list[PromSeries]] = reader.parallel(
+        *[lambda f=f: reader.client.query(f"group by (uuid) ({f})", now) for f in filters]
+    )
+    return {s.labels["uuid"] for answer in answers for s in answer if s.labels.get("uuid")}

@@ -197,9 +197,7 @@ _HERE: Final = frozenset(
 )
 
 
-def named_here(
-    rules: Sequence[AlertRule], readings: Iterable[GpuReading], facts: Mapping[str, GpuReading | None]
-) -> set[str]:
+def named_here(rules: Sequence[AlertRule], readings: Iterable[GpuReading], facts: Mapping[str, GpuReading]) -> set[str]:
     """The GPUs whose round fields say a rule could fire on them (``_named_here``; ``facts``: each GPU's
     constants, ``GpuFacts.of``)."""
     judged = [r for r in rules if (r.check or r.name) in _HERE]

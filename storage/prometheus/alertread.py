@@ -56,6 +56,7 @@ FACT_FIELDS: Final = (
     "slowdown_temperature_celsius",
 )
 FACTS_REFRESH_S: Final = 600.0
+FACTS_RETRY_S: Final = 60.0
 # More GPUs than this new to the facts are read with every other GPU (a selector naming each costs more)
 FACTS_BY_UUID_MAX: Final = 64
 # The slowdown clock reasons that are set (the only ones a rule weighs of a GPU it does not read whole): a GPU with
@@ -127,27 +128,33 @@ def round_readings(reader: PromReader, *, max_age_s: float, fields: Sequence[str
 
 class GpuFacts:
     """Each GPU's ``FACT_FIELDS`` (hardware constants: its memory total, its PCIe link's maximum generation and
-    width), read for the GPUs not seen before and for every GPU each ``refresh_s`` (or when the clock goes back)."""
+    width, its slowdown temperature), read for the GPUs not seen before and for every GPU each ``refresh_s`` (or
+    when the clock goes back). A GPU whose facts Prometheus did not hold (its exporter down at the time) is asked
+    again ``retry_s`` later."""
 
-    def __init__(self, reader: PromReader, *, refresh_s: float = FACTS_REFRESH_S) -> None:
+    def __init__(
+        self, reader: PromReader, *, refresh_s: float = FACTS_REFRESH_S, retry_s: float = FACTS_RETRY_S
+    ) -> None:
         self._reader = reader
         self._refresh_s = refresh_s
-        self._facts: dict[str, GpuReading | None] = {}
+        self._retry_s = retry_s
+        self._facts: dict[str, GpuReading] = {}
+        self._absent: dict[str, float] = {}  # uuid -> when Prometheus last held no facts of it
         self._read_at = -math.inf
 
-    def of(self, uuids: Collection[str]) -> Mapping[str, GpuReading | None]:
-        """The facts of at least ``uuids`` (None for a GPU whose facts Prometheus does not hold)."""
+    def of(self, uuids: Collection[str]) -> Mapping[str, GpuReading]:
+        """The facts of ``uuids`` that Prometheus holds (a GPU missing from the mapping has none)."""
         now = self._reader.clock.now()
-        missing = [u for u in uuids if u not in self._facts]
-        stale = not 0 <= now - self._read_at < self._refresh_s
-        if stale or len(missing) > FACTS_BY_UUID_MAX:
-            read = self._reader.latest_readings(fields=FACT_FIELDS)
-            self._facts, self._read_at = {r.uuid: r for r in read}, now
+        facts, absent = self._facts, self._absent
+        missing = [u for u in uuids if u not in facts and not 0 <= now - absent.get(u, -math.inf) < self._retry_s]
+        if not 0 <= now - self._read_at < self._refresh_s or len(missing) > FACTS_BY_UUID_MAX:
+            facts = self._facts = {r.uuid: r for r in self._reader.latest_readings(fields=FACT_FIELDS)}
+            self._read_at = now
+            absent.clear()
         elif missing:
-            self._facts.update({r.uuid: r for r in self._reader.latest_readings(uuids=missing, fields=FACT_FIELDS)})
-        for uuid in missing:
-            self._facts.setdefault(uuid, None)
-        return self._facts
+            facts.update({r.uuid: r for r in self._reader.latest_readings(uuids=missing, fields=FACT_FIELDS)})
+        absent.update({u: now for u in missing if u not in facts})
+        return facts
 
 
 def uuids_where(reader: PromReader, filters: Sequence[str]) -> set[str]:

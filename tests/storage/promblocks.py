@@ -179,14 +179,20 @@ def create_blocks(promtool: str, work: Path, nodes: int, start: int, step: int, 
     source = work / "history.om"
     with source.open("w", buffering=1 << 22) as out:
         count = write_openmetrics(out, layout(nodes, samples), start, step, samples)
-    (work / "tsdb").mkdir(exist_ok=True)
+    blocks_from_openmetrics(promtool, source, work / "tsdb")
+    source.unlink()
+    return count
+
+
+def blocks_from_openmetrics(promtool: str, source: Path, tsdb: Path) -> None:
+    """Write the OpenMetrics file ``source`` (samples with their timestamps, ``# EOF`` last) as TSDB blocks into
+    ``tsdb`` (made if missing), for a Prometheus started on that directory."""
+    tsdb.mkdir(exist_ok=True)
     subprocess.run(
-        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(work / "tsdb")],
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(tsdb)],
         check=True,
         stdout=subprocess.DEVNULL,
     )
-    source.unlink()
-    return count
 
 
 class _Importer:

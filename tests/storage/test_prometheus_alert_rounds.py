@@ -8,7 +8,6 @@ round, and the same alerts as the snapshots; and they read a bounded share of wh
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from gpulens.settings import StoreAuth
 from gpulens.storage.prometheus import PromReader
 from tests.alerts import scenarios
 from tests.prom import running_prometheus
+from tests.storage.promblocks import blocks_from_openmetrics
 
 STEP_S: Final = 10.0  # the scrape interval the history is written at
 ROUND_S: Final = 60.0  # the engine's interval, in all three ways
@@ -153,12 +153,7 @@ def replays(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str, promt
         for i, text in enumerate(SCENARIOS.values()):
             out.writelines(_openmetrics(text, i * SPACING_S))
         out.write("# EOF\n")
-    (work / "tsdb").mkdir()
-    subprocess.run(
-        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(work / "tsdb")],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    blocks_from_openmetrics(promtool, source, work / "tsdb")
     flags = ("--storage.tsdb.retention.time=100y", "--query.lookback-delta=5m")
     with running_prometheus(prometheus_bin, Path(work), {}, flags=flags) as base:
         return {

@@ -7,31 +7,21 @@ start, ``gpu-b`` only from 600 s (its node joining late).
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
 import pytest
 
+from gpulens.clock import ManualClock
 from gpulens.settings import StoreAuth
 from gpulens.storage.prometheus import PromReader
 from gpulens.storage.prometheus.alertread import FACTS_REFRESH_S, FACTS_RETRY_S, GpuFacts
 from tests.prom import running_prometheus
+from tests.storage.promblocks import blocks_from_openmetrics
 
 T0: Final = 1_700_000_000.0
 MEMORY: Final = {"gpu-a": 85899345920, "gpu-b": 150754820096}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.at = T0
-
-    def now(self) -> float:
-        return self.at
-
-    def monotonic(self) -> float:
-        return self.at
 
 
 def _history() -> Iterator[str]:
@@ -54,26 +44,21 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str, pr
     work = tmp_path_factory.mktemp("gpufacts")
     source = work / "history.om"
     source.write_text("".join(_history()) + "# EOF\n")
-    (work / "tsdb").mkdir()
-    subprocess.run(
-        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(work / "tsdb")],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    blocks_from_openmetrics(promtool, source, work / "tsdb")
     flags = ("--storage.tsdb.retention.time=100y", "--query.lookback-delta=1m")
     with running_prometheus(prometheus_bin, Path(work), {}, flags=flags) as base:
         yield base
 
 
 def test_facts_are_read_once_refreshed_and_a_missing_gpu_asked_again_later(prometheus: str) -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     store = PromReader("prometheus+" + prometheus, StoreAuth(min_step_s=10.0), clock=clock)
     facts = GpuFacts(store)
     stats = store.client.stats
     gpus = list(MEMORY)
 
     def at(t: float) -> tuple[set[str], int]:
-        clock.at = T0 + t
+        clock.set(T0 + t)
         before = stats.queries
         held = facts.of(gpus)
         return set(held), stats.queries - before

@@ -1,7 +1,9 @@
 """Electing one process among several that share a PostgreSQL store: a session advisory lock held on its own
 connection (``pg_try_advisory_lock``). The lock goes with the connection: a process that dies frees it, at once
 when it is killed (its socket closes), and when its host or network goes away once the server's TCP keepalive
-probes of the lock's session go unanswered (the session asks for them: 20 s idle, then 3 probes 10 s apart).
+probes of the lock's session go unanswered (the session asks for them: 20 s idle, then 3 probes 10 s apart). The
+connection runs in autocommit, so between rounds its session is ``idle``, never ``idle in transaction``: a server
+with ``idle_in_transaction_session_timeout`` leaves it (and the lock) alone.
 
 ``AdvisoryLock`` is the lock; ``Leadership`` is the role it gives a process of a group of identical ones (an HA pair
 of collectors, of ``gpulens alerts run``): active while it holds the lock, standby otherwise, logged at each change.
@@ -47,15 +49,16 @@ class AdvisoryLock:
         with self._db.translate_errors():
             if self._conn is not None:
                 try:
-                    self._conn.execute(sa.text("SELECT 1"))
+                    self._conn.exec_driver_sql("SELECT 1")  # in autocommit: the session stays idle, in no transaction
                     return True
                 except sa.exc.DBAPIError:
                     self._drop()
-            conn = self._db.engine.connect()
+            # Autocommit: no statement of this connection leaves a transaction open (the pool restores the isolation
+            # level when the connection goes back to it).
+            conn = self._db.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
             try:
                 conn.exec_driver_sql(_KEEPALIVES)
                 held = bool(conn.execute(sa.text("SELECT pg_try_advisory_lock(:key)"), {"key": self._key}).scalar())
-                conn.commit()
             except BaseException:
                 conn.close()
                 raise
@@ -80,7 +83,6 @@ class AdvisoryLock:
         if conn is not None:
             try:
                 conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": self._key})
-                conn.commit()
             except sa.exc.SQLAlchemyError:
                 pass
             finally:

@@ -36,7 +36,7 @@ def on_standby(note: str) -> str:
     return f"is on standby: {note}"
 
 
-class AdvisoryLock:
+class _AdvisoryLock:
     """A PostgreSQL session advisory lock on ``key``, tried each time; held until ``release`` or the process ends.
     ``Leadership`` is its one user."""
 
@@ -108,7 +108,7 @@ class Leadership:
     def __init__(
         self, db: Database, key: int, *, what: str, says_standby: str, says_active: str = HA_PAIR_ACTIVE
     ) -> None:
-        self._lock = AdvisoryLock(db, key)
+        self._lock = _AdvisoryLock(db, key)
         self._what = what
         self._says_active = says_active
         self._says_standby = says_standby

@@ -201,3 +201,23 @@ def test_the_watchdog_is_prometheus_conventional_vector_1() -> None:
     assert watchdog["expr"] == "vector(1)"
     assert watchdog["labels"] == {"severity": "none"}
     assert "for" not in watchdog
+
+
+def test_rules_list_prints_every_builtin_and_where_it_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpulens.cli", "rules", "list"], capture_output=True, text=True, check=True
+    )
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:] if line.split()}
+    for name in BUILTIN_NAMES:
+        where = "engine only" if name in GPULENS_ONLY else "engine, Prometheus"
+        assert where in lines[name], name
+    for name, why in GPULENS_ONLY.items():
+        assert f"{name} runs in the engine only: {why}." in result.stdout
+
+
+def test_the_export_names_each_gpulens_only_rule_and_the_docs_give_its_reason() -> None:
+    text = prometheus_rules_yaml(builtin_rules())
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "prometheus-alerts.md").read_text()
+    for name, why in GPULENS_ONLY.items():
+        assert f"# {name} is gpulens-only (not exported): {why}." in text
+        assert f"| `{name}` | {why} |" in docs, name

@@ -3,8 +3,8 @@ through the store read interface (``gpulens.storage.reading``), so that rules ru
 
 ``store_round`` builds one ``RoundResult`` (what a collector round would have found) from any ``StoreReader``:
 Prometheus (``gpulens alerts run --db prometheus+http://...``) or the shared SQL store (``gpulens alerts run`` beside
-sharded collectors, or the one collector elected by ``RuleElection``). ``rule_round`` is one round of the rule
-runner, given its role: the loop of ``gpulens alerts run`` (``run_store_rules``) and ``RuleElection`` (a collector
+sharded collectors, or the one collector elected by ``SharedStoreRules``). ``rule_round`` is one round of the rule
+runner, given its role: the loop of ``gpulens alerts run`` (``run_store_rules``) and ``SharedStoreRules`` (a collector
 hook) both run it. The role comes from ``rules_leadership``: ``storage.leader.Leadership`` on the rules lock, the
 same election as the collectors' HA pair, so ``gpulens alerts run`` processes and the collectors of a sharded set
 elect one rule runner among them.
@@ -115,7 +115,7 @@ def rule_round(
     return result
 
 
-class RuleElection:
+class SharedStoreRules:
     """A collector hook that runs the rules over the whole shared store, in the one collector holding the rules
     lock (``rules_leadership``, which ``gpulens alerts run`` holds too).
 

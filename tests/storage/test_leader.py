@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from gpulens.alerts.storeround import RULES_LOCK_KEY, RuleElection, rules_leadership
+from gpulens.alerts.storeround import RULES_LOCK_KEY, SharedStoreRules, rules_leadership
 from gpulens.collector.pair import pair_key, pair_leadership
 from gpulens.rounds import RoundResult
 from gpulens.settings import Settings, TargetSettings, default_settings
@@ -109,7 +109,7 @@ def test_the_holder_stays_active_where_the_server_ends_sessions_idle_in_a_transa
 def test_the_rule_runner_and_the_collector_pair_elect_with_one_class(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'gpulens.db'}")
     try:
-        election = RuleElection(db, lambda: lambda _round: None, max_age_s=30.0)
+        election = SharedStoreRules(db, lambda: lambda _round: None, max_age_s=30.0)
         election(RoundResult(time=0.0, snapshots=[], targets=[], written=True))
         made = [pair_leadership(db, collector_settings()), rules_leadership(db, what="x"), election.leadership]
         assert [type(m) for m in made] == [Leadership] * 3

@@ -20,9 +20,10 @@ from gpulens.model import GpuReading
 from gpulens.settings import StoreAuth
 from gpulens.storage.connect import open_existing_database
 from gpulens.storage.db import DatabaseURLError
-from gpulens.storage.jobstats import JOB_POINTS
 from gpulens.storage.prometheus import PromReader
-from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, TooManySeriesError
+from gpulens.storage.reading import NotAvailableOnBackendError, TooManySeriesError
+from gpulens.storage.records import JOB_POINTS
+from gpulens.storage.sqlreader import SqlReader
 from tests.prom import wait_for
 from tests.storage.promstack import FROZEN_NODES, NODES, Hook, Stack, fired, run_gpulens, running_stack
 

@@ -21,7 +21,8 @@ from gpulens.storage.connect import open_existing_database
 from gpulens.storage.prometheus import PromReader
 from gpulens.storage.prometheus import recording as rec
 from gpulens.storage.prometheus.client import PromQueryError
-from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, TooManySeriesError
+from gpulens.storage.reading import NotAvailableOnBackendError, TooManySeriesError
+from gpulens.storage.sqlreader import SqlReader
 from tests.prom import query, running_victoriametrics, running_vmalert, wait_for
 from tests.storage.promstack import FROZEN_NODES, NODES, Hook, Stack, fired, run_gpulens, running_stack
 from tests.storage.test_prometheus import _close, reader, sql_readings, vars_of, wait_until

@@ -24,7 +24,8 @@ from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading, Targ
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.leader import HA_PAIR_ACTIVE, Leadership, on_standby
-from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, StoreReader
+from gpulens.storage.reading import NotAvailableOnBackendError, StoreReader
+from gpulens.storage.sqlreader import SqlReader
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from gpulens.dashboard.timerange import CUSTOM, RangeError, minute_text
 from gpulens.gcpause import gc_paused
 from gpulens.settings import Prices
 from gpulens.storage.db import Database, DatabaseUnavailableError
-from gpulens.storage.reading import NotAvailableOnBackendError, StoreReader, TooManySeriesError, reader_of
+from gpulens.storage.reading import NotAvailableOnBackendError, StoreReader, TooManySeriesError
+from gpulens.storage.sqlreader import reader_of
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from gpulens.storage.portproblems import (
     shortfall,
 )
 from gpulens.storage.reading import NOT_AVAILABLE, NotAvailableOnBackendError
-from gpulens.storage.timeseries import SeriesData
+from gpulens.storage.records import SeriesData
 
 __all__ = ["ERROR_FIELDS", "ERROR_POINTS", "SATURATED_AT", "error_rates"]  # (theirs, kept here for the pages)
 

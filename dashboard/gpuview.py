@@ -20,7 +20,7 @@ from gpulens.dashboard.panels import FIELDS, GpuSeries, gpu_charts
 from gpulens.dashboard.timerange import TimeRange, minute_text, resolve_range
 from gpulens.model import GpuJob, GpuReading, ProcessReading
 from gpulens.storage.reading import NotAvailableOnBackendError
-from gpulens.storage.timeseries import SeriesData
+from gpulens.storage.records import SeriesData
 
 Render = Callable[[Context, ViewState, str], tuple[Any, ...]]
 

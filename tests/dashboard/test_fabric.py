@@ -32,7 +32,7 @@ from gpulens.dashboard.figures.links import node_topology
 from gpulens.dashboard.figures.style import DOWN_COLOR
 from gpulens.fabricmodel import NicReading
 from gpulens.storage.reading import NotAvailableOnBackendError
-from gpulens.storage.timeseries import SeriesData
+from gpulens.storage.records import SeriesData
 from tests.dashboard.test_figures import T0, as_data, reading
 from tests.dashboard.test_pages import text_of
 

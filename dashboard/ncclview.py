@@ -1,7 +1,7 @@
 """The job page's NCCL panel: the ranks NCCL RAS found behind or unreachable, on the node and GPU where they run.
 
 Read from the store's NCCL rounds (``StoreReader.stuck_ranks``: the SQL store's ``gpulens.storage.ncclstore``; a store
-without them raises ``NotAvailableOnBackendError``, which the job page says in its line of missing reads). For each
+without them raises ``NotAvailableOnBackend``, which the job page says in its line of missing reads). For each
 stuck rank the panel shows where it runs (node, GPU, pid), its state, the count it reached against its communicator's
 highest count in the collective that differs, and since when it has stood still there: each rank's progress as NCCL
 counts it.

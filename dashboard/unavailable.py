@@ -1,5 +1,5 @@
 """What the store cannot serve, said in one line: a page asks the store for a read and, where the store raises
-``NotAvailableOnBackendError`` (``gpulens.storage.reading``), shows the line instead of that part, never asking which
+``NotAvailableOnBackend`` (``gpulens.storage.reading``), shows the line instead of that part, never asking which
 kind of store it reads.
 """
 
@@ -10,23 +10,23 @@ from typing import TypeVar
 
 from dash import html
 
-from gpulens.storage.reading import NotAvailableOnBackendError
+from gpulens.storage.reading import NotAvailableOnBackend
 
 T = TypeVar("T")
-Missing = NotAvailableOnBackendError
+Missing = NotAvailableOnBackend
 
 
 def attempt(read: Callable[[], T]) -> T | Missing:
-    """``read()``, or the ``NotAvailableOnBackendError`` it raised."""
+    """``read()``, or the ``NotAvailableOnBackend`` it raised."""
     try:
         return read()
-    except NotAvailableOnBackendError as exc:
+    except NotAvailableOnBackend as exc:
         return exc
 
 
 def missing_of(*results: object) -> list[Missing]:
     """The reads among ``results`` (from ``attempt``) that the store could not serve."""
-    return [r for r in results if isinstance(r, NotAvailableOnBackendError)]
+    return [r for r in results if isinstance(r, NotAvailableOnBackend)]
 
 
 def not_available(missing: Sequence[Missing]) -> html.Div | None:

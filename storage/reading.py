@@ -2,7 +2,7 @@
 
 ``StoreReader`` is the protocol; ``storage.sqlreader.SqlReader`` serves it from the SQL store and
 ``storage.prometheus.PromReader`` from a Prometheus-compatible query API. A read a store cannot serve raises
-``NotAvailableOnBackendError``, naming the read and the store ("NCCL communicator history: not available on
+``NotAvailableOnBackend``, naming the read and the store ("NCCL communicator history: not available on
 Prometheus"): callers catch that one exception and say so, never asking which class the reader is, and never show
 it as zero or as an empty success. Like the records (``storage.records``), this module imports no SQL library: the
 Prometheus reader imports it without SQLAlchemy.
@@ -35,7 +35,7 @@ class DatabaseUnavailableError(Exception):
     """The database cannot be reached now (refused, down, locked too long): the caller spools and retries."""
 
 
-class NotAvailableOnBackendError(Exception):
+class NotAvailableOnBackend(Exception):  # noqa: N818  (the name is a contract: one error for every read a store lacks)
     """The store ``backend`` (its name as shown: "Prometheus") cannot serve the read ``what``; ``why``, if given, says
     why ("it holds no gpulens exporter series")."""
 
@@ -90,7 +90,7 @@ class StoreReader(Protocol):
 
     def current_processes(self, *, node: str | None = None) -> list[ProcessReading]:
         """The processes of each GPU's latest reading (of ``node`` only, if given); raises
-        ``NotAvailableOnBackendError`` where none are kept."""
+        ``NotAvailableOnBackend`` where none are kept."""
         ...
 
     def series(

@@ -13,7 +13,7 @@ refused with a message saying so.
 What Prometheus does not hold is said, not faked: processes exist only where gpulens exporters export them
 (``gpulens_process_gpu_memory_bytes``: by default one series per GPU and job, read as a process with pid 0 and no
 command, the job's processes together; per process with the exporter's ``--process-pids``); over dcgm-exporter data
-alone ``current_processes`` raises ``NotAvailableOnBackendError``. First-seen times are not kept: a GPU's
+alone ``current_processes`` raises ``NotAvailableOnBackend``. First-seen times are not kept: a GPU's
 ``first_seen`` is its first sample in range.
 """
 
@@ -42,7 +42,7 @@ from gpulens.storage.prometheus.client import (
     regex_of,
 )
 from gpulens.storage.prometheus.unserved import BACKEND_NAME, Unserved
-from gpulens.storage.reading import NotAvailableOnBackendError
+from gpulens.storage.reading import NotAvailableOnBackend
 from gpulens.storage.records import (
     FIELD_KINDS,
     JOB_POINTS,
@@ -260,7 +260,7 @@ class PromReader(Unserved):
         series = self.client.query(f"{fam.PROCESS} or count({fam.UP})", now)
         rows = [s for s in series if s.labels.get("__name__") == fam.PROCESS]
         if not rows and not any(s.value for s in series if not s.labels):
-            raise NotAvailableOnBackendError("GPU processes", BACKEND_NAME, "it holds no gpulens exporter series")
+            raise NotAvailableOnBackend("GPU processes", BACKEND_NAME, "it holds no gpulens exporter series")
         out = [
             ProcessReading(
                 node=s.labels.get("node", ""),

@@ -1,6 +1,6 @@
 """Reads go through one interface (``gpulens.storage.reading.StoreReader``), whatever holds the data.
 
-A read a store cannot serve raises ``NotAvailableOnBackendError``: no page, alert or command asks which class its
+A read a store cannot serve raises ``NotAvailableOnBackend``: no page, alert or command asks which class its
 reader is. The records and field catalogue the readers share (``storage.records``) and the interface itself import
 no SQL library and no HTTP code, and the Prometheus reader imports nothing that imports SQLAlchemy.
 """
@@ -18,7 +18,7 @@ import pytest
 from gpulens.metriccatalogue import GPU_FIELDS
 from gpulens.storage import schema
 from gpulens.storage.prometheus import PromReader
-from gpulens.storage.reading import NotAvailableOnBackendError, StoreReader
+from gpulens.storage.reading import NotAvailableOnBackend, StoreReader
 from gpulens.storage.records import FIELD_KINDS, READABLE_FIELDS, check_fields
 from gpulens.storage.sqlreader import SqlReader
 
@@ -53,7 +53,7 @@ def test_no_page_or_alert_asks_which_kind_of_store_it_reads() -> None:
         for n, line in enumerate(path.read_text().splitlines(), start=1)
         if _GREP.search(line)
     ]
-    assert found == [], "call the read and catch NotAvailableOnBackendError instead"
+    assert found == [], "call the read and catch NotAvailableOnBackend instead"
 
 
 @pytest.mark.parametrize("folder", ["dashboard", "alerts", "gpulens/cli"])
@@ -96,8 +96,8 @@ def test_both_readers_serve_every_read_of_the_interface() -> None:
 
 
 def test_what_a_store_cannot_serve_is_named_with_the_store() -> None:
-    exc = NotAvailableOnBackendError("NCCL communicator history", "Prometheus")
+    exc = NotAvailableOnBackend("NCCL communicator history", "Prometheus")
     assert str(exc) == "NCCL communicator history: not available on Prometheus"
     assert (exc.what, exc.backend) == ("NCCL communicator history", "Prometheus")
-    why = NotAvailableOnBackendError("GPU processes", "Prometheus", "it holds no gpulens exporter series")
+    why = NotAvailableOnBackend("GPU processes", "Prometheus", "it holds no gpulens exporter series")
     assert str(why) == "GPU processes: not available on Prometheus (it holds no gpulens exporter series)"

@@ -18,7 +18,7 @@ from gpulens.dashboard.fabric import NO_PORTS
 from gpulens.dashboard.figures.style import DOWN_COLOR
 from gpulens.dashboard.formatting import MISSING
 from gpulens.dashboard.pages import interconnect, job, overview
-from gpulens.storage.reading import NotAvailableOnBackendError, StoreReader
+from gpulens.storage.reading import NotAvailableOnBackend, StoreReader
 from gpulens.storage.sqlreader import SqlReader
 from tests.dashboard.cluster import STALLED_JOB
 from tests.dashboard.conftest import Store
@@ -56,7 +56,7 @@ class Recorder:
         def call(*args: Any, **kwargs: Any) -> Any:
             self.calls[name] += 1
             if name in FABRIC_READS and self.refuse_fabric:
-                raise NotAvailableOnBackendError("RDMA ports and host", "prometheus")
+                raise NotAvailableOnBackend("RDMA ports and host", "prometheus")
             if name == "nic_series":
                 self.nic_ids.append(list(args[0]))
             if name == "latest_nics":

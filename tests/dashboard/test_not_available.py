@@ -25,7 +25,7 @@ from gpulens.dashboard.pages import alerts, job
 from gpulens.settings import StoreAuth
 from gpulens.storage.db import Database
 from gpulens.storage.prometheus import PromReader
-from gpulens.storage.reading import NotAvailableOnBackendError
+from gpulens.storage.reading import NotAvailableOnBackend
 from tests.dashboard.cluster import STALLED_JOB
 from tests.dashboard.conftest import Store
 from tests.dashboard.test_pages import context_of, text_of
@@ -81,7 +81,7 @@ def test_the_job_page_over_prometheus_says_in_one_line_what_it_cannot_tell(prome
 
 def test_the_nccl_panel_over_prometheus_is_left_to_the_page_line(prometheus: Context) -> None:
     found = read_nccl(prometheus.store, JOB, T0, T0 + 600)
-    assert isinstance(found, NotAvailableOnBackendError)
+    assert isinstance(found, NotAvailableOnBackend)
     assert str(found) == "NCCL communicator history: not available on Prometheus"
     assert nccl_panel(found) is None
 

@@ -36,6 +36,7 @@ from gpulens.model import (
     SnapshotFormatError,
 )
 from gpulens.ncclmodel import NcclView
+from gpulens.nodehealth import node_health
 
 # Schema 2 added the ``nics`` and ``host`` sections; schema-1 documents (older exporters) are still read.
 SNAPSHOT_SCHEMA: Final = 2
@@ -157,6 +158,7 @@ def snapshot_to_json(
     if snapshot.nccl is not None:  # the same object in both layouts: a few ranks at most
         doc["nccl"] = msgspec.to_builtins(snapshot.nccl)
     doc["errors"] = dict(snapshot.errors)
+    doc["health"] = node_health(snapshot).to_json()  # the node's (gpulens.nodehealth); decoding reads it again
     if health is not None:
         doc["exporter"] = dict(health)
     return doc

@@ -17,6 +17,7 @@ from gpulens.cli import (
     cmd_demo,
     cmd_exporter,
     cmd_job_summary,
+    cmd_node_health,
     cmd_query,
     cmd_rules,
     cmd_silence,
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_db.register(sub)
     cmd_query.register(sub)
     cmd_job_summary.register(sub)
+    cmd_node_health.register(sub)
     cmd_demo.register(sub)
     cmd_simulate.register(sub)
     cmd_rules.register(sub)

@@ -23,8 +23,8 @@ from gpulens.alerts.base import (
     reasons_source_text,
     rule_labels,
 )
-from gpulens.alerts.catalogue import XID_MEANINGS
 from gpulens.alerts.history import History, Round
+from gpulens.alerts.names import XID_MEANINGS
 from gpulens.config import format_duration
 from gpulens.hardware import find_gpu_model, pcie_max_bytes_per_second
 from gpulens.httpfetch import redact_url

@@ -1,107 +1,67 @@
 """Rule rounds over Prometheus that read whole only the GPUs a rule could fire on.
 
-``prom_round`` builds the same ``RoundResult`` as ``storeround.store_round`` with the same alerts, reading less:
+``prom_round`` builds the same ``RoundResult`` as ``storeround.store_round`` with the same alerts, reading less. What
+it reads for each rule is the rule's catalogue entry's ``RoundPlan`` (``alerts.definition``):
 
-* every GPU's *round fields* (``storage.prometheus.alertread.ROUND_FIELDS``: what the job detectors summarise, the
-  counters the error rules compare across their window, ``up``) and its set slowdown reasons, so the history, the
-  job summaries, the stall and straggler detectors, ``GpuIdleAllocated`` and ``GpuLost`` see exactly what a whole
-  read gives them;
+* every GPU's *round fields* (the union of the rules' ``fields``: what the job detectors summarise, the counters the
+  error rules compare across their window, what tells whether a threshold rule could fire), its set slowdown reasons
+  and XID counts, so that the history, the job summaries, the stall and straggler detectors, ``GpuIdleAllocated``
+  and ``GpuLost`` see exactly what a whole read gives them;
 * the other fields only for the GPUs that a rule could fire on, read whole:
-  - those that ``gpu_filters`` names (a PromQL query each, at once: a PCIe link below its maximum, a failed row
-    remapping);
-  - those whose round fields say so (``named_here``: clock reasons, temperature, memory used, PCIe and NVLink
-    traffic, against the GPU's constants, ``alertread.GpuFacts``: in PromQL the joins cost Prometheus more than the
-    reads);
+  - those that the rules' PromQL filters name (``gpu_filters``, a query each, at once);
+  - those whose round fields say so against the GPU's constants (``named_here``, ``alertread.GpuFacts``: in
+    PromQL the joins cost Prometheus more than the reads);
   - those whose error counters changed within a rule's window, as the engine's history tells
     (``counters_changed``);
   - the GPUs of the engine's pending and firing alerts of those rules.
 
-Each threshold is loosened by a rounding margin (``SLACK``): a filter may name more GPUs than fire, never fewer.
-
-A rule a filter does not know (a user threshold rule) or a store that holds dcgm-exporter families makes the round
-read every GPU whole (``store_round``): ``whole_reads_needed``.
+A rule the catalogue does not know (a user threshold rule) or a store that holds dcgm-exporter families makes the
+round read every GPU whole (``store_round``): ``whole_reads_needed``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from gpulens.alerts.base import AlertRule
-from gpulens.alerts.catalogue import (
-    COMMUNICATION_STALL,
-    ECC_UNCORRECTABLE,
-    EXPORTER_DOWN,
-    GPU_LOST,
-    HW_POWER_BRAKE,
-    IDLE_ALLOCATED,
-    JOB_INEFFICIENT,
-    JOB_STRAGGLER,
-    MEMORY_SATURATED,
-    NVLINK_ERRORS,
-    NVLINK_SATURATED,
-    PCIE_DEGRADED,
-    PCIE_SATURATED,
-    POWER_CAPPED,
-    THERMAL_THROTTLING,
-    WATCHDOG,
-    XID_ERROR,
-)
-from gpulens.alerts.checks import (
-    ECC_UNCORRECTED,
-    HW_POWER_BRAKE_BIT,
-    HW_SLOWDOWN,
-    NVLINK_ERROR_COUNTERS,
-    PCIE_REPLAYS,
-    SW_POWER_CAP,
-    THERMAL_BITS,
-    counters_unchanged,
-)
+from gpulens.alerts.catalogue import DEFINITIONS, definition
+from gpulens.alerts.checks import counters_unchanged
+from gpulens.alerts.definition import RoundPlan
 from gpulens.alerts.engine import AlertEngine
-from gpulens.alerts.fabriccatalogue import FABRIC_RULES
 from gpulens.alerts.history import History
 from gpulens.alerts.state import FIRING, PENDING, AlertState
 from gpulens.alerts.storeround import assemble_round, store_round
-from gpulens.hardware import pcie_max_bytes_per_second
 from gpulens.model import GpuReading
 from gpulens.rounds import RoundResult
 from gpulens.storage.prometheus import PromReader
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus.alertread import GpuFacts, round_readings, uuids_where
-from gpulens.storage.prometheus.families import field_selector
-
-# Thresholds are loosened by this share so that a float rounded differently in Prometheus never hides a GPU.
-SLACK: Final = 1 - 1e-6
-# Rules that read nothing beyond the round fields (or nothing from Prometheus: the fabric's)
-ROUND_FIELD_RULES: Final = frozenset(
-    {IDLE_ALLOCATED, GPU_LOST, EXPORTER_DOWN, COMMUNICATION_STALL, JOB_STRAGGLER, JOB_INEFFICIENT, WATCHDOG}
-    | {rule.name for rule in FABRIC_RULES}
-)
 
 
-def _filter(rule: AlertRule) -> str | None:
-    """PromQL naming every GPU ``rule`` could fire on (a superset of its condition) for the part of its condition
-    that neither the round fields (``_named_here``) nor the engine's history (``counters_changed``) tell; None for a
-    rule that needs no more than those."""
-    name = rule.check or rule.name
-    sel = field_selector
-    if name == ECC_UNCORRECTABLE:
-        return f"{sel('remapped_rows_failure')} != 0"
-    if name == PCIE_DEGRADED:
-        # a link below its maximum: its current and maximum width (or generation) differ (one aggregation, no
-        # join). A generation below its maximum counts only while the GPU is busy; the filter names it busy or not
-        # (the GPU is then read whole and judged): the busy test's ceiling join cost Prometheus more than the rest
-        families = (sel(f).partition("{")[0] for f in ("pcie_link_width", "pcie_link_generation"))
-        return " or ".join(f"stddev by (uuid) ({family}) > 0" for family in families)
-    return None
+@dataclass(frozen=True)
+class RoundReads:
+    """What a round reads of every GPU for ``rules``: the union of their plans."""
+
+    fields: tuple[str, ...]
+    reasons: tuple[str, ...]
+    xids: bool
+    facts: tuple[str, ...]
 
 
-# The counters each error rule compares across its window (XidError's: ``_xids_grew``)
-_COUNTERS: Final[dict[str, Callable[[GpuReading], object]]] = {
-    PCIE_DEGRADED: PCIE_REPLAYS,
-    NVLINK_ERRORS: NVLINK_ERROR_COUNTERS,
-    ECC_UNCORRECTABLE: ECC_UNCORRECTED,
-}
+def _plans(rules: Iterable[AlertRule]) -> list[tuple[AlertRule, RoundPlan]]:
+    return [(rule, entry.round) for rule in rules if (entry := definition(rule)) is not None]
+
+
+def round_reads(rules: Iterable[AlertRule]) -> RoundReads:
+    """What ``rules`` read of every GPU every round (their catalogue plans, merged)."""
+    plans = [plan for _, plan in _plans(rules)]
+
+    def union(name: str) -> tuple[str, ...]:
+        return tuple(sorted({item for plan in plans for item in getattr(plan, name)}))
+
+    return RoundReads(union("fields"), union("reasons"), any(p.xids for p in plans), union("facts"))
 
 
 def _xids_grew(history: History, since: float, reading: GpuReading) -> bool:
@@ -124,15 +84,15 @@ def counters_changed(
     test them (``checks.counters_unchanged``): the only GPUs it can fire on. The counters are round fields, so the
     engine's own history answers, with no PromQL ``changes()`` visiting every counter's samples again."""
     out: set[str] = set()
-    for rule in rules:
-        name = rule.check or rule.name
-        if name not in _COUNTERS and name != XID_ERROR:
+    for rule, plan in _plans(rules):
+        if plan.counters is None and not plan.xids:
             continue
         since = now - rule.threshold("window_s")
-        if name == XID_ERROR:
+        if plan.xids:
             out |= {r.uuid for r in readings if _xids_grew(history, since, r)}
+        if plan.counters is None:
             continue
-        start, counters = history.round_since(since), _COUNTERS[name]
+        start, counters = history.round_since(since), plan.counters
         if start is None:
             continue  # no earlier round in the window: nothing to compare with
         first = start.gpus
@@ -146,88 +106,25 @@ def counters_changed(
     return out
 
 
-def _busier(reading: GpuReading, link: str) -> float | None:
-    """The busier direction's rate of ``link`` (pcie, nvlink), None where neither is read."""
-    rates = [
-        r
-        for r in (getattr(reading, f"{link}_tx_bytes_per_second"), getattr(reading, f"{link}_rx_bytes_per_second"))
-        if r is not None
-    ]
-    return max(rates) if rates else None
-
-
-def _named_here(rule: AlertRule, reading: GpuReading, facts: GpuReading | None) -> bool:
-    """Whether ``rule`` could fire on the GPU of this round-field reading, for the part of its condition that the
-    round fields tell, against the GPU's constants (``facts``; a constant Prometheus does not hold fails the rule's
-    own test too): no PromQL needed."""
-    name = rule.check or rule.name
-    bits = reading.throttle_reasons or 0
-    if name == THERMAL_THROTTLING:
-        temp, slowdown = reading.temperature_celsius, facts.slowdown_temperature_celsius if facts else None
-        margin = rule.threshold("margin_celsius") + 0.001
-        hot = temp is not None and slowdown is not None and temp >= slowdown - margin
-        return hot or bool(bits & (THERMAL_BITS | HW_SLOWDOWN))
-    if name == HW_POWER_BRAKE:
-        return bool(bits & HW_POWER_BRAKE_BIT)
-    if name == POWER_CAPPED:
-        # sw_power_cap set: the rule then weighs power against the limit, which only a whole read holds (a GPU at
-        # its cap is at its limit: the set the alert fires on, whose GPUs are read whole anyway, as it is pending)
-        return bool(bits & SW_POWER_CAP)
-    if name == MEMORY_SATURATED:
-        used, total = reading.memory_used_bytes, facts.memory_total_bytes if facts else None
-        return used is not None and bool(total) and used >= rule.threshold("used_ratio") * SLACK * (total or 0)
-    if name == PCIE_SATURATED:
-        rate = _busier(reading, "pcie")
-        ceiling = (
-            pcie_max_bytes_per_second(facts.pcie_link_generation_max, facts.pcie_link_width_max) if facts else None
-        )
-        return (
-            rate is not None and bool(ceiling) and rate >= rule.threshold("utilization_ratio") * SLACK * (ceiling or 0)
-        )
-    if name == NVLINK_SATURATED:
-        rate, links = _busier(reading, "nvlink"), reading.nvlink_links_active
-        share = rule.threshold("utilization_ratio") * rule.threshold("link_bytes_per_second") * SLACK
-        return rate is not None and bool(links) and rate >= (links or 0) * share
-    return False
-
-
-# The rules ``_named_here`` tells something of
-_HERE: Final = frozenset(
-    {THERMAL_THROTTLING, HW_POWER_BRAKE, POWER_CAPPED, MEMORY_SATURATED, PCIE_SATURATED, NVLINK_SATURATED}
-)
-
-
 def named_here(rules: Sequence[AlertRule], readings: Iterable[GpuReading], facts: Mapping[str, GpuReading]) -> set[str]:
-    """The GPUs whose round fields say a rule could fire on them (``_named_here``; ``facts``: each GPU's
+    """The GPUs whose round fields say a rule could fire on them (each plan's ``here``; ``facts``: each GPU's
     constants, ``GpuFacts.of``)."""
-    judged = [r for r in rules if (r.check or r.name) in _HERE]
-    return {g.uuid for g in readings if any(_named_here(r, g, facts.get(g.uuid)) for r in judged)}
+    judged = [(rule, plan.here) for rule, plan in _plans(rules) if plan.here is not None]
+    return {g.uuid for g in readings if any(here(rule, g, facts.get(g.uuid)) for rule, here in judged)}
 
 
 def gpu_filters(rules: Iterable[AlertRule]) -> list[str]:
-    """Each rule's filter (see ``_filter``)."""
-    return [f for rule in rules if (f := _filter(rule)) is not None]
+    """Each rule's PromQL filter (its plan's ``promql``)."""
+    return [plan.promql(rule) for rule, plan in _plans(rules) if plan.promql is not None]
 
 
 def whole_reads_needed(store: PromReader, rules: Iterable[AlertRule]) -> bool:
-    """Whether a round must read every GPU whole: a rule no filter knows, or dcgm-exporter families in the store
-    (the filters are written over gpulens families)."""
+    """Whether a round must read every GPU whole: a rule the catalogue does not know, or dcgm-exporter families in
+    the store (the filters are written over gpulens families)."""
     names = store.present_names()
     if names is None or names & set(fam.DCGM_PRESENCE):
         return True
-    known = ROUND_FIELD_RULES | {
-        MEMORY_SATURATED,
-        THERMAL_THROTTLING,
-        POWER_CAPPED,
-        HW_POWER_BRAKE,
-        PCIE_SATURATED,
-        NVLINK_SATURATED,
-        PCIE_DEGRADED,
-        NVLINK_ERRORS,
-        ECC_UNCORRECTABLE,
-        XID_ERROR,
-    }
-    return any((rule.check or rule.name) not in known for rule in rules)
+    return any(definition(rule) is None for rule in rules)
 
 
 def watched_gpus(states: Mapping[str, AlertState]) -> set[str]:
@@ -236,8 +133,16 @@ def watched_gpus(states: Mapping[str, AlertState]) -> set[str]:
     return {
         uuid
         for s in states.values()
-        if s.state in (PENDING, FIRING) and s.rule not in ROUND_FIELD_RULES and (uuid := s.labels.get("uuid"))
+        if s.state in (PENDING, FIRING) and _reads_whole(s.rule) and (uuid := s.labels.get("uuid"))
     }
+
+
+# Whether a builtin reads more of a GPU than the round fields (a user rule always does)
+_WHOLE: Final = {d.rule.name: d.round.whole for d in DEFINITIONS}
+
+
+def _reads_whole(name: str) -> bool:
+    return _WHOLE.get(name, True)
 
 
 def prom_round(
@@ -252,8 +157,9 @@ def prom_round(
 ) -> RoundResult:
     """The cluster now, as one round (see the module's docstring); ``history``: the engine's, which this round is
     about to join; ``facts``: the GPUs' constants, as the rounds before left them."""
+    reads = round_reads(rules)
     readings, named, jobs, targets = store.parallel(
-        lambda: round_readings(store, max_age_s=max_age_s),
+        lambda: round_readings(store, max_age_s=max_age_s, fields=reads.fields, reasons=reads.reasons, xids=reads.xids),
         lambda: uuids_where(store, gpu_filters(rules)),
         store.current_jobs,
         store.target_health,
@@ -274,7 +180,7 @@ def round_reader(
     the GPUs of its alerts (``engine()``, as it is at each round), or ``store_round`` where whole reads are needed
     or the engine has judged no round yet (``engine()`` is None: a process that has just become active must see
     each GPU its stored alerts name)."""
-    facts = GpuFacts(store)
+    facts = GpuFacts(store, round_reads(rules).facts)
 
     def read(now: float, max_age_s: float) -> RoundResult:
         judging = engine()

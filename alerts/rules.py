@@ -7,74 +7,21 @@ catalogue with the config's overrides applied.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
-from gpulens.alerts import checks, detect, fabricchecks, hostchecks, inefficient, watchdog
 from gpulens.alerts.base import SEVERITIES, AlertRule, Candidate, Threshold
-from gpulens.alerts.catalogue import (
-    BUILTIN_RULES,
-    COMMUNICATION_STALL,
-    ECC_UNCORRECTABLE,
-    EXPORTER_DOWN,
-    FABRIC_CONGESTION,
-    FABRIC_SATURATED,
-    GPU_LOST,
-    HW_POWER_BRAKE,
-    IB_ERRORS,
-    IB_LINK_DEGRADED,
-    IB_LINK_DOWN,
-    IB_LINK_FLAPPING,
-    IDLE_ALLOCATED,
-    JOB_INEFFICIENT,
-    JOB_INPUT_BOUND,
-    JOB_STRAGGLER,
-    MEMORY_SATURATED,
-    NVLINK_ERRORS,
-    NVLINK_SATURATED,
-    PCIE_DEGRADED,
-    PCIE_SATURATED,
-    POWER_CAPPED,
-    THERMAL_THROTTLING,
-    WATCHDOG,
-    XID_ERROR,
-)
+from gpulens.alerts.catalogue import BUILTIN_RULES, DEFINITIONS, EXPORTER_DOWN, GPU_LOST
+from gpulens.alerts.definition import Check
 from gpulens.alerts.history import History
 from gpulens.alerts.userrules import THRESHOLD_CHECK, threshold_check
 from gpulens.config import ConfigError, parse_duration
 
 __all__ = ["CHECKS", "AlertRule", "Candidate", "builtin_rules", "data_missing", "evaluate", "required_window_s"]
 
-Check = Callable[[AlertRule, History, float], list[Candidate]]
-
-CHECKS: Final[Mapping[str, Check]] = {
-    MEMORY_SATURATED: checks.memory_saturated,
-    THERMAL_THROTTLING: checks.thermal_throttling,
-    POWER_CAPPED: checks.power_capped,
-    HW_POWER_BRAKE: checks.hw_power_brake,
-    PCIE_SATURATED: checks.pcie_saturated,
-    NVLINK_SATURATED: checks.nvlink_saturated,
-    PCIE_DEGRADED: checks.pcie_degraded,
-    NVLINK_ERRORS: checks.nvlink_errors,
-    COMMUNICATION_STALL: detect.communication_stall,
-    JOB_STRAGGLER: detect.job_straggler,
-    IDLE_ALLOCATED: checks.idle_allocated,
-    JOB_INEFFICIENT: inefficient.job_inefficient,
-    XID_ERROR: checks.xid_error,
-    ECC_UNCORRECTABLE: checks.ecc_uncorrectable,
-    GPU_LOST: checks.gpu_lost,
-    EXPORTER_DOWN: checks.exporter_down,
-    IB_LINK_DOWN: fabricchecks.ib_link_down,
-    IB_LINK_FLAPPING: fabricchecks.ib_link_flapping,
-    IB_LINK_DEGRADED: fabricchecks.ib_link_degraded,
-    IB_ERRORS: fabricchecks.ib_errors,
-    FABRIC_CONGESTION: fabricchecks.fabric_congestion,
-    FABRIC_SATURATED: fabricchecks.fabric_saturated,
-    JOB_INPUT_BOUND: hostchecks.job_input_bound,
-    WATCHDOG: watchdog.watchdog,
-    THRESHOLD_CHECK: threshold_check,
-}
+# Each builtin's check, from its catalogue entry, and the user rules' threshold check
+CHECKS: Final[Mapping[str, Check]] = {d.rule.name: d.check for d in DEFINITIONS} | {THRESHOLD_CHECK: threshold_check}
 
 
 def evaluate(rules: Sequence[AlertRule], history: History, now: float) -> list[Candidate]:

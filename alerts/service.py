@@ -74,7 +74,7 @@ class SqlOutbox:
         alertstore.outbox_mark(self._db, item_id, status="sent")
 
     def mark_retry(self, item_id: int, next_attempt_at: float, error: str) -> None:
-        alertstore.outbox_mark(self._db, item_id, status="pending", next_attempt_at=next_attempt_at, error=error)
+        alertstore.outbox_retry(self._db, item_id, next_attempt_at=next_attempt_at, error=error)
 
     def mark_failed(self, item_id: int, error: str) -> None:
         alertstore.outbox_mark(self._db, item_id, status="failed", error=error)

@@ -3,8 +3,11 @@ through the store read interface (``gpulens.storage.reading``), so that rules ru
 
 ``store_round`` builds one ``RoundResult`` (what a collector round would have found) from any ``StoreReader``:
 Prometheus (``gpulens alerts run --db prometheus+http://...``) or the shared SQL store (``gpulens alerts run`` beside
-sharded collectors, or the one collector elected by ``RuleElection``). ``RuleElection`` is that election: a
-PostgreSQL advisory lock that one collector of a shard set holds while it runs the rules.
+sharded collectors, or the one collector elected by ``SharedStoreRules``). ``rule_round`` is one round of the rule
+runner, given its role: the loop of ``gpulens alerts run`` (``run_store_rules``) and ``SharedStoreRules`` (a collector
+hook) both run it. The role comes from ``rules_leadership``: ``storage.leader.Leadership`` on the rules lock, the
+same election as the collectors' HA pair, so ``gpulens alerts run`` processes and the collectors of a sharded set
+elect one rule runner among them.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from gpulens.collector.pair import WhileActive
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading, TargetHealth
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.storage.db import Database, DatabaseUnavailableError
-from gpulens.storage.leader import AdvisoryLock
+from gpulens.storage.leader import HA_PAIR_ACTIVE, Leadership, on_standby
 from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, StoreReader
 
 log = logging.getLogger(__name__)
@@ -29,6 +33,21 @@ RULES_STANDBY_NOTE: Final = (
     "another process runs the rules over this store (gpulens alerts run, or the elected collector of a sharded set) "
     "and holds the PostgreSQL advisory lock; this one takes over within one interval if that one stops"
 )
+# What the collector elected among a sharded set logs (after "this collector"): it is active in its own HA pair too.
+ELECTED_ACTIVE: Final = "now runs the alert rules over the whole store (it holds the rules lock)"
+ELECTED_STANDBY: Final = f"does not run the alert rules: {RULES_STANDBY_NOTE}"
+
+
+def rules_leadership(
+    db: Database,
+    *,
+    what: str,
+    says_active: str = HA_PAIR_ACTIVE,
+    says_standby: str = on_standby(RULES_STANDBY_NOTE),
+) -> Leadership:
+    """The role of a rule runner (``what``: "this gpulens alerts run") on the rules lock of the store ``db``; it logs
+    the lines of an HA pair unless ``says_active`` / ``says_standby`` say otherwise."""
+    return Leadership(db, RULES_LOCK_KEY, what=what, says_active=says_active, says_standby=says_standby)
 
 
 def store_round(store: StoreReader, now: float, *, max_age_s: float) -> RoundResult:
@@ -74,53 +93,65 @@ def assemble_round(
     return RoundResult(time=now, snapshots=snapshots, targets=list(targets), written=True)
 
 
-class RuleElection:
-    """A collector hook that runs the rules over the whole shared store, in the one collector holding the lock.
+def rule_round(
+    rules: RoundHook, role: bool | None, now: float, read: Callable[[float], RoundResult]
+) -> RoundResult | None:
+    """One round of a rule runner whose role (``Leadership.check``) is ``role``: active, it reads the cluster at
+    ``now`` (``read(now)``), hands the round to ``rules`` and returns it; on standby it reads nothing and hands
+    ``rules`` a round with ``leading=False`` (``WhileActive`` closes what ran while active). An unknown role (the
+    state store is unreachable) or a store that cannot be read postpones the round (logged)."""
+    if role is None:
+        log.warning("alert round postponed: the alert state store is unreachable")
+        return None
+    if not role:
+        rules(RoundResult(time=now, snapshots=[], targets=[], leading=False))
+        return None
+    try:
+        result = read(now)
+    except DatabaseUnavailableError as exc:
+        log.warning("alert round postponed: %s", exc)
+        return None
+    rules(result)
+    return result
 
-    Each round, every collector of a shard set tries the PostgreSQL advisory lock; the holder keeps it (on its own
-    connection) and evaluates the rules over every GPU in the store, the others do nothing. When the holder dies
-    its connection closes, the lock is freed, and another collector takes it at its next round.
+
+class SharedStoreRules:
+    """A collector hook that runs the rules over the whole shared store, in the one collector holding the rules
+    lock (``rules_leadership``, which ``gpulens alerts run`` holds too).
+
+    Each round, every collector of a shard set tries the lock; the holder keeps it (on its own connection) and
+    evaluates the rules over every GPU in the store, the others do nothing. When the holder dies its connection
+    closes, the lock is freed, and another collector takes it at its next round.
     """
 
     def __init__(self, db: Database, make_rules: Callable[[], RoundHook], *, max_age_s: float) -> None:
-        self._lock = AdvisoryLock(db, RULES_LOCK_KEY)
+        self.leadership = rules_leadership(
+            db, what="this collector", says_active=ELECTED_ACTIVE, says_standby=ELECTED_STANDBY
+        )
         self._reader = SqlReader(db)
-        self._make_rules = make_rules  # built on election, so the engine starts from the stored alert states
-        self._rules: RoundHook | None = None
+        self._rules = WhileActive(make_rules)  # built on election, so the engine starts from the stored states
         self._max_age_s = max_age_s
-        self.leading = False
 
     @property
     def supported(self) -> bool:
         """False on SQLite: nobody is elected; run ``gpulens alerts run`` beside the collectors."""
-        return self._lock.supported
+        return self.leadership.supported
+
+    @property
+    def leading(self) -> bool:
+        return self.leadership.active is True
 
     def __call__(self, result: RoundResult) -> None:
         if not result.written:
             return
-        try:
-            leading = self._lock.try_hold()
-            if leading != self.leading:
-                log.info("this collector %s the alert rules", "now runs" if leading else "no longer runs")
-                self.leading = leading
-                self._close_rules()
-            if leading:
-                if self._rules is None:
-                    self._rules = self._make_rules()
-                self._rules(store_round(self._reader, result.time, max_age_s=self._max_age_s))
-        except DatabaseUnavailableError as exc:
-            log.warning("alert round postponed: %s", exc)
+        rule_round(self._rules, self.leadership.check(), result.time, self._read)
 
-    def _close_rules(self) -> None:
-        """Stop the rules a lost election leaves behind (their notification worker, where they have one)."""
-        rules, self._rules = self._rules, None
-        close = getattr(rules, "close", None)
-        if callable(close):
-            close()
+    def _read(self, now: float) -> RoundResult:
+        return store_round(self._reader, now, max_age_s=self._max_age_s)
 
     def close(self) -> None:
-        self._close_rules()
-        self._lock.release()
+        self._rules.close()  # the notification worker stops before the lock goes to another process
+        self.leadership.release()
 
 
 def run_store_rules(
@@ -135,26 +166,19 @@ def run_store_rules(
     read: Callable[[float, float], RoundResult] | None = None,
 ) -> None:
     """Every ``interval_s`` until ``stop``: read the cluster from ``store`` and hand it to ``rules``. A store that
-    cannot be reached postpones the round (logged), it does not end the loop. ``active`` (``Leadership.check``):
-    the process's role in its HA pair, asked first: a standby reads nothing and hands ``rules`` a round with
-    ``leading=False``; an unknown role (the state store is unreachable) postpones the round. ``read(now,
+    cannot be reached postpones the round (logged), it does not end the loop. ``active`` (``Leadership.check`` of
+    ``rules_leadership``): the process's role in its HA pair, asked first (``rule_round``: a standby reads nothing and
+    hands ``rules`` a round with ``leading=False``; an unknown role postpones the round). ``read(now,
     max_age_s)`` reads a round instead of ``store_round`` (over Prometheus: ``promround.round_reader``)."""
     max_age_s = max(3 * interval_s, 30.0)
+
+    def read_round(now: float) -> RoundResult:
+        return read(now, max_age_s) if read is not None else store_round(store, now, max_age_s=max_age_s)
+
     while not stop.is_set():
         started = time.monotonic()
         role = True if active is None else active()
-        if role is None:
-            log.warning("alert round postponed: the alert state store is unreachable")
-        elif not role:
-            rules(RoundResult(time=clock(), snapshots=[], targets=[], leading=False))
-        else:
-            try:
-                now = clock()
-                result = read(now, max_age_s) if read is not None else store_round(store, now, max_age_s=max_age_s)
-            except DatabaseUnavailableError as exc:
-                log.warning("alert round postponed: %s", exc)
-            else:
-                rules(result)
-                if on_round is not None:
-                    on_round(result)
+        result = rule_round(rules, role, clock(), read_round)
+        if result is not None and on_round is not None:
+            on_round(result)
         stop.wait(max(0.0, interval_s - (time.monotonic() - started)))

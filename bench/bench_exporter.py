@@ -28,7 +28,7 @@ from typing import Any
 
 from bench import options
 from gpulens.clock import SystemClock
-from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.endpoints import Routes, exporter_server
 from gpulens.exporter.nvml import NvmlSource
 from gpulens.exporter.nvmlxid import XID_WAIT_MS
 from gpulens.exporter.poller import Poller
@@ -73,7 +73,7 @@ def bench(gpus: int, cpu_repeats: int) -> list[float]:
         cycles.append(time.perf_counter() - started)
     print(f"exporter_collect_cycle_{gpus}gpu_p50: {statistics.median(cycles) * 1000:.1f} ms", flush=True)
 
-    server = ExporterServer(Routes(single=poller), host="127.0.0.1", port=0)
+    server = exporter_server(Routes(single=poller), host="127.0.0.1", port=0)
     server.start()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)

@@ -46,7 +46,7 @@ def main() -> int:
     parser.add_argument("--prometheus", default="prometheus", help="the Prometheus binary (default: on PATH)")
     args = parser.parse_args()
     from gpulens.alerts.engine import AlertEngine
-    from gpulens.alerts.promround import prom_round, watched_gpus
+    from gpulens.alerts.promround import prom_round, round_reads, watched_gpus
     from gpulens.alerts.rules import builtin_rules
     from gpulens.alerts.storeround import store_round
     from gpulens.settings import StoreAuth
@@ -90,7 +90,7 @@ def main() -> int:
         for way in ("filtered", "whole"):
             time.sleep(args.interval)  # what the previous window left to Prometheus (its garbage collection) settles
             engine = AlertEngine(rules)
-            facts = GpuFacts(store)
+            facts = GpuFacts(store, round_reads(rules).facts)
             own: list[float] = []
             queries: list[int] = []
             series: list[int] = []

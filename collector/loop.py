@@ -24,7 +24,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpulens.clock import Clock, SystemClock
-from gpulens.collector.pair import STANDBY_NOTE, pair_key
+from gpulens.collector.pair import pair_leadership
 from gpulens.collector.scrape import Scraper, ScrapeResult, merge_counts
 from gpulens.collector.spool import Spool
 from gpulens.collector.targets import TargetSet
@@ -34,7 +34,6 @@ from gpulens.settings import Settings
 from gpulens.storage import jobsummary
 from gpulens.storage.alertstore import outbox_backlog
 from gpulens.storage.db import Database, DatabaseUnavailableError
-from gpulens.storage.leader import Leadership
 from gpulens.storage.retention import Retention, RetentionJob
 from gpulens.storage.rollup import Rollups
 from gpulens.storage.writer import Writer, WriteStats
@@ -162,7 +161,7 @@ class Collector:
         self._reported_dropped = 0
         self._late = threading.Event()  # a tick came while a round was running: run the next one at once
         self._accounted_at = float("-inf")  # when ended jobs were last summarised (storage.jobsummary)
-        self._leadership = Leadership(db, pair_key(settings), what="this collector", standby_note=STANDBY_NOTE)
+        self._leadership = pair_leadership(db, settings)
 
     def target_count(self) -> int:
         """How many targets the next round scrapes (static and discovered, this shard's)."""

@@ -6,13 +6,15 @@ import logging
 import resource
 import threading
 from collections.abc import Callable, Sequence
+from http import HTTPStatus
+from typing import Final
 
 from prometheus_client import generate_latest
 
 from gpulens.collector.loop import Collector
 from gpulens.config import ConfigError
 from gpulens.gcpause import tune_garbage_collector
-from gpulens.metricsserver import MetricsServer
+from gpulens.httpserver import TEXT, HttpServer, Request, Response
 from gpulens.netaddr import parse_listen
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.settings import Settings
@@ -100,13 +102,42 @@ def run_collector(
     return 0
 
 
-def serve_metrics(collector: Collector, settings: Settings, web: WebConfig) -> MetricsServer:
+METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+METRICS_WORKERS: Final = 4  # threads answering the collector's /metrics: one Prometheus or two, and a curl
+METRICS_READ_TIMEOUT_S: Final = 10.0
+
+
+def metrics_page(render: Callable[[], bytes], title: str) -> Callable[[Request], Response]:
+    """``render()`` at ``/metrics`` (rendered per request: the collector's registry, a few kilobytes), a link to it at
+    ``/``, 404 elsewhere."""
+
+    def answer(request: Request) -> Response:
+        path = request.path.rstrip("/") or "/"
+        if path == "/metrics":
+            return Response(HTTPStatus.OK, render(), METRICS_CONTENT_TYPE)
+        if path == "/":
+            body = f'<!doctype html><title>{title}</title><a href="metrics">metrics</a>\n'
+            return Response(HTTPStatus.OK, body.encode(), "text/html; charset=utf-8")
+        return Response(HTTPStatus.NOT_FOUND, b"not found; see /metrics\n", TEXT)
+
+    return answer
+
+
+def serve_metrics(collector: Collector, settings: Settings, web: WebConfig) -> HttpServer:
     """The collector's own /metrics on ``settings.listen``, with the web config's TLS and basic auth, started."""
     host, port = parse_listen(settings.listen)
     registry = collector.metrics.registry
     try:
-        server = MetricsServer(
-            lambda: generate_latest(registry), host=host, port=port, web=web, name="gpulens collector"
+        server = HttpServer(
+            metrics_page(lambda: generate_latest(registry), "gpulens collector"),
+            host=host,
+            port=port,
+            web=web,
+            name="gpulens-metrics",
+            version="BaseHTTP/0.6",  # the Server header this endpoint has always sent
+            cache_control=None,
+            workers=METRICS_WORKERS,
+            read_timeout_s=METRICS_READ_TIMEOUT_S,
         )
     except OSError as exc:
         raise OSError(exc.errno, f"cannot listen on {settings.listen}: {exc.strerror or exc}") from None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulens.config import ConfigError
-from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.endpoints import Routes, exporter_server
 from gpulens.exporter.poller import Enricher, OnDemandNode, Poller
 from gpulens.extras import MissingExtraError, require_k8s
 from gpulens.model import GpuSource, NodeSnapshot
@@ -185,7 +185,7 @@ def run_exporter(options: ExporterOptions, announce: Callable[[str], None], stop
     routes, poller, close_source = build_routes(options)
     try:
         try:
-            server = ExporterServer(routes, host=host, port=port, web=web)
+            server = exporter_server(routes, host=host, port=port, web=web)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot listen on {options.listen}: {exc.strerror or exc}") from None
         server.start()  # first: /healthz answers 503 "starting" while the first collection runs

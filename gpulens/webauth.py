@@ -1,8 +1,9 @@
 """HTTP basic auth against bcrypt hashes, shared by the exporter (``--web-config``) and the dashboard.
 
-Every attempt that reaches the password check costs one bcrypt check, whether the user exists or not: an unknown
-user is checked against a dummy hash of the same cost as the real ones, so the response time does not tell which
-user names exist.
+A header seen for the first time costs one bcrypt check, whether the user exists or not: an unknown user is checked
+against a dummy hash of the same cost as the real ones, so the response time does not tell which user names exist.
+The verdict is remembered by a keyed digest of the header, so the same header again, right or wrong, costs no
+bcrypt. ``gpulens.authguard`` bounds how many new headers one client may have checked.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 import bcrypt
 
 DEFAULT_COST = 12
+CACHED_HEADERS = 1024  # verdicts remembered, of each kind (right, wrong); past it the cache starts again
 
 
 def bcrypt_cost(hashed: bytes) -> int | None:
@@ -36,9 +38,19 @@ def dummy_hash(users: dict[str, bytes]) -> bytes:
     return bcrypt.hashpw(secrets.token_bytes(16).hex().encode(), bcrypt.gensalt(rounds=rounds))
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """A parsed ``Authorization: Basic`` header: who, and the keyed digest that names it in the caches."""
+
+    user: str
+    password: bytes
+    key: bytes
+
+
 @dataclass
 class BasicAuth:
-    """Checks ``Authorization: Basic`` headers against bcrypt hashes, caching successes (bcrypt is slow by design).
+    """Checks ``Authorization: Basic`` headers against bcrypt hashes, remembering each header's verdict (bcrypt is slow
+    by design, and a configured hash never changes while the process runs).
 
     ``checkpw`` is bcrypt's check, replaceable so tests can count the calls.
     """
@@ -46,6 +58,7 @@ class BasicAuth:
     users: dict[str, bytes]
     checkpw: Callable[[bytes, bytes], bool] = bcrypt.checkpw
     _cache: dict[bytes, str] = field(default_factory=dict)
+    _failed: set[bytes] = field(default_factory=set)
     _salt: bytes = field(default_factory=lambda: secrets.token_bytes(16))
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _dummy: bytes = b""
@@ -55,6 +68,16 @@ class BasicAuth:
 
     def check(self, header: str | None) -> str | None:
         """The authenticated user name, or ``None``."""
+        attempt = self.parse(header)
+        if attempt is None:
+            return None
+        known = self.known(attempt)
+        if known is not None:
+            return attempt.user if known else None
+        return attempt.user if self.verify(attempt) else None
+
+    def parse(self, header: str | None) -> Attempt | None:
+        """The attempt in a header, or ``None`` for a header that is not well-formed basic auth (no bcrypt needed)."""
         if not header or not header.startswith("Basic "):
             return None
         try:
@@ -64,22 +87,34 @@ class BasicAuth:
         user, sep, password = decoded.partition(":")
         if not sep:
             return None
-        hashed = self.users.get(user)
         # The cache key is a keyed digest, so the process never holds plaintext passwords after the check.
         key = hmac.new(self._salt, decoded.encode(), hashlib.sha256).digest()
-        if hashed is not None:
-            with self._lock:
-                if self._cache.get(key) == user:
-                    return user
+        return Attempt(user, password.encode(), key)
+
+    def known(self, attempt: Attempt) -> bool | None:
+        """The verdict already reached for this exact header, or ``None`` if it needs a bcrypt check."""
+        with self._lock:
+            if self._cache.get(attempt.key) == attempt.user:
+                return True
+            if attempt.key in self._failed:
+                return False
+        return None
+
+    def verify(self, attempt: Attempt) -> bool:
+        """One bcrypt check, its verdict remembered (up to ``CACHED_HEADERS`` of each kind)."""
+        hashed = self.users.get(attempt.user)
         try:
             # An unknown user costs the same bcrypt work as a known one: the timing must not reveal user names.
-            ok = self.checkpw(password.encode(), hashed if hashed is not None else self._dummy)
+            ok = self.checkpw(attempt.password, hashed if hashed is not None else self._dummy) and hashed is not None
         except ValueError:
-            return None
-        if ok and hashed is not None:
-            with self._lock:
-                if len(self._cache) > 1024:
+            ok = False
+        with self._lock:
+            if ok:
+                if len(self._cache) >= CACHED_HEADERS:
                     self._cache.clear()
-                self._cache[key] = user
-            return user
-        return None
+                self._cache[attempt.key] = attempt.user
+            else:
+                if len(self._failed) >= CACHED_HEADERS:
+                    self._failed.clear()
+                self._failed.add(attempt.key)
+        return ok

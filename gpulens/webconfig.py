@@ -72,10 +72,6 @@ class WebConfig:
     tls: TlsConfig | None = None
     basic_auth: BasicAuth | None = None
 
-    def authorized(self, header: str | None) -> bool:
-        """Whether a request with this ``Authorization`` header may be answered (always, without basic auth)."""
-        return self.basic_auth is None or self.basic_auth.check(header) is not None
-
 
 class TlsServerFile(InputStruct, frozen=True):
     """``tls_server_config`` as written; the files are checked against the disk by :func:`load_web_config`."""

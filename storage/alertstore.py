@@ -287,6 +287,39 @@ def outbox_mark(
         conn.execute(sa.update(o).where(o.c.id == item_id, o.c.status == "pending").values(**values))
 
 
+def outbox_retry(db: Database, item_id: int, *, next_attempt_at: float, error: str) -> None:
+    """Count a failed attempt of a pending notification and schedule its next one. If a newer state of its group
+    superseded it while the send was in flight, the newer one (the pending one of its receiver and group) takes the
+    failure over: the attempt count and the later of the two next attempt times, as if it had been enqueued after the
+    failure. So a receiver that hangs past the next resend keeps its backoff."""
+    o = schema.notification_outbox
+    with db.write_transaction() as conn:
+        item = conn.execute(
+            sa.select(o.c.status, o.c.receiver, o.c.payload, o.c.attempts).where(o.c.id == item_id)
+        ).one_or_none()
+        if item is None:
+            return
+        if item.status == "pending":
+            values = {"next_attempt_at": next_attempt_at, "last_error": error, "attempts": o.c.attempts + 1}
+            conn.execute(sa.update(o).where(o.c.id == item_id).values(**values))
+            return
+        key = dict(item.payload).get("group_key")
+        if item.status != "superseded" or key is None:
+            return
+        rows = conn.execute(
+            sa.select(o.c.id, o.c.payload, o.c.attempts, o.c.next_attempt_at).where(
+                o.c.status == "pending", o.c.receiver == item.receiver, o.c.id > item_id
+            )
+        )
+        for heir in [r for r in rows if dict(r.payload).get("group_key") == key]:
+            values = {
+                "attempts": max(heir.attempts, item.attempts + 1),
+                "next_attempt_at": max(heir.next_attempt_at, next_attempt_at),
+                "last_error": error,
+            }
+            conn.execute(sa.update(o).where(o.c.id == heir.id, o.c.status == "pending").values(**values))
+
+
 def outbox_prune(db: Database, before: float) -> int:
     """Delete the delivered (``sent``) and replaced (``superseded``) notifications created before ``before``;
     pending and failed ones stay. Returns how many went."""

@@ -1,10 +1,12 @@
-"""Electing one process among several that share a PostgreSQL store: a session advisory lock held on its own
-connection (``pg_try_advisory_lock``). The lock goes with the connection: a process that dies frees it, at once
-when it is killed (its socket closes), and when its host or network goes away once the server's TCP keepalive
-probes of the lock's session go unanswered (the session asks for them: 20 s idle, then 3 probes 10 s apart).
+"""Electing one process among several that share a PostgreSQL store: ``Leadership``, the one election of gpulens.
+It elects the active collector of an HA pair (``collector.pair``), the process that runs the alert rules over a
+store (``gpulens alerts run``, or one collector of a sharded set: ``alerts.storeround``), and nothing else elects.
 
-``AdvisoryLock`` is the lock; ``Leadership`` is the role it gives a process of a group of identical ones (an HA pair
-of collectors, of ``gpulens alerts run``): active while it holds the lock, standby otherwise, logged at each change.
+The election is a session advisory lock held on a connection of its own (``pg_try_advisory_lock``). The lock goes
+with the connection: a process that dies frees it, at once when it is killed (its socket closes), and when its host
+or network goes away once the server's TCP keepalive probes of the lock's session go unanswered (the session asks
+for them: 20 s idle, then 3 probes 10 s apart). The connection runs in autocommit, so between rounds its session is
+``idle``, never ``idle in transaction``: a server with ``idle_in_transaction_session_timeout`` leaves it alone.
 
 SQLite has no such lock (and one SQLite file is not shared across hosts): there nobody is elected, every process is
 active, and the rules of a sharded set of collectors run in ``gpulens alerts run`` instead.
@@ -26,9 +28,17 @@ log = logging.getLogger(__name__)
 # its lock freed) once IDLE + INTERVAL * COUNT seconds of probes go unanswered, not after the kernel's two hours.
 _KEEPALIVES: Final = "SET tcp_keepalives_idle = 20; SET tcp_keepalives_interval = 10; SET tcp_keepalives_count = 3"
 
+HA_PAIR_ACTIVE: Final = "is now the active one of its HA pair (it holds the advisory lock)"
 
-class AdvisoryLock:
-    """A PostgreSQL session advisory lock on ``key``, tried each time; held until ``release`` or the process ends."""
+
+def on_standby(note: str) -> str:
+    """What a member of an HA pair logs on standby (after its name): ``note`` says what a standby does."""
+    return f"is on standby: {note}"
+
+
+class _AdvisoryLock:
+    """A PostgreSQL session advisory lock on ``key``, tried each time; held until ``release`` or the process ends.
+    ``Leadership`` is its one user."""
 
     def __init__(self, db: Database, key: int) -> None:
         self._db = db
@@ -47,15 +57,16 @@ class AdvisoryLock:
         with self._db.translate_errors():
             if self._conn is not None:
                 try:
-                    self._conn.execute(sa.text("SELECT 1"))
+                    self._conn.exec_driver_sql("SELECT 1")  # in autocommit: the session stays idle, in no transaction
                     return True
                 except sa.exc.DBAPIError:
                     self._drop()
-            conn = self._db.engine.connect()
+            # Autocommit: no statement of this connection leaves a transaction open (the pool restores the isolation
+            # level when the connection goes back to it).
+            conn = self._db.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
             try:
                 conn.exec_driver_sql(_KEEPALIVES)
                 held = bool(conn.execute(sa.text("SELECT pg_try_advisory_lock(:key)"), {"key": self._key}).scalar())
-                conn.commit()
             except BaseException:
                 conn.close()
                 raise
@@ -80,7 +91,6 @@ class AdvisoryLock:
         if conn is not None:
             try:
                 conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": self._key})
-                conn.commit()
             except sa.exc.SQLAlchemyError:
                 pass
             finally:
@@ -90,13 +100,18 @@ class AdvisoryLock:
 class Leadership:
     """The role of one process in a group of identical ones sharing a PostgreSQL store: **active** while it holds
     the advisory lock ``key``, **standby** otherwise. ``check()`` is called once a round; it logs one line at each
-    change of role. On SQLite there is no group: the process is always active (logged once)."""
+    change of role (the first role at info, a change at warning). On SQLite there is no group: the process is always
+    active (logged once).
 
-    def __init__(self, db: Database, key: int, *, what: str, standby_note: str) -> None:
-        """``what``: the process ("this collector"); ``standby_note``: what a standby does, for its log line."""
-        self._lock = AdvisoryLock(db, key)
+    Each line is ``what`` followed by ``says_active`` or ``says_standby``: "this collector" + ``HA_PAIR_ACTIVE``."""
+
+    def __init__(
+        self, db: Database, key: int, *, what: str, says_standby: str, says_active: str = HA_PAIR_ACTIVE
+    ) -> None:
+        self._lock = _AdvisoryLock(db, key)
         self._what = what
-        self._standby_note = standby_note
+        self._says_active = says_active
+        self._says_standby = says_standby
         self.active: bool | None = None  # None until the first check that reached the database
 
     @property
@@ -104,7 +119,8 @@ class Leadership:
         return self._lock.supported
 
     def check(self) -> bool | None:
-        """True: active; False: standby; None: the database is unreachable, so the role is unknown."""
+        """True: active; False: standby; None: the database is unreachable, so the role is unknown (``active``
+        keeps the last role known)."""
         if not self._lock.supported:
             if self.active is None:
                 log.info("%s runs alone: an HA pair needs a PostgreSQL store, not SQLite", self._what)
@@ -116,12 +132,10 @@ class Leadership:
             return None
         if held != self.active:
             level = logging.INFO if self.active is None else logging.WARNING  # the first role is news; a change, more
-            if held:
-                log.log(level, "%s is now the active one of its HA pair (it holds the advisory lock)", self._what)
-            else:
-                log.log(level, "%s is on standby: %s", self._what, self._standby_note)
+            log.log(level, "%s %s", self._what, self._says_active if held else self._says_standby)
             self.active = held
         return held
 
     def release(self) -> None:
+        """Give the lock up (the process stops, or stops taking part)."""
         self._lock.release()

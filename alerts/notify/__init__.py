@@ -33,6 +33,7 @@ __all__ = [
     "as_source",
     "env_secret",
     "file_secret",
+    "one_line",
     "post",
     "probe_notification",
     "retry_after_seconds",
@@ -41,6 +42,8 @@ __all__ = [
 
 SecretSource = Callable[[], str]
 MAX_RESPONSE_BYTES = 64 * 1024
+MAX_DETAIL_CHARS = 200  # of a receiver's answer, quoted in an error
+_NAMED_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 class DeliveryError(Exception):
@@ -134,6 +137,33 @@ def as_source(value: str | SecretSource) -> SecretSource:
 # ------------------------------------------------------------------------------------------------ HTTP
 
 
+def one_line(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
+    """``text`` as one line of at most ``limit`` characters, for an error or a log line: a backslash, a line break
+    and every other character that ``str.isprintable`` refuses (controls, ``\\u2028``, ...) escaped as ``repr``
+    escapes them, and a longer text cut (never inside an escape) with ``...``. A receiver's answer goes through it, so
+    it cannot start a log line of its own."""
+    pieces = [_escaped(char) for char in text]
+    if sum(len(p) for p in pieces) <= limit:
+        return "".join(pieces)
+    out: list[str] = []
+    size = 0
+    for piece in pieces:
+        if size + len(piece) > limit - len("..."):
+            break
+        out.append(piece)
+        size += len(piece)
+    return "".join(out) + "..."
+
+
+def _escaped(char: str) -> str:
+    if char in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[char]
+    if char.isprintable():
+        return char
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 HttpPost = Callable[[str, bytes, Mapping[str, str], float], HttpResponse]
 
 
@@ -184,10 +214,16 @@ def post(
     """POST ``body`` to the receiver's secret URL; a 2xx response is returned, anything else is a ``DeliveryError``.
 
     5xx, 408, timeouts and connection failures are retryable; 429 is retryable after its ``Retry-After``; other
-    statuses are not. Messages name the receiver and the redacted URL only.
+    statuses are not. Messages name the receiver and the redacted URL only, and quote the receiver's answer (its
+    first 200 characters) through ``one_line``.
     """
     url = url_source()
     where = f"receiver {receiver} ({redact_secret_url(url)})"
+
+    def quote(text: str) -> str:
+        """What the receiver or the transport said: its secrets scrubbed, then on one bounded line."""
+        return one_line(scrub(text, url, *secrets))
+
     try:
         response = http(url, body, headers, timeout_s)
     except TimeoutError:
@@ -195,17 +231,16 @@ def post(
     except urllib.error.URLError as exc:
         reason = exc.reason
         text = "timed out" if isinstance(reason, TimeoutError) else str(reason) or type(reason).__name__
-        raise DeliveryError(scrub(f"{where}: cannot connect: {text}", url, *secrets), retryable=True) from None
+        raise DeliveryError(f"{where}: cannot connect: {quote(text)}", retryable=True) from None
     except (OSError, HTTPException) as exc:
-        text = str(exc) or type(exc).__name__
-        raise DeliveryError(scrub(f"{where}: {text}", url, *secrets), retryable=True) from None
+        raise DeliveryError(f"{where}: {quote(str(exc) or type(exc).__name__)}", retryable=True) from None
     except ValueError as exc:
-        raise DeliveryError(scrub(f"{where}: {exc}", url, *secrets), retryable=False) from None
+        raise DeliveryError(f"{where}: {quote(str(exc))}", retryable=False) from None
     status = response.status
     if 200 <= status < 300:
         return response
-    detail = response.body[:200].decode("utf-8", "replace").strip()
-    message = scrub(f"{where}: HTTP {status}" + (f": {detail}" if detail else ""), url, *secrets)
+    detail = quote(response.body.decode("utf-8", "replace").strip())
+    message = f"{where}: HTTP {status}" + (f": {detail}" if detail else "")
     if status == 429:
         retry_after = retry_after_seconds(response.headers.get("retry-after"))
         raise DeliveryError(message, retryable=True, retry_after_s=retry_after, status=status)

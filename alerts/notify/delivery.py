@@ -69,7 +69,9 @@ class OutboxStore(Protocol):
         ...
 
     def mark_retry(self, item_id: int, next_attempt_at: float, error: str) -> None:
-        """Count a failed attempt and schedule the next one."""
+        """Count a failed attempt and schedule the next one. An item superseded while its send was in flight hands
+        the failure to the pending item of its receiver and group: that one takes the attempt count and the later
+        next attempt time, so a receiver that hangs past the next resend keeps its backoff."""
         ...
 
     def mark_failed(self, item_id: int, error: str) -> None:
@@ -121,10 +123,23 @@ class InMemoryOutbox:
             self.items[item_id] = replace(item, status=SENT, attempts=item.attempts + 1)
 
     def mark_retry(self, item_id: int, next_attempt_at: float, error: str) -> None:
-        if item := self._pending(item_id):
+        item = self.items[item_id]
+        if item.status == PENDING:
             self.items[item_id] = replace(
                 item, attempts=item.attempts + 1, next_attempt_at=next_attempt_at, last_error=error
             )
+            return
+        key = item.payload.get("group_key")
+        if item.status != SUPERSEDED or key is None:
+            return
+        for heir in list(self.items.values()):
+            if heir.status == PENDING and heir.receiver == item.receiver and heir.payload.get("group_key") == key:
+                self.items[heir.id] = replace(
+                    heir,
+                    attempts=max(heir.attempts, item.attempts + 1),
+                    next_attempt_at=max(heir.next_attempt_at, next_attempt_at),
+                    last_error=error,
+                )
 
     def mark_failed(self, item_id: int, error: str) -> None:
         if item := self._pending(item_id):

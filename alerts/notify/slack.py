@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from gpulens.alerts.base import dashboard_link
-from gpulens.alerts.notify import DeliveryError, HttpPost, SecretSource, as_source, post, urllib_post
+from gpulens.alerts.notify import DeliveryError, HttpPost, SecretSource, as_source, one_line, post, urllib_post
 from gpulens.alerts.state import FIRING, RESOLVED, AlertState
 from gpulens.logutil import LogOnce
 
@@ -161,7 +161,7 @@ class SlackNotifier:
         response = post(self.name, self._url, body, headers, self._timeout_s, self._http)
         answer = response.body.decode("utf-8", "replace").strip()
         if answer and answer != "ok":
-            raise DeliveryError(f"receiver {self.name}: Slack answered {answer[:100]!r}", retryable=False)
+            raise DeliveryError(f"receiver {self.name}: Slack answered: {one_line(answer, 100)}", retryable=False)
 
     # ------------------------------------------------------------------------------------------ rendering
 

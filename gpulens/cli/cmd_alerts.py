@@ -194,12 +194,11 @@ def _run_rules(args: argparse.Namespace) -> int:
     from gpulens.alerts.engine import AlertEngine
     from gpulens.alerts.promround import round_reader
     from gpulens.alerts.service import AlertService, alerting_config
-    from gpulens.alerts.storeround import RULES_LOCK_KEY, RULES_STANDBY_NOTE, run_store_rules
+    from gpulens.alerts.storeround import rules_leadership, run_store_rules
     from gpulens.cli.lifecycle import stop_on_signals
     from gpulens.collector.pair import WhileActive
     from gpulens.gcpause import tune_garbage_collector
     from gpulens.storage.connect import is_prometheus_url, open_database, open_reader
-    from gpulens.storage.leader import Leadership
     from gpulens.storage.prometheus import PromReader
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -212,7 +211,7 @@ def _run_rules(args: argparse.Namespace) -> int:
     try:
         state = open_database(state_url)
         # An HA pair: the process holding the rules lock in the state store (PostgreSQL) evaluates and delivers.
-        leadership = Leadership(state, RULES_LOCK_KEY, what="this gpulens alerts run", standby_note=RULES_STANDBY_NOTE)
+        leadership = rules_leadership(state, what="this gpulens alerts run")
         # Built on becoming active: its notification worker delivers what the rounds decide, apart from them.
         rules = WhileActive(
             lambda: AlertService(

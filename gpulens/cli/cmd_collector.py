@@ -117,7 +117,7 @@ def collector_settings(args: argparse.Namespace) -> Any:
 def _run_collector(args: argparse.Namespace) -> int:
     from gpulens.alerts.config import build_notifiers
     from gpulens.alerts.service import AlertService, alerting_config
-    from gpulens.alerts.storeround import RuleElection
+    from gpulens.alerts.storeround import SharedStoreRules
     from gpulens.collector.pair import WhileActive
     from gpulens.collector.runner import run_collector
     from gpulens.storage.connect import refuse_read_only
@@ -152,7 +152,7 @@ def _run_collector(args: argparse.Namespace) -> int:
                 flush=True,
             )
             return []
-        return [WhileActive(lambda: RuleElection(db, rules, max_age_s=max(3 * settings.interval_s, 30.0)))]
+        return [WhileActive(lambda: SharedStoreRules(db, rules, max_age_s=max(3 * settings.interval_s, 30.0)))]
 
     with stop_on_signals() as stop, database_errors(database_origin(args, settings)):
         return run_collector(settings, lambda line: print(line, file=sys.stderr, flush=True), stop, hooks=hooks)

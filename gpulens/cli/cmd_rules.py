@@ -26,7 +26,9 @@ def register(sub: Any) -> None:
         help="the built-in alert rules and the recording rules",
         description="The built-in alert rules, as the collector evaluates them or as a Prometheus rules file; the "
         "recording rules that make the dashboard over Prometheus fast (docs/prometheus-recording.md).",
-        epilog="examples:\n  gpulens rules export --format prometheus > gpulens-rules.yml\n"
+        epilog="examples:\n  gpulens rules list                              # every builtin, and where it runs\n"
+        "  gpulens rules list --config gpulens.toml        # as your overrides leave them\n"
+        "  gpulens rules export --format prometheus > gpulens-rules.yml\n"
         "  gpulens rules export --format prometheus --config gpulens.toml   # with your threshold overrides\n"
         "  gpulens rules export --format prometheus-recording > gpulens-recording.yml\n"
         "  gpulens rules export --format prometheus-recording --scrape-interval 30 --interval 60\n"
@@ -35,6 +37,20 @@ def register(sub: Any) -> None:
     )
     rsub = p.add_subparsers(dest="rules_command", metavar="ACTION", parser_class=Parser)
     rsub.required = True
+    listing = rsub.add_parser(
+        "list",
+        help="the built-in alert rules: severity, for, thresholds, and where each runs",
+        description="Prints the rule catalogue: each built-in rule's severity, for, keep_firing_for and thresholds "
+        "(with the config's overrides), and whether it runs in the engine only or also as an exported Prometheus "
+        "rule. A rule PromQL cannot say is listed as engine only, with the reason.",
+        epilog="examples:\n  gpulens rules list\n  gpulens rules list --config gpulens.toml\n"
+        "  gpulens rules list --markdown     # the table of docs/alerts.md\n",
+        formatter_class=Formatter,
+    )
+    listing.add_argument("--config", default=None, help="gpulens.toml whose [alerts] overrides apply")
+    listing.add_argument("--markdown", action="store_true", help="a Markdown table (as docs/alerts.md has it)")
+    add_log_level(listing)
+    listing.set_defaults(func=_run_rules_list)
     export = rsub.add_parser("export", help="print the rules in another system's format")
     export.add_argument(
         "--format",
@@ -82,6 +98,26 @@ def _run_rules_export(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config) if args.config else default_settings()
     sys.stdout.write(prometheus_rules_yaml(alerting_config(settings).rules))
+    return 0
+
+
+def _run_rules_list(args: argparse.Namespace) -> int:
+    from gpulens.alerts.catalogue import GPULENS_ONLY, definition
+    from gpulens.alerts.cataloguedoc import HEADER, markdown_table, rows
+    from gpulens.alerts.service import alerting_config
+    from gpulens.cli.table import render_table
+    from gpulens.settings import default_settings, load_settings
+
+    settings = load_settings(args.config) if args.config else default_settings()
+    rules = [r for r in alerting_config(settings).rules if definition(r) is not None]
+    if args.markdown:
+        sys.stdout.write(markdown_table(rules))
+        return 0
+    columns = [h.strip("`") for h in HEADER]
+    table = [dict(zip(columns, (cell.replace("`", "") for cell in row), strict=True)) for row in rows(rules)]
+    sys.stdout.write(render_table(table, [*columns[:4], columns[5], columns[4]]))  # the widest column last
+    for name, why in GPULENS_ONLY.items():
+        sys.stdout.write(f"{name} runs in the engine only: {why}.\n")
     return 0
 
 

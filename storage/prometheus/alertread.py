@@ -1,14 +1,14 @@
 """The alert engine's reads over Prometheus: every GPU's few *round fields*, the GPUs a PromQL filter names, and
 each GPU's hardware constants (``GpuFacts``).
 
-A rule round over Prometheus (``gpulens.alerts.promround``) reads, for every GPU, only what the rules need of every
-GPU every round (``ROUND_FIELDS``: what the job detectors summarise, the counters the hardware-error rules compare
-across their window, ``up``) and its *set* clock reasons (``gpulens_gpu_throttle_active != 0``: one series per reason
-that is set, none on most GPUs); every other field it reads only for the GPUs a rule could fire on, named by PromQL
-filters (``uuids_where``) or by the round fields weighed against the GPU's constants. The round fields come back
-with ``uuid`` and the label telling a family's fields apart, and nothing else: the labels are most of what
-Prometheus spends encoding an answer. Everything reads gpulens families; over dcgm-exporter families the round reads
-every GPU whole (``PromReader.latest_readings``).
+A rule round over Prometheus (``gpulens.alerts.promround``) reads, for every GPU, only the fields that the rules name
+(their round fields), ``up``, and the clock reasons they weigh that are *set* (``gpulens_gpu_throttle_active != 0``:
+one series per reason that is set, none on most GPUs); every other field it reads only for the GPUs a rule could
+fire on, named by PromQL filters (``uuids_where``) or by the round fields weighed against the GPU's constants. Which
+fields, reasons and filters: the rules' catalogue says (the alerts layer); this module only reads them. The round
+fields come back with ``uuid`` and the label telling a family's fields apart, and nothing else: the labels are most
+of what Prometheus spends encoding an answer. Everything reads gpulens families; over dcgm-exporter families the
+round reads every GPU whole (``PromReader.latest_readings``).
 """
 
 from __future__ import annotations
@@ -25,44 +25,16 @@ from gpulens.storage.prometheus.client import PromSeries, regex_of
 if TYPE_CHECKING:
     from gpulens.storage.prometheus.reader import PromReader
 
-# What the rules read of every GPU every round: the job summaries' fields (``alerts.jobround.summarise_job``), the
-# counters compared across a rule's window (PCIe replays, NVLink errors, uncorrectable ECC errors, XIDs), and what
-# tells whether a threshold rule could fire (the active NVLink count, the temperature) with ``up``. Everything else a
-# rule reads is read only for the GPUs a rule could fire on.
-ROUND_FIELDS: Final = (
-    "utilization_ratio",
-    "memory_used_bytes",
-    "power_watts",
-    "sm_active_ratio",
-    "sm_clock_hertz",
-    "nvlink_tx_bytes_per_second",
-    "nvlink_rx_bytes_per_second",
-    "pcie_tx_bytes_per_second",
-    "pcie_rx_bytes_per_second",
-    "pcie_replays_total",
-    "nvlink_crc_flit_errors_total",
-    "nvlink_replay_errors_total",
-    "nvlink_recovery_errors_total",
-    "ecc_uncorrected_errors_total",
-    "nvlink_links_active",
-    "temperature_celsius",
-)
-# Each GPU's hardware constants that the round fields are weighed against (memory used against its total, PCIe
-# traffic against its link's maximum): read once for a GPU, and for every GPU again each ``FACTS_REFRESH_S``.
-FACT_FIELDS: Final = (
-    "memory_total_bytes",
-    "pcie_link_generation_max",
-    "pcie_link_width_max",
-    "slowdown_temperature_celsius",
-)
+# How often every GPU's constants are read again, and a GPU Prometheus held none of
 FACTS_REFRESH_S: Final = 600.0
 FACTS_RETRY_S: Final = 60.0
 # More GPUs than this new to the facts are read with every other GPU (a selector naming each costs more)
 FACTS_BY_UUID_MAX: Final = 64
-# The slowdown clock reasons that are set (the only ones a rule weighs of a GPU it does not read whole): a GPU with
-# none reads ``throttle_reasons = None``, which every rule reads as 0.
-SLOWDOWN_REASONS: Final = ("hw_power_brake", "hw_slowdown", "hw_thermal", "sw_power_cap", "sw_thermal")
-SET_REASONS: Final = f"{fam.THROTTLE}{{reason=~{regex_of(SLOWDOWN_REASONS)}}} != 0"
+
+
+def set_reasons(reasons: Collection[str]) -> str:
+    """The series of ``reasons`` (slowdown clock reasons) that are set."""
+    return f"{fam.THROTTLE}{{reason=~{regex_of(sorted(reasons))}}} != 0"
 
 
 def _family_keys() -> dict[str, set[str]]:
@@ -109,13 +81,15 @@ def _named(family: str, series: list[PromSeries]) -> list[PromSeries]:
     return [PromSeries({**s.labels, "__name__": family}, s.samples) for s in series]
 
 
-def round_readings(reader: PromReader, *, max_age_s: float, fields: Sequence[str] = ROUND_FIELDS) -> list[GpuReading]:
-    """Every GPU's ``fields``, ``up``, XID counts and set clock reasons (gpulens families), newer than
-    ``max_age_s``: one query per family, at once. ``up`` comes first with every label of the GPU (its node, index
-    and model); the fields come with ``uuid`` and their family's keys only (``_bare``)."""
+def round_readings(
+    reader: PromReader, *, max_age_s: float, fields: Sequence[str], reasons: Collection[str] = (), xids: bool = False
+) -> list[GpuReading]:
+    """Every GPU's ``fields``, ``up``, its set clock ``reasons`` and (``xids``) its XID counts (gpulens families),
+    newer than ``max_age_s``: one query per family, at once. ``up`` comes first with every label of the GPU (its
+    node, index and model); the fields come with ``uuid`` and their family's keys only (``_bare``)."""
     now = reader.clock.now()
     bare = [_bare(s) for s in round_selectors(fields)]
-    whole = [fam.UP, fam.XIDS, SET_REASONS]
+    whole = [fam.UP, *([fam.XIDS] if xids else []), *([set_reasons(reasons)] if reasons else [])]
     answers: list[list[PromSeries]] = reader.parallel(
         *[lambda q=q: reader.client.query(q, now) for q in whole],
         *[lambda f=f, q=q: _named(f, reader.client.query(q, now)) for f, q in bare],
@@ -127,15 +101,21 @@ def round_readings(reader: PromReader, *, max_age_s: float, fields: Sequence[str
 
 
 class GpuFacts:
-    """Each GPU's ``FACT_FIELDS`` (hardware constants: its memory total, its PCIe link's maximum generation and
-    width, its slowdown temperature), read for the GPUs not seen before and for every GPU each ``refresh_s`` (or
-    when the clock goes back). A GPU whose facts Prometheus did not hold (its exporter down at the time) is asked
-    again ``retry_s`` later."""
+    """Each GPU's ``fields``, hardware constants (its memory total, its PCIe link's maximum generation and width,
+    its slowdown temperature: what the rules weigh the round fields against), read for the GPUs not seen before and
+    for every GPU each ``refresh_s`` (or when the clock goes back). A GPU whose facts Prometheus did not hold (its
+    exporter down at the time) is asked again ``retry_s`` later."""
 
     def __init__(
-        self, reader: PromReader, *, refresh_s: float = FACTS_REFRESH_S, retry_s: float = FACTS_RETRY_S
+        self,
+        reader: PromReader,
+        fields: Sequence[str],
+        *,
+        refresh_s: float = FACTS_REFRESH_S,
+        retry_s: float = FACTS_RETRY_S,
     ) -> None:
         self._reader = reader
+        self._fields = tuple(fields)
         self._refresh_s = refresh_s
         self._retry_s = retry_s
         self._facts: dict[str, GpuReading] = {}
@@ -148,11 +128,11 @@ class GpuFacts:
         facts, absent = self._facts, self._absent
         missing = [u for u in uuids if u not in facts and not 0 <= now - absent.get(u, -math.inf) < self._retry_s]
         if not 0 <= now - self._read_at < self._refresh_s or len(missing) > FACTS_BY_UUID_MAX:
-            facts = self._facts = {r.uuid: r for r in self._reader.latest_readings(fields=FACT_FIELDS)}
+            facts = self._facts = {r.uuid: r for r in self._reader.latest_readings(fields=self._fields)}
             self._read_at = now
             absent.clear()
         elif missing:
-            facts.update({r.uuid: r for r in self._reader.latest_readings(uuids=missing, fields=FACT_FIELDS)})
+            facts.update({r.uuid: r for r in self._reader.latest_readings(uuids=missing, fields=self._fields)})
         absent.update({u: now for u in missing if u not in facts})
         return facts
 

@@ -40,7 +40,7 @@ from gpulens.storage.prometheus.jobquery import dcgm_identity, pairs, per_gpu
 
 GROUP: Final = "gpulens-recording"
 RULE_FILE: Final = "gpulens-recording.yml"  # under deploy/prometheus/rules/
-INTERVAL_S: Final = 180  # 12.7-14.8 CPU-s an evaluation at 8,000 GPUs: 7-8 % of a core (at 120 s: 11-12 %)
+INTERVAL_S: Final = 180  # 8.1 CPU-s an evaluation at 8,000 GPUs: 4.4-4.5 % of a core (BENCHMARKS.md)
 SCRAPE_S: Final = 15  # the scrape interval the rate windows are made for (4 scrapes: the reader's window)
 
 CLOCK: Final = "cluster:gpulens_recording:time"

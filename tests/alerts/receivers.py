@@ -2,7 +2,7 @@
 
 ``hanging_receiver``: accepts connections (the kernel's backlog does) and never answers. ``DripReceiver``: answers
 one byte at a time, slowly, forever. ``FlakyReceiver``: a webhook that plays a script of statuses, then 200, and
-records every request with the status it got.
+records every request with the status it got. ``answering_receiver``: answers every request with one status and body.
 """
 
 from __future__ import annotations
@@ -115,3 +115,23 @@ def flaky_receiver(script: list[tuple[int, dict[str, str]]]) -> Iterator[tuple[s
     state = FlakyState(script=list(script))
     with serve(_Flaky, state) as url:
         yield url, state
+
+
+class _Answer(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        status, body = self.server.state  # type: ignore[attr-defined]
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+
+@contextmanager
+def answering_receiver(status: int, body: bytes) -> Iterator[str]:
+    """A URL whose server answers every POST with ``status`` and ``body``."""
+    with serve(_Answer, (status, body)) as url:
+        yield url

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from gpulens.alerts.catalogue import BUILTIN_NAMES
-from gpulens.alerts.promexport import NOT_EXPORTED, prometheus_rules_yaml
+from gpulens.alerts.catalogue import BUILTIN_NAMES, GPULENS_ONLY
+from gpulens.alerts.promexport import prometheus_rules_yaml
 from gpulens.alerts.rules import builtin_rules
 from gpulens.alerts.selfhealth import SELF_RULES
 
@@ -22,15 +22,15 @@ def test_promtool_checks_the_exported_rules(promtool: str, tmp_path: Path) -> No
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     # CommunicationStall is exported once per signature; JobInputBound and JobInefficient are not exportable
-    assert NOT_EXPORTED.keys() == {"JobInputBound", "JobInefficient"}
-    assert f"SUCCESS: {len(BUILTIN_NAMES) - len(NOT_EXPORTED) + 2 + len(SELF_RULES)} rules found" in result.stdout
+    assert GPULENS_ONLY.keys() == {"JobInputBound", "JobInefficient"}
+    assert f"SUCCESS: {len(BUILTIN_NAMES) - len(GPULENS_ONLY) + 2 + len(SELF_RULES)} rules found" in result.stdout
 
 
 def test_every_builtin_is_exported_with_its_severity_and_for() -> None:
     doc = yaml.safe_load(prometheus_rules_yaml(builtin_rules()))
     rules = doc["groups"][0]["rules"]
     exported = {r["alert"]: r for r in rules}
-    assert set(exported) == set(BUILTIN_NAMES) - set(NOT_EXPORTED)
+    assert set(exported) == set(BUILTIN_NAMES) - set(GPULENS_ONLY)
     stalls = {r["labels"]["signature"]: r for r in rules if r["alert"] == "CommunicationStall"}
     assert set(stalls) == {"spinning", "blocked", "mixed"}
     assert {r["labels"]["severity"] for r in stalls.values()} == {"critical"}
@@ -45,7 +45,7 @@ def test_overrides_reach_the_export() -> None:
         prometheus_rules_yaml(builtin_rules({"GpuMemorySaturated": {"used_ratio": 0.9, "for": "10m"}}))
     )
     rule = next(r for r in doc["groups"][0]["rules"] if r["alert"] == "GpuMemorySaturated")
-    assert rule["expr"].endswith(">= 0.9")
+    assert "(0.9 * gpulens_gpu_memory_total_bytes)" in rule["expr"]
     assert rule["for"] == "10m"
 
 
@@ -201,3 +201,23 @@ def test_the_watchdog_is_prometheus_conventional_vector_1() -> None:
     assert watchdog["expr"] == "vector(1)"
     assert watchdog["labels"] == {"severity": "none"}
     assert "for" not in watchdog
+
+
+def test_rules_list_prints_every_builtin_and_where_it_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpulens.cli", "rules", "list"], capture_output=True, text=True, check=True
+    )
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:] if line.split()}
+    for name in BUILTIN_NAMES:
+        where = "engine only" if name in GPULENS_ONLY else "engine, Prometheus"
+        assert where in lines[name], name
+    for name, why in GPULENS_ONLY.items():
+        assert f"{name} runs in the engine only: {why}." in result.stdout
+
+
+def test_the_export_names_each_gpulens_only_rule_and_the_docs_give_its_reason() -> None:
+    text = prometheus_rules_yaml(builtin_rules())
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "prometheus-alerts.md").read_text()
+    for name, why in GPULENS_ONLY.items():
+        assert f"# {name} is gpulens-only (not exported): {why}." in text
+        assert f"| `{name}` | {why} |" in docs, name

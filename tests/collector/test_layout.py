@@ -22,7 +22,7 @@ from gpulens.clock import ManualClock
 from gpulens.collector.loop import Collector
 from gpulens.collector.scrape import Scraper, sanitize
 from gpulens.collector.targets import Target
-from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.endpoints import Routes, exporter_server
 from gpulens.exporter.metrics import ExporterHealth
 from gpulens.exporter.poller import OnDemandNode, Published
 from gpulens.exporter.sim import LiveTime, SimAllNodes, SimCluster, parse_scenario
@@ -59,7 +59,7 @@ def simulator() -> Iterator[tuple[str, SimAllNodes]]:
     scenario = parse_scenario(SCENARIO)
     live = LiveTime(scenario.start, 1.0, clock=ManualClock(time.time()))
     multi = SimAllNodes(SimCluster(scenario, stamp=live.to_real), live)
-    server = ExporterServer(
+    server = exporter_server(
         Routes(nodes={n: OnDemandNode(multi, n) for n in multi.node_names()}), host="127.0.0.1", port=0
     )
     server.start()
@@ -116,7 +116,7 @@ class _Fixed:
 def test_the_exporter_sends_only_the_inactive_links_when_asked() -> None:
     snap = node_snapshot("node-00", gpus=4, t=round(time.time(), 3))
     snap = snap.replace(links=tuple(dataclasses.replace(x, active=(x.gpu, x.link) != (1, 3)) for x in snap.links))
-    server = ExporterServer(Routes(nodes={"node-00": _Fixed(snap)}), host="127.0.0.1", port=0)
+    server = exporter_server(Routes(nodes={"node-00": _Fixed(snap)}), host="127.0.0.1", port=0)
     server.start()
     try:
         base = f"http://127.0.0.1:{server.port}/node/node-00/api/v1/snapshot"

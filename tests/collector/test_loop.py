@@ -20,7 +20,7 @@ from gpulens.alerts.rules import builtin_rules
 from gpulens.alerts.service import AlertService
 from gpulens.clock import ManualClock
 from gpulens.collector.loop import Collector
-from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.endpoints import Routes, exporter_server
 from gpulens.exporter.poller import OnDemandNode
 from gpulens.exporter.sim import LiveTime, SimAllNodes, SimCluster, parse_scenario
 from gpulens.settings import TargetSettings, default_settings
@@ -78,7 +78,7 @@ def cluster() -> Iterator[tuple[str, ManualClock]]:
     real = ManualClock(time.time())
     live = LiveTime(scenario.start, 1.0, clock=real)
     multi = SimAllNodes(SimCluster(scenario, stamp=live.to_real), live)
-    server = ExporterServer(
+    server = exporter_server(
         Routes(nodes={n: OnDemandNode(multi, n) for n in multi.node_names()}), host="127.0.0.1", port=0
     )
     server.start()

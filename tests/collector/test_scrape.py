@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from gpulens.collector.scrape import Scraper, sanitize, sanitize_each
 from gpulens.collector.spool import Spool
 from gpulens.collector.targets import FileSd, Target, TargetSet, in_shard, shard_of
-from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.endpoints import Routes, exporter_server
 from gpulens.exporter.poller import Poller
 from gpulens.metriccatalogue import fields_in
 from gpulens.settings import FileSdSettings, TlsAuth, parse_settings
@@ -107,7 +107,7 @@ def scraper() -> Iterator[Scraper]:
 def exporter() -> Iterator[str]:
     poller = Poller(StaticSource(node_snapshot("node-07", gpus=8)), interval_s=1.0)
     poller.collect_once()
-    server = ExporterServer(Routes(single=poller), host="127.0.0.1", port=0)
+    server = exporter_server(Routes(single=poller), host="127.0.0.1", port=0)
     server.start()
     yield f"http://127.0.0.1:{server.port}"
     server.close()

@@ -17,7 +17,7 @@ from hypothesis import given
 
 from gpulens.clock import ManualClock
 from gpulens.exporter.dcgmsource import DcgmSource
-from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.endpoints import Routes, exporter_server
 from gpulens.exporter.poller import Poller
 from gpulens.httpfetch import fetch_url
 from gpulens.model import SourceError
@@ -327,7 +327,7 @@ def test_exporter_over_a_stand_in_page_reports_unusable_pages_and_lost_gpus() ->
     two = f"DCGM_FI_DEV_GPU_UTIL{{{ID0}}} 10\nDCGM_FI_DEV_GPU_UTIL{{{ID1}}} 20\n"
     with stand_in_dcgm_exporter("# HELP go_goroutines x\ngo_goroutines 12\n") as dcgm:
         poller = Poller(DcgmSource(dcgm.url, node="n1"), interval_s=60.0)
-        server = ExporterServer(Routes(single=poller), host="127.0.0.1", port=0)
+        server = exporter_server(Routes(single=poller), host="127.0.0.1", port=0)
         server.start()
         healthz = f"http://127.0.0.1:{server.port}/healthz"
         metrics = f"http://127.0.0.1:{server.port}/metrics"

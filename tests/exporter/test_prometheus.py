@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.endpoints import Routes, exporter_server
 from gpulens.exporter.poller import Poller
 from tests.fakes.static_source import StaticSource, node_snapshot
 from tests.prom import running_prometheus, wait_for
@@ -13,7 +13,7 @@ from tests.prom import running_prometheus, wait_for
 def test_prometheus_scrapes_the_exporter(prometheus_bin: str, tmp_path: Path) -> None:
     poller = Poller(StaticSource(node_snapshot("node-07", gpus=8)), interval_s=0.5)
     poller.start()
-    server = ExporterServer(Routes(single=poller), host="127.0.0.1", port=0)
+    server = exporter_server(Routes(single=poller), host="127.0.0.1", port=0)
     server.start()
     try:
         jobs = {"gpulens": (f"127.0.0.1:{server.port}", "/metrics")}

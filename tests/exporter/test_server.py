@@ -4,27 +4,22 @@ from __future__ import annotations
 
 import base64
 import gzip
-import http.client
 import json
-import socket
-import ssl
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import bcrypt
 import pytest
-import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpulens.clock import ManualClock
 from gpulens.config import ConfigError
 from gpulens.exporter import metrics as metrics_module
 from gpulens.exporter import poller as poller_module
-from gpulens.exporter.httpserver import ExporterServer, Routes
+from gpulens.exporter.endpoints import Routes, exporter_server
 from gpulens.exporter.poller import OnDemandNode, Poller
+from gpulens.httpserver import HttpServer
 from gpulens.model import NodeUnavailableError, SourceError
 from gpulens.snapshotcodec import snapshot_from_json
 from gpulens.webconfig import load_web_config
@@ -49,24 +44,24 @@ def poller(source: StaticSource, clock: ManualClock) -> Poller:
     return p
 
 
-def serve(routes: Routes, **kwargs) -> ExporterServer:
-    server = ExporterServer(routes, host="127.0.0.1", port=0, **kwargs)
+def serve(routes: Routes, **kwargs) -> HttpServer:
+    server = exporter_server(routes, host="127.0.0.1", port=0, **kwargs)
     server.start()
     return server
 
 
 @pytest.fixture
-def server(poller: Poller) -> Iterator[ExporterServer]:
+def server(poller: Poller) -> Iterator[HttpServer]:
     s = serve(Routes(single=poller))
     yield s
     s.close()
 
 
-def url(server: ExporterServer, path: str) -> str:
+def url(server: HttpServer, path: str) -> str:
     return f"{server.scheme}://127.0.0.1:{server.port}{path}"
 
 
-def test_metrics_are_served_plain_and_gzipped(server: ExporterServer) -> None:
+def test_metrics_are_served_plain_and_gzipped(server: HttpServer) -> None:
     status, headers, body = http_get(url(server, "/metrics"))
     assert status == 200
     assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
@@ -78,7 +73,7 @@ def test_metrics_are_served_plain_and_gzipped(server: ExporterServer) -> None:
 
 
 def test_metrics_are_rendered_once_per_collection_and_only_when_scraped(
-    server: ExporterServer, poller: Poller, monkeypatch: pytest.MonkeyPatch
+    server: HttpServer, poller: Poller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     renders: list[bool] = []
     render = metrics_module.render_metrics
@@ -100,7 +95,7 @@ def test_metrics_are_rendered_once_per_collection_and_only_when_scraped(
     assert len(renders) == 2
 
 
-def test_snapshot_is_schema_2_and_parses_back(server: ExporterServer, source: StaticSource) -> None:
+def test_snapshot_is_schema_2_and_parses_back(server: HttpServer, source: StaticSource) -> None:
     status, headers, body = http_get(url(server, "/api/v1/snapshot"))
     assert status == 200
     assert headers["Content-Type"] == "application/json"
@@ -115,7 +110,7 @@ def test_snapshot_is_schema_2_and_parses_back(server: ExporterServer, source: St
     assert json.loads(gzip.decompress(zipped)) == doc
 
 
-def test_healthz_turns_503_when_collection_stalls(server: ExporterServer, poller: Poller, clock: ManualClock) -> None:
+def test_healthz_turns_503_when_collection_stalls(server: HttpServer, poller: Poller, clock: ManualClock) -> None:
     status, _, body = http_get(url(server, "/healthz"))
     assert status == 200
     assert json.loads(body)["status"] == "ok"
@@ -133,7 +128,7 @@ def test_healthz_turns_503_when_collection_stalls(server: ExporterServer, poller
     assert http_get(url(server, "/healthz"))[0] == 200
 
 
-def test_a_failing_source_is_counted_and_survived(server: ExporterServer, poller: Poller, source, clock) -> None:
+def test_a_failing_source_is_counted_and_survived(server: HttpServer, poller: Poller, source, clock) -> None:
     source.fail = SourceError("dcgm-exporter unreachable")
     for _ in range(3):
         clock.advance(1.0)
@@ -165,7 +160,7 @@ def test_background_thread_collects_every_interval(source: StaticSource) -> None
     assert p.published().healthy
 
 
-def test_unknown_paths_are_404(server: ExporterServer) -> None:
+def test_unknown_paths_are_404(server: HttpServer) -> None:
     assert http_get(url(server, "/nope"))[0] == 404
 
 
@@ -214,6 +209,20 @@ def test_all_nodes_routes_and_an_unavailable_node() -> None:
 # -- web config: basic auth and TLS ----------------------------------------------------------------------------
 
 
+def test_every_answer_says_no_store_and_names_the_exporter(poller: Poller, auth_config: Path) -> None:
+    server = serve(Routes(single=poller), web=load_web_config(auth_config))
+    try:
+        for path, headers, status in [
+            ("/metrics", basic("prometheus", "s3cret"), 200),
+            ("/nope", basic("prometheus", "s3cret"), 404),
+            ("/metrics", basic("prometheus", "wrong"), 401),
+        ]:
+            got, answer, _ = http_get(url(server, path), headers=headers)
+            assert (got, answer["Cache-Control"], answer["Server"]) == (status, "no-store", "gpulens-exporter")
+    finally:
+        server.close()
+
+
 def basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
@@ -224,79 +233,6 @@ def auth_config(tmp_path: Path) -> Path:
     path = tmp_path / "web.yml"
     path.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
     return path
-
-
-def test_basic_auth_rejects_wrong_passwords(poller: Poller, auth_config: Path) -> None:
-    server = serve(Routes(single=poller), web=load_web_config(auth_config))
-    try:
-        status, headers, _ = http_get(url(server, "/metrics"))
-        assert status == 401
-        assert headers["WWW-Authenticate"].startswith("Basic")
-        assert http_get(url(server, "/metrics"), headers=basic("prometheus", "wrong"))[0] == 401
-        assert http_get(url(server, "/metrics"), headers=basic("nobody", "s3cret"))[0] == 401
-        assert http_get(url(server, "/metrics"), headers={"Authorization": "Basic !!!"})[0] == 401
-        for _ in range(2):  # the second success comes from the cache
-            assert http_get(url(server, "/metrics"), headers=basic("prometheus", "s3cret"))[0] == 200
-    finally:
-        server.close()
-
-
-class CountingCheck:
-    """bcrypt.checkpw, counted: the work a login attempt costs."""
-
-    def __init__(self) -> None:
-        self.calls: list[bytes] = []
-
-    def __call__(self, password: bytes, hashed: bytes) -> bool:
-        self.calls.append(hashed)
-        return bcrypt.checkpw(password, hashed)
-
-
-def test_unknown_and_known_users_cost_the_same_bcrypt_work(poller: Poller, auth_config: Path) -> None:
-    """Timing must not reveal user names: an unknown user is checked against a dummy hash of the same cost."""
-    web = load_web_config(auth_config)
-    assert web.basic_auth is not None
-    counting = CountingCheck()
-    web.basic_auth.checkpw = counting
-    server = serve(Routes(single=poller), web=web)
-    try:
-        per_attempt = []
-        for user in ("nobody", "prometheus", "admin", "prometheus"):
-            before = len(counting.calls)
-            assert http_get(url(server, "/metrics"), headers=basic(user, "wrong"))[0] == 401
-            per_attempt.append(len(counting.calls) - before)
-        assert per_attempt == [1, 1, 1, 1]
-        real = web.basic_auth.users["prometheus"]
-        dummy = counting.calls[0]
-        assert dummy != real
-        assert dummy.split(b"$")[2] == real.split(b"$")[2] == b"04"  # the same cost as the real hashes
-    finally:
-        server.close()
-
-
-def test_tls_with_a_test_certificate(poller: Poller, tmp_path: Path, auth_config: Path) -> None:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
-    cert.private_key_pem.write_to_path(str(tmp_path / "server.key"))
-    config = tmp_path / "tls.yml"
-    auth = auth_config.read_text()
-    config.write_text(f"tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n{auth}")
-    server = serve(Routes(single=poller), web=load_web_config(config))
-    try:
-        assert server.scheme == "https"
-        client = ssl.create_default_context()
-        ca.configure_trust(client)
-        status, _, body = http_get(url(server, "/metrics"), headers=basic("prometheus", "s3cret"), context=client)
-        assert status == 200
-        assert b"gpulens_gpu_up" in body
-        untrusting = ssl.create_default_context()
-        with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
-            http_get(url(server, "/metrics"), context=untrusting)
-        # The server survives a failed handshake and keeps serving.
-        assert http_get(url(server, "/healthz"), headers=basic("prometheus", "s3cret"), context=client)[0] == 200
-    finally:
-        server.close()
 
 
 @pytest.mark.parametrize(
@@ -331,60 +267,3 @@ def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_web_config(path)
     assert info.value.line == 3
-
-
-# -- bounded connections ---------------------------------------------------------------------------------------
-
-
-def test_idle_connections_hold_no_thread_and_metrics_still_answer(server: ExporterServer) -> None:
-    """1,500 half-open connections once made 1,503 threads: now idle sockets wait in one selector thread."""
-    before = threading.active_count()
-    idle = []
-    try:
-        for _ in range(200):
-            sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-            idle.append(sock)
-        half = idle[:100]
-        for sock in half:  # half of them start a request and never finish it
-            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
-        deadline = time.monotonic() + 10
-        while server.open_connections < 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert server.open_connections == 200
-        assert threading.active_count() <= before + 2  # no thread per connection (pool threads started earlier)
-        status, _, body = http_get(url(server, "/metrics"), timeout=10)
-        assert status == 200
-        assert b"gpulens_gpu_utilization_ratio" in body
-    finally:
-        for sock in idle:
-            sock.close()
-
-
-def test_keep_alive_connections_serve_many_requests(server: ExporterServer) -> None:
-    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
-    try:
-        for _ in range(3):
-            connection.request("GET", "/metrics")
-            response = connection.getresponse()
-            assert response.status == 200
-            assert response.read()
-            assert connection.sock is not None  # the same socket, kept open
-        first = connection.sock
-        connection.request("GET", "/healthz")
-        response = connection.getresponse()
-        response.read()
-        assert connection.sock is first
-    finally:
-        connection.close()
-
-
-def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(poller: Poller) -> None:
-    server = ExporterServer(Routes(single=poller), host="127.0.0.1", port=0, workers=2, idle_timeout_s=0.5)
-    server.start()
-    try:
-        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-        with sock:
-            assert sock.recv(1) == b""  # closed by the server, not by our read timeout
-        assert server.open_connections == 0
-    finally:
-        server.close()

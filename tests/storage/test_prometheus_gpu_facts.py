@@ -21,6 +21,12 @@ from tests.prom import running_prometheus
 from tests.storage.promblocks import blocks_from_openmetrics
 
 T0: Final = 1_700_000_000.0
+FACT_FIELDS: Final = (
+    "memory_total_bytes",
+    "pcie_link_generation_max",
+    "pcie_link_width_max",
+    "slowdown_temperature_celsius",
+)
 MEMORY: Final = {"gpu-a": 85899345920, "gpu-b": 150754820096}
 
 
@@ -53,7 +59,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str, pr
 def test_facts_are_read_once_refreshed_and_a_missing_gpu_asked_again_later(prometheus: str) -> None:
     clock = ManualClock(T0)
     store = PromReader("prometheus+" + prometheus, StoreAuth(min_step_s=10.0), clock=clock)
-    facts = GpuFacts(store)
+    facts = GpuFacts(store, FACT_FIELDS)
     stats = store.client.stats
     gpus = list(MEMORY)
 

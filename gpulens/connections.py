@@ -1,14 +1,13 @@
-"""Bounded connection handling for the exporter's HTTP server: a fixed pool of worker threads, idle sockets in a
+"""Bounded connection handling for ``gpulens.httpserver``: a fixed pool of worker threads, idle sockets in a
 selector.
 
-A thread per connection (``ThreadingHTTPServer``) lets anyone who opens connections and sends nothing make as many
-threads as they like (1,500 half-open connections made 1,503 threads). Here a connection holds a worker only while
-a request is being read and answered. Between requests a keep-alive connection waits in one selector thread, and is
-handed to the workers, through a queue, when it has bytes to read; a connection idle for ``idle_timeout_s`` is
-closed, and when ``max_connections`` are open the longest-idle one makes room for a new one. On plain HTTP the
-selector also reads the request head, so half a request holds no worker either; over TLS the worker reads it.
-Reads inside a request time out after ``read_timeout_s``. Threads: the accept loop, the selector and ``workers``,
-however many sockets.
+A connection holds a worker only while a request is being read and answered, so opening connections and sending
+nothing makes no threads. Between requests a keep-alive connection waits in one selector thread, and is handed to
+the workers, through a queue, when it has bytes to read; a connection idle for ``idle_timeout_s`` is closed, and
+when ``max_connections`` are open the longest-idle one makes room for a new one. On plain HTTP the selector also
+reads the request head, so half a request holds no worker either; over TLS the worker reads it. A request that
+arrives while every worker is busy waits in the queue. Reads inside a request time out after ``read_timeout_s``.
+Threads: the accept loop, the selector and ``workers``, however many sockets.
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def engine_onsets(base: str, rules: Sequence[AlertRule], start: float, end: floa
     return out
 
 
-# --- way 3: Prometheus evaluating the exported rules -------------------------------------------------------------------
+# --- way 3: Prometheus evaluating the exported rules ------------------------------------------------------------------
 
 
 @dataclass
@@ -226,7 +226,12 @@ def exported_rules(document: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def promql_onsets(
-    client: PromClient, rules: Sequence[Mapping[str, Any]], scopes: Mapping[str, str], start: float, end: float, offset: float
+    client: PromClient,
+    rules: Sequence[Mapping[str, Any]],
+    scopes: Mapping[str, str],
+    start: float,
+    end: float,
+    offset: float,
 ) -> tuple[Onsets, list[str]]:
     """Each exported rule's expression asked over [start, end) every ``ROUND_S`` (``offset`` later), through
     ``prometheus_alerts``: each alert's first onset; and the rules Prometheus refused, with its error."""
@@ -252,30 +257,41 @@ def promql_onsets(
                 present[round(at - offset - start)].append(key)
         for_s = parse_duration(rule.get("for", "0s"))
         keep_s = parse_duration(rule.get("keep_firing_for", "0s"))
-        for labels, onsets in prometheus_alerts(present, for_s, keep_s).items():
-            _first(out, identity(name, dict(labels), scopes.get(name, "gpu")), min(onsets))
+        for alert, onsets in prometheus_alerts(present, for_s, keep_s).items():
+            _first(out, identity(name, dict(alert), scopes.get(name, "gpu")), min(onsets))
     return out, errors
 
 
-# --- the comparison ----------------------------------------------------------------------------------------------------
+# --- the comparison ---------------------------------------------------------------------------------------------------
 
 
-def differences(ways: Mapping[str, Onsets], end: float, only: Mapping[str, frozenset[str]]) -> list[str]:
-    """Every difference between the ways, one line each: an alert one way raised and another did not, or raised
-    more than ``TOLERANCE_S`` apart. ``only[way]``: the rules that way is compared on (the others it cannot say)."""
+@dataclass(frozen=True)
+class Difference:
+    """An alert some ways raised and others did not (``missing``), or raised more than ``TOLERANCE_S`` apart."""
+
+    key: Identity
+    missing: tuple[str, ...]
+    onsets: Mapping[str, float]
+
+    def __str__(self) -> str:
+        when = ", ".join(f"{way} {at / 60:.1f}m" for way, at in self.onsets.items())
+        if self.missing:
+            return f"{' '.join(self.key)}: not raised by {'/'.join(self.missing)} ({when})"
+        return f"{' '.join(self.key)}: onsets apart ({when})"
+
+
+def differences(ways: Mapping[str, Onsets], end: float, only: Mapping[str, frozenset[str]]) -> list[Difference]:
+    """Every difference between the ways. ``only[way]``: the rules that way is compared on (the others it cannot
+    say). An alert that begins within ``TOLERANCE_S`` of the scenario's ``end`` in the ways that raised it is no
+    difference: the others had no rounds left to raise it."""
     out = []
     keys = sorted({key for onsets in ways.values() for key in onsets})
     for key in keys:
-        rule = key[0]
-        compared = {way: onsets for way, onsets in ways.items() if rule in only[way]}
-        times = {way: onsets.get(key) for way, onsets in compared.items()}
-        seen = {way: at for way, at in times.items() if at is not None}
-        missing = [way for way in compared if way not in seen]
+        compared = [way for way in ways if key[0] in only[way]]
+        seen = {way: ways[way][key] for way in compared if key in ways[way]}
+        missing = tuple(way for way in compared if way not in seen)
         if missing and all(at >= end - TOLERANCE_S for at in seen.values()):
-            continue  # it began at the scenario's end: the others had no rounds left to raise it
-        when = ", ".join(f"{way} {at / 60:.1f}m" for way, at in seen.items())
-        if missing:
-            out.append(f"{' '.join(key)}: not raised by {'/'.join(missing)} ({when})")
-        elif max(seen.values()) - min(seen.values()) > TOLERANCE_S:
-            out.append(f"{' '.join(key)}: onsets apart ({when})")
+            continue
+        if missing or max(seen.values()) - min(seen.values()) > TOLERANCE_S:
+            out.append(Difference(key, missing, seen))
     return out

@@ -27,6 +27,7 @@ within ``TOLERANCE_S`` (two evaluation intervals) of the other's. An alert that 
 from __future__ import annotations
 
 import calendar
+import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -99,24 +100,39 @@ def _first(onsets: Onsets, key: Identity, at: float) -> None:
         onsets[key] = at
 
 
+# hangs.toml's hangs leave every rank's collective count equal (the data is stuck in the network): the parity test
+# gives its spinning hang two ranks that never launch the collective, so that NCCL RAS shows the mismatch the
+# ``rank_missing`` signature names (``stuck_ranks``, docs/scenarios.md).
+_STUCK: Final = ('job = "spin"\nat = "15m"\n', 'job = "spin"\nat = "15m"\nstuck_ranks = ["node-00:0-1"]\n')
+
+
 def scenario_text(name: str) -> str:
-    return (EXAMPLES / f"{name}.toml").read_text()
+    """The scenario the parity test runs: the example's TOML (hangs.toml with ``_STUCK``)."""
+    text = (EXAMPLES / f"{name}.toml").read_text()
+    if name == "hangs":
+        assert _STUCK[0] in text, "hangs.toml's spinning hang moved: update _STUCK"
+        text = text.replace(*_STUCK)
+    return text
 
 
 # --- way 1: the engine over SQL -------------------------------------------------------------------------------------
 
 
 def sql_onsets(name: str) -> Onsets:
-    """``simulate()`` of the scenario over a temporary SQLite store: each alert's first onset (``startsAt``)."""
+    """``simulate()`` of the scenario (``scenario_text``) over a temporary SQLite store: each alert's first onset
+    (``startsAt``)."""
     from gpulens.alerts.rules import builtin_rules
     from gpulens.cli.simulation import simulate
     from gpulens.exporter.sim import load_scenario
 
-    path = EXAMPLES / f"{name}.toml"
-    start = load_scenario(path).start
+    with tempfile.TemporaryDirectory(prefix="gpulens-parity-") as tmp:
+        path = Path(tmp) / f"{name}.toml"
+        path.write_text(scenario_text(name))
+        start = load_scenario(path).start
+        alerts = simulate(path).alerts
     scopes = {rule.name: rule.scope for rule in builtin_rules()}
     out: Onsets = {}
-    for alert in simulate(path).alerts:
+    for alert in alerts:
         rule = str(alert["alertname"])
         labels = alert["labels"]
         assert isinstance(labels, dict)

@@ -1,8 +1,8 @@
-"""One rule means the same wherever it runs: over each example scenario (faults, hangs with NCCL RAS, fabric,
-confounders) the alert engine over SQL (``gpulens simulate``), the same engine over Prometheus (``gpulens alerts
-run --db prometheus+...``) and Prometheus evaluating ``gpulens rules export --format prometheus`` raise the same
-alerts, each beginning to fire within two evaluation intervals of the others (``tests/alerts/ruleparity.py`` says
-how alerts are told apart and compared). Rules the export cannot say in PromQL (gpulens-only in the catalogue,
+"""One rule means the same wherever it runs: over each example scenario (faults, hangs with two ranks stuck for NCCL RAS to
+name, fabric, confounders) the alert engine over SQL (``gpulens simulate``), the same engine over Prometheus (``gpulens
+alerts run --db prometheus+...``) and Prometheus evaluating ``gpulens rules export --format prometheus`` raise the same
+alerts, each beginning to fire within two evaluation intervals of the others (``tests/alerts/ruleparity.py`` says how
+alerts are told apart and compared). Rules the export cannot say in PromQL (gpulens-only in the catalogue,
 ``GPULENS_ONLY``) are compared between the two engines only.
 
 One Prometheus serves every scenario's history (the exporter's own pages every 10 s, written as TSDB blocks, each

@@ -24,7 +24,8 @@ from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading, Targ
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.leader import HA_PAIR_ACTIVE, Leadership, on_standby
-from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, StoreReader
+from gpulens.storage.reading import NotAvailableOnBackend, StoreReader
+from gpulens.storage.sqlreader import SqlReader
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def store_round(store: StoreReader, now: float, *, max_age_s: float) -> RoundRes
     jobs = store.current_jobs()
     try:
         processes = store.current_processes()
-    except NotAvailableOnBackendError:
+    except NotAvailableOnBackend:
         processes = []
     return assemble_round(store.backend, now, readings, jobs, processes, store.target_health())
 

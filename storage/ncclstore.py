@@ -10,7 +10,6 @@ can draw each stuck rank's progress on its node and GPU. Rows live as long as ra
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,6 +18,7 @@ from sqlalchemy.engine import Connection
 from gpulens.model import NodeSnapshot
 from gpulens.ncclmodel import RANK_OK
 from gpulens.storage.db import Database
+from gpulens.storage.records import StuckRank
 from gpulens.storage.schema import metadata
 
 nccl_comm_round = sa.Table(
@@ -52,24 +52,6 @@ nccl_rank_round = sa.Table(
     sa.Column("count", sa.BigInteger, nullable=True),
 )
 sa.Index("ix_nccl_rank_round_job", nccl_rank_round.c.job_id, nccl_rank_round.c.ts_ms)
-
-
-@dataclass(frozen=True, slots=True)
-class StuckRank:
-    """One rank that stood out in one round, as the job page draws it."""
-
-    ts: float
-    node: str
-    comm: str
-    rank: int
-    gpu: int | None
-    gpu_uuid: str | None
-    pid: int | None
-    state: str
-    lag: int | None
-    count: int | None
-    top_count: int | None
-    collective: str | None
 
 
 def rows(snapshots: Sequence[NodeSnapshot]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

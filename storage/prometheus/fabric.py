@@ -21,9 +21,8 @@ from typing import Any, Final, Protocol
 
 from gpulens.clock import Clock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading, nic_id, parse_nic_id
-from gpulens.storage.fabric import check_nic_fields
 from gpulens.storage.prometheus.client import PromClient, PromSeries, quote, regex_of
-from gpulens.storage.timeseries import SeriesData
+from gpulens.storage.records import SeriesData, check_nic_fields
 
 
 class PromReader(Protocol):

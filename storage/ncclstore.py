@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpulens.model import NodeSnapshot
-from gpulens.ncclmodel import RANK_OK
+from gpulens.ncclmodel import RANK_OK, NcclComm, NcclRank, NcclView
 from gpulens.storage.db import Database
 from gpulens.storage.records import StuckRank
 from gpulens.storage.schema import metadata
@@ -143,6 +143,57 @@ def stuck_ranks(db: Database, job_id: str, start: float, end: float) -> list[Stu
         )
         for row in found
     ]
+
+
+def latest_views(db: Database, since: float) -> dict[str, NcclView]:
+    """Each node's newest stored NCCL view since ``since``: its communicators out of step and the ranks that stood
+    out then (what the stall rules weigh; a node whose communicators all agree stores nothing and has no view)."""
+    c, r = nccl_comm_round, nccl_rank_round
+    newest = (
+        sa.select(c.c.node, sa.func.max(c.c.ts_ms).label("ts_ms"))
+        .where(c.c.ts_ms >= round(since * 1000))
+        .group_by(c.c.node)
+        .subquery()
+    )
+    at = sa.and_(newest.c.node == c.c.node, newest.c.ts_ms == c.c.ts_ms)
+    at_rank = sa.and_(newest.c.node == r.c.node, newest.c.ts_ms == r.c.ts_ms)
+    with db.session() as session:
+        comm_rows = session.execute(sa.select(c).join(newest, at)).all()
+        rank_rows = session.execute(sa.select(r).join(newest, at_rank)).all()
+    comms: dict[str, list[NcclComm]] = {}
+    collective: dict[tuple[str, str], str | None] = {}
+    for row in comm_rows:
+        comms.setdefault(row.node, []).append(
+            NcclComm(
+                row.job_id or None,
+                row.comm,
+                row.size,
+                row.status,
+                top_count=row.top_count,
+                collective=row.collective,
+                mismatch_age_s=row.mismatch_age_s,
+            )
+        )
+        collective[(row.node, row.comm)] = row.collective
+    ranks: dict[str, list[NcclRank]] = {}
+    for row in rank_rows:
+        name = collective.get((row.node, row.comm))
+        count = row._mapping["count"]
+        ranks.setdefault(row.node, []).append(
+            NcclRank(
+                row.job_id or None,
+                row.comm,
+                row.rank,
+                "",
+                pid=row.pid,
+                gpu=row.gpu,
+                gpu_uuid=row.gpu_uuid,
+                counts={name: count} if name and count is not None else {},
+                lag=row.lag,
+                state=row.state,
+            )
+        )
+    return {node: NcclView(True, comms=tuple(held), ranks=tuple(ranks.get(node, ()))) for node, held in comms.items()}
 
 
 def prune(conn: Connection, before_ms: int) -> int:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from gpulens.clock import Clock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, JobInfo, ProcessReading, TargetHealth
+from gpulens.ncclmodel import NcclView
 from gpulens.storage.records import (
     GpuInfo,
     JobAccount,
@@ -184,6 +185,11 @@ class StoreReader(Protocol):
 
     def stuck_ranks(self, job_id: str, start: float, end: float) -> list[StuckRank]:
         """The job's NCCL ranks that stood out (behind, unreachable) in each round of [start, end], oldest first."""
+        ...
+
+    def latest_nccl(self, *, max_age_s: float) -> dict[str, NcclView]:
+        """Each node's newest NCCL RAS view no older than ``max_age_s``: the communicators out of step and the ranks
+        behind or unreachable in it (what the stall rules weigh), by node."""
         ...
 
     def drain_actions(self, limit: int = 50) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, JobInfo, ProcessReading, TargetHealth
+from gpulens.ncclmodel import NcclView
 from gpulens.storage import (
     fabric,
     inventory,
@@ -141,6 +142,9 @@ class SqlReader:
 
     def stuck_ranks(self, job_id: str, start: float, end: float) -> list[StuckRank]:
         return ncclstore.stuck_ranks(self.db, job_id, start, end)
+
+    def latest_nccl(self, *, max_age_s: float) -> dict[str, NcclView]:
+        return ncclstore.latest_views(self.db, self.clock.now() - max_age_s)
 
     def drain_actions(self, limit: int = 50) -> list[dict[str, Any]]:
         return slurmtables.recent_drain_actions(self.db, limit)

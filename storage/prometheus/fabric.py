@@ -98,9 +98,10 @@ def _window(reader: PromReader, step: float = 0.0) -> str:
 
 
 def _instant(reader: PromReader, family: str, how: str, matchers: str) -> str:
-    """The PromQL of one field now: a rate over the window, or a gauge as it is."""
+    """The PromQL of one field now: a rate between the last two samples in the window (what the exporter's own
+    rate between its last two collections is, and so what the SQL store keeps), or a gauge as it is."""
     selected = _selector(family, matchers)
-    return f"rate({selected}{_window(reader)})" if how == "rate" else selected
+    return f"irate({selected}{_window(reader)})" if how == "rate" else selected
 
 
 def _ranged(reader: PromReader, family: str, rate: bool, matchers: str) -> Callable[[float], str]:

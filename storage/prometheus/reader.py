@@ -29,8 +29,9 @@ from typing import Any, Final
 from gpulens.clock import Clock, SystemClock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, JobInfo, ProcessReading, TargetHealth
+from gpulens.ncclmodel import NcclView
 from gpulens.settings import StoreAuth
-from gpulens.storage.prometheus import fabric, jobquery, problems, recorded, targets
+from gpulens.storage.prometheus import fabric, jobquery, ncclread, problems, recorded, targets
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus.client import (
     LOOKBACK_S,
@@ -502,6 +503,9 @@ class PromReader(Unserved):
 
     def latest_job_hosts(self, *, job_id: str | None = None) -> list[JobHostReading]:
         return fabric.latest_job_hosts(self, job_id=job_id)
+
+    def latest_nccl(self, *, max_age_s: float) -> dict[str, NcclView]:
+        return ncclread.latest_nccl(self, max_age_s=max_age_s)
 
     def nic_series(
         self, nic_ids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000

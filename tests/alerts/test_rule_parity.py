@@ -31,38 +31,15 @@ from tests.alerts import ruleparity as rp
 from tests.prom import running_prometheus
 from tests.storage.promblocks import blocks_from_openmetrics, scenario_openmetrics
 
-_ENGINE_READS: Final = (
-    "the engine's rounds over Prometheus (store_round, prom_round) hold each node's GPUs, jobs and processes only: "
-    "no NIC ports (gpulens_nic_*), hosts or job cgroups (gpulens_host_*, gpulens_job_*) or NCCL RAS views "
-    "(gpulens_nccl_*), so the rules over them never fire there"
-)
 # What a way cannot raise, by (way, subject: the rule, or the rule and signature of a stall), and why. A difference
 # is known when every way that did not raise the alert is listed here for its subject; an entry no difference needs
-# fails the last test, so the list shrinks as the ways converge.
-CANNOT: Final[dict[tuple[str, str], str]] = {
-    **{
-        ("engine", rule): _ENGINE_READS
-        for rule in (
-            "IbLinkDown",
-            "IbLinkFlapping",
-            "IbLinkDegraded",
-            "IbErrors",
-            "FabricCongestion",
-            "FabricBandwidthSaturated",
-            "JobInputBound",
-            "CommunicationStall rank_dead",
-            "CommunicationStall rank_missing",
-        )
-    },
-}
+# fails the last test, so the list stays empty while the three ways agree.
+CANNOT: Final[dict[tuple[str, str], str]] = {}
 
 
 # What a way raises instead, by (way, subject), and why: a difference is also known when every way that raised the
 # alert is listed here for its subject.
-INSTEAD: Final[dict[tuple[str, str], str]] = {
-    ("engine", "CommunicationStall spinning"): "without NCCL RAS views (above) the engine over Prometheus judges a "
-    "job whose ranks RAS names stuck by its GPUs: it raises the utilisation signature the NCCL one replaces",
-}
+INSTEAD: Final[dict[tuple[str, str], str]] = {}
 
 
 def _subject(key: rp.Identity) -> str:

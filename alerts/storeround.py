@@ -131,7 +131,7 @@ class FabricRound:
 def fabric_reads(store: StoreReader, *, max_age_s: float, reads: RoundReads) -> FabricRound:
     """What ``reads`` asks of the cluster beyond its GPUs (a store that cannot serve a read gives none)."""
     return FabricRound(
-        _or_none(lambda: store.latest_nics(max_age_s=max_age_s), []) if reads.ports else [],
+        _or_none(lambda: store.latest_nics(max_age_s=max_age_s, newest_rates=True), []) if reads.ports else [],
         _or_none(store.latest_hosts, []) if reads.hosts else [],
         _or_none(store.latest_job_hosts, []) if reads.hosts else [],
         _or_none(lambda: store.latest_nccl(max_age_s=max_age_s), {}) if reads.nccl else {},

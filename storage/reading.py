@@ -123,9 +123,12 @@ class StoreReader(Protocol):
         max_age_s: float | None = None,
         fields: Sequence[str] | None = None,
         nodes: Sequence[str] | None = None,
+        newest_rates: bool = False,
     ) -> list[NicReading]:
         """The newest reading of every RDMA port (of ``node`` / ``nodes`` / newer than ``max_age_s`` only, if
-        given), by node, device and port.
+        given), by node, device and port. ``newest_rates``: rates between the port's last two readings, as the
+        exporter computes them between collections (the alert engine's); else a store may average them over a
+        window it chooses (Prometheus: four scrapes, as its recording rules do).
 
         ``fields``: the ``NicReading`` fields the caller needs (identity, link layer, placement and ``up`` always
         come); a store may leave the others ``None`` to read less (Prometheus does: one query fewer per field left

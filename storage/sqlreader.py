@@ -100,8 +100,9 @@ class SqlReader:
         max_age_s: float | None = None,
         fields: Sequence[str] | None = None,
         nodes: Sequence[str] | None = None,
+        newest_rates: bool = False,
     ) -> list[NicReading]:
-        return fabric.latest_nics(self.db, node=node, max_age_s=max_age_s, fields=fields, nodes=nodes)
+        return fabric.latest_nics(self.db, node=node, max_age_s=max_age_s, fields=fields, nodes=nodes)  # newest
 
     def history_start(self) -> float | None:
         return inventory.history_start(self.db)

@@ -97,11 +97,11 @@ def _window(reader: PromReader, step: float = 0.0) -> str:
     return f"[{max(step, 4 * reader.min_step_s):g}s]"
 
 
-def _instant(reader: PromReader, family: str, how: str, matchers: str) -> str:
-    """The PromQL of one field now: a rate between the last two samples in the window (what the exporter's own
-    rate between its last two collections is, and so what the SQL store keeps), or a gauge as it is."""
+def _instant(reader: PromReader, family: str, how: str, matchers: str, *, newest: bool = False) -> str:
+    """The PromQL of one field now: a rate over the window (``newest``: between its last two samples, as the
+    exporter's own rate between its last two collections), or a gauge as it is."""
     selected = _selector(family, matchers)
-    return f"irate({selected}{_window(reader)})" if how == "rate" else selected
+    return f"{'irate' if newest else 'rate'}({selected}{_window(reader)})" if how == "rate" else selected
 
 
 def _ranged(reader: PromReader, family: str, rate: bool, matchers: str) -> Callable[[float], str]:
@@ -113,7 +113,13 @@ def _ranged(reader: PromReader, family: str, rate: bool, matchers: str) -> Calla
 
 
 def _latest(
-    reader: PromReader, fields: Mapping[str, tuple[str, str]], matchers: str, now: float, *, together: bool = True
+    reader: PromReader,
+    fields: Mapping[str, tuple[str, str]],
+    matchers: str,
+    now: float,
+    *,
+    together: bool = True,
+    newest_rates: bool = False,
 ) -> dict[str, list[PromSeries]]:
     """The latest values of ``fields`` (field -> (family, "gauge" or "rate")), by field, the queries at once: each
     rate in a query of its own, the gauges in one selector if ``together`` (no ``or``: Prometheus's ``or`` of
@@ -126,7 +132,7 @@ def _latest(
     limit = reader.client.auth.max_series
     # (the fields of an answer, or None for the gauges, by name), the PromQL, the series allowed
     queries: list[tuple[str | None, str, int]] = [
-        (field, _instant(reader, family, how, matchers), limit)
+        (field, _instant(reader, family, how, matchers, newest=newest_rates), limit)
         for field, (family, how) in fields.items()
         if how == "rate" or not together
     ]
@@ -172,9 +178,12 @@ def latest_nics(
     max_age_s: float | None,
     fields: Sequence[str] | None = None,
     nodes: Sequence[str] | None = None,
+    newest_rates: bool = False,
 ) -> list[NicReading]:
     """Every port's newest values of ``fields`` (all ``NIC_FIELDS`` if None; ``up`` always): one query per field
-    (the gauges of ``node`` or ``nodes`` in one), the others left ``None``; the ports' labels at the same time."""
+    (the gauges of ``node`` or ``nodes`` in one), the others left ``None``; the ports' labels at the same time.
+    Rates over the window (``rate``, as the recording rules take them), or between the last two samples
+    (``irate``) with ``newest_rates``."""
     check_nic_fields(fields)
     if nodes is not None and not nodes:
         return []
@@ -188,7 +197,7 @@ def latest_nics(
         info = pool.submit(reader.client.query, _selector(NIC_INFO, matchers), now)
         stamped = f"timestamp({_selector(NIC_UP, matchers)})"
         stamps = None if max_age_s is None else pool.submit(reader.client.query, stamped, now)
-        answers = _latest(reader, wanted, matchers, now, together=bool(chosen))
+        answers = _latest(reader, wanted, matchers, now, together=bool(chosen), newest_rates=newest_rates)
     ports: dict[tuple[str, str, int], dict[str, Any]] = {}
     for s in info.result():
         key = _nic_key(s.labels)

@@ -485,8 +485,11 @@ class PromReader(Unserved):
         max_age_s: float | None = None,
         fields: Sequence[str] | None = None,
         nodes: Sequence[str] | None = None,
+        newest_rates: bool = False,
     ) -> list[NicReading]:
-        return fabric.latest_nics(self, node=node, max_age_s=max_age_s, fields=fields, nodes=nodes)
+        return fabric.latest_nics(
+            self, node=node, max_age_s=max_age_s, fields=fields, nodes=nodes, newest_rates=newest_rates
+        )
 
     def history_start(self) -> float | None:
         return None  # Prometheus bounds a range query by its own retention and step

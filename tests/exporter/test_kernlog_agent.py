@@ -1,0 +1,181 @@
+"""The kernel log through a real exporter: the shared corpus fed with ``--kernel-log`` to an exporter over the fake
+NVML on 127.0.0.1 shows each Xid on its GPU or its node address and each SXid once per event in /metrics,
+promtool-clean; lines appended later are followed; the follower's memory stays bounded."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import tracemalloc
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import gpulens.exporter.agent
+from gpulens.exporter.agent import ExporterOptions, run_exporter
+from gpulens.exporter.kernlogfollow import MAX_LINE_BYTES, KernelLogFollower
+from gpulens.exporter.nvml import NvmlSource
+from gpulens.exporter.xidledger import XidLedger
+from gpulens.kernlog import pci_key
+from tests.conftest import http_get
+from tests.exporter.test_metrics import promtool_check
+from tests.fakes.fake_nvml import FakeNvml
+from tests.realdata import real_folder
+
+# GPUs on three of the corpus's addresses; its other addresses are no GPU of this node
+GPU_BUS_IDS = ("00000000:9B:00.0", "00000009:01:00.0", "00000000:02:00.0")
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    nvml = FakeNvml.h100_node(gpus=3)
+    for gpu, bus in zip(nvml.gpus, GPU_BUS_IDS, strict=True):
+        gpu.pci_bus_id = bus
+    monkeypatch.setattr(gpulens.exporter.agent, "_nvml_source", lambda options: NvmlSource(options.node, nvml=nvml))
+    return nvml
+
+
+@contextlib.contextmanager
+def serve(options: ExporterOptions) -> Iterator[str]:
+    announced: list[str] = []
+    stop = threading.Event()
+    thread = threading.Thread(target=run_exporter, args=(options, announced.append, stop), daemon=True)
+    thread.start()
+    try:
+        for _ in range(600):
+            if announced:
+                break
+            time.sleep(0.05)
+        assert announced, "the exporter never announced itself"
+        yield announced[0].rsplit(" ", 1)[1].removesuffix("/metrics")
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def samples(base: str) -> dict[str, list[Any]]:
+    status, _, body = http_get(base + "/metrics")
+    assert status == 200
+    out: dict[str, list[Any]] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def wait_for(base: str, check: Any) -> dict[str, list[Any]]:
+    got: dict[str, list[Any]] = {}
+    for _ in range(200):
+        got = samples(base)
+        if check(got):
+            return got
+        time.sleep(0.05)
+    return got
+
+
+def expected(folder: Path) -> tuple[Counter[tuple[str, int]], Counter[tuple[str, int]]]:
+    """Xid counts per (address, code) and SXid events per (address, code), from expect.json."""
+    xids: Counter[tuple[str, int]] = Counter()
+    sxids: Counter[tuple[str, int]] = Counter()
+    previous = None
+    for e in json.loads((folder / "expect.json").read_text()):
+        key = (e["pci_bus_id"], e["code"])
+        if e["kind"] == "xid":
+            xids[key] += 1
+        elif e["kind"] == "sxid" and key != previous:  # a line right after one of its event continues it
+            sxids[key] += 1
+        previous = key if e["kind"] == "sxid" else None
+    return xids, sxids
+
+
+def test_the_corpus_through_kernel_log_shows_in_metrics(fake_nvml: FakeNvml, tmp_path: Path, promtool: str) -> None:
+    folder = real_folder("kernel-log")
+    log = tmp_path / "kern.log"
+    log.write_bytes((folder / "lines.txt").read_bytes())
+    want_xids, want_sxids = expected(folder)
+    options = ExporterOptions(
+        source="nvml", listen="127.0.0.1:0", interval_s=0.2, node="n1", node_given=True, fabric=False,
+        nccl_ras=False, job_info="none", kernel_log=str(log), state_dir=str(tmp_path / "state"),
+    )  # fmt: skip
+    gpus = {pci_key(b): i for i, b in enumerate(GPU_BUS_IDS)}
+    with serve(options) as base:
+        total = sum(want_xids.values())  # the last line's record ends when the log has been quiet a second
+        got = wait_for(
+            base,
+            lambda s: (
+                sum(x.value for x in s["gpulens_gpu_xid_errors_total"] + s.get("gpulens_node_xid_errors_total", []))
+                == total
+            ),
+        )
+        gpu_xids = Counter()
+        for s in got["gpulens_gpu_xid_errors_total"]:
+            gpu_xids[(GPU_BUS_IDS[int(s.labels["gpu"])], int(s.labels["xid"]))] = int(s.value)
+        node_xids = {
+            (s.labels["pci_bus_id"], int(s.labels["xid"])): int(s.value) for s in got["gpulens_node_xid_errors_total"]
+        }
+        on_gpus = {k: v for k, v in want_xids.items() if k[0] in gpus}
+        assert {(pci_key(b), c): n for (b, c), n in gpu_xids.items()} == on_gpus
+        assert node_xids == {k: v for k, v in want_xids.items() if k[0] not in gpus}
+        sxids = {
+            (s.labels["pci_bus_id"], int(s.labels["sxid"])): int(s.value)
+            for s in got["gpulens_nvswitch_sxid_errors_total"]
+        }
+        assert sxids == dict(want_sxids)
+        severities = {s.labels["sxid"]: s.labels["severity"] for s in got["gpulens_nvswitch_sxid_errors_total"]}
+        assert severities["24007"] == "fatal"
+        assert severities["20009"] == "non-fatal"
+        actions = {
+            (s.labels["gpu"], s.labels["xid"]): (s.labels["name"], s.labels["action"])
+            for s in got["gpulens_gpu_xid_action_info"]
+        }
+        assert actions[("2", "79")] == ("GPU has fallen off the bus", "reboot")
+        assert actions[("0", "119")] == ("GSP RPC timeout", "reset-gpu")
+        _, _, body = http_get(base + "/metrics")
+        result = promtool_check(promtool, body)
+        assert result.returncode == 0, result.stdout + result.stderr
+        # appended lines are followed: one more Xid 79 on GPU 2 (0000:02:00)
+        with log.open("a") as f:
+            f.write("[ 99.0] NVRM: Xid (PCI:0000:02:00): 79, pid=0, GPU has fallen off the bus.\n")
+        key = ("2", "79")
+        later = wait_for(
+            base,
+            lambda s: any(
+                (x.labels["gpu"], x.labels["xid"]) == key and x.value == 3 for x in s["gpulens_gpu_xid_errors_total"]
+            ),
+        )
+        assert [
+            x.value for x in later["gpulens_gpu_xid_errors_total"] if (x.labels["gpu"], x.labels["xid"]) == key
+        ] == [3]
+    assert (tmp_path / "state" / "xid-occurrences.json").exists()
+
+
+def test_the_follower_reads_a_million_lines_and_a_huge_line_in_bounded_memory(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    noise = b"[ 1.000000] eth0: link becomes ready, and a line of ordinary length for the kernel log\n"
+    with log.open("wb") as f:
+        f.write(b"NVRM: Xid (PCI:0000:3b:00): 13, " + b"x" * (50 * 1024 * 1024) + b"\n")  # 50 MiB in one line
+        for i in range(1_000_000):
+            f.write(noise if i % 1000 else b"NVRM: Xid (PCI:0000:3b:00): 13, x\n")
+    ledger = XidLedger()
+    follower = KernelLogFollower(str(log), ledger, poll_s=0.05)
+    tracemalloc.start()
+    try:
+        follower.start()
+        deadline = time.monotonic() + 120
+        while follower.lines < 1_000_001 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        follower.close()
+    assert follower.lines == 1_000_001
+    assert follower.errors() == {"kernel_log_line_too_long": 1}
+    assert peak < 4 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
+    assert ledger._counts == {("0000:3b:00", 13): 1001}
+    assert MAX_LINE_BYTES <= 8192

@@ -29,6 +29,7 @@ from gpulens.config import format_duration
 from gpulens.hardware import find_gpu_model, pcie_max_bytes_per_second
 from gpulens.httpfetch import redact_url
 from gpulens.model import THROTTLE_REASONS, GpuJob, GpuReading, throttle_reason_names
+from gpulens.xidcatalogue import XID_BY_CODE, xid_action
 
 _BIT: Final = dict(THROTTLE_REASONS)
 THERMAL_BITS: Final = _BIT["sw_thermal"] | _BIT["hw_thermal"]
@@ -362,10 +363,16 @@ def xid_error(rule: AlertRule, history: History, now: float) -> list[Candidate]:
         for code, count in sorted(reading.xid_errors.items()):
             increase = count - before.get(code, 0)
             if code in codes and increase > 0:
-                meaning = XID_MEANINGS.get(code, "see NVIDIA's XID catalogue")
+                entry = XID_BY_CODE.get(code)
+                meaning = entry.name if entry else XID_MEANINGS.get(code, "not in gpulens's XID catalogue")
+                action = xid_action(code, count)  # the count since the exporter started: escalation's lower bound
                 events = "1 event" if increase == 1 else f"{increase} events"
-                what = f"XID {code} ({meaning}), {events} in the last {format_duration(window)}"
-                description = f"The driver reported XID {code}: {meaning}. Count since the exporter started: {count}."
+                what = f"XID {code} ({meaning}), {events} in the last {format_duration(window)}; action: {action}"
+                cause = f" Likely cause: {entry.cause}." if entry else ""
+                description = (
+                    f"The driver reported XID {code}: {meaning}.{cause} Action: {action}. Count since the exporter "
+                    f"started: {count}."
+                )
                 out.append(_candidate(rule, reading, jobs, float(increase), what, description, {"xid": str(code)}))
     return out
 

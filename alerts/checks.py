@@ -44,6 +44,15 @@ def _gpus(history: History) -> Sequence[tuple[GpuReading, Sequence[GpuJob]]]:
     return history.up_gpus()
 
 
+def _xid_gpus(history: History) -> Sequence[tuple[GpuReading, Sequence[GpuJob]]]:
+    """The latest round's GPUs with XID counts, lost ones included (the kernel log counts a lost GPU's XID 79)."""
+    latest = history.latest
+    if latest is None:
+        return ()
+    jobs = latest.gpu_jobs
+    return [(r, jobs.get(uuid, ())) for uuid, r in latest.gpus.items() if r.xid_errors]
+
+
 def _candidate(
     rule: AlertRule,
     reading: GpuReading,
@@ -353,13 +362,14 @@ def xid_error(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     codes = rule.codes("codes")
     window = rule.threshold("window_s")
     out = []
-    for reading, jobs in [p for p in _gpus(history) if p[0].xid_errors]:  # most GPUs have none
+    for reading, jobs in _xid_gpus(history):  # most GPUs have none
         if not any(code in codes for code in reading.xid_errors):
             continue
         oldest = history.reading_since(reading.uuid, now - window)
         if oldest is None or oldest[1] is reading:
             continue  # no earlier reading to compare with: the count may be old
-        before = oldest[1].xid_errors if oldest[1].up else {}
+        # a lost GPU keeps the XIDs the kernel log gave it; one read without counts counts from zero
+        before = oldest[1].xid_errors if oldest[1].up or oldest[1].xid_errors else {}
         for code, count in sorted(reading.xid_errors.items()):
             increase = count - before.get(code, 0)
             if code in codes and increase > 0:

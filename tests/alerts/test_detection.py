@@ -133,6 +133,8 @@ def test_faults_example_raises_each_faults_alert() -> None:
         ("PcieBandwidthSaturated", "node-03:3"),
         ("NvlinkErrors", "node-05:6"),
         ("XidError", "node-05:1"),
+        ("XidError", "node-05:4"),  # kernel_xid: from the kernel log alone
+        ("XidError", "node-04:7"),  # XID 79 on the GPU lost at once: from the kernel log
         ("GpuLost", "node-04:7"),
         ("GpuIdleAllocated", "node-03:4"),
         ("GpuIdleAllocated", "node-03:5"),
@@ -155,7 +157,9 @@ def test_faults_example_raises_each_faults_alert() -> None:
         k: kinds[k].detected for k in ("comm_stall", "hang_spinning", "hang_blocked", "hang_mixed")
     } == dict.fromkeys(("comm_stall", "hang_spinning", "hang_blocked", "hang_mixed"), 1)
     assert kinds["rank_dead"] == KindTally(1, 1, 1)
-    assert sum(k.injected for k in kinds.values()) == 18
+    assert kinds["kernel_xid"] == KindTally(1, 1, 1)  # from the kernel log alone
+    assert kinds["sxid"] == KindTally(1, 0, 0)  # no alert rule reads SXids yet: /metrics only
+    assert sum(k.injected for k in kinds.values()) == 21
 
 
 def test_fabric_example_raises_each_faults_alert_on_its_port_and_job() -> None:

@@ -274,3 +274,23 @@ def sxid_severity(code: int) -> str:
     """An SXid's severity; an unknown one is ``fatal`` (paged until the catalogue says otherwise)."""
     entry = SXID_BY_CODE.get(code)
     return entry.severity if entry is not None else "fatal"
+
+
+def markdown_tables() -> str:
+    """The catalogue as docs/xid.md prints it (``python -m gpulens.xidcatalogue``; a test compares the two)."""
+    lines = [
+        "| XID | name | pages as | likely cause | action | escalates after |",
+        "|---|---|---|---|---|---|",
+    ]
+    for x in XIDS:
+        after = "-" if x.escalate_after is None else str(x.escalate_after)
+        lines.append(f"| {x.code} | {x.name} | {x.severity} | {x.cause} | `{x.action}` | {after} |")
+    lines += ["", "| SXid | name | severity | action |", "|---|---|---|---|"]
+    lines += [f"| {s.code} | {s.name} | {s.severity} | `{s.action}` |" for s in SXIDS]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(markdown_tables())

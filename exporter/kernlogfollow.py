@@ -107,27 +107,35 @@ class KernelLogFollower:
         fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             os.lseek(fd, 0, os.SEEK_END)  # only what the kernel logs from now on
-            poller = select.poll()
-            poller.register(fd, select.POLLIN)
-            quiet_since = time.monotonic()
-            while not self._stop.is_set():
-                if not poller.poll(self._poll_s * 1000):
-                    if time.monotonic() - quiet_since > QUIET_FLUSH_S:
-                        self.flush()
-                    continue
-                try:
-                    record = os.read(fd, 8192)
-                except BlockingIOError:
-                    continue
-                except OSError as exc:
-                    if exc.errno == errno.EPIPE:  # the ring overwrote records before we read them
-                        self._errors.count("kernel_log_overrun", "kernel log records were overwritten unread")
-                        continue
-                    raise
-                quiet_since = time.monotonic()
-                self.feed(record.split(b"\n", 1)[0][:MAX_LINE_BYTES])  # continuation dictionary lines follow
+            self.read_records(fd)
         finally:
             os.close(fd)
+
+    def read_records(self, fd: int) -> None:
+        """Read ``/dev/kmsg`` records from ``fd`` (non-blocking; one record per ``read``) until stopped or the far
+        end closes it."""
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        quiet_since = time.monotonic()
+        while not self._stop.is_set():
+            if not poller.poll(self._poll_s * 1000):
+                if time.monotonic() - quiet_since > QUIET_FLUSH_S:
+                    self.flush()
+                continue
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # the ring overwrote records before we read them
+                    self._errors.count("kernel_log_overrun", "kernel log records were overwritten unread")
+                    continue
+                raise
+            if not record:
+                self.flush()
+                return
+            quiet_since = time.monotonic()
+            self.feed(record.split(b"\n", 1)[0][:MAX_LINE_BYTES])  # its dictionary lines follow the first
 
     def _follow_file(self, fifo: bool) -> None:
         with open(self._path, "rb", buffering=0) as f:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
 import threading
 import time
 import tracemalloc
@@ -179,3 +181,54 @@ def test_the_follower_reads_a_million_lines_and_a_huge_line_in_bounded_memory(tm
     assert peak < 4 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
     assert ledger._counts == {("0000:3b:00", 13): 1001}
     assert MAX_LINE_BYTES <= 8192
+
+
+def test_kmsg_records_are_read_one_per_read_with_their_escapes() -> None:
+    """/dev/kmsg hands out one record per read(), its dictionary lines after the first line feed and a multi-line
+    message with ``\\x0a`` escapes; a SOCK_SEQPACKET pair behaves the same."""
+    ledger = XidLedger()
+    follower = KernelLogFollower("/dev/kmsg", ledger)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setblocking(False)
+    records = [
+        b"4,1523,74889644138,-;NVRM: Xid (PCI:0000:3b:00): 48, x\n SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n",
+        b"6,1524,74889644139,-;" + b"y" * 20_000 + b"\n",
+        b"4,1525,1843308145,-;NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: (PCI ID: 10de:26b5) installed in this system"
+        b" has\\x0aNVRM: fallen off the bus and is not responding to commands.\n",
+    ]
+    for record in records:
+        theirs.send(record[:8192])
+    theirs.close()
+    reader = threading.Thread(target=follower.read_records, args=(ours.fileno(),))
+    reader.start()
+    reader.join(timeout=10)
+    ours.close()
+    assert follower.lines == 3
+    assert ledger._counts == {("0000:3b:00", 48): 1, ("0000:b3:00", 79): 1}
+
+
+def test_dev_kmsg_is_read_from_its_end() -> None:
+    path = "/dev/kmsg"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        pytest.skip(f"{path} is not readable here ({exc.strerror})")
+    in_ring = 0
+    try:
+        while in_ring < 10_000:
+            try:
+                os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError:  # EPIPE: overwritten while read; the ring holds records
+                pass
+            in_ring += 1
+    finally:
+        os.close(fd)
+    if in_ring < 10:
+        pytest.skip(f"{path} holds too few records to tell")
+    follower = KernelLogFollower(path, XidLedger(), poll_s=0.05)
+    follower.start()
+    time.sleep(0.5)
+    follower.close()
+    assert follower.lines < in_ring // 2  # none of the ring's past (at most what the kernel logged meanwhile)

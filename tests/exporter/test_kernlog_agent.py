@@ -78,7 +78,12 @@ def wait_for(base: str, check: Any) -> dict[str, list[Any]]:
         if check(got):
             return got
         time.sleep(0.05)
-    return got
+    raise AssertionError(f"/metrics never showed what the test waits for: {sorted(got)}")
+
+
+def gpu_xid(got: dict[str, list[Any]], gpu: str, xid: str) -> float | None:
+    values = [x.value for x in got["gpulens_gpu_xid_errors_total"] if (x.labels["gpu"], x.labels["xid"]) == (gpu, xid)]
+    return values[0] if values else None
 
 
 def expected(folder: Path) -> tuple[Counter[tuple[str, int]], Counter[tuple[str, int]]]:
@@ -154,6 +159,14 @@ def test_the_corpus_through_kernel_log_shows_in_metrics(fake_nvml: FakeNvml, tmp
         assert [
             x.value for x in later["gpulens_gpu_xid_errors_total"] if (x.labels["gpu"], x.labels["xid"]) == key
         ] == [3]
+        # one fault seen by NVML and in the kernel log counts once: XID 48 on GPU 0 (0000:9b:00), NVML's event first
+        fake_nvml.xid(0, 48)
+        wait_for(base, lambda s: gpu_xid(s, "0", "48") == 1)
+        with log.open("a") as f:
+            f.write("[ 99.5] NVRM: Xid (PCI:0000:9b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable DBE.\n")
+            f.write("[ 99.6] NVRM: Xid (PCI:0000:9b:00): 13, pid='<unknown>', name=<unknown>, a later line\n")
+        got = wait_for(base, lambda s: gpu_xid(s, "0", "13") == 1)  # read in order: the 48 line was read before
+        assert gpu_xid(got, "0", "48") == 1
     assert (tmp_path / "state" / "xid-occurrences.json").exists()
 
 

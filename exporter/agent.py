@@ -3,6 +3,7 @@ told to stop."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import shutil
@@ -11,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from gpulens.config import ConfigError
 from gpulens.exporter.endpoints import Routes, exporter_server
@@ -156,9 +158,9 @@ def _kernel_log(options: ExporterOptions) -> tuple[Enricher, Callable[[], None]]
     from gpulens.exporter.xidledger import XidLedger
 
     path = options.kernel_log
-    if path is None:
-        path = None if options.source == "sim" else default_kernel_log()
-        if path is None and options.source != "sim":
+    if path is None and options.source != "sim" and _local_gpus(options):
+        path = default_kernel_log()
+        if path is None:
             logger.info("no readable /dev/kmsg: XIDs come from the source alone (--kernel-log names a file)")
     if options.source == "sim" and not path:
         return None  # the simulator models the kernel log itself
@@ -181,6 +183,20 @@ def _kernel_log(options: ExporterOptions) -> tuple[Enricher, Callable[[], None]]
         return snapshot
 
     return enrich, follower.close
+
+
+def _local_gpus(options: ExporterOptions) -> bool:
+    """Whether the GPUs read are this machine's (NVML, or a dcgm-exporter at a loopback address): only then is this
+    machine's kernel log theirs."""
+    if options.source != "dcgm":
+        return True
+    host = urlsplit(options.dcgm_url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _pod_mapper(options: ExporterOptions) -> Enricher | None:

@@ -78,13 +78,15 @@ class XidLedger:
         self._owner: dict[str, str] = {}  # address -> the GPU UUID holding it (for occurrences)
         self._dirty = False
         self._once = LogOnce(log)
-        self._path = Path(state_dir) / OCCURRENCES_FILE if state_dir else None
+        self.state_dir = Path(state_dir) if state_dir else None
+        self._path = self.state_dir / OCCURRENCES_FILE if self.state_dir else None
         self._load()
 
     # -- reports ----------------------------------------------------------------------------------------------
 
-    def record(self, record: KernelRecord) -> None:
-        """One record of the kernel-log parser."""
+    def record(self, record: KernelRecord, *, replayed: bool = False) -> None:
+        """One record of the kernel-log parser. ``replayed``: a line an earlier run of the exporter already read (a
+        ``--kernel-log`` file read again from its start): counted, but not a new occurrence."""
         if record.kind == SXID:
             if not record.continuation:
                 key = (record.pci_bus_id, record.code)
@@ -92,16 +94,16 @@ class XidLedger:
                     if key in self._sxids or len(self._sxids) < MAX_COUNTS:
                         self._sxids[key] = self._sxids.get(key, 0) + 1
             return
-        self.report(record.pci_bus_id, record.code, FALLEN if record.fallen else KERNEL)
+        self.report(record.pci_bus_id, record.code, FALLEN if record.fallen else KERNEL, replayed=replayed)
 
-    def report(self, address: str, code: int, channel: str, count: int = 1) -> None:
+    def report(self, address: str, code: int, channel: str, count: int = 1, *, replayed: bool = False) -> None:
         """``count`` reports of XID ``code`` on ``address`` (``dddd:bb:dd``) through ``channel``."""
         now = self._clock()
         with self._lock:
             for _ in range(min(count, MAX_PENDING)):
-                self._report(address, code, channel, now)
+                self._report(address, code, channel, now, replayed)
 
-    def _report(self, address: str, code: int, channel: str, now: float) -> None:
+    def _report(self, address: str, code: int, channel: str, now: float, replayed: bool) -> None:
         key = (address, code)
         events = self._pending.get(key)
         if events is None:
@@ -120,6 +122,8 @@ class XidLedger:
         if key in self._counts or len(self._counts) < MAX_COUNTS:
             self._counts[key] = self._counts.get(key, 0) + 1
         owner = self._owner.get(address, f"pci:{address}")
+        if replayed:
+            return
         if owner in self._occurrences or len(self._occurrences) < MAX_OCCURRENCE_KEYS:
             per = self._occurrences.setdefault(owner, {})
             per[code] = per.get(code, 0) + 1

@@ -20,11 +20,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import gpulens.exporter.agent
+from gpulens.config import ConfigError
 from gpulens.exporter.agent import ExporterOptions, run_exporter
 from gpulens.exporter.kernlogfollow import MAX_LINE_BYTES, KernelLogFollower
 from gpulens.exporter.nvml import NvmlSource
 from gpulens.exporter.xidledger import XidLedger
 from gpulens.kernlog import pci_key
+from gpulens.model import NodeSnapshot
 from tests.conftest import http_get
 from tests.exporter.test_metrics import promtool_check
 from tests.fakes.fake_nvml import FakeNvml
@@ -245,3 +247,39 @@ def test_dev_kmsg_is_read_from_its_end() -> None:
     time.sleep(0.5)
     follower.close()
     assert follower.lines < in_ring // 2  # none of the ring's past (at most what the kernel logged meanwhile)
+
+
+def test_a_file_read_again_after_a_restart_adds_no_occurrences(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.\n")
+    state = tmp_path / "state"
+
+    def run() -> dict[str, dict[int, int]]:
+        ledger = XidLedger(str(state))
+        follower = KernelLogFollower(str(log), ledger, poll_s=0.05)
+        follower.start()
+        for _ in range(100):
+            if ledger._counts:
+                break
+            time.sleep(0.05)
+        follower.close()
+        ledger.enrich(NodeSnapshot(node="n", timestamp=0.0, source="test"))  # a collection: occurrences are saved
+        assert ledger._counts == {("0000:3b:00", 79): len(log.read_text().splitlines())}  # counters: the whole file
+        return ledger._occurrences
+
+    assert run() == {"pci:0000:3b:00": {79: 1}}
+    assert run() == {"pci:0000:3b:00": {79: 1}}  # the same line again: not a new occurrence
+    with log.open("a") as f:
+        f.write("[ 2.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.\n")
+    assert run() == {"pci:0000:3b:00": {79: 2}}
+
+
+def test_a_missing_kernel_log_is_a_config_error_and_a_remote_dcgm_reads_none(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--kernel-log"):
+        gpulens.exporter.agent._kernel_log(ExporterOptions(kernel_log=str(tmp_path / "absent")))
+    local = gpulens.exporter.agent._local_gpus
+    assert local(ExporterOptions(source="nvml"))
+    assert local(ExporterOptions(source="dcgm", dcgm_url="http://127.0.0.1:9400/metrics"))
+    assert local(ExporterOptions(source="dcgm", dcgm_url="http://localhost:9400/metrics"))
+    assert not local(ExporterOptions(source="dcgm", dcgm_url="http://gpu-node-07:9400/metrics"))
+    assert gpulens.exporter.agent._kernel_log(ExporterOptions(source="sim")) is None  # the simulator has its own

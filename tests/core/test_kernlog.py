@@ -85,11 +85,11 @@ def test_every_form_of_an_xid_line(line: str) -> None:
     "line",
     [
         "NVRM: Xid (PCI:0000:dc:00) 45 caused by previous Xid 149",
-        "NVRM: kgspRcAndNotifyAllChannels_IMPL: RC all channels for critical error 79.",
+        "NVRM: GPU3 notified its channels after critical error 79.",
         "NVRM: _kgspLogXid119: ***** GSP Timeout *****",
         "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.",
-        "nvidia-nvswitch2: open (major=510)",
-        "nvidia 0000:3b:00.0: device has no AER-aware driver",
+        "nvidia-nvswitch5: open (major=507)",
+        "nvidia 0000:3b:00.0: enabling device (0000 -> 0003)",
         "NVRM: The NVIDIA GPU 0000:3b:00.0 (PCI ID: 10de:2330) installed in this system is not supported",
         "",
         "x" * 10_000,
@@ -102,8 +102,8 @@ def test_traps_give_no_record(line: str) -> None:
 def test_the_multi_line_fallen_off_message_is_held_until_it_ends() -> None:
     lines = [
         "[ 1.0] NVRM: The NVIDIA GPU 0001:3b:00.0",
-        "               NVRM: (PCI ID: 10de:2330) installed in this system has",
-        "               NVRM: fallen off the bus and is not responding to commands.",
+        "               NVRM: (PCI ID: 10de:2335) installed in this system has",
+        "               NVRM: fallen off the bus and answers no more.",
     ]
     parser = KernelLogParser()
     assert [parser.feed(line, n) for n, line in enumerate(lines, 1)] == [[], [], []]

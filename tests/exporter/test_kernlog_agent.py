@@ -150,7 +150,7 @@ def test_the_corpus_through_kernel_log_shows_in_metrics(fake_nvml: FakeNvml, tmp
         assert result.returncode == 0, result.stdout + result.stderr
         # appended lines are followed: one more Xid 79 on GPU 2 (0000:02:00)
         with log.open("a") as f:
-            f.write("[ 99.0] NVRM: Xid (PCI:0000:02:00): 79, pid=0, GPU has fallen off the bus.\n")
+            f.write("[ 99.0] NVRM: Xid (PCI:0000:02:00): 79, pid=4242, name=train, GPU has fallen off the bus.\n")
         key = ("2", "79")
         later = wait_for(
             base,
@@ -165,8 +165,8 @@ def test_the_corpus_through_kernel_log_shows_in_metrics(fake_nvml: FakeNvml, tmp
         fake_nvml.xid(0, 48)
         wait_for(base, lambda s: gpu_xid(s, "0", "48") == 1)
         with log.open("a") as f:
-            f.write("[ 99.5] NVRM: Xid (PCI:0000:9b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable DBE.\n")
-            f.write("[ 99.6] NVRM: Xid (PCI:0000:9b:00): 13, pid='<unknown>', name=<unknown>, a later line\n")
+            f.write("[ 99.5] NVRM: Xid (PCI:0000:9b:00): 48, pid=31337, name=train.py, a double-bit error.\n")
+            f.write("[ 99.6] NVRM: Xid (PCI:0000:9b:00): 13, pid=31337, name=train.py, a later line\n")
         got = wait_for(base, lambda s: gpu_xid(s, "0", "13") == 1)  # read in order: the 48 line was read before
         assert gpu_xid(got, "0", "48") == 1
     assert (tmp_path / "state" / "xid-occurrences.json").exists()
@@ -206,10 +206,10 @@ def test_kmsg_records_are_read_one_per_read_with_their_escapes() -> None:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ours.setblocking(False)
     records = [
-        b"4,1523,74889644138,-;NVRM: Xid (PCI:0000:3b:00): 48, x\n SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n",
-        b"6,1524,74889644139,-;" + b"y" * 20_000 + b"\n",
-        b"4,1525,1843308145,-;NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: (PCI ID: 10de:26b5) installed in this system"
-        b" has\\x0aNVRM: fallen off the bus and is not responding to commands.\n",
+        b"4,20417,5123456789,-;NVRM: Xid (PCI:0000:3b:00): 48, x\n SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n",
+        b"6,20418,5123456790,-;" + b"y" * 20_000 + b"\n",
+        b"4,20419,5123456791,-;NVRM: The NVIDIA GPU 0000:c1:00.0\\x0aNVRM: (PCI ID: 10de:2335) installed in this system"
+        b" has\\x0aNVRM: fallen off the bus and answers no more.\n",
     ]
     for record in records:
         theirs.send(record[:8192])
@@ -219,7 +219,7 @@ def test_kmsg_records_are_read_one_per_read_with_their_escapes() -> None:
     reader.join(timeout=10)
     ours.close()
     assert follower.lines == 3
-    assert ledger._counts == {("0000:3b:00", 48): 1, ("0000:b3:00", 79): 1}
+    assert ledger._counts == {("0000:3b:00", 48): 1, ("0000:c1:00", 79): 1}
 
 
 def test_dev_kmsg_is_read_from_its_end() -> None:
@@ -251,7 +251,7 @@ def test_dev_kmsg_is_read_from_its_end() -> None:
 
 def test_a_file_read_again_after_a_restart_adds_no_occurrences(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
-    log.write_text("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.\n")
+    log.write_text("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=77, name=x, GPU has fallen off the bus.\n")
     state = tmp_path / "state"
 
     def run() -> dict[str, dict[int, int]]:
@@ -270,7 +270,7 @@ def test_a_file_read_again_after_a_restart_adds_no_occurrences(tmp_path: Path) -
     assert run() == {"pci:0000:3b:00": {79: 1}}
     assert run() == {"pci:0000:3b:00": {79: 1}}  # the same line again: not a new occurrence
     with log.open("a") as f:
-        f.write("[ 2.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.\n")
+        f.write("[ 2.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=78, name=x, GPU has fallen off the bus.\n")
     assert run() == {"pci:0000:3b:00": {79: 2}}
 
 

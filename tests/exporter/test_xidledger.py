@@ -74,19 +74,19 @@ def test_an_unknown_address_is_a_node_xid_and_sxids_count_once_per_event() -> No
     led, _ = ledger()
     parser = KernelLogParser()
     lines = [
-        "NVRM: Xid (PCI:0009:01:00): 149, x",
-        "nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Data {0x1}",
-        "nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 x",
-        "nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Severity 0 Engine instance 44",
-        "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 x",
+        "NVRM: Xid (PCI:0019:02:00): 149, x",
+        "nvidia-nvswitch1: SXid (PCI:0000:07:00.0): 22013, Data {0x1}",
+        "nvidia-nvswitch1: SXid (PCI:0000:07:00.0): 22013, Non-fatal, Link 12 x",
+        "nvidia-nvswitch1: SXid (PCI:0000:07:00.0): 22013, Severity 1 Engine instance 12",
+        "nvidia-nvswitch4: SXid (PCI:0000:86:00.0): 24007, Fatal, Link 3 x",
     ]
     for line in lines:
         for record in parser.feed(line):
             led.record(record)
     view = led.enrich(snapshot()).kernel
     assert view is not None
-    assert view.node_xids == (("0009:01:00", 149, 1),)
-    assert view.sxids == (("0000:04:00.0", 22013, 1), ("0000:c3:00.0", 24007, 1))
+    assert view.node_xids == (("0019:02:00", 149, 1),)
+    assert view.sxids == (("0000:07:00.0", 22013, 1), ("0000:86:00.0", 24007, 1))
     assert all(r.kind in (XID, SXID) for r in parser.flush())
 
 

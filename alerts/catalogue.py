@@ -314,8 +314,9 @@ DEFINITIONS: Final[tuple[Definition, ...]] = (
             thresholds={"codes": tuple(float(c) for c in PAGING_XIDS), "window_s": 10 * MINUTE},
             meaning="The driver reported one of the XIDs in `codes` (the ones operators page on) within the last "
             "`window_s`.",
-            action="Look the XID up in NVIDIA's XID catalogue; most of these need the GPU drained and reset, and "
-            "repeated ones an RMA.",
+            action="Do what the alert's action says (the XID catalogue, docs/xid.md): check-application, reset-gpu, "
+            "reboot or hardware-inspection; an XID that keeps coming back on one GPU across reboots escalates to "
+            "hardware-inspection.",
         ),
         check=checks.xid_error,
         reads=("xid_errors",),

@@ -29,6 +29,7 @@ from gpulens.config import format_duration
 from gpulens.hardware import find_gpu_model, pcie_max_bytes_per_second
 from gpulens.httpfetch import redact_url
 from gpulens.model import THROTTLE_REASONS, GpuJob, GpuReading, throttle_reason_names
+from gpulens.xidcatalogue import XID_BY_CODE, xid_action
 
 _BIT: Final = dict(THROTTLE_REASONS)
 THERMAL_BITS: Final = _BIT["sw_thermal"] | _BIT["hw_thermal"]
@@ -41,6 +42,15 @@ _GIB: Final = float(1 << 30)
 def _gpus(history: History) -> Sequence[tuple[GpuReading, Sequence[GpuJob]]]:
     """The latest round's GPUs that are up, with the jobs holding each."""
     return history.up_gpus()
+
+
+def _xid_gpus(history: History) -> Sequence[tuple[GpuReading, Sequence[GpuJob]]]:
+    """The latest round's GPUs with XID counts, lost ones included (the kernel log counts a lost GPU's XID 79)."""
+    latest = history.latest
+    if latest is None:
+        return ()
+    jobs = latest.gpu_jobs
+    return [(r, jobs.get(uuid, ())) for uuid, r in latest.gpus.items() if r.xid_errors]
 
 
 def _candidate(
@@ -352,20 +362,27 @@ def xid_error(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     codes = rule.codes("codes")
     window = rule.threshold("window_s")
     out = []
-    for reading, jobs in [p for p in _gpus(history) if p[0].xid_errors]:  # most GPUs have none
+    for reading, jobs in _xid_gpus(history):  # most GPUs have none
         if not any(code in codes for code in reading.xid_errors):
             continue
         oldest = history.reading_since(reading.uuid, now - window)
         if oldest is None or oldest[1] is reading:
             continue  # no earlier reading to compare with: the count may be old
-        before = oldest[1].xid_errors if oldest[1].up else {}
+        # a lost GPU keeps the XIDs the kernel log gave it; one read without counts counts from zero
+        before = oldest[1].xid_errors if oldest[1].up or oldest[1].xid_errors else {}
         for code, count in sorted(reading.xid_errors.items()):
             increase = count - before.get(code, 0)
             if code in codes and increase > 0:
-                meaning = XID_MEANINGS.get(code, "see NVIDIA's XID catalogue")
+                entry = XID_BY_CODE.get(code)
+                meaning = entry.name if entry else XID_MEANINGS.get(code, "not in gpulens's XID catalogue")
+                action = xid_action(code, count)  # the count since the exporter started: escalation's lower bound
                 events = "1 event" if increase == 1 else f"{increase} events"
-                what = f"XID {code} ({meaning}), {events} in the last {format_duration(window)}"
-                description = f"The driver reported XID {code}: {meaning}. Count since the exporter started: {count}."
+                what = f"XID {code} ({meaning}), {events} in the last {format_duration(window)}; action: {action}"
+                cause = f" Likely cause: {entry.cause}." if entry else ""
+                description = (
+                    f"The driver reported XID {code}: {meaning}.{cause} Action: {action}. Count since the exporter "
+                    f"started: {count}."
+                )
                 out.append(_candidate(rule, reading, jobs, float(increase), what, description, {"xid": str(code)}))
     return out
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from gpulens.xidcatalogue import PAGING_CODES, XIDS
+
 MEMORY_SATURATED: Final = "GpuMemorySaturated"
 THERMAL_THROTTLING: Final = "GpuThermalThrottling"
 POWER_CAPPED: Final = "GpuPowerCapped"
@@ -33,16 +35,6 @@ FABRIC_CONGESTION: Final = "FabricCongestion"
 FABRIC_SATURATED: Final = "FabricBandwidthSaturated"
 JOB_INPUT_BOUND: Final = "JobInputBound"
 
-# The XIDs operators page on (docs/domain.md §4) and what each means.
-PAGING_XIDS: Final = (48, 62, 64, 74, 79, 94, 95, 119, 120)
-XID_MEANINGS: Final = {
-    48: "double-bit ECC error",
-    62: "internal micro-controller halt",
-    64: "ECC page retirement or row remapping failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-}
+# The XIDs operators page on (docs/domain.md §4) and what each is called: the XID catalogue's (docs/xid.md).
+PAGING_XIDS: Final = PAGING_CODES
+XID_MEANINGS: Final = {x.code: x.name for x in XIDS}

@@ -29,6 +29,11 @@ ON_PORT: Final = "on(node, device, port)"
 PORT_GPUS: Final = f"* {ON_PORT} group_left(gpus) max by (node, device, port, gpus) (gpulens_nic_info)"
 GPU_NAME: Final = "GPU {{ $labels.node }}:{{ $labels.gpu }}"
 USER: Final = "{{ with $labels.user }} of user {{ . }}{{ end }}"
+# The XID's name and action from the exporter's gpulens_gpu_xid_action_info (the XID catalogue), where it serves it.
+XID_ACTION: Final = (
+    '{{ with query (printf "gpulens_gpu_xid_action_info{uuid=%q,xid=%q}" $labels.uuid $labels.xid) }}'
+    '{{ with first . }} ({{ label "name" . }}; action: {{ label "action" . }}){{ end }}{{ end }}'
+)
 
 
 def duration(seconds: float) -> str:
@@ -177,7 +182,8 @@ def xid_error(rule: AlertRule) -> list[Exported]:
     codes = "|".join(str(c) for c in sorted(rule.codes("codes")))
     selector = f'gpulens_gpu_xid_errors_total{{xid=~"{codes}"}}'
     expr = f"max by ({GPU}, xid) ({_grew(selector, rule.threshold('window_s'))})"
-    return [Exported(expr, rule.for_s, f"XidError on {GPU_NAME}: the driver reported XID {{{{ $labels.xid }}}}.")]
+    summary = f"XidError on {GPU_NAME}: the driver reported XID {{{{ $labels.xid }}}}{XID_ACTION}."
+    return [Exported(expr, rule.for_s, summary)]
 
 
 def ecc_uncorrectable(rule: AlertRule) -> list[Exported]:

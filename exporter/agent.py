@@ -3,6 +3,7 @@ told to stop."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import shutil
@@ -11,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from gpulens.config import ConfigError
 from gpulens.exporter.endpoints import Routes, exporter_server
@@ -46,6 +48,8 @@ class ExporterOptions:
     kubelet_socket_given: bool = False
     nccl_ras: bool = True
     nccl_ras_addr: str = "127.0.0.1:28028"
+    kernel_log: str | None = None  # None: /dev/kmsg where readable (not with --source sim); "": none; else a path
+    state_dir: str | None = None  # where XID occurrences outlive restarts; None: memory only
 
 
 def _nvml_source(options: ExporterOptions) -> GpuSource:
@@ -112,6 +116,10 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
 
             enrichers.append(NcclRasReader(options.nccl_ras_addr, interval_s=options.interval_s).enrich)
     closers = [source.close]
+    kernel = _kernel_log(options)
+    if kernel is not None:  # first: the enrichers after it see each GPU's merged XID counts
+        enrichers.insert(0, kernel[0])
+        closers.append(kernel[1])
     if _wants_slurm(options.job_info):  # last: it names the jobs every step before found
         from gpulens.exporter.slurmjobs import SlurmJobInfo
 
@@ -142,6 +150,53 @@ def _wants_slurm(job_info: str) -> bool:
     # auto: a Slurm client that can find its cluster (a config file, SLURM_CONF, or configless slurmd's cache)
     configured = "SLURM_CONF" in os.environ or any(Path(p).exists() for p in _SLURM_CONFIGS)
     return configured and shutil.which("squeue") is not None
+
+
+def _kernel_log(options: ExporterOptions) -> tuple[Enricher, Callable[[], None]] | None:
+    """The XID ledger (each XID once, its action, escalation) and, where a kernel log is read, its follower."""
+    from gpulens.exporter.kernlogfollow import KernelLogFollower, default_kernel_log
+    from gpulens.exporter.xidledger import XidLedger
+
+    path = options.kernel_log
+    if path is None and options.source != "sim" and _local_gpus(options):
+        path = default_kernel_log()
+        if path is None:
+            logger.info("no readable /dev/kmsg: XIDs come from the source alone (--kernel-log names a file)")
+    if options.source == "sim" and not path:
+        return None  # the simulator models the kernel log itself
+    if path and not os.path.exists(path):
+        raise ConfigError(f"--kernel-log {path}: no such file", key="--kernel-log")
+    ledger = XidLedger(options.state_dir)
+    if not path:
+        return ledger.enrich, lambda: None
+    follower = KernelLogFollower(path, ledger)
+    follower.start()
+
+    def enrich(snapshot: NodeSnapshot) -> NodeSnapshot:
+        snapshot = ledger.enrich(snapshot)
+        errors = follower.errors()
+        if errors:
+            merged = dict(snapshot.errors)
+            for reason, count in errors.items():
+                merged[reason] = merged.get(reason, 0) + count
+            snapshot = snapshot.replace(errors=merged)
+        return snapshot
+
+    return enrich, follower.close
+
+
+def _local_gpus(options: ExporterOptions) -> bool:
+    """Whether the GPUs read are this machine's (NVML, or a dcgm-exporter at a loopback address): only then is this
+    machine's kernel log theirs."""
+    if options.source != "dcgm":
+        return True
+    host = urlsplit(options.dcgm_url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _pod_mapper(options: ExporterOptions) -> Enricher | None:

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpulens.exporter.metrics import ExporterHealth, render_metrics
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
+from gpulens.kernelmodel import KernelView, XidAction
 from gpulens.model import GpuJob, GpuReading, JobInfo, LinkReading, MigReading, NodeSnapshot, ProcessReading
 from gpulens.ncclmodel import NcclComm, NcclRank, NcclView
 
@@ -70,6 +71,11 @@ def _full_snapshot() -> NodeSnapshot:
         ),
         host=HostReading(**_every_field(HostReading, {"node": "n"})),  # type: ignore[arg-type]
         job_hosts=(JobHostReading(**_every_field(JobHostReading, {"node": "n", "job_id": "j"})),),  # type: ignore[arg-type]
+        kernel=KernelView(
+            node_xids=(("0000:3b:00", 79, 1),),
+            sxids=(("0000:05:00.0", 24007, 1),),
+            actions=(XidAction("GPU-0", 79, "reboot", 1),),
+        ),
         nccl=NcclView(
             up=True,
             query_seconds=0.01,
@@ -94,6 +100,8 @@ def metrics_reference() -> str:
         "`gpulens_nic_*` series (RDMA ports) carry `node, device, port` instead, `gpulens_host_*` series `node` and",
         "`gpulens_job_*` series `node, job_id`; docs/fabric.md describes where they come from.",
         "`gpulens_pod_gpu_info` names the Kubernetes pod and container of a job on a GPU (`--kubelet-socket`).",
+        "`gpulens_node_xid_errors_total` (Xids on a PCI address no GPU has) and `gpulens_nvswitch_sxid_errors_total`",
+        "come from the kernel log and carry `node` and the address (`pci_bus_id`); docs/xid.md describes them.",
         "`gpulens_nccl_*` series (NCCL RAS) carry `node` and, per rank, `job_id, comm, rank`; docs/nccl.md describes",
         "them.",
         "`gpulens_process_gpu_memory_bytes` sums a job's processes on a GPU: it has no `pid` label, so its series",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
+from gpulens.kernelmodel import KernelView
 from gpulens.ncclmodel import NcclView
 
 # Clock-event ("throttle") reason bits, as NVML defines them (nvmlClocksEventReason*).
@@ -231,6 +232,9 @@ class NodeSnapshot:
     metric_sources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # NCCL's own view of the jobs on this node (NCCL RAS); None where RAS is not read or nothing answered yet.
     nccl: NcclView | None = None
+    # The kernel log's Xids on unknown addresses, NVSwitch SXids and each GPU's XID actions; None where the
+    # exporter keeps no XID ledger (exported in /metrics, not in the JSON document).
+    kernel: KernelView | None = None
 
     def replace(self, **changes: Any) -> NodeSnapshot:
         return dataclasses.replace(self, **changes)

@@ -28,6 +28,7 @@ from gpulens.dashboard.panels import gpu_series
 from gpulens.dashboard.paths import job_path, node_path
 from gpulens.dashboard.timerange import minute_text
 from gpulens.model import GpuJob, GpuReading, throttle_reason_names
+from gpulens.xidcatalogue import xid_action, xid_name
 
 PATH_TEMPLATE: Final = "/gpus/<uuid>"
 IDS: Final = ids.GPU
@@ -109,9 +110,14 @@ def info_list(r: GpuReading, jobs: list[GpuJob], state: ViewState) -> html.Dl:
         ),
         ("NVLink", "none" if not r.nvlink_links_active else f"{r.nvlink_links_active} links active"),
         ("throttle", ", ".join(throttle_reason_names(r.throttle_reasons or 0)) or "none"),
-        ("XIDs", ", ".join(f"{code} x{n}" for code, n in sorted(r.xid_errors.items())) or "none"),
+        ("XIDs", "; ".join(_xid_text(code, n) for code, n in sorted(r.xid_errors.items())) or "none"),
     ]
     children: list[Any] = []
     for key, value in pairs:
         children += [html.Dt(key), html.Dd(value)]
     return html.Dl(children, className="gl-kv wide")
+
+
+def _xid_text(code: int, count: int) -> str:
+    """``79 GPU has fallen off the bus x1 (action: reboot)``: the XID catalogue's name and action."""
+    return f"{code} {xid_name(code)} x{count} (action: {xid_action(code, count)})"

@@ -22,6 +22,7 @@ from gpulens.exporter.sim.fabric import Fabric
 from gpulens.exporter.sim.faults import FAULT_KINDS, LEAK_TARGET_SHARE
 from gpulens.exporter.sim.gpus import EnergyLedger, GpuContext, SimGpu, make_gpu
 from gpulens.exporter.sim.host import HostSim
+from gpulens.exporter.sim.kernlog import XID_KINDS, NodeKernelLog
 from gpulens.exporter.sim.ncclsim import NcclSim
 from gpulens.exporter.sim.readings import DRIVER_VERSION, gpu_reading, link_readings, lost_reading, process_readings
 from gpulens.exporter.sim.specs import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario
@@ -87,6 +88,19 @@ class SimCluster:
             for n in scenario.nodes
         }
         self._last: dict[str, tuple[int, NodeSnapshot]] = {}
+        self._kernel = {
+            n.name: NodeKernelLog(
+                (
+                    f
+                    for f in scenario.faults
+                    if (f.kind in XID_KINDS and f.gpu is not None and f.gpu.node == n.name)
+                    or (f.kind == "sxid" and f.node == n.name)
+                ),
+                {g.ref.index: g.pci_bus_id for g in self._nodes[n.name]},
+                scenario.start,
+            )
+            for n in scenario.nodes
+        }
         self._fabric = Fabric(scenario, self._behaviours, self._phase, counter_scale)
         self._hosts = HostSim(scenario, self._phase, counter_scale)
         self.nccl = NcclSim(
@@ -283,6 +297,7 @@ class SimCluster:
             links.extend(link_readings(gpu, reading))
             processes.extend(process_readings(gpu, state, reading))
         host, job_hosts = self._hosts.readings(node, k, t)
+        readings, kernel = self._kernel[node].merge(readings, t)
         snapshot = NodeSnapshot(
             node=node,
             timestamp=ts,
@@ -295,5 +310,6 @@ class SimCluster:
             nics=self._fabric.readings(node, k, t),
             host=host,
             job_hosts=job_hosts,
+            kernel=kernel,
         )
         return self.nccl.enrich(node, snapshot, k, t) if self._nccl_on and self.nccl.active else snapshot

@@ -94,6 +94,7 @@ class FaultSpec:
     nic: str | None = None
     jobs_hit: tuple[str, ...] = ()
     count: int | None = None
+    switch: int | None = None  # sxid: the NVSwitch (0-based) that reports it; ``xid`` holds the SXid code
     step_s: float = 0.0  # the scenario's step: an effect that must last a step to be seen (a flap) knows it
 
     def active(self, t: float) -> bool:

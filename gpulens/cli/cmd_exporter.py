@@ -13,6 +13,7 @@ from gpulens.cli.lifecycle import stop_on_signals
 
 # The kubelet's default (client.DEFAULT_SOCKET; not imported here, so that --help needs no gRPC).
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_STATE_DIR = "/var/lib/gpulens/exporter"
 
 EXPORTER_EXAMPLES = """\
 examples:
@@ -36,6 +37,8 @@ examples:
   gpulens exporter --sysfs-root /host --proc-root /host/proc
   # TLS and basic auth (Prometheus exporter-toolkit format)
   gpulens exporter --web-config /etc/gpulens/web.yml
+  # XIDs from a file of kernel-log lines (journalctl -kf > /run/kern.log, a capture, a test feed)
+  gpulens exporter --kernel-log /run/kern.log
   # jobs started with NCCL_RAS_ADDR=127.0.0.1:29029
   gpulens exporter --nccl-ras-addr 127.0.0.1:29029
 """
@@ -112,6 +115,17 @@ def register(sub: Any) -> None:
         default="127.0.0.1:28028",
         help="where NCCL RAS listens (NCCL_RAS_ADDR of the jobs); only connected to, never bound",
     )
+    p.add_argument(
+        "--kernel-log",
+        default=None,
+        help="where to read the driver's Xid and NVSwitch SXid lines: /dev/kmsg (the default where it is readable; "
+        "from its end), a file of kernel-log lines (read whole, then followed), or '' for none",
+    )
+    p.add_argument(
+        "--state-dir",
+        default=DEFAULT_STATE_DIR,
+        help="where the exporter keeps state across restarts and reboots (XID occurrences per GPU); '' for none",
+    )
     p.add_argument("--web-config", default=None, help="TLS and basic-auth config (exporter-toolkit YAML)")
     p.add_argument("--scenario", default=None, help="scenario TOML for --source sim")
     p.add_argument("--speed", type=positive_float, default=1.0, help="virtual time speed-up for --source sim")
@@ -165,6 +179,8 @@ def _run_exporter(args: argparse.Namespace) -> int:
         kubelet_socket_given=args.kubelet_socket is not None,
         nccl_ras=args.nccl_ras,
         nccl_ras_addr=args.nccl_ras_addr,
+        kernel_log=args.kernel_log,
+        state_dir=args.state_dir or None,
     )
     with stop_on_signals() as stop:
         return run_exporter(options, lambda line: print(line, file=sys.stderr, flush=True), stop)

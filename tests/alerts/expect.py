@@ -189,7 +189,7 @@ class _Expectations:
             self.memory_leak(f, cause)
         elif f.kind == "power_cap":
             self.power_cap(f, cause)
-        elif f.kind == "xid" and f.xid in PAGING_XIDS:
+        elif f.kind in ("xid", "kernel_xid") and f.xid in PAGING_XIDS:  # a lost GPU's too: the kernel log has it
             self.add(XID_ERROR, {**_gpu(f.gpu), "xid": str(f.xid)}, s, self.scenario.end, cause)
         elif f.kind == "gpu_lost":
             self.add(GPU_LOST, _gpu(f.gpu), s, math.inf, cause)

@@ -218,7 +218,11 @@ def gpu_faults(nodes: int, model: str, seed: int) -> str:
     lines += _fault("pcie_saturation", "gpu", f"{n0}:4", "20m", "10m")
     lines += _fault("xid", "gpu", f"{n0}:5", "12m", xid=79)
     lines += _fault("xid", "gpu", f"{n0}:6", "14m", xid=13)  # an application error: not paged on
+    lines += _fault("xid", "gpu", f"{n0}:7", "30m", xid=79)  # the GPU falls off the bus: the kernel log still says so
     lines += _fault("gpu_lost", "gpu", f"{n0}:7", "30m")
+    lines += _fault("kernel_xid", "gpu", f"{n1}:4", "16m", xid=119)  # NVML silent: the kernel log alone
+    lines += _fault("xid", "gpu", f"{n1}:5", "18m", xid=31)  # an application fault: no alert
+    lines += _fault("sxid", "node", n1, "22m", sxid=24007)  # no alert rule yet: no GPU alert may fire
     lines += _fault("power_cap", "gpu", f"{n1}:3", "32m", "10m")  # a capped rank among training peers
     if CATALOGUE[model].has_nvlink:
         lines += _fault("nvlink_errors", "gpu", f"{n1}:2", "20m", "5m")

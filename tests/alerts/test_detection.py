@@ -133,6 +133,8 @@ def test_faults_example_raises_each_faults_alert() -> None:
         ("PcieBandwidthSaturated", "node-03:3"),
         ("NvlinkErrors", "node-05:6"),
         ("XidError", "node-05:1"),
+        ("XidError", "node-05:4"),  # kernel_xid: from the kernel log alone
+        ("XidError", "node-04:7"),  # XID 79 on the GPU lost at once: from the kernel log
         ("GpuLost", "node-04:7"),
         ("GpuIdleAllocated", "node-03:4"),
         ("GpuIdleAllocated", "node-03:5"),
@@ -155,7 +157,9 @@ def test_faults_example_raises_each_faults_alert() -> None:
         k: kinds[k].detected for k in ("comm_stall", "hang_spinning", "hang_blocked", "hang_mixed")
     } == dict.fromkeys(("comm_stall", "hang_spinning", "hang_blocked", "hang_mixed"), 1)
     assert kinds["rank_dead"] == KindTally(1, 1, 1)
-    assert sum(k.injected for k in kinds.values()) == 18
+    assert kinds["kernel_xid"] == KindTally(1, 1, 1)  # from the kernel log alone
+    assert kinds["sxid"] == KindTally(1, 0, 0)  # no alert rule reads SXids yet: /metrics only
+    assert sum(k.injected for k in kinds.values()) == 21
 
 
 def test_fabric_example_raises_each_faults_alert_on_its_port_and_job() -> None:
@@ -307,8 +311,13 @@ def test_gpu_faults(nodes: int, model: str, seed: int) -> None:
         "ExporterDown",
     }
     assert found == expected | ({"NvlinkErrors"} if model != "L40S" else set())
-    xids = [a.labels["xid"] for a in outcome.fired if a.alertname == "XidError"]
-    assert xids == ["79"]  # XID 13 is an application error
+    xids = sorted(
+        (a.labels["node"] + ":" + a.labels["gpu"], a.labels["xid"]) for a in outcome.fired if a.alertname == "XidError"
+    )
+    n0, n1 = scenarios.node(0, nodes), scenarios.node(1, nodes)
+    # XID 79 on a GPU, XID 79 on a GPU lost at once (the kernel log's line), XID 119 from the kernel log alone;
+    # XIDs 13 and 31 are application errors, the SXid has no rule
+    assert xids == sorted([(f"{n0}:5", "79"), (f"{n0}:7", "79"), (f"{n1}:4", "119")])
     capped = sorted(a.labels["gpu"] for a in outcome.fired if a.alertname == "GpuPowerCapped")
     assert len(capped) == 2  # the inference GPU and the training rank, and no straggler for the rank
     assert "JobStraggler" not in found

@@ -225,3 +225,53 @@ def test_the_export_names_each_gpulens_only_rule_and_the_docs_give_its_reason() 
     for name, why in GPULENS_ONLY.items():
         assert f"# {name} is gpulens-only (not exported): {why}." in text
         assert f"| `{name}` | {why} |" in docs, name
+
+
+def test_xid_error_names_the_xid_and_its_action_under_promtool(promtool: str, tmp_path: Path) -> None:
+    """XidError's summary reads the XID's name and action from ``gpulens_gpu_xid_action_info`` where the exporter
+    serves it, and stays a plain sentence where it does not (an older exporter, a dcgm-exporter page)."""
+    rule = next(r for r in builtin_rules() if r.name == "XidError")
+    (tmp_path / "rules.yml").write_text(prometheus_rules_yaml([rule]))
+    g0 = {"node": "node-01", "gpu": "0", "uuid": "GPU-0", "model": "H100"}
+    g1 = {**g0, "gpu": "1", "uuid": "GPU-1"}
+    series = [
+        _series("gpulens_gpu_xid_errors_total", {**g0, "xid": "79"}, "_x25 1x10"),
+        _series(
+            "gpulens_gpu_xid_action_info",
+            {**g0, "xid": "79", "name": "GPU has fallen off the bus", "action": "reboot"},
+            "_x25 1x10",
+        ),
+        _series("gpulens_gpu_xid_errors_total", {**g1, "xid": "48"}, "_x25 1x10"),
+    ]
+    description = yaml.safe_load(prometheus_rules_yaml([rule]))["groups"][0]["rules"][0]["annotations"]["description"]
+
+    def alert(g: dict[str, str], xid: str, summary: str) -> dict[str, object]:
+        return {
+            "exp_labels": {"severity": "critical", **g, "xid": xid},
+            "exp_annotations": {"summary": summary, "description": description, "runbook": rule.action},
+        }
+
+    expected = [
+        alert(
+            g0,
+            "79",
+            "XidError on GPU node-01:0: the driver reported XID 79 (GPU has fallen off the bus; action: reboot).",
+        ),
+        alert(g1, "48", "XidError on GPU node-01:1: the driver reported XID 48."),
+    ]
+    test = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [{"eval_time": "30m", "alertname": "XidError", "exp_alerts": expected}],
+            }
+        ],
+    }
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False, width=1000))
+    result = subprocess.run(
+        [promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -350,3 +350,13 @@ def test_a_jobs_processes_read_together_show_no_pid() -> None:
     assert "4711" in cells
     assert "0" not in cells
     assert cells.count(MISSING) == 2  # the pid and the command of the job's processes together
+
+
+def test_the_gpu_page_names_each_xid_and_its_action() -> None:
+    from gpulens.dashboard.pages.gpu import info_list
+    from tests.fakes.static_source import h100
+
+    reading = h100("node-00", 0, 0.0, xid_errors={79: 1, 13: 2})
+    text = str(info_list(reading, [], ViewState()))
+    assert "13 graphics engine exception x2 (action: check-application)" in text
+    assert "79 GPU has fallen off the bus x1 (action: reboot)" in text

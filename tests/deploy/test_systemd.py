@@ -103,7 +103,9 @@ def test_unit_is_hardened() -> None:
         "Service.NoNewPrivileges": "yes",
         "Service.ProtectSystem": "strict",
         "Service.ProtectHome": "yes",
-        "Service.CapabilityBoundingSet": "",
+        "Service.CapabilityBoundingSet": "CAP_SYSLOG",  # the one capability: /dev/kmsg under dmesg_restrict
+        "Service.AmbientCapabilities": "CAP_SYSLOG",
+        "Service.StateDirectory": "gpulens/exporter",  # the default --state-dir: XID occurrences per GPU
         "Service.ProtectKernelTunables": "yes",
         "Service.ProtectKernelModules": "yes",
         "Service.ProtectControlGroups": "yes",
@@ -111,8 +113,15 @@ def test_unit_is_hardened() -> None:
         "Service.SystemCallArchitectures": "native",
     }
     assert {key: single.get(key) for key in expected} == expected
-    # settings that would break the exporter: NVML needs /dev/nvidia*, job mapping needs other processes' /proc
-    for key in ("Service.PrivateDevices", "Service.ProtectProc", "Service.ProcSubset", "Service.DevicePolicy"):
+    # settings that would break the exporter: NVML needs /dev/nvidia*, job mapping needs other processes' /proc,
+    # the XID reader /dev/kmsg
+    for key in (
+        "Service.PrivateDevices",
+        "Service.ProtectProc",
+        "Service.ProcSubset",
+        "Service.DevicePolicy",
+        "Service.ProtectKernelLogs",
+    ):
         assert key not in entries, key
 
 

@@ -219,6 +219,45 @@ def test_xid(base: SimCluster) -> None:
     assert_only_target_changed(base, sim, {("node-00", 2)}, 12, 60)
 
 
+def test_xid_writes_the_drivers_line_so_a_gpu_lost_at_once_still_counts_it(base: SimCluster) -> None:
+    sim = cluster(
+        fault("xid", 'gpu = "node-02:5"', "15m", extra="xid = 79\n") + fault("gpu_lost", 'gpu = "node-02:5"', "15m")
+    )
+    s = sim.scenario
+    lost = reading(sim, "node-02", 5, at(s, 16))
+    assert (lost.up, lost.xid_errors) == (False, {79: 1})  # NVML lost it: the kernel log's line counts
+    assert reading(sim, "node-02", 5, at(s, 15) - STEP).xid_errors == {}
+    lines = sim._kernel["node-02"].lines
+    assert [line for _, line in lines] == [
+        "[ 1500.000000] NVRM: Xid (PCI:0000:ab:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    ]
+    view = sim.snapshot("node-02", at(s, 16)).kernel
+    assert view is not None
+    assert [(a.xid, a.action) for a in view.actions] == [(79, "reboot")]
+
+
+def test_kernel_xid(base: SimCluster) -> None:
+    sim = cluster(fault("kernel_xid", 'gpu = "node-00:3"', "12m", extra="xid = 48\n"))
+    s = sim.scenario
+    assert reading(sim, "node-00", 3, at(s, 12) - STEP).xid_errors == {}
+    for t in (at(s, 12), at(s, 59)):
+        assert reading(sim, "node-00", 3, t).xid_errors == {48: 1}  # from the kernel log alone
+    assert sim._kernel["node-00"].counts(at(s, 12))[0] == {"0000:5d:00": {48: 1}}
+    assert_only_target_changed(base, sim, {("node-00", 3)}, 12, 60)
+
+
+def test_sxid(base: SimCluster) -> None:
+    sim = cluster(fault("sxid", 'node = "node-01"', "20m", extra="sxid = 24007\nswitch = 2\n"))
+    s = sim.scenario
+    assert sim.snapshot("node-01", at(s, 20) - STEP).kernel is None
+    view = sim.snapshot("node-01", at(s, 21)).kernel
+    assert view is not None
+    assert view.sxids == (("0000:07:00.0", 24007, 1),)  # three lines, one event
+    assert len(sim._kernel["node-01"].lines) == 3
+    assert sim.snapshot("node-00", at(s, 21)).kernel is None
+    assert_only_target_changed(base, sim, set(), 20, 60)  # no GPU reading changes
+
+
 def test_gpu_lost(base: SimCluster) -> None:
     sim = cluster(fault("gpu_lost", 'gpu = "node-02:5"', "15m", "5m"))
     s = sim.scenario

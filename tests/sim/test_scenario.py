@@ -243,10 +243,20 @@ MALFORMED = {
         "faults[0].duration",
         "single event",
     ),
+    "sxid with a duration": (
+        CLUSTER + "[[faults]]\nkind = 'sxid'\nnode = 'node-00'\nat = '1m'\nsxid = 24007\nduration = '5m'  # <-\n",
+        "faults[0].duration",
+        "single event",
+    ),
+    "sxid on a switch beyond 15": (
+        CLUSTER + "[[faults]]\nkind = 'sxid'\nnode = 'node-00'\nat = '1m'\nsxid = 24007\nswitch = 16  # <-\n",
+        "faults[0].switch",
+        "<= 15",
+    ),
     "xid code on another kind": (
         CLUSTER + "[[faults]]\nkind = 'gpu_lost'\ngpu = 'node-00:1'\nat = '1m'\nxid = 79  # <-\n",
         "faults[0].xid",
-        "only xid faults",
+        "only xid and kernel_xid faults",
     ),
     "stall of a single-gpu job": (
         CLUSTER + SINGLE + "[[faults]]\nkind = 'comm_stall'\njob = 'solo'  # <-\nat = '1m'\n",

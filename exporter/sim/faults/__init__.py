@@ -25,6 +25,7 @@ from gpulens.exporter.sim.faults.ib_errors import IbErrors, IbErrorsParams
 from gpulens.exporter.sim.faults.ib_link_down import IbLinkDown, IbLinkDownParams
 from gpulens.exporter.sim.faults.ib_link_flap import IbLinkFlap, IbLinkFlapParams
 from gpulens.exporter.sim.faults.idle_allocated import IdleAllocated, IdleAllocatedParams
+from gpulens.exporter.sim.faults.kernel_xid import KernelXid, KernelXidParams
 from gpulens.exporter.sim.faults.kind import FaultCheckError, FaultKind, FaultParams, ScenarioView
 from gpulens.exporter.sim.faults.memory_leak import LEAK_TARGET_SHARE, MemoryLeak, MemoryLeakParams
 from gpulens.exporter.sim.faults.nvlink_errors import NvlinkErrors, NvlinkErrorsParams
@@ -34,6 +35,7 @@ from gpulens.exporter.sim.faults.pcie_saturation import PcieSaturation, PcieSatu
 from gpulens.exporter.sim.faults.power_cap import PowerCap, PowerCapParams
 from gpulens.exporter.sim.faults.rank_dead import RankDead, RankDeadParams
 from gpulens.exporter.sim.faults.straggler import Straggler, StragglerParams
+from gpulens.exporter.sim.faults.sxid import Sxid, SxidParams
 from gpulens.exporter.sim.faults.thermal_throttle import ThermalThrottle, ThermalThrottleParams
 from gpulens.exporter.sim.faults.xid import Xid, XidParams
 
@@ -52,6 +54,8 @@ FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
         PcieDegraded(),
         NvlinkErrors(),
         Xid(),
+        KernelXid(),
+        Sxid(),
         GpuLost(),
         IdleAllocated(),
         ExporterDown(),
@@ -83,6 +87,8 @@ AnyFaultParams = (
     | PcieDegradedParams
     | NvlinkErrorsParams
     | XidParams
+    | KernelXidParams
+    | SxidParams
     | GpuLostParams
     | IdleAllocatedParams
     | ExporterDownParams

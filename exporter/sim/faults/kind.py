@@ -123,7 +123,7 @@ class FaultKind:
             named = "a node and a nic" if self.target == "nic" else f"a {self.target}"
             return f"a {self.name} fault names {named}{' or a job' if self.job_target else ''}, not a {key}"
         if key == "xid":
-            return "only xid faults take an xid code"
+            return "only xid and kernel_xid faults take an xid code"
         return "unknown key"
 
     def extras(self, params: Any) -> Mapping[str, Any]:

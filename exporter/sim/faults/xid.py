@@ -1,4 +1,6 @@
-"""Fault kind ``xid``: a GPU reports one XID error (a single event at ``at``, counted from then on)."""
+"""Fault kind ``xid``: a GPU reports one XID error (a single event at ``at``, counted from then on): NVML delivers
+the event and the driver writes its kernel-log line (``gpulens.exporter.sim.kernlog``), so that an XID on a GPU lost
+in the same moment (XID 79 with ``gpu_lost``) is still counted, from the kernel log."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ class Xid(FaultKind):
     params = XidParams
     target = "gpu"
     single_event = True
+    nvml = True  # NVML delivers the event (``kernel_xid``: the kernel-log line only)
 
     def unknown_key(self, key: str) -> str:
         if key == "duration":
@@ -35,5 +38,5 @@ class Xid(FaultKind):
         return {"xid": params.xid}
 
     def count(self, fault: FaultSpec, elapsed_s: float, counters: Counters) -> None:
-        if fault.xid is not None:
+        if self.nvml and fault.xid is not None:
             counters.xids[fault.xid] = counters.xids.get(fault.xid, 0) + 1

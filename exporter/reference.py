@@ -14,6 +14,7 @@ from gpulens.exporter.metrics import ExporterHealth, render_metrics
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, JobInfo, LinkReading, MigReading, NodeSnapshot, ProcessReading
 from gpulens.ncclmodel import NcclComm, NcclRank, NcclView
+from gpulens.nodehardware import FABRIC_COMPLETED, GpuConfig, NodeHardware
 
 
 def _every_field(cls: type, given: dict[str, object]) -> dict[str, object]:
@@ -76,6 +77,18 @@ def _full_snapshot() -> NodeSnapshot:
             comms=(NcclComm("j", "27a079b828ff1a75", 2, "MISMATCH", 7, "AllReduce", 31.0),),
             ranks=(NcclRank("j", "27a079b828ff1a75", 1, "10.0.0.1", 1, 0, "GPU-0", {"AllReduce": 6}, 1),),
         ),
+        hardware=NodeHardware(
+            pci_gpus=("0000:18:00.0", "0000:2a:00.0"),
+            missing_gpus=("0000:2a:00.0",),
+            nvml_gpus=1,
+            gpus_expected=2,
+            ib_ports_expected=1,
+            ib_rate_expected_bytes_per_second=5e10,
+            nvswitches=4,
+            fabric_manager_running=True,
+            peermem_loaded=True,
+            gpus=(GpuConfig(0, "GPU-0", True, True, FABRIC_COMPLETED, True),),
+        ),
     )
 
 
@@ -94,6 +107,8 @@ def metrics_reference() -> str:
         "`gpulens_nic_*` series (RDMA ports) carry `node, device, port` instead, `gpulens_host_*` series `node` and",
         "`gpulens_job_*` series `node, job_id`; docs/fabric.md describes where they come from.",
         "`gpulens_pod_gpu_info` names the Kubernetes pod and container of a job on a GPU (`--kubelet-socket`).",
+        "`gpulens_node_*` series (the node's hardware against what it should be) carry `node`; docs/exporter.md",
+        '("Expected hardware") describes them.',
         "`gpulens_nccl_*` series (NCCL RAS) carry `node` and, per rank, `job_id, comm, rank`; docs/nccl.md describes",
         "them.",
         "`gpulens_process_gpu_memory_bytes` sums a job's processes on a GPU: it has no `pid` label, so its series",

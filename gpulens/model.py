@@ -13,6 +13,7 @@ from typing import Any, Final, Protocol
 
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.ncclmodel import NcclView
+from gpulens.nodehardware import NodeHardware
 
 # Clock-event ("throttle") reason bits, as NVML defines them (nvmlClocksEventReason*).
 THROTTLE_REASONS: Final[tuple[tuple[str, int], ...]] = (
@@ -231,6 +232,9 @@ class NodeSnapshot:
     metric_sources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # NCCL's own view of the jobs on this node (NCCL RAS); None where RAS is not read or nothing answered yet.
     nccl: NcclView | None = None
+    # The node's hardware against what it should be (GPUs on the PCI bus, fabric, plumbing, GPU settings); None
+    # where the source does not read it (dcgm-exporter pages, an agent before 0.x).
+    hardware: NodeHardware | None = None
 
     def replace(self, **changes: Any) -> NodeSnapshot:
         return dataclasses.replace(self, **changes)

@@ -7,7 +7,7 @@ import socket
 import sys
 from typing import Any
 
-from gpulens.cli.base import Formatter, existing_directory, http_url, positive_duration, positive_float
+from gpulens.cli.base import Formatter, existing_directory, http_url, positive_duration, positive_float, positive_int
 from gpulens.cli.envtwins import apply_env_twins
 from gpulens.cli.lifecycle import stop_on_signals
 
@@ -36,6 +36,8 @@ examples:
   gpulens exporter --sysfs-root /host --proc-root /host/proc
   # TLS and basic auth (Prometheus exporter-toolkit format)
   gpulens exporter --web-config /etc/gpulens/web.yml
+  # an HGX node: 8 GPUs and 8 NDR ports, each at 400 Gb/s (GpuMissing, IbPortMissing, IbPortSlow)
+  gpulens exporter --expect-gpus 8 --expect-ib-ports 8 --expect-ib-rate-gbps 400
   # jobs started with NCCL_RAS_ADDR=127.0.0.1:29029
   gpulens exporter --nccl-ras-addr 127.0.0.1:29029
 """
@@ -99,6 +101,25 @@ def register(sub: Any) -> None:
         "--no-fabric",
         action="store_true",
         help="do not read RDMA ports, host CPU and memory or job cgroups (GPUs only)",
+    )
+    p.add_argument(
+        "--expect-gpus",
+        type=positive_int,
+        default=None,
+        help="the GPUs this node should have: fewer on the PCI bus (or opened by NVML) fires GpuMissing",
+    )
+    p.add_argument(
+        "--expect-ib-ports",
+        type=positive_int,
+        default=None,
+        help="the InfiniBand ports that should be up (ACTIVE, LinkUp): fewer fires IbPortMissing",
+    )
+    p.add_argument(
+        "--expect-ib-rate-gbps",
+        type=positive_float,
+        default=None,
+        help="the rate each InfiniBand port should run at, in Gb/s as ibstat prints it (400 for NDR): a port below "
+        "it fires IbPortSlow",
     )
     p.add_argument(
         "--nccl-ras",
@@ -165,6 +186,9 @@ def _run_exporter(args: argparse.Namespace) -> int:
         kubelet_socket_given=args.kubelet_socket is not None,
         nccl_ras=args.nccl_ras,
         nccl_ras_addr=args.nccl_ras_addr,
+        expect_gpus=args.expect_gpus,
+        expect_ib_ports=args.expect_ib_ports,
+        expect_ib_rate_gbps=args.expect_ib_rate_gbps,
     )
     with stop_on_signals() as stop:
         return run_exporter(options, lambda line: print(line, file=sys.stderr, flush=True), stop)

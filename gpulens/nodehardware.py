@@ -30,6 +30,9 @@ FABRIC_IN_PROGRESS: Final = "in_progress"
 FABRIC_COMPLETED: Final = "completed"
 FABRIC_STATES: Final = (FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED)
 
+# A port within 1 % of the expected rate runs at it (IbPortSlow): the kernel and ibstat round the rate.
+IB_RATE_TOLERANCE: Final = 0.99
+
 _BUS_ID: Final = re.compile(r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])")
 
 

@@ -21,6 +21,7 @@ from gpulens.exporter.sim.clockevents import IDLE, SW_POWER_CAP
 from gpulens.exporter.sim.fabric import Fabric
 from gpulens.exporter.sim.faults import FAULT_KINDS, LEAK_TARGET_SHARE
 from gpulens.exporter.sim.gpus import EnergyLedger, GpuContext, SimGpu, make_gpu
+from gpulens.exporter.sim.hardware import node_hardware
 from gpulens.exporter.sim.host import HostSim
 from gpulens.exporter.sim.ncclsim import NcclSim
 from gpulens.exporter.sim.readings import DRIVER_VERSION, gpu_reading, link_readings, lost_reading, process_readings
@@ -87,6 +88,10 @@ class SimCluster:
             for n in scenario.nodes
         }
         self._last: dict[str, tuple[int, NodeSnapshot]] = {}
+        self._specs = {n.name: n for n in scenario.nodes}
+        self._node_faults = {  # what names the node as a whole (its plumbing faults among them)
+            n.name: tuple(f for f in scenario.faults if f.node == n.name and f.gpu is None) for n in scenario.nodes
+        }
         self._fabric = Fabric(scenario, self._behaviours, self._phase, counter_scale)
         self._hosts = HostSim(scenario, self._phase, counter_scale)
         self.nccl = NcclSim(
@@ -272,8 +277,12 @@ class SimCluster:
         processes: list[ProcessReading] = []
         jobs: list[GpuJob] = []
         t = self.step_time(k)
+        missing: list[SimGpu] = []
         for gpu in gpus:
             state = self._state(gpu.context, k)
+            if state.missing:
+                missing.append(gpu)
+                continue
             jobs.extend(GpuJob(node, gpu.ref.index, gpu.uuid, j.id, j.user) for j in state.jobs)
             if state.lost:
                 readings.append(lost_reading(gpu, ts))
@@ -283,6 +292,9 @@ class SimCluster:
             links.extend(link_readings(gpu, reading))
             processes.extend(process_readings(gpu, state, reading))
         host, job_hosts = self._hosts.readings(node, k, t)
+        nics = self._fabric.readings(node, k, t)
+        spec = self._specs[node]
+        hardware = node_hardware(spec, gpus, missing, self._node_faults[node], t, has_ports=bool(spec.nics))
         snapshot = NodeSnapshot(
             node=node,
             timestamp=ts,
@@ -292,8 +304,9 @@ class SimCluster:
             processes=tuple(processes),
             jobs=tuple(jobs),
             driver_version=DRIVER_VERSION,
-            nics=self._fabric.readings(node, k, t),
+            nics=nics,
             host=host,
             job_hosts=job_hosts,
+            hardware=hardware,
         )
         return self.nccl.enrich(node, snapshot, k, t) if self._nccl_on and self.nccl.active else snapshot

@@ -111,7 +111,7 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
 
             fabric = FabricReader(options.node, sysfs_root=options.sysfs_root, proc_root=options.proc_root)
             enrichers.append(fabric.enrich)
-        enrichers.append(_hardware_reader(options))  # after the fabric: peermem is read where RDMA ports exist
+            enrichers.append(_hardware_reader(options))  # after the ports: peermem is read where RDMA ports exist
         if options.nccl_ras:  # last: it maps ranks to the jobs the job mapper found
             from gpulens.exporter.ncclras import NcclRasReader
 

@@ -107,7 +107,7 @@ def metrics_reference() -> str:
         "`gpulens_nic_*` series (RDMA ports) carry `node, device, port` instead, `gpulens_host_*` series `node` and",
         "`gpulens_job_*` series `node, job_id`; docs/fabric.md describes where they come from.",
         "`gpulens_pod_gpu_info` names the Kubernetes pod and container of a job on a GPU (`--kubelet-socket`).",
-        "`gpulens_node_*` series (the node's hardware against what it should be) carry `node`; docs/exporter.md",
+        "`gpulens_node_*` series (the node's hardware against what it should be) carry `node`; docs/fabric.md",
         '("Expected hardware") describes them.',
         "`gpulens_nccl_*` series (NCCL RAS) carry `node` and, per rank, `job_id, comm, rank`; docs/nccl.md describes",
         "them.",

@@ -100,7 +100,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--no-fabric",
         action="store_true",
-        help="do not read RDMA ports, host CPU and memory or job cgroups (GPUs only)",
+        help="do not read RDMA ports, host CPU and memory, job cgroups or the PCI bus (GPUs only)",
     )
     p.add_argument(
         "--expect-gpus",

@@ -14,7 +14,7 @@ from gpulens.exporter.metrics import ExporterHealth, render_metrics
 from gpulens.exporter.nvml import NvmlSource
 from gpulens.fabricmodel import NicReading
 from gpulens.model import NodeSnapshot
-from gpulens.nodehardware import FABRIC_IN_PROGRESS, missing_gpus, sysfs_bus_id
+from gpulens.nodehardware import FABRIC_IN_PROGRESS, NodeHardware, missing_gpus, sysfs_bus_id
 from tests.fakes.fake_nvml import FakeNvml
 
 HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)  # the fake NVML's H100 addresses
@@ -174,3 +174,14 @@ def test_bus_ids_compare_as_sysfs_writes_them() -> None:
     assert sysfs_bus_id("00000000:3B:00.0") == "0000:3b:00.0"
     assert sysfs_bus_id("0001:3b:00.0") == "0001:3b:00.0"
     assert missing_gpus(["0000:3b:00.0", "0001:3b:00.0"], ["00000000:3B:00.0", None]) == ("0001:3b:00.0",)
+
+
+def test_the_snapshot_document_carries_the_hardware_to_the_collector(nvml_snapshot: NodeSnapshot) -> None:
+    from gpulens.snapshotcodec import LAYOUTS, snapshot_from_bytes, snapshot_to_bytes
+
+    snapshot = nvml_snapshot.replace(
+        hardware=NodeHardware(pci_gpus=("0000:18:00.0",), missing_gpus=("0000:18:00.0",), nvswitches=4)
+    )
+    for layout in LAYOUTS:
+        assert snapshot_from_bytes(snapshot_to_bytes(snapshot, layout=layout)).hardware == snapshot.hardware
+    assert snapshot_from_bytes(snapshot_to_bytes(snapshot.replace(hardware=None))).hardware is None

@@ -38,9 +38,12 @@ def _enabled(value: object) -> bool | None:
 
 def fabric_state(calls: Calls, gpu: Gpu) -> tuple[str | None, bool | None]:
     """(state name, ready) of the GPU's fabric registration; (None, None) where the driver offers none."""
-    info: ctypes.Structure = pynvml.c_nvmlGpuFabricInfoV_t()
-    _, code = calls.attempt(gpu, "nvmlDeviceGetGpuFabricInfoV", gpu.handle, ctypes.byref(info), quiet=_QUIET)
-    if code == FUNCTION_NOT_FOUND:  # a driver before 550
+    versioned = getattr(pynvml, "c_nvmlGpuFabricInfoV_t", None)  # nvidia-ml-py 12.550 and later
+    code: int | None = FUNCTION_NOT_FOUND
+    if versioned is not None:
+        info: ctypes.Structure = versioned()
+        _, code = calls.attempt(gpu, "nvmlDeviceGetGpuFabricInfoV", gpu.handle, ctypes.byref(info), quiet=_QUIET)
+    if code == FUNCTION_NOT_FOUND:  # a driver (or nvidia-ml-py) before 550
         info = pynvml.c_nvmlGpuFabricInfo_t()
         _, code = calls.attempt(gpu, "nvmlDeviceGetGpuFabricInfo", gpu.handle, ctypes.byref(info), quiet=_QUIET)
     if code is not None:

@@ -82,7 +82,7 @@ def ib_port_missing(rule: AlertRule, history: History, now: float) -> list[Candi
         if expected is None:
             continue
         nics = history.fabric.node_nics(node)
-        active = ib_ports_active(nics)
+        active = hw.ib_ports_active if hw.ib_ports_active is not None else ib_ports_active(nics)
         if active < expected:
             down = sorted(f"{n.device}/{n.port}" for n in nics if n.link_layer == LINK_LAYER_INFINIBAND and not n.up)
             out.append(

@@ -16,11 +16,12 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from gpulens.collector.pair import WhileActive
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading, TargetHealth
+from gpulens.nodehardware import NodeHardware
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.leader import HA_PAIR_ACTIVE, Leadership, on_standby
@@ -58,7 +59,12 @@ def store_round(store: StoreReader, now: float, *, max_age_s: float) -> RoundRes
         processes = store.current_processes()
     except NotAvailableOnBackendError:
         processes = []
-    return assemble_round(store.backend, now, readings, jobs, processes, store.target_health())
+    nodes = sorted({r.node for r in readings})
+    try:
+        hardware = store.latest_hardware(nodes) if nodes else {}
+    except NotAvailableOnBackendError:  # Prometheus: the exported rules read the node's families there
+        hardware = {}
+    return assemble_round(store.backend, now, readings, jobs, processes, store.target_health(), hardware)
 
 
 def assemble_round(
@@ -68,8 +74,10 @@ def assemble_round(
     jobs: Sequence[GpuJob],
     processes: Sequence[ProcessReading],
     targets: Sequence[TargetHealth],
+    hardware: Mapping[str, tuple[NodeHardware, str | None]] | None = None,
 ) -> RoundResult:
-    """One ``RoundResult`` of what a store gave: a snapshot per node that has readings."""
+    """One ``RoundResult`` of what a store gave: a snapshot per node that has readings, with its stored hardware and
+    driver version where the store keeps them."""
     gpus: dict[str, list[GpuReading]] = defaultdict(list)
     for r in readings:
         gpus[r.node].append(r)
@@ -87,6 +95,8 @@ def assemble_round(
             gpus=tuple(held),
             processes=tuple(node_processes[node]),
             jobs=tuple(node_jobs[node]),
+            hardware=(hardware or {}).get(node, (None, None))[0],
+            driver_version=(hardware or {}).get(node, (None, None))[1],
         )
         for node, held in sorted(gpus.items())
     ]

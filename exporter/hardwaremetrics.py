@@ -81,7 +81,8 @@ def hardware_families(snapshot: NodeSnapshot) -> Iterator[Family]:
         labels=GPU_LABELS,
     )
     if hw is not None:
-        active.add_metric((node,), ib_ports_active(snapshot.nics))
+        count = hw.ib_ports_active if hw.ib_ports_active is not None else ib_ports_active(snapshot.nics)
+        active.add_metric((node,), count)
         for bus_id in hw.missing_gpus:
             missing.add_metric((node, bus_id), 1)
     yield from (active, missing)

@@ -62,7 +62,8 @@ class GpuConfig:
 
 @dataclass(frozen=True)
 class NodeHardware:
-    """What the node's hardware is against what it should be; see the module docstring."""
+    """What the node's hardware is against what it should be; see the module docstring. What the alert rules weigh
+    is here, counted at the source, so that a round read back from a store (which holds no ports) judges it too."""
 
     pci_gpus: tuple[str, ...] | None = None
     missing_gpus: tuple[str, ...] = ()
@@ -70,6 +71,7 @@ class NodeHardware:
     gpus_expected: int | None = None
     ib_ports_expected: int | None = None
     ib_rate_expected_bytes_per_second: float | None = None
+    ib_ports_active: int | None = None  # InfiniBand ports up (``ib_ports_active``), counted where the ports are read
     nvswitches: int | None = None  # NVSwitches on the PCI bus (vendor 0x10de, class bridge 0x0680)
     fabric_manager_running: bool | None = None  # read on NVSwitch nodes only
     peermem_loaded: bool | None = None  # read where RDMA ports exist

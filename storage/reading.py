@@ -14,7 +14,8 @@ from typing import Protocol
 from gpulens.clock import Clock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, ProcessReading, TargetHealth
-from gpulens.storage import fabric, inventory, jobstats, latest, portproblems, timeseries
+from gpulens.nodehardware import NodeHardware
+from gpulens.storage import fabric, hardwarestore, inventory, jobstats, latest, portproblems, timeseries
 from gpulens.storage.db import Database
 from gpulens.storage.inventory import GpuInfo, LinkOutage
 from gpulens.storage.jobstats import JobSummary
@@ -139,6 +140,10 @@ class StoreReader(Protocol):
         """The newest reading of every node's CPUs and memory (of ``node`` only, if given), by node."""
         ...
 
+    def latest_hardware(self, nodes: Sequence[str] | None = None) -> dict[str, tuple[NodeHardware, str | None]]:
+        """Each node's newest hardware and its driver version (``storage.hardwarestore``)."""
+        ...
+
     def latest_job_hosts(self, *, job_id: str | None = None) -> list[JobHostReading]:
         """Each running job's share of each of its nodes (of ``job_id`` only, if given), by job and node."""
         ...
@@ -237,6 +242,9 @@ class SqlReader:
 
     def latest_hosts(self, *, node: str | None = None) -> list[HostReading]:
         return fabric.latest_hosts(self.db, node=node)
+
+    def latest_hardware(self, nodes: Sequence[str] | None = None) -> dict[str, tuple[NodeHardware, str | None]]:
+        return hardwarestore.latest(self.db, nodes)
 
     def latest_job_hosts(self, *, job_id: str | None = None) -> list[JobHostReading]:
         return fabric.latest_job_hosts(self.db, job_id=job_id)

@@ -30,7 +30,7 @@ from gpulens.clock import Clock, SystemClock
 from gpulens.exporter.fabric.sysread import AttributeReader
 from gpulens.logutil import ErrorCounter
 from gpulens.model import NodeSnapshot
-from gpulens.nodehardware import NodeHardware, gbps_to_bytes_per_second, missing_gpus, sysfs_bus_id
+from gpulens.nodehardware import NodeHardware, gbps_to_bytes_per_second, ib_ports_active, missing_gpus, sysfs_bus_id
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,7 @@ class HardwareReader:
             gpus_expected=self._expect.gpus,
             ib_ports_expected=self._expect.ib_ports,
             ib_rate_expected_bytes_per_second=None if rate is None else gbps_to_bytes_per_second(rate),
+            ib_ports_active=ib_ports_active(snapshot.nics),
             nvswitches=bus.nvswitches,
             fabric_manager_running=bus.fabric_manager_running,
             peermem_loaded=bus.peermem_loaded if has_rdma else None,

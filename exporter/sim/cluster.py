@@ -294,7 +294,7 @@ class SimCluster:
         host, job_hosts = self._hosts.readings(node, k, t)
         nics = self._fabric.readings(node, k, t)
         spec = self._specs[node]
-        hardware = node_hardware(spec, gpus, missing, self._node_faults[node], t, has_ports=bool(spec.nics))
+        hardware = node_hardware(spec, gpus, missing, self._node_faults[node], t, nics)
         snapshot = NodeSnapshot(
             node=node,
             timestamp=ts,

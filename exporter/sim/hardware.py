@@ -15,7 +15,15 @@ from gpulens.exporter.sim.faults import FAULT_KINDS
 from gpulens.exporter.sim.gpus import SimGpu
 from gpulens.exporter.sim.specs import FaultSpec, NodeSpec
 from gpulens.exporter.sim.stepstate import PlumbingState
-from gpulens.nodehardware import FABRIC_COMPLETED, FABRIC_NOT_STARTED, GpuConfig, NodeHardware, sysfs_bus_id
+from gpulens.fabricmodel import NicReading
+from gpulens.nodehardware import (
+    FABRIC_COMPLETED,
+    FABRIC_NOT_STARTED,
+    GpuConfig,
+    NodeHardware,
+    ib_ports_active,
+    sysfs_bus_id,
+)
 
 
 def _bus(bus_id: str) -> str:
@@ -28,8 +36,7 @@ def node_hardware(
     missing: Sequence[SimGpu],
     faults: Sequence[FaultSpec],
     t: float,
-    *,
-    has_ports: bool,
+    nics: Sequence[NicReading],
 ) -> NodeHardware:
     """The node's hardware at ``t``: ``missing`` are its GPUs without a reading, ``faults`` those naming the node."""
     plumbing = PlumbingState()
@@ -46,6 +53,7 @@ def node_hardware(
         nvml_gpus=len(gpus) - len(missing),
         nvswitches=switches,
         fabric_manager_running=plumbing.fabric_ready if switches else None,
-        peermem_loaded=plumbing.peermem_loaded if has_ports else None,
+        peermem_loaded=plumbing.peermem_loaded if nics else None,
+        ib_ports_active=ib_ports_active(nics),
         gpus=tuple(GpuConfig(g.ref.index, g.uuid, True, True, state, ready) for g in gpus if g.ref.index not in absent),
     )

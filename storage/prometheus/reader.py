@@ -28,6 +28,7 @@ from typing import Any, Final
 from gpulens.clock import Clock, SystemClock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, ProcessReading, TargetHealth
+from gpulens.nodehardware import NodeHardware
 from gpulens.settings import StoreAuth
 from gpulens.storage import schema
 from gpulens.storage.inventory import GpuInfo, LinkOutage
@@ -484,6 +485,10 @@ class PromReader:
 
     def latest_hosts(self, *, node: str | None = None) -> list[HostReading]:
         return fabric.latest_hosts(self, node=node)
+
+    def latest_hardware(self, nodes: Sequence[str] | None = None) -> dict[str, tuple[NodeHardware, str | None]]:
+        """Not kept: Prometheus holds the hardware families, which the exported rules read themselves."""
+        raise NotAvailableOnBackendError("node hardware", "the exported rules read the gpulens_node_* families")
 
     def latest_job_hosts(self, *, job_id: str | None = None) -> list[JobHostReading]:
         return fabric.latest_job_hosts(self, job_id=job_id)

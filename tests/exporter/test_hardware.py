@@ -185,3 +185,35 @@ def test_the_snapshot_document_carries_the_hardware_to_the_collector(nvml_snapsh
     for layout in LAYOUTS:
         assert snapshot_from_bytes(snapshot_to_bytes(snapshot, layout=layout)).hardware == snapshot.hardware
     assert snapshot_from_bytes(snapshot_to_bytes(snapshot.replace(hardware=None))).hardware is None
+
+
+class _Node:
+    """One node as the collector sees it: the agent's snapshot through the JSON document, at any time."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def node_names(self) -> list[str]:
+        return ["n1"]
+
+    def snapshot(self, node: str, t: float) -> NodeSnapshot:
+        from gpulens.snapshotcodec import snapshot_from_bytes
+
+        return snapshot_from_bytes(self._body).replace(timestamp=t)
+
+
+def test_eight_gpus_on_the_bus_seven_in_nvml_fire_gpu_missing_naming_the_address(
+    tmp_path: Path, nvml_snapshot: NodeSnapshot
+) -> None:
+    from gpulens.alerts.replay import replay
+    from gpulens.alerts.rules import builtin_rules
+    from gpulens.snapshotcodec import snapshot_to_bytes
+
+    reader = HardwareReader(root=str(hgx_tree(tmp_path)), proc_root=str(tmp_path))
+    body = snapshot_to_bytes(reader.enrich(nvml_snapshot), layout="columnar")
+    report = replay(_Node(body), start=0.0, end=300.0, step_s=10.0, rules=builtin_rules())
+    missing = [a for a in report.alerts if a.alertname == "GpuMissing"]
+    assert [(a.labels["node"], a.labels["pci_bus_id"], a.labels["severity"]) for a in missing] == [
+        ("n1", "0000:db:00.0", "critical")
+    ]
+    assert missing[0].starts_at == 60.0  # its `for`

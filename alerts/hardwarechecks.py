@@ -98,7 +98,19 @@ def ib_port_missing(rule: AlertRule, history: History, now: float) -> list[Candi
     return out
 
 
+_SLOW_DESCRIPTION: Final = (
+    "The port trained below the rate the node should run at (--expect-ib-rate-gbps): a lane is down or the cable, "
+    "transceiver or switch port negotiated a lower speed since the node booted."
+)
+
+
+def _rates(rate: float, expected: float) -> str:
+    return f"runs at {rate * 8 / 1e9:g} Gb/s, expected {expected * 8 / 1e9:g} Gb/s"
+
+
 def ib_port_slow(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    """The round's ports where it has them (with their GPUs and jobs); else the slow ports the agent counted (a round
+    read back from a store holds no ports)."""
     latest = history.latest
     if latest is None:
         return []
@@ -107,7 +119,14 @@ def ib_port_slow(rule: AlertRule, history: History, now: float) -> list[Candidat
         expected = hw.ib_rate_expected_bytes_per_second
         if expected is None:
             continue
-        for nic in history.fabric.node_nics(node):
+        nics = history.fabric.node_nics(node)
+        if not nics:
+            for device, port, counted in hw.ib_ports_slow:
+                subject = {"node": node, "device": device, "port": str(port)}
+                what = f"{node} {device} port {port}: {_rates(counted, expected)}"
+                out.append(Candidate(rule.name, rule_labels(rule, subject), counted, what, _SLOW_DESCRIPTION))
+            continue
+        for nic in nics:
             rate = nic.rate_bytes_per_second
             if not nic.up or nic.link_layer != LINK_LAYER_INFINIBAND or rate is None:
                 continue
@@ -117,16 +136,8 @@ def ib_port_slow(rule: AlertRule, history: History, now: float) -> list[Candidat
             subject = {"node": node, "device": nic.device, "port": str(nic.port), "gpus": gpus_text(nic.gpus)}
             if jobs:
                 subject["job_id"] = ",".join(jobs)
-            out.append(
-                Candidate(
-                    rule.name,
-                    rule_labels(rule, subject),
-                    rate,
-                    f"{port_place(nic, jobs)}: runs at {rate * 8 / 1e9:g} Gb/s, expected {expected * 8 / 1e9:g} Gb/s",
-                    "The port trained below the rate the node should run at (--expect-ib-rate-gbps): a lane is down "
-                    "or the cable, transceiver or switch port negotiated a lower speed since the node booted.",
-                )
-            )
+            what = f"{port_place(nic, jobs)}: {_rates(rate, expected)}"
+            out.append(Candidate(rule.name, rule_labels(rule, subject), rate, what, _SLOW_DESCRIPTION))
     return out
 
 

@@ -72,6 +72,8 @@ class NodeHardware:
     ib_ports_expected: int | None = None
     ib_rate_expected_bytes_per_second: float | None = None
     ib_ports_active: int | None = None  # InfiniBand ports up (``ib_ports_active``), counted where the ports are read
+    # The InfiniBand ports up below the expected rate (``ib_ports_slow``): (device, port, rate in bytes per second).
+    ib_ports_slow: tuple[tuple[str, int, float], ...] = ()
     nvswitches: int | None = None  # NVSwitches on the PCI bus (vendor 0x10de, class bridge 0x0680)
     fabric_manager_running: bool | None = None  # read on NVSwitch nodes only
     peermem_loaded: bool | None = None  # read where RDMA ports exist
@@ -91,6 +93,21 @@ def missing_gpus(pci_gpus: Iterable[str], reading_bus_ids: Iterable[str | None])
 def ib_ports_active(nics: Sequence[NicReading]) -> int:
     """The node's InfiniBand ports that are up (ACTIVE and LinkUp): what ``--expect-ib-ports`` is compared with."""
     return sum(1 for n in nics if n.up and n.link_layer == LINK_LAYER_INFINIBAND)
+
+
+def ib_ports_slow(nics: Sequence[NicReading], expected: float | None) -> tuple[tuple[str, int, float], ...]:
+    """The InfiniBand ports up below ``expected`` bytes per second (``IB_RATE_TOLERANCE`` allowed), as
+    (device, port, rate); none without an expectation."""
+    if expected is None:
+        return ()
+    return tuple(
+        (n.device, n.port, n.rate_bytes_per_second)
+        for n in nics
+        if n.up
+        and n.link_layer == LINK_LAYER_INFINIBAND
+        and n.rate_bytes_per_second is not None
+        and n.rate_bytes_per_second < expected * IB_RATE_TOLERANCE
+    )
 
 
 def gbps_to_bytes_per_second(gbps: float) -> float:

@@ -30,7 +30,14 @@ from gpulens.clock import Clock, SystemClock
 from gpulens.exporter.fabric.sysread import AttributeReader
 from gpulens.logutil import ErrorCounter
 from gpulens.model import NodeSnapshot
-from gpulens.nodehardware import NodeHardware, gbps_to_bytes_per_second, ib_ports_active, missing_gpus, sysfs_bus_id
+from gpulens.nodehardware import (
+    NodeHardware,
+    gbps_to_bytes_per_second,
+    ib_ports_active,
+    ib_ports_slow,
+    missing_gpus,
+    sysfs_bus_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +107,7 @@ class HardwareReader:
         if bus.gpus is not None and all(bus_ids):  # a source that names no address cannot be compared
             missing = missing_gpus(bus.gpus, bus_ids)
         rate = self._expect.ib_rate_gbps
+        expected_rate = None if rate is None else gbps_to_bytes_per_second(rate)
         base = snapshot.hardware or NodeHardware()
         hardware = replace(
             base,
@@ -108,8 +116,9 @@ class HardwareReader:
             nvml_gpus=len(snapshot.gpus),
             gpus_expected=self._expect.gpus,
             ib_ports_expected=self._expect.ib_ports,
-            ib_rate_expected_bytes_per_second=None if rate is None else gbps_to_bytes_per_second(rate),
+            ib_rate_expected_bytes_per_second=expected_rate,
             ib_ports_active=ib_ports_active(snapshot.nics),
+            ib_ports_slow=ib_ports_slow(snapshot.nics, expected_rate),
             nvswitches=bus.nvswitches,
             fabric_manager_running=bus.fabric_manager_running,
             peermem_loaded=bus.peermem_loaded if has_rdma else None,

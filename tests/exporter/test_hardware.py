@@ -125,6 +125,12 @@ def test_peermem_is_read_only_where_rdma_ports_exist(tmp_path: Path, nvml_snapsh
     assert hw is not None
     assert hw.peermem_loaded is False
     assert (hw.ib_ports_expected, hw.ib_rate_expected_bytes_per_second) == (2, 5e10)
+    assert (hw.ib_ports_active, hw.ib_ports_slow) == (1, ())
+    slow_port = NicReading("n1", "mlx5_1", 1, link_layer="InfiniBand", up=True, rate_bytes_per_second=2.5e10)
+    reader = HardwareReader(root=str(root), proc_root=str(tmp_path), expect=expect)
+    slow = reader.enrich(nvml_snapshot.replace(nics=(slow_port,))).hardware
+    assert slow is not None
+    assert slow.ib_ports_slow == (("mlx5_1", 1, 2.5e10),)
     (root / "sys" / "module" / "nvidia_peermem").mkdir(parents=True)
     hw = HardwareReader(root=str(root), proc_root=str(tmp_path)).enrich(with_port).hardware
     assert hw is not None

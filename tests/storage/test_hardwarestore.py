@@ -30,6 +30,8 @@ def _hardware(**changes: object) -> NodeHardware:
         nvml_gpus=2,
         ib_ports_expected=4,
         ib_ports_active=3,
+        ib_rate_expected_bytes_per_second=5e10,
+        ib_ports_slow=(("mlx5_2", 1, 2.5e10),),
         nvswitches=4,
         fabric_manager_running=True,
         peermem_loaded=True,
@@ -79,5 +81,8 @@ def test_the_rules_over_a_store_round_judge_the_stored_hardware(db: Database) ->
     assert missing.labels["pci_bus_id"] == "0000:3a:00.0"
     [ports] = hardwarechecks.ib_port_missing(RULES["IbPortMissing"], history, T0 + 5)  # no ports in a store round
     assert "3 of 4 expected" in ports.summary
+    [slow] = hardwarechecks.ib_port_slow(RULES["IbPortSlow"], history, T0 + 5)  # as the agent counted it
+    assert (slow.labels["device"], slow.labels["port"]) == ("mlx5_2", "1")
+    assert "200 Gb/s, expected 400 Gb/s" in slow.summary
     [fabric] = hardwarechecks.gpu_fabric_not_ready(RULES["GpuFabricNotReady"], history, T0 + 5)
     assert fabric.labels["gpu"] == "0"

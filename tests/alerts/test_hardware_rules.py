@@ -196,14 +196,16 @@ def test_the_exported_rules_fire_under_promtool(promtool: str, tmp_path: Path) -
         _series("gpulens_nic_info", info, "1x40"),
         _series("gpulens_nic_link_speed_bytes_per_second", port, "2.5e10x40"),
     ]
-    for i in range(1, 5):  # four nodes, n4 on another driver and without peermem, its GPU 0 without persistence
+    for i in range(
+        1, 5
+    ):  # four nodes, n4 on another driver and without peermem, its GPU 0 without persistence; n2's GPU 1 without ECC
         where = {"instance": f"n{i}:9410", "job": "gpulens", "node": f"n{i}"}
         driver = "535.183.01" if i == 4 else "550.127.08"
         for g in range(2):
             gpu = {**where, "gpu": str(g), "uuid": f"GPU-n{i}-{g}"}
             series.append(_series("gpulens_gpu_info", {**gpu, "pci_bus_id": "x", "driver_version": driver}, "1x40"))
             series.append(_series("gpulens_gpu_persistence_mode", gpu, ("0" if (i, g) == (4, 0) else "1") + "x40"))
-            series.append(_series("gpulens_gpu_ecc_enabled", gpu, "1x40"))
+            series.append(_series("gpulens_gpu_ecc_enabled", gpu, ("0" if (i, g) == (2, 1) else "1") + "x40"))
         series.append(_series("gpulens_node_peermem_loaded", where, ("0" if i == 4 else "1") + "x40"))
     expected = [
         {
@@ -275,6 +277,23 @@ def test_the_exported_rules_fire_under_promtool(promtool: str, tmp_path: Path) -
                     ("nvidia_peermem", "0", {"value": "0"}),
                     ("persistence_mode", "0", {"value": "0", "gpu": "0", "uuid": "GPU-n4-0"}),
                 )
+            ]
+            + [
+                {
+                    "exp_labels": {
+                        "severity": "warning",
+                        "setting": "ecc_mode",
+                        "node": "n2",
+                        "value": "0",
+                        "gpu": "1",
+                        "uuid": "GPU-n2-1",
+                    },
+                    "exp_annotations": annotations(
+                        "GpuConfigDrift",
+                        "GpuConfigDrift: n2 runs ecc_mode 0, unlike the cluster's majority.",
+                        "ecc_mode",
+                    ),
+                }
             ],
         },
     ]

@@ -89,9 +89,9 @@ HARDWARE_DEFINITIONS: Final[tuple[Definition, ...]] = (
             scope="node",
             thresholds={"min_peers": 3.0},
             meaning="A node (or one of its GPUs) runs a setting the cluster's majority does not: the driver version, "
-            "nvidia_peermem loaded (nodes with RDMA ports), persistence mode or ECC mode (per GPU). The majority is "
-            "the value more than half of the nodes (GPUs) hold, among at least `min_peers`; without one nothing "
-            "fires. Labels: `setting`, `value`, `majority`.",
+            "nvidia_peermem loaded (nodes with RDMA ports), persistence mode or ECC mode (per GPU, among the GPUs of "
+            "its model). The majority is the value more than half of the nodes (GPUs) hold, among at least "
+            "`min_peers`; without one nothing fires. Labels: `setting`, `value`, `majority`.",
             action="Bring the node in line with its peers (the driver package, modprobe nvidia_peermem, "
             "nvidia-smi -pm 1, nvidia-smi -e 1 and a reboot) or drain it until then; during a rolling upgrade the "
             "nodes not yet upgraded fire once the upgraded ones are the majority.",

@@ -178,14 +178,17 @@ def gpu_fabric_not_ready(rule: AlertRule, history: History, now: float) -> list[
 
 @dataclass(frozen=True, slots=True)
 class _Unit:
-    """One node or GPU holding a value of one setting."""
+    """One node or GPU holding a value of one setting; ``model``: the GPU's model, whose GPUs are its peers."""
 
     node: str
     gpu: str = ""
     uuid: str = ""
+    model: str = ""
 
 
 def _settings(history: History) -> Iterable[tuple[str, dict[_Unit, str]]]:
+    """Each setting's value per node (driver, peermem) or per GPU (persistence, ECC: compared among GPUs of one
+    model, so that a fleet's inference boards with their own defaults are not every training node's odd ones)."""
     latest = history.latest
     if latest is None:
         return
@@ -197,8 +200,9 @@ def _settings(history: History) -> Iterable[tuple[str, dict[_Unit, str]]]:
         for node, hw in latest.hardware.items():
             for c in hw.gpus:
                 value = getattr(c, attribute)
+                reading = latest.gpus.get(c.uuid)
                 if value is not None:
-                    values[_Unit(node, str(c.gpu), c.uuid)] = _on(value)
+                    values[_Unit(node, str(c.gpu), c.uuid, reading.model if reading else "")] = _on(value)
         yield setting, values
 
 
@@ -220,25 +224,35 @@ def gpu_config_drift(rule: AlertRule, history: History, now: float) -> list[Cand
     min_peers = rule.threshold("min_peers")
     out = []
     for setting, values in _settings(history):
-        usual = majority(values.values(), min_peers)
-        if usual is None:
+        groups: dict[str, dict[_Unit, str]] = {}
+        for unit, value in values.items():
+            groups.setdefault(unit.model, {})[unit] = value
+        for group in groups.values():
+            usual = majority(group.values(), min_peers)
+            if usual is not None:
+                out += _drifted(rule, setting, group, str(usual))
+    return out
+
+
+def _drifted(rule: AlertRule, setting: str, values: Mapping[_Unit, str], usual: str) -> list[Candidate]:
+    out = []
+    for unit, value in sorted(values.items(), key=lambda item: (item[0].node, item[0].gpu)):
+        if value == usual:
             continue
-        for unit, value in sorted(values.items(), key=lambda item: (item[0].node, item[0].gpu)):
-            if value == usual:
-                continue
-            where = f"GPU {unit.gpu} " if unit.gpu else ""
-            extra = {"gpu": unit.gpu, "uuid": unit.uuid} if unit.gpu else {}
-            out.append(
-                _node_candidate(
-                    rule,
-                    unit.node,
-                    None,
-                    f"{where}{setting} is {value}, the cluster's majority {usual}",
-                    f"Most of the cluster's {'GPUs' if unit.gpu else 'nodes'} run {setting} = {usual}; this one "
-                    f"runs {value}. A node configured apart from its peers behaves apart: a driver mismatch breaks "
-                    "NCCL between nodes, persistence off adds seconds to every job start, ECC off hides memory "
-                    "errors, and without nvidia_peermem GPUDirect RDMA falls back to copies through host memory.",
-                    {"setting": setting, "value": value, "majority": str(usual), **extra},
-                )
+        where = f"GPU {unit.gpu} " if unit.gpu else ""
+        extra = {"gpu": unit.gpu, "uuid": unit.uuid, "model": unit.model} if unit.gpu else {}
+        peers = f"{unit.model} GPUs" if unit.model else "GPUs" if unit.gpu else "nodes"
+        out.append(
+            _node_candidate(
+                rule,
+                unit.node,
+                None,
+                f"{where}{setting} is {value}, the cluster's majority {usual}",
+                f"Most of the cluster's {peers} run {setting} = {usual}; this one runs {value}. A node configured "
+                "apart from its peers behaves apart: a driver mismatch breaks NCCL between nodes, persistence off adds "
+                "seconds to every job start, ECC off hides memory errors, and without nvidia_peermem GPUDirect RDMA "
+                "falls back to copies through host memory.",
+                {"setting": setting, "value": value, "majority": usual, **extra},
             )
+        )
     return out

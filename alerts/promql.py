@@ -370,28 +370,37 @@ def gpu_fabric_not_ready(rule: AlertRule) -> list[Exported]:
     return [Exported(expr, rule.for_s, summary)]
 
 
-def _minority(values: str, label: str, min_peers: float) -> str:
+def _minority(values: str, label: str, min_peers: float, peers: str = "") -> str:
     """The series of ``values`` (one per node or GPU, the setting in ``label``) whose value is not the one more than
-    half of them hold, when there are at least ``min_peers`` of them."""
-    total = f"scalar(count({values}))"
+    half of their peers hold (the same ``peers`` label: a GPU model), when there are at least ``min_peers`` of them."""
+    if not peers:
+        total = f"scalar(count({values}))"
+        return (
+            f"({values}) and on({label}) (count by ({label}) ({values}) * 2 <= {total}) "
+            f"and on() (max(count by ({label}) ({values})) * 2 > {total}) and on() (count({values}) >= {min_peers:g})"
+        )
+    by = f"{peers}, {label}"
+    total = f"count by ({peers}) ({values})"
+    top = f"max by ({peers}) (count by ({by}) ({values}))"
     return (
-        f"({values}) and on({label}) (count by ({label}) ({values}) * 2 <= {total}) "
-        f"and on() (max(count by ({label}) ({values})) * 2 > {total}) and on() (count({values}) >= {min_peers:g})"
+        f"({values}) and on({by}) (count by ({by}) ({values}) * 2 <= on({peers}) group_left() {total}) "
+        f"and on({peers}) ({top} * 2 > {total}) and on({peers}) ({total} >= {min_peers:g})"
     )
 
 
 def gpu_config_drift(rule: AlertRule) -> list[Exported]:
-    """One rule per setting; ``count_values`` turns a 0/1 setting into a label the majority can be counted by."""
+    """One rule per setting; ``count_values`` turns a 0/1 setting into a label the majority can be counted by. A GPU
+    setting's peers are the GPUs of its model."""
     peers = rule.threshold("min_peers")
     settings = (
         ("driver_version", "max by (node, driver_version) (gpulens_gpu_info)", "driver_version"),
         ("nvidia_peermem", 'count_values by (node) ("value", gpulens_node_peermem_loaded)', "value"),
-        ("persistence_mode", 'count_values by (node, gpu, uuid) ("value", gpulens_gpu_persistence_mode)', "value"),
-        ("ecc_mode", 'count_values by (node, gpu, uuid) ("value", gpulens_gpu_ecc_enabled)', "value"),
+        ("persistence_mode", f'count_values by ({GPU}) ("value", gpulens_gpu_persistence_mode)', "value"),
+        ("ecc_mode", f'count_values by ({GPU}) ("value", gpulens_gpu_ecc_enabled)', "value"),
     )
     return [
         Exported(
-            _minority(values, label, peers),
+            _minority(values, label, peers, "model" if setting in ("persistence_mode", "ecc_mode") else ""),
             rule.for_s,
             f"GpuConfigDrift: {{{{ $labels.node }}}} runs {setting} {{{{ $labels.{label} }}}}, unlike the cluster's "
             "majority.",

@@ -2,7 +2,7 @@
 rendered from a snapshot's ``hardware`` (``gpulens.nodehardware``); nothing where the source did not read it.
 
 The node families carry ``node``; ``gpulens_node_gpu_missing`` adds ``pci_bus_id``; the GPU settings carry ``node,
-gpu, uuid`` like every GPU family. An unknown value is omitted. These are what ``GpuMissing``, ``IbPortMissing``,
+gpu, uuid, model`` like every GPU family. An unknown value is omitted. These are what ``GpuMissing``, ``IbPortMissing``,
 ``IbPortSlow``, ``GpuFabricNotReady`` and ``GpuConfigDrift`` read in PromQL (``alerts/promql.py``).
 """
 
@@ -15,7 +15,7 @@ from gpulens.exporter.promfamily import Family
 from gpulens.model import NodeSnapshot
 from gpulens.nodehardware import FABRIC_STATES, ib_ports_active
 
-GPU_LABELS: Final = ("node", "gpu", "uuid")
+GPU_LABELS: Final = ("node", "gpu", "uuid", "model")
 
 # NodeHardware field -> (family, help); node gauges, in the order they are rendered
 NODE_GAUGES: Final[tuple[tuple[str, str, str], ...]] = (
@@ -87,14 +87,17 @@ def hardware_families(snapshot: NodeSnapshot) -> Iterator[Family]:
             missing.add_metric((node, bus_id), 1)
     yield from (active, missing)
     configs = () if hw is None else hw.gpus
+    models = {g.uuid: g.model for g in snapshot.gpus}
     for field, name, help_text in GPU_GAUGES:
         family = Family(name, help_text, labels=GPU_LABELS)
         for c in configs:
             value = getattr(c, field)
             if value is not None:
-                family.add_metric((node, str(c.gpu), c.uuid), value)
+                family.add_metric((node, str(c.gpu), c.uuid, models.get(c.uuid, "")), value)
         yield family
     for c in configs:
         if c.fabric_state is not None:
-            state.add_metric((node, str(c.gpu), c.uuid), FABRIC_STATES.index(c.fabric_state) + 1)
+            state.add_metric(
+                (node, str(c.gpu), c.uuid, models.get(c.uuid, "")), FABRIC_STATES.index(c.fabric_state) + 1
+            )
     yield state

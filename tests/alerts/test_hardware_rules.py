@@ -22,6 +22,7 @@ from gpulens.nodehardware import FABRIC_COMPLETED, FABRIC_IN_PROGRESS, GpuConfig
 NEW = ("GpuMissing", "IbPortMissing", "IbPortSlow", "GpuFabricNotReady", "GpuConfigDrift")
 RULES = {r.name: r for r in builtin_rules() if r.name in NEW}
 NDR = 5e10  # 400 Gb/s in bytes per second
+H100 = "NVIDIA H100 80GB HBM3"
 
 
 def _gpu(node: str, i: int) -> GpuReading:
@@ -164,6 +165,21 @@ def test_config_drift_needs_a_majority_among_enough_peers() -> None:
     assert [a.labels["setting"] for a in _fire("GpuConfigDrift", no_rdma)] == []
 
 
+def test_config_drift_compares_a_gpus_settings_with_its_models_gpus() -> None:
+    """Two L40S nodes with ECC off beside four H100 nodes with it on: each model is its own majority."""
+
+    def l40s(node: str, ecc: tuple[bool, bool]) -> NodeSnapshot:
+        gpus = tuple(GpuReading(node, i, f"GPU-{node}-{i}", "NVIDIA L40S", 0.0) for i in range(2))
+        configs = tuple(GpuConfig(i, f"GPU-{node}-{i}", True, ecc[i]) for i in range(2))
+        hw = NodeHardware(peermem_loaded=True, gpus=configs)
+        return NodeSnapshot(node, 0.0, "nvml", gpus=gpus, driver_version="550.127.08", hardware=hw)
+
+    assert _fire("GpuConfigDrift", [*_cluster(), l40s("l1", (False, False)), l40s("l2", (False, False))]) == []
+    [odd] = _fire("GpuConfigDrift", [*_cluster(), l40s("l1", (False, False)), l40s("l2", (False, True))])
+    assert (odd.labels["node"], odd.labels["gpu"], odd.labels["model"]) == ("l2", "1", "NVIDIA L40S")
+    assert (odd.labels["value"], odd.labels["majority"]) == ("1", "0")
+
+
 def _series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
     pairs = ",".join(f'{k}="{v}"' for k, v in labels.items())
     return {"series": f"{name}{{{pairs}}}", "values": values}
@@ -202,11 +218,14 @@ def test_the_exported_rules_fire_under_promtool(promtool: str, tmp_path: Path) -
         where = {"instance": f"n{i}:9410", "job": "gpulens", "node": f"n{i}"}
         driver = "535.183.01" if i == 4 else "550.127.08"
         for g in range(2):
-            gpu = {**where, "gpu": str(g), "uuid": f"GPU-n{i}-{g}"}
+            gpu = {**where, "gpu": str(g), "uuid": f"GPU-n{i}-{g}", "model": H100}
             series.append(_series("gpulens_gpu_info", {**gpu, "pci_bus_id": "x", "driver_version": driver}, "1x40"))
             series.append(_series("gpulens_gpu_persistence_mode", gpu, ("0" if (i, g) == (4, 0) else "1") + "x40"))
             series.append(_series("gpulens_gpu_ecc_enabled", gpu, ("0" if (i, g) == (2, 1) else "1") + "x40"))
         series.append(_series("gpulens_node_peermem_loaded", where, ("0" if i == 4 else "1") + "x40"))
+    for g in range(4):  # four L40S boards with ECC off: peers of each other, not of the H100s
+        l40s = {"instance": "n5:9410", "job": "gpulens", "node": "n5", "gpu": str(g), "uuid": f"GPU-n5-{g}"}
+        series.append(_series("gpulens_gpu_ecc_enabled", {**l40s, "model": "NVIDIA L40S"}, "0x40"))
     expected = [
         {
             "alertname": "GpuMissing",
@@ -275,7 +294,7 @@ def test_the_exported_rules_fire_under_promtool(promtool: str, tmp_path: Path) -
                 for setting, value, extra in (
                     ("driver_version", "535.183.01", {"driver_version": "535.183.01"}),
                     ("nvidia_peermem", "0", {"value": "0"}),
-                    ("persistence_mode", "0", {"value": "0", "gpu": "0", "uuid": "GPU-n4-0"}),
+                    ("persistence_mode", "0", {"value": "0", "gpu": "0", "uuid": "GPU-n4-0", "model": H100}),
                 )
             ]
             + [
@@ -287,6 +306,7 @@ def test_the_exported_rules_fire_under_promtool(promtool: str, tmp_path: Path) -
                         "value": "0",
                         "gpu": "1",
                         "uuid": "GPU-n2-1",
+                        "model": H100,
                     },
                     "exp_annotations": annotations(
                         "GpuConfigDrift",

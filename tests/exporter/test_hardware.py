@@ -156,9 +156,9 @@ def test_gpu_settings_and_fabric_state_through_nvml() -> None:
     assert (g1.persistence_mode, g1.fabric_state, g1.fabric_ready) == (False, FABRIC_IN_PROGRESS, False)
     assert (g2.ecc_enabled, g2.fabric_ready) == (False, False)
     text = render_metrics(snapshot, ExporterHealth(0.0, 0.0, {})).decode()
-    assert f'gpulens_gpu_fabric_ready{{node="n1",gpu="1",uuid="{g1.uuid}"}} 0' in text
-    assert f'gpulens_gpu_persistence_mode{{node="n1",gpu="1",uuid="{g1.uuid}"}} 0' in text
-    assert f'gpulens_gpu_fabric_state{{node="n1",gpu="1",uuid="{g1.uuid}"}} 2' in text
+    assert f'gpulens_gpu_fabric_ready{{node="n1",gpu="1",uuid="{g1.uuid}",model="NVIDIA H100 80GB HBM3"}} 0' in text
+    assert f'gpulens_gpu_persistence_mode{{node="n1",gpu="1",uuid="{g1.uuid}",model="NVIDIA H100 80GB HBM3"}} 0' in text
+    assert f'gpulens_gpu_fabric_state{{node="n1",gpu="1",uuid="{g1.uuid}",model="NVIDIA H100 80GB HBM3"}} 2' in text
 
 
 def test_no_fabric_is_unknown_and_an_old_driver_uses_the_older_call() -> None:

@@ -24,7 +24,6 @@ SETTING_DRIVER: Final = "driver_version"
 SETTING_PEERMEM: Final = "nvidia_peermem"
 SETTING_PERSISTENCE: Final = "persistence_mode"
 SETTING_ECC: Final = "ecc_mode"
-Labels = Mapping[str, str] | None
 
 
 def _node_candidate(

@@ -14,18 +14,24 @@ from gpulens.alerts import prefilters as pre
 from gpulens.alerts.base import AlertRule
 from gpulens.alerts.definition import Definition, RoundPlan
 from gpulens.alerts.fabriccatalogue import FABRIC_DEFINITIONS
+from gpulens.alerts.hardwarecatalogue import HARDWARE_DEFINITIONS
 from gpulens.alerts.names import (  # the rules' names, re-exported: the catalogue is where users look them up
     COMMUNICATION_STALL,
     ECC_UNCORRECTABLE,
     EXPORTER_DOWN,
     FABRIC_CONGESTION,
     FABRIC_SATURATED,
+    GPU_CONFIG_DRIFT,
+    GPU_FABRIC_NOT_READY,
     GPU_LOST,
+    GPU_MISSING,
     HW_POWER_BRAKE,
     IB_ERRORS,
     IB_LINK_DEGRADED,
     IB_LINK_DOWN,
     IB_LINK_FLAPPING,
+    IB_PORT_MISSING,
+    IB_PORT_SLOW,
     IDLE_ALLOCATED,
     JOB_INEFFICIENT,
     JOB_INPUT_BOUND,
@@ -372,6 +378,7 @@ DEFINITIONS: Final[tuple[Definition, ...]] = (
         export=promql.exporter_down,
     ),
     *FABRIC_DEFINITIONS,
+    *HARDWARE_DEFINITIONS,
     Definition(
         AlertRule(
             name=WATCHDOG,
@@ -398,12 +405,17 @@ __all__ = [
     "FABRIC_CONGESTION",
     "FABRIC_SATURATED",
     "GPULENS_ONLY",
+    "GPU_CONFIG_DRIFT",
+    "GPU_FABRIC_NOT_READY",
     "GPU_LOST",
+    "GPU_MISSING",
     "HW_POWER_BRAKE",
     "IB_ERRORS",
     "IB_LINK_DEGRADED",
     "IB_LINK_DOWN",
     "IB_LINK_FLAPPING",
+    "IB_PORT_MISSING",
+    "IB_PORT_SLOW",
     "IDLE_ALLOCATED",
     "JOB_INEFFICIENT",
     "JOB_INPUT_BOUND",

@@ -40,6 +40,7 @@ from gpulens.alerts.jobround import (
 )
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, TargetHealth
 from gpulens.ncclmodel import NcclView
+from gpulens.nodehardware import NodeHardware
 
 # JobRound and its helpers live in ``gpulens.alerts.jobround``; the rules and tests import them from here as before.
 __all__ = [
@@ -67,6 +68,8 @@ class Round:
     nodes: frozenset[str]  # nodes whose snapshot arrived
     targets: tuple[TargetHealth, ...]
     nccl: Mapping[str, NcclView] = field(default_factory=dict)  # node -> its agent's NCCL RAS view
+    hardware: Mapping[str, NodeHardware] = field(default_factory=dict)  # node -> its hardware against expectations
+    drivers: Mapping[str, str] = field(default_factory=dict)  # node -> its driver version, where known
 
 
 def _fits(reference: Sequence[JobRound], summary: JobRound, usual: float | None = None) -> bool:
@@ -202,6 +205,8 @@ class History:
             nodes=frozenset(s.node for s in snapshots),
             targets=tuple(targets),
             nccl={s.node: s.nccl for s in snapshots if s.nccl is not None},
+            hardware={s.node: s.hardware for s in snapshots if s.hardware is not None},
+            drivers={s.node: s.driver_version for s in snapshots if s.driver_version},
         )
         self._rounds.append(round_)
         self._since.clear()

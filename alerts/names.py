@@ -34,6 +34,11 @@ IB_ERRORS: Final = "IbErrors"
 FABRIC_CONGESTION: Final = "FabricCongestion"
 FABRIC_SATURATED: Final = "FabricBandwidthSaturated"
 JOB_INPUT_BOUND: Final = "JobInputBound"
+GPU_MISSING: Final = "GpuMissing"
+IB_PORT_MISSING: Final = "IbPortMissing"
+IB_PORT_SLOW: Final = "IbPortSlow"
+GPU_FABRIC_NOT_READY: Final = "GpuFabricNotReady"
+GPU_CONFIG_DRIFT: Final = "GpuConfigDrift"
 
 # The XIDs operators page on (docs/domain.md §4) and what each is called: the XID catalogue's (docs/xid.md).
 PAGING_XIDS: Final = PAGING_CODES

@@ -27,6 +27,7 @@ from gpulens.collector.pair import WhileActive
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading, TargetHealth
 from gpulens.ncclmodel import NcclView
+from gpulens.nodehardware import NodeHardware
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.leader import HA_PAIR_ACTIVE, Leadership, on_standby
@@ -107,6 +108,11 @@ def store_round(store: StoreReader, now: float, *, max_age_s: float, reads: Roun
     readings = store.latest_readings(max_age_s=max_age_s)
     jobs = store.current_jobs()
     processes: list[ProcessReading] = _or_none(lambda: store.current_processes(), [])
+    nodes = sorted({r.node for r in readings})
+    # Prometheus keeps no hardware records: the exported rules read the node's families there
+    hardware: dict[str, tuple[NodeHardware, str | None]] = {}
+    if nodes:
+        hardware = _or_none(lambda: store.latest_hardware(nodes), hardware)
     return assemble_round(
         store.backend,
         now,
@@ -115,6 +121,7 @@ def store_round(store: StoreReader, now: float, *, max_age_s: float, reads: Roun
         processes,
         store.target_health(),
         fabric_reads(store, max_age_s=max_age_s, reads=reads),
+        hardware,
     )
 
 
@@ -146,8 +153,10 @@ def assemble_round(
     processes: Sequence[ProcessReading],
     targets: Sequence[TargetHealth],
     fabric: FabricRound | None = None,
+    hardware: Mapping[str, tuple[NodeHardware, str | None]] | None = None,
 ) -> RoundResult:
-    """One ``RoundResult`` of what a store gave: a snapshot per node that has readings (GPUs, or RDMA ports)."""
+    """One ``RoundResult`` of what a store gave: a snapshot per node that has readings (GPUs, or RDMA ports), with
+    its stored hardware and driver version where the store keeps them."""
     fabric = fabric or FabricRound()
     gpus: dict[str, list[GpuReading]] = defaultdict(list)
     for r in readings:
@@ -177,6 +186,8 @@ def assemble_round(
             host=hosts.get(node),
             job_hosts=tuple(job_hosts[node]),
             nccl=fabric.nccl.get(node),
+            hardware=(hardware or {}).get(node, (None, None))[0],
+            driver_version=(hardware or {}).get(node, (None, None))[1],
         )
         for node in sorted(set(gpus) | set(nics))
     ]

@@ -50,6 +50,10 @@ class ExporterOptions:
     nccl_ras_addr: str = "127.0.0.1:28028"
     kernel_log: str | None = None  # None: /dev/kmsg where readable (not with --source sim); "": none; else a path
     state_dir: str | None = None  # where XID occurrences outlive restarts; None: memory only
+    # What the node should have (--expect-gpus, --expect-ib-ports, --expect-ib-rate-gbps); None: not said.
+    expect_gpus: int | None = None
+    expect_ib_ports: int | None = None
+    expect_ib_rate_gbps: float | None = None
 
 
 def _nvml_source(options: ExporterOptions) -> GpuSource:
@@ -111,6 +115,7 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
 
             fabric = FabricReader(options.node, sysfs_root=options.sysfs_root, proc_root=options.proc_root)
             enrichers.append(fabric.enrich)
+            enrichers.append(_hardware_reader(options))  # after the ports: peermem is read where RDMA ports exist
         if options.nccl_ras:  # last: it maps ranks to the jobs the job mapper found
             from gpulens.exporter.ncclras import NcclRasReader
 
@@ -140,6 +145,13 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
             step()
 
     return Routes(single=poller), poller, close
+
+
+def _hardware_reader(options: ExporterOptions) -> Enricher:
+    from gpulens.exporter.fabric.hardware import Expectation, HardwareReader
+
+    expect = Expectation(options.expect_gpus, options.expect_ib_ports, options.expect_ib_rate_gbps)
+    return HardwareReader(root=options.sysfs_root, proc_root=options.proc_root, expect=expect).enrich
 
 
 def _wants_slurm(job_info: str) -> bool:

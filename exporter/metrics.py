@@ -17,6 +17,7 @@ from typing import Final
 import gpulens
 from gpulens.dcgmfields import COMPAT_FIELDS, COMPAT_LABELS, MIG_MEMORY_TARGETS, compat_value, mig_memory_value
 from gpulens.exporter.fabricmetrics import fabric_families
+from gpulens.exporter.hardwaremetrics import hardware_families
 from gpulens.exporter.kernelmetrics import kernel_families
 from gpulens.exporter.ncclmetrics import nccl_families
 from gpulens.exporter.promfamily import Family, escape_label, render_labels
@@ -355,6 +356,7 @@ def render_metrics(
         families.append(fabric_families(snapshot))
         families.append(nccl_families(snapshot))
         families.append(kernel_families(snapshot))
+        families.append(hardware_families(snapshot))
         if dcgm_compat:
             families.append(_dcgm_families(snapshot, last_xid or {}))
     families.append(_exporter_families(health))

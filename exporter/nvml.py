@@ -25,6 +25,7 @@ import pynvml  # noqa: TID251 (the NVML modules are the pynvml choke point)
 from gpulens.clock import Clock, SystemClock
 from gpulens.exporter import nvmldevice as device
 from gpulens.exporter.nvmlcalls import Calls, GpuLostError, as_int, as_text, scaled, start_nvml
+from gpulens.exporter.nvmlconfig import GpuConfigs
 from gpulens.exporter.nvmlfields import FI_MEMORY_TEMP, field_ids, read_field_values
 from gpulens.exporter.nvmlgpm import NVLINK, PCIE, PROFILING, close_gpm, forget, open_gpm, read_gpm, sources
 from gpulens.exporter.nvmlgpu import SLOW_REFRESH_S, Gpu
@@ -41,6 +42,7 @@ from gpulens.model import (
     ProcessReading,
     SourceError,
 )
+from gpulens.nodehardware import NodeHardware
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,7 @@ class NvmlSource:
         # The two PCIe throughput calls of a GPU (20 ms each) overlap with each other and with the GPU's other calls.
         self._pcie_pool = ThreadPoolExecutor(max_workers=2 * workers, thread_name_prefix="gpulens-nvml-pcie")
         self._xids = XidWatcher(self._calls, self._gpus) if xid_events else None
+        self._configs = GpuConfigs(self._calls)  # persistence, ECC and fabric state (gpulens.exporter.nvmlconfig)
         self._read_lock = threading.Lock()
         self._closed = False
         log.info("NVML: %d GPU(s), driver %s", len(self._gpus), self._driver_version)
@@ -105,6 +108,7 @@ class NvmlSource:
             timestamp = self._clock.now()
             results = list(self._pool.map(functools.partial(self._read_gpu, timestamp=timestamp), self._gpus))
             metric_sources = {gpu.uuid: sources(gpu) for gpu in self._gpus}
+            configs = self._configs.read(self._gpus, self._clock.monotonic())
         return NodeSnapshot(
             node=self._node,
             timestamp=timestamp,
@@ -116,6 +120,7 @@ class NvmlSource:
             driver_version=self._driver_version,
             errors=self._errors.snapshot(),
             metric_sources=metric_sources,
+            hardware=NodeHardware(gpus=configs),
         )
 
     def close(self) -> None:

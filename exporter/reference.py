@@ -15,6 +15,7 @@ from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.kernelmodel import KernelView, XidAction
 from gpulens.model import GpuJob, GpuReading, JobInfo, LinkReading, MigReading, NodeSnapshot, ProcessReading
 from gpulens.ncclmodel import NcclComm, NcclRank, NcclView
+from gpulens.nodehardware import FABRIC_COMPLETED, GpuConfig, NodeHardware
 
 
 def _every_field(cls: type, given: dict[str, object]) -> dict[str, object]:
@@ -82,6 +83,18 @@ def _full_snapshot() -> NodeSnapshot:
             comms=(NcclComm("j", "27a079b828ff1a75", 2, "MISMATCH", 7, "AllReduce", 31.0),),
             ranks=(NcclRank("j", "27a079b828ff1a75", 1, "10.0.0.1", 1, 0, "GPU-0", {"AllReduce": 6}, 1),),
         ),
+        hardware=NodeHardware(
+            pci_gpus=("0000:18:00.0", "0000:2a:00.0"),
+            missing_gpus=("0000:2a:00.0",),
+            nvml_gpus=1,
+            gpus_expected=2,
+            ib_ports_expected=1,
+            ib_rate_expected_bytes_per_second=5e10,
+            nvswitches=4,
+            fabric_manager_running=True,
+            peermem_loaded=True,
+            gpus=(GpuConfig(0, "GPU-0", True, True, FABRIC_COMPLETED, True),),
+        ),
     )
 
 
@@ -102,6 +115,8 @@ def metrics_reference() -> str:
         "`gpulens_pod_gpu_info` names the Kubernetes pod and container of a job on a GPU (`--kubelet-socket`).",
         "`gpulens_node_xid_errors_total` (Xids on a PCI address no GPU has) and `gpulens_nvswitch_sxid_errors_total`",
         "come from the kernel log and carry `node` and the address (`pci_bus_id`); docs/xid.md describes them.",
+        "`gpulens_node_*` series (the node's hardware against what it should be) carry `node`; docs/fabric.md",
+        '("Expected hardware") describes them.',
         "`gpulens_nccl_*` series (NCCL RAS) carry `node` and, per rank, `job_id, comm, rank`; docs/nccl.md describes",
         "them.",
         "`gpulens_process_gpu_memory_bytes` sums a job's processes on a GPU: it has no `pid` label, so its series",

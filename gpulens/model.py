@@ -14,6 +14,7 @@ from typing import Any, Final, Protocol
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.kernelmodel import KernelView
 from gpulens.ncclmodel import NcclView
+from gpulens.nodehardware import NodeHardware
 
 # Clock-event ("throttle") reason bits, as NVML defines them (nvmlClocksEventReason*).
 THROTTLE_REASONS: Final[tuple[tuple[str, int], ...]] = (
@@ -235,6 +236,9 @@ class NodeSnapshot:
     # The kernel log's Xids on unknown addresses, NVSwitch SXids and each GPU's XID actions; None where the
     # exporter keeps no XID ledger (exported in /metrics, not in the JSON document).
     kernel: KernelView | None = None
+    # The node's hardware against what it should be (GPUs on the PCI bus, fabric, plumbing, GPU settings); None
+    # where the source does not read it (dcgm-exporter pages, an agent before 0.x).
+    hardware: NodeHardware | None = None
 
     def replace(self, **changes: Any) -> NodeSnapshot:
         return dataclasses.replace(self, **changes)

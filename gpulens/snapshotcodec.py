@@ -36,6 +36,7 @@ from gpulens.model import (
     SnapshotFormatError,
 )
 from gpulens.ncclmodel import NcclView
+from gpulens.nodehardware import NodeHardware
 from gpulens.nodehealth import node_health
 
 # Schema 2 added the ``nics`` and ``host`` sections; schema-1 documents (older exporters) are still read.
@@ -157,6 +158,8 @@ def snapshot_to_json(
     doc["host"] = _host_to_json(snapshot)
     if snapshot.nccl is not None:  # the same object in both layouts: a few ranks at most
         doc["nccl"] = msgspec.to_builtins(snapshot.nccl)
+    if snapshot.hardware is not None:  # the same object in both layouts: a few values and one entry per GPU
+        doc["hardware"] = msgspec.to_builtins(snapshot.hardware)
     doc["errors"] = dict(snapshot.errors)
     doc["health"] = node_health(snapshot).to_json()  # the node's (gpulens.nodehealth); decoding reads it again
     if health is not None:
@@ -261,6 +264,7 @@ _DOCUMENT: Final[Any] = msgspec.defstruct(
         ("nics", _section(list[_NIC]), None),  # type: ignore[valid-type]
         ("host", _HOST | None, None),
         ("nccl", NcclView | None, None),
+        ("hardware", NodeHardware | None, None),
         ("errors", dict[str, int], msgspec.field(default_factory=dict)),
     ],
     kw_only=True,
@@ -422,6 +426,7 @@ def _snapshot(doc: Any) -> NodeSnapshot:
         host=host,
         job_hosts=job_hosts,
         nccl=doc.nccl,
+        hardware=doc.hardware,
         errors=doc.errors,
     )
 

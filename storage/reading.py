@@ -18,6 +18,7 @@ from gpulens.clock import Clock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, JobInfo, ProcessReading, TargetHealth
 from gpulens.ncclmodel import NcclView
+from gpulens.nodehardware import NodeHardware
 from gpulens.storage.records import (
     GpuInfo,
     JobAccount,
@@ -153,6 +154,10 @@ class StoreReader(Protocol):
 
     def latest_hosts(self, *, node: str | None = None) -> list[HostReading]:
         """The newest reading of every node's CPUs and memory (of ``node`` only, if given), by node."""
+        ...
+
+    def latest_hardware(self, nodes: Sequence[str] | None = None) -> dict[str, tuple[NodeHardware, str | None]]:
+        """Each node's newest hardware and its driver version (``storage.hardwarestore``)."""
         ...
 
     def latest_job_hosts(self, *, job_id: str | None = None) -> list[JobHostReading]:

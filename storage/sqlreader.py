@@ -17,8 +17,10 @@ from typing import Any, cast
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, JobInfo, ProcessReading, TargetHealth
 from gpulens.ncclmodel import NcclView
+from gpulens.nodehardware import NodeHardware
 from gpulens.storage import (
     fabric,
+    hardwarestore,
     inventory,
     jobstats,
     jobsummary,
@@ -118,6 +120,9 @@ class SqlReader:
 
     def latest_job_hosts(self, *, job_id: str | None = None) -> list[JobHostReading]:
         return fabric.latest_job_hosts(self.db, job_id=job_id)
+
+    def latest_hardware(self, nodes: Sequence[str] | None = None) -> dict[str, tuple[NodeHardware, str | None]]:
+        return hardwarestore.latest(self.db, nodes)
 
     def nic_series(
         self, nic_ids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000

@@ -37,6 +37,7 @@ from gpulens.storage import jobminute, ncclstore, schema
 from gpulens.storage.db import Database, lock_tier
 from gpulens.storage.fabricwriter import FabricWriter, fabric_times
 from gpulens.storage.gpuchanges import Changes, ChangeTracker, GpuState, Resolved, Static
+from gpulens.storage.hardwarestore import HardwareWriter
 from gpulens.storage.profiles import VALUES as PROFILE_VALUES
 from gpulens.storage.profiles import Profiles
 from gpulens.storage.rollup import PENDING
@@ -152,6 +153,7 @@ class Writer:
         self._tracker = ChangeTracker()  # what each round changes of the jobs, processes and links
         self._job_info: dict[str, JobInfo] = {}  # the scheduler's metadata as last written, by job id
         self._fabric = FabricWriter(db.dialect)
+        self._hardware = HardwareWriter()  # each node's hardware, written when it changes
         self._job_minutes = True  # the store has the per-job aggregate (revision 0009); checked on each _load
         self._log_once = LogOnce(log)
 
@@ -209,6 +211,7 @@ class Writer:
                 stats.nic_rows, stats.host_rows, stats.job_host_rows = self._fabric.write(conn, snapshots)
                 self._write_job_info(conn, snapshots)
                 ncclstore.write(conn, snapshots)
+                self._hardware.write(conn, snapshots)
         except BaseException:
             # The state was updated as the round went; the commit may or may not have happened. Reload it.
             self.forget()
@@ -223,6 +226,7 @@ class Writer:
         self._profiles.reset()
         self._tracker.reset()
         self._fabric.reset()
+        self._hardware.reset()
 
     def _write_job_info(self, conn: Connection, snapshots: Sequence[NodeSnapshot]) -> None:
         """The scheduler's metadata of the jobs whose metadata changed (or is new to this writer)."""

@@ -21,6 +21,7 @@ from gpulens.exporter.sim.clockevents import IDLE, SW_POWER_CAP
 from gpulens.exporter.sim.fabric import Fabric
 from gpulens.exporter.sim.faults import FAULT_KINDS, LEAK_TARGET_SHARE
 from gpulens.exporter.sim.gpus import EnergyLedger, GpuContext, SimGpu, make_gpu
+from gpulens.exporter.sim.hardware import node_hardware
 from gpulens.exporter.sim.host import HostSim
 from gpulens.exporter.sim.kernlog import XID_KINDS, NodeKernelLog
 from gpulens.exporter.sim.ncclsim import NcclSim
@@ -100,6 +101,10 @@ class SimCluster:
                 scenario.start,
             )
             for n in scenario.nodes
+        }
+        self._specs = {n.name: n for n in scenario.nodes}
+        self._node_faults = {  # what names the node as a whole (its plumbing faults among them)
+            n.name: tuple(f for f in scenario.faults if f.node == n.name and f.gpu is None) for n in scenario.nodes
         }
         self._fabric = Fabric(scenario, self._behaviours, self._phase, counter_scale)
         self._hosts = HostSim(scenario, self._phase, counter_scale)
@@ -286,8 +291,12 @@ class SimCluster:
         processes: list[ProcessReading] = []
         jobs: list[GpuJob] = []
         t = self.step_time(k)
+        missing: list[SimGpu] = []
         for gpu in gpus:
             state = self._state(gpu.context, k)
+            if state.missing:
+                missing.append(gpu)
+                continue
             jobs.extend(GpuJob(node, gpu.ref.index, gpu.uuid, j.id, j.user) for j in state.jobs)
             if state.lost:
                 readings.append(lost_reading(gpu, ts))
@@ -298,6 +307,9 @@ class SimCluster:
             processes.extend(process_readings(gpu, state, reading))
         host, job_hosts = self._hosts.readings(node, k, t)
         readings, kernel = self._kernel[node].merge(readings, t)
+        nics = self._fabric.readings(node, k, t)
+        spec = self._specs[node]
+        hardware = node_hardware(spec, gpus, missing, self._node_faults[node], t, nics)
         snapshot = NodeSnapshot(
             node=node,
             timestamp=ts,
@@ -307,9 +319,10 @@ class SimCluster:
             processes=tuple(processes),
             jobs=tuple(jobs),
             driver_version=DRIVER_VERSION,
-            nics=self._fabric.readings(node, k, t),
+            nics=nics,
             host=host,
             job_hosts=job_hosts,
             kernel=kernel,
+            hardware=hardware,
         )
         return self.nccl.enrich(node, snapshot, k, t) if self._nccl_on and self.nccl.active else snapshot

@@ -118,6 +118,7 @@ class GpuState:
     heat: str = "normal"  # "warm": near the slowdown threshold; "hot": at or above it
     profiling_dead: bool = False
     lost: bool = False
+    missing: bool = False  # on the PCI bus, never opened by the driver: no reading at all (``gpu_missing``)
     power_watts: float = 0.0
 
 
@@ -160,3 +161,12 @@ class HostState:
     """A node's host during one step, before noise; host fault kinds adjust it in place."""
 
     memory_pressure: bool = False
+
+
+@dataclass(slots=True)
+class PlumbingState:
+    """A node's plumbing during one step: the NVLink fabric and its manager (NVSwitch nodes) and the GPUDirect RDMA
+    module (nodes with RDMA ports); plumbing fault kinds adjust it in place."""
+
+    fabric_ready: bool = True  # nv-fabricmanager runs and has registered every GPU
+    peermem_loaded: bool = True

@@ -7,7 +7,7 @@ import socket
 import sys
 from typing import Any
 
-from gpulens.cli.base import Formatter, existing_directory, http_url, positive_duration, positive_float
+from gpulens.cli.base import Formatter, existing_directory, http_url, positive_duration, positive_float, positive_int
 from gpulens.cli.envtwins import apply_env_twins
 from gpulens.cli.lifecycle import stop_on_signals
 
@@ -39,6 +39,8 @@ examples:
   gpulens exporter --web-config /etc/gpulens/web.yml
   # XIDs from a file of kernel-log lines (journalctl -kf > /run/kern.log, a capture, a test feed)
   gpulens exporter --kernel-log /run/kern.log
+  # an HGX node: 8 GPUs and 8 NDR ports, each at 400 Gb/s (GpuMissing, IbPortMissing, IbPortSlow)
+  gpulens exporter --expect-gpus 8 --expect-ib-ports 8 --expect-ib-rate-gbps 400
   # jobs started with NCCL_RAS_ADDR=127.0.0.1:29029
   gpulens exporter --nccl-ras-addr 127.0.0.1:29029
 """
@@ -101,7 +103,26 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--no-fabric",
         action="store_true",
-        help="do not read RDMA ports, host CPU and memory or job cgroups (GPUs only)",
+        help="do not read RDMA ports, host CPU and memory, job cgroups or the PCI bus (GPUs only)",
+    )
+    p.add_argument(
+        "--expect-gpus",
+        type=positive_int,
+        default=None,
+        help="the GPUs this node should have: fewer on the PCI bus (or opened by NVML) fires GpuMissing",
+    )
+    p.add_argument(
+        "--expect-ib-ports",
+        type=positive_int,
+        default=None,
+        help="the InfiniBand ports that should be up (ACTIVE, LinkUp): fewer fires IbPortMissing",
+    )
+    p.add_argument(
+        "--expect-ib-rate-gbps",
+        type=positive_float,
+        default=None,
+        help="the rate each InfiniBand port should run at, in Gb/s as ibstat prints it (400 for NDR): a port below "
+        "it fires IbPortSlow",
     )
     p.add_argument(
         "--nccl-ras",
@@ -181,6 +202,9 @@ def _run_exporter(args: argparse.Namespace) -> int:
         nccl_ras_addr=args.nccl_ras_addr,
         kernel_log=args.kernel_log,
         state_dir=args.state_dir or None,
+        expect_gpus=args.expect_gpus,
+        expect_ib_ports=args.expect_ib_ports,
+        expect_ib_rate_gbps=args.expect_ib_rate_gbps,
     )
     with stop_on_signals() as stop:
         return run_exporter(options, lambda line: print(line, file=sys.stderr, flush=True), stop)

@@ -30,6 +30,7 @@ from gpulens.clock import Clock, SystemClock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, JobInfo, ProcessReading, TargetHealth
 from gpulens.ncclmodel import NcclView
+from gpulens.nodehardware import NodeHardware
 from gpulens.settings import StoreAuth
 from gpulens.storage.prometheus import fabric, jobquery, ncclread, problems, recorded, targets
 from gpulens.storage.prometheus import families as fam
@@ -503,6 +504,10 @@ class PromReader(Unserved):
 
     def latest_hosts(self, *, node: str | None = None) -> list[HostReading]:
         return fabric.latest_hosts(self, node=node)
+
+    def latest_hardware(self, nodes: Sequence[str] | None = None) -> dict[str, tuple[NodeHardware, str | None]]:
+        """Not kept: Prometheus holds the hardware families, which the exported rules read themselves."""
+        raise NotAvailableOnBackend("node hardware", "the exported rules read the gpulens_node_* families")
 
     def latest_job_hosts(self, *, job_id: str | None = None) -> list[JobHostReading]:
         return fabric.latest_job_hosts(self, job_id=job_id)

@@ -20,7 +20,10 @@ from gpulens.alerts.catalogue import (
     EXPORTER_DOWN,
     FABRIC_CONGESTION,
     FABRIC_SATURATED,
+    GPU_CONFIG_DRIFT,
+    GPU_FABRIC_NOT_READY,
     GPU_LOST,
+    GPU_MISSING,
     IB_ERRORS,
     IB_LINK_DEGRADED,
     IB_LINK_DOWN,
@@ -198,6 +201,8 @@ class _Expectations:
                 self.add(IDLE_ALLOCATED, {**_gpu(ref), "job_id": str(f.job)}, s, e, cause)
         elif f.kind == "exporter_down":
             self.add(EXPORTER_DOWN, {"node": str(f.node)}, s, e, cause)
+        elif f.kind in ("gpu_missing", "fabric_not_ready", "peermem_missing"):
+            self.hardware(f, cause)
         elif f.kind in PORT_ALERTS or f.kind in ("ib_link_flap", "host_cpu_contention", "host_memory_pressure"):
             self.fabric(f, cause)
         elif f.kind == "nvlink_saturation":
@@ -206,6 +211,25 @@ class _Expectations:
                 local = sum(1 for g in job.gpus if g.node == ref.node)
                 if self.nodes[ref.node].model.has_nvlink and local >= 2:
                     self.add(NVLINK_SATURATED, {**_gpu(ref), "job_id": job.id}, s, e, cause)
+
+    def hardware(self, f: FaultSpec, cause: str) -> None:
+        """A missing GPU by its node (the address is the check tests'); a fabric not ready on the node's fabric
+        manager and each of its GPUs; peermem missing as drift, where enough nodes with RDMA ports make a majority."""
+        s, e = f.start, f.end
+        if f.kind == "gpu_missing":
+            assert f.gpu is not None
+            self.add(GPU_MISSING, {"node": f.gpu.node}, s, math.inf, cause)
+        elif f.kind == "fabric_not_ready":
+            node = str(f.node)
+            self.add(GPU_FABRIC_NOT_READY, {"node": node, "service": "nv-fabricmanager"}, s, e, cause)
+            for i in range(self.nodes[node].gpus):
+                self.add(GPU_FABRIC_NOT_READY, {"node": node, "gpu": str(i)}, s, e, cause)
+        else:
+            rule = self.rules[GPU_CONFIG_DRIFT]
+            self.add(GPU_CONFIG_DRIFT, {"node": str(f.node), "setting": "nvidia_peermem"}, s, e, cause)
+            rdma = sum(1 for n in self.scenario.nodes if n.nics)
+            if 2 * (rdma - 1) <= rdma or rdma < rule.threshold("min_peers"):  # no majority without it
+                self.out[-1] = replace(self.out[-1], required=False)
 
     def hang(self, f: FaultSpec, cause: str) -> None:
         """The stall with its signature; a blocked or mixed one once it outlasts a healthy pause. Ranks that sit

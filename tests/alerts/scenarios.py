@@ -9,7 +9,8 @@ multi-GPU inference, notebooks, idle GPUs, a node with dead profiling counters; 
 that look like part of a hang: checkpoints of up to 15 minutes, evaluation phases, a slow first step.
 ``fabric_faults`` puts every fabric and host fault kind on its own port, node or job, beside the fabric's
 confounders (a job on one node with no fabric traffic, checkpoints written over the fabric, a job that never spans
-nodes).
+nodes). ``hardware_faults`` loses a GPU before the agent starts, stops an NVSwitch node's fabric manager and
+unloads nvidia_peermem on a node, beside the healthy confounders.
 """
 
 from __future__ import annotations
@@ -328,4 +329,18 @@ def fabric_faults(nodes: int, model: str, seed: int, step: str = "10s", by_job: 
     lines += _fault("host_cpu_contention", "job", "multi", "32m", "10m")
     lines += _fault("host_memory_pressure", "node", n2, "45m", "10m")
     lines += _fault("fabric_saturation", "job", "multi", "46m", "8m")
+    return "\n".join(lines) + "\n"
+
+
+def hardware_faults(nodes: int, model: str, seed: int) -> str:
+    """A GPU missing from the start (no job holds it), on NVSwitch models a fabric not ready (15 minutes) and on nodes
+    with RDMA ports nvidia_peermem missing (25 minutes); every other GPU holds a confounder (40 minutes)."""
+    n0, n1, last = node(0, nodes), node(1, nodes), node(nodes - 1, nodes)
+    lines = _header(nodes, model, seed, "40m")
+    for chunk in _background(nodes, {n0: [7]}):
+        lines += chunk
+    lines += _fault("gpu_missing", "gpu", f"{n0}:7", "0s")
+    if CATALOGUE[model].nvswitches:
+        lines += _fault("fabric_not_ready", "node", n1, "10m", "15m")
+    lines += _fault("peermem_missing", "node", last, "5m", "25m")
     return "\n".join(lines) + "\n"

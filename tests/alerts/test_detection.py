@@ -140,6 +140,10 @@ def test_faults_example_raises_each_faults_alert() -> None:
         ("GpuIdleAllocated", "node-03:5"),
         ("ExporterDown", "node-04"),
         *(("NvlinkBandwidthSaturated", f"node-02:{i}") for i in range(8)),
+        ("GpuMissing", "node-04"),  # node-04:6, by its PCI address
+        ("GpuFabricNotReady", "node-06"),  # nv-fabricmanager
+        *(("GpuFabricNotReady", f"node-06:{i}") for i in range(8)),
+        ("GpuConfigDrift", "node-03"),  # nvidia_peermem, unlike the other six nodes
     }
     assert set(subjects(outcome)) == expected
     # each once, but hang-spin twice: its hang, then (NCCL RAS) its rank_dead
@@ -159,7 +163,10 @@ def test_faults_example_raises_each_faults_alert() -> None:
     assert kinds["rank_dead"] == KindTally(1, 1, 1)
     assert kinds["kernel_xid"] == KindTally(1, 1, 1)  # from the kernel log alone
     assert kinds["sxid"] == KindTally(1, 0, 0)  # no alert rule reads SXids yet: /metrics only
-    assert sum(k.injected for k in kinds.values()) == 21
+    assert sum(k.injected for k in kinds.values()) == 23
+    assert {k: kinds[k] for k in ("gpu_missing", "fabric_not_ready", "peermem_missing")} == dict.fromkeys(
+        ("gpu_missing", "fabric_not_ready", "peermem_missing"), KindTally(1, 1, 1)
+    )
 
 
 def test_fabric_example_raises_each_faults_alert_on_its_port_and_job() -> None:
@@ -336,6 +343,24 @@ def test_confounders_raise_nothing(nodes: int, model: str, seed: int, pcie_node:
     outcome = run(scenarios.healthy(nodes, model, seed, pcie_node), f"healthy-{nodes}-{model}")
     assert outcome.fired == [], outcome.describe()
     assert outcome.rounds == 270
+
+
+@pytest.mark.parametrize(
+    ("nodes", "model", "seed"),
+    [(4, "H100-SXM5-80GB", 51), (4, "L40S", 52), (8, "A100-SXM4-80GB", 53), (3, "H200-SXM-141GB", 54)],
+)
+def test_hardware_faults(nodes: int, model: str, seed: int) -> None:
+    """A missing GPU, a fabric not ready and nvidia_peermem missing raise their alerts on their node, and the
+    confounders raise nothing (GpuConfigDrift needs the majority of at least three nodes with RDMA ports)."""
+    outcome = run(scenarios.hardware_faults(nodes, model, seed), f"hardware-{nodes}-{model}")
+    assert_clean(outcome)
+    found = {a.alertname for a in outcome.fired}
+    nvswitch = model != "L40S"
+    assert found == {"GpuMissing", "GpuConfigDrift"} | ({"GpuFabricNotReady"} if nvswitch else set())
+    [missing] = [a for a in outcome.fired if a.alertname == "GpuMissing"]
+    assert missing.labels["pci_bus_id"] == "0000:db:00.0"  # GPU 7 of an HGX board
+    [drift] = [a for a in outcome.fired if a.alertname == "GpuConfigDrift"]
+    assert (drift.labels["setting"], drift.labels["value"], drift.labels["majority"]) == ("nvidia_peermem", "0", "1")
 
 
 FABRIC_CASES = [

@@ -21,10 +21,10 @@ def test_promtool_checks_the_exported_rules(promtool: str, tmp_path: Path) -> No
     path.write_text(prometheus_rules_yaml(builtin_rules()))
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    # CommunicationStall is exported once per signature (five: three from utilisation, two from NCCL RAS);
-    # JobInputBound and JobInefficient are not exportable
+    # CommunicationStall is exported once per signature (five: three from utilisation, two from NCCL RAS),
+    # GpuConfigDrift once per setting (three); JobInputBound and JobInefficient are not exportable
     assert GPULENS_ONLY.keys() == {"JobInputBound", "JobInefficient"}
-    assert f"SUCCESS: {len(BUILTIN_NAMES) - len(GPULENS_ONLY) + 4 + len(SELF_RULES)} rules found" in result.stdout
+    assert f"SUCCESS: {len(BUILTIN_NAMES) - len(GPULENS_ONLY) + 4 + 2 + len(SELF_RULES)} rules found" in result.stdout
 
 
 def test_every_builtin_is_exported_with_its_severity_and_for() -> None:

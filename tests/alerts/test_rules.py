@@ -54,6 +54,11 @@ CONTRACT = {
     "FabricCongestion",
     "FabricBandwidthSaturated",
     "JobInputBound",
+    "GpuMissing",
+    "IbPortMissing",
+    "IbPortSlow",
+    "GpuFabricNotReady",
+    "GpuConfigDrift",
     "Watchdog",
 }
 

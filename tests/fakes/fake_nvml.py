@@ -161,6 +161,12 @@ class FakeGpu:
     gpm_tensor_util: float = 0.0
     gpm_dram_util: float = 0.0
     gpm_unsupported_metrics: set[int] = field(default_factory=set)  # NVML_GPM_METRIC_* ids that answer NotSupported
+    persistence_mode: int = NVML_FEATURE_ENABLED
+    ecc_mode: int = NVML_FEATURE_ENABLED
+    # NVML_GPU_FABRIC_STATE_*; None: the driver answers NotSupported (no NVSwitch fabric). ``fabric_status`` is the
+    # nvmlReturn_t the fabric info carries.
+    fabric_state: int | None = None
+    fabric_status: int = 0
     mig_capable: bool = True
     mig_enabled: bool = False
     mig_slots: int = 7
@@ -215,6 +221,7 @@ def h100_gpu(index: int) -> FakeGpu:
         ecc_corrected=5,
         remapped_rows=(1, 0, 0, 0),
         processes=[(4000 + index, 70 * GIB)],
+        fabric_state=pynvml.NVML_GPU_FABRIC_STATE_COMPLETED,
     )
 
 
@@ -647,6 +654,34 @@ class FakeNvml(FakeGpmMixin):
         return self._call(
             "nvmlDeviceGetDecoderUtilization", lambda: [self._gpu(handle).decoder_utilization, 167_000], handle=handle
         )
+
+    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
+        return self._call("nvmlDeviceGetPersistenceMode", lambda: self._gpu(handle).persistence_mode, handle=handle)
+
+    def nvmlDeviceGetEccMode(self, handle: Any) -> list[int]:
+        return self._call(
+            "nvmlDeviceGetEccMode", lambda: [self._gpu(handle).ecc_mode, self._gpu(handle).ecc_mode], handle=handle
+        )
+
+    def _fabric_info(self, function: str, handle: Any, info: Any, struct: type) -> int:
+        """Fill the caller's fabric info struct (passed by reference, as pynvml passes it) like the driver does."""
+
+        def produce() -> int:
+            gpu = self._gpu(handle)
+            if gpu.fabric_state is None:
+                raise pynvml.NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            target: Any = ctypes.cast(info, ctypes.POINTER(struct)).contents
+            target.state = gpu.fabric_state
+            target.status = gpu.fabric_status
+            return 0  # NVML_SUCCESS
+
+        return self._call(function, produce, handle=handle)
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, info: Any) -> int:
+        return self._fabric_info("nvmlDeviceGetGpuFabricInfoV", handle, info, pynvml.c_nvmlGpuFabricInfoV_t)
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Any, info: Any) -> int:
+        return self._fabric_info("nvmlDeviceGetGpuFabricInfo", handle, info, pynvml.c_nvmlGpuFabricInfo_t)
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         return self._call("nvmlDeviceGetPowerUsage", lambda: self._gpu(handle).power_mw, handle=handle)

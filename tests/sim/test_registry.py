@@ -9,7 +9,7 @@ import msgspec
 
 from gpulens.exporter.sim import FAULT_KINDS, load_scenario
 from gpulens.exporter.sim.faults import FAULT_TARGETS, PHASE_KINDS, AnyFaultParams
-from tests.sim import test_fabric_faults, test_faults
+from tests.sim import test_fabric_faults, test_faults, test_hardware_faults
 
 ROOT = Path(__file__).parents[2]
 
@@ -62,6 +62,11 @@ def test_the_faults_examples_have_every_kind() -> None:
 
 
 def test_every_kind_has_a_signature_test() -> None:
-    tests = [name for module in (test_faults, test_fabric_faults) for name in dir(module) if name.startswith("test_")]
+    tests = [
+        name
+        for module in (test_faults, test_fabric_faults, test_hardware_faults)
+        for name in dir(module)
+        if name.startswith("test_")
+    ]
     for kind in FAULT_KINDS:
         assert any(t == f"test_{kind}" or t.startswith(f"test_{kind}_") for t in tests), kind

@@ -13,8 +13,10 @@ from gpulens.exporter.sim.faults.comm_stall import CommStall, CommStallParams
 from gpulens.exporter.sim.faults.dead_profiling import DeadProfiling, DeadProfilingParams
 from gpulens.exporter.sim.faults.exporter_down import ExporterDown, ExporterDownParams
 from gpulens.exporter.sim.faults.fabric_congestion import FabricCongestion, FabricCongestionParams
+from gpulens.exporter.sim.faults.fabric_not_ready import FabricNotReady, FabricNotReadyParams
 from gpulens.exporter.sim.faults.fabric_saturation import FabricSaturation, FabricSaturationParams
 from gpulens.exporter.sim.faults.gpu_lost import GpuLost, GpuLostParams
+from gpulens.exporter.sim.faults.gpu_missing import GpuMissing, GpuMissingParams
 from gpulens.exporter.sim.faults.hang_blocked import HangBlocked, HangBlockedParams
 from gpulens.exporter.sim.faults.hang_mixed import HangMixed, HangMixedParams
 from gpulens.exporter.sim.faults.hang_spinning import HangSpinning, HangSpinningParams
@@ -32,6 +34,7 @@ from gpulens.exporter.sim.faults.nvlink_errors import NvlinkErrors, NvlinkErrors
 from gpulens.exporter.sim.faults.nvlink_saturation import NvlinkSaturation, NvlinkSaturationParams
 from gpulens.exporter.sim.faults.pcie_degraded import PcieDegraded, PcieDegradedParams
 from gpulens.exporter.sim.faults.pcie_saturation import PcieSaturation, PcieSaturationParams
+from gpulens.exporter.sim.faults.peermem_missing import PeermemMissing, PeermemMissingParams
 from gpulens.exporter.sim.faults.power_cap import PowerCap, PowerCapParams
 from gpulens.exporter.sim.faults.rank_dead import RankDead, RankDeadParams
 from gpulens.exporter.sim.faults.straggler import Straggler, StragglerParams
@@ -70,6 +73,9 @@ FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
         FabricSaturation(),
         HostCpuContention(),
         HostMemoryPressure(),
+        GpuMissing(),
+        FabricNotReady(),
+        PeermemMissing(),
     )
 }
 
@@ -103,6 +109,9 @@ AnyFaultParams = (
     | FabricSaturationParams
     | HostCpuContentionParams
     | HostMemoryPressureParams
+    | GpuMissingParams
+    | FabricNotReadyParams
+    | PeermemMissingParams
 )
 assert set(get_args(AnyFaultParams)) == {k.params for k in FAULT_KINDS.values()}, "register each kind's params"
 assert all(k.params.__struct_config__.tag == name for name, k in FAULT_KINDS.items()), "params tag != kind name"

@@ -16,7 +16,16 @@ from typing import Any, ClassVar, Final
 
 from gpulens.exporter.sim.models import GpuModel
 from gpulens.exporter.sim.specs import FaultSpec, JobSpec, NodeSpec
-from gpulens.exporter.sim.stepstate import Counters, GpuState, HostState, JobPhase, PortCounters, PortState, RankShare
+from gpulens.exporter.sim.stepstate import (
+    Counters,
+    GpuState,
+    HostState,
+    JobPhase,
+    PlumbingState,
+    PortCounters,
+    PortState,
+    RankShare,
+)
 from gpulens.typedinput import InputStruct
 
 TARGET_KEYS: Final = ("job", "gpu", "node", "nic")
@@ -176,6 +185,9 @@ class FaultKind:
 
     def host(self, fault: FaultSpec, t: float, state: HostState) -> None:
         """What the fault does to its node's host (or each host of its job) during the step at ``t``."""
+
+    def plumbing(self, fault: FaultSpec, t: float, state: PlumbingState) -> None:
+        """What the fault does to its node's plumbing (fabric manager, GPU fabric, nvidia_peermem) at ``t``."""
 
     def offline_message(self, fault: FaultSpec, node: str, until: str) -> str:
         """Why ``node`` cannot be read (kinds that take it offline)."""

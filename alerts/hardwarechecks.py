@@ -1,0 +1,257 @@
+"""The node's hardware rules: GPUs missing, InfiniBand ports missing or slow against the expectation, the NVLink fabric
+not ready, and a node whose GPU settings differ from the cluster's majority.
+
+Each check is a pure function of a rule, the history and ``now`` (like ``alerts.checks``) over the latest round's
+``hardware`` (``gpulens.nodehardware``, one per node whose agent reads it), its driver versions and its RDMA ports
+(``History.fabric``). A node whose agent does not read its hardware (a dcgm-exporter page) is never judged.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from gpulens.alerts.base import AlertRule, Candidate, rule_labels
+from gpulens.alerts.fabricchecks import gpus_text, port_place
+from gpulens.alerts.history import History
+from gpulens.fabricmodel import LINK_LAYER_INFINIBAND
+from gpulens.nodehardware import IB_RATE_TOLERANCE, ib_ports_active
+
+# The settings GpuConfigDrift compares, in the order it reports them: per node, then per GPU.
+SETTING_DRIVER: Final = "driver_version"
+SETTING_PEERMEM: Final = "nvidia_peermem"
+SETTING_PERSISTENCE: Final = "persistence_mode"
+SETTING_ECC: Final = "ecc_mode"
+
+
+def _node_candidate(
+    rule: AlertRule,
+    node: str,
+    amount: float | None,
+    what: str,
+    description: str,
+    extra: Mapping[str, str] | None = None,
+) -> Candidate:
+    labels = rule_labels(rule, {"node": node, **(extra or {})})
+    return Candidate(rule.name, labels, amount, f"{node}: {what}", description)
+
+
+def gpu_missing(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    latest = history.latest
+    if latest is None:
+        return []
+    out: list[Candidate] = []
+    for node, hw in sorted(latest.hardware.items()):
+        out.extend(
+            _node_candidate(
+                rule,
+                node,
+                1.0,
+                f"GPU {bus_id} is on the PCI bus but the driver does not open it",
+                f"The PCI bus shows an NVIDIA GPU at {bus_id} that NVML never opened: it was lost before the "
+                "agent started, or the driver failed to initialise it (the kernel log's NVRM lines say why).",
+                {"pci_bus_id": bus_id},
+            )
+            for bus_id in hw.missing_gpus
+        )
+        present, expected = hw.gpus_present(), hw.gpus_expected
+        if expected is not None and present is not None and present < expected:
+            out.append(
+                _node_candidate(
+                    rule,
+                    node,
+                    float(expected - present),
+                    f"{present} of {expected} expected GPUs present",
+                    f"The node should have {expected} GPUs (--expect-gpus); its PCI bus shows {present}: a GPU has "
+                    "dropped off the bus entirely (no address to name).",
+                )
+            )
+    return out
+
+
+def ib_port_missing(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    latest = history.latest
+    if latest is None:
+        return []
+    out = []
+    for node, hw in sorted(latest.hardware.items()):
+        expected = hw.ib_ports_expected
+        if expected is None:
+            continue
+        nics = history.fabric.node_nics(node)
+        active = hw.ib_ports_active if hw.ib_ports_active is not None else ib_ports_active(nics)
+        if active < expected:
+            down = sorted(f"{n.device}/{n.port}" for n in nics if n.link_layer == LINK_LAYER_INFINIBAND and not n.up)
+            out.append(
+                _node_candidate(
+                    rule,
+                    node,
+                    float(expected - active),
+                    f"{active} of {expected} expected InfiniBand ports up",
+                    f"The node should have {expected} InfiniBand ports up (--expect-ib-ports); {active} are ACTIVE "
+                    f"and LinkUp. Ports present but not up: {', '.join(down) or 'none (the HCA or port is absent)'}.",
+                )
+            )
+    return out
+
+
+_SLOW_DESCRIPTION: Final = (
+    "The port trained below the rate the node should run at (--expect-ib-rate-gbps): a lane is down or the cable, "
+    "transceiver or switch port negotiated a lower speed since the node booted."
+)
+
+
+def _rates(rate: float, expected: float) -> str:
+    return f"runs at {rate * 8 / 1e9:g} Gb/s, expected {expected * 8 / 1e9:g} Gb/s"
+
+
+def ib_port_slow(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    """The round's ports where it has them (with their GPUs and jobs); else the slow ports the agent counted (a round
+    read back from a store holds no ports)."""
+    latest = history.latest
+    if latest is None:
+        return []
+    out = []
+    for node, hw in sorted(latest.hardware.items()):
+        expected = hw.ib_rate_expected_bytes_per_second
+        if expected is None:
+            continue
+        nics = history.fabric.node_nics(node)
+        if not nics:
+            for device, port, counted in hw.ib_ports_slow:
+                subject = {"node": node, "device": device, "port": str(port)}
+                what = f"{node} {device} port {port}: {_rates(counted, expected)}"
+                out.append(Candidate(rule.name, rule_labels(rule, subject), counted, what, _SLOW_DESCRIPTION))
+            continue
+        for nic in nics:
+            rate = nic.rate_bytes_per_second
+            if not nic.up or nic.link_layer != LINK_LAYER_INFINIBAND or rate is None:
+                continue
+            if rate >= expected * IB_RATE_TOLERANCE:
+                continue
+            jobs = history.fabric.port_jobs(nic)
+            subject = {"node": node, "device": nic.device, "port": str(nic.port), "gpus": gpus_text(nic.gpus)}
+            if jobs:
+                subject["job_id"] = ",".join(jobs)
+            what = f"{port_place(nic, jobs)}: {_rates(rate, expected)}"
+            out.append(Candidate(rule.name, rule_labels(rule, subject), rate, what, _SLOW_DESCRIPTION))
+    return out
+
+
+def gpu_fabric_not_ready(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    latest = history.latest
+    if latest is None:
+        return []
+    out = []
+    for node, hw in sorted(latest.hardware.items()):
+        if hw.nvswitches and hw.fabric_manager_running is False:
+            out.append(
+                _node_candidate(
+                    rule,
+                    node,
+                    0.0,
+                    "nv-fabricmanager is not running on an NVSwitch node",
+                    f"The node has {hw.nvswitches} NVSwitches but no nv-fabricmanager process: GPUs cannot join "
+                    "the NVLink fabric, and CUDA fails to start there (cudaErrorSystemNotReady).",
+                    {"service": "nv-fabricmanager"},
+                )
+            )
+        for c in hw.gpus:
+            if c.fabric_ready is not False:
+                continue
+            out.append(
+                _node_candidate(
+                    rule,
+                    node,
+                    0.0,
+                    f"GPU {c.gpu} is not registered with the NVLink fabric (state {c.fabric_state})",
+                    "NVML reports the GPU's fabric registration incomplete or failed: until the fabric manager "
+                    "completes it, CUDA fails to start on the GPU (cudaErrorSystemNotReady).",
+                    {"gpu": str(c.gpu), "uuid": c.uuid, "state": c.fabric_state or ""},
+                )
+            )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    """One node or GPU holding a value of one setting; ``model``: the GPU's model, whose GPUs are its peers."""
+
+    node: str
+    gpu: str = ""
+    uuid: str = ""
+    model: str = ""
+
+
+def _settings(history: History) -> Iterable[tuple[str, dict[_Unit, str]]]:
+    """Each setting's value per node (driver, peermem) or per GPU (persistence, ECC: compared among GPUs of one
+    model, so that a fleet's inference boards with their own defaults are not every training node's odd ones)."""
+    latest = history.latest
+    if latest is None:
+        return
+    yield SETTING_DRIVER, {_Unit(n): v for n, v in latest.drivers.items() if n in latest.hardware}
+    peermem = {_Unit(n): hw.peermem_loaded for n, hw in latest.hardware.items()}
+    yield SETTING_PEERMEM, {u: _on(v) for u, v in peermem.items() if v is not None}
+    for setting, attribute in ((SETTING_PERSISTENCE, "persistence_mode"), (SETTING_ECC, "ecc_enabled")):
+        values: dict[_Unit, str] = {}
+        for node, hw in latest.hardware.items():
+            for c in hw.gpus:
+                value = getattr(c, attribute)
+                reading = latest.gpus.get(c.uuid)
+                if value is not None:
+                    values[_Unit(node, str(c.gpu), c.uuid, reading.model if reading else "")] = _on(value)
+        yield setting, values
+
+
+def _on(value: bool) -> str:
+    return "1" if value else "0"
+
+
+def majority(values: Iterable[Hashable], min_count: float) -> Hashable | None:
+    """The value more than half of ``values`` hold, when there are at least ``min_count`` of them; else None."""
+    counts = Counter(values)
+    total = sum(counts.values())
+    if total < min_count or not counts:
+        return None
+    value, top = counts.most_common(1)[0]
+    return value if top * 2 > total else None
+
+
+def gpu_config_drift(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    min_peers = rule.threshold("min_peers")
+    out = []
+    for setting, values in _settings(history):
+        groups: dict[str, dict[_Unit, str]] = {}
+        for unit, value in values.items():
+            groups.setdefault(unit.model, {})[unit] = value
+        for group in groups.values():
+            usual = majority(group.values(), min_peers)
+            if usual is not None:
+                out += _drifted(rule, setting, group, str(usual))
+    return out
+
+
+def _drifted(rule: AlertRule, setting: str, values: Mapping[_Unit, str], usual: str) -> list[Candidate]:
+    out = []
+    for unit, value in sorted(values.items(), key=lambda item: (item[0].node, item[0].gpu)):
+        if value == usual:
+            continue
+        where = f"GPU {unit.gpu} " if unit.gpu else ""
+        extra = {"gpu": unit.gpu, "uuid": unit.uuid, "model": unit.model} if unit.gpu else {}
+        peers = f"{unit.model} GPUs" if unit.model else "GPUs" if unit.gpu else "nodes"
+        out.append(
+            _node_candidate(
+                rule,
+                unit.node,
+                None,
+                f"{where}{setting} is {value}, the cluster's majority {usual}",
+                f"Most of the cluster's {peers} run {setting} = {usual}; this one runs {value}. A node configured "
+                "apart from its peers behaves apart: a driver mismatch breaks NCCL between nodes, persistence off adds "
+                "seconds to every job start, ECC off hides memory errors, and without nvidia_peermem GPUDirect RDMA "
+                "falls back to copies through host memory.",
+                {"setting": setting, "value": value, "majority": usual, **extra},
+            )
+        )
+    return out

@@ -4,9 +4,12 @@ reasons and one suggested action.
 ``node_health`` is the one function that judges a node. It reads one ``NodeSnapshot`` (what the exporter collected,
 or what the store holds of the node) and weighs each finding: a lost GPU, a failed or pending row remapping, an
 uncorrectable ECC error since the driver loaded, a PCIe link trained narrower than its maximum, NVLink links down,
-an InfiniBand port that went down, and each finder added beside them. The exporter serves its result in ``/metrics``
-(``gpulens_node_health{state}``) and the snapshot, ``gpulens node-health`` prints it for Slurm's health check, and the
-dashboard colours the overview's nodes by it.
+an InfiniBand port that went down, each XID and SXid as the XID catalogue weighs it (``gpulens.xidcatalogue``: its
+severity and action, escalated after repeats across reboots), and the node's hardware against what it should be
+(``gpulens.nodehardware``: GPUs NVML does not open, missing or slow ports, the NVLink fabric, ``nvidia_peermem``).
+An XID counts from the exporter's start: the node stays unhealthy until the exporter restarts (a reboot does). The
+exporter serves the result in ``/metrics`` (``gpulens_node_health{state}``) and the snapshot, and ``gpulens
+node-health`` prints it for Slurm's health check.
 
 Actions are one vocabulary, ordered from least to most intrusive: ``none``, ``check-application``, ``reset-gpu``,
 ``reboot``, ``hardware-inspection``. A node's action is the most intrusive of its findings'.
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from gpulens.model import GpuReading, NodeSnapshot
+from gpulens.xidcatalogue import SXID_BY_CODE, XID_BY_CODE, sxid_severity, xid_action, xid_name
 
 HEALTHY: Final = "Healthy"
 DEGRADED: Final = "Degraded"
@@ -116,7 +120,67 @@ def port_findings(snapshot: NodeSnapshot) -> Iterator[Finding]:
             yield Finding(f"{nic.device} port {nic.port}", DEGRADED, "the port is down", "hardware-inspection")
 
 
-FINDERS: Final[tuple[Finder, ...]] = (gpu_findings, link_findings, port_findings)
+_XID_STATE: Final = {"critical": UNHEALTHY, "warning": DEGRADED}  # an info XID (an application's) leaves it healthy
+
+
+def xid_findings(snapshot: NodeSnapshot) -> Iterator[Finding]:
+    """Each XID a GPU reported since the exporter started, as the XID catalogue weighs it (its severity, its action
+    after the occurrences counted across reboots), and the kernel log's SXids and Xids on addresses no GPU has."""
+    escalated = {(a.uuid, a.xid): a.action for a in snapshot.kernel.actions} if snapshot.kernel else {}
+    for g in snapshot.gpus:
+        for code, count in sorted(g.xid_errors.items()):
+            entry = XID_BY_CODE.get(code)
+            state = _XID_STATE.get(entry.severity if entry else "warning")
+            if count and state:
+                action = escalated.get((g.uuid, code)) or xid_action(code)
+                yield Finding(
+                    _gpu(g), state, f"XID {code} ({xid_name(code)}), {count} since the exporter started", action
+                )
+    if snapshot.kernel is None:
+        return
+    for address, code, count in snapshot.kernel.node_xids:
+        entry = XID_BY_CODE.get(code)
+        state = _XID_STATE.get(entry.severity if entry else "warning")
+        if count and state:
+            yield Finding(
+                f"PCI {address}", state, f"XID {code} ({xid_name(code)}) on no GPU NVML sees", xid_action(code)
+            )
+    for address, code, count in snapshot.kernel.sxids:
+        switch = SXID_BY_CODE.get(code)
+        if count:
+            state = UNHEALTHY if sxid_severity(code) == "fatal" else DEGRADED
+            action = switch.action if switch is not None else "reboot"
+            yield Finding(f"NVSwitch {address}", state, f"SXid {code}, {count} events", action)
+
+
+def hardware_findings(snapshot: NodeSnapshot) -> Iterator[Finding]:
+    """The node's hardware against what it should be: GPUs NVML does not open, fewer GPUs or InfiniBand ports than
+    expected, slow ports, the NVLink fabric not ready, GPUDirect RDMA's module missing."""
+    hw = snapshot.hardware
+    if hw is None:
+        return
+    for address in hw.missing_gpus:
+        yield Finding(f"PCI {address}", UNHEALTHY, "a GPU on the PCI bus that NVML does not open", "reboot")
+    seen = len(hw.pci_gpus) if hw.pci_gpus is not None else hw.nvml_gpus
+    if hw.gpus_expected is not None and seen is not None and seen < hw.gpus_expected:
+        reason = f"{seen} GPUs on the node, {hw.gpus_expected} expected"
+        yield Finding("node", UNHEALTHY, reason, "hardware-inspection")
+    expected, active = hw.ib_ports_expected, hw.ib_ports_active
+    if expected is not None and active is not None and active < expected:
+        reason = f"{active} InfiniBand ports up, {expected} expected"
+        yield Finding("node", DEGRADED, reason, "hardware-inspection")
+    for device, port, _rate in hw.ib_ports_slow:
+        yield Finding(f"{device} port {port}", DEGRADED, "below the expected rate", "hardware-inspection")
+    if hw.nvswitches and hw.fabric_manager_running is False:
+        yield Finding("node", UNHEALTHY, "nv-fabricmanager is not running on an NVSwitch node", "reboot")
+    for gpu in hw.gpus:
+        if gpu.fabric_ready is False:
+            yield Finding(f"GPU {gpu.gpu}", UNHEALTHY, f"NVLink fabric not ready ({gpu.fabric_state})", "reboot")
+    if hw.peermem_loaded is False:
+        yield Finding("node", DEGRADED, "nvidia_peermem is not loaded (no GPUDirect RDMA)", "reboot")
+
+
+FINDERS: Final[tuple[Finder, ...]] = (gpu_findings, link_findings, port_findings, xid_findings, hardware_findings)
 
 
 def judge(findings: Sequence[Finding]) -> NodeHealth:

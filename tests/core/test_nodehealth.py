@@ -19,8 +19,11 @@ from pathlib import Path
 import pytest
 
 from gpulens.fabricmodel import NicReading
+from gpulens.kernelmodel import KernelView, XidAction
 from gpulens.model import GpuReading, LinkReading, NodeSnapshot
+from gpulens.nodehardware import GpuConfig, NodeHardware
 from gpulens.nodehealth import DEGRADED, HEALTHY, UNHEALTHY, node_health
+from gpulens.xidcatalogue import xid_action
 from tests.conftest import free_port, http_get
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,3 +183,55 @@ def test_a_password_is_never_taken_from_the_command_line() -> None:
     assert result.returncode == 2
     assert "--password-file" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# --- XIDs and the node's hardware ---------------------------------------------------------------------------------
+
+
+def test_an_xid_weighs_as_the_catalogue_says_and_an_escalated_one_asks_for_an_inspection() -> None:
+    health = node_health(_node(_gpu(0, xid_errors={79: 1}), _gpu(1, xid_errors={13: 4})))
+    assert health.state == UNHEALTHY
+    lost = next(f for f in health.findings if f.subject.startswith("GPU 0"))
+    assert (lost.state, lost.action) == (UNHEALTHY, xid_action(79))
+    assert "XID 79" in lost.reason
+    # an application's XID (13, check-application) does not make the node unhealthy on its own
+    app = node_health(_node(_gpu(1, xid_errors={13: 4})))
+    assert app.state in (HEALTHY, DEGRADED)
+    assert app.action in ("none", "check-application")
+    kernel = KernelView(actions=(XidAction("GPU-0", 48, "hardware-inspection", 5),))
+    escalated = node_health(replace(_node(_gpu(0, xid_errors={48: 1})), kernel=kernel))
+    assert escalated.action == "hardware-inspection"
+
+
+def test_sxids_and_xids_on_no_gpu_come_from_the_kernel_view() -> None:
+    kernel = KernelView(node_xids=(("0000:db:00", 79, 1),), sxids=(("0000:05:00.0", 24007, 1),))
+    health = node_health(replace(_node(_gpu(0)), kernel=kernel))
+    subjects = {f.subject: f for f in health.findings}
+    assert "PCI 0000:db:00" in subjects
+    assert subjects["NVSwitch 0000:05:00.0"].state in (DEGRADED, UNHEALTHY)
+    assert health.state == UNHEALTHY
+
+
+def test_the_hardware_against_what_it_should_be() -> None:
+    hw = NodeHardware(
+        pci_gpus=("0000:3b:00.0", "0000:3c:00.0"),
+        missing_gpus=("0000:3c:00.0",),
+        gpus_expected=8,
+        ib_ports_expected=8,
+        ib_ports_active=7,
+        nvswitches=4,
+        fabric_manager_running=False,
+        peermem_loaded=False,
+        gpus=(GpuConfig(0, "GPU-0", fabric_state="in_progress", fabric_ready=False),),
+    )
+    health = node_health(replace(_node(_gpu(0)), hardware=hw))
+    reasons = [f.text() for f in health.findings]
+    assert health.state == UNHEALTHY
+    assert health.action == "hardware-inspection"
+    assert any("PCI 0000:3c:00.0: a GPU on the PCI bus that NVML does not open" in r for r in reasons)
+    assert any("2 GPUs on the node, 8 expected" in r for r in reasons)
+    assert any("7 InfiniBand ports up, 8 expected" in r for r in reasons)
+    assert any("nv-fabricmanager is not running" in r for r in reasons)
+    assert any("GPU 0: NVLink fabric not ready (in_progress)" in r for r in reasons)
+    assert any("nvidia_peermem" in r for r in reasons)
+    assert node_health(replace(_node(_gpu(0)), hardware=NodeHardware(pci_gpus=("0000:3b:00.0",)))).state == HEALTHY

@@ -25,6 +25,7 @@ import pynvml  # noqa: TID251 (the NVML modules are the pynvml choke point)
 from gpulens.clock import Clock, SystemClock
 from gpulens.exporter import nvmldevice as device
 from gpulens.exporter.nvmlcalls import Calls, GpuLostError, as_int, as_text, scaled, start_nvml
+from gpulens.exporter.nvmldeadline import CallDeadline, NvmlHungError
 from gpulens.exporter.nvmlfields import FI_MEMORY_TEMP, field_ids, read_field_values
 from gpulens.exporter.nvmlgpm import NVLINK, PCIE, PROFILING, close_gpm, forget, open_gpm, read_gpm, sources
 from gpulens.exporter.nvmlgpu import SLOW_REFRESH_S, Gpu
@@ -74,13 +75,14 @@ class NvmlSource:
         clock: Clock | None = None,
         max_workers: int | None = None,
         xid_events: bool = True,
+        deadline: CallDeadline | None = None,
     ) -> None:
         if max_workers is not None and max_workers < 1:
             raise ValueError("max_workers must be at least 1")
         self._node = node
         self._clock = clock or SystemClock()
         self._errors = ErrorCounter(log)
-        self._calls = Calls(nvml, self._errors)
+        self._calls = Calls(nvml, self._errors, deadline)
         start_nvml(nvml)
         try:
             self._driver_version = as_text(self._calls.call(None, "nvmlSystemGetDriverVersion"))
@@ -118,19 +120,36 @@ class NvmlSource:
             metric_sources=metric_sources,
         )
 
+    def hung_since(self) -> float | None:
+        """When (Unix seconds) an NVML call passed its deadline, or None while NVML answers (``nvmldeadline``)."""
+        return self._calls.deadline.hung_since()
+
     def close(self) -> None:
-        """Stop the XID thread and the thread pools and shut NVML down. Safe to call twice."""
-        with self._read_lock:
+        """Stop the XID thread and the thread pools and shut NVML down. Safe to call twice. With NVML hung, the
+        threads stuck in it are left behind (daemons) and NVML is not shut down."""
+        if not self._read_lock.acquire(timeout=self._calls.deadline.deadline_s):
+            log.warning("NVML is hung in a read; closing without shutting it down")
+            self._closed = True
+            return
+        try:
             if self._closed:
                 return
             self._closed = True
+        finally:
+            self._read_lock.release()
         if self._xids is not None:
             self._xids.close()
-        self._pool.shutdown(wait=True)
-        self._pcie_pool.shutdown(wait=True)
-        for gpu in self._gpus:
-            close_gpm(self._calls, gpu)
-        self._calls.call(None, "nvmlShutdown")
+        hung = self.hung_since() is not None
+        self._pool.shutdown(wait=not hung)
+        self._pcie_pool.shutdown(wait=not hung)
+        if hung:
+            return
+        try:
+            for gpu in self._gpus:
+                close_gpm(self._calls, gpu)
+            self._calls.call(None, "nvmlShutdown")
+        except NvmlHungError:
+            log.warning("NVML hung while shutting down")
 
     # --- start-up: the static facts ------------------------------------------------------------------------------
 

@@ -231,6 +231,12 @@ class NodeSnapshot:
     metric_sources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # NCCL's own view of the jobs on this node (NCCL RAS); None where RAS is not read or nothing answered yet.
     nccl: NcclView | None = None
+    # The parts of this snapshot that are late, by reader ("gpus", "pods", "fabric"), with the seconds since that
+    # reader last succeeded; a late "gpus" part is withdrawn from the snapshot document (docs/exporter.md).
+    stale: Mapping[str, float] = field(default_factory=dict)
+    # When (Unix seconds) an NVML call of this node passed its deadline: the driver is hung (GpuDriverHung);
+    # None while NVML answers, or where the source is not NVML.
+    nvml_hung_since: float | None = None
 
     def replace(self, **changes: Any) -> NodeSnapshot:
         return dataclasses.replace(self, **changes)

@@ -157,6 +157,10 @@ def snapshot_to_json(
     if snapshot.nccl is not None:  # the same object in both layouts: a few ranks at most
         doc["nccl"] = msgspec.to_builtins(snapshot.nccl)
     doc["errors"] = dict(snapshot.errors)
+    if snapshot.stale:  # only where a part is late: a fresh document is unchanged
+        doc["stale"] = dict(snapshot.stale)
+    if snapshot.nvml_hung_since is not None:
+        doc["nvml_hung_since"] = snapshot.nvml_hung_since
     if health is not None:
         doc["exporter"] = dict(health)
     return doc
@@ -260,6 +264,8 @@ _DOCUMENT: Final[Any] = msgspec.defstruct(
         ("host", _HOST | None, None),
         ("nccl", NcclView | None, None),
         ("errors", dict[str, int], msgspec.field(default_factory=dict)),
+        ("stale", dict[str, float], msgspec.field(default_factory=dict)),
+        ("nvml_hung_since", float | None, None),
     ],
     kw_only=True,
     gc=False,
@@ -421,6 +427,8 @@ def _snapshot(doc: Any) -> NodeSnapshot:
         job_hosts=job_hosts,
         nccl=doc.nccl,
         errors=doc.errors,
+        stale=doc.stale,
+        nvml_hung_since=doc.nvml_hung_since,
     )
 
 

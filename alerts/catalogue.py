@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from gpulens.alerts import checks, detect, inefficient, promql, watchdog
+from gpulens.alerts import checks, detect, hostchecks, inefficient, promql, watchdog
 from gpulens.alerts import prefilters as pre
 from gpulens.alerts.base import AlertRule
 from gpulens.alerts.definition import Definition, RoundPlan
@@ -20,6 +20,7 @@ from gpulens.alerts.names import (  # the rules' names, re-exported: the catalog
     EXPORTER_DOWN,
     FABRIC_CONGESTION,
     FABRIC_SATURATED,
+    GPU_DRIVER_HUNG,
     GPU_LOST,
     HW_POWER_BRAKE,
     IB_ERRORS,
@@ -370,6 +371,22 @@ DEFINITIONS: Final[tuple[Definition, ...]] = (
         round=RoundPlan(whole=False),
         export=promql.exporter_down,
     ),
+    Definition(
+        AlertRule(
+            name=GPU_DRIVER_HUNG,
+            severity="critical",
+            for_s=MINUTE,
+            scope="node",
+            meaning="An NVML call on the node has not returned within its deadline (5 s): the GPU driver is wedged. "
+            "The exporter still answers (no ExporterDown): the node's other readings go on, its GPU readings are "
+            "stale or withdrawn.",
+            action="Drain the node and look at the kernel log (XIDs, NVRM messages); a wedged driver usually needs "
+            "a GPU reset or a reboot.",
+        ),
+        check=hostchecks.gpu_driver_hung,
+        round=RoundPlan(whole=False),
+        export=promql.gpu_driver_hung,
+    ),
     *FABRIC_DEFINITIONS,
     Definition(
         AlertRule(
@@ -397,6 +414,7 @@ __all__ = [
     "FABRIC_CONGESTION",
     "FABRIC_SATURATED",
     "GPULENS_ONLY",
+    "GPU_DRIVER_HUNG",
     "GPU_LOST",
     "HW_POWER_BRAKE",
     "IB_ERRORS",

@@ -67,6 +67,7 @@ class Round:
     nodes: frozenset[str]  # nodes whose snapshot arrived
     targets: tuple[TargetHealth, ...]
     nccl: Mapping[str, NcclView] = field(default_factory=dict)  # node -> its agent's NCCL RAS view
+    nvml_hung: Mapping[str, float] = field(default_factory=dict)  # node -> since when its NVML is hung
 
 
 def _fits(reference: Sequence[JobRound], summary: JobRound, usual: float | None = None) -> bool:
@@ -202,6 +203,7 @@ class History:
             nodes=frozenset(s.node for s in snapshots),
             targets=tuple(targets),
             nccl={s.node: s.nccl for s in snapshots if s.nccl is not None},
+            nvml_hung={s.node: s.nvml_hung_since for s in snapshots if s.nvml_hung_since is not None},
         )
         self._rounds.append(round_)
         self._since.clear()

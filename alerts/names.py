@@ -32,6 +32,7 @@ IB_ERRORS: Final = "IbErrors"
 FABRIC_CONGESTION: Final = "FabricCongestion"
 FABRIC_SATURATED: Final = "FabricBandwidthSaturated"
 JOB_INPUT_BOUND: Final = "JobInputBound"
+GPU_DRIVER_HUNG: Final = "GpuDriverHung"
 
 # The XIDs operators page on (docs/domain.md §4) and what each means.
 PAGING_XIDS: Final = (48, 62, 64, 74, 79, 94, 95, 119, 120)

@@ -41,7 +41,6 @@ class ExporterHealth:
     collect_errors: Mapping[str, int] = field(default_factory=dict)
     # Each reader ("gpus", "pods", "fabric", ...): seconds since its last success and whether that is too long ago.
     readers: Mapping[str, ReaderState] = field(default_factory=dict)
-    nvml_hung: bool | None = None  # None: the source is not NVML (dcgm-exporter)
 
 
 PROCESS_LABELS: Final = ("node", "gpu", "uuid", "job_id", "user")  # the process family's labels without pids
@@ -256,13 +255,20 @@ def _exporter_families(health: ExporterHealth) -> Iterator[Family]:
             age.add_metric([reader], state.age_s)
     yield stale
     yield age
+
+
+NVML_SOURCES: Final = ("nvml", "sim")  # the sources whose snapshots say whether NVML is hung
+
+
+def _node_families(snapshot: NodeSnapshot) -> Iterator[Family]:
     hung = Family(
         "gpulens_node_nvml_hung",
         "1 while an NVML call of this node has passed its deadline and NVML has not answered since (the driver is "
-        "hung); 0 while NVML answers. Absent where the source is not NVML.",
+        "hung: GpuDriverHung); 0 while NVML answers. Absent where the source is not NVML.",
+        labels=["node"],
     )
-    if health.nvml_hung is not None:
-        hung.add_metric([], 1 if health.nvml_hung else 0)
+    if snapshot.source in NVML_SOURCES:
+        hung.add_metric([snapshot.node], 0 if snapshot.nvml_hung_since is None else 1)
     yield hung
 
 
@@ -357,6 +363,7 @@ def render_metrics(
         families.append(_gpulens_families(snapshot, process_pids=process_pids))
         families.append(fabric_families(snapshot))
         families.append(nccl_families(snapshot))
+        families.append(_node_families(snapshot))
         if dcgm_compat:
             families.append(_dcgm_families(snapshot, last_xid or {}))
     families.append(_exporter_families(health))

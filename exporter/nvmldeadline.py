@@ -75,6 +75,7 @@ class CallDeadline:
         """Note a call that returned (with a value or an error: either way the driver answered)."""
         now = self._monotonic()
         with self._lock:
+            self._mark(now)  # a call that returns past its deadline marks NVML hung all the same
             what, started = self._in_flight.pop(token, ("", now))
             if token != self._probe:
                 return
@@ -102,8 +103,8 @@ class CallDeadline:
                 self._hung = (what, self._wall() - (now - started) + self.deadline_s)
                 self._last_try = now
                 log.error(
-                    "NVML is hung: %s has not returned in %.0fs; NVML calls fail at once until it answers "
-                    "(probed every %.0fs)",
+                    "NVML is hung: %s has not returned in %.1fs; NVML calls fail at once until it answers "
+                    "(probed every %gs)",
                     what,
                     now - started,
                     self._probe_every,

@@ -264,15 +264,11 @@ class Poller:
         hung_since = self._hung_since()
         if hung_since is None and snapshot is not None:
             hung_since = snapshot.nvml_hung_since
-        nvml_like = callable(getattr(self._source, "hung_since", None)) or (
-            snapshot is not None and snapshot.source in ("nvml", "sim")
-        )
         health = ExporterHealth(
             collect_duration_seconds=self._last_duration,
             last_collect_timestamp_seconds=doc["last_collect_timestamp_seconds"],
             collect_errors=errors,
             readers=readers,
-            nvml_hung=(hung_since is not None) if nvml_like else None,
         )
         served = metrics = None
         if snapshot is not None:
@@ -340,6 +336,7 @@ class Poller:
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
             self._thread = None
+        self._worker.close()
 
 
 class OnDemandNode:

@@ -56,6 +56,7 @@ class DeadlineWorker:
         self._queued: _Job | None = None
         self._pending: _Job | None = None  # the last job handed over, until its outcome is taken
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     def run(self, call: Callable[[], T], timeout_s: float) -> T:
         """``call()``'s value; its exception; or ``Late`` when it has not returned within ``timeout_s`` (or the
@@ -67,7 +68,7 @@ class DeadlineWorker:
                 if not pending.done.is_set():
                     raise Late  # the earlier call is still running: nothing new is stranded behind it
                 self._pending = None  # a late answer that has arrived since: newer than anything held
-                return cast(T, self._outcome(pending))
+                return cast("T", self._outcome(pending))
             pending = self._pending = _Job(call)
             self._queued = pending
             if self._thread is None:
@@ -79,7 +80,7 @@ class DeadlineWorker:
         with self._lock:
             if self._pending is pending:
                 self._pending = None
-        return cast(T, self._outcome(pending))
+        return cast("T", self._outcome(pending))
 
     @property
     def busy(self) -> bool:
@@ -92,11 +93,20 @@ class DeadlineWorker:
             raise job.error
         return job.value
 
+    def close(self) -> None:
+        """End the thread once its call returns (a call stuck for good keeps it: it is a daemon)."""
+        with self._lock:
+            self._closed = True
+            self._wake.notify()
+
     def _work(self) -> None:
         while True:
             with self._lock:
-                while self._queued is None:
+                while self._queued is None and not self._closed:
                     self._wake.wait()
+                if self._queued is None:
+                    self._thread = None
+                    return
                 job, self._queued = self._queued, None
             try:
                 job.value = job.call()

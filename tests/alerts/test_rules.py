@@ -54,6 +54,7 @@ CONTRACT = {
     "FabricCongestion",
     "FabricBandwidthSaturated",
     "JobInputBound",
+    "GpuDriverHung",
     "Watchdog",
 }
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
 from gpulens.logutil import LogOnce
+from gpulens.model import NodeSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +190,74 @@ class SideReader(Generic[T]):
         self._stop.set()
 
     def _run(self) -> None:
+        self.fetch_now()
+        self.run_forever()
+
+    def run_forever(self) -> None:
+        """Fetch every interval after the one just made, until closed (the thread's loop)."""
         next_at = time.monotonic()
-        while not self._stop.is_set():
-            self.fetch_now()
+        while True:
             next_at = max(next_at + self._interval, time.monotonic())
-            self._stop.wait(next_at - time.monotonic())
+            if self._stop.wait(next_at - time.monotonic()):
+                return
+            self.fetch_now()
+
+
+class BackgroundEnricher:
+    """An enricher moved off the collection path: it runs on its own ``SideReader`` over the latest snapshot it was
+    handed, and each collection takes the snapshot ``fields`` it owns (and the failure counts it added) from its
+    last answer. The first collection waits for the first answer at most ``deadline_s``; none waits again."""
+
+    def __init__(
+        self,
+        name: str,
+        enrich: Callable[[NodeSnapshot], NodeSnapshot],
+        fields: tuple[str, ...],
+        *,
+        interval_s: float,
+        deadline_s: float,
+        start: bool = True,
+    ) -> None:
+        self._enrich = enrich
+        self._fields = fields
+        self._deadline = deadline_s
+        self._input: NodeSnapshot | None = None
+        self._handed = threading.Event()
+        self._answered = threading.Event()
+        self.reader: SideReader[tuple[dict[str, object], dict[str, int]]] = SideReader(
+            name, self._fetch, interval_s=interval_s, deadline_s=deadline_s, start=False
+        )
+        self._thread: threading.Thread | None = None
+        if start:
+            self._thread = threading.Thread(target=self._first_then_run, name=f"gpulens-{name}", daemon=True)
+            self._thread.start()
+
+    def enrich(self, snapshot: NodeSnapshot) -> NodeSnapshot:
+        self._input = snapshot
+        if not self._handed.is_set():
+            self._handed.set()
+            if self._thread is not None:
+                self._answered.wait(self._deadline)
+        latest = self.reader.latest()
+        if latest is None:
+            return snapshot
+        values, errors = latest
+        return snapshot.replace(**values, errors={**snapshot.errors, **errors})
+
+    def close(self) -> None:
+        self.reader.close()
+        self._handed.set()
+
+    def _fetch(self) -> tuple[dict[str, object], dict[str, int]]:
+        given = self._input
+        if given is None:
+            raise LookupError("no snapshot handed yet")
+        out = self._enrich(given)
+        errors = {k: v for k, v in out.errors.items() if given.errors.get(k) != v}
+        return {f: getattr(out, f) for f in self._fields}, errors
+
+    def _first_then_run(self) -> None:
+        self._handed.wait()
+        self.reader.fetch_now()
+        self._answered.set()
+        self.reader.run_forever()

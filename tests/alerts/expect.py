@@ -20,6 +20,7 @@ from gpulens.alerts.catalogue import (
     EXPORTER_DOWN,
     FABRIC_CONGESTION,
     FABRIC_SATURATED,
+    GPU_DRIVER_HUNG,
     GPU_LOST,
     IB_ERRORS,
     IB_LINK_DEGRADED,
@@ -198,6 +199,8 @@ class _Expectations:
                 self.add(IDLE_ALLOCATED, {**_gpu(ref), "job_id": str(f.job)}, s, e, cause)
         elif f.kind == "exporter_down":
             self.add(EXPORTER_DOWN, {"node": str(f.node)}, s, e, cause)
+        elif f.kind == "nvml_hang":
+            self.add(GPU_DRIVER_HUNG, {"node": str(f.node)}, s, e, cause)
         elif f.kind in PORT_ALERTS or f.kind in ("ib_link_flap", "host_cpu_contention", "host_memory_pressure"):
             self.fabric(f, cause)
         elif f.kind == "nvlink_saturation":

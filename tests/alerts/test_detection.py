@@ -137,6 +137,7 @@ def test_faults_example_raises_each_faults_alert() -> None:
         ("GpuIdleAllocated", "node-03:4"),
         ("GpuIdleAllocated", "node-03:5"),
         ("ExporterDown", "node-04"),
+        ("GpuDriverHung", "node-04"),
         *(("NvlinkBandwidthSaturated", f"node-02:{i}") for i in range(8)),
     }
     assert set(subjects(outcome)) == expected
@@ -155,7 +156,8 @@ def test_faults_example_raises_each_faults_alert() -> None:
         k: kinds[k].detected for k in ("comm_stall", "hang_spinning", "hang_blocked", "hang_mixed")
     } == dict.fromkeys(("comm_stall", "hang_spinning", "hang_blocked", "hang_mixed"), 1)
     assert kinds["rank_dead"] == KindTally(1, 1, 1)
-    assert sum(k.injected for k in kinds.values()) == 18
+    assert kinds["nvml_hang"] == KindTally(1, 1, 1)  # GpuDriverHung, and no ExporterDown for it
+    assert sum(k.injected for k in kinds.values()) == 19
 
 
 def test_fabric_example_raises_each_faults_alert_on_its_port_and_job() -> None:
@@ -305,6 +307,7 @@ def test_gpu_faults(nodes: int, model: str, seed: int) -> None:
         "GpuLost",
         "GpuIdleAllocated",
         "ExporterDown",
+        "GpuDriverHung",
     }
     assert found == expected | ({"NvlinkErrors"} if model != "L40S" else set())
     xids = [a.labels["xid"] for a in outcome.fired if a.alertname == "XidError"]

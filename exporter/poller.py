@@ -165,38 +165,25 @@ class Poller:
     def collect_once(self) -> None:
         """Run one collection now (the thread calls this; tests may call it directly)."""
         started = time.perf_counter()
-        try:
+        raw = self._read()
+        fresh = raw is not None
+        with self._lock:
+            if raw is None and not self._unavailable:
+                raw = self._raw  # late or failed: the last good readings, so the side readers' parts stay current
+        if raw is not None:
             try:
-                raw = self._worker.run(self._source.read, self._read_deadline)
-                fresh = True
-            except Late:
-                last = self._late()
-                if last is None:
-                    raise
-                raw, fresh = last, False
-            snapshot = self._enrich(raw) if self._enrich is not None else raw
-        except Late:
-            pass  # nothing read yet: counted by _late
-        except NodeUnavailableError as exc:
-            with self._lock:
-                self._unavailable = True
-                self._last_error = str(exc)
-            self._errors.count("node_unavailable", "node unavailable: %s", exc)
-        except Exception as exc:  # noqa: BLE001 - a failed collection must never kill the exporter
-            with self._lock:
-                self._last_error = f"{type(exc).__name__}: {exc}"
-                self._unavailable = False
-            self._errors.count("source_failed", "collection failed: %s (further failures are counted)", exc)
-        else:
-            with self._lock:
-                self._snapshot = snapshot
-                self._unavailable = False
-                if fresh:
-                    self._raw = raw
-                    self._last_ok_monotonic = self._clock.monotonic()
-                    self._last_ok_time = self._clock.now()
-                    self._last_error = None
-                    self._collections += 1
+                snapshot = self._enrich(raw) if self._enrich is not None else raw
+            except Exception as exc:  # noqa: BLE001 - a failed collection must never kill the exporter
+                self._failed("source_failed", exc)
+            else:
+                with self._lock:
+                    self._snapshot = snapshot
+                    if fresh:
+                        self._raw = raw
+                        self._last_ok_monotonic = self._clock.monotonic()
+                        self._last_ok_time = self._clock.now()
+                        self._last_error = None
+                        self._collections += 1
         self._last_duration = time.perf_counter() - started
         # The /metrics text is rendered by the first scrape that asks for it, once per collection: collections that
         # no scrape reads (Prometheus scrapes every 15-60 s, collections run every second) cost no rendering.
@@ -205,15 +192,35 @@ class Poller:
             self._published = published
         self._first_done.set()
 
-    def _late(self) -> NodeSnapshot | None:
-        """The read is past its deadline: count it, and give the last good read to serve (None: there is none)."""
-        hung = self._hung_since()
-        what = "NVML is hung" if hung is not None else f"the source has not answered in {self._read_deadline:g}s"
+    def _read(self) -> NodeSnapshot | None:
+        """The source's readings now, or None (counted) when the read is late or failed."""
+        try:
+            raw = self._worker.run(self._source.read, self._read_deadline)
+        except Late:
+            hung = self._hung_since() is not None
+            what = "NVML is hung" if hung else f"the source has not answered in {self._read_deadline:g}s"
+            with self._lock:
+                self._last_error = what
+            self._errors.count("source_late", "collection late: %s; the last readings are served marked stale", what)
+            return None
+        except NodeUnavailableError as exc:
+            with self._lock:
+                self._unavailable = True
+                self._last_error = str(exc)
+            self._errors.count("node_unavailable", "node unavailable: %s", exc)
+            return None
+        except Exception as exc:  # noqa: BLE001 - a failed collection must never kill the exporter
+            self._failed("nvml_hung" if self._hung_since() is not None else "source_failed", exc)
+            return None
         with self._lock:
-            self._last_error = what
-            raw = self._raw
-        self._errors.count("source_late", "collection late: %s; the last readings are served marked stale", what)
+            self._unavailable = False
         return raw
+
+    def _failed(self, reason: str, exc: Exception) -> None:
+        with self._lock:
+            self._last_error = f"{type(exc).__name__}: {exc}"
+            self._unavailable = False
+        self._errors.count(reason, "collection failed: %s (further failures are counted)", exc)
 
     def _hung_since(self) -> float | None:
         hung_since = getattr(self._source, "hung_since", None)

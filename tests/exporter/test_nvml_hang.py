@@ -189,5 +189,8 @@ def test_the_hung_read_strands_one_read_thread_whatever_the_collections(
     fake.hang(HUNG_CALL)
     runs = host.runs
     assert _eventually(lambda: host.runs > runs + 20)  # twenty collections while the read is stuck
-    assert [t.name for t in threading.enumerate() if t.ident not in before] == []  # no thread started for them
+    # No thread was started for them beyond the source's fixed GPU pools growing to their size (2 + 4 threads here)
+    started = [t.name for t in threading.enumerate() if t.ident not in before]
+    assert all(name.startswith("gpulens-nvml") for name in started), started
+    assert len([t for t in threading.enumerate() if t.name.startswith("gpulens-nvml")]) <= 6
     assert fake.calls[HUNG_CALL] - calls <= 2  # stuck once per GPU of the read in flight; the rest failed fast

@@ -243,7 +243,7 @@ DEFINITIONS: Final[tuple[Definition, ...]] = (
         ),
         check=detect.communication_stall,
         reads=pre.JOB_FIELDS,
-        round=RoundPlan(fields=pre.JOB_FIELDS, whole=False, reasons=pre.SLOWDOWN_REASONS),
+        round=RoundPlan(fields=pre.JOB_FIELDS, whole=False, reasons=pre.SLOWDOWN_REASONS, ports=True, nccl=True),
         export=promql.communication_stall,
     ),
     Definition(

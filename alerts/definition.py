@@ -51,7 +51,8 @@ class RoundPlan:
     whole for it. Otherwise a GPU is read whole where any of the three tests names it: ``here`` (the round fields
     against the GPU's constants ``facts``), ``promql`` (a filter returning a series per GPU it names), ``counters``
     (the counters the rule compares across its ``window_s`` changed, as the engine's history tells; ``xids``: the
-    XID counts). Each test names a superset of the GPUs the check fires on.
+    XID counts). Each test names a superset of the GPUs the check fires on. ``ports``, ``hosts`` and ``nccl``: what
+    else of the cluster the round reads for the rule, whole.
     """
 
     fields: tuple[str, ...] = ()
@@ -62,6 +63,9 @@ class RoundPlan:
     counters: Callable[[GpuReading], object] | None = None
     xids: bool = False
     reasons: tuple[str, ...] = ()  # the slowdown clock reasons ``here`` weighs (read of every GPU where set)
+    ports: bool = False  # the RDMA ports' newest readings (the fabric rules, a stall's fabric evidence)
+    hosts: bool = False  # the nodes' CPUs and memory and each job's share of them
+    nccl: bool = False  # each node's NCCL RAS view
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ FABRIC_DEFINITIONS: Final[tuple[Definition, ...]] = (
             "restart the job's stalled ranks once the link is back.",
         ),
         check=fabricchecks.ib_link_down,
-        round=RoundPlan(whole=False),
+        round=RoundPlan(whole=False, ports=True),
         export=promql.ib_link_down,
     ),
     Definition(
@@ -55,7 +55,7 @@ FABRIC_DEFINITIONS: Final[tuple[Definition, ...]] = (
             "of both ends (IbErrors).",
         ),
         check=fabricchecks.ib_link_flapping,
-        round=RoundPlan(whole=False),
+        round=RoundPlan(whole=False, ports=True),
         export=promql.ib_link_flapping,
     ),
     Definition(
@@ -71,7 +71,7 @@ FABRIC_DEFINITIONS: Final[tuple[Definition, ...]] = (
             "then reset the port (the link retrains at its full rate only after a reset).",
         ),
         check=fabricchecks.ib_link_degraded,
-        round=RoundPlan(whole=False),
+        round=RoundPlan(whole=False, ports=True),
         export=promql.ib_link_degraded,
     ),
     Definition(
@@ -92,7 +92,7 @@ FABRIC_DEFINITIONS: Final[tuple[Definition, ...]] = (
             "tell which end is bad.",
         ),
         check=fabricchecks.ib_errors,
-        round=RoundPlan(whole=False),
+        round=RoundPlan(whole=False, ports=True),
         export=promql.ib_errors,
     ),
     Definition(
@@ -117,7 +117,7 @@ FABRIC_DEFINITIONS: Final[tuple[Definition, ...]] = (
             "adaptive-routing or ECN/PFC setting, or an oversubscribed uplink.",
         ),
         check=fabricchecks.fabric_congestion,
-        round=RoundPlan(whole=False),
+        round=RoundPlan(whole=False, ports=True),
         export=promql.fabric_congestion,
     ),
     Definition(
@@ -134,7 +134,7 @@ FABRIC_DEFINITIONS: Final[tuple[Definition, ...]] = (
             "compression or a layout with less inter-node traffic help.",
         ),
         check=fabricchecks.fabric_saturated,
-        round=RoundPlan(whole=False),
+        round=RoundPlan(whole=False, ports=True),
         export=promql.fabric_saturated,
     ),
     Definition(
@@ -160,7 +160,7 @@ FABRIC_DEFINITIONS: Final[tuple[Definition, ...]] = (
             "memory pressure, lower the host memory the job pins (page cache, pinned buffers) or its batch prefetch.",
         ),
         check=hostchecks.job_input_bound,
-        round=RoundPlan(fields=JOB_FIELDS, whole=False, reasons=SLOWDOWN_REASONS),
+        round=RoundPlan(fields=JOB_FIELDS, whole=False, reasons=SLOWDOWN_REASONS, ports=True, hosts=True),
         gpulens_only="it needs each job's cgroup CPU limit beside its GPUs' idle share and a checkpoint's "
         "writes, which the exported families do not join (the job CPU family carries no limit)",
     ),

@@ -8,7 +8,7 @@ rule's check (``alerts.checks``, ``alerts.detect``, ``alerts.fabricchecks``) as 
   Prometheus raises one alert per GPU as the engine does;
 - a counter's first event counts: the exporter emits a counter series (an XID code) only once it has happened, so
   the series begins at 1 and ``increase`` over a window that begins before it is 0; ``_grew`` also names a series
-  that the window's start did not hold;
+  above 0 that began after the GPU's first reading in the window (not one that began with it: no earlier reading);
 - ``CommunicationStall``'s utilisation signatures compare a job with its busiest traffic of the last 30 minutes (the
   engine's baselines are longer and know the job's pauses), and its NCCL signatures read the RAS families.
 """
@@ -47,9 +47,13 @@ def per_gpu(expr: str) -> str:
 
 
 def _grew(selector: str, window_s: float) -> str:
-    """The series of the counter ``selector`` that grew within ``window_s``, or began within it (a first event)."""
+    """The series of the counter ``selector`` that grew within ``window_s``, or began above 0 within it after the
+    GPU's first reading in it (a first event: the series has fewer samples in the window than the GPU's ``up``).
+    A series that begins with the GPU's first reading (a GPU or an exporter Prometheus has just begun to scrape)
+    counts no event, as the engine counts none without an earlier reading to compare with."""
     window = duration(window_s)
-    return f"(increase({selector}[{window}]) > 0 or ({selector} unless {selector} offset {window}))"
+    began = f"count_over_time({selector}[{window}]) < {ON_GPU} group_left() count_over_time(gpulens_gpu_up[{window}])"
+    return f"(increase({selector}[{window}]) > 0 or ({selector} > 0 and {began}))"
 
 
 def _gpu_rule(rule: AlertRule, expr: str) -> list[Exported]:
@@ -99,11 +103,19 @@ def thermal_throttling(rule: AlertRule) -> list[Exported]:
 
 
 def power_capped(rule: AlertRule) -> list[Exported]:
-    return _gpu_rule(
-        rule,
+    """Drawing ``power_ratio`` of its limit with sw_power_cap set; a pause in the work (utilization below
+    ``busy_utilization``) within ``for`` of a capped evaluation holds the alert (the engine neither counts nor
+    resets a pause; here it counts toward ``for``, and a pause alone never starts the alert)."""
+    capped = (
         f"gpulens_gpu_power_watts >= {ON_GPU} group_left() ({rule.threshold('power_ratio'):g} * "
-        f'gpulens_gpu_power_limit_watts) and {ON_GPU} gpulens_gpu_throttle_active{{reason="sw_power_cap"}} == 1',
+        f'gpulens_gpu_power_limit_watts) and {ON_GPU} gpulens_gpu_throttle_active{{reason="sw_power_cap"}} == 1'
     )
+    recently = duration(max(rule.for_s, 60.0))
+    paused = (
+        f"gpulens_gpu_utilization_ratio < {rule.threshold('busy_utilization'):g} "
+        f"and {ON_GPU} count_over_time(({capped})[{recently}:1m])"
+    )
+    return _gpu_rule(rule, f"{capped} or {paused}")
 
 
 def hw_power_brake(rule: AlertRule) -> list[Exported]:
@@ -114,7 +126,8 @@ def pcie_saturated(rule: AlertRule) -> list[Exported]:
     share = rule.threshold("utilization_ratio")
     return _gpu_rule(
         rule,
-        f"{_busier('gpulens_gpu_pcie_throughput_bytes_per_second')} >= {ON_GPU} ({share:g} * {pcie_ceiling('max')})",
+        f"{_busier('gpulens_gpu_pcie_throughput_bytes_per_second')} >= {ON_GPU} group_left() "
+        f"({share:g} * {pcie_ceiling('max')})",
     )
 
 
@@ -122,7 +135,7 @@ def nvlink_saturated(rule: AlertRule) -> list[Exported]:
     share = rule.threshold("utilization_ratio") * rule.threshold("link_bytes_per_second")
     return _gpu_rule(
         rule,
-        f"{_busier('gpulens_gpu_nvlink_throughput_bytes_per_second')} >= {ON_GPU} "
+        f"{_busier('gpulens_gpu_nvlink_throughput_bytes_per_second')} >= {ON_GPU} group_left() "
         f"({share:g} * max by ({GPU}) (gpulens_gpu_nvlink_links_active > 0))",
     )
 
@@ -183,12 +196,28 @@ def idle_allocated(rule: AlertRule) -> list[Exported]:
 
 
 def job_straggler(rule: AlertRule) -> list[Exported]:
-    clock = 'max by (node, gpu, uuid) (gpulens_gpu_clock_hertz{clock="sm"})'
-    with_job = f"{clock} * {ON_GPU} group_left(job_id, user) {JOB_INFO}"
-    peers = f"quantile by (job_id) (0.5, {with_job})"
+    """A GPU of a busy multi-GPU job (every GPU at ``busy_utilization`` or more) whose SM clock is below
+    ``clock_ratio`` of the job's median, whose power differs from the job's median by ``power_difference`` or more,
+    while the job's median power is below ``peer_power_ratio`` of its highest of the last 30 minutes (the peers
+    wait). The engine's peers' medians leave the GPU itself out and its baseline is longer; a lone throttle reason
+    is not said here."""
+    t = rule.threshold
+
+    def with_job(family: str) -> str:
+        return f"max by (node, gpu, uuid) ({family}) * {ON_GPU} group_left(job_id, user) {JOB_INFO}"
+
+    clock, power = with_job('gpulens_gpu_clock_hertz{clock="sm"}'), with_job("gpulens_gpu_power_watts")
+    median_power = f"quantile by (job_id) (0.5, {power})"
+    slow = f"({clock}) < on(job_id) group_left() ({t('clock_ratio'):g} * quantile by (job_id) (0.5, {clock}))"
+    differs = f"abs(({power}) / on(job_id) group_left() {median_power} - 1) >= {t('power_difference'):g}"
+    waiting = f"{median_power} <= {t('peer_power_ratio'):g} * max_over_time(({median_power})[30m:1m])"
+    paused = (
+        f"count by (job_id) ((max by (node, gpu, uuid) (gpulens_gpu_utilization_ratio) < {t('busy_utilization'):g}) "
+        f"* {ON_GPU} group_left(job_id) {JOB_INFO})"
+    )
     expr = (
-        f"({with_job}) < on(job_id) group_left() ({rule.threshold('clock_ratio'):g} * {peers}) "
-        f"and on(job_id) (count by (job_id) ({JOB_INFO}) >= 2)"
+        f"{slow} and on(node, gpu, uuid, job_id) ({differs}) and on(job_id) ({waiting}) "
+        f"and on(job_id) (count by (job_id) ({JOB_INFO}) >= 2) unless on(job_id) {paused}"
     )
     return [Exported(expr, rule.for_s, f"JobStraggler: {GPU_NAME} holds back job {{{{ $labels.job_id }}}}{USER}.")]
 
@@ -244,11 +273,13 @@ def fabric_congestion(rule: AlertRule) -> list[Exported]:
 
 
 def fabric_saturated(rule: AlertRule) -> list[Exported]:
+    """A direction's rate between the port's last two scrapes (``irate``, as the engine's between two rounds) at
+    ``utilization_ratio`` of its link speed or more."""
     share = rule.threshold("utilization_ratio")
     return _port_rule(
         rule,
         " or ".join(
-            f"rate(gpulens_nic_{direction}_bytes_total[2m]) >= {ON_PORT} ({share:g} * {_SPEED})"
+            f"irate(gpulens_nic_{direction}_bytes_total[2m]) >= {ON_PORT} ({share:g} * {_SPEED})"
             for direction in ("transmit", "receive")
         ),
     )
@@ -257,10 +288,8 @@ def fabric_saturated(rule: AlertRule) -> list[Exported]:
 # ------------------------------------------------------------------------------------------------ job rules
 
 _UTIL: Final = "max by (node, gpu, uuid) (gpulens_gpu_utilization_ratio)"
-_TRAFFIC: Final = (
-    "(sum by (node, gpu, uuid) (gpulens_gpu_nvlink_throughput_bytes_per_second) "
-    "+ on(node, gpu, uuid) sum by (node, gpu, uuid) (gpulens_gpu_pcie_throughput_bytes_per_second))"
-)
+# NVLink and PCIe traffic per GPU: one sum over both families, so that a GPU without NVLink (a PCIe card) has one
+_TRAFFIC: Final = 'sum by (node, gpu, uuid) ({__name__=~"gpulens_gpu_(nvlink|pcie)_throughput_bytes_per_second"})'
 _MEMORY: Final = "max by (node, gpu, uuid) (gpulens_gpu_memory_used_bytes)"
 _STALL_SHAPES: Final = {
     "spinning": "spin at full utilization",
@@ -274,20 +303,49 @@ def _per_job(per_gpu_expr: str) -> str:
     return f"count by (job_id, user) (({per_gpu_expr}) * {ON_GPU} group_left(job_id, user) {JOB_INFO})"
 
 
+def _nccl(rule: AlertRule) -> tuple[str, str, str]:
+    """``CommunicationStall``'s NCCL signatures per job (``alerts.ncclchecks``): (``rank_dead``, ``rank_missing``,
+    the jobs with a rank dead or unresponsive however briefly).
+
+    ``rank_dead``: a rank RAS considers dead (at once), or unresponsive for ``ras_mismatch_for`` (every sample
+    within it). ``rank_missing``: a rank behind its communicator (``gpulens_nccl_rank_lag``, exported only for a rank
+    that answers) while the communicator has shown the same mismatch for ``ras_mismatch_for``, in a job with no
+    rank dead or unresponsive."""
+    hold = rule.threshold("ras_mismatch_for")
+    dead = (
+        f"count by (job_id) (gpulens_nccl_rank_dead == 1 "
+        f"or min_over_time(gpulens_nccl_rank_unresponsive[{duration(hold)}]) == 1)"
+    )
+    gone = "count by (job_id) (gpulens_nccl_rank_unresponsive == 1)"
+    missing = (
+        "count by (job_id) (gpulens_nccl_rank_lag > 0 and on(job_id, comm) "
+        f"(max by (job_id, comm) (gpulens_nccl_mismatch_age_seconds) >= {hold:g}))"
+    )
+    return dead, f"{missing} unless on(job_id) {gone}", gone
+
+
+def _with_user(per_job: str) -> str:
+    """``per_job`` (one series per ``job_id``) labelled with the job's ``user``."""
+    return f"({per_job}) * on(job_id) group_left(user) max by (job_id, user) (gpulens_gpu_job_info)"
+
+
 def communication_stall(rule: AlertRule) -> list[Exported]:
-    """One rule per utilisation signature (spinning, blocked, mixed); baselines are approximated by the busiest
-    traffic (and the most memory) of the last 30 minutes, and no rule knows the job's own pauses."""
+    """One rule per signature: the NCCL ones (``rank_dead``, ``rank_missing``) from the RAS families, and the
+    utilisation ones (spinning, blocked, mixed) for jobs NCCL names no stuck rank of (the engine's NCCL signatures
+    replace them); their baselines are approximated by the busiest traffic (and the most memory) of the last 30
+    minutes, and no rule knows the job's own pauses."""
     t = rule.threshold
     total = f"count by (job_id, user) ({JOB_INFO})"
     spinning = f"({_UTIL} >= {t('utilization_min'):g})"
     idle = f"({_UTIL} <= {t('idle_utilization_max'):g})"
 
     def quiet(baseline: float) -> str:
-        return (
-            f"{ON_GPU} ({_TRAFFIC} < {baseline * t('quiet_ratio'):g}) "
-            f"and {ON_GPU} (max_over_time({_TRAFFIC}[30m:1m]) >= {baseline:g})"
-        )
+        """Traffic below ``quiet_ratio`` of the GPU's busiest of the last 30 minutes, which moved ``baseline``."""
+        busiest = f"max_over_time({_TRAFFIC}[30m:1m])"
+        return f"{ON_GPU} ({_TRAFFIC} < {t('quiet_ratio'):g} * {busiest}) and {ON_GPU} ({busiest} >= {baseline:g})"
 
+    dead, missing, gone = _nccl(rule)
+    named = f"unless on(job_id) ({gone} or {missing})"  # NCCL names stuck ranks: its signatures replace these
     spun = f"{spinning} and {quiet(t('baseline_traffic_min_bytes_per_second'))}"
     held = (
         f"{quiet(t('blocked_baseline_traffic_min_bytes_per_second'))} "
@@ -296,15 +354,15 @@ def communication_stall(rule: AlertRule) -> list[Exported]:
     whole = f"== {total} and {total} >= 2"
     later = rule.for_s + t("blocked_after_s")
     exprs = {
-        "spinning": (f"{_per_job(spun)} {whole}", rule.for_s),
-        "blocked": (f"{_per_job(f'{idle} and {held}')} {whole}", later),
+        "spinning": (f"{_per_job(spun)} {whole} {named}", rule.for_s),
+        "blocked": (f"{_per_job(f'{idle} and {held}')} {whole} {named}", later),
         "mixed": (
             f"{_per_job(f'({spinning} or {idle}) and {held}')} {whole} "
-            f"and on(job_id, user) {_per_job(spinning)} >= 1 and on(job_id, user) {_per_job(idle)} >= 1",
+            f"and on(job_id, user) {_per_job(spinning)} >= 1 and on(job_id, user) {_per_job(idle)} >= 1 {named}",
             later,
         ),
     }
-    return [
+    hardware = [
         Exported(
             expr,
             for_s,
@@ -313,6 +371,22 @@ def communication_stall(rule: AlertRule) -> list[Exported]:
             {"signature": signature},
         )
         for signature, (expr, for_s) in exprs.items()
+    ]
+    job = f"CommunicationStall ({{{{ $labels.signature }}}}): job {{{{ $labels.job_id }}}}{USER}: NCCL RAS"
+    return [
+        Exported(
+            _with_user(dead),
+            0.0,
+            f"{job} finds {{{{ $value }}}} rank(s) dead or unresponsive.",
+            {"signature": "rank_dead"},
+        ),
+        Exported(
+            _with_user(missing),
+            0.0,
+            f"{job} shows {{{{ $value }}}} rank(s) that never launched the collective the others wait in.",
+            {"signature": "rank_missing"},
+        ),
+        *hardware,
     ]
 
 

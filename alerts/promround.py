@@ -22,7 +22,6 @@ round read every GPU whole (``store_round``): ``whole_reads_needed``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Final
 
 from gpulens.alerts.base import AlertRule
@@ -32,7 +31,7 @@ from gpulens.alerts.definition import RoundPlan
 from gpulens.alerts.engine import AlertEngine
 from gpulens.alerts.history import History
 from gpulens.alerts.state import FIRING, PENDING, AlertState
-from gpulens.alerts.storeround import assemble_round, store_round
+from gpulens.alerts.storeround import assemble_round, fabric_reads, round_reads, store_round
 from gpulens.model import GpuReading
 from gpulens.rounds import RoundResult
 from gpulens.storage.prometheus import PromReader
@@ -40,28 +39,8 @@ from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus.alertread import GpuFacts, round_readings, uuids_where
 
 
-@dataclass(frozen=True)
-class RoundReads:
-    """What a round reads of every GPU for ``rules``: the union of their plans."""
-
-    fields: tuple[str, ...]
-    reasons: tuple[str, ...]
-    xids: bool
-    facts: tuple[str, ...]
-
-
 def _plans(rules: Iterable[AlertRule]) -> list[tuple[AlertRule, RoundPlan]]:
     return [(rule, entry.round) for rule in rules if (entry := definition(rule)) is not None]
-
-
-def round_reads(rules: Iterable[AlertRule]) -> RoundReads:
-    """What ``rules`` read of every GPU every round (their catalogue plans, merged)."""
-    plans = [plan for _, plan in _plans(rules)]
-
-    def union(name: str) -> tuple[str, ...]:
-        return tuple(sorted({item for plan in plans for item in getattr(plan, name)}))
-
-    return RoundReads(union("fields"), union("reasons"), any(p.xids for p in plans), union("facts"))
 
 
 def _xids_grew(history: History, since: float, reading: GpuReading) -> bool:
@@ -158,11 +137,12 @@ def prom_round(
     """The cluster now, as one round (see the module's docstring); ``history``: the engine's, which this round is
     about to join; ``facts``: the GPUs' constants, as the rounds before left them."""
     reads = round_reads(rules)
-    readings, named, jobs, targets = store.parallel(
+    readings, named, jobs, targets, fabric = store.parallel(
         lambda: round_readings(store, max_age_s=max_age_s, fields=reads.fields, reasons=reads.reasons, xids=reads.xids),
         lambda: uuids_where(store, gpu_filters(rules)),
         store.current_jobs,
         store.target_health,
+        lambda: fabric_reads(store, max_age_s=max_age_s, reads=reads),
     )
     constants = facts.of([r.uuid for r in readings])
     changed = counters_changed(rules, history, now, readings)
@@ -170,7 +150,7 @@ def prom_round(
     if detail:
         whole = {r.uuid: r for r in store.latest_readings(uuids=detail, max_age_s=max_age_s)}
         readings = [whole.get(r.uuid, r) for r in readings]
-    return assemble_round(store.backend, now, readings, jobs, [], targets)
+    return assemble_round(store.backend, now, readings, jobs, [], targets, fabric)
 
 
 def round_reader(
@@ -180,12 +160,13 @@ def round_reader(
     the GPUs of its alerts (``engine()``, as it is at each round), or ``store_round`` where whole reads are needed
     or the engine has judged no round yet (``engine()`` is None: a process that has just become active must see
     each GPU its stored alerts name)."""
-    facts = GpuFacts(store, round_reads(rules).facts)
+    reads = round_reads(rules)
+    facts = GpuFacts(store, reads.facts)
 
     def read(now: float, max_age_s: float) -> RoundResult:
         judging = engine()
         if judging is None or whole_reads_needed(store, rules):
-            return store_round(store, now, max_age_s=max_age_s)
+            return store_round(store, now, max_age_s=max_age_s, reads=reads)
         watched = watched_gpus(judging.states)
         return prom_round(
             store, now, max_age_s=max_age_s, rules=rules, history=judging.history, facts=facts, watched=watched

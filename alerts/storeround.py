@@ -1,7 +1,8 @@
 """Alert rounds from a store instead of a scrape: the whole cluster's newest readings, jobs and targets, read
 through the store read interface (``gpulens.storage.reading``), so that rules run once, over every GPU.
 
-``store_round`` builds one ``RoundResult`` (what a collector round would have found) from any ``StoreReader``:
+``store_round`` builds one ``RoundResult`` (what a collector round would have found: GPUs, jobs, processes, RDMA ports,
+hosts and NCCL views, as far as the rules' ``RoundReads`` ask) from any ``StoreReader``:
 Prometheus (``gpulens alerts run --db prometheus+http://...``) or the shared SQL store (``gpulens alerts run`` beside
 sharded collectors, or the one collector elected by ``SharedStoreRules``). ``rule_round`` is one round of the rule
 runner, given its role: the loop of ``gpulens alerts run`` (``run_store_rules``) and ``SharedStoreRules`` (a collector
@@ -16,17 +17,24 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from typing import Final
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
 
+from gpulens.alerts.base import AlertRule
+from gpulens.alerts.catalogue import definition
 from gpulens.collector.pair import WhileActive
+from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading, TargetHealth
+from gpulens.ncclmodel import NcclView
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.leader import HA_PAIR_ACTIVE, Leadership, on_standby
-from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, StoreReader
+from gpulens.storage.reading import NotAvailableOnBackend, StoreReader
+from gpulens.storage.sqlreader import SqlReader
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RULES_LOCK_KEY: Final = 0x67707572756C6573  # "gpurules": the advisory lock of the process that runs the rules
 RULES_STANDBY_NOTE: Final = (
@@ -50,15 +58,84 @@ def rules_leadership(
     return Leadership(db, RULES_LOCK_KEY, what=what, says_active=says_active, says_standby=says_standby)
 
 
-def store_round(store: StoreReader, now: float, *, max_age_s: float) -> RoundResult:
-    """The cluster now, as one round: GPUs with a reading newer than ``max_age_s``, their jobs and processes."""
+@dataclass(frozen=True)
+class RoundReads:
+    """What a round reads for a set of rules: the union of their catalogue plans (``RoundPlan``): of every GPU its
+    ``fields``, set slowdown ``reasons`` and (``xids``) XID counts, the ``facts`` the round fields are weighed
+    against; and whether the RDMA ports, the hosts and the NCCL views are read."""
+
+    fields: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+    xids: bool = False
+    facts: tuple[str, ...] = ()
+    ports: bool = True
+    hosts: bool = True
+    nccl: bool = True
+
+
+EVERYTHING: Final = RoundReads()  # a round for rules nobody listed (the rules of a config, user rules included)
+
+
+def round_reads(rules: Iterable[AlertRule]) -> RoundReads:
+    """What ``rules`` read each round (their catalogue plans, merged; a user rule reads the GPUs whole)."""
+    plans = [entry.round for rule in rules if (entry := definition(rule)) is not None]
+
+    def union(name: str) -> tuple[str, ...]:
+        return tuple(sorted({item for plan in plans for item in getattr(plan, name)}))
+
+    return RoundReads(
+        union("fields"),
+        union("reasons"),
+        any(p.xids for p in plans),
+        union("facts"),
+        ports=any(p.ports for p in plans),
+        hosts=any(p.hosts for p in plans),
+        nccl=any(p.nccl for p in plans),
+    )
+
+
+def _or_none(read: Callable[[], T], empty: T) -> T:
+    try:
+        return read()
+    except NotAvailableOnBackend:
+        return empty
+
+
+def store_round(store: StoreReader, now: float, *, max_age_s: float, reads: RoundReads = EVERYTHING) -> RoundResult:
+    """The cluster now, as one round: GPUs with a reading newer than ``max_age_s``, their jobs and processes, and
+    as ``reads`` asks the RDMA ports, the hosts and each node's NCCL view."""
     readings = store.latest_readings(max_age_s=max_age_s)
     jobs = store.current_jobs()
-    try:
-        processes = store.current_processes()
-    except NotAvailableOnBackendError:
-        processes = []
-    return assemble_round(store.backend, now, readings, jobs, processes, store.target_health())
+    processes: list[ProcessReading] = _or_none(lambda: store.current_processes(), [])
+    return assemble_round(
+        store.backend,
+        now,
+        readings,
+        jobs,
+        processes,
+        store.target_health(),
+        fabric_reads(store, max_age_s=max_age_s, reads=reads),
+    )
+
+
+@dataclass(frozen=True)
+class FabricRound:
+    """The round's RDMA ports, hosts, jobs' host shares and NCCL views (by node), where read."""
+
+    nics: Sequence[NicReading] = ()
+    hosts: Sequence[HostReading] = ()
+    job_hosts: Sequence[JobHostReading] = ()
+    nccl: Mapping[str, NcclView] = field(default_factory=dict)
+
+
+def fabric_reads(store: StoreReader, *, max_age_s: float, reads: RoundReads) -> FabricRound:
+    """What ``reads`` asks of the cluster beyond its GPUs (a store that cannot serve a read gives none)."""
+    return FabricRound(
+        _or_none(lambda: store.latest_nics(max_age_s=max_age_s), []) if reads.ports else [],
+        _or_none(store.latest_hosts, []) if reads.hosts else [],
+        _or_none(store.latest_job_hosts, []) if reads.hosts else [],
+        _or_none(lambda: store.latest_nccl(max_age_s=max_age_s), {}) if reads.nccl else {},
+    )
 
 
 def assemble_round(
@@ -68,8 +145,10 @@ def assemble_round(
     jobs: Sequence[GpuJob],
     processes: Sequence[ProcessReading],
     targets: Sequence[TargetHealth],
+    fabric: FabricRound | None = None,
 ) -> RoundResult:
-    """One ``RoundResult`` of what a store gave: a snapshot per node that has readings."""
+    """One ``RoundResult`` of what a store gave: a snapshot per node that has readings (GPUs, or RDMA ports)."""
+    fabric = fabric or FabricRound()
     gpus: dict[str, list[GpuReading]] = defaultdict(list)
     for r in readings:
         gpus[r.node].append(r)
@@ -79,16 +158,27 @@ def assemble_round(
     node_processes: dict[str, list[ProcessReading]] = defaultdict(list)
     for p in processes:
         node_processes[p.node].append(p)
+    nics: dict[str, list[NicReading]] = defaultdict(list)
+    for n in fabric.nics:
+        nics[n.node].append(n)
+    hosts = {h.node: h for h in fabric.hosts}
+    job_hosts: dict[str, list[JobHostReading]] = defaultdict(list)
+    for share in fabric.job_hosts:
+        job_hosts[share.node].append(share)
     snapshots = [
         NodeSnapshot(
             node=node,
-            timestamp=max(r.timestamp for r in held),
+            timestamp=max((r.timestamp for r in gpus[node]), default=now),
             source=source,
-            gpus=tuple(held),
+            gpus=tuple(gpus[node]),
             processes=tuple(node_processes[node]),
             jobs=tuple(node_jobs[node]),
+            nics=tuple(nics[node]),
+            host=hosts.get(node),
+            job_hosts=tuple(job_hosts[node]),
+            nccl=fabric.nccl.get(node),
         )
-        for node, held in sorted(gpus.items())
+        for node in sorted(set(gpus) | set(nics))
     ]
     return RoundResult(time=now, snapshots=snapshots, targets=list(targets), written=True)
 

@@ -162,7 +162,7 @@ def main() -> int:
     from gpulens.dashboard.panels import FIELDS
     from gpulens.metriccatalogue import GPU_FIELDS
     from gpulens.storage.db import Database
-    from gpulens.storage.reading import SqlReader
+    from gpulens.storage.sqlreader import SqlReader
 
     work = Path(tempfile.mkdtemp(prefix="gpulens-bench-prompeer-"))
     names = [f"node-{n:04d}" for n in range(args.nodes)]

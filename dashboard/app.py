@@ -25,7 +25,8 @@ from gpulens.dashboard.ids import SHELL_NAV, SHELL_THEME_TOGGLE
 from gpulens.dashboard.pages import PAGES
 from gpulens.settings import Prices
 from gpulens.storage.db import Database
-from gpulens.storage.reading import StoreReader, reader_of
+from gpulens.storage.reading import StoreReader
+from gpulens.storage.sqlreader import reader_of
 from gpulens.webauth import BasicAuth
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from gpulens.dashboard.timerange import CUSTOM, RangeError, minute_text
 from gpulens.gcpause import gc_paused
 from gpulens.settings import Prices
 from gpulens.storage.db import Database, DatabaseUnavailableError
-from gpulens.storage.reading import NotAvailableOnBackendError, StoreReader, TooManySeriesError, reader_of
+from gpulens.storage.reading import NotAvailableOnBackend, StoreReader, TooManySeriesError
+from gpulens.storage.sqlreader import reader_of
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def guarded(context: Context, load: Callable[[], T]) -> T:
         raise PageError(banner("warn", "Bad time range.", str(exc)), as_of) from None
     except TooManySeriesError as exc:
         raise PageError(banner("warn", "Too many series.", context.store.scrub(str(exc))), as_of) from None
-    except NotAvailableOnBackendError as exc:
+    except NotAvailableOnBackend as exc:
         raise PageError(banner("warn", "Not available on this backend.", str(exc)), as_of) from None
     except DatabaseUnavailableError as exc:
         detail = context.store.scrub(str(exc)) + ". Showing nothing until it is back."

@@ -30,8 +30,8 @@ from gpulens.storage.portproblems import (
     loads,
     shortfall,
 )
-from gpulens.storage.reading import NOT_AVAILABLE, NotAvailableOnBackendError
-from gpulens.storage.timeseries import SeriesData
+from gpulens.storage.reading import NOT_AVAILABLE, NotAvailableOnBackend
+from gpulens.storage.records import SeriesData
 
 __all__ = ["ERROR_FIELDS", "ERROR_POINTS", "SATURATED_AT", "error_rates"]  # (theirs, kept here for the pages)
 
@@ -58,10 +58,10 @@ class Unavailable:
 
 
 def available(call: Callable[[], T]) -> T | Unavailable:
-    """``call()``, or :class:`Unavailable` where the backend raises ``NotAvailableOnBackendError``."""
+    """``call()``, or :class:`Unavailable` where the backend raises ``NotAvailableOnBackend``."""
     try:
         return call()
-    except NotAvailableOnBackendError:
+    except NotAvailableOnBackend:
         return Unavailable()
 
 

@@ -19,8 +19,8 @@ from gpulens.dashboard.ids import Toolbar
 from gpulens.dashboard.panels import FIELDS, GpuSeries, gpu_charts
 from gpulens.dashboard.timerange import TimeRange, minute_text, resolve_range
 from gpulens.model import GpuJob, GpuReading, ProcessReading
-from gpulens.storage.reading import NotAvailableOnBackendError
-from gpulens.storage.timeseries import SeriesData
+from gpulens.storage.reading import NotAvailableOnBackend
+from gpulens.storage.records import SeriesData
 
 Render = Callable[[Context, ViewState, str], tuple[Any, ...]]
 
@@ -89,7 +89,7 @@ def load_gpu_view(
         processes: list[ProcessReading] | None
         try:
             processes = store.current_processes(node=scope)
-        except NotAvailableOnBackendError:
+        except NotAvailableOnBackend:
             processes = None
         shown_uuids = [r.uuid for r in readings]
         series = store.series(shown_uuids, FIELDS, span.start, span.end, max_points) if shown_uuids else {}

@@ -31,9 +31,8 @@ from gpulens.dashboard.figures.style import empty_figure, palette_color
 from gpulens.dashboard.figures.timeseries import Axis, Line, time_series
 from gpulens.dashboard.formatting import rate_text
 from gpulens.fabricmodel import JobHostReading, NicReading
-from gpulens.storage.inventory import GpuInfo
 from gpulens.storage.reading import StoreReader
-from gpulens.storage.timeseries import SeriesData
+from gpulens.storage.records import GpuInfo, SeriesData
 
 POINT_BUDGET: Final = 60_000  # series points per panel, shared by the job's ports or nodes
 CORES: Final = Axis(ticksuffix=" cores", hoverformat=".2f")

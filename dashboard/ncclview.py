@@ -1,8 +1,10 @@
 """The job page's NCCL panel: the ranks NCCL RAS found behind or unreachable, on the node and GPU where they run.
 
-Read from the store's NCCL rounds (``gpulens.storage.ncclstore``; the SQL store only). For each stuck rank the panel
-shows where it runs (node, GPU, pid), its state, the count it reached against its communicator's highest count in
-the collective that differs, and since when it has stood still there: each rank's progress as NCCL counts it.
+Read from the store's NCCL rounds (``StoreReader.stuck_ranks``: the SQL store's ``gpulens.storage.ncclstore``; a store
+without them raises ``NotAvailableOnBackend``, which the job page says in its line of missing reads). For each
+stuck rank the panel shows where it runs (node, GPU, pid), its state, the count it reached against its communicator's
+highest count in the collective that differs, and since when it has stood still there: each rank's progress as NCCL
+counts it.
 """
 
 from __future__ import annotations
@@ -15,19 +17,20 @@ from gpulens.dashboard.components import Cell, ViewState, link, panel, table
 from gpulens.dashboard.formatting import gpu_label
 from gpulens.dashboard.paths import gpu_path, node_path
 from gpulens.dashboard.timerange import minute_text
-from gpulens.storage import ncclstore
-from gpulens.storage.reading import SqlReader, StoreReader
+from gpulens.dashboard.unavailable import Missing, attempt
+from gpulens.storage.reading import StoreReader
+from gpulens.storage.records import StuckRank
 
 
-def read_nccl(store: StoreReader, job_id: str, start: float, end: float) -> list[ncclstore.StuckRank]:
-    if not isinstance(store, SqlReader):
-        return []  # the Prometheus reader keeps no NCCL rounds
-    return ncclstore.stuck_ranks(store.db, job_id, start, end)
+def read_nccl(store: StoreReader, job_id: str, start: float, end: float) -> list[StuckRank] | Missing:
+    """The job's stuck ranks in [start, end], or what says that the store keeps no NCCL rounds."""
+    return attempt(lambda: store.stuck_ranks(job_id, start, end))
 
 
-def nccl_panel(found: Sequence[ncclstore.StuckRank], state: ViewState | None = None) -> html.Div | None:
-    """The stuck ranks of the latest round that had any, each with since when its count stood still."""
-    if not found:
+def nccl_panel(found: Sequence[StuckRank] | Missing, state: ViewState | None = None) -> html.Div | None:
+    """The stuck ranks of the latest round that had any, each with since when its count stood still; None where no
+    rank stood out, or where the store keeps no NCCL rounds (the page says so with its other missing reads)."""
+    if isinstance(found, Missing) or not found:
         return None
     newest = max(s.ts for s in found)
     since: dict[tuple[str, int], float] = {}

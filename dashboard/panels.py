@@ -27,7 +27,7 @@ from gpulens.dashboard.figures.timeseries import (
     time_series,
 )
 from gpulens.hardware import nvlink_max_bytes_per_second, pcie_max_bytes_per_second
-from gpulens.storage.timeseries import SeriesData
+from gpulens.storage.records import SeriesData
 
 # Every field the charts read, in one list, so a page asks storage for all of them in one query.
 FIELDS: Final = (

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from gpulens.dashboard.figures.grids import GridCell
-from gpulens.storage.latest import IDLE_UTILIZATION, NodeTotals
+from gpulens.storage.records import IDLE_UTILIZATION, NodeTotals
 
 # A GPU under this utilization is idle (the definition ``gpulens query`` and the cluster summary use).
 IDLE_BELOW: Final = IDLE_UTILIZATION

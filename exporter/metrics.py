@@ -30,6 +30,7 @@ from gpulens.model import (
     MigReading,
     NodeSnapshot,
 )
+from gpulens.nodehealth import STATES, node_health
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +184,28 @@ def _gpulens_families(snapshot: NodeSnapshot, *, process_pids: bool) -> Iterator
     yield pod_info
 
     yield _process_family(snapshot, pids=process_pids)
+    yield from _health_families(snapshot)
+
+
+def _health_families(snapshot: NodeSnapshot) -> Iterator[Family]:
+    """The node's health (``gpulens.nodehealth``): 1 for its state, 0 for the others; and its suggested action."""
+    health = node_health(snapshot)
+    state = Family(
+        "gpulens_node_health",
+        "The node's health as its GPUs, links and ports tell it: 1 for its state (Healthy, Degraded, Unhealthy).",
+        labels=["node", "state"],
+    )
+    for name in STATES:
+        state.add_metric([snapshot.node, name], 1 if name == health.state else 0)
+    yield state
+    action = Family(
+        "gpulens_node_health_action",
+        "1 for the action that would make the node healthy (none, check-application, reset-gpu, reboot, "
+        "hardware-inspection).",
+        labels=["node", "action"],
+    )
+    action.add_metric([snapshot.node, health.action], 1)
+    yield action
 
 
 def _process_family(snapshot: NodeSnapshot, *, pids: bool) -> Family:

@@ -36,6 +36,7 @@ from gpulens.model import (
     SnapshotFormatError,
 )
 from gpulens.ncclmodel import NcclView
+from gpulens.nodehealth import node_health
 
 # Schema 2 added the ``nics`` and ``host`` sections; schema-1 documents (older exporters) are still read.
 SNAPSHOT_SCHEMA: Final = 2
@@ -161,6 +162,7 @@ def snapshot_to_json(
         doc["stale"] = dict(snapshot.stale)
     if snapshot.nvml_hung_since is not None:
         doc["nvml_hung_since"] = snapshot.nvml_hung_since
+    doc["health"] = node_health(snapshot).to_json()  # the node's (gpulens.nodehealth); decoding reads it again
     if health is not None:
         doc["exporter"] = dict(health)
     return doc

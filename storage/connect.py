@@ -11,14 +11,18 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import sqlalchemy as sa
 
 from gpulens.config import ConfigError
 from gpulens.settings import Settings, StoreAuth
 from gpulens.storage.db import Database, DatabaseAccessError, DatabaseUnavailableError, DatabaseURLError, redact_url
-from gpulens.storage.reading import SqlReader, StoreReader
+from gpulens.storage.reading import StoreReader
+from gpulens.storage.sqlreader import SqlReader
+
+if TYPE_CHECKING:
+    from gpulens.storage.prometheus import PromReader
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +155,13 @@ def open_existing_database(url: str) -> Database:
 def open_reader(url: str, settings: Settings | None = None) -> StoreReader:
     """A reader over the store at ``url``: SQL (which must exist) or Prometheus (credentials from ``settings``)."""
     if is_prometheus_url(url):
-        from gpulens.storage.prometheus import PromReader
-
-        return PromReader(url, settings.store_auth if settings is not None else StoreAuth())
+        return open_prometheus(url, settings)
     return SqlReader(open_existing_database(url))
+
+
+def open_prometheus(url: str, settings: Settings | None = None) -> PromReader:
+    """The Prometheus reader at ``url`` (``prometheus+http(s)://``), for a caller that uses what only it offers (the
+    alert engine's round reads, ``gpulens.alerts.promround``); credentials from ``settings``."""
+    from gpulens.storage.prometheus import PromReader
+
+    return PromReader(url, settings.store_auth if settings is not None else StoreAuth())

@@ -24,6 +24,7 @@ from sqlalchemy.pool import StaticPool
 from gpulens.clock import Clock, SystemClock
 from gpulens.httpfetch import redact_url as redact_url  # re-exported: storage.redact_url
 from gpulens.storage import partitions
+from gpulens.storage.reading import DatabaseUnavailableError as DatabaseUnavailableError  # re-exported
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,6 @@ _ACCESS_MESSAGES: Final = re.compile(
     r'password authentication failed|authentication failed for user|no pg_hba\.conf entry|role "[^"]*" does not exist'
     r'|database "[^"]*" does not exist|password is required|no password supplied'
 )
-
-
-class DatabaseUnavailableError(Exception):
-    """The database cannot be reached now (refused, down, locked too long): the caller spools and retries."""
 
 
 class SchemaNotReadyError(DatabaseUnavailableError):

@@ -8,7 +8,6 @@ tier plan and aggregates as the GPU series. Everything comes back in SI units as
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -18,8 +17,8 @@ from gpulens.fabricmodel import HostReading, JobHostReading, NicReading, nic_id,
 from gpulens.storage import fabricschema, schema, timeseries
 from gpulens.storage.db import Database
 from gpulens.storage.fabricschema import HOST, JOB_HOST, NIC, Family
+from gpulens.storage.records import SeriesData, check_nic_fields
 from gpulens.storage.schema import StoredField
-from gpulens.storage.timeseries import SeriesData
 
 _LAST_SEEN_MINUTE: Final = schema.minute_of("d.last_seen_ms")  # SQLite: the stored minute of a row's last_seen_ms
 _STATIC: Final = {
@@ -27,7 +26,6 @@ _STATIC: Final = {
     "host": ("node", "cpus"),
     "job_host": ("node", "job_id", "cgroup", "cgroup_version"),
 }
-NIC_READING_FIELDS: Final = tuple(f.name for f in dataclasses.fields(NicReading))
 _CONDITIONS: Final = {
     "node": "d.node = :node",
     "nodes": "d.node IN :nodes",
@@ -92,13 +90,6 @@ def _natural(name: str) -> tuple[str, int]:
     """``mlx5_2`` before ``mlx5_10``."""
     stem = name.rstrip("0123456789")
     return (stem, int(name[len(stem) :]) if len(stem) < len(name) else -1)
-
-
-def check_nic_fields(fields: Sequence[str] | None) -> None:
-    """Raise ``ValueError`` for a name in ``fields`` that is not a ``NicReading`` field."""
-    unknown = [f for f in fields or () if f not in NIC_READING_FIELDS]
-    if unknown:
-        raise ValueError(f"unknown port fields {', '.join(unknown)}; known: {', '.join(NIC_READING_FIELDS)}")
 
 
 def latest_nics(

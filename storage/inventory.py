@@ -3,39 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import sqlalchemy as sa
 
 from gpulens.model import TargetHealth
 from gpulens.storage import schema
 from gpulens.storage.db import Database
-
-
-@dataclass(frozen=True, slots=True)
-class GpuInfo:
-    node: str
-    gpu: int
-    uuid: str
-    model: str
-    pci_bus_id: str | None
-    driver_version: str | None
-    mig_enabled: bool | None
-    first_seen: float
-    last_seen: float
-
-
-@dataclass(frozen=True, slots=True)
-class LinkOutage:
-    """An NVLink reported inactive from ``since`` to ``until`` (None while it still is)."""
-
-    node: str
-    gpu: int
-    uuid: str
-    link: int
-    since: float
-    until: float | None
-    remote_pci_bus_id: str | None
+from gpulens.storage.records import GpuInfo, LinkOutage
 
 
 def target_health(db: Database) -> list[TargetHealth]:

@@ -19,28 +19,10 @@ import sqlalchemy as sa
 
 from gpulens.storage import aggregates, jobminute, schema, tiers
 from gpulens.storage.db import Database
+from gpulens.storage.records import JOB_POINTS, JobSummary
 
-JOB_POINTS: Final = 24  # jobs() reads the coarsest tier that gives about this many buckets over its range
 _UTILIZATION: Final = schema.FIELD_BY_NAME["utilization_ratio"]
 _MEMORY: Final = schema.FIELD_BY_NAME["memory_used_bytes"]
-
-
-@dataclass(frozen=True, slots=True)
-class JobSummary:
-    """A job over a time range: GPU-hours and utilization within the range; first and last seen overall."""
-
-    job_id: str
-    user: str | None
-    gpus: tuple[str, ...]  # GPU UUIDs
-    nodes: tuple[str, ...]
-    first_seen: float
-    last_seen: float
-    gpu_hours: float
-    utilization_ratio_mean: float | None
-    utilization_ratio_stddev: float | None  # over every sample of every GPU; from rollups, over bucket means
-    memory_used_bytes_mean: float | None
-    memory_used_bytes_max: int | None
-    resolution: str
 
 
 @dataclass(slots=True)

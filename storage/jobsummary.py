@@ -14,7 +14,7 @@ the collector calls it between rounds. ``summarise`` computes one job's summary 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -23,6 +23,7 @@ from sqlalchemy.dialects import postgresql
 from gpulens.settings import Prices
 from gpulens.storage import jobstats, schema
 from gpulens.storage.db import Database
+from gpulens.storage.records import JobAccount
 
 STALL_RULE: Final = "CommunicationStall"  # the alert's contract name (gpulens.alerts.catalogue)
 ENDED_AFTER_S: Final = 120.0  # a job counts as ended this long after its last allocation closed
@@ -43,38 +44,6 @@ job_summary: Final = sa.Table(
     sa.Column("document", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),  # JobAccount
     sa.Index("ix_job_summary_end_ms", "end_ms"),
 )
-
-
-@dataclass(frozen=True, slots=True)
-class JobAccount:
-    """What a job held and used, and what it cost. ``None``: not known (no such samples)."""
-
-    job_id: str
-    user: str | None
-    start: float
-    end: float
-    ended: bool
-    gpus: int
-    nodes: tuple[str, ...]
-    gpu_hours: float
-    energy_kwh: float | None
-    energy_from: str | None  # "counter", "power" or "counter+power"
-    utilization_mean: float | None
-    memory_peak_bytes: int | None
-    idle_ratio: float | None
-    stall_seconds: float
-    cost: float
-    currency: str
-    carbon_gco2e: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["nodes"] = list(self.nodes)
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> JobAccount:
-        return cls(**{**doc, "nodes": tuple(doc["nodes"])})
 
 
 def _sample_sql(dialect: str) -> str:

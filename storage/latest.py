@@ -16,18 +16,10 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from gpulens.model import GpuJob, GpuReading, ProcessReading
-from gpulens.ratios import LinkLoad
 from gpulens.storage import schema
 from gpulens.storage.db import Database
+from gpulens.storage.records import IDLE_UTILIZATION
 
-IDLE_UTILIZATION: Final = 0.05  # a GPU below this utilization is idle
-# the link error counters (their sum ranks GPUs by link errors)
-LINK_ERROR_FIELDS: Final = (
-    "pcie_replays_total",
-    "nvlink_crc_flit_errors_total",
-    "nvlink_replay_errors_total",
-    "nvlink_recovery_errors_total",
-)
 KNOWN_WITHIN_S: Final = 7 * 86_400.0  # cluster_summary counts GPUs seen this recently as part of the cluster
 # What every reading read carries, whatever fields are asked for: the GPU's identity, its time and whether it is up.
 ALWAYS_READ: Final = frozenset(
@@ -35,36 +27,6 @@ ALWAYS_READ: Final = frozenset(
 )
 _LAST_SEEN_MINUTE: Final = schema.minute_of("g.last_seen_ms")  # SQLite: the stored minute of a GPU's last_seen_ms
 _READING_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(GpuReading))
-
-
-@dataclass(frozen=True, slots=True)
-class NodeTotals:
-    """One node's GPUs now, counted and summed where a store keeps such sums (Prometheus's recording rules), so that
-    a page showing the whole cluster's totals need not read every GPU's fields. Over the node's GPUs up."""
-
-    node: str
-    timestamp: float  # when they were summed
-    up: int
-    busy: int
-    idle: int  # busy + idle: the GPUs up that report their utilization
-    allocated_idle: int
-    utilization_ratio_sum: float  # over busy + idle
-    memory_used_bytes: float
-    memory_total_bytes: float
-    power_watts: float
-    power_limit_watts: float
-
-
-@dataclass(frozen=True, slots=True)
-class LinkSummary:
-    """The interconnect page's view of every GPU where a store keeps it (Prometheus's recording rules): every GPU's
-    link loads as of ``timestamp``, and the GPUs the page must read whole now, a superset of those whose links are
-    degraded and of the ``top`` with the most link errors counted."""
-
-    timestamp: float
-    loads: list[LinkLoad]
-    named: list[str]  # uuids
-    best_links: dict[str, int]  # model -> the most NVLinks active on a GPU of it
 
 
 @dataclass(frozen=True, slots=True)

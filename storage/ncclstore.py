@@ -10,15 +10,15 @@ can draw each stuck rank's progress on its node and GPU. Rows live as long as ra
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpulens.model import NodeSnapshot
-from gpulens.ncclmodel import RANK_OK
+from gpulens.ncclmodel import RANK_OK, NcclComm, NcclRank, NcclView
 from gpulens.storage.db import Database
+from gpulens.storage.records import StuckRank
 from gpulens.storage.schema import metadata
 
 nccl_comm_round = sa.Table(
@@ -52,24 +52,6 @@ nccl_rank_round = sa.Table(
     sa.Column("count", sa.BigInteger, nullable=True),
 )
 sa.Index("ix_nccl_rank_round_job", nccl_rank_round.c.job_id, nccl_rank_round.c.ts_ms)
-
-
-@dataclass(frozen=True, slots=True)
-class StuckRank:
-    """One rank that stood out in one round, as the job page draws it."""
-
-    ts: float
-    node: str
-    comm: str
-    rank: int
-    gpu: int | None
-    gpu_uuid: str | None
-    pid: int | None
-    state: str
-    lag: int | None
-    count: int | None
-    top_count: int | None
-    collective: str | None
 
 
 def rows(snapshots: Sequence[NodeSnapshot]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -161,6 +143,57 @@ def stuck_ranks(db: Database, job_id: str, start: float, end: float) -> list[Stu
         )
         for row in found
     ]
+
+
+def latest_views(db: Database, since: float) -> dict[str, NcclView]:
+    """Each node's newest stored NCCL view since ``since``: its communicators out of step and the ranks that stood
+    out then (what the stall rules weigh; a node whose communicators all agree stores nothing and has no view)."""
+    c, r = nccl_comm_round, nccl_rank_round
+    newest = (
+        sa.select(c.c.node, sa.func.max(c.c.ts_ms).label("ts_ms"))
+        .where(c.c.ts_ms >= round(since * 1000))
+        .group_by(c.c.node)
+        .subquery()
+    )
+    at = sa.and_(newest.c.node == c.c.node, newest.c.ts_ms == c.c.ts_ms)
+    at_rank = sa.and_(newest.c.node == r.c.node, newest.c.ts_ms == r.c.ts_ms)
+    with db.session() as session:
+        comm_rows = session.execute(sa.select(c).join(newest, at)).all()
+        rank_rows = session.execute(sa.select(r).join(newest, at_rank)).all()
+    comms: dict[str, list[NcclComm]] = {}
+    collective: dict[tuple[str, str], str | None] = {}
+    for row in comm_rows:
+        comms.setdefault(row.node, []).append(
+            NcclComm(
+                row.job_id or None,
+                row.comm,
+                row.size,
+                row.status,
+                top_count=row.top_count,
+                collective=row.collective,
+                mismatch_age_s=row.mismatch_age_s,
+            )
+        )
+        collective[(row.node, row.comm)] = row.collective
+    ranks: dict[str, list[NcclRank]] = {}
+    for row in rank_rows:
+        name = collective.get((row.node, row.comm))
+        count = row._mapping["count"]
+        ranks.setdefault(row.node, []).append(
+            NcclRank(
+                row.job_id or None,
+                row.comm,
+                row.rank,
+                "",
+                pid=row.pid,
+                gpu=row.gpu,
+                gpu_uuid=row.gpu_uuid,
+                counts={name: count} if name and count is not None else {},
+                lag=row.lag,
+                state=row.state,
+            )
+        )
+    return {node: NcclView(True, comms=tuple(held), ranks=tuple(ranks.get(node, ()))) for node, held in comms.items()}
 
 
 def prune(conn: Connection, before_ms: int) -> int:

@@ -13,7 +13,7 @@ from typing import Final, Protocol
 
 from gpulens.fabricmodel import NicReading
 from gpulens.ratios import share
-from gpulens.storage.timeseries import SeriesData
+from gpulens.storage.records import SeriesData
 
 
 class StoreReader(Protocol):

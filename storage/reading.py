@@ -1,34 +1,47 @@
 """The read interface of a store: what the dashboard, ``gpulens query`` and the alert engine read, whatever holds it.
 
-``StoreReader`` is the protocol; ``SqlReader`` serves it from the SQL store (``gpulens.storage.latest``, ``timeseries``,
-``jobstats``, ``inventory``) and ``storage.prometheus.PromReader`` from a Prometheus-compatible query API. A store
-that cannot give something raises ``NotAvailableOnBackendError``, which the callers show as "not available on this
-backend": never as zero or as an empty success.
+``StoreReader`` is the protocol; ``storage.sqlreader.SqlReader`` serves it from the SQL store and
+``storage.prometheus.PromReader`` from a Prometheus-compatible query API. A read a store cannot serve raises
+``NotAvailableOnBackend``, naming the read and the store ("NCCL communicator history: not available on
+Prometheus"): callers catch that one exception and say so, never asking which class the reader is, and never show
+it as zero or as an empty success. Like the records (``storage.records``), this module imports no SQL library: the
+Prometheus reader imports it without SQLAlchemy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from gpulens.clock import Clock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
-from gpulens.model import GpuJob, GpuReading, ProcessReading, TargetHealth
-from gpulens.storage import fabric, inventory, jobstats, latest, portproblems, timeseries
-from gpulens.storage.db import Database
-from gpulens.storage.inventory import GpuInfo, LinkOutage
-from gpulens.storage.jobstats import JobSummary
-from gpulens.storage.latest import LinkSummary, NodeTotals
-from gpulens.storage.timeseries import SeriesData
+from gpulens.model import GpuJob, GpuReading, JobInfo, ProcessReading, TargetHealth
+from gpulens.ncclmodel import NcclView
+from gpulens.storage.records import (
+    GpuInfo,
+    JobAccount,
+    JobSummary,
+    LinkOutage,
+    LinkSummary,
+    NodeTotals,
+    SeriesData,
+    StuckRank,
+)
 
 NOT_AVAILABLE = "not available on this backend"
 
 
-class NotAvailableOnBackendError(Exception):
-    """The store cannot give ``what`` (the Prometheus backend has no process table, for example)."""
+class DatabaseUnavailableError(Exception):
+    """The database cannot be reached now (refused, down, locked too long): the caller spools and retries."""
 
-    def __init__(self, what: str, backend: str) -> None:
-        super().__init__(f"{what}: {NOT_AVAILABLE} ({backend})")
+
+class NotAvailableOnBackend(Exception):  # noqa: N818  (the name is a contract: one error for every read a store lacks)
+    """The store ``backend`` (its name as shown: "Prometheus") cannot serve the read ``what``; ``why``, if given, says
+    why ("it holds no gpulens exporter series")."""
+
+    def __init__(self, what: str, backend: str, why: str = "") -> None:
+        super().__init__(f"{what}: not available on {backend}" + (f" ({why})" if why else ""))
         self.what = what
         self.backend = backend
 
@@ -78,7 +91,7 @@ class StoreReader(Protocol):
 
     def current_processes(self, *, node: str | None = None) -> list[ProcessReading]:
         """The processes of each GPU's latest reading (of ``node`` only, if given); raises
-        ``NotAvailableOnBackendError`` where none are kept."""
+        ``NotAvailableOnBackend`` where none are kept."""
         ...
 
     def series(
@@ -162,104 +175,30 @@ class StoreReader(Protocol):
         """Series of the job's ``fields`` (cpu_used_cores, memory_used_bytes) on each of its nodes, by node."""
         ...
 
+    def job_info(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
+        """What the scheduler says of each job (name, account, partition, array), for the ids it knows."""
+        ...
+
+    def job_account(self, job_id: str) -> JobAccount | None:
+        """The job's accounting summary as the collector stored it (``storage.jobsummary``); None where none is."""
+        ...
+
+    def stuck_ranks(self, job_id: str, start: float, end: float) -> list[StuckRank]:
+        """The job's NCCL ranks that stood out (behind, unreachable) in each round of [start, end], oldest first."""
+        ...
+
+    def latest_nccl(self, *, max_age_s: float) -> dict[str, NcclView]:
+        """Each node's newest NCCL RAS view no older than ``max_age_s``: the communicators out of step and the ranks
+        behind or unreachable in it (what the stall rules weigh), by node."""
+        ...
+
+    def drain_actions(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest ``limit`` slurm-drain decisions (``[[alerts.actions]]``), newest first."""
+        ...
+
+    def snapshot(self) -> AbstractContextManager[StoreReader]:
+        """A reader of one consistent moment of the store for the block (a SQL store: one session and transaction);
+        a store without such moments gives itself."""
+        ...
+
     def close(self) -> None: ...
-
-
-class SqlReader:
-    """``StoreReader`` over the SQL store."""
-
-    def __init__(self, db: Database) -> None:
-        self.db = db
-        self.url_redacted = db.url_redacted
-        self.clock = db.clock
-        self.backend = db.dialect
-
-    def scrub(self, text: str) -> str:
-        return self.db.scrub(text)
-
-    def latest_readings(
-        self,
-        *,
-        node: str | None = None,
-        uuids: Sequence[str] | None = None,
-        max_age_s: float | None = None,
-        fields: Sequence[str] | None = None,
-    ) -> list[GpuReading]:
-        return latest.latest_readings(self.db, max_age_s=max_age_s, node=node, uuids=uuids, fields=fields)
-
-    def current_jobs(self, *, node: str | None = None) -> list[GpuJob]:
-        return latest.current_jobs(self.db, node=node)
-
-    def node_totals(self) -> list[NodeTotals] | None:
-        return None  # one indexed read gives every GPU's newest row: the page sums them
-
-    def link_summary(self, top: int) -> LinkSummary | None:
-        return None  # likewise
-
-    def current_processes(self, *, node: str | None = None) -> list[ProcessReading]:
-        return latest.current_processes(self.db, node=node)
-
-    def series(
-        self, uuids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000
-    ) -> dict[str, SeriesData]:
-        return timeseries.series(self.db, uuids, fields, start, end, max_points)
-
-    def jobs(self, start: float, end: float, *, job_id: str | None = None) -> list[JobSummary]:
-        return jobstats.jobs(self.db, start, end, job_id=job_id)
-
-    def gpu_info(self, *, uuids: Sequence[str] | None = None) -> list[GpuInfo]:
-        return inventory.gpu_info(self.db, uuids=uuids)
-
-    def link_outages(self, start: float, end: float) -> list[LinkOutage]:
-        return inventory.link_outages(self.db, start, end)
-
-    def target_health(self) -> list[TargetHealth]:
-        return inventory.target_health(self.db)
-
-    def latest_nics(
-        self,
-        *,
-        node: str | None = None,
-        max_age_s: float | None = None,
-        fields: Sequence[str] | None = None,
-        nodes: Sequence[str] | None = None,
-    ) -> list[NicReading]:
-        return fabric.latest_nics(self.db, node=node, max_age_s=max_age_s, fields=fields, nodes=nodes)
-
-    def history_start(self) -> float | None:
-        return inventory.history_start(self.db)
-
-    def nic_counts(self) -> dict[str, tuple[int, int]]:
-        return fabric.nic_counts(self.db)
-
-    def nic_problems(self, start: float, end: float) -> dict[str, tuple[str, ...]]:
-        return portproblems.nic_problems(self, start, end)
-
-    def latest_hosts(self, *, node: str | None = None) -> list[HostReading]:
-        return fabric.latest_hosts(self.db, node=node)
-
-    def latest_job_hosts(self, *, job_id: str | None = None) -> list[JobHostReading]:
-        return fabric.latest_job_hosts(self.db, job_id=job_id)
-
-    def nic_series(
-        self, nic_ids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000
-    ) -> dict[str, SeriesData]:
-        return fabric.nic_series(self.db, nic_ids, fields, start, end, max_points)
-
-    def host_series(
-        self, nodes: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000
-    ) -> dict[str, SeriesData]:
-        return fabric.host_series(self.db, nodes, fields, start, end, max_points)
-
-    def job_host_series(
-        self, job_id: str, fields: Sequence[str], start: float, end: float, max_points: int = 1000
-    ) -> dict[str, SeriesData]:
-        return fabric.job_host_series(self.db, job_id, fields, start, end, max_points)
-
-    def close(self) -> None:
-        self.db.close()
-
-
-def reader_of(store: Database | StoreReader) -> StoreReader:
-    """``store`` as a reader: a ``Database`` is wrapped in ``SqlReader``."""
-    return SqlReader(store) if isinstance(store, Database) else store

@@ -14,8 +14,8 @@ from typing import Final
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from gpulens.metriccatalogue import GPU_FIELDS
 from gpulens.model import THROTTLE_SOURCES, GpuReading
+from gpulens.storage.records import READABLE_FIELDS
 from gpulens.storedrange import BYTES_TYPE, GPU_INDEX_TYPE, LINK_TYPE, PID_TYPE, SQL_INT_MAX, encoding
 
 metadata: Final = sa.MetaData()
@@ -147,14 +147,16 @@ PROFILE_FIELDS: Final = (
 
 
 def _sample_fields() -> tuple[StoredField, ...]:
+    """A column for each field of the readers' catalogue (``storage.records.READABLE_FIELDS``), in its order."""
     annotations = {f.name: str(f.type) for f in dataclasses.fields(GpuReading)}
-    fields = [_stored_field("up", annotations["up"], "gauge")]
-    fields += [_stored_field(spec.field, annotations[spec.field], spec.type) for spec in GPU_FIELDS]
-    fields = [dataclasses.replace(f, profile=f.name in PROFILE_FIELDS) for f in fields]
-    fields.append(_stored_field("throttle_reasons", annotations["throttle_reasons"], "bitmask"))
-    fields.append(StoredField(*("throttle_reasons_source",) * 2, "bitmask", sa.SmallInteger, codes=THROTTLE_SOURCES))
-    fields.append(StoredField("xid_total", "xid_total", "counter", sa.Integer, is_int=True))
-    return tuple(fields)
+    special = {
+        "throttle_reasons_source": StoredField(
+            *("throttle_reasons_source",) * 2, "bitmask", sa.SmallInteger, codes=THROTTLE_SOURCES
+        ),
+        "xid_total": StoredField("xid_total", "xid_total", "counter", sa.Integer, is_int=True),
+    }
+    fields = [special.get(f.name) or _stored_field(f.name, annotations[f.name], f.kind) for f in READABLE_FIELDS]
+    return tuple(dataclasses.replace(f, profile=f.name in PROFILE_FIELDS) for f in fields)
 
 
 # Every numeric column of a sample row, in column order. ``xid_total`` is the sum of the per-code XID counters; the

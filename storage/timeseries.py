@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, Final
 
@@ -20,20 +19,8 @@ from sqlalchemy.orm import Session
 from gpulens.storage import aggregates, driverread, rawseries, schema, tiers
 from gpulens.storage.db import Database
 from gpulens.storage.fabricschema import GPU, Family
+from gpulens.storage.records import SeriesData
 from gpulens.storage.rollup import COUNTER_LOOKBACK_MS
-
-
-@dataclass(frozen=True, slots=True)
-class SeriesData:
-    """One GPU's series: per bucket, the mean (gauges), rate per second (counters) or OR (bitmasks) of each field."""
-
-    uuid: str
-    resolution: str  # the tier most of the range came from: "raw" | "1m" | "1h"
-    step_seconds: float
-    timestamps: tuple[float, ...]  # bucket start times; buckets without data are left out
-    values: Mapping[str, tuple[float | None, ...]]
-    minimum: Mapping[str, tuple[float | None, ...]]  # for counters and bitmasks, the same as values
-    maximum: Mapping[str, tuple[float | None, ...]]
 
 
 def _partials(tier: str, fields: Sequence[schema.StoredField]) -> list[str]:

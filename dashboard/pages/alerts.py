@@ -31,8 +31,7 @@ from gpulens.dashboard.flags import alert_jobs
 from gpulens.dashboard.formatting import MISSING, duration_text
 from gpulens.dashboard.paths import gpu_path, job_path, node_path
 from gpulens.dashboard.timerange import minute_text, resolve_range
-from gpulens.storage.db import Database
-from gpulens.storage.slurmtables import recent_drain_actions
+from gpulens.dashboard.unavailable import Missing, attempt, not_available
 
 PATH: Final = "/alerts"
 IDS: Final = ids.ALERTS
@@ -82,7 +81,7 @@ def render(context: Context, state: ViewState) -> tuple[Any, ...]:
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now, history_start=context.history_start(state.range))
-        drains = recent_drain_actions(context.db) if isinstance(context.db, Database) else []
+        drains = attempt(context.store.drain_actions)
         if reader is None:
             return span, [], [], [], drains
         return span, reader.active(), reader.history(span.start, span.end), reader.silences(now), drains
@@ -91,7 +90,7 @@ def render(context: Context, state: ViewState) -> tuple[Any, ...]:
     if reader is None:
         note = " Alerts are evaluated by the collector's alert engine; this dashboard was started without its store."
         no_store = banner("info", "No alert store connected.", note)
-        return no_store, None, None, None, drains_table(drains, state), f"as of {minute_text(now)}"
+        return no_store, None, None, None, _drains(drains, state), f"as of {minute_text(now)}"
     firing = [a for a in active if counts_as_firing(a)]
     status = None
     if firing:
@@ -110,7 +109,7 @@ def render(context: Context, state: ViewState) -> tuple[Any, ...]:
         alerts_table(ordered, state, empty="nothing firing or pending", now=now),
         alerts_table(fired_newest_first(history), state, empty="no alert fired in this range"),
         silences_table(silences, now),
-        drains_table(drains, state),
+        _drains(drains, state),
         f"as of {minute_text(now)} · {span.label}",
     )
 
@@ -185,6 +184,11 @@ def silences_table(silences: Sequence[Silence], now: float) -> html.Div:
         for s in silences
     ]
     return table(["state", "matchers", "from → to", "by", "comment"], rows, empty="no silence active or scheduled")
+
+
+def _drains(drains: Sequence[Mapping[str, Any]] | Missing, state: ViewState) -> html.Div | None:
+    """The drain actions, or the line saying that the store keeps none."""
+    return not_available([drains]) if isinstance(drains, Missing) else drains_table(drains, state)
 
 
 def drains_table(drains: Sequence[Mapping[str, Any]], state: ViewState) -> html.Div:

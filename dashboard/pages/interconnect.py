@@ -53,10 +53,8 @@ from gpulens.dashboard.timerange import minute_text, resolve_range
 from gpulens.fabricmodel import NicReading, parse_nic_id
 from gpulens.model import GpuReading
 from gpulens.ratios import link_loads
-from gpulens.storage.inventory import LinkOutage
-from gpulens.storage.latest import LINK_ERROR_FIELDS
 from gpulens.storage.reading import TooManySeriesError
-from gpulens.storage.timeseries import SeriesData
+from gpulens.storage.records import LINK_ERROR_FIELDS, LinkOutage, SeriesData
 
 PATH: Final = "/interconnect"
 IDS: Final = ids.INTERCONNECT

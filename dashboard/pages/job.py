@@ -43,14 +43,11 @@ from gpulens.dashboard.ncclview import nccl_panel, read_nccl
 from gpulens.dashboard.pages.alerts import alerts_table, fired_newest_first
 from gpulens.dashboard.paths import gpu_path, node_path
 from gpulens.dashboard.timerange import CUSTOM, minute_text, resolve_range
+from gpulens.dashboard.unavailable import Missing, attempt, missing_of, not_available
 from gpulens.hardware import nvlink_max_bytes_per_second
 from gpulens.model import JobInfo
 from gpulens.ratios import busiest_direction, nvlink_utilization_ratio, power_limit_ratio, share
-from gpulens.storage import jobsummary
-from gpulens.storage.jobsummary import JobAccount
-from gpulens.storage.reading import SqlReader
-from gpulens.storage.slurmtables import read_job_info
-from gpulens.storage.timeseries import SeriesData
+from gpulens.storage.records import JobAccount, SeriesData
 
 log = logging.getLogger(__name__)
 PATH_TEMPLATE: Final = "/jobs/<job_id>"
@@ -164,10 +161,11 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         active = reader.active() if reader is not None else []
         history = reader.history(span.start, span.end) if reader is not None else []
         host = read_job_host(context.store, job_id, list(places.values()), span.start, span.end)
-        account = _account(context, job_id)
-        nccl = read_nccl(context.store, job_id, span.start, span.end)
         store = context.store  # the page view's one session
-        meta = read_job_info(store.db, [job_id]).get(job_id) if isinstance(store, SqlReader) else None
+        # the job's stored accounting summary: one row (computing one reads every raw sample of the job's life)
+        account = attempt(lambda: store.job_account(job_id))
+        nccl = read_nccl(store, job_id, span.start, span.end)
+        meta = attempt(lambda: store.job_info([job_id]).get(job_id))
         return span, summary, list(places.values()), series, active, history, (host, account, meta), nccl
 
     span, summary, places, series, active, history, (host, account, meta), nccl = guarded(context, load)
@@ -207,12 +205,13 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
     marks = [flag(f) for f in FLAG_ORDER if f in job_flags(mine).get(job_id, set())]
     info = html.Span(
         [
-            scheduler_text(meta),
+            scheduler_text(None if isinstance(meta, Missing) else meta),
             f"{summary.user or 'unknown user'} · {len(summary.gpus)} GPUs on {len(summary.nodes)} node(s) · "
             f"{minute_text(summary.first_seen)} to {minute_text(summary.last_seen)} · "
             f"{summary.gpu_hours:.1f} GPU-hours · mean utilization {percent_text(summary.utilization_ratio_mean)} ",
             *marks,
-            *_account_line(account),
+            *_account_line(None if isinstance(account, Missing) else account),
+            not_available(missing_of(meta, account, nccl)),  # what the store cannot tell of the job, in one line
         ]
     )
     gpu_rows: list[list[Cell]] = [
@@ -240,17 +239,6 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
     if stuck is not None:  # NCCL's own view first: it names the ranks a hang waits for
         fabric = [stuck, *fabric]
     return status, info, charts, gpu_table, alerts, fabric, updated
-
-
-def _account(context: Context, job_id: str) -> JobAccount | None:
-    """The job's accounting summary as the collector stored it when the job ended (a SQL store only).
-
-    A page view reads the stored document, one row: computing a summary reads every raw sample of the job's life,
-    which ``gpulens job-summary`` does on demand and the collector once per ended job."""
-    reader = context.store  # the page view's one session (dashboard.snapshot)
-    if not isinstance(reader, SqlReader) or not jobsummary.has_table(reader.db):
-        return None
-    return jobsummary.stored(reader.db, job_id)
 
 
 def _account_line(account: JobAccount | None) -> list[Any]:

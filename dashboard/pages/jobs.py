@@ -35,7 +35,7 @@ from gpulens.dashboard.grid import grid_cells, named_page, nodes_on_page, parse_
 from gpulens.dashboard.heatmaps import METRIC_FIELDS, METRICS
 from gpulens.dashboard.paths import job_path
 from gpulens.dashboard.timerange import minute_text, resolve_range
-from gpulens.storage.jobstats import JobSummary
+from gpulens.storage.records import JobSummary
 
 PATH: Final = "/jobs"
 IDS: Final = ids.JOBS

@@ -198,8 +198,8 @@ def _run_rules(args: argparse.Namespace) -> int:
     from gpulens.cli.lifecycle import stop_on_signals
     from gpulens.collector.pair import WhileActive
     from gpulens.gcpause import tune_garbage_collector
-    from gpulens.storage.connect import is_prometheus_url, open_database, open_reader
-    from gpulens.storage.prometheus import PromReader
+    from gpulens.storage.connect import is_prometheus_url, open_database, open_prometheus, open_reader
+    from gpulens.storage.reading import StoreReader
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from(args)
@@ -207,7 +207,8 @@ def _run_rules(args: argparse.Namespace) -> int:
     notifiers = build_notifiers(alerting.receivers, dashboard_url=alerting.dashboard_url)  # secrets read now
     prometheus = is_prometheus_url(settings.db_url)
     state_url = args.state_db or (settings.state_url if prometheus else settings.db_url)
-    store = open_reader(settings.db_url, settings)
+    prom = open_prometheus(settings.db_url, settings) if prometheus else None
+    store: StoreReader = prom if prom is not None else open_reader(settings.db_url, settings)
     try:
         state = open_database(state_url)
         # An HA pair: the process holding the rules lock in the state store (PostgreSQL) evaluates and delivers.
@@ -223,7 +224,7 @@ def _run_rules(args: argparse.Namespace) -> int:
             announce = f"gpulens alerts run: rules every {args.interval:g}s over {store.url_redacted}"
             print(f"{announce}, alert state in {state.url_redacted}", file=sys.stderr, flush=True)
             read = None
-            if isinstance(store, PromReader):  # every GPU's round fields, the rest where a rule could fire
+            if prom is not None:  # every GPU's round fields, the rest where a rule could fire
 
                 def engine() -> AlertEngine | None:
                     """The engine while active; None until its first round, which then reads every GPU whole (a
@@ -231,7 +232,7 @@ def _run_rules(args: argparse.Namespace) -> int:
                     service = rules.hook
                     return service.engine if isinstance(service, AlertService) else None
 
-                read = round_reader(store, alerting.rules, engine)
+                read = round_reader(prom, alerting.rules, engine)
             with stop_on_signals() as stop:
                 run_store_rules(
                     store,

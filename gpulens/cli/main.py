@@ -17,6 +17,7 @@ from gpulens.cli import (
     cmd_demo,
     cmd_exporter,
     cmd_job_summary,
+    cmd_node_health,
     cmd_query,
     cmd_rules,
     cmd_silence,
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_db.register(sub)
     cmd_query.register(sub)
     cmd_job_summary.register(sub)
+    cmd_node_health.register(sub)
     cmd_demo.register(sub)
     cmd_simulate.register(sub)
     cmd_rules.register(sub)
@@ -118,13 +120,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def database_error_line(exc: BaseException) -> str | None:
     """A database error as one line without a password, or None if ``exc`` is not one.
 
-    ``storage.db`` already words the connection failures (unreachable, wrong password, no such database); any other
-    SQLAlchemy or Alembic error is named by its driver's first line. Only modules already imported are looked at, so
-    a command that never touched the database pays nothing for this.
+    ``storage.db`` and the Prometheus client word the connection failures (unreachable, wrong password, no such
+    database); any other SQLAlchemy or Alembic error is named by its driver's first line. Only modules already
+    imported are looked at, so a command that never touched the database pays nothing for this.
     """
-    db_module = sys.modules.get("gpulens.storage.db")
-    if db_module is not None and isinstance(exc, db_module.DatabaseUnavailableError):
+    reading = sys.modules.get("gpulens.storage.reading")  # its DatabaseUnavailableError: SQL and Prometheus stores
+    if reading is not None and isinstance(exc, reading.DatabaseUnavailableError):
         return str(exc)
+    db_module = sys.modules.get("gpulens.storage.db")
     sa_exc = sys.modules.get("sqlalchemy.exc")
     alembic_exc = sys.modules.get("alembic.util.exc")
     known = tuple(

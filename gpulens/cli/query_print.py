@@ -11,7 +11,8 @@ from gpulens.cli.base import UsageError
 from gpulens.cli.table import render_table
 from gpulens.ratios import share
 from gpulens.storage.db import Database
-from gpulens.storage.reading import StoreReader, reader_of
+from gpulens.storage.reading import StoreReader
+from gpulens.storage.sqlreader import reader_of
 
 _LATEST_COLUMNS = (
     "node",

@@ -27,8 +27,7 @@ from gpulens.config import ConfigError
 from gpulens.gcpause import gc_paused
 from gpulens.httpfetch import redact_url, request, scrub
 from gpulens.settings import StoreAuth
-from gpulens.storage.db import DatabaseUnavailableError
-from gpulens.storage.reading import TooManySeriesError
+from gpulens.storage.reading import DatabaseUnavailableError, TooManySeriesError
 
 SCHEMES: Final = ("prometheus+http", "prometheus+https")
 MAX_RESPONSE_BYTES: Final = 256 * 1024 * 1024

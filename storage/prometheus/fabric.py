@@ -21,9 +21,8 @@ from typing import Any, Final, Protocol
 
 from gpulens.clock import Clock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading, nic_id, parse_nic_id
-from gpulens.storage.fabric import check_nic_fields
 from gpulens.storage.prometheus.client import PromClient, PromSeries, quote, regex_of
-from gpulens.storage.timeseries import SeriesData
+from gpulens.storage.records import SeriesData, check_nic_fields
 
 
 class PromReader(Protocol):
@@ -99,9 +98,10 @@ def _window(reader: PromReader, step: float = 0.0) -> str:
 
 
 def _instant(reader: PromReader, family: str, how: str, matchers: str) -> str:
-    """The PromQL of one field now: a rate over the window, or a gauge as it is."""
+    """The PromQL of one field now: a rate between the last two samples in the window (what the exporter's own
+    rate between its last two collections is, and so what the SQL store keeps), or a gauge as it is."""
     selected = _selector(family, matchers)
-    return f"rate({selected}{_window(reader)})" if how == "rate" else selected
+    return f"irate({selected}{_window(reader)})" if how == "rate" else selected
 
 
 def _ranged(reader: PromReader, family: str, rate: bool, matchers: str) -> Callable[[float], str]:

@@ -32,6 +32,7 @@ UP: Final = "gpulens_gpu_up"
 THROTTLE: Final = "gpulens_gpu_throttle_active"
 XIDS: Final = "gpulens_gpu_xid_errors_total"
 JOB_INFO: Final = "gpulens_gpu_job_info"
+SCHEDULER_INFO: Final = "gpulens_job_info"  # what Slurm says of a job (the exporter's --job-info)
 PROCESS: Final = "gpulens_process_gpu_memory_bytes"
 LINK_ACTIVE: Final = "gpulens_gpu_nvlink_link_active"
 LINKS_ACTIVE: Final = "gpulens_gpu_nvlink_links_active"  # the count per GPU

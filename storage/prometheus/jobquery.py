@@ -29,9 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from gpulens.storage.jobstats import JobSummary
+from gpulens.model import JobInfo
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus.client import PromSeries, quote, regex_of
+from gpulens.storage.records import JobSummary
 
 _LABELS: Final = "job_id, uuid, node, user"
 _DCGM_BY: Final = "UUID, Hostname, hostname, instance"
@@ -304,3 +305,25 @@ class Summaries:
                 )
             )
         return sorted(out, key=lambda j: (-j.gpu_hours, j.job_id))
+
+
+def scheduler_info_query(job_ids: Sequence[str], lookback_s: float) -> str:
+    """The newest ``gpulens_job_info`` of each job within ``lookback_s``: what the scheduler says of it."""
+    return f"last_over_time({fam.SCHEDULER_INFO}{{job_id=~{regex_of(job_ids)}}}[{lookback_s:g}s])"
+
+
+def scheduler_info(answer: Sequence[PromSeries]) -> dict[str, JobInfo]:
+    """Job id -> what the scheduler says of it (name, user, account, partition: what the family exports)."""
+    out: dict[str, JobInfo] = {}
+    for s in sorted(answer, key=lambda s: sorted(s.labels.items())):
+        job_id, labels = s.labels.get("job_id"), s.labels
+        if job_id and job_id not in out:
+            out[job_id] = JobInfo(
+                node=labels.get("node", ""),
+                job_id=job_id,
+                name=labels.get("name") or None,
+                user=labels.get("user") or None,
+                account=labels.get("account") or None,
+                partition=labels.get("partition") or None,
+            )
+    return out

@@ -13,7 +13,7 @@ refused with a message saying so.
 What Prometheus does not hold is said, not faked: processes exist only where gpulens exporters export them
 (``gpulens_process_gpu_memory_bytes``: by default one series per GPU and job, read as a process with pid 0 and no
 command, the job's processes together; per process with the exporter's ``--process-pids``); over dcgm-exporter data
-alone ``current_processes`` raises ``NotAvailableOnBackendError``. First-seen times are not kept: a GPU's
+alone ``current_processes`` raises ``NotAvailableOnBackend``. First-seen times are not kept: a GPU's
 ``first_seen`` is its first sample in range.
 """
 
@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, Final
 
 from gpulens.clock import Clock, SystemClock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
-from gpulens.model import GpuJob, GpuReading, ProcessReading, TargetHealth
+from gpulens.model import GpuJob, GpuReading, JobInfo, ProcessReading, TargetHealth
+from gpulens.ncclmodel import NcclView
 from gpulens.settings import StoreAuth
-from gpulens.storage import schema
-from gpulens.storage.inventory import GpuInfo, LinkOutage
-from gpulens.storage.jobstats import JOB_POINTS, JobSummary
-from gpulens.storage.latest import LinkSummary, NodeTotals
-from gpulens.storage.prometheus import fabric, jobquery, problems, recorded, targets
+from gpulens.storage.prometheus import fabric, jobquery, ncclread, problems, recorded, targets
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus.client import (
     LOOKBACK_S,
@@ -44,8 +42,19 @@ from gpulens.storage.prometheus.client import (
     regex_escape,
     regex_of,
 )
-from gpulens.storage.reading import NotAvailableOnBackendError
-from gpulens.storage.timeseries import SeriesData
+from gpulens.storage.prometheus.unserved import BACKEND_NAME, Unserved
+from gpulens.storage.reading import NotAvailableOnBackend
+from gpulens.storage.records import (
+    FIELD_KINDS,
+    JOB_POINTS,
+    GpuInfo,
+    JobSummary,
+    LinkOutage,
+    LinkSummary,
+    NodeTotals,
+    SeriesData,
+    check_fields,
+)
 
 PARALLEL: Final = 4  # queries of one call in flight at once (Prometheus evaluates them on its cores)
 NAMES_TTL_S: Final = 30.0  # how long the list of metric names the store holds is trusted, once it holds still
@@ -60,7 +69,7 @@ def _tag(expr: str, value: str, label: str = "gl") -> str:
     return f'label_replace({expr}, {quote(label)}, {quote(value)}, "", "")'
 
 
-class PromReader:
+class PromReader(Unserved):
     """Reads gpulens and dcgm-exporter series from ``url`` (``prometheus+http(s)://host:port[/path]``)."""
 
     backend = "prometheus"
@@ -115,6 +124,10 @@ class PromReader:
 
     def scrub(self, text: str) -> str:
         return self.client.scrub(text)
+
+    @contextmanager
+    def snapshot(self) -> Iterator[PromReader]:
+        yield self  # each query reads its own moment: Prometheus has no transaction to hold
 
     def close(self) -> None:
         self.client.close()
@@ -248,7 +261,7 @@ class PromReader:
         series = self.client.query(f"{fam.PROCESS} or count({fam.UP})", now)
         rows = [s for s in series if s.labels.get("__name__") == fam.PROCESS]
         if not rows and not any(s.value for s in series if not s.labels):
-            raise NotAvailableOnBackendError("GPU processes", "Prometheus holds no gpulens exporter series")
+            raise NotAvailableOnBackend("GPU processes", BACKEND_NAME, "it holds no gpulens exporter series")
         out = [
             ProcessReading(
                 node=s.labels.get("node", ""),
@@ -277,10 +290,8 @@ class PromReader:
     ) -> str:
         """One PromQL expression giving every source's mean, min and max (gauges; only ``aggregates``) or rate
         (counters) per step, each series tagged ``gl="<aggregate>:<source index>"``."""
-        stored = schema.FIELD_BY_NAME.get(field)
-        if stored is None:
-            known = ", ".join(schema.FIELD_BY_NAME)
-            raise ValueError(f"unknown fields {field}; known: {known}")
+        check_fields([field])
+        kind = FIELD_KINDS[field]
         window = f"[{step:g}s]"
         counter_window = f"[{max(step, 4 * self.min_step_s):g}s]"
         parts = []
@@ -288,9 +299,9 @@ class PromReader:
             selected = source.selector(matchers[source.dcgm])
             if source.name == fam.XIDS:
                 parts.append(_tag(f"sum without (xid) (rate({selected}{counter_window}))", f"rate:{i}"))
-            elif stored.kind == "counter":
+            elif kind == "counter":
                 parts.append(_tag(f"rate({selected}{counter_window})", f"rate:{i}"))
-            elif stored.kind == "bitmask":
+            elif kind == "bitmask":
                 parts.append(_tag(f"max_over_time({selected}{window})", f"max:{i}"))
             else:
                 parts += [_tag(f"{fn}({selected}{window})", f"{a}:{i}") for a, fn in _AGGREGATES if a in aggregates]
@@ -314,9 +325,7 @@ class PromReader:
             raise ValueError("max_points must be at least 2")
         if end < start:
             raise ValueError("end is before start")
-        unknown = [f for f in fields if f not in schema.FIELD_BY_NAME]
-        if unknown:
-            raise ValueError(f"unknown fields {', '.join(unknown)}; known: {', '.join(schema.FIELD_BY_NAME)}")
+        check_fields(fields)
         if uuids is not None and not uuids:
             return {}
         lo, hi, step = self._step(start, end, max_points)
@@ -355,7 +364,7 @@ class PromReader:
             minimum: dict[str, tuple[float | None, ...]] = {}
             maximum: dict[str, tuple[float | None, ...]] = {}
             for field in fields:
-                kind = schema.FIELD_BY_NAME[field].kind
+                kind = FIELD_KINDS[field]
                 main = tables.get(
                     f"{field}/{'rate' if kind == 'counter' else 'max' if kind == 'bitmask' else 'mean'}", {}
                 )
@@ -407,6 +416,13 @@ class PromReader:
                 out.add_unsettled({tag: future.result() for tag, future in answers.items()})
             out.add_held(counted.result())
         return out.result()
+
+    def job_info(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
+        """What the scheduler says of each job (``gpulens_job_info``), as last exported within ``NAMES_LOOKBACK_S``."""
+        if not job_ids or not self._exists(fam.SCHEDULER_INFO):
+            return {}
+        promql = jobquery.scheduler_info_query(job_ids, NAMES_LOOKBACK_S)
+        return jobquery.scheduler_info(self.client.query(promql, self.clock.now()))
 
     def gpu_info(self, *, uuids: Sequence[str] | None = None) -> list[GpuInfo]:
         return [
@@ -487,6 +503,9 @@ class PromReader:
 
     def latest_job_hosts(self, *, job_id: str | None = None) -> list[JobHostReading]:
         return fabric.latest_job_hosts(self, job_id=job_id)
+
+    def latest_nccl(self, *, max_age_s: float) -> dict[str, NcclView]:
+        return ncclread.latest_nccl(self, max_age_s=max_age_s)
 
     def nic_series(
         self, nic_ids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000

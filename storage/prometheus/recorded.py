@@ -27,14 +27,13 @@ from typing import Final, Protocol
 from gpulens.clock import Clock
 from gpulens.fabricmodel import nic_id
 from gpulens.ratios import LinkLoad
-from gpulens.storage.jobstats import JOB_POINTS, JobSummary
-from gpulens.storage.latest import LINK_ERROR_FIELDS, LinkSummary, NodeTotals
 from gpulens.storage.portproblems import PORT_PROBLEMS
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus import jobquery
 from gpulens.storage.prometheus import recording as rec
 from gpulens.storage.prometheus.client import LOOKBACK_S, PromClient, PromQueryError, quote
 from gpulens.storage.prometheus.fabric import _nic_key
+from gpulens.storage.records import JOB_POINTS, LINK_ERROR_FIELDS, JobSummary, LinkSummary, NodeTotals
 
 STALE_INTERVALS: Final = 3  # recorded series whose newest evaluation is older than this many intervals are stale
 

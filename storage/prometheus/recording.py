@@ -31,12 +31,12 @@ import yaml
 
 from gpulens.dcgmfields import FREE
 from gpulens.hardware import NVLINK_DEFAULT_LINK_BYTES_PER_SECOND
-from gpulens.storage.latest import IDLE_UTILIZATION
 from gpulens.storage.portproblems import ERROR_FIELDS, SATURATED_AT
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus.fabric import NIC_FIELDS, NIC_INFO, NIC_UP
 from gpulens.storage.prometheus.families import field_selector, pcie_ceiling
 from gpulens.storage.prometheus.jobquery import dcgm_identity, pairs, per_gpu
+from gpulens.storage.records import IDLE_UTILIZATION
 
 GROUP: Final = "gpulens-recording"
 RULE_FILE: Final = "gpulens-recording.yml"  # under deploy/prometheus/rules/

@@ -21,9 +21,10 @@ def test_promtool_checks_the_exported_rules(promtool: str, tmp_path: Path) -> No
     path.write_text(prometheus_rules_yaml(builtin_rules()))
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    # CommunicationStall is exported once per signature; JobInputBound and JobInefficient are not exportable
+    # CommunicationStall is exported once per signature (five: three from utilisation, two from NCCL RAS);
+    # JobInputBound and JobInefficient are not exportable
     assert GPULENS_ONLY.keys() == {"JobInputBound", "JobInefficient"}
-    assert f"SUCCESS: {len(BUILTIN_NAMES) - len(GPULENS_ONLY) + 2 + len(SELF_RULES)} rules found" in result.stdout
+    assert f"SUCCESS: {len(BUILTIN_NAMES) - len(GPULENS_ONLY) + 4 + len(SELF_RULES)} rules found" in result.stdout
 
 
 def test_every_builtin_is_exported_with_its_severity_and_for() -> None:
@@ -32,11 +33,14 @@ def test_every_builtin_is_exported_with_its_severity_and_for() -> None:
     exported = {r["alert"]: r for r in rules}
     assert set(exported) == set(BUILTIN_NAMES) - set(GPULENS_ONLY)
     stalls = {r["labels"]["signature"]: r for r in rules if r["alert"] == "CommunicationStall"}
-    assert set(stalls) == {"spinning", "blocked", "mixed"}
+    assert set(stalls) == {"spinning", "blocked", "mixed", "rank_dead", "rank_missing"}
     assert {r["labels"]["severity"] for r in stalls.values()} == {"critical"}
     assert stalls["spinning"]["for"] == "5m"
     assert stalls["blocked"]["for"] == stalls["mixed"]["for"] == "16m"  # blocked_after_s (11m) + for
     assert all("gpulens_gpu_job_info" in r["expr"] for r in stalls.values())
+    assert "for" not in stalls["rank_dead"]  # as the engine raises the NCCL signatures: at once
+    assert "for" not in stalls["rank_missing"]
+    assert "gpulens_nccl_rank_dead" in stalls["rank_dead"]["expr"]
     assert "gpulens_gpu_memory_used_bytes" in stalls["blocked"]["expr"]
 
 

@@ -31,7 +31,7 @@ from gpulens.settings import TargetSettings, default_settings
 from gpulens.snapshotcodec import snapshot_from_bytes, snapshot_to_bytes, snapshot_to_json
 from gpulens.storage import latest
 from gpulens.storage.db import Database
-from gpulens.storage.reading import SqlReader
+from gpulens.storage.sqlreader import SqlReader
 from tests.conftest import http_get
 from tests.fakes.static_source import node_snapshot
 

@@ -31,8 +31,8 @@ from gpulens.dashboard.figures.fabric import nic_positions
 from gpulens.dashboard.figures.links import node_topology
 from gpulens.dashboard.figures.style import DOWN_COLOR
 from gpulens.fabricmodel import NicReading
-from gpulens.storage.reading import NotAvailableOnBackendError
-from gpulens.storage.timeseries import SeriesData
+from gpulens.storage.reading import NotAvailableOnBackend
+from gpulens.storage.records import SeriesData
 from tests.dashboard.test_figures import T0, as_data, reading
 from tests.dashboard.test_pages import text_of
 
@@ -150,7 +150,7 @@ def test_error_rates_read_only_the_ports_that_counted_errors_in_one_query() -> N
 
 def test_a_backend_without_the_fabric_is_unavailable_not_empty() -> None:
     def refuse() -> list[NicReading]:
-        raise NotAvailableOnBackendError("RDMA ports", "prometheus")
+        raise NotAvailableOnBackend("RDMA ports", "prometheus")
 
     got = available(refuse)
     assert isinstance(got, Unavailable)

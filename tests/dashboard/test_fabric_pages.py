@@ -5,6 +5,8 @@ reads each page makes."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import pytest
@@ -16,7 +18,8 @@ from gpulens.dashboard.fabric import NO_PORTS
 from gpulens.dashboard.figures.style import DOWN_COLOR
 from gpulens.dashboard.formatting import MISSING
 from gpulens.dashboard.pages import interconnect, job, overview
-from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, StoreReader
+from gpulens.storage.reading import NotAvailableOnBackend, StoreReader
+from gpulens.storage.sqlreader import SqlReader
 from tests.dashboard.cluster import STALLED_JOB
 from tests.dashboard.conftest import Store
 from tests.dashboard.fabricdata import NO_FABRIC_NODE
@@ -41,6 +44,10 @@ class Recorder:
         self.nic_ids: list[list[str]] = []
         self.nic_nodes: list[list[str] | None] = []  # the nodes each ``latest_nics`` asked for
 
+    @contextmanager
+    def snapshot(self) -> Iterator[Recorder]:
+        yield self  # each read through the recorder, as counted
+
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.inner, name)
         if not callable(value):
@@ -49,7 +56,7 @@ class Recorder:
         def call(*args: Any, **kwargs: Any) -> Any:
             self.calls[name] += 1
             if name in FABRIC_READS and self.refuse_fabric:
-                raise NotAvailableOnBackendError("RDMA ports and host", "prometheus")
+                raise NotAvailableOnBackend("RDMA ports and host", "prometheus")
             if name == "nic_series":
                 self.nic_ids.append(list(args[0]))
             if name == "latest_nics":

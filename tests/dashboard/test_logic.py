@@ -23,7 +23,7 @@ from gpulens.dashboard.panels import GpuSeries, gpu_charts
 from gpulens.dashboard.summary import IDLE_BELOW, headline
 from gpulens.dashboard.timerange import UNKNOWN_HISTORY_S, RangeError, resolve_range
 from gpulens.model import GpuJob
-from gpulens.storage.latest import NodeTotals
+from gpulens.storage.records import NodeTotals
 from tests.dashboard.test_figures import GIB, T0, reading
 
 UTIL = METRICS["utilization"]

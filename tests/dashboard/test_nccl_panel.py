@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpulens.dashboard.ncclview import nccl_panel, read_nccl
 from gpulens.storage.db import Database
-from gpulens.storage.reading import SqlReader
+from gpulens.storage.sqlreader import SqlReader
 from gpulens.storage.writer import Writer
 from tests.dashboard.test_pages import text_of
 from tests.storage.conftest import T0, _pg_root, clock, db, db_url, pg_server, private_pg_server

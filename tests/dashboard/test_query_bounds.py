@@ -24,8 +24,8 @@ from gpulens.dashboard.context import Context
 from gpulens.dashboard.grid import NODES_PER_PAGE
 from gpulens.dashboard.pages import gpu, interconnect, job, jobs, node, overview
 from gpulens.storage.db import Database
-from gpulens.storage.reading import SqlReader
 from gpulens.storage.rollup import Rollups
+from gpulens.storage.sqlreader import SnapshotReader, SqlReader
 from tests.dbtemplate import migrated_sqlite
 from tests.storage.conftest import PgServer, _pg_root, pg_server  # noqa: F401 (fixtures)
 
@@ -100,7 +100,7 @@ def test_a_page_view_on_postgresql_is_one_repeatable_read_snapshot(pg_server: Pg
         cluster = Cluster(4, 8)
         build(db, cluster, timeline(0.25, 60, 0.1, 10))
         with snapshot.pinned(SqlReader(db)) as reader:
-            assert isinstance(reader, snapshot.SnapshotReader)
+            assert isinstance(reader, SnapshotReader)
             with reader.db.session() as session:
                 assert session.execute(sa.text("SHOW transaction_isolation")).scalar() == "repeatable read"
         context = Context(db=db, clock=ManualClock(END), alerts=stall_alert(cluster))

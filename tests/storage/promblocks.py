@@ -285,3 +285,40 @@ def move_blocks(source: Path, tsdb: Path) -> int:
             block.rename(tsdb / block.name)
             moved += 1
     return moved
+
+
+_COMMENT = re.compile(r"#[^\n]*\n")  # a page's HELP and TYPE lines ('#' starts no other line)
+_UNLABELLED = re.compile(r"\n([a-zA-Z_:][a-zA-Z0-9_:]*) ")  # a sample without labels
+
+
+def scenario_openmetrics(text: str, offset: float, step_s: float, *, leave_out: Iterable[str] = ()) -> Iterator[str]:
+    """A simulator scenario's exporter pages (``text``: its TOML) every ``step_s`` as OpenMetrics text, a page at a
+    time, ``offset`` seconds later, with the ``instance`` and ``job`` labels a scrape adds and the scrape's ``up``
+    series (0 while the node's exporter does not answer, and none of its series then). Every family the exporter
+    renders is there (the GPUs', the fabric's ``gpulens_nic_*``, the hosts', NCCL RAS's ``gpulens_nccl_*``) but the
+    ``leave_out`` ones."""
+    from gpulens.exporter.metrics import ExporterHealth, render_metrics
+    from gpulens.exporter.sim import SimCluster, parse_scenario
+    from gpulens.model import NodeUnavailableError
+
+    scenario = parse_scenario(text)
+    sim = SimCluster(scenario)
+    names = "|".join(map(re.escape, leave_out))
+    unwanted = re.compile(rf"\n(?:{names})[{{ ][^\n]*(?=\n)") if names else None
+    k = 0
+    while (t := scenario.start + k * step_s) < scenario.end - 1e-9:
+        stamp = f"{t + offset:.3f}"
+        for node in sim.node_names():
+            scrape = f'instance="{node}:9410",job="gpulens"'
+            try:
+                page = render_metrics(sim.snapshot(node, t), ExporterHealth()).decode()
+            except NodeUnavailableError:
+                yield f"up{{{scrape}}} 0 {stamp}\n"
+                continue
+            page = _COMMENT.sub("", "\n" + page.rstrip("\n") + "\n")
+            if unwanted is not None:
+                page = unwanted.sub("", page)
+            page = _UNLABELLED.sub(lambda m: f"\n{m.group(1)}{{}} ", page)[1:]
+            page = page.replace("} ", f",{scrape}}} ").replace("{,", "{").replace("\n", f" {stamp}\n")
+            yield f"up{{{scrape}}} 1 {stamp}\n" + page
+        k += 1

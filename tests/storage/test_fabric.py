@@ -14,9 +14,9 @@ from gpulens.clock import ManualClock
 from gpulens.fabricmodel import JobHostReading
 from gpulens.storage import fabric, fabricschema
 from gpulens.storage.db import Database
-from gpulens.storage.reading import SqlReader
 from gpulens.storage.retention import Retention, RetentionJob, apply_retention
 from gpulens.storage.rollup import Rollups
+from gpulens.storage.sqlreader import SqlReader
 from gpulens.storage.writer import Writer
 from tests.storage.conftest import T0
 from tests.storage.fabricdata import GIB, NDR, fabric_snapshot, nic

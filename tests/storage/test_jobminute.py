@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from gpulens.storage import jobminute, jobstats, schema, tiers
 from gpulens.storage.db import Database
-from gpulens.storage.jobstats import JobSummary
+from gpulens.storage.records import JobSummary
 from gpulens.storage.retention import Retention, RetentionJob, apply_retention
 from gpulens.storage.rollup import Rollups
 from gpulens.storage.writer import Writer

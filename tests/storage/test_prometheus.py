@@ -20,9 +20,10 @@ from gpulens.model import GpuReading
 from gpulens.settings import StoreAuth
 from gpulens.storage.connect import open_existing_database
 from gpulens.storage.db import DatabaseURLError
-from gpulens.storage.jobstats import JOB_POINTS
 from gpulens.storage.prometheus import PromReader
-from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, TooManySeriesError
+from gpulens.storage.reading import NotAvailableOnBackend, TooManySeriesError
+from gpulens.storage.records import JOB_POINTS
+from gpulens.storage.sqlreader import SqlReader
 from tests.prom import wait_for
 from tests.storage.promstack import FROZEN_NODES, NODES, Hook, Stack, fired, run_gpulens, running_stack
 
@@ -117,7 +118,7 @@ def test_dcgm_families_read_through_the_same_field_table(stack: Stack) -> None:
     assert [(r.node, r.gpu) for r in one] == [("node-01", i) for i in range(4)]
     jobs = dcgm.current_jobs()
     assert {(j.uuid, j.job_id) for j in jobs} == {(uuid, "llm-pretrain") for uuid in ours}  # from hpc_job
-    with pytest.raises(NotAvailableOnBackendError, match="not available on this backend"):
+    with pytest.raises(NotAvailableOnBackend, match=r"^GPU processes: not available on Prometheus \(it holds"):
         dcgm.current_processes()
     processes = gl.current_processes()
     assert len(processes) > 0  # the gpulens exporters export their processes

@@ -8,7 +8,6 @@ round, and the same alerts as the snapshots; and they read a bounded share of wh
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -22,14 +21,13 @@ from gpulens.alerts.rules import builtin_rules
 from gpulens.alerts.state import FIRING
 from gpulens.alerts.storeround import store_round
 from gpulens.alerts.userrules import THRESHOLD_CHECK
-from gpulens.exporter.metrics import ExporterHealth, render_metrics
 from gpulens.exporter.sim import SimCluster, parse_scenario
 from gpulens.model import NodeUnavailableError
 from gpulens.settings import StoreAuth
 from gpulens.storage.prometheus import PromReader
 from tests.alerts import scenarios
 from tests.prom import running_prometheus
-from tests.storage.promblocks import blocks_from_openmetrics
+from tests.storage.promblocks import blocks_from_openmetrics, scenario_openmetrics
 
 STEP_S: Final = 10.0  # the scrape interval the history is written at
 ROUND_S: Final = 60.0  # the engine's interval, in all three ways
@@ -52,35 +50,6 @@ class Clock:
 
     def monotonic(self) -> float:
         return self.at
-
-
-def _openmetrics(text: str, offset: float) -> Iterator[str]:
-    """The scenario's exporter pages every ``STEP_S`` as OpenMetrics lines, ``offset`` seconds later, with the
-    labels and ``up`` series a scrape adds."""
-    scenario = parse_scenario(text)
-    sim = SimCluster(scenario)
-    k = 0
-    while (t := scenario.start + k * STEP_S) < scenario.end - 1e-9:
-        stamp = f"{t + offset:.3f}"
-        for node in sim.node_names():
-            scrape = f'instance="{node}:9410",job="gpulens"'
-            try:
-                page = render_metrics(sim.snapshot(node, t), ExporterHealth()).decode()
-            except NodeUnavailableError:
-                yield f"up{{{scrape}}} 0 {stamp}\n"
-                continue
-            yield f"up{{{scrape}}} 1 {stamp}\n"
-            for line in page.splitlines():
-                if not line or line.startswith("#"):
-                    continue
-                name, _, rest = line.partition("{")
-                if rest:
-                    labels, _, value = rest.rpartition("} ")
-                    yield f"{name}{{{labels},{scrape}}} {value} {stamp}\n"
-                else:
-                    metric, _, value = line.partition(" ")
-                    yield f"{metric}{{{scrape}}} {value} {stamp}\n"
-        k += 1
 
 
 @dataclass
@@ -151,7 +120,7 @@ def replays(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str, promt
     source = work / "history.om"
     with source.open("w") as out:
         for i, text in enumerate(SCENARIOS.values()):
-            out.writelines(_openmetrics(text, i * SPACING_S))
+            out.writelines(scenario_openmetrics(text, i * SPACING_S, STEP_S))
         out.write("# EOF\n")
     blocks_from_openmetrics(promtool, source, work / "tsdb")
     flags = ("--storage.tsdb.retention.time=100y", "--query.lookback-delta=5m")

@@ -20,11 +20,10 @@ import pytest
 
 from gpulens.model import GpuReading
 from gpulens.settings import StoreAuth
-from gpulens.storage.jobstats import JOB_POINTS
-from gpulens.storage.latest import LINK_ERROR_FIELDS
 from gpulens.storage.prometheus import PromReader
 from gpulens.storage.prometheus import recording as rec
 from gpulens.storage.prometheus.recorded import status
+from gpulens.storage.records import JOB_POINTS, LINK_ERROR_FIELDS
 from tests.prom import running_prometheus
 from tests.storage.promblocks import backfill_rules, create_blocks, move_blocks
 

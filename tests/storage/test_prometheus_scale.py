@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from gpulens.settings import StoreAuth
-from gpulens.storage.jobstats import JOB_POINTS
 from gpulens.storage.prometheus import PromReader
+from gpulens.storage.records import JOB_POINTS
 from tests.prom import running_prometheus, running_victoriametrics
 from tests.storage.promblocks import create_blocks, import_history, layout
 

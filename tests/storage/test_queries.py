@@ -11,8 +11,8 @@ from gpulens.clock import ManualClock
 from gpulens.model import NodeSnapshot
 from gpulens.storage import inventory, jobstats, latest, timeseries
 from gpulens.storage.db import Database
-from gpulens.storage.reading import SqlReader
 from gpulens.storage.rollup import Rollups
+from gpulens.storage.sqlreader import SqlReader
 from gpulens.storage.writer import Writer
 from tests.fakes.static_source import GIB, h100
 from tests.storage.conftest import T0

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from gpulens.clock import ManualClock
 from gpulens.dashboard.panels import FIELDS
 from gpulens.storage.db import Database
-from gpulens.storage.reading import SqlReader
+from gpulens.storage.sqlreader import SqlReader
 from gpulens.storage.writer import Writer
 from tests.storage.conftest import T0
 from tests.storage.data import snapshot

@@ -21,7 +21,8 @@ from gpulens.storage.connect import open_existing_database
 from gpulens.storage.prometheus import PromReader
 from gpulens.storage.prometheus import recording as rec
 from gpulens.storage.prometheus.client import PromQueryError
-from gpulens.storage.reading import NotAvailableOnBackendError, SqlReader, TooManySeriesError
+from gpulens.storage.reading import NotAvailableOnBackend, TooManySeriesError
+from gpulens.storage.sqlreader import SqlReader
 from tests.prom import query, running_victoriametrics, running_vmalert, wait_for
 from tests.storage.promstack import FROZEN_NODES, NODES, Hook, Stack, fired, run_gpulens, running_stack
 from tests.storage.test_prometheus import _close, reader, sql_readings, vars_of, wait_until
@@ -88,7 +89,7 @@ def test_dcgm_families_read_through_the_same_field_table(stack: Stack) -> None:
     one = dcgm.latest_readings(node="node-01")
     assert [(r.node, r.gpu) for r in one] == [("node-01", i) for i in range(4)]
     assert {(j.uuid, j.job_id) for j in dcgm.current_jobs()} == {(uuid, "llm-pretrain") for uuid in ours}
-    with pytest.raises(NotAvailableOnBackendError, match="not available on this backend"):
+    with pytest.raises(NotAvailableOnBackend, match=r"^GPU processes: not available on Prometheus \(it holds"):
         dcgm.current_processes()
     assert len(gl.current_processes()) > 0
 

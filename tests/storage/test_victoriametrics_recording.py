@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from gpulens.settings import StoreAuth
-from gpulens.storage.jobstats import JOB_POINTS
 from gpulens.storage.prometheus import PromReader
 from gpulens.storage.prometheus import recording as rec
 from gpulens.storage.prometheus.client import PromClient
 from gpulens.storage.prometheus.recorded import status
+from gpulens.storage.records import JOB_POINTS
 from tests.prom import replay_rules, running_victoriametrics
 from tests.storage.promblocks import import_history
 from tests.storage.test_prometheus_recording import FixedClock, check_link_summary, check_node_totals, close

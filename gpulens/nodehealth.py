@@ -4,9 +4,9 @@ reasons and one suggested action.
 ``node_health`` is the one function that judges a node. It reads one ``NodeSnapshot`` (what the exporter collected,
 or what the store holds of the node) and weighs each finding: a lost GPU, a failed or pending row remapping, an
 uncorrectable ECC error since the driver loaded, a PCIe link trained narrower than its maximum, NVLink links down,
-an InfiniBand port that went down, and each finder added beside them. The exporter serves its result in ``/metrics``
-(``gpulens_node_health{state}``) and the snapshot, ``gpulens node-health`` prints it for Slurm's health check, and the
-dashboard colours the overview's nodes by it.
+an InfiniBand port that went down, a hung driver, and each finder added beside them. The exporter serves its result
+in ``/metrics`` (``gpulens_node_health{state}``) and the snapshot, ``gpulens node-health`` prints it for Slurm's health
+check, and the dashboard colours the overview's nodes by it.
 
 Actions are one vocabulary, ordered from least to most intrusive: ``none``, ``check-application``, ``reset-gpu``,
 ``reboot``, ``hardware-inspection``. A node's action is the most intrusive of its findings'.
@@ -116,7 +116,13 @@ def port_findings(snapshot: NodeSnapshot) -> Iterator[Finding]:
             yield Finding(f"{nic.device} port {nic.port}", DEGRADED, "the port is down", "hardware-inspection")
 
 
-FINDERS: Final[tuple[Finder, ...]] = (gpu_findings, link_findings, port_findings)
+def driver_findings(snapshot: NodeSnapshot) -> Iterator[Finding]:
+    """A driver whose NVML calls do not return (``nvml_hung_since``: an NVML call passed its deadline)."""
+    if snapshot.nvml_hung_since is not None:
+        yield Finding("node", UNHEALTHY, "the GPU driver is hung: an NVML call does not return", "reboot")
+
+
+FINDERS: Final[tuple[Finder, ...]] = (gpu_findings, link_findings, port_findings, driver_findings)
 
 
 def judge(findings: Sequence[Finding]) -> NodeHealth:

@@ -384,7 +384,7 @@ DEFINITIONS: Final[tuple[Definition, ...]] = (
             "a GPU reset or a reboot.",
         ),
         check=hostchecks.gpu_driver_hung,
-        round=RoundPlan(whole=False),
+        round=RoundPlan(whole=False, hung=True),
         export=promql.gpu_driver_hung,
     ),
     *FABRIC_DEFINITIONS,

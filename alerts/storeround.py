@@ -71,6 +71,7 @@ class RoundReads:
     ports: bool = True
     hosts: bool = True
     nccl: bool = True
+    hung: bool = True
 
 
 EVERYTHING: Final = RoundReads()  # a round for rules nobody listed (the rules of a config, user rules included)
@@ -91,6 +92,7 @@ def round_reads(rules: Iterable[AlertRule]) -> RoundReads:
         ports=any(p.ports for p in plans),
         hosts=any(p.hosts for p in plans),
         nccl=any(p.nccl for p in plans),
+        hung=any(p.hung for p in plans),
     )
 
 
@@ -126,6 +128,7 @@ class FabricRound:
     hosts: Sequence[HostReading] = ()
     job_hosts: Sequence[JobHostReading] = ()
     nccl: Mapping[str, NcclView] = field(default_factory=dict)
+    hung: Mapping[str, float] = field(default_factory=dict)  # node -> since when its NVML is hung
 
 
 def fabric_reads(store: StoreReader, *, max_age_s: float, reads: RoundReads) -> FabricRound:
@@ -135,6 +138,7 @@ def fabric_reads(store: StoreReader, *, max_age_s: float, reads: RoundReads) -> 
         _or_none(store.latest_hosts, []) if reads.hosts else [],
         _or_none(store.latest_job_hosts, []) if reads.hosts else [],
         _or_none(lambda: store.latest_nccl(max_age_s=max_age_s), {}) if reads.nccl else {},
+        _or_none(lambda: store.hung_nodes(max_age_s=max_age_s), {}) if reads.hung else {},
     )
 
 
@@ -177,8 +181,9 @@ def assemble_round(
             host=hosts.get(node),
             job_hosts=tuple(job_hosts[node]),
             nccl=fabric.nccl.get(node),
+            nvml_hung_since=fabric.hung.get(node),
         )
-        for node in sorted(set(gpus) | set(nics))
+        for node in sorted(set(gpus) | set(nics) | set(fabric.hung))
     ]
     return RoundResult(time=now, snapshots=snapshots, targets=list(targets), written=True)
 

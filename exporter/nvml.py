@@ -7,8 +7,8 @@ on a persistent thread pool, because some NVML calls block: the PCIe throughput 
 where GPM does not measure PCIe). The parts live in their own modules, the only ones that import ``pynvml``: the error
 choke point (``exporter.nvmlcalls``), the GPU state (``nvmlgpu``), per-device reads (``nvmldevice``), batched field
 values (``nvmlfields``), GPM interval averages (``nvmlgpm``), NVLink (``nvmllinks``), MIG (``nvmlmig``) and the XID
-event thread (``nvmlxid``). This module assembles them into ``NodeSnapshot`` records, with where each GPU's PCIe,
-NVLink and profiling values came from.
+event thread (``nvmlxid``); every call runs under a deadline (``nvmldeadline``: past it, NVML is hung). This module
+assembles them into ``NodeSnapshot`` records, with where each GPU's PCIe, NVLink and profiling values came from.
 """
 
 from __future__ import annotations

@@ -189,6 +189,10 @@ class SideReader(Generic[T]):
     def close(self) -> None:
         self._stop.set()
 
+    @property
+    def closed(self) -> bool:
+        return self._stop.is_set()
+
     def _run(self) -> None:
         self.fetch_now()
         self.run_forever()
@@ -258,6 +262,8 @@ class BackgroundEnricher:
 
     def _first_then_run(self) -> None:
         self._handed.wait()
+        if self.reader.closed:  # closed before the first collection
+            return
         self.reader.fetch_now()
         self._answered.set()
         self.reader.run_forever()

@@ -7,12 +7,22 @@ the first sample at 1 in the last hour, the store's best knowledge of since when
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable
+from typing import Any, Final, Protocol
 
-if TYPE_CHECKING:
-    from gpulens.storage.prometheus.reader import PromReader
+from gpulens.clock import Clock
+from gpulens.storage.prometheus.client import PromClient
 
 HUNG: Final = "gpulens_node_nvml_hung == 1"
+
+
+class PromReader(Protocol):
+    """What this read uses of ``gpulens.storage.prometheus.reader.PromReader`` (which calls it)."""
+
+    client: PromClient
+    clock: Clock
+
+    def parallel(self, *calls: Callable[[], Any]) -> list[Any]: ...
 
 
 def hung_nodes(reader: PromReader, *, max_age_s: float) -> dict[str, float]:

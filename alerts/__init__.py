@@ -5,7 +5,8 @@ The pieces, in the order a scrape round flows through them:
 - ``history.History``: the rolling window of recent rounds the rules look at (``fabrichistory``: its RDMA ports,
   hosts and jobs' host shares);
 - ``rules.evaluate``: every rule's conditions that hold now (``Candidate``): ``checks`` (GPUs and nodes), ``detect``
-  (hung and straggling jobs), ``fabricchecks`` (InfiniBand/RoCE ports), ``hostchecks`` (jobs starved by their host);
+  (hung and straggling jobs), ``fabricchecks`` (InfiniBand/RoCE ports), ``hostchecks`` (jobs starved by their host,
+  a hung driver);
 - ``state.step``: pending -> firing -> resolved, ``for``, ``keep_firing_for``, inhibition and silences;
 - ``grouping.Grouper``: routes and Alertmanager-like grouping into ``Notification``s;
 - ``notify.delivery.Delivery``: the outbox and the one retry stage, through ``notify.slack`` and ``notify.webhook``.

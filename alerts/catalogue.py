@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from gpulens.alerts import checks, detect, inefficient, promql, watchdog
+from gpulens.alerts import checks, detect, hostchecks, inefficient, promql, watchdog
 from gpulens.alerts import prefilters as pre
 from gpulens.alerts.base import AlertRule
 from gpulens.alerts.definition import Definition, RoundPlan
@@ -22,6 +22,7 @@ from gpulens.alerts.names import (  # the rules' names, re-exported: the catalog
     FABRIC_CONGESTION,
     FABRIC_SATURATED,
     GPU_CONFIG_DRIFT,
+    GPU_DRIVER_HUNG,
     GPU_FABRIC_NOT_READY,
     GPU_LOST,
     GPU_MISSING,
@@ -377,6 +378,22 @@ DEFINITIONS: Final[tuple[Definition, ...]] = (
         round=RoundPlan(whole=False),
         export=promql.exporter_down,
     ),
+    Definition(
+        AlertRule(
+            name=GPU_DRIVER_HUNG,
+            severity="critical",
+            for_s=MINUTE,
+            scope="node",
+            meaning="An NVML call on the node has not returned within its deadline (5 s): the GPU driver is wedged. "
+            "The exporter still answers (no ExporterDown): the node's other readings go on, its GPU readings are "
+            "stale or withdrawn.",
+            action="Drain the node and look at the kernel log (XIDs, NVRM messages); a wedged driver usually needs "
+            "a GPU reset or a reboot.",
+        ),
+        check=hostchecks.gpu_driver_hung,
+        round=RoundPlan(whole=False, hung=True),
+        export=promql.gpu_driver_hung,
+    ),
     *FABRIC_DEFINITIONS,
     *HARDWARE_DEFINITIONS,
     Definition(
@@ -406,6 +423,7 @@ __all__ = [
     "FABRIC_SATURATED",
     "GPULENS_ONLY",
     "GPU_CONFIG_DRIFT",
+    "GPU_DRIVER_HUNG",
     "GPU_FABRIC_NOT_READY",
     "GPU_LOST",
     "GPU_MISSING",

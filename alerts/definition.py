@@ -66,6 +66,7 @@ class RoundPlan:
     ports: bool = False  # the RDMA ports' newest readings (the fabric rules, a stall's fabric evidence)
     hosts: bool = False  # the nodes' CPUs and memory and each job's share of them
     nccl: bool = False  # each node's NCCL RAS view
+    hung: bool = False  # the nodes whose NVML is hung (``nvml_hung_since``)
 
 
 @dataclass(frozen=True)

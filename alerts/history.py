@@ -70,6 +70,7 @@ class Round:
     nccl: Mapping[str, NcclView] = field(default_factory=dict)  # node -> its agent's NCCL RAS view
     hardware: Mapping[str, NodeHardware] = field(default_factory=dict)  # node -> its hardware against expectations
     drivers: Mapping[str, str] = field(default_factory=dict)  # node -> its driver version, where known
+    nvml_hung: Mapping[str, float] = field(default_factory=dict)  # node -> since when its NVML is hung
 
 
 def _fits(reference: Sequence[JobRound], summary: JobRound, usual: float | None = None) -> bool:
@@ -207,6 +208,7 @@ class History:
             nccl={s.node: s.nccl for s in snapshots if s.nccl is not None},
             hardware={s.node: s.hardware for s in snapshots if s.hardware is not None},
             drivers={s.node: s.driver_version for s in snapshots if s.driver_version},
+            nvml_hung={s.node: s.nvml_hung_since for s in snapshots if s.nvml_hung_since is not None},
         )
         self._rounds.append(round_)
         self._since.clear()

@@ -1,4 +1,5 @@
-"""``JobInputBound``: a job whose GPUs wait on its host (a CPU-starved data loader, or memory pressure and iowait).
+"""The node's own checks: ``JobInputBound``, a job whose GPUs wait on its host (a CPU-starved data loader, or memory
+pressure and iowait), and ``GpuDriverHung``, a node whose NVML calls do not return.
 
 A pure check like the others (``alerts.checks``): the job's GPUs are mostly idle after it had been busy, and on one
 of its nodes its cgroup uses its whole CPU share or the node waits on I/O. A checkpoint also idles the GPUs while the
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from gpulens.alerts.base import AlertRule, Candidate, percent, rate_text, rule_labels
 from gpulens.alerts.history import History, JobView
+from gpulens.config import format_duration
 from gpulens.fabricmodel import HostReading, JobHostReading
 
 
@@ -92,4 +94,21 @@ def job_input_bound(rule: AlertRule, history: History, now: float) -> list[Candi
             + (f" User {view.user}." if view.user else "")
         )
         out.append(Candidate(rule.name, labels, util, text, description))
+    return out
+
+
+def gpu_driver_hung(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    """A node whose exporter answers but says an NVML call passed its deadline (``nvml_hung_since``)."""
+    latest = history.latest
+    if latest is None:
+        return []
+    out = []
+    for node, since in sorted(latest.nvml_hung.items()):
+        held = f" for {format_duration(now - since)}" if now > since else ""
+        summary = f"node {node}: the GPU driver is hung: an NVML call has not returned{held}"
+        description = (
+            "An NVML call on this node passed its deadline: the driver is wedged. The exporter still answers, with "
+            "the node's other readings; its GPU readings are stale (served with their age) or withdrawn."
+        )
+        out.append(Candidate(rule.name, rule_labels(rule, {"node": node}), None, summary, description))
     return out

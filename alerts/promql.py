@@ -397,6 +397,12 @@ def communication_stall(rule: AlertRule) -> list[Exported]:
     ]
 
 
+def gpu_driver_hung(rule: AlertRule) -> list[Exported]:
+    """A node whose exporter says an NVML call passed its deadline."""
+    summary = f"{rule.name}: the GPU driver of {{{{ $labels.node }}}} is hung (an NVML call does not return)."
+    return [Exported("max by (node) (gpulens_node_nvml_hung) == 1", rule.for_s, summary)]
+
+
 def exporter_down(rule: AlertRule) -> list[Exported]:
     """A watched target whose last scrape failed (the same selector the engine's reads of the targets use)."""
     summary = "ExporterDown: the exporter at {{ $labels.instance }} (job {{ $labels.job }}) does not answer."

@@ -72,6 +72,7 @@ class RoundReads:
     ports: bool = True
     hosts: bool = True
     nccl: bool = True
+    hung: bool = True
 
 
 EVERYTHING: Final = RoundReads()  # a round for rules nobody listed (the rules of a config, user rules included)
@@ -92,6 +93,7 @@ def round_reads(rules: Iterable[AlertRule]) -> RoundReads:
         ports=any(p.ports for p in plans),
         hosts=any(p.hosts for p in plans),
         nccl=any(p.nccl for p in plans),
+        hung=any(p.hung for p in plans),
     )
 
 
@@ -133,6 +135,7 @@ class FabricRound:
     hosts: Sequence[HostReading] = ()
     job_hosts: Sequence[JobHostReading] = ()
     nccl: Mapping[str, NcclView] = field(default_factory=dict)
+    hung: Mapping[str, float] = field(default_factory=dict)  # node -> since when its NVML is hung
 
 
 def fabric_reads(store: StoreReader, *, max_age_s: float, reads: RoundReads) -> FabricRound:
@@ -142,6 +145,7 @@ def fabric_reads(store: StoreReader, *, max_age_s: float, reads: RoundReads) -> 
         _or_none(store.latest_hosts, []) if reads.hosts else [],
         _or_none(store.latest_job_hosts, []) if reads.hosts else [],
         _or_none(lambda: store.latest_nccl(max_age_s=max_age_s), {}) if reads.nccl else {},
+        _or_none(lambda: store.hung_nodes(max_age_s=max_age_s), {}) if reads.hung else {},
     )
 
 
@@ -188,8 +192,9 @@ def assemble_round(
             nccl=fabric.nccl.get(node),
             hardware=(hardware or {}).get(node, (None, None))[0],
             driver_version=(hardware or {}).get(node, (None, None))[1],
+            nvml_hung_since=fabric.hung.get(node),
         )
-        for node in sorted(set(gpus) | set(nics))
+        for node in sorted(set(gpus) | set(nics) | set(fabric.hung))
     ]
     return RoundResult(time=now, snapshots=snapshots, targets=list(targets), written=True)
 

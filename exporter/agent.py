@@ -12,15 +12,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from gpulens.config import ConfigError
 from gpulens.exporter.endpoints import Routes, exporter_server
 from gpulens.exporter.poller import Enricher, OnDemandNode, Poller
+from gpulens.exporter.sidereader import ReaderState
 from gpulens.extras import MissingExtraError, require_k8s
 from gpulens.model import GpuSource, NodeSnapshot
 from gpulens.netaddr import parse_listen
 from gpulens.webconfig import WebConfig, load_web_config
+
+if TYPE_CHECKING:
+    from gpulens.exporter.podresources.background import BackgroundLister
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +71,8 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
     """The endpoints to serve, the poller to start (None for --all-nodes) and a function that releases the source."""
     if options.all_nodes and options.source != "sim":
         raise ConfigError("--all-nodes needs --source sim", key="--all-nodes")
+    readers: dict[str, Callable[[], ReaderState]] = {}  # the side readers' states, shown in /metrics
+    side_closers: list[Callable[[], None]] = []
     if options.source == "sim":
         from gpulens.exporter.sim import LiveTime, SimAllNodes, SimCluster, SimSource, load_scenario
 
@@ -109,18 +116,30 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
         enrichers = [JobMapper(proc_root=options.proc_root, job_map_dir=options.job_map_dir).enrich]
         pods = _pod_mapper(options)
         if pods is not None:  # after the cgroups: it names the pods their processes belong to
-            enrichers.append(pods)
+            enrichers.append(pods[0])
+            readers[pods[1].reader.name] = pods[1].state
+            side_closers.append(pods[1].close)
         if options.fabric:  # after the job mapping: the job cgroups are found from the GPU processes
             from gpulens.exporter.fabric.node import FabricReader
+            from gpulens.exporter.sidereader import BackgroundEnricher
 
             fabric = FabricReader(options.node, sysfs_root=options.sysfs_root, proc_root=options.proc_root)
-            enrichers.append(fabric.enrich)
+            background = BackgroundEnricher(
+                "fabric",
+                fabric.enrich,
+                ("nics", "host", "job_hosts"),
+                interval_s=options.interval_s,
+                deadline_s=SIDE_DEADLINE_S,
+            )
+            enrichers.append(background.enrich)
+            readers["fabric"] = background.reader.state
+            side_closers.append(background.close)
             enrichers.append(_hardware_reader(options))  # after the ports: peermem is read where RDMA ports exist
         if options.nccl_ras:  # last: it maps ranks to the jobs the job mapper found
             from gpulens.exporter.ncclras import NcclRasReader
 
             enrichers.append(NcclRasReader(options.nccl_ras_addr, interval_s=options.interval_s).enrich)
-    closers = [source.close]
+    closers = [*side_closers, source.close]
     kernel = _kernel_log(options)
     if kernel is not None:  # first: the enrichers after it see each GPU's merged XID counts
         enrichers.insert(0, kernel[0])
@@ -138,6 +157,7 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
         enrich=enrich,
         dcgm_compat=options.dcgm_compat,
         process_pids=options.process_pids,
+        readers=readers,
     )
 
     def close() -> None:
@@ -211,8 +231,9 @@ def _local_gpus(options: ExporterOptions) -> bool:
         return False
 
 
-def _pod_mapper(options: ExporterOptions) -> Enricher | None:
-    """The kubelet's pod-resources mapper where its socket was named or the default one exists; None elsewhere.
+def _pod_mapper(options: ExporterOptions) -> tuple[Enricher, BackgroundLister] | None:
+    """The kubelet's pod-resources mapper, with the reader that asks the kubelet off the collection path, where its
+    socket was named or the default one exists; None elsewhere.
 
     A missing k8s extra is a ConfigError (one line, with the hint) when the socket was named; at the default path it
     is logged once and the node runs without pod names."""
@@ -226,10 +247,16 @@ def _pod_mapper(options: ExporterOptions) -> Enricher | None:
             raise ConfigError(str(exc), key="--kubelet-socket") from None
         logger.warning("%s is present, but pods cannot be named: %s", path, exc)
         return None
+    from gpulens.exporter.podresources.background import BackgroundLister
     from gpulens.exporter.podresources.client import KubeletClient
     from gpulens.exporter.podresources.mapper import PodMapper
 
-    return PodMapper(KubeletClient(path), clock=time.monotonic).enrich
+    lister = BackgroundLister(
+        KubeletClient(path, timeout_s=SIDE_DEADLINE_S),
+        interval_s=max(options.interval_s, 1.0),
+        deadline_s=SIDE_DEADLINE_S,
+    )
+    return PodMapper(lister, clock=time.monotonic).enrich, lister
 
 
 def _chain(enrichers: list[Enricher]) -> Enricher:
@@ -242,6 +269,7 @@ def _chain(enrichers: list[Enricher]) -> Enricher:
 
 
 FIRST_COLLECTION_WAIT_S = 5.0
+SIDE_DEADLINE_S = 2.0  # how late a side reader (pods, fabric) may be before its part is marked stale
 _SLURM_CONFIGS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
 
 

@@ -21,6 +21,7 @@ from gpulens.exporter.hardwaremetrics import hardware_families
 from gpulens.exporter.kernelmetrics import kernel_families
 from gpulens.exporter.ncclmetrics import nccl_families
 from gpulens.exporter.promfamily import Family, escape_label, render_labels
+from gpulens.exporter.sidereader import ReaderState
 from gpulens.metriccatalogue import GPU_FIELDS, GPU_LABELS
 from gpulens.model import (
     THROTTLE_REASONS,
@@ -41,6 +42,8 @@ class ExporterHealth:
     collect_duration_seconds: float | None = None
     last_collect_timestamp_seconds: float | None = None
     collect_errors: Mapping[str, int] = field(default_factory=dict)
+    # Each reader ("gpus", "pods", "fabric", ...): seconds since its last success and whether that is too long ago.
+    readers: Mapping[str, ReaderState] = field(default_factory=dict)
 
 
 PROCESS_LABELS: Final = ("node", "gpu", "uuid", "job_id", "user")  # the process family's labels without pids
@@ -262,6 +265,37 @@ def _exporter_families(health: ExporterHealth) -> Iterator[Family]:
     if health.last_collect_timestamp_seconds is not None:
         last.add_metric([], health.last_collect_timestamp_seconds)
     yield last
+    stale = Family(
+        "gpulens_exporter_reader_stale",
+        "1 while a reader's part of the readings (gpus, pods, fabric) is late: served as last read, with its age.",
+        labels=["reader"],
+    )
+    age = Family(
+        "gpulens_exporter_reader_age_seconds",
+        "Seconds since a reader (gpus, pods, fabric) last succeeded; absent before its first success.",
+        labels=["reader"],
+    )
+    for reader, state in sorted(health.readers.items()):
+        stale.add_metric([reader], 1 if state.stale else 0)
+        if state.age_s is not None:
+            age.add_metric([reader], state.age_s)
+    yield stale
+    yield age
+
+
+NVML_SOURCES: Final = ("nvml", "sim")  # the sources whose snapshots say whether NVML is hung
+
+
+def _node_families(snapshot: NodeSnapshot) -> Iterator[Family]:
+    hung = Family(
+        "gpulens_node_nvml_hung",
+        "1 while an NVML call of this node has passed its deadline and NVML has not answered since (the driver is "
+        "hung: GpuDriverHung); 0 while NVML answers. Absent where the source is not NVML.",
+        labels=["node"],
+    )
+    if snapshot.source in NVML_SOURCES:
+        hung.add_metric([snapshot.node], 0 if snapshot.nvml_hung_since is None else 1)
+    yield hung
 
 
 # --- dcgm-exporter compatible families (--dcgm-compat) -----------------------------------------------------------
@@ -357,6 +391,7 @@ def render_metrics(
         families.append(nccl_families(snapshot))
         families.append(kernel_families(snapshot))
         families.append(hardware_families(snapshot))
+        families.append(_node_families(snapshot))
         if dcgm_compat:
             families.append(_dcgm_families(snapshot, last_xid or {}))
     families.append(_exporter_families(health))

@@ -7,8 +7,8 @@ on a persistent thread pool, because some NVML calls block: the PCIe throughput 
 where GPM does not measure PCIe). The parts live in their own modules, the only ones that import ``pynvml``: the error
 choke point (``exporter.nvmlcalls``), the GPU state (``nvmlgpu``), per-device reads (``nvmldevice``), batched field
 values (``nvmlfields``), GPM interval averages (``nvmlgpm``), NVLink (``nvmllinks``), MIG (``nvmlmig``) and the XID
-event thread (``nvmlxid``). This module assembles them into ``NodeSnapshot`` records, with where each GPU's PCIe,
-NVLink and profiling values came from.
+event thread (``nvmlxid``); every call runs under a deadline (``nvmldeadline``: past it, NVML is hung). This module
+assembles them into ``NodeSnapshot`` records, with where each GPU's PCIe, NVLink and profiling values came from.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from gpulens.clock import Clock, SystemClock
 from gpulens.exporter import nvmldevice as device
 from gpulens.exporter.nvmlcalls import Calls, GpuLostError, as_int, as_text, scaled, start_nvml
 from gpulens.exporter.nvmlconfig import GpuConfigs
+from gpulens.exporter.nvmldeadline import CallDeadline, NvmlHungError
 from gpulens.exporter.nvmlfields import FI_MEMORY_TEMP, field_ids, read_field_values
 from gpulens.exporter.nvmlgpm import NVLINK, PCIE, PROFILING, close_gpm, forget, open_gpm, read_gpm, sources
 from gpulens.exporter.nvmlgpu import SLOW_REFRESH_S, Gpu
@@ -76,13 +77,14 @@ class NvmlSource:
         clock: Clock | None = None,
         max_workers: int | None = None,
         xid_events: bool = True,
+        deadline: CallDeadline | None = None,
     ) -> None:
         if max_workers is not None and max_workers < 1:
             raise ValueError("max_workers must be at least 1")
         self._node = node
         self._clock = clock or SystemClock()
         self._errors = ErrorCounter(log)
-        self._calls = Calls(nvml, self._errors)
+        self._calls = Calls(nvml, self._errors, deadline)
         start_nvml(nvml)
         try:
             self._driver_version = as_text(self._calls.call(None, "nvmlSystemGetDriverVersion"))
@@ -123,19 +125,36 @@ class NvmlSource:
             hardware=NodeHardware(gpus=configs),
         )
 
+    def hung_since(self) -> float | None:
+        """When (Unix seconds) an NVML call passed its deadline, or None while NVML answers (``nvmldeadline``)."""
+        return self._calls.deadline.hung_since()
+
     def close(self) -> None:
-        """Stop the XID thread and the thread pools and shut NVML down. Safe to call twice."""
-        with self._read_lock:
+        """Stop the XID thread and the thread pools and shut NVML down. Safe to call twice. With NVML hung, the
+        threads stuck in it are left behind (daemons) and NVML is not shut down."""
+        if not self._read_lock.acquire(timeout=self._calls.deadline.deadline_s):
+            log.warning("NVML is hung in a read; closing without shutting it down")
+            self._closed = True
+            return
+        try:
             if self._closed:
                 return
             self._closed = True
+        finally:
+            self._read_lock.release()
         if self._xids is not None:
             self._xids.close()
-        self._pool.shutdown(wait=True)
-        self._pcie_pool.shutdown(wait=True)
-        for gpu in self._gpus:
-            close_gpm(self._calls, gpu)
-        self._calls.call(None, "nvmlShutdown")
+        hung = self.hung_since() is not None
+        self._pool.shutdown(wait=not hung)
+        self._pcie_pool.shutdown(wait=not hung)
+        if hung:
+            return
+        try:
+            for gpu in self._gpus:
+                close_gpm(self._calls, gpu)
+            self._calls.call(None, "nvmlShutdown")
+        except NvmlHungError:
+            log.warning("NVML hung while shutting down")
 
     # --- start-up: the static facts ------------------------------------------------------------------------------
 

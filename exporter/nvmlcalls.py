@@ -14,6 +14,7 @@ from typing import Any, Final, Protocol
 
 import pynvml  # noqa: TID251 (the NVML modules are the pynvml choke point)
 
+from gpulens.exporter.nvmldeadline import CallDeadline
 from gpulens.logutil import ErrorCounter, LogOnce
 from gpulens.model import SourceError
 
@@ -97,11 +98,13 @@ class Calls:
     NotSupported: the value is absent. FunctionNotFound (an older driver): absent, logged once and never called
     again, so that an older call can stand in. NoPermission: absent, logged once per function. GpuIsLost, and
     Unknown from a GPU already lost: the GPU is lost (``GpuLostError`` ends its read). Anything else: absent, counted.
+    Every call runs under ``deadline`` (``nvmldeadline``): while NVML is hung a call raises ``NvmlHungError``.
     """
 
-    def __init__(self, nvml: Any, errors: ErrorCounter) -> None:
+    def __init__(self, nvml: Any, errors: ErrorCounter, deadline: CallDeadline | None = None) -> None:
         self._nvml = nvml
         self._errors = errors
+        self.deadline = deadline or CallDeadline()
         self._once = LogOnce(log)
         self._missing: set[str] = set()
         self._lock = threading.Lock()
@@ -120,7 +123,7 @@ class Calls:
 
         ``key`` names the call where one Python function wraps several C functions (``nvmlDeviceGetMemoryInfo``
         with ``version=``); ``quiet`` lists codes that are an expected answer, neither counted nor logged;
-        ``unsupported`` is the reason NotSupported is counted under.
+        ``unsupported`` is the reason NotSupported is counted under. Raises ``NvmlHungError`` while NVML is hung.
         """
         what = key or name
         if what in self._missing:  # read without the lock: a set's membership test is atomic, and this runs per call
@@ -129,6 +132,7 @@ class Calls:
         if function is None:
             self._function_missing(what)
             return None, FUNCTION_NOT_FOUND
+        token = self.deadline.begin(what)
         try:
             return function(*args, **kwargs), None
         except _LIBRARY_MISMATCH:
@@ -138,6 +142,8 @@ class Calls:
             code = error_code(exc)
             self.failed(gpu, what, code, quiet=quiet, unsupported=unsupported)
             return None, code
+        finally:
+            self.deadline.end(token)
 
     def call(self, gpu: LosableGpu | None, name: str, *args: Any, **kwargs: Any) -> Any:
         """The result of an NVML call, or None when it failed."""

@@ -11,6 +11,7 @@ from typing import Any, Final
 import pynvml  # noqa: TID251 (the NVML modules are the pynvml choke point)
 
 from gpulens.exporter.nvmlcalls import QUIET_TIMEOUT, TIMEOUT, Calls
+from gpulens.exporter.nvmldeadline import NvmlHungError
 from gpulens.exporter.nvmlgpu import Gpu
 from gpulens.logutil import LogOnce
 
@@ -77,9 +78,13 @@ class XidWatcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            data, code = self._calls.attempt(
-                None, "nvmlEventSetWait_v2", self._event_set, XID_WAIT_MS, quiet=QUIET_TIMEOUT
-            )
+            try:
+                data, code = self._calls.attempt(
+                    None, "nvmlEventSetWait_v2", self._event_set, XID_WAIT_MS, quiet=QUIET_TIMEOUT
+                )
+            except NvmlHungError:  # NVML is hung: wait for it (the poller reports it)
+                self._stop.wait(XID_RETRY_S)
+                continue
             if code is None:
                 self._record(data)
             elif code != TIMEOUT:

@@ -11,6 +11,7 @@ import sys
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpulens.exporter.metrics import ExporterHealth, render_metrics
+from gpulens.exporter.sidereader import ReaderState
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.kernelmodel import KernelView, XidAction
 from gpulens.model import GpuJob, GpuReading, JobInfo, LinkReading, MigReading, NodeSnapshot, ProcessReading
@@ -45,7 +46,7 @@ def _full_snapshot() -> NodeSnapshot:
     return NodeSnapshot(
         node="n",
         timestamp=0.0,
-        source="reference",
+        source="nvml",  # an NVML node: gpulens_node_nvml_hung is exported
         gpus=(gpu,),
         links=(LinkReading("n", 0, "GPU-0", 0, True, 1.0, 1.0),),
         processes=(ProcessReading("n", 0, "GPU-0", 1, 1, "c", "u", "j"),),
@@ -100,7 +101,10 @@ def _full_snapshot() -> NodeSnapshot:
 
 def metrics_reference() -> str:
     text = render_metrics(
-        _full_snapshot(), ExporterHealth(0.0, 0.0, {"reason": 1}), dcgm_compat=True, last_xid={"GPU-0": 79}
+        _full_snapshot(),
+        ExporterHealth(0.0, 0.0, {"reason": 1}, readers={"gpus": ReaderState(0.5, stale=False)}),
+        dcgm_compat=True,
+        last_xid={"GPU-0": 79},
     ).decode()
     lines = [
         "# Metrics reference",
@@ -122,6 +126,8 @@ def metrics_reference() -> str:
         "`gpulens_process_gpu_memory_bytes` sums a job's processes on a GPU: it has no `pid` label, so its series",
         "do not come and go with every process (as dcgm-exporter's). The exporter's `--process-pids` exports one",
         "series per process instead, labelled `pid` and `command` as well.",
+        "`gpulens_exporter_reader_*` say which part of the readings is late (`reader`: `gpus`, `pods`, `fabric`) and",
+        "`gpulens_node_nvml_hung` whether the node's driver is hung; docs/exporter.md says how a late part is served.",
         "",
         "| family | type | labels beyond node, gpu, uuid, model | help |",
         "|---|---|---|---|",

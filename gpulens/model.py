@@ -239,6 +239,12 @@ class NodeSnapshot:
     # The node's hardware against what it should be (GPUs on the PCI bus, fabric, plumbing, GPU settings); None
     # where the source does not read it (dcgm-exporter pages, an agent before 0.x).
     hardware: NodeHardware | None = None
+    # The parts of this snapshot that are late, by reader ("gpus", "pods", "fabric"), with the seconds since that
+    # reader last succeeded; a late "gpus" part is withdrawn from the snapshot document (docs/exporter.md).
+    stale: Mapping[str, float] = field(default_factory=dict)
+    # When (Unix seconds) an NVML call of this node passed its deadline: the driver is hung (GpuDriverHung);
+    # None while NVML answers, or where the source is not NVML.
+    nvml_hung_since: float | None = None
 
     def replace(self, **changes: Any) -> NodeSnapshot:
         return dataclasses.replace(self, **changes)

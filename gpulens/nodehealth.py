@@ -2,13 +2,17 @@
 reasons and one suggested action.
 
 ``node_health`` is the one function that judges a node. It reads one ``NodeSnapshot`` (what the exporter collected,
-or what the store holds of the node) and weighs each finding: a lost GPU, a failed or pending row remapping, an
-uncorrectable ECC error since the driver loaded, a PCIe link trained narrower than its maximum, NVLink links down,
-an InfiniBand port that went down, each XID and SXid as the XID catalogue weighs it (``gpulens.xidcatalogue``: its
-severity and action, escalated after repeats across reboots), and the node's hardware against what it should be
-(``gpulens.nodehardware``: GPUs NVML does not open, missing or slow ports, the NVLink fabric, ``nvidia_peermem``).
-An XID counts from the exporter's start: the node stays unhealthy until the exporter restarts (a reboot does). The
-exporter serves the result in ``/metrics`` (``gpulens_node_health{state}``) and the snapshot, and ``gpulens
+or what the store holds of the node) and weighs each finding:
+
+- a lost GPU, a failed or pending row remapping, an uncorrectable ECC error since the driver loaded, a PCIe link
+  trained narrower than its maximum, NVLink links down, an InfiniBand port that went down, a hung driver;
+- each XID and SXid as the XID catalogue weighs it (``gpulens.xidcatalogue``: its severity and its action,
+  escalated after repeats across reboots). An XID counts from the exporter's start: the node stays unhealthy until
+  the exporter restarts (a reboot does);
+- the node's hardware against what it should be (``gpulens.nodehardware``: GPUs NVML does not open, missing or slow
+  ports, the NVLink fabric and its manager, ``nvidia_peermem``).
+
+The exporter serves the result in ``/metrics`` (``gpulens_node_health{state}``) and the snapshot, and ``gpulens
 node-health`` prints it for Slurm's health check.
 
 Actions are one vocabulary, ordered from least to most intrusive: ``none``, ``check-application``, ``reset-gpu``,
@@ -180,7 +184,20 @@ def hardware_findings(snapshot: NodeSnapshot) -> Iterator[Finding]:
         yield Finding("node", DEGRADED, "nvidia_peermem is not loaded (no GPUDirect RDMA)", "reboot")
 
 
-FINDERS: Final[tuple[Finder, ...]] = (gpu_findings, link_findings, port_findings, xid_findings, hardware_findings)
+def driver_findings(snapshot: NodeSnapshot) -> Iterator[Finding]:
+    """A driver whose NVML calls do not return (``nvml_hung_since``: an NVML call passed its deadline)."""
+    if snapshot.nvml_hung_since is not None:
+        yield Finding("node", UNHEALTHY, "the GPU driver is hung: an NVML call does not return", "reboot")
+
+
+FINDERS: Final[tuple[Finder, ...]] = (
+    gpu_findings,
+    link_findings,
+    port_findings,
+    driver_findings,
+    xid_findings,
+    hardware_findings,
+)
 
 
 def judge(findings: Sequence[Finding]) -> NodeHealth:

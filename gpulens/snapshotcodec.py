@@ -161,6 +161,10 @@ def snapshot_to_json(
     if snapshot.hardware is not None:  # the same object in both layouts: a few values and one entry per GPU
         doc["hardware"] = msgspec.to_builtins(snapshot.hardware)
     doc["errors"] = dict(snapshot.errors)
+    if snapshot.stale:  # only where a part is late: a fresh document is unchanged
+        doc["stale"] = dict(snapshot.stale)
+    if snapshot.nvml_hung_since is not None:
+        doc["nvml_hung_since"] = snapshot.nvml_hung_since
     doc["health"] = node_health(snapshot).to_json()  # the node's (gpulens.nodehealth); decoding reads it again
     if health is not None:
         doc["exporter"] = dict(health)
@@ -266,6 +270,8 @@ _DOCUMENT: Final[Any] = msgspec.defstruct(
         ("nccl", NcclView | None, None),
         ("hardware", NodeHardware | None, None),
         ("errors", dict[str, int], msgspec.field(default_factory=dict)),
+        ("stale", dict[str, float], msgspec.field(default_factory=dict)),
+        ("nvml_hung_since", float | None, None),
     ],
     kw_only=True,
     gc=False,
@@ -428,6 +434,8 @@ def _snapshot(doc: Any) -> NodeSnapshot:
         nccl=doc.nccl,
         hardware=doc.hardware,
         errors=doc.errors,
+        stale=doc.stale,
+        nvml_hung_since=doc.nvml_hung_since,
     )
 
 

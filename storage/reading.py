@@ -200,6 +200,12 @@ class StoreReader(Protocol):
         behind or unreachable in it (what the stall rules weigh), by node."""
         ...
 
+    def hung_nodes(self, *, max_age_s: float) -> dict[str, float]:
+        """Each node whose exporter says now (no older than ``max_age_s``) that its NVML is hung
+        (``gpulens_node_nvml_hung``), with since when as far as the store knows; ``NotAvailableOnBackend`` where
+        the store does not keep it."""
+        ...
+
     def drain_actions(self, limit: int = 50) -> list[dict[str, Any]]:
         """The newest ``limit`` slurm-drain decisions (``[[alerts.actions]]``), newest first."""
         ...

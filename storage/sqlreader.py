@@ -31,7 +31,7 @@ from gpulens.storage import (
     timeseries,
 )
 from gpulens.storage.db import Database
-from gpulens.storage.reading import StoreReader
+from gpulens.storage.reading import NotAvailableOnBackend, StoreReader
 from gpulens.storage.records import (
     GpuInfo,
     JobAccount,
@@ -151,6 +151,9 @@ class SqlReader:
 
     def latest_nccl(self, *, max_age_s: float) -> dict[str, NcclView]:
         return ncclstore.latest_views(self.db, self.clock.now() - max_age_s)
+
+    def hung_nodes(self, *, max_age_s: float) -> dict[str, float]:
+        raise NotAvailableOnBackend("hung GPU drivers", "SQL", "the collector's own engine judges them from the round")
 
     def drain_actions(self, limit: int = 50) -> list[dict[str, Any]]:
         return slurmtables.recent_drain_actions(self.db, limit)

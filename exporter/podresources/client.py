@@ -15,8 +15,12 @@ import grpc
 from gpulens.exporter.podresources import api_pb2, api_pb2_grpc
 
 DEFAULT_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
-# A node with many pods answers List with more than gRPC's default 4 MiB; dcgm-exporter allows 16 MiB too.
+# A node with many pods answers List with more than gRPC's default 4 MiB; dcgm-exporter allows 16 MiB too. A larger
+# answer is refused by gRPC (RESOURCE_EXHAUSTED) before it is parsed.
 MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
+# The pods of one answer that are turned into records: a kubelet runs 110 pods by default (--max-pods), a few hundred
+# on large nodes; past this the rest are dropped and the answer counted as truncated.
+MAX_PODS: Final = 1024
 
 
 class KubeletError(Exception):
@@ -35,23 +39,40 @@ class Assignment:
 
 
 class KubeletClient:
-    """Calls the kubelet's ``PodResourcesLister`` at ``socket_path``, each call bounded by ``timeout_s``."""
+    """Calls the kubelet's ``PodResourcesLister`` at ``socket_path``, each call bounded by ``timeout_s``, each
+    answer by ``max_bytes`` (refused beyond) and ``max_pods`` (the rest dropped, counted in ``truncated``)."""
 
-    def __init__(self, socket_path: str, *, timeout_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        socket_path: str,
+        *,
+        timeout_s: float = 1.0,
+        max_bytes: int = MAX_MESSAGE_BYTES,
+        max_pods: int = MAX_PODS,
+    ) -> None:
         self._timeout_s = timeout_s
+        self._max_pods = max_pods
         self._channel = grpc.insecure_channel(
             f"unix://{socket_path}",
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+            options=[("grpc.max_receive_message_length", max_bytes)],
         )
         self._stub: Any = api_pb2_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
         self._allocatable_served = True
+        self.pods_read = 0  # pods turned into records from the last answer
+        self.truncated = 0  # answers with more than max_pods pods
 
     def list(self) -> list[Assignment]:
-        """Every device assignment of every running pod's containers. Raises KubeletError."""
+        """Every device assignment of the running pods' containers (the first ``max_pods`` pods). Raises
+        KubeletError."""
         response = self._call(self._stub.List, api_pb2.ListPodResourcesRequest())
+        pods = response.pod_resources
+        if len(pods) > self._max_pods:
+            self.truncated += 1
+            pods = pods[: self._max_pods]
+        self.pods_read = len(pods)
         return [
             Assignment(pod.namespace, pod.name, container.name, devices.resource_name, tuple(devices.device_ids))
-            for pod in response.pod_resources
+            for pod in pods
             for container in pod.containers
             for devices in container.devices
         ]

@@ -88,6 +88,10 @@ class SimCluster:
             n.name: tuple(f for f in scenario.faults if FAULT_KINDS[f.kind].takes_node_offline and f.node == n.name)
             for n in scenario.nodes
         }
+        self._nvml_hangs = {
+            n.name: tuple(f for f in scenario.faults if FAULT_KINDS[f.kind].hangs_nvml and f.node == n.name)
+            for n in scenario.nodes
+        }
         self._last: dict[str, tuple[int, NodeSnapshot]] = {}
         self._kernel = {
             n.name: NodeKernelLog(
@@ -173,6 +177,12 @@ class SimCluster:
         if cached is not None and cached[0] == k:
             return cached[1]
         snap = self._build(node, gpus, k, ts if self._stamp is None else self._stamp(ts))
+        for fault in self._nvml_hangs[node]:
+            if fault.active(ts):  # as a real exporter serves a hung driver: GPU readings withdrawn, marked stale
+                since = fault.start if self._stamp is None else self._stamp(fault.start)
+                snap = snap.replace(
+                    gpus=(), links=(), processes=(), migs=(), stale={"gpus": ts - fault.start}, nvml_hung_since=since
+                )
         self._last[node] = (k, snap)
         return snap
 

@@ -9,13 +9,23 @@ stall rules weigh the states, lags and the mismatch's age.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable
+from typing import Any, Final, Protocol
 
+from gpulens.clock import Clock
 from gpulens.ncclmodel import RANK_DEAD, RANK_OK, RANK_UNRESPONSIVE, NcclComm, NcclRank, NcclView
-from gpulens.storage.prometheus.client import PromSeries
+from gpulens.storage.prometheus.client import PromClient, PromSeries
 
-if TYPE_CHECKING:
-    from gpulens.storage.prometheus.reader import PromReader
+
+class PromReader(Protocol):
+    """What this read uses of ``gpulens.storage.prometheus.reader.PromReader`` (which calls it): no import of it,
+    which would be a circle."""
+
+    client: PromClient
+    clock: Clock
+
+    def parallel(self, *calls: Callable[[], Any]) -> list[Any]: ...
+
 
 # (family, filter): the series of each that stand out
 QUERIES: Final = (

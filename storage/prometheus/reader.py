@@ -32,7 +32,7 @@ from gpulens.model import GpuJob, GpuReading, JobInfo, ProcessReading, TargetHea
 from gpulens.ncclmodel import NcclView
 from gpulens.nodehardware import NodeHardware
 from gpulens.settings import StoreAuth
-from gpulens.storage.prometheus import fabric, jobquery, ncclread, problems, recorded, targets
+from gpulens.storage.prometheus import fabric, jobquery, ncclread, noderead, problems, recorded, targets
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus.client import (
     LOOKBACK_S,
@@ -514,6 +514,9 @@ class PromReader(Unserved):
 
     def latest_nccl(self, *, max_age_s: float) -> dict[str, NcclView]:
         return ncclread.latest_nccl(self, max_age_s=max_age_s)
+
+    def hung_nodes(self, *, max_age_s: float) -> dict[str, float]:
+        return noderead.hung_nodes(self, max_age_s=max_age_s)
 
     def nic_series(
         self, nic_ids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000

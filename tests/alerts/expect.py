@@ -21,6 +21,7 @@ from gpulens.alerts.catalogue import (
     FABRIC_CONGESTION,
     FABRIC_SATURATED,
     GPU_CONFIG_DRIFT,
+    GPU_DRIVER_HUNG,
     GPU_FABRIC_NOT_READY,
     GPU_LOST,
     GPU_MISSING,
@@ -203,6 +204,8 @@ class _Expectations:
             self.add(EXPORTER_DOWN, {"node": str(f.node)}, s, e, cause)
         elif f.kind in ("gpu_missing", "fabric_not_ready", "peermem_missing"):
             self.hardware(f, cause)
+        elif f.kind == "nvml_hang":
+            self.add(GPU_DRIVER_HUNG, {"node": str(f.node)}, s, e, cause)
         elif f.kind in PORT_ALERTS or f.kind in ("ib_link_flap", "host_cpu_contention", "host_memory_pressure"):
             self.fabric(f, cause)
         elif f.kind == "nvlink_saturation":

@@ -386,6 +386,23 @@ def _cases() -> list[Case]:
             [],
         ),
         Case(
+            "GpuDriverHung",
+            "an NVML call stops returning at 5m; the exporter answers",
+            [
+                ("gpulens_node_nvml_hung", {"node": "n1"}, then((0, 5), (1, MINUTES - 5))),
+                ("up", {"job": "gpulens", "instance": "n1:9410"}, steady(1)),
+            ],
+            10,
+            [{"node": "n1"}],
+        ),
+        Case(
+            "GpuDriverHung",
+            "hung at one evaluation only (shorter than its for), then answering again",
+            [("gpulens_node_nvml_hung", {"node": "n1"}, then((0, 5), (1, 1), (0, MINUTES - 6)))],
+            10,
+            [],
+        ),
+        Case(
             "IbLinkDown",
             "up, then down at 5m",
             nic(up=then((1, 5), (0, MINUTES - 5)), link_downed_total=then((0, 5), (1, MINUTES - 5))),

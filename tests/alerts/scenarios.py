@@ -230,6 +230,7 @@ def gpu_faults(nodes: int, model: str, seed: int) -> str:
     lines += _fault("dead_profiling", "node", n1, "25m")
     lines += _fault("idle_allocated", "job", "forgotten", "5m")
     lines += _fault("exporter_down", "node", last, "36m", "5m")
+    lines += _fault("nvml_hang", "node", last, "10m", "8m")  # the driver wedges: the exporter still answers
     return "\n".join(lines) + "\n"
 
 

@@ -139,6 +139,7 @@ def test_faults_example_raises_each_faults_alert() -> None:
         ("GpuIdleAllocated", "node-03:4"),
         ("GpuIdleAllocated", "node-03:5"),
         ("ExporterDown", "node-04"),
+        ("GpuDriverHung", "node-04"),
         *(("NvlinkBandwidthSaturated", f"node-02:{i}") for i in range(8)),
         ("GpuMissing", "node-04"),  # node-04:6, by its PCI address
         ("GpuFabricNotReady", "node-06"),  # nv-fabricmanager
@@ -163,10 +164,11 @@ def test_faults_example_raises_each_faults_alert() -> None:
     assert kinds["rank_dead"] == KindTally(1, 1, 1)
     assert kinds["kernel_xid"] == KindTally(1, 1, 1)  # from the kernel log alone
     assert kinds["sxid"] == KindTally(1, 0, 0)  # no alert rule reads SXids yet: /metrics only
-    assert sum(k.injected for k in kinds.values()) == 23
+    assert sum(k.injected for k in kinds.values()) == 24
     assert {k: kinds[k] for k in ("gpu_missing", "fabric_not_ready", "peermem_missing")} == dict.fromkeys(
         ("gpu_missing", "fabric_not_ready", "peermem_missing"), KindTally(1, 1, 1)
     )
+    assert kinds["nvml_hang"] == KindTally(1, 1, 1)  # GpuDriverHung, and no ExporterDown for it
 
 
 def test_fabric_example_raises_each_faults_alert_on_its_port_and_job() -> None:
@@ -316,6 +318,7 @@ def test_gpu_faults(nodes: int, model: str, seed: int) -> None:
         "GpuLost",
         "GpuIdleAllocated",
         "ExporterDown",
+        "GpuDriverHung",
     }
     assert found == expected | ({"NvlinkErrors"} if model != "L40S" else set())
     xids = sorted(

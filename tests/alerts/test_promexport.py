@@ -81,8 +81,9 @@ def _series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
 
 
 def test_exported_alerts_render_complete_sentences_under_promtool(promtool: str, tmp_path: Path) -> None:
-    """``promtool test rules``: input series for a stalled two-GPU job, a full GPU memory, a port gone down and an
-    exporter that does not answer; the alerts and their exact annotations as Prometheus renders them."""
+    """``promtool test rules``: input series for a stalled two-GPU job, a full GPU memory, a port gone down, an
+    exporter that does not answer and one whose driver hangs; the alerts and their exact annotations as Prometheus
+    renders them."""
     rules = {r.name: r for r in builtin_rules()}
     (tmp_path / "rules.yml").write_text(prometheus_rules_yaml(list(rules.values())))
     gpus = [{"node": "node-01", "gpu": str(i), "uuid": f"GPU-{i}", "model": "H100"} for i in range(2)]
@@ -110,6 +111,17 @@ def test_exported_alerts_render_complete_sentences_under_promtool(promtool: str,
         _series("up", {"job": "gpulens-exporters", "instance": "node-03:9410"}, "1x50"),
         _series("gpulens_exporter_build_info", {"job": "gpulens-exporters", "instance": "node-03:9410"}, "1x50"),
         _series("up", {"job": "node", "instance": "node-02:9100"}, "0x50"),
+        # node-03's driver hangs while its exporter answers: GpuDriverHung, and no ExporterDown for it
+        _series(
+            "gpulens_node_nvml_hung",
+            {"job": "gpulens-exporters", "instance": "node-03:9410", "node": "node-03"},
+            "0x10 1x40",
+        ),
+        _series(
+            "gpulens_node_nvml_hung",
+            {"job": "gpulens-exporters", "instance": "node-01:9410", "node": "node-01"},
+            "0x50",
+        ),
     ]
 
     def annotations(rule: str, summary: str) -> dict[str, str]:
@@ -165,6 +177,18 @@ def test_exported_alerts_render_complete_sentences_under_promtool(promtool: str,
                     "exp_annotations": annotations(
                         "ExporterDown",
                         "ExporterDown: the exporter at node-02:9410 (job gpulens-exporters) does not answer.",
+                    ),
+                }
+            ],
+        },
+        {
+            "alertname": "GpuDriverHung",
+            "exp_alerts": [
+                {
+                    "exp_labels": {"severity": "critical", "node": "node-03"},
+                    "exp_annotations": annotations(
+                        "GpuDriverHung",
+                        "GpuDriverHung: the GPU driver of node-03 is hung (an NVML call does not return).",
                     ),
                 }
             ],

@@ -59,6 +59,7 @@ CONTRACT = {
     "IbPortSlow",
     "GpuFabricNotReady",
     "GpuConfigDrift",
+    "GpuDriverHung",
     "Watchdog",
 }
 

@@ -91,6 +91,14 @@ def test_a_port_that_went_down_degrades_the_node_a_port_never_up_does_not() -> N
     assert health.state == DEGRADED
 
 
+def test_a_hung_driver_makes_the_node_unhealthy() -> None:
+    health = node_health(replace(_node(), nvml_hung_since=1_700_000_000.0))
+    assert (health.state, health.action) == (UNHEALTHY, "reboot")
+    assert [f.text() for f in health.findings] == [
+        "node: the GPU driver is hung: an NVML call does not return (action: reboot)"
+    ]
+
+
 def test_the_gravest_state_and_the_most_intrusive_action_win() -> None:
     health = node_health(_node(_gpu(0, pcie_link_width=8), _gpu(1, up=False), _gpu(2, remapped_rows_pending=True)))
     assert health.state == UNHEALTHY

@@ -78,7 +78,8 @@ def options(root: Path, **changes: Any) -> ExporterOptions:
 
 @pytest.fixture
 def served(host_root: Path, fake_nvml: FakeNvml) -> Iterator[str]:
-    """The base URL of a running exporter (run_exporter, as `gpulens exporter` runs it) once it has collected twice."""
+    """The base URL of a running exporter (run_exporter, as `gpulens exporter` runs it) once it has collected twice
+    and its fabric reader (on its own thread) has read twice: the ports' rates are known."""
     announced: list[str] = []
     stop = threading.Event()
     thread = threading.Thread(target=run_exporter, args=(options(host_root), announced.append, stop), daemon=True)
@@ -89,7 +90,9 @@ def served(host_root: Path, fake_nvml: FakeNvml) -> Iterator[str]:
             if announced:
                 base = announced[0].rsplit(" ", 1)[1].removesuffix("/metrics")
                 status, _, body = http_get(base + "/api/v1/snapshot")
-                if status == 200 and json.loads(body)["exporter"]["collections"] >= 2:
+                doc = json.loads(body) if status == 200 else {}
+                rates = [n for n in doc.get("nics", []) if n.get("transmit_bytes_per_second") is not None]
+                if doc and doc["exporter"]["collections"] >= 2 and rates:
                     break
             time.sleep(0.05)
         assert base, "the exporter never announced itself"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from concurrent import futures
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,18 @@ from gpulens.extras import MissingExtraError, require_k8s
 from gpulens.model import GpuJob, GpuReading, MigReading, NodeSnapshot, ProcessReading
 
 NODE = "gpu-07"
+
+
+def _eventually(predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    """Poll ``predicate`` until it holds; the timeout only stops a broken test from hanging."""
+    stop = time.monotonic() + timeout_s
+    while time.monotonic() < stop:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
 UUIDS = [f"GPU-{i}a2b3c4d-0000-1111-2222-33334444555{i}" for i in range(4)]
 MIG = "MIG-7e4f6a1b-2c3d-5e6f-8a9b-0c1d2e3f4a5b"
 POD_UID = "0c7e2f1a-9b3d-4e5f-8a6b-1c2d3e4f5a6b"
@@ -55,23 +67,6 @@ def pod(namespace: str, name: str, *containers: tuple[str, str, list[str]]) -> a
             for c, r, ids in containers
         ],
     )
-
-
-@pytest.fixture
-def kubelet() -> Iterator[tuple[Kubelet, str]]:
-    # A short directory: a unix socket path must fit in 108 bytes, which pytest's tmp_path may not.
-    socket_dir = Path("/tmp/k8s30b") if Path("/tmp/k8s30b").is_dir() else Path("/tmp")
-    path = str(socket_dir / f"kubelet-{id(object())}.sock")
-    servicer = Kubelet()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    api_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
-    assert server.add_insecure_port(f"unix://{path}") == 1
-    server.start()
-    try:
-        yield servicer, path
-    finally:
-        server.stop(None).wait()
-        Path(path).unlink(missing_ok=True)
 
 
 def snapshot(processes: tuple[ProcessReading, ...] = (), jobs: tuple[GpuJob, ...] = ()) -> NodeSnapshot:
@@ -191,9 +186,14 @@ def test_the_exporter_reads_the_socket_only_where_named_or_present(
     absent = str(tmp_path / "none.sock")
     assert _pod_mapper(ExporterOptions(kubelet_socket=absent)) is None  # the default path, absent: not Kubernetes
     assert _pod_mapper(ExporterOptions(kubelet_socket="", kubelet_socket_given=True)) is None
-    enrich = _pod_mapper(ExporterOptions(kubelet_socket=path))
-    assert enrich is not None
-    assert [j.job_id for j in enrich(snapshot()).jobs] == ["ml/p"]
+    pods = _pod_mapper(ExporterOptions(kubelet_socket=path))
+    assert pods is not None
+    enrich, lister = pods
+    try:  # the kubelet is asked on the reader's own thread: its answer arrives, the collection never waits for it
+        assert _eventually(lambda: [j.job_id for j in enrich(snapshot()).jobs] == ["ml/p"])
+        assert lister.state().stale is False
+    finally:
+        lister.close()
 
 
 def test_a_missing_k8s_extra_is_one_line_with_the_hint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -120,12 +120,26 @@ def test_healthz_turns_503_when_collection_stalls(server: HttpServer, poller: Po
     status, _, body = http_get(url(server, "/healthz"))
     assert status == 503
     assert "ago" in json.loads(body)["reason"]
-    # Stale GPU series are withdrawn rather than served as current.
-    metrics = http_get(url(server, "/metrics"))[2].decode()
-    assert "gpulens_gpu_up{" not in metrics
-    assert http_get(url(server, "/api/v1/snapshot"))[0] == 503
+    # A late collection is served as the last readings marked stale, with their age: /metrics answers 200.
+    status, _, body = http_get(url(server, "/metrics"))
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert status == 200
+    assert len(families["gpulens_gpu_up"].samples) == 8
+    assert [(s.labels, s.value) for s in families["gpulens_exporter_reader_stale"].samples] == [({"reader": "gpus"}, 1)]
+    assert families["gpulens_exporter_reader_age_seconds"].samples[0].value == 3.5
+    # The snapshot document answers too, its GPU readings withdrawn (a collector must not store them as new).
+    status, _, body = http_get(url(server, "/api/v1/snapshot"))
+    doc = json.loads(body)
+    assert status == 200
+    assert (doc["gpus"], doc["stale"]) == ([], {"gpus": 3.5})
+    assert snapshot_from_json(doc).stale == {"gpus": 3.5}
+    # Past KEEP_STALE_S, /metrics withdraws the GPU series too.
+    clock.advance(poller_module.KEEP_STALE_S)
+    assert "gpulens_gpu_up{" not in http_get(url(server, "/metrics"))[2].decode()
     poller.collect_once()
     assert http_get(url(server, "/healthz"))[0] == 200
+    body = http_get(url(server, "/metrics"))[2].decode()
+    assert 'gpulens_exporter_reader_stale{reader="gpus"} 0' in body
 
 
 def test_a_failing_source_is_counted_and_survived(server: HttpServer, poller: Poller, source, clock) -> None:

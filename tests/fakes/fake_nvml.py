@@ -292,6 +292,7 @@ class FakeNvml(FakeGpmMixin):
         self.init_error = init_error
         self.event_wait_cap_s = 0.05  # a short wait keeps tests quick; NVML answers Timeout either way
         self.removed: set[str] = set()  # C symbols the "driver" lacks
+        self.hangs: dict[str, threading.Event] = {}  # functions that do not return until their event is set
         self.calls: Counter[str] = Counter()
         self.calls_by_gpu: Counter[tuple[str, int]] = Counter()
         self.initialized = False
@@ -334,6 +335,16 @@ class FakeNvml(FakeGpmMixin):
     def remove_function(self, symbol: str) -> None:
         """Act as an older driver without the C function ``symbol``: calls raise NVMLError_FunctionNotFound."""
         self.removed.add(symbol)
+
+    def hang(self, function: str) -> threading.Event:
+        """Make ``function`` never return (a wedged driver) until the returned event is set: ``release_hangs``."""
+        return self.hangs.setdefault(function, threading.Event())
+
+    def release_hangs(self) -> None:
+        """Let every hung call return (tests end with it, so that no thread stays stuck)."""
+        for event in self.hangs.values():
+            event.set()
+        self.hangs.clear()
 
     def lose(self, index: int, error: int = NVML_ERROR_GPU_IS_LOST) -> None:
         """Make every call on GPU ``index`` raise ``NVMLError(error)`` from now on (it fell off the bus)."""
@@ -435,6 +446,9 @@ class FakeNvml(FakeGpmMixin):
         """Run one fake NVML call: record it, raise what the driver would, wait the latency, produce the value."""
         index = None if handle is None else self._index_of(handle)
         with self._in_flight(function, index):
+            hung = self.hangs.get(function)
+            if hung is not None:
+                hung.wait()  # the driver never answers (until a test releases it)
             if (symbol or function) in self.removed:
                 raise pynvml.NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
             if not self.initialized:

@@ -303,6 +303,23 @@ def test_exporter_down(base: SimCluster) -> None:
         assert sim.snapshot("node-02", t) == base.snapshot("node-02", t)
 
 
+def test_nvml_hang(base: SimCluster) -> None:
+    sim = cluster(fault("nvml_hang", 'node = "node-02"', "10m", "5m"))
+    s = sim.scenario
+    for t in steps(s, 10, 15):
+        snap = sim.snapshot("node-02", t)
+        healthy = base.snapshot("node-02", t)
+        # The node answers: its GPU readings withdrawn and marked stale since the hang, its jobs and host read on.
+        assert (snap.gpus, snap.links, snap.processes) == ((), (), ())
+        assert snap.nvml_hung_since == at(s, 10)
+        assert snap.stale == {"gpus": t - at(s, 10)}
+        assert (snap.jobs, snap.host, snap.nics) == (healthy.jobs, healthy.host, healthy.nics)
+        for node in ("node-00", "node-01", "node-03"):
+            assert sim.snapshot(node, t) == base.snapshot(node, t)
+    for t in (at(s, 10) - STEP, at(s, 15), at(s, 40)):
+        assert sim.snapshot("node-02", t) == base.snapshot("node-02", t)
+
+
 def test_pcie_saturation(base: SimCluster) -> None:
     sim = cluster(fault("pcie_saturation", 'gpu = "node-02:1"', "20m", "5m"))
     s = sim.scenario

@@ -32,6 +32,7 @@ from gpulens.exporter.sim.faults.kind import FaultCheckError, FaultKind, FaultPa
 from gpulens.exporter.sim.faults.memory_leak import LEAK_TARGET_SHARE, MemoryLeak, MemoryLeakParams
 from gpulens.exporter.sim.faults.nvlink_errors import NvlinkErrors, NvlinkErrorsParams
 from gpulens.exporter.sim.faults.nvlink_saturation import NvlinkSaturation, NvlinkSaturationParams
+from gpulens.exporter.sim.faults.nvml_hang import NvmlHang, NvmlHangParams
 from gpulens.exporter.sim.faults.pcie_degraded import PcieDegraded, PcieDegradedParams
 from gpulens.exporter.sim.faults.pcie_saturation import PcieSaturation, PcieSaturationParams
 from gpulens.exporter.sim.faults.peermem_missing import PeermemMissing, PeermemMissingParams
@@ -62,6 +63,7 @@ FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
         GpuLost(),
         IdleAllocated(),
         ExporterDown(),
+        NvmlHang(),
         PcieSaturation(),
         NvlinkSaturation(),
         DeadProfiling(),
@@ -98,6 +100,7 @@ AnyFaultParams = (
     | GpuLostParams
     | IdleAllocatedParams
     | ExporterDownParams
+    | NvmlHangParams
     | PcieSaturationParams
     | NvlinkSaturationParams
     | DeadProfilingParams

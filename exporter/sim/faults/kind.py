@@ -118,6 +118,7 @@ class FaultKind:
     phase_priority: ClassVar[int | None] = None  # takes over its job's phase (job_phase); the lowest wins
     shapes_ranks: ClassVar[bool] = False  # reshapes its training job's ranks (rank_share)
     takes_node_offline: ClassVar[bool] = False  # reading its node fails while it acts
+    hangs_nvml: ClassVar[bool] = False  # its node's NVML is hung while it acts: GPU readings withdrawn, the rest read
     # Fabric and host kinds act on RDMA ports and hosts; they reach GPUs only through the jobs they hit
     # (FaultSpec.jobs_hit): the job they name, or what ``reaches`` says for a port or a node.
     fabric: ClassVar[bool] = False

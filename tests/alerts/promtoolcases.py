@@ -386,6 +386,102 @@ def _cases() -> list[Case]:
             [],
         ),
         Case(
+            "GpuMissing",
+            "a GPU on the bus the driver never opened, and a node with fewer GPUs than expected",
+            [
+                ("gpulens_node_gpu_missing", {"node": "n1", "pci_bus_id": "0000:db:00.0"}, steady(1)),
+                ("gpulens_node_pci_gpus", {"node": "n2"}, steady(7)),
+                ("gpulens_node_gpus_expected", {"node": "n2"}, steady(8)),
+            ],
+            30,
+            [{"node": "n1", "pci_bus_id": "0000:db:00.0"}, {"node": "n2"}],
+        ),
+        Case(
+            "GpuMissing",
+            "every GPU on the bus opened, as many as expected",
+            [
+                ("gpulens_node_gpu_missing", {"node": "n1", "pci_bus_id": "0000:db:00.0"}, steady(0)),
+                ("gpulens_node_pci_gpus", {"node": "n2"}, steady(8)),
+                ("gpulens_node_gpus_expected", {"node": "n2"}, steady(8)),
+            ],
+            30,
+            [],
+        ),
+        Case(
+            "IbPortMissing",
+            "7 InfiniBand ports up where 8 are expected",
+            [
+                ("gpulens_node_ib_ports_active", {"node": "n1"}, steady(7)),
+                ("gpulens_node_ib_ports_expected", {"node": "n1"}, steady(8)),
+            ],
+            30,
+            [{"node": "n1"}],
+        ),
+        Case(
+            "IbPortMissing",
+            "8 ports up, 8 expected",
+            [
+                ("gpulens_node_ib_ports_active", {"node": "n1"}, steady(8)),
+                ("gpulens_node_ib_ports_expected", {"node": "n1"}, steady(8)),
+            ],
+            30,
+            [],
+        ),
+        Case(
+            "IbPortSlow",
+            "an InfiniBand port up at half the expected rate",
+            [
+                *nic(up=steady(1), link_speed_bytes_per_second=steady(SPEED / 2)),
+                ("gpulens_node_ib_rate_expected_bytes_per_second", {"node": "n1"}, steady(SPEED)),
+            ],
+            30,
+            [{**PORT, "gpus": "0-1"}],
+        ),
+        Case(
+            "IbPortSlow",
+            "a port at the expected rate",
+            [
+                *nic(up=steady(1), link_speed_bytes_per_second=steady(SPEED)),
+                ("gpulens_node_ib_rate_expected_bytes_per_second", {"node": "n1"}, steady(SPEED)),
+            ],
+            30,
+            [],
+        ),
+        Case(
+            "GpuFabricNotReady",
+            "a GPU not registered with the NVLink fabric, and the fabric manager down",
+            [
+                ("gpulens_gpu_fabric_ready", GPU, steady(0)),
+                ("gpulens_node_fabric_manager_up", {"node": "n1"}, steady(0)),
+            ],
+            30,
+            [GPU, {"node": "n1", "service": "nv-fabricmanager"}],
+        ),
+        Case(
+            "GpuFabricNotReady",
+            "the fabric ready and its manager running",
+            [
+                ("gpulens_gpu_fabric_ready", GPU, steady(1)),
+                ("gpulens_node_fabric_manager_up", {"node": "n1"}, steady(1)),
+            ],
+            30,
+            [],
+        ),
+        Case(
+            "GpuConfigDrift",
+            "one node of four without nvidia_peermem",
+            [("gpulens_node_peermem_loaded", {"node": f"n{i}"}, steady(0 if i == 4 else 1)) for i in range(1, 5)],
+            30,
+            [{"node": "n4", "setting": "nvidia_peermem", "value": "0"}],
+        ),
+        Case(
+            "GpuConfigDrift",
+            "four nodes alike",
+            [("gpulens_node_peermem_loaded", {"node": f"n{i}"}, steady(1)) for i in range(1, 5)],
+            30,
+            [],
+        ),
+        Case(
             "GpuDriverHung",
             "an NVML call stops returning at 5m; the exporter answers",
             [

@@ -22,9 +22,9 @@ def test_promtool_checks_the_exported_rules(promtool: str, tmp_path: Path) -> No
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     # CommunicationStall is exported once per signature (five: three from utilisation, two from NCCL RAS),
-    # GpuConfigDrift once per setting (three); JobInputBound and JobInefficient are not exportable
+    # GpuConfigDrift once per setting (four); JobInputBound and JobInefficient are not exportable
     assert GPULENS_ONLY.keys() == {"JobInputBound", "JobInefficient"}
-    assert f"SUCCESS: {len(BUILTIN_NAMES) - len(GPULENS_ONLY) + 4 + 2 + len(SELF_RULES)} rules found" in result.stdout
+    assert f"SUCCESS: {len(BUILTIN_NAMES) - len(GPULENS_ONLY) + 4 + 3 + len(SELF_RULES)} rules found" in result.stdout
 
 
 def test_every_builtin_is_exported_with_its_severity_and_for() -> None:
@@ -266,6 +266,9 @@ def test_xid_error_names_the_xid_and_its_action_under_promtool(promtool: str, tm
             "_x25 1x10",
         ),
         _series("gpulens_gpu_xid_errors_total", {**g1, "xid": "48"}, "_x25 1x10"),
+        # the GPUs answered before their first XID: the series that begins at 1 is a first event
+        _series("gpulens_gpu_up", g0, "1x35"),
+        _series("gpulens_gpu_up", g1, "1x35"),
     ]
     description = yaml.safe_load(prometheus_rules_yaml([rule]))["groups"][0]["rules"][0]["annotations"]["description"]
 

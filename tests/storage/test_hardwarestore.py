@@ -15,7 +15,7 @@ from gpulens.model import NodeSnapshot
 from gpulens.nodehardware import FABRIC_NOT_STARTED, GpuConfig, NodeHardware
 from gpulens.storage import hardwarestore
 from gpulens.storage.db import Database
-from gpulens.storage.reading import SqlReader
+from gpulens.storage.sqlreader import SqlReader
 from gpulens.storage.writer import Writer
 from tests.storage.conftest import T0
 from tests.storage.data import snapshot

@@ -67,6 +67,7 @@ class RoundPlan:
     hosts: bool = False  # the nodes' CPUs and memory and each job's share of them
     nccl: bool = False  # each node's NCCL RAS view
     hung: bool = False  # the nodes whose NVML is hung (``nvml_hung_since``)
+    hardware: bool = False  # each node's hardware against what it should be, and its driver version
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ HARDWARE_DEFINITIONS: Final[tuple[Definition, ...]] = (
             "GPU back; one that stays missing needs its board, riser or power checked.",
         ),
         check=hardwarechecks.gpu_missing,
-        round=RoundPlan(whole=False),
+        round=RoundPlan(whole=False, hardware=True),
         export=promql.gpu_missing,
     ),
     Definition(
@@ -47,7 +47,7 @@ HARDWARE_DEFINITIONS: Final[tuple[Definition, ...]] = (
             "HCA shows on the PCI bus (lspci) at all.",
         ),
         check=hardwarechecks.ib_port_missing,
-        round=RoundPlan(whole=False),
+        round=RoundPlan(whole=False, hardware=True),
         export=promql.ib_port_missing,
     ),
     Definition(
@@ -62,7 +62,7 @@ HARDWARE_DEFINITIONS: Final[tuple[Definition, ...]] = (
             "only after a reset.",
         ),
         check=hardwarechecks.ib_port_slow,
-        round=RoundPlan(whole=False),
+        round=RoundPlan(whole=False, hardware=True),
         export=promql.ib_port_slow,
     ),
     Definition(
@@ -78,7 +78,7 @@ HARDWARE_DEFINITIONS: Final[tuple[Definition, ...]] = (
             "the driver's exactly. Restart it, or reboot the node if the GPUs stay unregistered.",
         ),
         check=hardwarechecks.gpu_fabric_not_ready,
-        round=RoundPlan(whole=False),
+        round=RoundPlan(whole=False, hardware=True),
         export=promql.gpu_fabric_not_ready,
     ),
     Definition(
@@ -97,7 +97,7 @@ HARDWARE_DEFINITIONS: Final[tuple[Definition, ...]] = (
             "nodes not yet upgraded fire once the upgraded ones are the majority.",
         ),
         check=hardwarechecks.gpu_config_drift,
-        round=RoundPlan(whole=False),
+        round=RoundPlan(whole=False, hardware=True),
         export=promql.gpu_config_drift,
     ),
 )

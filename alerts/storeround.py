@@ -63,7 +63,8 @@ def rules_leadership(
 class RoundReads:
     """What a round reads for a set of rules: the union of their catalogue plans (``RoundPlan``): of every GPU its
     ``fields``, set slowdown ``reasons`` and (``xids``) XID counts, the ``facts`` the round fields are weighed
-    against; and whether the RDMA ports, the hosts and the NCCL views are read."""
+    against; and whether the RDMA ports, the hosts, the NCCL views, the hung drivers and the nodes' hardware are
+    read."""
 
     fields: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
@@ -73,6 +74,7 @@ class RoundReads:
     hosts: bool = True
     nccl: bool = True
     hung: bool = True
+    hardware: bool = True
 
 
 EVERYTHING: Final = RoundReads()  # a round for rules nobody listed (the rules of a config, user rules included)
@@ -94,6 +96,7 @@ def round_reads(rules: Iterable[AlertRule]) -> RoundReads:
         hosts=any(p.hosts for p in plans),
         nccl=any(p.nccl for p in plans),
         hung=any(p.hung for p in plans),
+        hardware=any(p.hardware for p in plans),
     )
 
 
@@ -110,11 +113,6 @@ def store_round(store: StoreReader, now: float, *, max_age_s: float, reads: Roun
     readings = store.latest_readings(max_age_s=max_age_s)
     jobs = store.current_jobs()
     processes: list[ProcessReading] = _or_none(lambda: store.current_processes(), [])
-    nodes = sorted({r.node for r in readings})
-    # Prometheus keeps no hardware records: the exported rules read the node's families there
-    hardware: dict[str, tuple[NodeHardware, str | None]] = {}
-    if nodes:
-        hardware = _or_none(lambda: store.latest_hardware(nodes), hardware)
     return assemble_round(
         store.backend,
         now,
@@ -123,7 +121,6 @@ def store_round(store: StoreReader, now: float, *, max_age_s: float, reads: Roun
         processes,
         store.target_health(),
         fabric_reads(store, max_age_s=max_age_s, reads=reads),
-        hardware,
     )
 
 
@@ -136,6 +133,8 @@ class FabricRound:
     job_hosts: Sequence[JobHostReading] = ()
     nccl: Mapping[str, NcclView] = field(default_factory=dict)
     hung: Mapping[str, float] = field(default_factory=dict)  # node -> since when its NVML is hung
+    # node -> its hardware against what it should be, and its driver version
+    hardware: Mapping[str, tuple[NodeHardware, str | None]] = field(default_factory=dict)
 
 
 def fabric_reads(store: StoreReader, *, max_age_s: float, reads: RoundReads) -> FabricRound:
@@ -146,6 +145,7 @@ def fabric_reads(store: StoreReader, *, max_age_s: float, reads: RoundReads) -> 
         _or_none(store.latest_job_hosts, []) if reads.hosts else [],
         _or_none(lambda: store.latest_nccl(max_age_s=max_age_s), {}) if reads.nccl else {},
         _or_none(lambda: store.hung_nodes(max_age_s=max_age_s), {}) if reads.hung else {},
+        _or_none(store.latest_hardware, {}) if reads.hardware else {},
     )
 
 
@@ -157,7 +157,6 @@ def assemble_round(
     processes: Sequence[ProcessReading],
     targets: Sequence[TargetHealth],
     fabric: FabricRound | None = None,
-    hardware: Mapping[str, tuple[NodeHardware, str | None]] | None = None,
 ) -> RoundResult:
     """One ``RoundResult`` of what a store gave: a snapshot per node that has readings (GPUs, or RDMA ports), with
     its stored hardware and driver version where the store keeps them."""
@@ -190,8 +189,8 @@ def assemble_round(
             host=hosts.get(node),
             job_hosts=tuple(job_hosts[node]),
             nccl=fabric.nccl.get(node),
-            hardware=(hardware or {}).get(node, (None, None))[0],
-            driver_version=(hardware or {}).get(node, (None, None))[1],
+            hardware=fabric.hardware.get(node, (None, None))[0],
+            driver_version=fabric.hardware.get(node, (None, None))[1],
             nvml_hung_since=fabric.hung.get(node),
         )
         for node in sorted(set(gpus) | set(nics) | set(fabric.hung))

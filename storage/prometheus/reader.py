@@ -32,7 +32,7 @@ from gpulens.model import GpuJob, GpuReading, JobInfo, ProcessReading, TargetHea
 from gpulens.ncclmodel import NcclView
 from gpulens.nodehardware import NodeHardware
 from gpulens.settings import StoreAuth
-from gpulens.storage.prometheus import fabric, jobquery, ncclread, noderead, problems, recorded, targets
+from gpulens.storage.prometheus import fabric, hardwareread, jobquery, ncclread, noderead, problems, recorded, targets
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus.client import (
     LOOKBACK_S,
@@ -506,8 +506,7 @@ class PromReader(Unserved):
         return fabric.latest_hosts(self, node=node)
 
     def latest_hardware(self, nodes: Sequence[str] | None = None) -> dict[str, tuple[NodeHardware, str | None]]:
-        """Not kept: Prometheus holds the hardware families, which the exported rules read themselves."""
-        raise NotAvailableOnBackend("node hardware", "the exported rules read the gpulens_node_* families")
+        return hardwareread.latest_hardware(self, nodes)
 
     def latest_job_hosts(self, *, job_id: str | None = None) -> list[JobHostReading]:
         return fabric.latest_job_hosts(self, job_id=job_id)

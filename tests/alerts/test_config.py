@@ -143,7 +143,7 @@ def test_no_routes_means_every_receiver_gets_everything() -> None:
 
 def test_defaults_are_the_builtin_catalogue() -> None:
     config = parse_alerting(None)
-    assert len(config.rules) == 29  # 16 GPU and job rules, 7 fabric and host rules, 5 hardware rules, the Watchdog
+    assert len(config.rules) == 30  # 16 GPU and job rules, 7 fabric and host rules, 6 node and hardware rules, Watchdog
     assert config.receivers == ()
 
 

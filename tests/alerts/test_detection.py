@@ -164,7 +164,7 @@ def test_faults_example_raises_each_faults_alert() -> None:
     assert kinds["rank_dead"] == KindTally(1, 1, 1)
     assert kinds["kernel_xid"] == KindTally(1, 1, 1)  # from the kernel log alone
     assert kinds["sxid"] == KindTally(1, 0, 0)  # no alert rule reads SXids yet: /metrics only
-    assert sum(k.injected for k in kinds.values()) == 24
+    assert sum(k.injected for k in kinds.values()) == 25
     assert {k: kinds[k] for k in ("gpu_missing", "fabric_not_ready", "peermem_missing")} == dict.fromkeys(
         ("gpu_missing", "fabric_not_ready", "peermem_missing"), KindTally(1, 1, 1)
     )

@@ -202,7 +202,8 @@ def throttle() -> Iterator[tuple[Path, Callable[[int], None]]]:
 def test_an_exporter_throttled_to_a_tenth_of_a_core_keeps_its_gpu_series(
     throttle: tuple[Path, Callable[[int], None]], tmp_path: Path
 ) -> None:
-    """A minute's window (240 intervals of 0.25 s) under a tenth of a core, shared with a busy loop (an idle exporter
+    """A 25 s window (100 intervals of 0.25 s, each a collection the starved exporter must finish within its 3 s
+    staleness limit) under a tenth of a core, shared with a busy loop (an idle exporter
     needs less than that): /metrics always answers 200 with the GPU series, and the collector's scrape finds the
     exporter up (no ExporterDown)."""
     group, move = throttle
@@ -225,7 +226,7 @@ def test_an_exporter_throttled_to_a_tenth_of_a_core_keeps_its_gpu_series(
         move(hog.pid)
         move(proc.pid)
         assert str(proc.pid) in (group / "cgroup.procs").read_text().split()
-        window_ends = time.monotonic() + 60.0
+        window_ends = time.monotonic() + 25.0
         while time.monotonic() < window_ends:
             status, _, body = http_get(base + "/metrics", timeout=10.0)
             statuses.append(status)
@@ -242,7 +243,7 @@ def test_an_exporter_throttled_to_a_tenth_of_a_core_keeps_its_gpu_series(
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
     assert throttled > 0  # the limit took effect: the kernel held the exporter back
-    assert len(statuses) >= 20
+    assert len(statuses) >= 15
     assert set(statuses) == {200}  # never 503
     assert set(gpu_series) == {8}
     assert all(scrapes_up)

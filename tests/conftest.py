@@ -104,3 +104,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _is_external(item):
             item.add_marker(pytest.mark.external)
+
+
+# --- what the session started outside the tests' own fixtures -------------------------------------------------------
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the one-node Slurm that tests/slurm started (its slurmctld and slurmd), once every worker is done: the
+    controller process, not a worker (xdist's workers share it, and one finishing early must not stop it)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from tests.slurm.stop import stop_test_slurm
+
+    stop_test_slurm()

@@ -1,5 +1,5 @@
 """The builtin rules of the node's hardware against what it should be: GPUs and InfiniBand ports missing, ports
-slow, the NVLink fabric not ready, GPU settings apart from the cluster's majority.
+slow, fatal NVSwitch SXids, the NVLink fabric not ready, GPU settings apart from the cluster's majority.
 
 Part of ``alerts.catalogue`` (which lists them after the fabric rules); the same conventions hold. Their checks live
 in ``alerts.hardwarechecks``; what they read comes from the agent's hardware reader (docs/exporter.md, "Expected
@@ -10,10 +10,18 @@ from __future__ import annotations
 
 from typing import Final
 
-from gpulens.alerts import hardwarechecks, promql
+from gpulens.alerts import hardwarechecks
+from gpulens.alerts import promqlhardware as promql
 from gpulens.alerts.base import AlertRule
 from gpulens.alerts.definition import Definition, RoundPlan
-from gpulens.alerts.names import GPU_CONFIG_DRIFT, GPU_FABRIC_NOT_READY, GPU_MISSING, IB_PORT_MISSING, IB_PORT_SLOW
+from gpulens.alerts.names import (
+    GPU_CONFIG_DRIFT,
+    GPU_FABRIC_NOT_READY,
+    GPU_MISSING,
+    IB_PORT_MISSING,
+    IB_PORT_SLOW,
+    NVSWITCH_FATAL_SXID,
+)
 
 MINUTE: Final = 60.0
 
@@ -80,6 +88,23 @@ HARDWARE_DEFINITIONS: Final[tuple[Definition, ...]] = (
         check=hardwarechecks.gpu_fabric_not_ready,
         round=RoundPlan(whole=False, hardware=True),
         export=promql.gpu_fabric_not_ready,
+    ),
+    Definition(
+        AlertRule(
+            name=NVSWITCH_FATAL_SXID,
+            severity="critical",
+            for_s=0.0,
+            scope="node",
+            meaning="An NVSwitch of the node reported a fatal SXid in the kernel log since the agent started "
+            "(`pci_bus_id` is the switch, `sxid` the code; docs/xid.md names each and its action). A fatal SXid "
+            "leaves the switch or its NVLinks in need of a reset: the jobs whose GPUs talk through it fail or hang. "
+            "It fires until the agent starts afresh, which a reboot (the usual fix) does.",
+            action="Drain the node; reset the GPUs and switches (nvidia-smi -r with the fabric manager stopped) or "
+            "reboot, as the SXid's action says. One that returns after a reset needs the baseboard inspected.",
+        ),
+        check=hardwarechecks.nvswitch_fatal_sxid,
+        round=RoundPlan(whole=False, hardware=True),
+        export=promql.nvswitch_fatal_sxid,
     ),
     Definition(
         AlertRule(

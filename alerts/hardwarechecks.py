@@ -18,6 +18,7 @@ from gpulens.alerts.fabricchecks import gpus_text, port_place
 from gpulens.alerts.history import History
 from gpulens.fabricmodel import LINK_LAYER_INFINIBAND
 from gpulens.nodehardware import IB_RATE_TOLERANCE, ib_ports_active
+from gpulens.xidcatalogue import sxid_action, sxid_name, sxid_severity
 
 # The settings GpuConfigDrift compares, in the order it reports them: per node, then per GPU.
 SETTING_DRIVER: Final = "driver_version"
@@ -137,6 +138,31 @@ def ib_port_slow(rule: AlertRule, history: History, now: float) -> list[Candidat
                 subject["job_id"] = ",".join(jobs)
             what = f"{port_place(nic, jobs)}: {_rates(rate, expected)}"
             out.append(Candidate(rule.name, rule_labels(rule, subject), rate, what, _SLOW_DESCRIPTION))
+    return out
+
+
+def nvswitch_fatal_sxid(rule: AlertRule, history: History, now: float) -> list[Candidate]:
+    """One alert per switch and fatal SXid the node's kernel log reported since its agent started."""
+    latest = history.latest
+    if latest is None:
+        return []
+    out = []
+    for node, hw in sorted(latest.hardware.items()):
+        for address, code, events in hw.sxids:
+            if events <= 0 or sxid_severity(code) != "fatal":
+                continue
+            name, action = sxid_name(code), sxid_action(code)
+            out.append(
+                _node_candidate(
+                    rule,
+                    node,
+                    float(events),
+                    f"NVSwitch {address} reported SXid {code} ({name}; action: {action})",
+                    f"The kernel log shows {events} fatal SXid {code} event(s), {name}, on the NVSwitch at {address}: "
+                    f"the switch or its NVLinks need a reset, and the jobs whose GPUs use it fail. Action: {action}.",
+                    {"pci_bus_id": address, "sxid": str(code)},
+                )
+            )
     return out
 
 

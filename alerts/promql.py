@@ -20,7 +20,6 @@ from typing import Final
 from gpulens.alerts.base import AlertRule
 from gpulens.alerts.definition import Exported
 from gpulens.hardware import PCIE_LANE_BYTES_PER_SECOND
-from gpulens.nodehardware import IB_RATE_TOLERANCE
 from gpulens.storage.prometheus import targets
 
 GPU: Final = "node, gpu, uuid, model"
@@ -66,7 +65,7 @@ def _gpu_rule(rule: AlertRule, expr: str) -> list[Exported]:
     return [Exported(per_gpu(expr), rule.for_s, f"{rule.name} on {GPU_NAME} ({{{{ $labels.uuid }}}}).")]
 
 
-def _port_rule(rule: AlertRule, expr: str) -> list[Exported]:
+def port_rule(rule: AlertRule, expr: str) -> list[Exported]:
     summary = f"{rule.name} on {{{{ $labels.node }}}} port {{{{ $labels.device }}}} {{{{ $labels.port }}}}."
     return [Exported(expr, rule.for_s, summary)]
 
@@ -240,7 +239,7 @@ _SPEED: Final = "gpulens_nic_link_speed_bytes_per_second"
 
 
 def ib_link_down(rule: AlertRule) -> list[Exported]:
-    return _port_rule(
+    return port_rule(
         rule,
         f"((gpulens_nic_up == 0) and {ON_PORT} (max_over_time(gpulens_nic_up[1h]) == 1 "
         f"or gpulens_nic_link_downed_total > 0)) {PORT_GPUS}",
@@ -249,11 +248,11 @@ def ib_link_down(rule: AlertRule) -> list[Exported]:
 
 def ib_link_flapping(rule: AlertRule) -> list[Exported]:
     window = duration(rule.threshold("window_s"))
-    return _port_rule(rule, f"increase(gpulens_nic_link_downed_total[{window}]) > {rule.threshold('flaps_max'):g}")
+    return port_rule(rule, f"increase(gpulens_nic_link_downed_total[{window}]) > {rule.threshold('flaps_max'):g}")
 
 
 def ib_link_degraded(rule: AlertRule) -> list[Exported]:
-    return _port_rule(
+    return port_rule(
         rule,
         f"({_SPEED} < max_over_time({_SPEED}[1d]) or {_SPEED} < on(node) group_left() "
         f"({rule.threshold('peer_rate_ratio'):g} * quantile by (node) (0.5, {_SPEED}))) "
@@ -263,7 +262,7 @@ def ib_link_degraded(rule: AlertRule) -> list[Exported]:
 
 def ib_errors(rule: AlertRule) -> list[Exported]:
     window = duration(rule.threshold("window_s"))
-    return _port_rule(
+    return port_rule(
         rule, f"increase(gpulens_nic_symbol_errors_total[{window}]) > {rule.threshold('symbol_errors_max'):g}"
     )
 
@@ -271,7 +270,7 @@ def ib_errors(rule: AlertRule) -> list[Exported]:
 def fabric_congestion(rule: AlertRule) -> list[Exported]:
     t = rule.threshold
     wait = "rate(gpulens_nic_transmit_wait_total[5m])"
-    return _port_rule(
+    return port_rule(
         rule,
         f"{wait} >= {t('wait_ratio'):g} * quantile_over_time(0.5, {wait}[1h:5m]) "
         f"and {wait} >= {t('wait_min_per_second'):g} "
@@ -283,7 +282,7 @@ def fabric_saturated(rule: AlertRule) -> list[Exported]:
     """A direction's rate between the port's last two scrapes (``irate``, as the engine's between two rounds) at
     ``utilization_ratio`` of its link speed or more."""
     share = rule.threshold("utilization_ratio")
-    return _port_rule(
+    return port_rule(
         rule,
         " or ".join(
             f"irate(gpulens_nic_{direction}_bytes_total[2m]) >= {ON_PORT} ({share:g} * {_SPEED})"
@@ -410,87 +409,3 @@ def exporter_down(rule: AlertRule) -> list[Exported]:
 
 
 # --- the node's hardware (alerts.hardwarechecks) ----------------------------------------------------------------------
-
-_IB_UP: Final = f'{ON_PORT} gpulens_nic_info{{link_layer="InfiniBand"}} and {ON_PORT} gpulens_nic_up == 1'
-
-
-def gpu_missing(rule: AlertRule) -> list[Exported]:
-    """A GPU on the bus that the driver does not open (by address), or fewer GPUs than expected: one rule, the two
-    kept apart by their labels (``pci_bus_id`` or none)."""
-    expr = (
-        "(gpulens_node_gpu_missing == 1) or ((gpulens_node_pci_gpus or gpulens_node_nvml_gpus) "
-        "< on(node) group_left() gpulens_node_gpus_expected)"
-    )
-    summary = (
-        "GpuMissing: {{ $labels.node }} {{ with $labels.pci_bus_id }}GPU {{ . }} is on the PCI bus but the driver "
-        "does not open it{{ else }}has {{ $value }} GPUs, fewer than expected{{ end }}."
-    )
-    return [Exported(expr, rule.for_s, summary)]
-
-
-def ib_port_missing(rule: AlertRule) -> list[Exported]:
-    summary = "IbPortMissing: {{ $labels.node }} has {{ $value }} InfiniBand ports up, fewer than expected."
-    return [
-        Exported(
-            "gpulens_node_ib_ports_active < on(node) group_left() gpulens_node_ib_ports_expected", rule.for_s, summary
-        )
-    ]
-
-
-def ib_port_slow(rule: AlertRule) -> list[Exported]:
-    rate = f"(gpulens_nic_link_speed_bytes_per_second and {_IB_UP})"
-    expected = f"({IB_RATE_TOLERANCE:g} * gpulens_node_ib_rate_expected_bytes_per_second)"
-    return _port_rule(rule, f"({rate} < on(node) group_left() {expected}) {PORT_GPUS}")
-
-
-def gpu_fabric_not_ready(rule: AlertRule) -> list[Exported]:
-    """A GPU not registered with the fabric, or the node's fabric manager down (labelled ``service``)."""
-    expr = (
-        "(gpulens_gpu_fabric_ready == 0) or "
-        'label_replace(gpulens_node_fabric_manager_up == 0, "service", "nv-fabricmanager", "", "")'
-    )
-    summary = (
-        "GpuFabricNotReady: {{ with $labels.service }}{{ . }} is not running on {{ $labels.node }}{{ else }}"
-        "GPU {{ $labels.node }}:{{ $labels.gpu }} is not registered with the NVLink fabric{{ end }}."
-    )
-    return [Exported(expr, rule.for_s, summary)]
-
-
-def _minority(values: str, label: str, min_peers: float, peers: str = "") -> str:
-    """The series of ``values`` (one per node or GPU, the setting in ``label``) whose value is not the one more than
-    half of their peers hold (the same ``peers`` label: a GPU model), when there are at least ``min_peers`` of them."""
-    if not peers:
-        total = f"scalar(count({values}))"
-        return (
-            f"({values}) and on({label}) (count by ({label}) ({values}) * 2 <= {total}) "
-            f"and on() (max(count by ({label}) ({values})) * 2 > {total}) and on() (count({values}) >= {min_peers:g})"
-        )
-    by = f"{peers}, {label}"
-    total = f"count by ({peers}) ({values})"
-    top = f"max by ({peers}) (count by ({by}) ({values}))"
-    return (
-        f"({values}) and on({by}) (count by ({by}) ({values}) * 2 <= on({peers}) group_left() {total}) "
-        f"and on({peers}) ({top} * 2 > {total}) and on({peers}) ({total} >= {min_peers:g})"
-    )
-
-
-def gpu_config_drift(rule: AlertRule) -> list[Exported]:
-    """One rule per setting; ``count_values`` turns a 0/1 setting into a label the majority can be counted by. A GPU
-    setting's peers are the GPUs of its model."""
-    peers = rule.threshold("min_peers")
-    settings = (
-        ("driver_version", "max by (node, driver_version) (gpulens_gpu_info)", "driver_version"),
-        ("nvidia_peermem", 'count_values by (node) ("value", gpulens_node_peermem_loaded)', "value"),
-        ("persistence_mode", f'count_values by ({GPU}) ("value", gpulens_gpu_persistence_mode)', "value"),
-        ("ecc_mode", f'count_values by ({GPU}) ("value", gpulens_gpu_ecc_enabled)', "value"),
-    )
-    return [
-        Exported(
-            _minority(values, label, peers, "model" if setting in ("persistence_mode", "ecc_mode") else ""),
-            rule.for_s,
-            f"GpuConfigDrift: {{{{ $labels.node }}}} runs {setting} {{{{ $labels.{label} }}}}, unlike the cluster's "
-            "majority.",
-            labels={"setting": setting},
-        )
-        for setting, values, label in settings
-    ]

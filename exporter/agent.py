@@ -63,8 +63,10 @@ class ExporterOptions:
 
 def _nvml_source(options: ExporterOptions) -> GpuSource:
     from gpulens.exporter.nvml import NvmlSource
+    from gpulens.exporter.nvmlstart import open_nvml
 
-    return NvmlSource(options.node)
+    # A driver wedged before the start is served as hung (GpuDriverHung), not left as an exporter that never answers.
+    return open_nvml(options.node, lambda: NvmlSource(options.node))
 
 
 def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Callable[[], None]]:

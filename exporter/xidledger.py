@@ -40,6 +40,7 @@ from gpulens.kernelmodel import KernelView, XidAction
 from gpulens.kernlog import SXID, KernelRecord, pci_key
 from gpulens.logutil import LogOnce
 from gpulens.model import GpuReading, NodeSnapshot
+from gpulens.nodehardware import with_sxids
 from gpulens.xidcatalogue import xid_action
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,8 @@ class XidLedger:
                 actions.append(XidAction(g.uuid, code, xid_action(code, times), times))
         node_xids = sorted((a, c, n) for a, per in per_address.items() for c, n in per.items())
         view = KernelView(node_xids=tuple(node_xids), sxids=tuple(sxids), actions=tuple(actions))
-        return snapshot.replace(gpus=tuple(gpus), kernel=view)
+        hardware = with_sxids(snapshot.hardware, view.sxids)
+        return snapshot.replace(gpus=tuple(gpus), kernel=view, hardware=hardware)
 
     def _claim(self, address: str, uuid: str) -> None:
         """Occurrences counted under the address before its GPU was known move to the GPU's UUID."""

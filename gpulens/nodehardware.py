@@ -10,7 +10,9 @@ One ``NodeHardware`` per node snapshot (``NodeSnapshot.hardware``), filled by th
 - the operator's expectation (``--expect-gpus``, ``--expect-ib-ports``, ``--expect-ib-rate-gbps``);
 - NVSwitch systems: the NVSwitches on the bus and whether ``nv-fabricmanager`` runs; each GPU's fabric state;
 - GPUDirect RDMA: whether ``nvidia_peermem`` is loaded (``None`` where the node has no RDMA port);
-- each GPU's persistence and ECC modes (the driver version is ``NodeSnapshot.driver_version``).
+- each GPU's persistence and ECC modes (the driver version is ``NodeSnapshot.driver_version``);
+- the NVSwitch SXids the kernel log reported since the agent started (``NvswitchFatalSxid``), copied here from the
+  kernel view (``with_sxids``) so that the store and the rules see them with the rest of the node's hardware.
 
 PCI addresses are written as sysfs writes them, ``"0000:3b:00.0"`` (``sysfs_bus_id``). ``None`` is unknown.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from gpulens.fabricmodel import LINK_LAYER_INFINIBAND, NicReading
@@ -78,10 +80,19 @@ class NodeHardware:
     fabric_manager_running: bool | None = None  # read on NVSwitch nodes only
     peermem_loaded: bool | None = None  # read where RDMA ports exist
     gpus: tuple[GpuConfig, ...] = ()
+    # The NVSwitch SXids since the agent started: (switch PCI address, SXid, events), one count per event.
+    sxids: tuple[tuple[str, int, int], ...] = ()
 
     def gpus_present(self) -> int | None:
         """The GPUs the node has: those on its PCI bus, or NVML's count where the bus could not be read."""
         return len(self.pci_gpus) if self.pci_gpus is not None else self.nvml_gpus
+
+
+def with_sxids(hardware: NodeHardware | None, sxids: tuple[tuple[str, int, int], ...]) -> NodeHardware | None:
+    """The node's hardware carrying the kernel log's SXids; ``None`` stays ``None`` while there are none."""
+    if hardware is None:
+        return NodeHardware(sxids=sxids) if sxids else None
+    return hardware if hardware.sxids == sxids else replace(hardware, sxids=sxids)
 
 
 def missing_gpus(pci_gpus: Iterable[str], reading_bus_ids: Iterable[str | None]) -> tuple[str, ...]:

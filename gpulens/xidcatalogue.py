@@ -276,6 +276,17 @@ def sxid_severity(code: int) -> str:
     return entry.severity if entry is not None else "fatal"
 
 
+def sxid_name(code: int) -> str:
+    entry = SXID_BY_CODE.get(code)
+    return entry.name if entry is not None else "not in the catalogue"
+
+
+def sxid_action(code: int) -> str:
+    """An SXid's action; an unknown one is treated as fatal, so ``reset-gpu`` (the switch and its GPUs reset)."""
+    entry = SXID_BY_CODE.get(code)
+    return entry.action if entry is not None else RESET_GPU
+
+
 def markdown_tables() -> str:
     """The catalogue as docs/xid.md prints it (``python -m gpulens.xidcatalogue``; a test compares the two)."""
     lines = [

@@ -104,7 +104,8 @@ class HardwareReader:
         bus = self._bus
         bus_ids = [g.pci_bus_id for g in snapshot.gpus]
         missing: tuple[str, ...] = ()
-        if bus.gpus is not None and all(bus_ids):  # a source that names no address cannot be compared
+        # A source that names no address cannot be compared, nor one whose NVML is hung (its GPUs are unknown, not gone)
+        if bus.gpus is not None and all(bus_ids) and snapshot.nvml_hung_since is None:
             missing = missing_gpus(bus.gpus, bus_ids)
         rate = self._expect.ib_rate_gbps
         expected_rate = None if rate is None else gbps_to_bytes_per_second(rate)

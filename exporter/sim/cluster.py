@@ -29,6 +29,7 @@ from gpulens.exporter.sim.readings import DRIVER_VERSION, gpu_reading, link_read
 from gpulens.exporter.sim.specs import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario
 from gpulens.exporter.sim.stepstate import Activity, GpuState, JobPhase, Placement, idle_activity
 from gpulens.model import GpuJob, GpuReading, LinkReading, NodeSnapshot, NodeUnavailableError, ProcessReading
+from gpulens.nodehardware import with_sxids
 
 SOURCE_NAME: Final = "sim"
 _PHASE_CACHE_LIMIT: Final = 200_000
@@ -319,7 +320,9 @@ class SimCluster:
         readings, kernel = self._kernel[node].merge(readings, t)
         nics = self._fabric.readings(node, k, t)
         spec = self._specs[node]
-        hardware = node_hardware(spec, gpus, missing, self._node_faults[node], t, nics)
+        hardware = with_sxids(
+            node_hardware(spec, gpus, missing, self._node_faults[node], t, nics), kernel.sxids if kernel else ()
+        )
         snapshot = NodeSnapshot(
             node=node,
             timestamp=ts,

@@ -2,8 +2,9 @@
 read back into the records the SQL store keeps (``NodeHardware``, ``storage.hardwarestore``), so that the engine
 over Prometheus weighs what the engine over SQL weighs.
 
-Three instant queries: every node gauge in one selector, the missing GPUs (``gpulens_node_gpu_missing == 1``) and
-every GPU's settings with the driver version. Prometheus holds the count of the GPUs on a node's PCI bus, not their
+Four instant queries: every node gauge in one selector, the missing GPUs (``gpulens_node_gpu_missing == 1``),
+every GPU's settings with the driver version, and the NVSwitch SXids the kernel log reported
+(``gpulens_nvswitch_sxid_errors_total``). Prometheus holds the count of the GPUs on a node's PCI bus, not their
 addresses: the record carries that count as the GPUs present (``nvml_gpus``, which ``gpus_present`` falls back on),
 as the exported ``GpuMissing`` compares ``gpulens_node_pci_gpus or gpulens_node_nvml_gpus``.
 """
@@ -73,6 +74,11 @@ def latest_hardware(
     for s in reader.client.query(f"gpulens_node_gpu_missing{{{node.lstrip(', ')}}} == 1", now):
         if s.labels.get("node") and s.labels.get("pci_bus_id"):
             missing[s.labels["node"]].append(s.labels["pci_bus_id"])
+    sxids: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+    for s in reader.client.query(f"gpulens_nvswitch_sxid_errors_total{{{node.lstrip(', ')}}} > 0", now):
+        where, address, code = s.labels.get("node"), s.labels.get("pci_bus_id"), s.labels.get("sxid", "")
+        if where and address and code.isdigit():
+            sxids[where].append((address, int(code), int(s.value)))
     gpus: dict[str, dict[tuple[int, str], dict[str, Any]]] = defaultdict(lambda: defaultdict(dict))
     drivers: dict[str, str] = {}
     for s in reader.client.query(_selector([*GPU_FAMILIES.values(), "gpulens_gpu_info"], nodes), now):
@@ -91,7 +97,7 @@ def latest_hardware(
             value = FABRIC_STATES[index] if 0 <= index < len(FABRIC_STATES) else None
         gpus[where][(int(labels["gpu"]), labels.get("uuid", ""))][field] = value
     out = {}
-    for where in sorted(set(facts) | set(missing)):
+    for where in sorted(set(facts) | set(missing) | set(sxids)):
         held = dict(facts.get(where, {}))
         pci = held.pop("pci_gpus", None)
         if pci is not None:  # the count only: the GPUs present, as gpus_present() falls back on nvml_gpus
@@ -101,7 +107,12 @@ def latest_hardware(
                 held[key] = int(held[key])
         configs = tuple(GpuConfig(g, uuid, **fields) for (g, uuid), fields in sorted(gpus.get(where, {}).items()))
         out[where] = (
-            NodeHardware(missing_gpus=tuple(sorted(missing.get(where, ()))), gpus=configs, **held),
+            NodeHardware(
+                missing_gpus=tuple(sorted(missing.get(where, ()))),
+                gpus=configs,
+                sxids=tuple(sorted(sxids.get(where, ()))),
+                **held,
+            ),
             drivers.get(where),
         )
     return out

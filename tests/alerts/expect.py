@@ -36,6 +36,7 @@ from gpulens.alerts.catalogue import (
     MEMORY_SATURATED,
     NVLINK_ERRORS,
     NVLINK_SATURATED,
+    NVSWITCH_FATAL_SXID,
     PAGING_XIDS,
     PCIE_DEGRADED,
     PCIE_SATURATED,
@@ -47,6 +48,7 @@ from gpulens.alerts.replay import FiredAlert, replay
 from gpulens.alerts.rules import builtin_rules
 from gpulens.exporter.sim import FaultSpec, GpuRef, Scenario, SimCluster, parse_scenario
 from gpulens.exporter.sim.cluster import LEAK_TARGET_SHARE
+from gpulens.xidcatalogue import sxid_severity
 
 # Detectors held to "fire within `for` plus two scrape intervals" on a real fault (plus, for a blocked or mixed
 # hang, the wait past the longest healthy pause, ``blocked_after_s``).
@@ -206,6 +208,8 @@ class _Expectations:
             self.hardware(f, cause)
         elif f.kind == "nvml_hang":
             self.add(GPU_DRIVER_HUNG, {"node": str(f.node)}, s, e, cause)
+        elif f.kind == "sxid" and sxid_severity(int(f.xid or 0)) == "fatal":  # until the agent starts afresh
+            self.add(NVSWITCH_FATAL_SXID, {"node": str(f.node), "sxid": str(f.xid)}, s, self.scenario.end, cause)
         elif f.kind in PORT_ALERTS or f.kind in ("ib_link_flap", "host_cpu_contention", "host_memory_pressure"):
             self.fabric(f, cause)
         elif f.kind == "nvlink_saturation":

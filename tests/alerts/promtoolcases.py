@@ -468,6 +468,37 @@ def _cases() -> list[Case]:
             [],
         ),
         Case(
+            "NvswitchFatalSxid",
+            "a fatal SXid, and a non-fatal one that must not page",
+            [
+                (
+                    "gpulens_nvswitch_sxid_errors_total",
+                    {"node": "n1", "pci_bus_id": "0000:05:00.0", "sxid": "24007", "severity": "fatal"},
+                    steady(1),
+                ),
+                (
+                    "gpulens_nvswitch_sxid_errors_total",
+                    {"node": "n1", "pci_bus_id": "0000:05:00.0", "sxid": "12028", "severity": "non-fatal"},
+                    steady(3),
+                ),
+            ],
+            30,
+            [{"node": "n1", "pci_bus_id": "0000:05:00.0", "sxid": "24007"}],
+        ),
+        Case(
+            "NvswitchFatalSxid",
+            "the switch's counter at zero",
+            [
+                (
+                    "gpulens_nvswitch_sxid_errors_total",
+                    {"node": "n1", "pci_bus_id": "0000:05:00.0", "sxid": "24007", "severity": "fatal"},
+                    steady(0),
+                ),
+            ],
+            30,
+            [],
+        ),
+        Case(
             "GpuConfigDrift",
             "one node of four without nvidia_peermem",
             [("gpulens_node_peermem_loaded", {"node": f"n{i}"}, steady(0 if i == 4 else 1)) for i in range(1, 5)],

@@ -223,7 +223,7 @@ def gpu_faults(nodes: int, model: str, seed: int) -> str:
     lines += _fault("gpu_lost", "gpu", f"{n0}:7", "30m")
     lines += _fault("kernel_xid", "gpu", f"{n1}:4", "16m", xid=119)  # NVML silent: the kernel log alone
     lines += _fault("xid", "gpu", f"{n1}:5", "18m", xid=31)  # an application fault: no alert
-    lines += _fault("sxid", "node", n1, "22m", sxid=24007)  # no alert rule yet: no GPU alert may fire
+    lines += _fault("sxid", "node", n1, "22m", sxid=24007)  # NvswitchFatalSxid on the node, no GPU alert
     lines += _fault("power_cap", "gpu", f"{n1}:3", "32m", "10m")  # a capped rank among training peers
     if CATALOGUE[model].has_nvlink:
         lines += _fault("nvlink_errors", "gpu", f"{n1}:2", "20m", "5m")

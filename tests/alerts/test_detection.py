@@ -145,6 +145,7 @@ def test_faults_example_raises_each_faults_alert() -> None:
         ("GpuFabricNotReady", "node-06"),  # nv-fabricmanager
         *(("GpuFabricNotReady", f"node-06:{i}") for i in range(8)),
         ("GpuConfigDrift", "node-03"),  # nvidia_peermem, unlike the other six nodes
+        ("NvswitchFatalSxid", "node-03"),  # SXid 24007, three kernel-log lines, one event
     }
     assert set(subjects(outcome)) == expected
     # each once, but hang-spin twice: its hang, then (NCCL RAS) its rank_dead
@@ -163,7 +164,7 @@ def test_faults_example_raises_each_faults_alert() -> None:
     } == dict.fromkeys(("comm_stall", "hang_spinning", "hang_blocked", "hang_mixed"), 1)
     assert kinds["rank_dead"] == KindTally(1, 1, 1)
     assert kinds["kernel_xid"] == KindTally(1, 1, 1)  # from the kernel log alone
-    assert kinds["sxid"] == KindTally(1, 0, 0)  # no alert rule reads SXids yet: /metrics only
+    assert kinds["sxid"] == KindTally(1, 1, 1)  # NvswitchFatalSxid, from the kernel log
     assert sum(k.injected for k in kinds.values()) == 25
     assert {k: kinds[k] for k in ("gpu_missing", "fabric_not_ready", "peermem_missing")} == dict.fromkeys(
         ("gpu_missing", "fabric_not_ready", "peermem_missing"), KindTally(1, 1, 1)
@@ -319,6 +320,7 @@ def test_gpu_faults(nodes: int, model: str, seed: int) -> None:
         "GpuIdleAllocated",
         "ExporterDown",
         "GpuDriverHung",
+        "NvswitchFatalSxid",  # the SXid 24007 is fatal
     }
     assert found == expected | ({"NvlinkErrors"} if model != "L40S" else set())
     xids = sorted(
@@ -326,7 +328,7 @@ def test_gpu_faults(nodes: int, model: str, seed: int) -> None:
     )
     n0, n1 = scenarios.node(0, nodes), scenarios.node(1, nodes)
     # XID 79 on a GPU, XID 79 on a GPU lost at once (the kernel log's line), XID 119 from the kernel log alone;
-    # XIDs 13 and 31 are application errors, the SXid has no rule
+    # XIDs 13 and 31 are application errors
     assert xids == sorted([(f"{n0}:5", "79"), (f"{n0}:7", "79"), (f"{n1}:4", "119")])
     capped = sorted(a.labels["gpu"] for a in outcome.fired if a.alertname == "GpuPowerCapped")
     assert len(capped) == 2  # the inference GPU and the training rank, and no straggler for the rank

@@ -60,6 +60,7 @@ CONTRACT = {
     "GpuFabricNotReady",
     "GpuConfigDrift",
     "GpuDriverHung",
+    "NvswitchFatalSxid",
     "Watchdog",
 }
 

@@ -69,6 +69,20 @@ def test_pods_read_the_kubelets_pod_resources_socket(
     assert mounts[name]["readOnly"] is True
 
 
+def test_xid_occurrences_outlive_the_pod_in_a_host_directory(
+    objects: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The XID ledger's state directory is the host's, so escalation across restarts and reboots holds."""
+    spec = pod_spec(objects)
+    env = {e["name"]: e["value"] for e in container(objects)["env"] if "value" in e}
+    args = parse_with_env(container(objects)["args"], env, monkeypatch)
+    mounts = {m["name"]: m for m in container(objects)["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    (name,) = [n for n, v in volumes.items() if v.get("hostPath", {}).get("path") == "/var/lib/gpulens/exporter"]
+    assert mounts[name]["mountPath"] == args.state_dir
+    assert not mounts[name].get("readOnly", False)
+
+
 def test_container_uses_real_flags_and_the_default_port(
     objects: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,7 +26,7 @@ from gpulens.exporter.nvmldeadline import CallDeadline, NvmlHungError
 from gpulens.exporter.poller import Poller
 from gpulens.fabricmodel import HostReading
 from gpulens.httpserver import HttpServer
-from gpulens.model import NodeSnapshot
+from gpulens.model import NodeSnapshot, SourceError
 from tests.conftest import http_get
 from tests.fakes.fake_nvml import FakeNvml
 
@@ -194,3 +194,59 @@ def test_the_hung_read_strands_one_read_thread_whatever_the_collections(
     assert all(name.startswith("gpulens-nvml") for name in started), started
     assert len([t for t in threading.enumerate() if t.name.startswith("gpulens-nvml")]) <= 6
     assert fake.calls[HUNG_CALL] - calls <= 2  # stuck once per GPU of the read in flight; the rest failed fast
+
+
+# --- a driver already wedged when the exporter starts --------------------------------------------------------------
+
+
+def test_a_driver_hung_before_the_start_is_served_as_hung_and_the_gpus_come_when_it_answers(fake: FakeNvml) -> None:
+    from gpulens.exporter.nvmlstart import StartingSource, open_nvml
+
+    fake.hang("nvmlInit")
+    source = open_nvml("node-h", lambda: NvmlSource("node-h", nvml=fake, xid_events=False), deadline_s=0.2)
+    assert isinstance(source, StartingSource)  # the opening is stuck: the exporter does not wait on it
+    host = _Host()
+    poller = Poller(source, interval_s=0.05, enrich=host.enrich, read_deadline_s=0.5)
+    poller.collect_once()
+    server = exporter_server(Routes(single=poller), host="127.0.0.1", port=0)
+    server.start()
+    poller.start()
+    try:
+        families = _families(server)  # answers (200), within the client's 1 s timeout
+        assert families["gpulens_node_nvml_hung"] == [({"node": "node-h"}, 1)]
+        assert "gpulens_gpu_up" not in families or families["gpulens_gpu_up"] == []
+        assert _eventually(lambda: host.runs > 3)  # the side readers go on
+        status, _, _ = http_get(f"http://127.0.0.1:{server.port}/healthz", timeout=1.0)
+        assert status == 200  # answering, so ExporterDown stays silent
+
+        scraper = Scraper(timeout_s=1.0, max_bytes=1_000_000)
+        try:
+            result = scraper.scrape(Target(name="node-h", url=f"http://127.0.0.1:{server.port}"))
+        finally:
+            scraper.close()
+        assert result.health.up
+        assert result.snapshot is not None
+        history = History()
+        now = time.time() + 120
+        history.add(now, [result.snapshot], [result.health])
+        hung = hostchecks.gpu_driver_hung(RULES[GPU_DRIVER_HUNG], history, now)
+        assert [(c.rule, c.labels["node"]) for c in hung] == [(GPU_DRIVER_HUNG, "node-h")]
+        assert checks.exporter_down(RULES[EXPORTER_DOWN], history, now) == []
+
+        fake.release_hangs()  # the driver answers: the opening completes and the GPUs are read
+        assert _eventually(lambda: len(_families(server).get("gpulens_gpu_up", [])) == 2)
+        assert _eventually(lambda: _families(server)["gpulens_node_nvml_hung"] == [({"node": "node-h"}, 0)])
+    finally:
+        poller.stop()
+        server.close()
+        fake.release_hangs()
+        source.close()
+
+
+def test_an_opening_that_fails_in_time_raises_its_error_at_once() -> None:
+    from gpulens.exporter.nvmlstart import open_nvml
+
+    fake = FakeNvml.h100_node(gpus=1)
+    fake.init_error = 9  # NVML_ERROR_DRIVER_NOT_LOADED
+    with pytest.raises(SourceError):
+        open_nvml("node-h", lambda: NvmlSource("node-h", nvml=fake, xid_events=False), deadline_s=5.0)

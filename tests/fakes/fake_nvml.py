@@ -487,6 +487,9 @@ class FakeNvml(FakeGpmMixin):
     # --- the pynvml surface ---------------------------------------------------------------------------------------
 
     def nvmlInit(self) -> None:
+        hung = self.hangs.get("nvmlInit")
+        if hung is not None:
+            hung.wait()  # a driver wedged before the exporter started
         if self.init_error is not None:
             raise pynvml.NVMLError(self.init_error)
         self.initialized = True

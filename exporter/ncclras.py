@@ -294,6 +294,8 @@ class NcclRasReader:
             self._errors.count("nccl_ras_ranks_cut", f"RAS named {cut} more ranks on this node than it has room for")
         for job, hosts in hosts_of_job.items():
             seen = self._seen_hosts.setdefault(job, set())
+            if report.format == "json":  # JSON names every rank: this answer's hosts replace the last one's
+                seen.clear()
             seen.update(hosts)
             if len(seen) > MAX_JOB_HOSTS:  # keep this node's hosts and the lowest others
                 mine = {h for h in seen if h in self._local_hosts}

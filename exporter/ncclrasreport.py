@@ -163,11 +163,11 @@ class ReportBuilder:
         wanted = self._wanted is None or host is None or self._wanted(host, pid)
         if not wanted:
             return None
-        comm.wanted = comm.wanted or host is not None
         if self._kept >= self._max_kept:
             self.report.ranks_dropped += 1
             return None
         self._kept += 1
+        comm.wanted = comm.wanted or host is not None
         entry = comm.ranks[rank] = RasRank(rank, host, pid)
         return entry
 

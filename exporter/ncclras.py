@@ -177,7 +177,7 @@ class NcclRasReader:
             jobs = {""}  # GPU processes without a known job still run NCCL: query, mapped to no job
         with self._lock:
             self._local_pids = frozenset(p.pid for p in snapshot.processes)
-            self._max_kept = MAX_LOCAL_RANKS_PER_GPU * max(1, len(snapshot.gpus)) + 64
+            self._max_kept = MAX_LOCAL_RANKS_PER_GPU * max(1, len(snapshot.gpus))
             start = not self._inflight and self._due(jobs, now, snapshot.node)
             if start:
                 self._inflight = True

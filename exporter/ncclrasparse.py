@@ -15,8 +15,8 @@ source (``src/ras/client_support.cc``), so these patterns follow those formats.
 
 from __future__ import annotations
 
-import io
 import re
+from collections.abc import Iterator
 from typing import Final
 
 from gpulens.exporter.ncclrasjson import parse_json
@@ -229,8 +229,8 @@ def parse_text(text: str, *, wanted: Wanted | None = None, max_kept: int = MAX_K
         raise RasFormatError("not a RAS status report (no NCCL version line or job summary)")
     builder = ReportBuilder("text", wanted, max_kept)
     reader = _TextReader(builder)
-    for raw in io.StringIO(text):
-        reader.line(raw.rstrip("\r\n"))
+    for line in _lines(text):
+        reader.line(line)
     report = builder.finish()
     for c in report.comms:
         for r in c.ranks.values():
@@ -240,6 +240,18 @@ def parse_text(text: str, *, wanted: Wanted | None = None, max_kept: int = MAX_K
                 elif (r.host, r.pid) in report.unresponsive and r.state == RANK_OK:
                     r.state = RANK_UNRESPONSIVE
     return report
+
+
+def _lines(text: str) -> Iterator[str]:
+    """The lines one at a time, each its own copy (``splitlines`` or ``io.StringIO`` would hold the whole text
+    again, the latter at four bytes a character)."""
+    start, end = 0, len(text)
+    while start < end:
+        stop = text.find("\n", start)
+        if stop < 0:
+            stop = end
+        yield text[start:stop].rstrip("\r")
+        start = stop + 1
 
 
 def pair_numbered(report: RasReport) -> None:

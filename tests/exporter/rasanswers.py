@@ -3,7 +3,10 @@ would"), and the node they are aimed at. Shared by the hostile-answer tests and 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
 
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading
 
@@ -102,3 +105,54 @@ def new_comms(n: int, seed: int) -> str:
         ranks = [_rank(0, LOCAL_HOST, FIRST_PID + i % 8, i % 8, 5), _rank(1, "10.0.0.2", 6000, 0, 4)]
         comms.append({"hash": f"0x{seed * 100_000 + i + 1:x}", "secondary_hash": "0x1:0x2", "size": 2, "ranks": ranks})
     return json_answer(comms)
+
+
+class AnswerServer:
+    """A RAS stand-in on a private port of 127.0.0.1 that answers each status query with the next of ``answers``
+    (the last one again once they run out), speaking the client protocol around it. ``close`` stops it."""
+
+    def __init__(self, answers: list[str]) -> None:
+        self.answers = answers
+        self.status_queries = 0
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self._sock.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with conn:
+                self._talk(conn)
+
+    def _talk(self, conn: socket.socket) -> None:
+        conn.settimeout(10)
+        reader = conn.makefile("rb")
+        try:
+            for raw in reader:
+                cmd = raw.decode().strip().lower()
+                if cmd.startswith("client protocol"):
+                    conn.sendall(b"SERVER PROTOCOL 2\n")
+                elif cmd.startswith(("timeout", "set format text")):
+                    conn.sendall(b"OK\n")
+                elif cmd == "set format json":
+                    text = self.answers[min(self.status_queries, len(self.answers) - 1)]
+                    conn.sendall(b"OK\n" if text.startswith("{") else b"ERROR: Unknown command SET FORMAT json\n")
+                elif cmd.endswith("status"):
+                    text = self.answers[min(self.status_queries, len(self.answers) - 1)]
+                    self.status_queries += 1
+                    conn.sendall(text.encode())
+                    return
+        except OSError:
+            return
+        finally:
+            reader.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._thread.join(timeout=10)

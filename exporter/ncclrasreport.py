@@ -2,7 +2,8 @@
 
 A RAS answer is untrusted (any local process can answer on the RAS port), so both readers (text and JSON) build the
 report through one ``ReportBuilder`` that caps every dimension as it reads: ranks read (``MAX_RANKS_READ``, each rank
-counted, not each line), communicators (``MAX_COMMS``), ranks kept (those the caller wants, at most ``max_kept``),
+counted, not each line), communicators (``MAX_COMMS``), ranks kept (those the caller wants, at most ``max_kept``; an
+answer naming twice that many for the caller is refused there),
 hosts per communicator (``MAX_COMM_HOSTS``) and processes RAS lost (``MAX_LOST``). A rank that is read but not kept
 still counts in its communicator's aggregates: the highest and lowest count per collective and a fingerprint of every
 rank's counts and state, which is all the agent needs of the ranks of other nodes. Communicators are told apart by
@@ -165,6 +166,9 @@ class ReportBuilder:
             return None
         if self._kept >= self._max_kept:
             self.report.ranks_dropped += 1
+            if self._wanted is not None and self.report.ranks_dropped > self._max_kept:
+                # Twice the caller's room on its own node: no job runs that, so the rest is not read.
+                raise RasFormatError(f"more than {2 * self._max_kept} ranks on this node")
             return None
         self._kept += 1
         comm.wanted = comm.wanted or host is not None

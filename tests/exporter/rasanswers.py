@@ -46,12 +46,17 @@ def node_snapshot(node: str = "node-a", gpus: int = 8) -> NodeSnapshot:
     return NodeSnapshot(node, 0.0, "test", gpus=readings, processes=procs, jobs=jobs)
 
 
-def missing_rank_lines(total: int, per_line: int = 3000) -> str:
-    """NCCL 2.24 text whose "The missing ranks:" lines hold ``per_line`` ranks each, ``total`` in all."""
-    lines = [_HEAD_224, "#0-0 (00000000000000aa) INCOMPLETE\n", f"  Missing communicator data from {total} ranks\n"]
+def missing_rank_lines(total: int, per_line: int = 3000, per_comm: int = 99_000) -> str:
+    """NCCL 2.24 text whose "The missing ranks:" lines hold ``per_line`` ranks each (numbers under 100,000, so a
+    line stays under 20,000 characters), ``per_comm`` to a communicator, ``total`` in all."""
+    lines = [_HEAD_224]
     for start in range(0, total, per_line):
-        ranks = range(start, min(total, start + per_line))
-        lines.append("  The missing ranks: " + ",".join(str(r % (1 << 20)) for r in ranks) + "\n")
+        if start % per_comm == 0:
+            lines.append(
+                f"\n#0-0 ({start // per_comm + 1:016x}) INCOMPLETE\n  Missing communicator data from {per_comm} ranks\n"
+            )
+        ranks = range(start % per_comm, min(total - start, per_line) + start % per_comm)
+        lines.append("  The missing ranks: " + ",".join(map(str, ranks)) + "\n")
     return "".join(lines)
 
 
@@ -98,11 +103,13 @@ def job_comm(hash_: int, *, extra_hosts: int = 0, secondary: str = "0x1:0x2", co
     }
 
 
-def new_comms(n: int, seed: int) -> str:
-    """``n`` communicators never seen before (hashes from ``seed``), each of two ranks, one on this node."""
+def new_comms(n: int, seed: int, local: int = 100) -> str:
+    """``n`` communicators never seen before (hashes from ``seed``), each of two ranks; the first ``local`` have one
+    rank on this node, the others run on two other nodes."""
     comms = []
     for i in range(n):
-        ranks = [_rank(0, LOCAL_HOST, FIRST_PID + i % 8, i % 8, 5), _rank(1, "10.0.0.2", 6000, 0, 4)]
+        here = _rank(0, LOCAL_HOST, FIRST_PID + i % 8, i % 8, 5) if i < local else _rank(0, "10.0.0.3", 6100, 0, 5)
+        ranks = [here, _rank(1, "10.0.0.2", 6000, 0, 4)]
         comms.append({"hash": f"0x{seed * 100_000 + i + 1:x}", "secondary_hash": "0x1:0x2", "size": 2, "ranks": ranks})
     return json_answer(comms)
 

@@ -81,16 +81,37 @@ def test_after_a_rejected_answer_the_next_one_is_read_at_the_next_turn(serve: li
     assert sorted(r.rank for r in view.ranks) == list(range(8))
 
 
-def test_84000_ranks_on_this_node_are_cut_as_read_and_mapped_once_per_answer(
-    serve: list[AnswerServer], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_84000_ranks_on_this_node_are_refused_as_read(serve: list[AnswerServer]) -> None:
     answer = rasanswers.local_ranks(84_000)
-    report = parse_report(answer, wanted=lambda host, pid: True, max_kept=200)
+    report = parse_report(answer, max_kept=200)  # no caller's node: every rank is read, 200 kept
     assert len(report.comms[0].ranks) == 200
     assert report.ranks_read == 84_000
     assert report.ranks_dropped == 84_000 - 200
     assert report.comms[0].top == {"AllReduce": 100}
-    server = _server(serve, [answer])
+    # For a node with room for 200 ranks, the answer is refused once it named 400 of them: the rest is not read.
+    with pytest.raises(RasFormatError, match="more than 400 ranks on this node"):
+        parse_report(answer, wanted=lambda host, pid: host == rasanswers.LOCAL_HOST, max_kept=200)
+    server = _server(serve, [answer, rasanswers.local_ranks(200)])
+    clock = ManualClock(1000.0)
+    reader = NcclRasReader(server.addr, clock=clock, background=False)
+    snap = node_snapshot()
+    out = reader.enrich(snap)
+    assert out.nccl is not None
+    assert not out.nccl.up
+    assert "ranks on this node" in (out.nccl.error or "")
+    assert out.errors["nccl_ras_malformed"] == 1
+    _run_until_query(reader, clock, snap, 20)  # the next answer, of 200 ranks here: cut to the node's room
+    out = reader.enrich(snap)
+    assert out.nccl is not None
+    assert out.nccl.up
+    assert len(out.nccl.ranks) == MAX_LOCAL_RANKS_PER_GPU * 8
+    assert out.errors["nccl_ras_ranks_cut"] == 1
+
+
+def test_an_answer_is_mapped_once_not_at_every_collection(
+    serve: list[AnswerServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = _server(serve, [rasanswers.local_ranks(200)])
     mapped = []
     view_of = NcclRasReader._view
     monkeypatch.setattr(NcclRasReader, "_view", lambda self, *a: mapped.append(1) or view_of(self, *a))
@@ -98,19 +119,16 @@ def test_84000_ranks_on_this_node_are_cut_as_read_and_mapped_once_per_answer(
     reader = NcclRasReader(server.addr, clock=clock, background=False, interval_s=1.0)
     snap = node_snapshot()
     for _ in range(30):
-        out = reader.enrich(snap)
+        view = reader.enrich(snap).nccl
+        assert view is not None
+        assert view.up
         clock.advance(1.0)
-    view = out.nccl
-    assert view is not None
-    assert view.up
-    assert len(view.ranks) == MAX_LOCAL_RANKS_PER_GPU * 8
-    assert out.errors["nccl_ras_ranks_cut"] >= 1
     assert server.status_queries >= 3
     assert len(mapped) == server.status_queries  # one mapping per answer, not one per collection (30)
 
 
 def test_new_communicators_every_answer_leave_no_state_behind(serve: list[AnswerServer]) -> None:
-    answers = [rasanswers.new_comms(4000, seed) for seed in range(6)]
+    answers = [rasanswers.new_comms(4000, seed) for seed in range(6)]  # 100 of them with a rank here
     server = _server(serve, [*answers, WELL_FORMED])
     clock = ManualClock(1000.0)
     reader = NcclRasReader(server.addr, clock=clock, background=False)
@@ -120,9 +138,13 @@ def test_new_communicators_every_answer_leave_no_state_behind(serve: list[Answer
     try:
         for _ in answers:
             _run_until_query(reader, clock, snap, 40)
+            view = reader.enrich(snap).nccl
+            assert view is not None
+            assert view.up
+            assert len(view.comms) == 100
             clock.advance(1.0)
             sizes.append(tracemalloc.get_traced_memory()[0])
-            assert len(reader._mismatch_since) <= MAX_LOCAL_RANKS_PER_GPU * 8  # only the last answer's, mapped
+            assert len(reader._mismatch_since) == 100  # only the last answer's communicators
     finally:
         tracemalloc.stop()
     assert sizes[-1] - sizes[1] < 1 << 20  # what is kept does not grow with the answers
@@ -131,6 +153,14 @@ def test_new_communicators_every_answer_leave_no_state_behind(serve: list[Answer
     assert view is not None
     assert [c.comm for c in view.comms] == ["0000000000000abc"]
     assert len(reader._mismatch_since) <= 1
+
+
+def test_4000_new_communicators_all_on_this_node_are_refused(serve: list[AnswerServer]) -> None:
+    server = _server(serve, [rasanswers.new_comms(4000, 1, local=4000)])
+    out = NcclRasReader(server.addr, clock=ManualClock(), background=False).enrich(node_snapshot())
+    assert out.nccl is not None
+    assert not out.nccl.up
+    assert "more than 256 ranks on this node" in (out.nccl.error or "")
 
 
 def test_state_of_a_job_gone_and_of_ranks_without_a_job_is_pruned(serve: list[AnswerServer]) -> None:

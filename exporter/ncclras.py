@@ -25,6 +25,7 @@ import logging
 import math
 import threading
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -242,8 +243,7 @@ class NcclRasReader:
         hosts_of_job: dict[str, set[str]] = {}
         cut = report.ranks_dropped
         keys: set[tuple[str, str]] = set()
-        hashes = [c.comm for c in report.comms]
-        duplicated = {h for h in hashes if hashes.count(h) > 1} if len(set(hashes)) < len(hashes) else set()
+        duplicated = {h for h, n in Counter(c.comm for c in report.comms).items() if n > 1}
         for comm in report.comms:
             local = [r for r in comm.ranks.values() if r.host in self._local_hosts]
             if not local:

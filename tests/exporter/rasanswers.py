@@ -3,11 +3,9 @@ would"), and the node they are aimed at. Shared by the hostile-answer tests and 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
-import threading
 
+from gpulens.exporter.sim.rasserver import RasServer
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading
 
 LOCAL_HOST = "10.0.0.1"  # this node's address as RAS reports it
@@ -114,52 +112,24 @@ def new_comms(n: int, seed: int, local: int = 100) -> str:
     return json_answer(comms)
 
 
-class AnswerServer:
-    """A RAS stand-in on a private port of 127.0.0.1 that answers each status query with the next of ``answers``
-    (the last one again once they run out), speaking the client protocol around it. ``close`` stops it."""
+class AnswerServer(RasServer):
+    """A RAS stand-in on a private port of 127.0.0.1 (the simulator's server and its client protocol) that answers
+    each status query with the next of ``answers``, the last one again once they run out. ``close`` stops it."""
 
     def __init__(self, answers: list[str]) -> None:
         self.answers = answers
-        self.status_queries = 0
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self.addr = f"127.0.0.1:{self._sock.getsockname()[1]}"
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        super().__init__(lambda: None)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            with conn:
-                self._talk(conn)
-
-    def _talk(self, conn: socket.socket) -> None:
-        conn.settimeout(10)
-        reader = conn.makefile("rb")
-        try:
-            for raw in reader:
-                cmd = raw.decode().strip().lower()
-                if cmd.startswith("client protocol"):
-                    conn.sendall(b"SERVER PROTOCOL 2\n")
-                elif cmd.startswith(("timeout", "set format text")):
-                    conn.sendall(b"OK\n")
-                elif cmd == "set format json":
-                    text = self.answers[min(self.status_queries, len(self.answers) - 1)]
-                    conn.sendall(b"OK\n" if text.startswith("{") else b"ERROR: Unknown command SET FORMAT json\n")
-                elif cmd.endswith("status"):
-                    text = self.answers[min(self.status_queries, len(self.answers) - 1)]
-                    self.status_queries += 1
-                    conn.sendall(text.encode())
-                    return
-        except OSError:
-            return
-        finally:
-            reader.close()
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
-        self._thread.join(timeout=10)
+    def _command(self, cmd: str, fmt: str) -> tuple[str, str, bool]:
+        lower = cmd.lower()
+        text = self.answers[min(self.status_queries, len(self.answers) - 1)]
+        if lower.startswith("client protocol "):
+            return "SERVER PROTOCOL 2\n", fmt, False
+        if lower.startswith("timeout "):
+            return "OK\n", fmt, False
+        if lower == "set format json":
+            return ("OK\n" if text.startswith("{") else "ERROR: Unknown command SET FORMAT json\n"), fmt, False
+        if lower.endswith("status"):
+            self.status_queries += 1
+            return text, fmt, True
+        return f"ERROR: Unknown command {cmd}\n", fmt, False

@@ -276,3 +276,15 @@ def test_every_hostile_answer_leaves_the_exporter_side_under_100_mb(serve: list[
     assert answers[0][0] is False  # the over-long missing-rank list is refused
     assert answers[len(hostile)][:3] == [True, 8, None]  # the next well-formed answer is read whole
     assert result["peak_kib"] < 100 * 1024, answers
+
+
+def test_json_of_endless_objects_is_refused_before_it_is_decoded() -> None:
+    text = '{"communicators": [' + ",".join(["{}"] * 2_000_000) + "]}"  # 8 MiB of empty objects
+    tracemalloc.start()
+    try:
+        with pytest.raises(RasFormatError, match="JSON objects and lists, more than"):
+            parse_report(text)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # counted, not decoded (decoded, 2 million dicts would hold over 100 MB)

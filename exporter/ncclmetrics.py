@@ -1,9 +1,10 @@
 """The NCCL families of /metrics (``gpulens_nccl_*``), rendered from a snapshot's ``nccl`` view (NCCL RAS).
 
 Every series carries ``node``. Rank series carry ``job_id, comm, rank`` (``comm`` is the communicator's hash, 16 hex
-digits); only this node's ranks are exported, so the series count is bounded by the node's GPUs. Values that come from
-RAS's answer (hashes, collective names, host addresses) are escaped like any other label. A rank's counts are NCCL's
-sequence numbers: they only grow while the job runs, so ``gpulens_nccl_collective_launched_total`` is a counter.
+digits, with its secondary hash where two communicators share it); only this node's ranks are exported, so the series
+count is bounded by the node's GPUs. Values that come from RAS's answer (hashes, collective names, host addresses) are
+escaped like any other label. A rank's counts are NCCL's sequence numbers: they only grow while the job runs, so
+``gpulens_nccl_collective_launched_total`` is a counter.
 """
 
 from __future__ import annotations

@@ -9,9 +9,14 @@ job's node count (from the text report's job summary; ``DISCOVER_EVERY`` before 
 hash of its name, so two nodes may share a slot. An agent's very first query is sent at once. Queries run on a
 background thread, so a slow RAS never delays a collection.
 
-Each answer is mapped to gpulens's records: a rank's ``nvml_dev`` to the GPU UUID, its pid to the job through the
-job mapper's processes, its host to this node. Only ranks on this node are kept (their host is one that a local GPU
-process's rank reports), at most ``MAX_LOCAL_RANKS_PER_GPU`` per GPU: an answer that claims more is cut and counted.
+Each answer is mapped to gpulens's records once (the mapping is reused at every collection until the next answer
+or a change of this node's processes): a rank's ``nvml_dev`` to the GPU UUID, its pid to the job through the job
+mapper's processes, its host to this node. Only ranks on this node are kept (their host is one that a local GPU
+process's rank reports), at most ``MAX_LOCAL_RANKS_PER_GPU`` per GPU, and the parser keeps no others: an answer that
+claims more is cut and counted. The state kept between answers is bounded and pruned: hosts per job
+(``MAX_JOB_HOSTS``, only those of communicators holding one of the job's processes here), mismatch ages only for the
+communicators of the last answer, nothing for a job no longer on this node. Communicators are told apart by hash and
+secondary hash; two of one hash are labelled with the secondary hash too.
 """
 
 from __future__ import annotations
@@ -20,12 +25,13 @@ import logging
 import math
 import threading
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpulens.clock import Clock, SystemClock
 from gpulens.exporter.ncclrasclient import RasAnswer, RasQueryError, query_status
-from gpulens.exporter.ncclrasparse import RasComm, RasFormatError, RasRank, RasReport, parse_report
+from gpulens.exporter.ncclrasparse import RasComm, RasFormatError, RasRank, RasReport, pair_numbered, parse_report
 from gpulens.logutil import ErrorCounter
 from gpulens.model import NodeSnapshot
 from gpulens.ncclmodel import RANK_OK, NcclComm, NcclRank, NcclView
@@ -34,6 +40,9 @@ log = logging.getLogger(__name__)
 
 DISCOVER_EVERY = 10  # intervals between queries while the job's hosts are not known yet
 MAX_LOCAL_RANKS_PER_GPU = 16  # communicators a GPU's process belongs to (world, tensor, pipeline, data, ...)
+MAX_JOB_HOSTS = 1024  # hosts remembered per job
+MAX_TURN_PERIOD = 32  # intervals a node waits at most for its turn, whatever host list an answer gave
+MAX_LOCAL_HOSTS = 16  # addresses of this node RAS reports
 _STATUS_ORDER = ("INCOMPLETE", "ERROR", "MISMATCH")
 
 Query = Callable[[], RasAnswer]
@@ -44,6 +53,8 @@ class _Answer:
     report: RasReport
     at: float  # clock time the query started
     seconds: float
+    view: NcclView | None = None  # the report mapped to this node, for the processes in ``mapped_for``
+    mapped_for: tuple[object, ...] | None = None
 
 
 def comm_status(comm: RasComm) -> str:
@@ -53,13 +64,7 @@ def comm_status(comm: RasComm) -> str:
 
 def top_counts(comm: RasComm) -> dict[str, int]:
     """Collective -> the highest count any answering rank reached (the text report's majority counts included)."""
-    top = dict(comm.majority)
-    for r in comm.ranks.values():
-        if r.state == RANK_OK:
-            for name, count in r.counts.items():
-                if count > top.get(name, -1):
-                    top[name] = count
-    return top
+    return dict(comm.top)
 
 
 def rank_lag(rank: RasRank, top: dict[str, int]) -> int | None:
@@ -70,10 +75,7 @@ def rank_lag(rank: RasRank, top: dict[str, int]) -> int | None:
 
 def mismatch_collective(comm: RasComm, top: dict[str, int]) -> str | None:
     """The collective whose counts spread widest over the communicator (the busiest one when none do)."""
-    spread: dict[str, int] = {}
-    for r in comm.ranks.values():
-        for name, count in r.counts.items():
-            spread[name] = max(spread.get(name, 0), top.get(name, count) - count)
+    spread = {name: count - comm.low.get(name, count) for name, count in top.items()}
     if spread and max(spread.values()) > 0:
         return max(spread, key=lambda name: (spread[name], name))
     return max(top, key=lambda name: (top[name], name)) if top else None
@@ -104,7 +106,9 @@ class NcclRasReader:
         self._last_query_slot: int | None = None
         self._last_seconds: float | None = None
         self._hosts: dict[str, tuple[str, ...]] = {}  # job -> its hosts, sorted, from the last answer
-        self._local_hosts: set[str] = set()
+        self._local_hosts: dict[str, None] = {}  # this node's addresses, oldest first
+        self._local_pids: frozenset[int] = frozenset()
+        self._max_kept = MAX_LOCAL_RANKS_PER_GPU
         self._seen_hosts: dict[str, set[str]] = {}  # job -> every host a report named for it
         self._period: dict[str, int] = {}  # job -> its node count, from a text report's job summary
         self._mismatch_since: dict[tuple[str, str], tuple[object, float]] = {}  # (job, comm) -> (signature, since)
@@ -123,19 +127,25 @@ class NcclRasReader:
             if self._last_query_slot is None:
                 return True  # the agent's first query: at once
             period = min(self._period.get(job, DISCOVER_EVERY) for job in jobs if job not in self._hosts)
+            period = min(period, MAX_TURN_PERIOD)
             return slot % period == zlib.crc32(node.encode()) % period
         for job in known:
             hosts = self._hosts[job]
             mine = [i for i, h in enumerate(hosts) if h in self._local_hosts]
-            if mine and slot % len(hosts) == mine[0]:
+            period = min(len(hosts), MAX_TURN_PERIOD)  # a hostile host list cannot push the turn further away
+            if mine and slot % period == mine[0] % period:
                 return True
         return False
 
     def _run(self, slot: int) -> None:
         start = self._clock.now()
+        with self._lock:
+            hosts, pids, max_kept = set(self._local_hosts), self._local_pids, self._max_kept
         try:
             answer = self._query()
-            report = parse_report(answer.text)
+            # Only ranks that may be this node's are kept: on a host known to be this node's, or of a local pid.
+            report = parse_report(answer.text, wanted=lambda host, pid: host in hosts or pid in pids, max_kept=max_kept)
+            pair_numbered(report)
         except (RasQueryError, RasFormatError) as exc:
             if isinstance(exc, RasQueryError) and exc.absent:
                 # No RAS on this node (GPU processes without NCCL, or NCCL_RAS_ENABLE=0): shown as RAS down, never
@@ -167,6 +177,8 @@ class NcclRasReader:
         if not jobs:
             jobs = {""}  # GPU processes without a known job still run NCCL: query, mapped to no job
         with self._lock:
+            self._local_pids = frozenset(p.pid for p in snapshot.processes)
+            self._max_kept = MAX_LOCAL_RANKS_PER_GPU * max(1, len(snapshot.gpus))
             start = not self._inflight and self._due(jobs, now, snapshot.node)
             if start:
                 self._inflight = True
@@ -181,11 +193,11 @@ class NcclRasReader:
             answer, error, seconds = self._answer, self._error, self._last_seconds
         if answer is None and error is None:
             return snapshot if snapshot.nccl is None else snapshot.replace(nccl=None)
-        view = self._view(snapshot, answer, now) if answer is not None else NcclView(up=False)
+        view = self._mapped(snapshot, answer) if answer is not None else NcclView(up=False)
         view = NcclView(
             up=error is None,
             query_seconds=seconds,
-            age_s=view.age_s,
+            age_s=max(0.0, now - answer.at) if answer is not None else 0.0,
             format=view.format,
             version=view.version,
             error=error,
@@ -194,7 +206,22 @@ class NcclRasReader:
         )
         return snapshot.replace(nccl=view, errors={**snapshot.errors, **self._errors.snapshot()})
 
-    def _view(self, snapshot: NodeSnapshot, answer: _Answer, now: float) -> NcclView:
+    def _mapped(self, snapshot: NodeSnapshot, answer: _Answer) -> NcclView:
+        """The answer mapped to this node, once per answer and set of local processes and GPUs."""
+        key = (
+            tuple((p.pid, p.gpu, p.job_id) for p in snapshot.processes),
+            tuple((g.gpu, g.uuid) for g in snapshot.gpus),
+            tuple((j.gpu, j.job_id) for j in snapshot.jobs),
+        )
+        with self._lock:
+            if answer.view is not None and answer.mapped_for == key:
+                return answer.view
+        view = self._view(snapshot, answer)
+        with self._lock:
+            answer.view, answer.mapped_for = view, key
+        return view
+
+    def _view(self, snapshot: NodeSnapshot, answer: _Answer) -> NcclView:
         report = answer.report
         pid_job = {p.pid: p.job_id for p in snapshot.processes}
         pid_gpus: dict[int, set[int]] = {}
@@ -205,13 +232,18 @@ class NcclRasReader:
         for comm in report.comms:  # learn which host addresses are this node's
             for r in comm.ranks.values():
                 if r.host and r.pid in pid_gpus and (r.nvml_dev is None or r.nvml_dev in pid_gpus[r.pid]):
-                    self._local_hosts.add(r.host)
+                    self._local_hosts.pop(r.host, None)
+                    self._local_hosts[r.host] = None
+                    while len(self._local_hosts) > MAX_LOCAL_HOSTS:
+                        del self._local_hosts[next(iter(self._local_hosts))]
         jobs_here = {p.job_id for p in snapshot.processes if p.job_id}
         cap = MAX_LOCAL_RANKS_PER_GPU * max(1, len(snapshot.gpus))
         ranks: list[NcclRank] = []
         comms: list[NcclComm] = []
         hosts_of_job: dict[str, set[str]] = {}
-        cut = 0
+        cut = report.ranks_dropped
+        keys: set[tuple[str, str]] = set()
+        duplicated = {h for h, n in Counter(c.comm for c in report.comms).items() if n > 1}
         for comm in report.comms:
             local = [r for r in comm.ranks.values() if r.host in self._local_hosts]
             if not local:
@@ -220,19 +252,23 @@ class NcclRasReader:
             jobs += [job_of_gpu.get(r.nvml_dev) for r in local if r.nvml_dev is not None]
             job = next((j for j in jobs if j), None)
             if job is not None:
-                hosts_of_job.setdefault(job, set()).update(r.host for r in comm.ranks.values() if r.host)
+                known = hosts_of_job.setdefault(job, set())
+                known.update(r.host for r in local if r.host)
+                known.update(sorted(comm.hosts, key=_host_key)[: max(0, MAX_JOB_HOSTS - len(known))])
+            label = comm_label(comm, duplicated)
+            keys.add((job or "", label))
             top = top_counts(comm)
             collective = mismatch_collective(comm, top)
             status = comm_status(comm)
             comms.append(
                 NcclComm(
                     job_id=job,
-                    comm=comm.comm,
+                    comm=label,
                     size=comm.size if comm.size is not None else len(comm.ranks),
                     status=status,
                     top_count=top.get(collective) if collective else None,
                     collective=collective,
-                    mismatch_age_s=self._mismatch_age(job or "", comm, top, answer.at),
+                    mismatch_age_s=self._mismatch_age((job or "", label), comm, answer.at),
                 )
             )
             for r in sorted(local, key=lambda x: x.rank):
@@ -243,7 +279,7 @@ class NcclRasReader:
                 ranks.append(
                     NcclRank(
                         job_id=job,
-                        comm=comm.comm,
+                        comm=label,
                         rank=r.rank,
                         host=r.host or "",
                         pid=r.pid if r.pid is not None and r.pid >= 0 else None,
@@ -258,38 +294,43 @@ class NcclRasReader:
             self._errors.count("nccl_ras_ranks_cut", f"RAS named {cut} more ranks on this node than it has room for")
         for job, hosts in hosts_of_job.items():
             seen = self._seen_hosts.setdefault(job, set())
+            if report.format == "json":  # JSON names every rank: this answer's hosts replace the last one's
+                seen.clear()
             seen.update(hosts)
+            if len(seen) > MAX_JOB_HOSTS:  # keep this node's hosts and the lowest others
+                mine = {h for h in seen if h in self._local_hosts}
+                rest = sorted(seen - mine, key=_host_key)[: max(0, MAX_JOB_HOSTS - len(mine))]
+                seen.clear()
+                seen.update(mine, rest)
             if report.nodes_total is not None:
-                self._period[job] = max(1, min(report.nodes_total, 4096))
+                self._period[job] = max(1, min(report.nodes_total, MAX_JOB_HOSTS))
             if report.format == "json" or len(seen) >= (report.nodes_total or 1 << 30):
                 self._hosts[job] = tuple(sorted(seen, key=_host_key))
-        for job in [j for j in self._seen_hosts if j not in hosts_of_job and j not in jobs_here]:
+        # Nothing is kept for a job no longer on this node, nor for a communicator the last answer did not name.
+        for job in [
+            j for j in self._seen_hosts.keys() | self._period.keys() | self._hosts.keys() if j not in jobs_here
+        ]:
             self._seen_hosts.pop(job, None)
             self._period.pop(job, None)
             self._hosts.pop(job, None)
-        for key in [k for k in self._mismatch_since if k[0] not in hosts_of_job and k[0] != ""]:
+        for key in [k for k in self._mismatch_since if k not in keys]:
             del self._mismatch_since[key]
         return NcclView(
             up=True,
-            age_s=max(0.0, now - answer.at),
             format=report.format,
             version=report.version,
             comms=tuple(comms[: MAX_LOCAL_RANKS_PER_GPU * max(1, len(snapshot.gpus))]),
             ranks=tuple(ranks),
         )
 
-    def _mismatch_age(self, job: str, comm: RasComm, top: dict[str, int], at: float) -> float | None:
-        """How long the communicator has shown this same mismatch: the counts of every lagging rank and the top
-        counts unchanged since the first answer that showed them. None while the counts agree."""
-        key = (job, comm.comm)
-        lagging = tuple(
-            sorted((r.rank, r.state, tuple(sorted(r.counts.items()))) for r in comm.ranks.values() if _behind(r, top))
-        )
-        if not lagging and "MISMATCH" not in comm.status:
+    def _mismatch_age(self, key: tuple[str, str], comm: RasComm, at: float) -> float | None:
+        """How long the communicator has shown this same mismatch: every rank's counts and state (the fingerprint
+        the parser summed over all of them, those of other nodes included) unchanged since the first answer that
+        showed them. None while the counts agree and no rank is missing."""
+        if not comm.differing() and not comm.status & {"MISMATCH", "INCOMPLETE"}:
             self._mismatch_since.pop(key, None)
             return None
-        # A text report leaves the ranks at the most common count unnamed: that count stands in for them.
-        signature = (lagging, tuple(sorted(top.items())), tuple(sorted(comm.majority.items())))
+        signature = (comm.fingerprint, tuple(sorted(comm.top.items())), tuple(sorted(comm.low.items())))
         seen = self._mismatch_since.get(key)
         if seen is None or seen[0] != signature:
             self._mismatch_since[key] = (signature, at)
@@ -297,10 +338,13 @@ class NcclRasReader:
         return at - seen[1]
 
 
-def _behind(r: RasRank, top: dict[str, int]) -> bool:
-    if r.state != RANK_OK:
-        return True
-    return any(count < top.get(name, count) for name, count in r.counts.items())
+def comm_label(comm: RasComm, duplicated: set[str]) -> str:
+    """The communicator's ``comm`` label: its hash, and where two of the answer's communicators share it, its
+    secondary hash's two numbers too (``<hash>-<host hash>-<pid hash>``)."""
+    if comm.comm not in duplicated or not comm.secondary:
+        return comm.comm
+    host, _, pid = comm.secondary.partition(":")
+    return f"{comm.comm}-{host.removeprefix('0x')}-{pid.removeprefix('0x')}"
 
 
 def _host_key(host: str) -> tuple[int, tuple[int, ...], str]:

@@ -93,7 +93,7 @@ class _Conversation:
     def rest(self) -> str:
         while self._recv():
             pass
-        return bytes(self._buffer).decode("utf-8", "replace")
+        return self._buffer.decode("utf-8", "replace")  # no bytes copy of up to max_bytes first
 
 
 def query_status(

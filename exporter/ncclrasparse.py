@@ -1,295 +1,237 @@
-"""Reading an NCCL RAS status report: the JSON document (NCCL 2.28.7 and later) and the text report of every
-generation since 2.24, into one ``RasReport``.
+"""Reading an NCCL RAS status report: the JSON document (NCCL 2.28.7 and later, ``ncclrasjson``) and the text report
+of every generation since 2.24, into one ``RasReport`` (``ncclrasreport``, which also holds the bounds).
 
-The report is untrusted input (any local process can answer on the RAS port): every value is checked for type and
-range, lines that match nothing are skipped, and a document that is not a RAS report raises ``RasFormatError`` with
-one line saying why. The text generations differ in what they name: 2.24 prints one "collective operation count"
-per rank and the missing ranks as a list of numbers; 2.26 and later print the counts per collective ("AllReduce
-operation counts"), "not launched any operations" for a count of 0, and each missing rank with its GPU, process and
-node. Text names a rank only where it stands out, so a text report carries fewer ranks than a JSON one.
+The text generations differ in what they name: 2.24 prints one "collective operation count" per rank and the missing
+ranks as a list of numbers; 2.26 and later print the counts per collective ("AllReduce operation counts"), "not
+launched any operations" for a count of 0, and each missing rank with its GPU, process and node. A rank that answered
+without the communicator is listed under "Communicator ranks have different status" (``NOCOMM``; ``UNKNOWN`` and by
+number only in 2.24) and read as missing, as the JSON document reads it. Text names a rank only where it stands out,
+so a text report carries fewer ranks than a JSON one. Lines that match nothing are skipped; the text is read line by
+line, so nothing of it is copied whole.
 
 Hand-written rather than generated: NCCL publishes no grammar for the text report, only the printf formats in its
-source, so these patterns follow those formats.
+source (``src/ras/client_support.cc``), so these patterns follow those formats.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass, field
-from typing import Any, Final
+from collections.abc import Iterator
+from typing import Final
 
+from gpulens.exporter.ncclrasjson import parse_json
+from gpulens.exporter.ncclrasreport import (
+    ALL_COLLECTIVES,
+    MAX_COUNT,
+    MAX_KEPT_RANKS,
+    RasComm,
+    RasFormatError,
+    RasRank,
+    RasReport,
+    ReportBuilder,
+    Wanted,
+    comm_hash,
+)
 from gpulens.ncclmodel import RANK_DEAD, RANK_MISSING, RANK_OK, RANK_UNRESPONSIVE
 
-MAX_COMMS: Final = 4096
-MAX_RANKS: Final = 1 << 20  # over all communicators
-MAX_COUNT: Final = (1 << 63) - 1
-ALL_COLLECTIVES: Final = "all"  # NCCL 2.24's text counts every collective together
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
+__all__ = [
+    "ALL_COLLECTIVES",
+    "RasComm",
+    "RasFormatError",
+    "RasRank",
+    "RasReport",
+    "comm_hash",
+    "pair_numbered",
+    "parse_json",
+    "parse_report",
+    "parse_text",
+]
+
+MISSING_STATUSES: Final = ("NOCOMM", "UNKNOWN")  # answered without the communicator (UNKNOWN: 2.24)
 
 
-class RasFormatError(ValueError):
-    """The answer is not a RAS status report."""
-
-
-@dataclass
-class RasRank:
-    rank: int
-    host: str | None = None
-    pid: int | None = None
-    cuda_dev: int | None = None
-    nvml_dev: int | None = None
-    counts: dict[str, int] = field(default_factory=dict)
-    state: str = RANK_OK
-
-
-@dataclass
-class RasComm:
-    comm: str  # 16 lower-case hex digits
-    size: int | None = None
-    status: set[str] = field(default_factory=set)
-    ranks: dict[int, RasRank] = field(default_factory=dict)
-    # Text only: collective -> the count most ranks reached (the ranks at that count are not named one by one).
-    majority: dict[str, int] = field(default_factory=dict)
-
-    def rank_entry(self, rank: int) -> RasRank:
-        entry = self.ranks.get(rank)
-        if entry is None:
-            entry = self.ranks[rank] = RasRank(rank)
-        return entry
-
-
-@dataclass
-class RasReport:
-    format: str  # "json" or "text"
-    version: str | None = None
-    comms: list[RasComm] = field(default_factory=list)
-    # Text only: processes RAS considers dead or could not reach, as (host, pid) - the ranks they ran take that state.
-    dead: set[tuple[str, int]] = field(default_factory=set)
-    unresponsive: set[tuple[str, int]] = field(default_factory=set)
-    gpu_of: dict[tuple[str, int], int] = field(default_factory=dict)  # text: such a process's first GPU (NVML)
-    nodes_total: int | None = None  # text: the job summary's node count
-
-
-def comm_hash(raw: str) -> str:
-    text = raw.strip().lower()
-    if text.startswith("0x"):
-        text = text[2:]
-    if not text or len(text) > 16 or any(c not in "0123456789abcdef" for c in text):
-        raise RasFormatError(f"communicator hash {raw[:40]!r} is not 64-bit hexadecimal")
-    return text.rjust(16, "0")
-
-
-def parse_report(text: str) -> RasReport:
-    """A report in either format, told apart by its first character."""
+def parse_report(text: str, *, wanted: Wanted | None = None, max_kept: int = MAX_KEPT_RANKS) -> RasReport:
+    """A report in either format, told apart by its first character. ``wanted`` picks the ranks to keep (the
+    others only count in their communicator's aggregates); at most ``max_kept`` are kept."""
     stripped = text.lstrip()
     if stripped.startswith("{"):
-        return parse_json(stripped)
-    return parse_text(text)
+        return parse_json(stripped, wanted=wanted, max_kept=max_kept)
+    return parse_text(text, wanted=wanted, max_kept=max_kept)
 
-
-# --- JSON --------------------------------------------------------------------------------------------------------
-
-
-def _int(value: Any, what: str, low: int = -1, high: int = MAX_COUNT) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise RasFormatError(f"{what} is {str(value)[:40]!r}, not an integer in [{low}, {high}]")
-    return value
-
-
-def _str(value: Any, what: str, limit: int = 256) -> str:
-    if not isinstance(value, str) or len(value) > limit:
-        raise RasFormatError(f"{what} is not a string of at most {limit} characters")
-    return value
-
-
-def _obj(value: Any, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise RasFormatError(f"{what} is not an object")
-    return value
-
-
-def _list(value: Any, what: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise RasFormatError(f"{what} is not a list")
-    return value
-
-
-def parse_json(text: str) -> RasReport:
-    try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise RasFormatError(f"not JSON: {str(exc)[:80]}") from None
-    doc = _obj(doc, "the document")
-    version = doc.get("nccl_version")
-    report = RasReport("json", _str(version, "nccl_version", 64) if version is not None else None)
-    comms = _list(doc.get("communicators"), "communicators")
-    if len(comms) > MAX_COMMS:
-        raise RasFormatError(f"{len(comms)} communicators, more than {MAX_COMMS}")
-    total = 0
-    for i, raw in enumerate(comms):
-        c = _obj(raw, f"communicators[{i}]")
-        comm = RasComm(comm_hash(_str(c.get("hash"), f"communicators[{i}].hash", 20)))
-        comm.size = _int(c.get("size"), f"communicators[{i}].size", 0, MAX_RANKS)
-        ranks = _list(c.get("ranks", []), f"communicators[{i}].ranks")
-        missing = _list(c.get("missing_ranks", []), f"communicators[{i}].missing_ranks")
-        total += len(ranks) + len(missing)
-        if total > MAX_RANKS:
-            raise RasFormatError(f"more than {MAX_RANKS} ranks")
-        for j, r in enumerate(ranks):
-            entry = _json_rank(_obj(r, f"communicators[{i}].ranks[{j}]"), f"communicators[{i}].ranks[{j}]")
-            raw_counts = _obj(r.get("collective_counts", {}), "collective_counts")
-            for name, count in raw_counts.items():
-                if not _NAME.match(name):
-                    raise RasFormatError(f"collective name {name[:40]!r} is not a name")
-                entry.counts[name] = _int(count, f"the {name} count", 0)
-            status = r.get("status")
-            if isinstance(status, dict) and status.get("abort_flag") is True:
-                comm.status.add("ERROR")
-            comm.ranks[entry.rank] = entry
-        for j, r in enumerate(missing):
-            where = f"communicators[{i}].missing_ranks[{j}]"
-            entry = _json_rank(_obj(r, where), where)
-            status = _obj(r.get("status", {}), f"{where}.status")
-            if status.get("considered_dead") is True:
-                entry.state = RANK_DEAD
-            elif status.get("unresponsive") is True:
-                entry.state = RANK_UNRESPONSIVE
-            else:
-                entry.state = RANK_MISSING
-            comm.ranks[entry.rank] = entry
-        if missing:
-            comm.status.add("INCOMPLETE")
-        if _counts_differ(comm):
-            comm.status.add("MISMATCH")
-        report.comms.append(comm)
-    return report
-
-
-def _json_rank(r: dict[str, Any], where: str) -> RasRank:
-    host = r.get("host")
-    pid = r.get("pid")
-    return RasRank(
-        rank=_int(r.get("rank"), f"{where}.rank", 0, MAX_RANKS),
-        host=_str(host, f"{where}.host", 64) if host is not None else None,
-        pid=_int(pid, f"{where}.pid", -1, 1 << 31) if pid is not None else None,
-        cuda_dev=_int(r.get("cuda_dev", -1), f"{where}.cuda_dev", -1, 1024),
-        nvml_dev=_int(r.get("nvml_dev", -1), f"{where}.nvml_dev", -1, 1024),
-    )
-
-
-def _counts_differ(comm: RasComm) -> bool:
-    seen: dict[str, int] = {}
-    for r in comm.ranks.values():
-        if r.state != RANK_OK:
-            continue
-        for name, count in r.counts.items():
-            if seen.setdefault(name, count) != count:
-                return True
-    return False
-
-
-# --- text --------------------------------------------------------------------------------------------------------
 
 _HEADINGS = ("NCCL version ", "Job summary", "Communicators", "Group     Comms", "Errors", "Warnings")
 _VERSION = re.compile(r"^NCCL version (\S{1,64})")
+_GATHERED = re.compile(r"^Communicators\.\.\. \((\d{1,9}(?:\.\d{1,6})?)s\)")
 _GROUP_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+(?:-\d+)?)\s+(\d+)\s+(\d+)\s+([A-Z]+)\s+([A-Z,]+)\s*$")
-_COMM = re.compile(r"^#(\d+)-(\d+) \(([0-9a-fA-F]{1,16})\) (INCOMPLETE|ERROR|MISMATCH)\s*$")
-_WHO = r"(?: -- GPU (\d+)(?: \(NVML (\d+)\))? managed by process (-?\d+) on node (\S{1,64}))?"
+_COMM = re.compile(r"^#(\d{1,9})-(\d{1,9}) \(([0-9a-fA-F]{1,16})\) (INCOMPLETE|ERROR|MISMATCH)\s*$")
+_WHO = r"(?: -- GPU (\d{1,9})(?: \(NVML (\d{1,9})\))? managed by process (-?\d{1,10}) on node (\S{1,64}))?"
+_TAIL = r"(?: -- \[process information not found\])?$"
 _DIFFERENT = re.compile(r"^  Communicator ranks have different (?:collective|(\w{1,32})) operation counts$")
-_GROUP_COUNT = re.compile(r"^  (\d+) ranks have (?:launched up to operation (\d+)|not launched any operations)$")
+_GROUP_COUNT = re.compile(r"^  (\d+) ranks have (?:launched up to operation (\d{1,20})|not launched any operations)$")
+_GROUP_STATUS = re.compile(r"^  (\d+) ranks have status (\w{1,16})$")
 _RANK_COUNT = re.compile(
-    r"^  Rank (\d+) (?:has launched up to operation (\d+)|has not launched any operations)"
-    + _WHO
-    + r"(?: -- \[process information not found\])?$"
+    r"^  Rank (\d{1,9}) (?:has launched up to operation (\d{1,20})|has not launched any operations)" + _WHO + _TAIL
 )
-_RANK_LISTED = re.compile(r"^  Rank (\d+)" + _WHO + r"(?: -- \[process information not found\])?$")
-_MISSING_LIST = re.compile(r"^  The missing ranks?: ([\d,]{1,20000})$")
-_PROCESS = re.compile(r"^  Process (-?\d+) on node (\S{1,64}) managing GPUs? (\d+)(?:\S*)(?: \(NVML (\d+))?")
-_SUMMARY_ROW = re.compile(r"^\s*(\d+)\s+\d+(?:\s+\d+){0,3}\s*$")
+_RANK_STATUS = re.compile(r"^  Rank (\d{1,9}) has status (\w{1,16})" + _WHO + _TAIL)
+_RANK_ERROR = re.compile(r"^  Rank (\d{1,9}) reported (.{1,80}?)" + _WHO + _TAIL)
+_RANK_LISTED = re.compile(r"^  Rank (\d{1,9})" + _WHO + _TAIL)
+_NUMBERED = re.compile(r"^  The (missing|unknown) ranks?: [\d,]")
+_ASYNC = re.compile(r"^  Asynchronous errors? on (\d{1,9}) ranks?$")
+_TIMEOUTS = re.compile(r"^  Encountered (\d{1,9}) communication timeouts?")
+_PROCESS = re.compile(
+    r"^  Process (-?\d{1,10}) on node (\S{1,64}) managing GPUs? (\d{1,9})(?:\S*)(?: \(NVML (\d{1,9}))?"
+)
+_SUMMARY_ROW = re.compile(r"^\s*(\d{1,9})\s+\d+(?:\s+\d+){0,3}\s*$")
+_NUMBER = re.compile(r"\d{1,9}")
 
 
-def parse_text(text: str) -> RasReport:
-    lines = text.splitlines()
-    if not any(line.startswith(_HEADINGS) for line in lines[:40]):
-        raise RasFormatError("not a RAS status report (no NCCL version line or job summary)")
-    report = RasReport("text")
-    sizes: dict[int, int] = {}  # group -> ranks per communicator
-    comms: dict[str, RasComm] = {}
-    comm: RasComm | None = None
-    section = ""  # the heading the lines below belong to: DEAD, INCOMPLETE (job-wide), or a communicator's block
-    collective = ALL_COLLECTIVES
-    group_count: int | None = None  # the count of the "N ranks have ..." line the "Rank R -- ..." lines follow
-    ranks_seen = 0
-    for line in lines:
+class _TextReader:
+    """The state of one pass over the lines: the section and communicator block a line belongs to."""
+
+    def __init__(self, builder: ReportBuilder) -> None:
+        self.b = builder
+        self.report = builder.report
+        self.sizes: dict[int, int] = {}  # group -> ranks per communicator
+        self.comm: RasComm | None = None
+        self.section = ""  # DEAD, INCOMPLETE (job-wide), TIMEOUT, or a communicator block's word
+        self.part = ""  # in a MISMATCH block: "status" or "counts"
+        self.collective = ALL_COLLECTIVES
+        self.group_count: int | None = None  # the count of the "N ranks have ..." line that "Rank R" lines follow
+        self.group_status: str | None = None
+        self.total_next = False  # the job summary's next row is its total
+
+    def line(self, line: str) -> None:
         if not line.strip():
-            comm, section, group_count = None, "", None
-            continue
+            self.comm, self.section, self.part, self.group_count, self.group_status = None, "", "", None, None
+            return
+        report = self.report
         if report.version is None and (m := _VERSION.match(line)):
             report.version = m.group(1)
-            continue
-        if report.nodes_total is None and (m := _SUMMARY_ROW.match(line)) and comm is None and not section:
-            report.nodes_total = min(int(m.group(1)), MAX_RANKS)
-            continue
-        if (m := _GROUP_ROW.match(line)) and comm is None and not section:
-            sizes[int(m.group(1))] = int(m.group(5))
-            continue
-        if line in ("DEAD", "INCOMPLETE", "TIMEOUT"):
-            comm, section, group_count = None, line, None
-            continue
-        if m := _COMM.match(line):
-            key = comm_hash(m.group(3))
-            comm = comms.get(key)
-            if comm is None:
-                if len(comms) >= MAX_COMMS:
-                    raise RasFormatError(f"more than {MAX_COMMS} communicators")
-                comm = comms[key] = RasComm(key, size=sizes.get(int(m.group(1))))
+        elif self.comm is None and not self.section and self._preamble(line):
+            pass
+        elif line in ("DEAD", "INCOMPLETE", "TIMEOUT"):
+            self.comm, self.section, self.group_count = None, line, None
+        elif m := _COMM.match(line):
+            comm = self.b.comm(comm_hash(m.group(3)))
+            assert comm is not None
+            if comm.size is None:
+                comm.size = self.sizes.get(int(m.group(1)))
             comm.status.add(m.group(4))
-            section, collective, group_count = m.group(4), ALL_COLLECTIVES, None
-            continue
-        if comm is None:
-            if section in ("DEAD", "INCOMPLETE") and (m := _PROCESS.match(line)):
-                target = report.dead if section == "DEAD" else report.unresponsive
-                process = (m.group(2), int(m.group(1)))
-                target.add(process)
-                report.gpu_of[process] = min(int(m.group(4) or m.group(3)), 1024)
-            continue
-        ranks_seen += 1
-        if ranks_seen > MAX_RANKS:
-            raise RasFormatError(f"more than {MAX_RANKS} rank lines")
-        if section == "MISMATCH":
-            if m := _DIFFERENT.match(line):
-                collective = m.group(1) or ALL_COLLECTIVES
-                if not _NAME.match(collective):
-                    collective = ALL_COLLECTIVES
-                group_count = None
-            elif line.startswith("  Communicator ranks have different"):
-                group_count = None  # a difference of status: its ranks carry no counts
-                collective = ""
-            elif not collective:
-                continue
-            elif m := _GROUP_COUNT.match(line):
-                group_count = int(m.group(2) or 0)
-                if group_count > MAX_COUNT:
-                    raise RasFormatError("an operation count over 2^63")
-                best = comm.majority.get(collective)
-                if best is None:  # NCCL prints the most common count first
-                    comm.majority[collective] = group_count
+            self.comm, self.section, self.part = comm, m.group(4), ""
+            self.collective, self.group_count, self.group_status = ALL_COLLECTIVES, None, None
+        elif self.comm is None:
+            self._job_wide(line)
+        elif self.section == "MISMATCH":
+            self._mismatch(self.comm, line)
+        elif self.section == "INCOMPLETE":
+            self._incomplete(self.comm, line)
+        elif self.section == "ERROR":
+            self._error(self.comm, line)
+
+    def _preamble(self, line: str) -> bool:
+        if line.startswith("(total)"):
+            self.total_next = True
+            return True
+        if self.total_next and (m := _SUMMARY_ROW.match(line)):
+            if self.report.nodes_total is None:
+                self.report.nodes_total = int(m.group(1))
+            self.total_next = False
+            return True
+        if m := _GROUP_ROW.match(line):
+            self.sizes[int(m.group(1))] = int(m.group(5))
+            return True
+        if m := _GATHERED.match(line):
+            self.report.collection_s = float(m.group(1))
+            return True
+        return False
+
+    def _job_wide(self, line: str) -> None:
+        if self.section in ("DEAD", "INCOMPLETE") and (m := _PROCESS.match(line)):
+            gpu = min(int(m.group(4) or m.group(3)), 1024)
+            self.b.lost(self.section == "DEAD", m.group(2), int(m.group(1)), gpu)
+        elif self.section == "TIMEOUT" and (m := _TIMEOUTS.match(line)):
+            self.report.timeouts = (self.report.timeouts or 0) + int(m.group(1))
+
+    def _listed(self, comm: RasComm, m: re.Match[str], first: int) -> RasRank | None:
+        """The rank a "Rank R ... -- GPU g (NVML n) managed by process P on node H" line names, with what it says."""
+        gpu, nvml, pid, host = m.group(first), m.group(first + 1), m.group(first + 2), m.group(first + 3)
+        entry = self.b.rank(comm, int(m.group(1)), host, int(pid) if pid is not None else None)
+        if entry is not None and gpu is not None:
+            entry.cuda_dev = min(int(gpu), 1024)
+            entry.nvml_dev = min(int(nvml), 1024) if nvml is not None else entry.cuda_dev
+        return entry
+
+    def _count(self, comm: RasComm, rank: int, entry: RasRank | None, count: int) -> None:
+        comm.note_count(self.collective, count)
+        comm.note((rank, self.collective, count))
+        if entry is not None:
+            entry.counts[self.collective] = count
+
+    def _status(self, comm: RasComm, rank: int, entry: RasRank | None, word: str) -> None:
+        comm.note((rank, word))
+        if entry is not None:
+            entry.status = word
+            if word in MISSING_STATUSES:
+                entry.state = RANK_MISSING
+
+    def _mismatch(self, comm: RasComm, line: str) -> None:
+        if m := _DIFFERENT.match(line):
+            self.part, self.group_count, self.group_status = "counts", None, None
+            name = m.group(1) or ALL_COLLECTIVES
+            self.collective = name
+        elif line.startswith("  Communicator ranks have different"):
+            self.part, self.group_count, self.group_status = "status", None, None
+        elif self.part == "status":
+            if m := _GROUP_STATUS.match(line):
+                self.group_status = m.group(2)
+                comm.note((int(m.group(1)), self.group_status))
+            elif m := _RANK_STATUS.match(line):
+                self._status(comm, int(m.group(1)), self._listed(comm, m, 3), m.group(2))
+            elif (m := _NUMBERED.match(line)) and m.group(1) == "unknown":
+                for n in _NUMBER.finditer(line, line.index(":")):
+                    self._status(comm, int(n.group()), self.b.rank(comm, int(n.group())), "UNKNOWN")
+            elif (m := _RANK_LISTED.match(line)) and self.group_status is not None:
+                self._status(comm, int(m.group(1)), self._listed(comm, m, 2), self.group_status)
+        elif self.part == "counts":
+            if m := _GROUP_COUNT.match(line):
+                self.group_count = min(int(m.group(2) or 0), MAX_COUNT)
+                comm.majority.setdefault(self.collective, self.group_count)  # NCCL prints the most common first
+                comm.note_count(self.collective, self.group_count)
+                comm.note((int(m.group(1)), self.collective, self.group_count))
             elif m := _RANK_COUNT.match(line):
-                entry = _listed(comm, m, 3)
-                entry.counts[collective] = min(int(m.group(2) or 0), MAX_COUNT)
-            elif (m := _RANK_LISTED.match(line)) and group_count is not None:
-                entry = _listed(comm, m, 2)
-                entry.counts[collective] = group_count
-        elif section == "INCOMPLETE":
-            if m := _MISSING_LIST.match(line):  # 2.24: numbers only
-                for item in m.group(1).split(","):
-                    if item:
-                        comm.rank_entry(_bounded_rank(item)).state = RANK_MISSING
-            elif m := _RANK_LISTED.match(line):  # 2.26+: the ranks whose process did not answer
-                _listed(comm, m, 2).state = RANK_UNRESPONSIVE
-    report.comms = list(comms.values())
-    _place_numbered(report)
+                count = min(int(m.group(2) or 0), MAX_COUNT)
+                self._count(comm, int(m.group(1)), self._listed(comm, m, 3), count)
+            elif (m := _RANK_LISTED.match(line)) and self.group_count is not None:
+                self._count(comm, int(m.group(1)), self._listed(comm, m, 2), self.group_count)
+
+    def _incomplete(self, comm: RasComm, line: str) -> None:
+        if (m := _NUMBERED.match(line)) and m.group(1) == "missing":  # 2.24: numbers only
+            for n in _NUMBER.finditer(line, line.index(":")):
+                rank = int(n.group())
+                comm.note((rank, RANK_MISSING))
+                if (entry := self.b.rank(comm, rank)) is not None:
+                    entry.state = RANK_MISSING
+        elif m := _RANK_LISTED.match(line):  # 2.26+: the ranks whose process did not answer
+            comm.note((int(m.group(1)), RANK_UNRESPONSIVE))
+            if (entry := self._listed(comm, m, 2)) is not None:
+                entry.state = RANK_UNRESPONSIVE
+
+    def _error(self, comm: RasComm, line: str) -> None:
+        if m := _ASYNC.match(line):
+            comm.async_errors += int(m.group(1))
+        elif (m := _RANK_ERROR.match(line)) and (entry := self._listed(comm, m, 3)) is not None:
+            entry.error = m.group(2)
+
+
+def parse_text(text: str, *, wanted: Wanted | None = None, max_kept: int = MAX_KEPT_RANKS) -> RasReport:
+    head = text[:8192].splitlines()[:40]
+    if not any(line.startswith(_HEADINGS) for line in head):
+        raise RasFormatError("not a RAS status report (no NCCL version line or job summary)")
+    builder = ReportBuilder("text", wanted, max_kept)
+    reader = _TextReader(builder)
+    for line in _lines(text):
+        reader.line(line)
+    report = builder.finish()
     for c in report.comms:
         for r in c.ranks.values():
             if r.host is not None and r.pid is not None:
@@ -300,13 +242,29 @@ def parse_text(text: str) -> RasReport:
     return report
 
 
-def _place_numbered(report: RasReport) -> None:
+def _lines(text: str) -> Iterator[str]:
+    """The lines one at a time, each its own copy (``splitlines`` or ``io.StringIO`` would hold the whole text
+    again, the latter at four bytes a character)."""
+    start, end = 0, len(text)
+    while start < end:
+        stop = text.find("\n", start)
+        if stop < 0:
+            stop = end
+        yield text[start:stop].rstrip("\r")
+        start = stop + 1
+
+
+def pair_numbered(report: RasReport) -> None:
     """NCCL 2.24 names a communicator's missing ranks by number and the processes RAS lost by host and pid, never
     the two together: where a communicator misses as many ranks as there are lost processes, they are paired in
-    order (ranks ascending, processes by host and pid)."""
+    order (ranks ascending, processes by host and pid). An inference, so the reader makes it, not the parser."""
     lost = sorted(report.dead | report.unresponsive)
+    if not lost:
+        return
     for c in report.comms:
-        numbered = sorted(r.rank for r in c.ranks.values() if r.state == RANK_MISSING and r.host is None)
+        numbered = sorted(
+            r.rank for r in c.ranks.values() if r.state == RANK_MISSING and r.host is None and r.status is None
+        )
         if not numbered or len(numbered) != len(lost):
             continue
         for rank, (host, pid) in zip(numbered, lost, strict=True):
@@ -314,22 +272,4 @@ def _place_numbered(report: RasReport) -> None:
             entry.host, entry.pid = host, pid
             entry.nvml_dev = entry.cuda_dev = report.gpu_of.get((host, pid))
             entry.state = RANK_DEAD if (host, pid) in report.dead else RANK_UNRESPONSIVE
-
-
-def _bounded_rank(text: str) -> int:
-    value = int(text)
-    if value > MAX_RANKS:
-        raise RasFormatError(f"rank {value} is over {MAX_RANKS}")
-    return value
-
-
-def _listed(comm: RasComm, m: re.Match[str], first: int) -> RasRank:
-    """The rank a "Rank R ... -- GPU g (NVML n) managed by process P on node H" line names, with what it says."""
-    entry = comm.rank_entry(_bounded_rank(m.group(1)))
-    gpu, nvml, pid, host = m.group(first), m.group(first + 1), m.group(first + 2), m.group(first + 3)
-    if gpu is not None:
-        entry.cuda_dev = min(int(gpu), 1024)
-        entry.nvml_dev = min(int(nvml), 1024) if nvml is not None else entry.cuda_dev
-        entry.pid = min(int(pid), 1 << 31)
-        entry.host = host
-    return entry
+            c.hosts.add(host)

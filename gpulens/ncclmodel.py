@@ -25,7 +25,8 @@ class NcclRank:
     """One rank of one communicator that runs on this node."""
 
     job_id: str | None
-    comm: str  # the communicator's hash as RAS prints it, "0x..." (JSON) or 16 hex digits (text)
+    # the communicator's hash, 16 hex digits; "<hash>-<host hash>-<pid hash>" where two of the answer's share it
+    comm: str
     rank: int
     host: str  # the IP address RAS reports for the rank's process
     pid: int | None = None

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from gpulens.exporter.ncclras import rank_lag, top_counts
-from gpulens.exporter.ncclrasparse import ALL_COLLECTIVES, RasFormatError, parse_report
+from gpulens.exporter.ncclrasparse import ALL_COLLECTIVES, RasFormatError, pair_numbered, parse_report
 from gpulens.exporter.sim.rasserver import RasState, SimComm, SimRank, render_json, render_text
-from gpulens.ncclmodel import RANK_DEAD, RANK_OK, RANK_UNRESPONSIVE
+from gpulens.ncclmodel import RANK_DEAD, RANK_MISSING, RANK_OK, RANK_UNRESPONSIVE
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ncclras"
 
@@ -48,6 +48,8 @@ def test_guide_status_mismatch_carries_no_counts() -> None:
 def test_guide_incomplete_and_dead() -> None:
     incomplete = parse_report(fixture("guide_incomplete.txt"))
     [comm] = incomplete.comms
+    assert (comm.ranks[21].state, comm.ranks[21].host) == (RANK_MISSING, None)  # what the answer says
+    pair_numbered(incomplete)  # what the reader infers
     assert comm.comm == "cf264af53edbe986"
     assert comm.status == {"INCOMPLETE"}
     assert comm.size == 32
@@ -61,6 +63,7 @@ def test_guide_incomplete_and_dead() -> None:
         5,
     )
     dead = parse_report(fixture("guide_dead.txt"))
+    pair_numbered(dead)
     assert dead.dead == {("172.16.64.213", 3487984)}
     assert dead.comms[0].ranks[21].state == RANK_DEAD
 
@@ -103,6 +106,7 @@ def test_every_generation_names_the_lagging_rank_and_the_dead_one(version: str) 
     texts = [render_text(state)] + ([render_json(state)] if version >= "2.28.7" else [])
     for text in texts:
         report = parse_report(text)
+        pair_numbered(report)
         [comm] = report.comms
         assert comm.comm == "0000000000000abc"
         assert "MISMATCH" in comm.status

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from gpulens.clock import Clock, SystemClock
 from gpulens.exporter.ncclrasclient import RasAnswer, RasQueryError, query_status
 from gpulens.exporter.ncclrasparse import RasComm, RasFormatError, RasRank, RasReport, parse_report
+from gpulens.exporter.ncclwide import MAX_REMOTE_STANDOUTS, REMOTE_FRESH_S, FollowUps, remote_standouts
 from gpulens.logutil import ErrorCounter
 from gpulens.model import NodeSnapshot
 from gpulens.ncclmodel import RANK_OK, NcclComm, NcclRank, NcclView
@@ -44,6 +45,8 @@ class _Answer:
     report: RasReport
     at: float  # clock time the query started
     seconds: float
+    follow_up: bool = False  # asked outside this node's turn, to confirm a mismatch (``exporter.ncclwide``)
+    planned: bool = False  # its follow-ups are planned
 
 
 def comm_status(comm: RasComm) -> str:
@@ -108,6 +111,7 @@ class NcclRasReader:
         self._seen_hosts: dict[str, set[str]] = {}  # job -> every host a report named for it
         self._period: dict[str, int] = {}  # job -> its node count, from a text report's job summary
         self._mismatch_since: dict[tuple[str, str], tuple[object, float]] = {}  # (job, comm) -> (signature, since)
+        self._follow = FollowUps()
         self.queries = 0  # status queries sent (the simulator counts them per job)
 
     # --- when to query -------------------------------------------------------------------------------------------
@@ -116,6 +120,8 @@ class NcclRasReader:
         slot = math.floor(now / self._interval)
         if not jobs or slot == self._last_query_slot:
             return False
+        if self._follow.is_due(now):
+            return True
         known = [job for job in jobs if job in self._hosts]
         if len(known) < len(jobs):
             # Hosts not all known (a text report names only the ranks that stand out): every node of the job takes
@@ -131,7 +137,7 @@ class NcclRasReader:
                 return True
         return False
 
-    def _run(self, slot: int) -> None:
+    def _run(self, follow_up: bool) -> None:
         start = self._clock.now()
         try:
             answer = self._query()
@@ -153,7 +159,7 @@ class NcclRasReader:
                 self._error, self._inflight = f"unreadable RAS answer ({type(exc).__name__})", False
             return
         with self._lock:
-            self._answer = _Answer(report, start, answer.seconds)
+            self._answer = _Answer(report, start, answer.seconds, follow_up)
             self._error, self._inflight = None, False
             self._last_seconds = answer.seconds
 
@@ -169,14 +175,15 @@ class NcclRasReader:
         with self._lock:
             start = not self._inflight and self._due(jobs, now, snapshot.node)
             if start:
+                follow_up = self._follow.started(now)
                 self._inflight = True
                 self._last_query_slot = math.floor(now / self._interval)
                 self.queries += 1
         if start:
             if self._background:
-                threading.Thread(target=self._run, args=(self._last_query_slot,), daemon=True).start()
+                threading.Thread(target=self._run, args=(follow_up,), daemon=True).start()
             else:
-                self._run(self._last_query_slot or 0)
+                self._run(follow_up)
         with self._lock:
             answer, error, seconds = self._answer, self._error, self._last_seconds
         if answer is None and error is None:
@@ -211,6 +218,8 @@ class NcclRasReader:
         ranks: list[NcclRank] = []
         comms: list[NcclComm] = []
         hosts_of_job: dict[str, set[str]] = {}
+        ages: list[tuple[str, float]] = []
+        remote: list[NcclRank] = []
         cut = 0
         for comm in report.comms:
             local = [r for r in comm.ranks.values() if r.host in self._local_hosts]
@@ -224,6 +233,9 @@ class NcclRasReader:
             top = top_counts(comm)
             collective = mismatch_collective(comm, top)
             status = comm_status(comm)
+            age = self._mismatch_age(job or "", comm, top, answer.at)
+            if age is not None:
+                ages.append((job or "", age))
             comms.append(
                 NcclComm(
                     job_id=job,
@@ -232,9 +244,12 @@ class NcclRasReader:
                     status=status,
                     top_count=top.get(collective) if collective else None,
                     collective=collective,
-                    mismatch_age_s=self._mismatch_age(job or "", comm, top, answer.at),
+                    mismatch_age_s=age,
                 )
             )
+            if age is not None:  # other nodes' ranks that stand out: named before their node's turn comes
+                room = MAX_REMOTE_STANDOUTS - len(remote)
+                remote += remote_standouts(comm, job, top, self._local_hosts, room) if room > 0 else []
             for r in sorted(local, key=lambda x: x.rank):
                 if len(ranks) >= cap:
                     cut += 1
@@ -254,6 +269,9 @@ class NcclRasReader:
                         state=r.state,
                     )
                 )
+        if not answer.planned:
+            answer.planned = True
+            self._follow.answered(ages, follow_up=answer.follow_up, at=answer.at)
         if cut:
             self._errors.count("nccl_ras_ranks_cut", f"RAS named {cut} more ranks on this node than it has room for")
         for job, hosts in hosts_of_job.items():
@@ -267,6 +285,7 @@ class NcclRasReader:
             self._seen_hosts.pop(job, None)
             self._period.pop(job, None)
             self._hosts.pop(job, None)
+            self._follow.forget([job])
         for key in [k for k in self._mismatch_since if k[0] not in hosts_of_job and k[0] != ""]:
             del self._mismatch_since[key]
         return NcclView(
@@ -275,7 +294,7 @@ class NcclRasReader:
             format=report.format,
             version=report.version,
             comms=tuple(comms[: MAX_LOCAL_RANKS_PER_GPU * max(1, len(snapshot.gpus))]),
-            ranks=tuple(ranks),
+            ranks=tuple(ranks + (remote if now - answer.at <= REMOTE_FRESH_S else [])),
         )
 
     def _mismatch_age(self, job: str, comm: RasComm, top: dict[str, int], at: float) -> float | None:

@@ -17,18 +17,27 @@ signatures.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from gpulens.alerts.base import AlertRule, Candidate, rule_labels
 from gpulens.alerts.history import History
 from gpulens.config import format_duration
-from gpulens.ncclmodel import RANK_DEAD, RANK_OK, RANK_UNRESPONSIVE, NcclComm, NcclRank
+from gpulens.ncclmodel import (
+    MISMATCH_HOLD_S,
+    RANK_DEAD,
+    RANK_OK,
+    RANK_UNRESPONSIVE,
+    NcclComm,
+    NcclRank,
+    NcclView,
+    is_remote,
+)
 
 RANK_MISSING_SIGNATURE: Final = "rank_missing"
 RANK_DEAD_SIGNATURE: Final = "rank_dead"
-DEFAULT_RAS_MISMATCH_FOR_S: Final = 30.0
+DEFAULT_RAS_MISMATCH_FOR_S: Final = MISMATCH_HOLD_S
 MAX_NAMED: Final = 8  # stuck ranks named in the summary; the annotation lists them all
 
 
@@ -40,13 +49,23 @@ class _Placed:
 
 def _describe(p: _Placed, collective: str | None, top: int | None) -> str:
     r = p.rank
-    where = f"{p.node} GPU {r.gpu if r.gpu is not None else '?'} pid {r.pid if r.pid is not None else '?'}"
+    gpu = r.gpu if r.gpu is not None and r.gpu >= 0 else "?"
+    where = f"{p.node} GPU {gpu} pid {r.pid if r.pid is not None else '?'}"
+    if is_remote(r):  # another node's rank, before its own node's turn: where it runs, as the seeing node's RAS said
+        where = f"GPU {gpu} pid {r.pid if r.pid is not None else '?'} on {r.host or 'another node'}, seen from {p.node}"
     if r.state in (RANK_DEAD, RANK_UNRESPONSIVE):
         return f"rank {r.rank} ({where}) {r.state}"
     count = r.counts.get(collective) if collective else None
     if count is not None and top is not None:
         return f"rank {r.rank} ({where}) at {count} against {top}"
     return f"rank {r.rank} ({where}) {r.lag or '?'} behind"
+
+
+_GRAVITY: Final = {RANK_DEAD: 3, RANK_UNRESPONSIVE: 2}  # a rank's state only grows graver through an incident
+
+
+def _weight(r: NcclRank) -> tuple[bool, int, bool]:
+    return (r.state != RANK_OK or (r.lag or 0) > 0, _GRAVITY.get(r.state, 1), not is_remote(r))
 
 
 def _ranges(text: Iterable[str]) -> str:
@@ -63,10 +82,14 @@ def nccl_stall_candidates(rule: AlertRule, history: History, now: float) -> dict
     hold_s = rule.threshold("ras_mismatch_for") if "ras_mismatch_for" in rule.thresholds else DEFAULT_RAS_MISMATCH_FOR_S
     ranks: dict[tuple[str, str], list[_Placed]] = {}
     comms: dict[tuple[str, str], NcclComm] = {}
+    # A rank once: standing out where any node's answer shows it so (its own node's may be older), in the gravest
+    # state shown, from its own node where that shows it too (another node's agent names it before its node's turn).
+    seen: dict[tuple[str, str, int], _Placed] = {}
     for node, view in latest.nccl.items():
         for r in view.ranks:
-            if r.job_id:
-                ranks.setdefault((r.job_id, r.comm), []).append(_Placed(node, r))
+            at = (r.job_id or "", r.comm, r.rank)
+            if r.job_id and (at not in seen or _weight(r) > _weight(seen[at].rank)):
+                seen[at] = _Placed(node, r)
         for c in view.comms:
             if not c.job_id:
                 continue
@@ -74,6 +97,8 @@ def nccl_stall_candidates(rule: AlertRule, history: History, now: float) -> dict
             known = comms.get(key)
             if known is None or (c.mismatch_age_s or -1.0) > (known.mismatch_age_s or -1.0):
                 comms[key] = c
+    for (job, comm_id, _), p in seen.items():
+        ranks.setdefault((job, comm_id), []).append(p)
     out: dict[str, Candidate] = {}
     for (job, comm_id), placed in sorted(ranks.items()):
         gone = [p for p in placed if p.rank.state in (RANK_DEAD, RANK_UNRESPONSIVE)]
@@ -85,10 +110,34 @@ def nccl_stall_candidates(rule: AlertRule, history: History, now: float) -> dict
     for (job, comm_id), comm in sorted(comms.items()):
         if job in out or comm.mismatch_age_s is None or comm.mismatch_age_s < hold_s:
             continue
-        stuck = [p for p in ranks.get((job, comm_id), []) if p.rank.state == RANK_OK and (p.rank.lag or 0) > 0]
+        stuck = _held_behind(latest.nccl, job, comm_id, hold_s, comm.collective)
         if stuck:
             out[job] = _candidate(rule, history, job, comm, comm_id, stuck, dead=False, hold_s=hold_s)
     return out
+
+
+def _held_behind(
+    views: Mapping[str, NcclView], job: str, comm_id: str, hold_s: float, collective: str | None
+) -> list[_Placed]:
+    """The ranks behind in the answers that show the held mismatch (a node's comm and ranks come from one answer; a
+    rank behind in another node's older answer may have caught up since), each named by its own node where that
+    node's answer shows it at the same count."""
+    behind: dict[int, _Placed] = {}
+    for node, view in views.items():
+        if not any(c.job_id == job and c.comm == comm_id and (c.mismatch_age_s or 0.0) >= hold_s for c in view.comms):
+            continue
+        for r in view.ranks:
+            lagging = r.job_id == job and r.comm == comm_id and r.state == RANK_OK and (r.lag or 0) > 0
+            if lagging and (r.rank not in behind or (is_remote(behind[r.rank].rank) and not is_remote(r))):
+                behind[r.rank] = _Placed(node, r)
+    count = (lambda r: r.counts.get(collective)) if collective else (lambda r: None)
+    for node, view in views.items():
+        for r in view.ranks:
+            known = behind.get(r.rank)
+            same = known is not None and r.job_id == job and r.comm == comm_id and count(r) == count(known.rank)
+            if same and known is not None and is_remote(known.rank) and not is_remote(r):
+                behind[r.rank] = _Placed(node, r)
+    return [behind[k] for k in sorted(behind)]
 
 
 def _candidate(

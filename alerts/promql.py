@@ -315,17 +315,18 @@ def _nccl(rule: AlertRule) -> tuple[str, str, str]:
 
     ``rank_dead``: a rank RAS considers dead (at once), or unresponsive for ``ras_mismatch_for`` (every sample
     within it). ``rank_missing``: a rank behind its communicator (``gpulens_nccl_rank_lag``, exported only for a rank
-    that answers) while the communicator has shown the same mismatch for ``ras_mismatch_for``, in a job with no
-    rank dead or unresponsive."""
+    that answers) in a node's answer whose communicator has shown the same mismatch for ``ras_mismatch_for``, in a
+    job with no rank dead or unresponsive."""
     hold = rule.threshold("ras_mismatch_for")
-    dead = (
+    held, unresponsive = duration(hold), "gpulens_nccl_rank_unresponsive"
+    dead = (  # unresponsive for the whole hold: a series another node's answer starts at 1 must be that old
         f"count by (job_id) (gpulens_nccl_rank_dead == 1 "
-        f"or min_over_time(gpulens_nccl_rank_unresponsive[{duration(hold)}]) == 1)"
+        f"or (min_over_time({unresponsive}[{held}]) == 1 and ({unresponsive} offset {held}) == 1))"
     )
-    gone = "count by (job_id) (gpulens_nccl_rank_unresponsive == 1)"
-    missing = (
-        "count by (job_id) (gpulens_nccl_rank_lag > 0 and on(job_id, comm) "
-        f"(max by (job_id, comm) (gpulens_nccl_mismatch_age_seconds) >= {hold:g}))"
+    gone = f"count by (job_id) ({unresponsive} == 1)"
+    missing = (  # behind in the same node's answer that shows the held mismatch
+        "count by (job_id) (gpulens_nccl_rank_lag > 0 and on(node, job_id, comm) "
+        f"(gpulens_nccl_mismatch_age_seconds >= {hold:g}))"
     )
     return dead, f"{missing} unless on(job_id) {gone}", gone
 

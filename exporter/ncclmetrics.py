@@ -2,8 +2,10 @@
 
 Every series carries ``node``. Rank series carry ``job_id, comm, rank`` (``comm`` is the communicator's hash, 16 hex
 digits, with its secondary hash where two communicators share it); only this node's ranks are exported, so the series
-count is bounded by the node's GPUs. Values that come from RAS's answer (hashes, collective names, host addresses) are
-escaped like any other label. A rank's counts are NCCL's sequence numbers: they only grow while the job runs, so
+count is bounded by the node's GPUs, and a bounded few of other nodes' ranks that stand out in this node's answer (lag
+and state, never counts; ``exporter.ncclwide``). Values that come from RAS's answer (hashes, collective names, host
+addresses) are escaped like any other label. A rank's counts are NCCL's sequence numbers: they only grow while the job
+runs, so
 ``gpulens_nccl_collective_launched_total`` is a counter.
 """
 
@@ -13,7 +15,7 @@ from collections.abc import Iterator
 
 from gpulens.exporter.promfamily import Family, render_labels
 from gpulens.model import NodeSnapshot
-from gpulens.ncclmodel import RANK_DEAD, RANK_OK, RANK_UNRESPONSIVE
+from gpulens.ncclmodel import RANK_DEAD, RANK_OK, RANK_UNRESPONSIVE, is_remote
 
 
 def nccl_families(snapshot: NodeSnapshot) -> Iterator[Family]:
@@ -44,7 +46,8 @@ def nccl_families(snapshot: NodeSnapshot) -> Iterator[Family]:
     )
     lag = Family(
         "gpulens_nccl_rank_lag",
-        "Operations this rank is behind its communicator: the highest count of any rank minus this rank's.",
+        "Operations this rank is behind its communicator: the highest count of any rank minus this rank's (this "
+        "node's ranks, and other nodes' ranks behind in this node's answer).",
         labels=["node", "job_id", "comm", "rank"],
     )
     unresponsive = Family(
@@ -59,7 +62,7 @@ def nccl_families(snapshot: NodeSnapshot) -> Iterator[Family]:
     )
     for r in view.ranks:
         prefix = render_labels(("node", "job_id", "comm", "rank"), (node, r.job_id or "", r.comm, str(r.rank)))
-        for collective, count in sorted(r.counts.items()):
+        for collective, count in sorted(r.counts.items()) if not is_remote(r) else ():
             labels = (
                 render_labels(("collective",), (collective,)) + "," + render_labels(("gpu_uuid",), (r.gpu_uuid or "",))
             )

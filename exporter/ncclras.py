@@ -32,9 +32,11 @@ from dataclasses import dataclass
 from gpulens.clock import Clock, SystemClock
 from gpulens.exporter.ncclrasclient import RasAnswer, RasQueryError, query_status
 from gpulens.exporter.ncclrasparse import RasComm, RasFormatError, RasRank, RasReport, pair_numbered, parse_report
+from gpulens.exporter.ncclrasreport import MAX_OTHER_RANKS
+from gpulens.exporter.ncclwide import MAX_REMOTE_STANDOUTS, REMOTE_FRESH_S, FollowUps, remote_standouts
 from gpulens.logutil import ErrorCounter
 from gpulens.model import NodeSnapshot
-from gpulens.ncclmodel import RANK_OK, NcclComm, NcclRank, NcclView
+from gpulens.ncclmodel import RANK_OK, NcclComm, NcclRank, NcclView, is_remote
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,8 @@ class _Answer:
     seconds: float
     view: NcclView | None = None  # the report mapped to this node, for the processes in ``mapped_for``
     mapped_for: tuple[object, ...] | None = None
+    follow_up: bool = False  # asked outside this node's turn, to confirm a mismatch (``exporter.ncclwide``)
+    planned: bool = False  # its follow-ups are planned
 
 
 def comm_status(comm: RasComm) -> str:
@@ -112,6 +116,7 @@ class NcclRasReader:
         self._seen_hosts: dict[str, set[str]] = {}  # job -> every host a report named for it
         self._period: dict[str, int] = {}  # job -> its node count, from a text report's job summary
         self._mismatch_since: dict[tuple[str, str], tuple[object, float]] = {}  # (job, comm) -> (signature, since)
+        self._follow = FollowUps()
         self.queries = 0  # status queries sent (the simulator counts them per job)
 
     # --- when to query -------------------------------------------------------------------------------------------
@@ -120,6 +125,8 @@ class NcclRasReader:
         slot = math.floor(now / self._interval)
         if not jobs or slot == self._last_query_slot:
             return False
+        if self._follow.is_due(now):
+            return True
         known = [job for job in jobs if job in self._hosts]
         if len(known) < len(jobs):
             # Hosts not all known (a text report names only the ranks that stand out): every node of the job takes
@@ -137,14 +144,19 @@ class NcclRasReader:
                 return True
         return False
 
-    def _run(self, slot: int) -> None:
+    def _run(self, follow_up: bool) -> None:
         start = self._clock.now()
         with self._lock:
             hosts, pids, max_kept = set(self._local_hosts), self._local_pids, self._max_kept
         try:
             answer = self._query()
             # Only ranks that may be this node's are kept: on a host known to be this node's, or of a local pid.
-            report = parse_report(answer.text, wanted=lambda host, pid: host in hosts or pid in pids, max_kept=max_kept)
+            report = parse_report(
+                answer.text,
+                wanted=lambda host, pid: host in hosts or pid in pids,
+                max_kept=max_kept,
+                max_others=MAX_OTHER_RANKS,
+            )
             pair_numbered(report)
         except (RasQueryError, RasFormatError) as exc:
             if isinstance(exc, RasQueryError) and exc.absent:
@@ -163,7 +175,7 @@ class NcclRasReader:
                 self._error, self._inflight = f"unreadable RAS answer ({type(exc).__name__})", False
             return
         with self._lock:
-            self._answer = _Answer(report, start, answer.seconds)
+            self._answer = _Answer(report, start, answer.seconds, follow_up=follow_up)
             self._error, self._inflight = None, False
             self._last_seconds = answer.seconds
 
@@ -181,19 +193,23 @@ class NcclRasReader:
             self._max_kept = MAX_LOCAL_RANKS_PER_GPU * max(1, len(snapshot.gpus))
             start = not self._inflight and self._due(jobs, now, snapshot.node)
             if start:
+                follow_up = self._follow.started(now)
                 self._inflight = True
                 self._last_query_slot = math.floor(now / self._interval)
                 self.queries += 1
         if start:
             if self._background:
-                threading.Thread(target=self._run, args=(self._last_query_slot,), daemon=True).start()
+                threading.Thread(target=self._run, args=(follow_up,), daemon=True).start()
             else:
-                self._run(self._last_query_slot or 0)
+                self._run(follow_up)
         with self._lock:
             answer, error, seconds = self._answer, self._error, self._last_seconds
         if answer is None and error is None:
             return snapshot if snapshot.nccl is None else snapshot.replace(nccl=None)
         view = self._mapped(snapshot, answer) if answer is not None else NcclView(up=False)
+        ranks = view.ranks
+        if answer is not None and now - answer.at > REMOTE_FRESH_S:  # other nodes' ranks only while fresh
+            ranks = tuple(r for r in ranks if not is_remote(r))
         view = NcclView(
             up=error is None,
             query_seconds=seconds,
@@ -202,7 +218,7 @@ class NcclRasReader:
             version=view.version,
             error=error,
             comms=view.comms,
-            ranks=view.ranks,
+            ranks=ranks,
         )
         return snapshot.replace(nccl=view, errors={**snapshot.errors, **self._errors.snapshot()})
 
@@ -244,6 +260,8 @@ class NcclRasReader:
         cut = report.ranks_dropped
         keys: set[tuple[str, str]] = set()
         duplicated = {h for h, n in Counter(c.comm for c in report.comms).items() if n > 1}
+        ages: list[tuple[str, float]] = []
+        remote: list[NcclRank] = []
         for comm in report.comms:
             local = [r for r in comm.ranks.values() if r.host in self._local_hosts]
             if not local:
@@ -260,6 +278,9 @@ class NcclRasReader:
             top = top_counts(comm)
             collective = mismatch_collective(comm, top)
             status = comm_status(comm)
+            age = self._mismatch_age((job or "", label), comm, answer.at)
+            if age is not None:
+                ages.append((job or "", age))
             comms.append(
                 NcclComm(
                     job_id=job,
@@ -268,9 +289,12 @@ class NcclRasReader:
                     status=status,
                     top_count=top.get(collective) if collective else None,
                     collective=collective,
-                    mismatch_age_s=self._mismatch_age((job or "", label), comm, answer.at),
+                    mismatch_age_s=age,
                 )
             )
+            if age is not None:  # other nodes' ranks that stand out: named before their node's turn comes
+                room = MAX_REMOTE_STANDOUTS - len(remote)
+                remote += remote_standouts(comm, job, top, self._local_hosts, room, label) if room > 0 else []
             for r in sorted(local, key=lambda x: x.rank):
                 if len(ranks) >= cap:
                     cut += 1
@@ -290,6 +314,9 @@ class NcclRasReader:
                         state=r.state,
                     )
                 )
+        if not answer.planned:
+            answer.planned = True
+            self._follow.answered(ages, follow_up=answer.follow_up, at=answer.at)
         if cut:
             self._errors.count("nccl_ras_ranks_cut", f"RAS named {cut} more ranks on this node than it has room for")
         for job, hosts in hosts_of_job.items():
@@ -313,6 +340,7 @@ class NcclRasReader:
             self._seen_hosts.pop(job, None)
             self._period.pop(job, None)
             self._hosts.pop(job, None)
+            self._follow.forget([job])
         for key in [k for k in self._mismatch_since if k not in keys]:
             del self._mismatch_since[key]
         return NcclView(
@@ -320,7 +348,7 @@ class NcclRasReader:
             format=report.format,
             version=report.version,
             comms=tuple(comms[: MAX_LOCAL_RANKS_PER_GPU * max(1, len(snapshot.gpus))]),
-            ranks=tuple(ranks),
+            ranks=tuple(ranks + remote),
         )
 
     def _mismatch_age(self, key: tuple[str, str], comm: RasComm, at: float) -> float | None:

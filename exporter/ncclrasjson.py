@@ -174,11 +174,11 @@ class _JsonReader:
             comm.status.add("MISMATCH")
 
 
-def parse_json(text: str, *, wanted: Wanted | None = None, max_kept: int = 4096) -> RasReport:
+def parse_json(text: str, *, wanted: Wanted | None = None, max_kept: int = 4096, max_others: int = 0) -> RasReport:
     containers = text.count("{") + text.count("[")
     if containers > MAX_CONTAINERS:
         raise RasFormatError(f"{containers} JSON objects and lists, more than {MAX_CONTAINERS}")
-    builder = ReportBuilder("json", wanted, max_kept)
+    builder = ReportBuilder("json", wanted, max_kept, max_others)
     reader = _JsonReader(builder)
     try:
         doc = json.loads(repair(text), object_pairs_hook=reader.hook)

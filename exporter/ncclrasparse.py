@@ -50,13 +50,16 @@ __all__ = [
 MISSING_STATUSES: Final = ("NOCOMM", "UNKNOWN")  # answered without the communicator (UNKNOWN: 2.24)
 
 
-def parse_report(text: str, *, wanted: Wanted | None = None, max_kept: int = MAX_KEPT_RANKS) -> RasReport:
+def parse_report(
+    text: str, *, wanted: Wanted | None = None, max_kept: int = MAX_KEPT_RANKS, max_others: int = 0
+) -> RasReport:
     """A report in either format, told apart by its first character. ``wanted`` picks the ranks to keep (the
-    others only count in their communicator's aggregates); at most ``max_kept`` are kept."""
+    others only count in their communicator's aggregates); at most ``max_kept`` are kept, and beside them the first
+    ``max_others`` ranks of other nodes."""
     stripped = text.lstrip()
     if stripped.startswith("{"):
-        return parse_json(stripped, wanted=wanted, max_kept=max_kept)
-    return parse_text(text, wanted=wanted, max_kept=max_kept)
+        return parse_json(stripped, wanted=wanted, max_kept=max_kept, max_others=max_others)
+    return parse_text(text, wanted=wanted, max_kept=max_kept, max_others=max_others)
 
 
 _HEADINGS = ("NCCL version ", "Job summary", "Communicators", "Group     Comms", "Errors", "Warnings")
@@ -223,11 +226,13 @@ class _TextReader:
             entry.error = m.group(2)
 
 
-def parse_text(text: str, *, wanted: Wanted | None = None, max_kept: int = MAX_KEPT_RANKS) -> RasReport:
+def parse_text(
+    text: str, *, wanted: Wanted | None = None, max_kept: int = MAX_KEPT_RANKS, max_others: int = 0
+) -> RasReport:
     head = text[:8192].splitlines()[:40]
     if not any(line.startswith(_HEADINGS) for line in head):
         raise RasFormatError("not a RAS status report (no NCCL version line or job summary)")
-    builder = ReportBuilder("text", wanted, max_kept)
+    builder = ReportBuilder("text", wanted, max_kept, max_others)
     reader = _TextReader(builder)
     for line in _lines(text):
         reader.line(line)

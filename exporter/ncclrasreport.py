@@ -22,6 +22,7 @@ MAX_COMMS: Final = 4096  # communicators read per answer
 MAX_RANKS_READ: Final = 1 << 17  # rank entries read per answer, over all communicators
 MAX_RANK: Final = 1 << 20  # the highest rank number accepted
 MAX_KEPT_RANKS: Final = 4096  # rank entries kept per answer (the reader asks for fewer: its own GPUs' room)
+MAX_OTHER_RANKS: Final = 4096  # ranks of other nodes kept per answer, where the caller asks (``max_others``)
 MAX_COMM_HOSTS: Final = 1024  # distinct hosts remembered per communicator
 MAX_LOST: Final = 1024  # processes RAS lost (DEAD, INCOMPLETE) remembered per answer
 MAX_COUNT: Final = (1 << 63) - 1
@@ -121,11 +122,15 @@ def bounded_rank(value: int) -> int:
 class ReportBuilder:
     """Builds a ``RasReport`` within the bounds: every rank read goes through ``rank``."""
 
-    def __init__(self, fmt: str, wanted: Wanted | None, max_kept: int) -> None:
+    def __init__(self, fmt: str, wanted: Wanted | None, max_kept: int, max_others: int = 0) -> None:
         self.report = RasReport(fmt)
         self._wanted = wanted
         self._max_kept = min(max_kept, MAX_KEPT_RANKS)
         self._kept = 0
+        # Ranks of other nodes kept beside the wanted ones, first come, up to this many: the reader passes on those
+        # that stand out (``exporter.ncclwide``); they never count against the caller's own room.
+        self._max_others = min(max_others, MAX_OTHER_RANKS)
+        self._others = 0
         self._comms: dict[tuple[str, str | None], RasComm] = {}
 
     def comm(self, hash_: str, secondary: str | None = None, size: int | None = None) -> RasComm | None:
@@ -163,7 +168,11 @@ class ReportBuilder:
         # A rank with no host (2.24 names missing ranks by number) is kept: the reader places it later.
         wanted = self._wanted is None or host is None or self._wanted(host, pid)
         if not wanted:
-            return None
+            if self._others >= self._max_others:
+                return None
+            self._others += 1
+            entry = comm.ranks[rank] = RasRank(rank, host, pid)
+            return entry
         if self._kept >= self._max_kept:
             self.report.ranks_dropped += 1
             if self._wanted is not None and self.report.ranks_dropped > self._max_kept:

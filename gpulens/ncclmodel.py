@@ -2,7 +2,8 @@
 
 One ``NcclView`` per node snapshot: whether RAS answered, and the communicators and ranks of the jobs on this node,
 each rank mapped to gpulens's own records (GPU UUID, job, node). Only the ranks that run on this node are kept, so the
-number of series is bounded by the node's GPUs whatever a RAS answer claims.
+number of series is bounded by the node's GPUs whatever a RAS answer claims, and a bounded few of other nodes' ranks
+that stand out in this node's answer (``is_remote``), so that a hang is named without waiting for their node's turn.
 """
 
 from __future__ import annotations
@@ -19,10 +20,15 @@ RANK_UNRESPONSIVE: Final = "unresponsive"
 RANK_DEAD: Final = "dead"
 RANK_STATES: Final = (RANK_OK, RANK_MISSING, RANK_UNRESPONSIVE, RANK_DEAD)
 
+# How long a communicator's counts must hold the same mismatch before ``CommunicationStall`` names the ranks behind
+# (the rule's ``ras_mismatch_for`` by default); the node agent confirms a new mismatch this long after it saw it.
+MISMATCH_HOLD_S: Final = 30.0
+
 
 @dataclass(frozen=True)
 class NcclRank:
-    """One rank of one communicator that runs on this node."""
+    """One rank of one communicator that runs on this node, or another node's rank that stands out in this node's
+    answer (``is_remote``)."""
 
     job_id: str | None
     # the communicator's hash, 16 hex digits; "<hash>-<host hash>-<pid hash>" where two of the answer's share it
@@ -36,6 +42,12 @@ class NcclRank:
     counts: Mapping[str, int] = field(default_factory=dict)
     lag: int | None = None  # the communicator's highest count minus this rank's, over the collectives
     state: str = RANK_OK
+
+
+def is_remote(rank: NcclRank) -> bool:
+    """A rank of another node that this node's answer showed standing out (``exporter.ncclwide``): its GPU index is
+    another node's (-1: unknown), so it maps to none of this node's GPU UUIDs."""
+    return rank.gpu is not None and rank.gpu_uuid is None
 
 
 @dataclass(frozen=True)

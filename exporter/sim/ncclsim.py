@@ -4,7 +4,9 @@ each node's agent-side reader (``gpulens.exporter.ncclras.NcclRasReader``, the r
 A job launches ``OPS_PER_SECOND`` AllReduce operations per second while it trains; its counts stand still, equal on
 every rank, through warm-up, checkpoints, evaluation and data-loader waits. While it trains a transient mismatch of
 one or two operations comes and goes (``TRANSIENT_SHARE`` of the reports), and a straggler's rank lags by one to
-three operations, a different number each report. In a hang every count stops: the ranks of the hang's
+three operations, a different number each report. A job with ``checkpoint_ranks`` checkpoints as a job that saves
+from those ranks alone: the others launch the next collective and wait in it, so RAS shows the writers one operation
+behind for the whole save. In a hang every count stops: the ranks of the hang's
 ``stuck_ranks`` one operation behind the others (none: all equal); a ``rank_dead`` leaves the others one ahead and
 its process unresponsive after 5 s, dead after 60 s. A job with ``nccl_ras = false`` answers nothing.
 
@@ -35,7 +37,7 @@ from gpulens.exporter.sim.rasserver import (
     speaks_json,
 )
 from gpulens.exporter.sim.specs import FaultSpec, GpuRef, JobSpec
-from gpulens.exporter.sim.stepstate import RUN, JobPhase
+from gpulens.exporter.sim.stepstate import CHECKPOINT, CHECKPOINT_WRITE, RUN, JobPhase
 from gpulens.model import NodeSnapshot
 from gpulens.ncclmodel import RANK_DEAD, RANK_OK, RANK_UNRESPONSIVE, NcclView
 
@@ -124,6 +126,9 @@ class NcclSim:
             phase = self._phase(job.id, k)
             if phase is not None and phase.mode == RUN and count > 0:
                 lag = self._running_lags(job, k)
+            elif phase is not None and phase.mode in (CHECKPOINT, CHECKPOINT_WRITE) and job.checkpoint_ranks:
+                top = count + 1  # the others launched the collective after the save and wait in it
+                lag = dict.fromkeys(job.checkpoint_ranks, 1)
         ranks = []
         for rank, ref in enumerate(job.gpus):
             pid = self._pids(ref).get(job.id, 0)

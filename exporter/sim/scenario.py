@@ -244,6 +244,7 @@ class _Resolver:
             end=end,
             memory_fraction=float(fraction),
             checkpoint_every_s=self._checkpoint_every(i, job, kind),
+            checkpoint_ranks=self._checkpoint_ranks(i, job),
             **self._phases(i, job, kind, end - start),
             nccl_ras=job.nccl_ras,
             nccl_version=self._nccl_version(i, job.nccl_version),
@@ -267,6 +268,17 @@ class _Resolver:
             least = format_duration(MIN_CHECKPOINT_STEPS * self.step)
             raise self.fail("jobs", i, "checkpoint_every", f"must be at least {MIN_CHECKPOINT_STEPS} steps ({least})")
         return every
+
+    def _checkpoint_ranks(self, i: int, job: JobInput) -> tuple[GpuRef, ...]:
+        if job.checkpoint_ranks is None:
+            return ()
+        if job.checkpoint_every is None:
+            raise self.fail("jobs", i, "checkpoint_ranks", "needs checkpoint_every")
+        writers = self.ranges.gpu_list("jobs", i, "checkpoint_ranks", job.checkpoint_ranks)
+        gpus = self.ranges.gpu_list("jobs", i, "gpus", job.gpus)
+        if not set(writers) <= set(gpus) or set(writers) == set(gpus):
+            raise self.fail("jobs", i, "checkpoint_ranks", "expected some of the job's GPUs, not all of them")
+        return writers
 
     def _phases(self, i: int, job: JobInput, kind: str, run_s: float) -> dict[str, float | None]:
         """``checkpoint_duration``, ``eval_every``, ``eval_duration`` and ``first_step``: training only."""

@@ -71,6 +71,7 @@ class JobInput(InputStruct, frozen=True):
     memory_fraction: float | None = None
     checkpoint_every: DurationValue | None = None
     checkpoint_duration: DurationValue | None = None
+    checkpoint_ranks: str | list[str] | None = None  # GPU ranges that alone write, the others waiting one op ahead
     eval_every: DurationValue | None = None
     eval_duration: DurationValue | None = None
     first_step: DurationValue | None = None

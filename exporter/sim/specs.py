@@ -61,6 +61,9 @@ class JobSpec:
     memory_fraction: float
     checkpoint_every_s: float | None = None
     checkpoint_duration_s: float | None = None  # None: 1-3 steps per checkpoint
+    # The ranks that alone write each checkpoint while the others launch the next collective and wait (NCCL RAS
+    # shows these one operation behind for the whole save); empty: every rank pauses at the same count.
+    checkpoint_ranks: tuple[GpuRef, ...] = ()
     eval_every_s: float | None = None
     eval_duration_s: float | None = None
     first_step_s: float | None = None  # a slow first step (compilation, warm-up) from the job's start

@@ -1,0 +1,55 @@
+"""Checkpoints saved by some ranks alone (``checkpoint_ranks``): NCCL RAS in the simulator shows the writers one
+operation behind for the whole save, the others waiting at the same higher count, and every rank equal again once
+the save ends; a scenario naming GPUs outside the job, every GPU of it, or no checkpoints is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpulens.config import ConfigError
+from gpulens.exporter.sim import SimCluster, load_scenario, parse_scenario
+from gpulens.ncclmodel import is_remote
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "scenarios" / "nccl-checkpoint.toml"
+
+
+def _lags(sim: SimCluster, t: float) -> dict[int, int]:
+    """Rank -> lag as node-00's agent sees its own ranks (rank 0 writes the checkpoint)."""
+    sim.snapshot("node-01", t)
+    view = sim.snapshot("node-00", t).nccl
+    assert view is not None
+    return {r.rank: r.lag or 0 for r in view.ranks if not is_remote(r)}
+
+
+def test_the_writer_is_one_operation_behind_for_the_whole_save() -> None:
+    scenario = load_scenario(EXAMPLE)
+    sim = SimCluster(scenario)
+    start = scenario.start + 30 * 60  # the first save: 30m to 40m
+    during = [_lags(sim, start + 60 * m + 30) for m in range(10)]
+    assert all(lags[0] == 1 for lags in during)
+    assert all(lag == 0 for lags in during for rank, lag in lags.items() if rank != 0)
+    after = [_lags(sim, start + 11 * 60 + 10 * s)[0] for s in range(12)]
+    assert 0 in after  # the writer caught up: training again (a transient lag now and then, as any rank)
+    assert all(lag <= 2 for lag in after)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('checkpoint_ranks = ["node-01:0"]', "expected some of the job's GPUs"),
+        ('checkpoint_ranks = ["node-00:0-7"]', "expected some of the job's GPUs"),
+    ],
+)
+def test_bad_checkpoint_ranks_are_refused(extra: str, message: str) -> None:
+    text = EXAMPLE.read_text().replace('checkpoint_ranks = ["node-00:0"]', extra)
+    text = text.replace('gpus = ["node-00:0-7", "node-01:0-7"]', 'gpus = ["node-00:0-7"]')
+    with pytest.raises(ConfigError, match=message):
+        parse_scenario(text, source="bad")
+
+
+def test_checkpoint_ranks_need_checkpoints() -> None:
+    text = EXAMPLE.read_text().replace('checkpoint_every = "30m"\ncheckpoint_duration = "10m"\n', "")
+    with pytest.raises(ConfigError, match="needs checkpoint_every"):
+        parse_scenario(text, source="bad")

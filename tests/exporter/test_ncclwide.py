@@ -1,5 +1,5 @@
 """A node's RAS answer counts for the whole job (``exporter.ncclwide``): in a 64-node job, where each node's turn
-comes every 64 intervals, the node that sees a new mismatch passes on the other node's rank behind and confirms the
+would come every 64 intervals and comes every 32 (``MAX_TURN_PERIOD``), the node that sees a new mismatch passes on the other node's rank behind and confirms the
 mismatch with one query of its own ``MISMATCH_HOLD_S`` later; a mismatch that moves (a straggler) costs one such
 query per turn and no more. Read over TCP from the simulator's RAS server."""
 
@@ -63,8 +63,9 @@ def _run(lag: Callable[[float], int], seconds: int, dead: bool = False) -> tuple
 
 def test_a_new_mismatch_is_confirmed_by_one_query_and_the_other_nodes_rank_passed_on() -> None:
     sent, views = _run(lambda t: 1 if t >= START + 5 else 0, 140)
-    # the first query at once, its turns at 1024 and 1088, one follow-up MISMATCH_HOLD_S after the turn that saw it
-    assert sent == [START, 1024.0, 1024.0 + MISMATCH_HOLD_S, 1088.0]
+    # the first query at once, its turns every 32 intervals (1024, 1056, ...), one follow-up MISMATCH_HOLD_S after
+    # the turn that saw the new mismatch, none after the turns that see it held
+    assert sent == [START, 1024.0, 1024.0 + MISMATCH_HOLD_S, 1056.0, 1088.0, 1120.0]
     confirmed = views[1024.0 + MISMATCH_HOLD_S]
     [comm] = confirmed.comms
     assert comm.mismatch_age_s == MISMATCH_HOLD_S
@@ -81,7 +82,8 @@ def test_a_new_mismatch_is_confirmed_by_one_query_and_the_other_nodes_rank_passe
 
 def test_a_moving_mismatch_costs_one_follow_up_per_turn() -> None:
     sent, _ = _run(lambda t: 1 + int(t) % 3 if t >= START + 5 else 0, 200)
-    assert sent == [START, 1024.0, 1024.0 + MISMATCH_HOLD_S, 1088.0, 1088.0 + MISMATCH_HOLD_S, 1152.0, 1182.0]
+    turns = [1024.0 + 32 * i for i in range(6)]
+    assert sent == [START, *sorted(turns + [t + MISMATCH_HOLD_S for t in turns[:-1]])]
 
 
 def test_another_nodes_dead_rank_is_passed_on_at_this_nodes_turn() -> None:

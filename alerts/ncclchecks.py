@@ -80,14 +80,14 @@ def nccl_stall_candidates(rule: AlertRule, history: History, now: float) -> dict
         if gone:
             dead = any(p.rank.state == RANK_DEAD for p in gone)
             out[job] = _candidate(
-                rule, history, job, comms.get((job, comm_id)), comm_id, gone, dead=dead, hold_s=hold_s
+                rule, history, job, comms.get((job, comm_id)), comm_id, gone, dead=dead, hold_s=hold_s, now=now
             )
     for (job, comm_id), comm in sorted(comms.items()):
         if job in out or comm.mismatch_age_s is None or comm.mismatch_age_s < hold_s:
             continue
         stuck = [p for p in ranks.get((job, comm_id), []) if p.rank.state == RANK_OK and (p.rank.lag or 0) > 0]
         if stuck:
-            out[job] = _candidate(rule, history, job, comm, comm_id, stuck, dead=False, hold_s=hold_s)
+            out[job] = _candidate(rule, history, job, comm, comm_id, stuck, dead=False, hold_s=hold_s, now=now)
     return out
 
 
@@ -101,6 +101,7 @@ def _candidate(
     *,
     dead: bool,
     hold_s: float,
+    now: float,
 ) -> Candidate:
     placed = sorted(placed, key=lambda p: p.rank.rank)
     collective = comm.collective if comm is not None else None
@@ -119,6 +120,7 @@ def _candidate(
             f"for it in {collective or 'their next collective'}."
         )
         for_s = 0.0 if dead else hold_s
+        began = now
     else:
         signature = RANK_MISSING_SIGNATURE
         age = comm.mismatch_age_s if comm is not None and comm.mismatch_age_s is not None else hold_s
@@ -132,7 +134,10 @@ def _candidate(
             "others wait for them (look at what those ranks do: py-spy dump, a data or host problem on their node)."
         )
         for_s = 0.0
+        began = now - age  # the counts stopped moving
     labels = rule_labels(rule, {"job_id": job, "user": user or "", "signature": signature})
     description = cause + (f" User {user}." if user else "")
     annotations = {"stuck_ranks": "\n".join(lines), "cause": cause}
-    return Candidate(rule.name, labels, float(len(placed)), summary, description, annotations=annotations, for_s=for_s)
+    return Candidate(
+        rule.name, labels, float(len(placed)), summary, description, annotations=annotations, for_s=for_s, began=began
+    )

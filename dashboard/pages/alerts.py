@@ -12,6 +12,7 @@ from dash import Dash, Output, State, html
 from gpulens.alerts.state import AlertState, Silence
 from gpulens.dashboard import ids
 from gpulens.dashboard.alertdata import counts_as_firing
+from gpulens.dashboard.alertdetail import alert_detail
 from gpulens.dashboard.components import (
     Cell,
     ViewState,
@@ -146,7 +147,8 @@ def subject_links(labels: Mapping[str, str], state: ViewState) -> html.Span:
 
 
 def alerts_table(alerts: Sequence[AlertState], state: ViewState, *, empty: str, now: float | None = None) -> html.Div:
-    """One row per alert: state, severity, name, what it is about (links), summary, since when."""
+    """One row per alert: state, severity, name, what it is about (links), its summary (which opens onto its
+    description and runbook), when its fault began and since when it fires."""
     rows: list[list[Cell]] = []
     for a in alerts:
         since = a.fired_at if a.fired_at is not None else a.active_since
@@ -165,11 +167,13 @@ def alerts_table(alerts: Sequence[AlertState], state: ViewState, *, empty: str, 
                 flag(a.labels.get("severity", MISSING), a.labels.get("severity")),
                 html.Strong(a.rule),
                 subject_links(a.labels, state),
-                a.summary,
+                alert_detail(a),
+                minute_text(a.began),
                 when,
             ]
         )
-    return table(["state", "severity", "alert", "about", "summary", "since"], rows, empty=empty, limit=100)
+    columns = ["state", "severity", "alert", "about", "summary (click: description, runbook)", "began", "fired"]
+    return table(columns, rows, empty=empty, limit=100)
 
 
 def silences_table(silences: Sequence[Silence], now: float) -> html.Div:

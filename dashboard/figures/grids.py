@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 
 from gpulens.dashboard.figures.style import (
     DOWN_COLOR,
+    HUNG_COLOR,
     PALETTE,
     STALE_COLOR,
     VALIDATE,
@@ -35,6 +36,7 @@ class GridCell:
     reading: GpuReading
     jobs: tuple[GpuJob, ...] = ()
     stale: bool = False  # no reading for a while: its node's exporter or the collector is down
+    hung: str = ""  # why the alert engine holds it hung (``dashboard.hung``): drawn as hung, whatever it reads
 
 
 def gpu_hover(r: GpuReading, jobs: Sequence[GpuJob] = ()) -> str:
@@ -91,7 +93,7 @@ class _Cell:
     hover: str
     path: str
     text: str = ""
-    overlay: float | None = None  # 1: down, 0: stale (drawn over the values in their own colours)
+    overlay: float | None = None  # 1: down, 0.5: hung, 0: stale (drawn over the values in their own colours)
 
 
 _EMPTY_CELL: Final = _Cell(None, "", "")
@@ -159,7 +161,8 @@ def gpu_heatmap(
 ) -> go.Figure:
     """Nodes (rows, in the given order) x GPUs (columns) coloured by ``metric``; click a cell for its GPU page.
 
-    Down GPUs are red, stale ones (no recent reading) grey, both with their own hover text.
+    Down GPUs are red, stale ones (no recent reading) grey, hung ones (a stalled job's, a hung driver's) orange and
+    written "hung" whatever utilization they read, each with its own hover text.
     """
     if not cells:
         return empty_figure("no GPUs to show")
@@ -170,8 +173,10 @@ def gpu_heatmap(
         hover = gpu_hover(r, cell.jobs)
         if cell.stale:
             hover += "<br><b>no recent reading</b> (exporter or collector down)"
-        overlay = 1.0 if not r.up else 0.0 if cell.stale else None
-        text = metric.text(value) if value is not None else ""
+        if cell.hung:
+            hover += f"<br><b>{plotly_text(cell.hung)}</b>"
+        overlay = 1.0 if not r.up else 0.0 if cell.stale else 0.5 if cell.hung else None
+        text = "hung" if overlay == 0.5 else metric.text(value) if value is not None else ""
         return _Cell(round_sig(value, 3), hover, gpu_path(r.uuid), text, overlay)
 
     columns, m = _matrix(cells, nodes, describe)
@@ -203,9 +208,24 @@ def gpu_heatmap(
                 z=m.overlay,
                 zmin=0,
                 zmax=1,
-                colorscale=[[0, STALE_COLOR], [0.5, STALE_COLOR], [0.5, DOWN_COLOR], [1, DOWN_COLOR]],
+                colorscale=[
+                    [0, STALE_COLOR],
+                    [1 / 3, STALE_COLOR],
+                    [1 / 3, HUNG_COLOR],
+                    [2 / 3, HUNG_COLOR],
+                    [2 / 3, DOWN_COLOR],
+                    [1, DOWN_COLOR],
+                ],
                 showscale=False,
-                name="down or stale",
+                text=[
+                    [t if o == 0.5 else "" for t, o in zip(tr, orow, strict=True)]
+                    for tr, orow in zip(m.text, m.overlay, strict=True)
+                ]
+                if show_text
+                else None,
+                texttemplate="<b>%{text}</b>" if show_text else None,
+                textfont={"size": 10, "color": "#ffffff"},
+                name="down, hung or stale",
             )
         )
     return figure(traces, base_layout(**_grid_axes(nodes, columns, 22)))

@@ -50,11 +50,12 @@ from gpulens.dashboard.figures.style import empty_figure
 from gpulens.dashboard.formatting import MISSING, bytes_text, percent_text, plotly_text, watts_text
 from gpulens.dashboard.grid import DEFAULT_SORT, NODES_PER_PAGE, SORTS, GridPage, grid_cells, parse_page, select_page
 from gpulens.dashboard.heatmaps import DEFAULT_METRIC, METRIC_FIELDS, METRICS, Metric
-from gpulens.dashboard.paths import node_path
+from gpulens.dashboard.hung import hangs
+from gpulens.dashboard.paths import job_path, node_path
 from gpulens.dashboard.summary import IDLE_BELOW, SUMMARY_FIELDS, Headline, headline
 from gpulens.dashboard.timerange import TimeRange, minute_text, resolve_range
 from gpulens.fabricmodel import NicReading
-from gpulens.model import TargetHealth
+from gpulens.model import GpuJob, TargetHealth
 from gpulens.ratios import memory_used_ratio, power_limit_ratio
 from gpulens.storage.reading import TooManySeriesError
 
@@ -226,16 +227,16 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
         jobs = context.store.current_jobs()
         targets = context.store.target_health()
         firing = context.alerts.active() if context.alerts is not None else None
-        cells = grid_cells(readings, jobs, now=now, stale_after_s=context.stale_after_s)
+        cells = grid_cells(readings, jobs, now=now, stale_after_s=context.stale_after_s, alerts=firing or ())
         grid = select_page(cells, metric, text=text, sort=sort, page=page - 1)
         # every node's ports counted in the store; the ports of the nodes shown read whole
         counts = available(context.store.nic_counts)
         nics = available(lambda: context.store.latest_nics(nodes=grid.nodes, fields=STATUS_FIELDS))
         stale = stale_nodes(readings, now, context.stale_after_s)
         fabric = fabric_of(context, counts, nics, span, firing, stale)  # in the same snapshot
-        return span, targets, firing, cells, grid, fabric, totals
+        return span, targets, firing, cells, grid, fabric, totals, jobs
 
-    span, targets, firing, cells, grid, fabric, totals = guarded(context, load)
+    span, targets, firing, cells, grid, fabric, totals, jobs = guarded(context, load)
     head = headline(cells, totals)
     alerts_firing = None if firing is None else sum(1 for a in firing if counts_as_firing(a))
     show_map = len(grid.rows) > grid.per_page
@@ -249,7 +250,7 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
     last = min(len(grid.rows), (grid.page + 1) * grid.per_page)
     info = f"nodes {first} to {last} of {len(grid.rows)} · page {grid.page + 1}/{grid.pages}" if grid.rows else ""
     return (
-        status_banner(head, targets, now),
+        [hang_banner(firing or (), jobs, state), status_banner(head, targets, now)],
         [*headline_cards(head, alerts_firing), fabric_card(fabric)],
         map_figure,
         {"display": "block" if show_map else "none"},
@@ -330,6 +331,34 @@ def headline_cards(h: Headline, alerts_firing: int | None) -> list[html.Div]:
         if alerts_firing is None
         else card("Alerts firing", f"{alerts_firing}", "see Alerts", "bad" if alerts_firing else "ok"),
     ]
+
+
+def hang_banner(alerts: Sequence[AlertState], jobs: Sequence[GpuJob], state: ViewState) -> html.Div | None:
+    """The stalled jobs and hung drivers first, named: their GPUs may read 100 % busy (the heatmap marks them hung)."""
+    stalled, drivers = hangs(alerts)
+    if not stalled and not drivers:
+        return None
+    held: dict[str, int] = {}
+    for j in jobs:
+        held[j.job_id] = held.get(j.job_id, 0) + 1
+    items: list[Any] = [
+        html.Span(
+            [
+                "job ",
+                link(job, job_path(job), state),
+                f": {held.get(job, 0)} GPU(s) hung since {minute_text(h.began)}"
+                + (f" ({h.signature})" if h.signature else "")
+                + ("" if h.firing else ", pending"),
+            ]
+        )
+        for job, h in sorted(stalled.items())
+    ]
+    items += [
+        html.Span(["node ", link(node, node_path(node), state), f": GPU driver hung since {minute_text(h.began)}"])
+        for node, h in sorted(drivers.items())
+    ]
+    title = f"{len(stalled)} job(s) stalled" if stalled else f"{len(drivers)} node(s) with a hung GPU driver"
+    return banner("bad", title + ": their GPUs are hung, not busy.", None, items)
 
 
 def status_banner(h: Headline, targets: list[TargetHealth], now: float) -> html.Div | None:

@@ -17,6 +17,7 @@ signatures.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -47,6 +48,15 @@ def _describe(p: _Placed, collective: str | None, top: int | None) -> str:
     if count is not None and top is not None:
         return f"rank {r.rank} ({where}) at {count} against {top}"
     return f"rank {r.rank} ({where}) {r.lag or '?'} behind"
+
+
+# How ``_describe`` begins a stuck rank's line: what ``named_ranks`` reads back (one format, written and read here).
+_NAMED: Final = re.compile(r"^rank (\d+) \((\S+) GPU ", re.MULTILINE)
+
+
+def named_ranks(stuck_ranks: str) -> set[tuple[str, int]]:
+    """The (node, rank) pairs a stall's ``stuck_ranks`` annotation names: the ranks its RAS signature accuses."""
+    return {(node, int(rank)) for rank, node in _NAMED.findall(stuck_ranks)}
 
 
 def _ranges(text: Iterable[str]) -> str:

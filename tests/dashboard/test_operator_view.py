@@ -10,6 +10,7 @@ import plotly.colors
 from gpulens.alerts.catalogue import DEFINITIONS
 from gpulens.alerts.state import AlertState, fingerprint
 from gpulens.dashboard.alertdetail import alert_detail, when_text
+from gpulens.dashboard.figures.gputime import Row, fitted_bins, gpu_time_heatmap
 from gpulens.dashboard.figures.grids import gpu_heatmap
 from gpulens.dashboard.figures.links import node_topology
 from gpulens.dashboard.figures.style import HUNG_COLOR, LINK_COLORS
@@ -108,3 +109,16 @@ def test_an_alert_row_opens_onto_its_description_and_the_catalogues_runbook() ->
     assert catalogue.action[:60] in text  # the runbook, from the catalogue where the alert carries none
     assert catalogue.meaning[:60] in text
     assert when_text(stall) == "began 2025-12-31 23:59 UTC · fired 2026-01-01 00:00 UTC"
+
+
+def test_short_range_heatmap_cells_span_their_samples_without_gaps() -> None:
+    """Samples every 10 s over 15 minutes in 120 columns of 7.5 s left every fourth column empty (white stripes);
+    the columns are now as wide as a sample step at least, and every column between the first sample and the last
+    holds a value."""
+    times = [T0 + 10 * i for i in range(90)]
+    rows = [Row(f"GPU {g}", times, [0.9] * len(times)) for g in range(2)]
+    figure = as_data(gpu_time_heatmap(rows, METRICS["utilization"], start=T0, end=T0 + 900, bins=120))
+    (trace,) = figure["data"]
+    assert len(trace["x"]) == 90
+    assert all(v is not None for row in trace["z"] for v in row)
+    assert fitted_bins(rows, T0, T0 + 7 * 24 * 3600, 120) == 120  # a long range keeps its columns

@@ -4,7 +4,7 @@ links to the node, GPU and job it is about.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from dash import Dash, Output, State, html
@@ -115,14 +115,11 @@ def render(context: Context, state: ViewState) -> tuple[Any, ...]:
     )
 
 
-def about_alerts(
-    active: Sequence[AlertState] | None, about: Callable[[AlertState], bool], state: ViewState, now: float
-) -> html.Div:
-    """The alerts pending or firing now that ``about`` selects, or a note that no alert store is connected."""
-    if active is None:
+def related_alerts(alerts: Sequence[AlertState] | None, state: ViewState, now: float) -> html.Div:
+    """The node or GPU page's alerts: its own and its jobs' (``GpuView.related``), or that no store is connected."""
+    if alerts is None:
         return html.Div("no alert store connected", className="gl-empty")
-    mine = [a for a in active if about(a)]
-    return alerts_table(mine, state, empty="nothing firing or pending", now=now)
+    return alerts_table(alerts, state, empty="no alert about it or its jobs fired in this range", now=now)
 
 
 def fired_newest_first(episodes: Sequence[AlertState]) -> list[AlertState]:

@@ -40,6 +40,9 @@ def palette_color(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
 
+# A node's health (``gpulens.nodehealth`` states), as the overview colours its nodes.
+HEALTH_COLORS: Final = {"Healthy": "#2f9e44", "Degraded": "#f08c00", "Unhealthy": DOWN_COLOR}
+
 # A link's state, said by its colour on the interconnect views; its load is said by its label and width.
 LINK_HEALTHY: Final = "healthy"  # up, carrying traffic
 LINK_IDLE: Final = "idle"  # up, carrying (almost) nothing: not a sign of health, nor of trouble

@@ -99,7 +99,7 @@ def time_series(
         yaxis=yaxis,
         showlegend=legend,
         legend={"orientation": "h", "y": -0.22, "font": {"size": 11}},
-        margin={"l": 64, "r": 16, "t": 12, "b": 36},
+        margin={"l": 64, "r": 16, "t": 30 if same else 12, "b": 36},
         shapes=[period_shape(p) for p in periods],
         annotations=[period_label(p) for p in periods] + ([_same_note(same)] if same else []),
     )
@@ -140,6 +140,7 @@ def _same_note(groups: Sequence[Sequence[str]]) -> dict[str, Any]:
         "y": 1,
         "xanchor": "left",
         "yanchor": "bottom",
+        "yshift": 15,  # above the marked periods' labels
         "showarrow": False,
         "font": {"size": 10},
     }

@@ -245,6 +245,8 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
         stale = stale_nodes(readings, now, context.stale_after_s)
         fabric = fabric_of(context, counts, nics, span, firing, stale)  # in the same snapshot
         health = available(context.store.node_health)
+        if not isinstance(health, Unavailable):  # a node with no recent reading: its last verdict is not now's
+            health = {node: h for node, h in health.items() if node not in stale}
         return span, targets, firing, cells, grid, fabric, totals, jobs, health
 
     span, targets, firing, cells, grid, fabric, totals, jobs, health = guarded(context, load)
@@ -346,13 +348,14 @@ def headline_cards(h: Headline, alerts_firing: int | None) -> list[html.Div]:
 
 
 def health_card(health: Mapping[str, NodeHealth] | Unavailable) -> html.Div:
-    """How many nodes are healthy, and how many degraded and unhealthy (``gpulens.nodehealth``)."""
+    """How many nodes are healthy of those judged now (``gpulens.nodehealth``; stale nodes are not), and how many
+    unhealthy and degraded: ``3/4``, ``1 unhealthy · 0 degraded`` (shortened to fit a card)."""
     if isinstance(health, Unavailable) or not health:
         why = "not kept by this store" if isinstance(health, Unavailable) else "no node has reported it"
         return card("Nodes healthy", MISSING, why)
     count = {state: sum(1 for h in health.values() if h.state == state) for state in STATES}
     tone = "bad" if count[UNHEALTHY] else "warn" if count[DEGRADED] else "ok"
-    detail = f"{count[UNHEALTHY]} unhealthy · {count[DEGRADED]} degraded"
+    detail = f"{count[UNHEALTHY]} unhealthy · {count[DEGRADED]} degr."
     return card("Nodes healthy", f"{count[HEALTHY]}/{len(health)}", detail, tone)
 
 

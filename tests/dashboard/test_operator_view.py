@@ -14,6 +14,7 @@ from gpulens.dashboard.figures.gputime import Row, fitted_bins, gpu_time_heatmap
 from gpulens.dashboard.figures.grids import gpu_heatmap
 from gpulens.dashboard.figures.links import node_topology
 from gpulens.dashboard.figures.style import HUNG_COLOR, LINK_COLORS
+from gpulens.dashboard.figures.timeseries import PERCENT, Line, time_series
 from gpulens.dashboard.flags import range_flags
 from gpulens.dashboard.grid import grid_cells
 from gpulens.dashboard.heatmaps import METRICS
@@ -122,3 +123,27 @@ def test_short_range_heatmap_cells_span_their_samples_without_gaps() -> None:
     assert len(trace["x"]) == 90
     assert all(v is not None for row in trace["z"] for v in row)
     assert fitted_bins(rows, T0, T0 + 7 * 24 * 3600, 120) == 120  # a long range keeps its columns
+
+
+def test_a_chart_spans_the_data_it_has_and_identical_lines_are_named_together() -> None:
+    """Ten minutes of data on a 1 h range fill the chart (the axis starts at the first sample, not an hour back);
+    two GPUs with the same readings draw one line named after both, with a note, and a third stays its own."""
+    times = [T0 + 3000 + 10 * i for i in range(60)]
+    same = [0.5] * 60
+    lines = [
+        Line("GPU 0", times, same),
+        Line("GPU 1", times, same, color="#f28e2b"),
+        Line("GPU 2", times, [0.7] * 60),
+        Line("GPU 0 limit", times, [1.0] * 60, dash="dash"),
+        Line("GPU 1 limit", times, [1.0] * 60, dash="dash"),
+    ]
+    figure = as_data(time_series(lines, PERCENT, start=T0, end=T0 + 3600))
+    assert figure["layout"]["xaxis"]["range"] == [round((T0 + 3000) * 1000), round((T0 + 3600) * 1000)]
+    names = [t["name"] for t in figure["data"]]
+    assert names == ["GPU 0 = GPU 1", "GPU 2", "GPU 0 limit = GPU 1 limit"]
+    notes = [a["text"] for a in figure["layout"]["annotations"]]
+    assert notes == ["read the same, drawn as one line: GPU 0, GPU 1"]  # limits coincide by design: no note
+    whole = as_data(
+        time_series([Line("GPU 0", [T0 + 10 * i for i in range(360)], [0.5] * 360)], PERCENT, start=T0, end=T0 + 3600)
+    )
+    assert whole["layout"]["xaxis"]["range"][0] == round(T0 * 1000)

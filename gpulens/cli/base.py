@@ -123,13 +123,14 @@ def demo_config(args: argparse.Namespace, default_db_url: str) -> str | None:
     return DEMO_CONFIG
 
 
-def settings_from(args: argparse.Namespace) -> Any:
-    """The settings a command runs with: --config (or the defaults; the demo's config where ``demo_config`` finds
-    it, said on stderr in one line), then --db."""
+def settings_from(args: argparse.Namespace, *, reads_demo: bool = False) -> Any:
+    """The settings a command runs with: --config (or the defaults), then --db. A command that only reads a store
+    (``reads_demo``: ``query``, ``alerts list``, ``job-summary``) takes the demo's config where ``demo_config`` finds
+    it, said on stderr in one line; a command that writes or serves never switches by itself."""
     from gpulens.settings import default_settings, load_settings
 
     settings = load_settings(args.config) if args.config else default_settings()
-    found = demo_config(args, str(settings.db_url))
+    found = demo_config(args, str(settings.db_url)) if reads_demo else None
     if found is not None:
         print(
             f"note: no database at the default {settings.db_url}; reading the demo's: --config {found}", file=sys.stderr

@@ -51,3 +51,19 @@ def test_an_explicit_db_is_never_replaced_by_the_demo_config(after_demo: Path) -
     assert done.returncode == 1
     assert "none.db" in done.stderr
     assert DEMO_CONFIG not in done.stderr
+
+
+def test_a_command_that_writes_or_serves_never_switches_to_the_demo(
+    after_demo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collector, the dashboard and ``db upgrade`` keep the default database; only the read commands look."""
+    import argparse
+
+    from gpulens.cli.base import settings_from
+
+    monkeypatch.chdir(after_demo)
+    monkeypatch.delenv("GPULENS_DB_URL", raising=False)
+    args = argparse.Namespace(config=None, db=None)
+    assert str(settings_from(args).db_url) == "sqlite:///gpulens.db"
+    assert args.config is None
+    assert "gpulens-demo" in str(settings_from(args, reads_demo=True).db_url)

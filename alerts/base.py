@@ -73,6 +73,7 @@ class Candidate:
     hold: bool = False
     annotations: Mapping[str, str] = field(default_factory=dict)  # extra annotations (a user rule's templates)
     for_s: float | None = None  # how long it must hold before it fires, when not the rule's ``for``
+    began: float | None = None  # when the fault began, where the detector knows it was before this round
 
 
 def rule_labels(rule: AlertRule, subject: Mapping[str, str]) -> dict[str, str]:

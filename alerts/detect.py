@@ -272,7 +272,9 @@ def _stall_candidate(
     description = evidence + (f" {fabric}" if fabric else "") + (f" User {view.user}." if view.user else "")
     labels = rule_labels(rule, {"job_id": view.job_id, "user": view.user or "", "signature": signature})
     annotations = {"fabric": fabric} if fabric else {}
-    return Candidate(rule.name, labels, traffic_now / base.traffic, summary_text, description, annotations=annotations)
+    return Candidate(
+        rule.name, labels, traffic_now / base.traffic, summary_text, description, annotations=annotations, began=since
+    )
 
 
 def _fabric(rule: AlertRule, history: History, view: JobView, now: float) -> tuple[str | None, str]:

@@ -17,6 +17,7 @@ signatures.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -68,6 +69,15 @@ def _weight(r: NcclRank) -> tuple[bool, int, bool]:
     return (r.state != RANK_OK or (r.lag or 0) > 0, _GRAVITY.get(r.state, 1), not is_remote(r))
 
 
+# How ``_describe`` begins a stuck rank's line: what ``named_ranks`` reads back (one format, written and read here).
+_NAMED: Final = re.compile(r"^rank (\d+) \((\S+) GPU ", re.MULTILINE)
+
+
+def named_ranks(stuck_ranks: str) -> set[tuple[str, int]]:
+    """The (node, rank) pairs a stall's ``stuck_ranks`` annotation names: the ranks its RAS signature accuses."""
+    return {(node, int(rank)) for rank, node in _NAMED.findall(stuck_ranks)}
+
+
 def _ranges(text: Iterable[str]) -> str:
     items = list(text)
     named = "; ".join(items[:MAX_NAMED])
@@ -105,14 +115,14 @@ def nccl_stall_candidates(rule: AlertRule, history: History, now: float) -> dict
         if gone:
             dead = any(p.rank.state == RANK_DEAD for p in gone)
             out[job] = _candidate(
-                rule, history, job, comms.get((job, comm_id)), comm_id, gone, dead=dead, hold_s=hold_s
+                rule, history, job, comms.get((job, comm_id)), comm_id, gone, dead=dead, hold_s=hold_s, now=now
             )
     for (job, comm_id), comm in sorted(comms.items()):
         if job in out or comm.mismatch_age_s is None or comm.mismatch_age_s < hold_s:
             continue
         stuck = _held_behind(latest.nccl, job, comm_id, hold_s, comm.collective)
         if stuck:
-            out[job] = _candidate(rule, history, job, comm, comm_id, stuck, dead=False, hold_s=hold_s)
+            out[job] = _candidate(rule, history, job, comm, comm_id, stuck, dead=False, hold_s=hold_s, now=now)
     return out
 
 
@@ -150,6 +160,7 @@ def _candidate(
     *,
     dead: bool,
     hold_s: float,
+    now: float,
 ) -> Candidate:
     placed = sorted(placed, key=lambda p: p.rank.rank)
     collective = comm.collective if comm is not None else None
@@ -168,6 +179,7 @@ def _candidate(
             f"for it in {collective or 'their next collective'}."
         )
         for_s = 0.0 if dead else hold_s
+        began = now
     else:
         signature = RANK_MISSING_SIGNATURE
         age = comm.mismatch_age_s if comm is not None and comm.mismatch_age_s is not None else hold_s
@@ -181,7 +193,10 @@ def _candidate(
             "others wait for them (look at what those ranks do: py-spy dump, a data or host problem on their node)."
         )
         for_s = 0.0
+        began = now - age  # the counts stopped moving
     labels = rule_labels(rule, {"job_id": job, "user": user or "", "signature": signature})
     description = cause + (f" User {user}." if user else "")
     annotations = {"stuck_ranks": "\n".join(lines), "cause": cause}
-    return Candidate(rule.name, labels, float(len(placed)), summary, description, annotations=annotations, for_s=for_s)
+    return Candidate(
+        rule.name, labels, float(len(placed)), summary, description, annotations=annotations, for_s=for_s, began=began
+    )

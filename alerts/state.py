@@ -57,6 +57,13 @@ class AlertState:
     last_seen: float = 0.0  # the last round in which the condition held
     value: float | None = None
     muted: str | None = None  # "silenced" | "inhibited" while muted
+    began_at: float | None = None  # when the fault began, where known before the condition held (a hang's start)
+
+    @property
+    def began(self) -> float:
+        """When the fault began: what the detector saw (a stall's first stalled round), else when the condition
+        first held (a threshold rule's first sample past its threshold)."""
+        return self.active_since if self.began_at is None else min(self.began_at, self.active_since)
 
     @property
     def severity(self) -> str:
@@ -80,6 +87,7 @@ class AlertState:
             "last_seen": self.last_seen,
             "value": self.value,
             "muted": self.muted,
+            "began_at": self.began_at,
         }
 
     @classmethod
@@ -102,6 +110,7 @@ class AlertState:
                 last_seen=float(data.get("last_seen") or data["active_since"]),
                 value=_optional_float(data.get("value")),
                 muted=None if data.get("muted") is None else str(data["muted"]),
+                began_at=_optional_float(data.get("began_at")),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not an alert state: {exc!r:.80}") from None
@@ -362,6 +371,7 @@ def _advance(prev: AlertState | None, fp: str, c: Candidate, ctx: _Round) -> Ale
             fired_at=now if firing else None,
             last_seen=now,
             value=c.value,
+            began_at=None if c.began is None else min(c.began, now),
         )
     if prev.state == PENDING and now - prev.active_since >= (rule.for_s if c.for_s is None else c.for_s):
         return replace(prev, state=FIRING, fired_at=now, last_seen=now, value=c.value, annotations=annotations)

@@ -10,7 +10,17 @@ from typing import Final
 from dash import dcc, html
 
 from gpulens.dashboard.components import Cell, ViewState, card, flag, href, table
-from gpulens.dashboard.fabric import NO_PORTS, STATUS_FIELDS, NodeFabric, PortStatus, Unavailable, gbit_text, gpus_text
+from gpulens.dashboard.fabric import (
+    NO_PORTS,
+    SATURATED_AT,
+    STATUS_FIELDS,
+    NodeFabric,
+    PortStatus,
+    Unavailable,
+    gbit_text,
+    gpus_text,
+)
+from gpulens.dashboard.figures.style import IDLE_LINK_BELOW
 from gpulens.dashboard.formatting import MISSING, percent_text, rate_text
 from gpulens.fabricmodel import NicReading
 
@@ -61,10 +71,11 @@ def count_rate_text(value: float | None) -> str:
 
 
 def load_bar(ratio: float | None, detail: str = "") -> html.Div | str:
-    """A bar as long as ``ratio`` of the cell (green, amber from 70 %, red from 90 %) with its percentage."""
+    """A bar as long as ``ratio`` of the cell with its percentage: green carrying traffic, amber from 90 % (saturated),
+    its text pale under 1 % (idle: ``style.link_state``). Red is kept for a port that is down."""
     if ratio is None:
         return MISSING
-    tone = "bad" if ratio >= 0.9 else "warn" if ratio >= 0.7 else "ok"
+    tone = "warn" if ratio >= SATURATED_AT else "idle" if ratio < IDLE_LINK_BELOW else "ok"
     width = f"{max(0.0, min(1.0, ratio)) * 100:.0f}%"
     return html.Div(
         className=f"gl-bar {tone}",

@@ -59,6 +59,22 @@ def job_flags(alerts: Iterable[AlertLike]) -> dict[str, set[str]]:
     return dict(flags)
 
 
+def range_flags(active: Iterable[AlertLike], episodes: Iterable[EpisodeLike]) -> dict[str, dict[str, bool]]:
+    """job_id -> flag -> whether it is raised now: the flags of the alerts firing now, and those of every episode
+    that fired in the range shown and has resolved since (a stall that ended a minute ago still flags its job)."""
+    out: dict[str, dict[str, bool]] = defaultdict(dict)
+    for job, now_flags in job_flags(active).items():
+        for raised in now_flags:
+            out[job][raised] = True
+    for episode in episodes:
+        name = JOB_FLAGS.get(episode.rule)
+        if name is None or episode.fired_at is None:
+            continue
+        for job in alert_jobs(episode.labels):
+            out[job].setdefault(name, False)
+    return dict(out)
+
+
 def job_periods(episodes: Iterable[EpisodeLike], job_id: str, *, now: float) -> list[Period]:
     """The stall, straggler and idle periods of one job: from when the condition of each of its alerts that fired
     began to hold (the alert's ``for`` delays only the firing) until it resolved, or now.

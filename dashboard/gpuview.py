@@ -6,7 +6,7 @@ The two pages differ only in which GPUs they show and what they say about them; 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +15,8 @@ from dash import Dash, Output, State, html
 from gpulens.alerts.state import AlertState
 from gpulens.dashboard.components import ViewState, graph_panel, toolbar_inputs, view_state
 from gpulens.dashboard.context import Context, PageError, guarded
+from gpulens.dashboard.figures.periods import Period
+from gpulens.dashboard.flags import alert_jobs, job_periods
 from gpulens.dashboard.ids import Toolbar
 from gpulens.dashboard.panels import FIELDS, GpuSeries, gpu_charts
 from gpulens.dashboard.timerange import TimeRange, minute_text, resolve_range
@@ -60,6 +62,27 @@ class GpuView:
     processes: list[ProcessReading] | None  # None: the store keeps no process table
     series: Mapping[str, SeriesData]  # by UUID
     active: Sequence[AlertState] | None  # None: no alert store connected
+    history: Sequence[AlertState] = ()  # every alert episode in the range
+
+    def related(self, about: Callable[[AlertState], bool], job_ids: Collection[str]) -> list[AlertState] | None:
+        """The alerts about these GPUs (``about``) or about a job on them, pending or firing now first, then those
+        that fired in the range, latest first; None where no alert store is connected."""
+        if self.active is None:
+            return None
+
+        def mine(a: AlertState) -> bool:
+            return about(a) or any(j in job_ids for j in alert_jobs(a.labels))
+
+        now = [a for a in self.active if mine(a)]
+        seen = {(a.fingerprint, a.active_since) for a in now}
+        fired = sorted(
+            (e for e in self.history if e.fired_at is not None and mine(e)), key=lambda e: -(e.fired_at or 0)
+        )
+        return now + [e for e in fired if (e.fingerprint, e.active_since) not in seen]
+
+    def periods(self, job_ids: Collection[str]) -> list[Period]:
+        """The stall, straggler and idle periods of the jobs on these GPUs, to shade on their charts."""
+        return [p for job in sorted(job_ids) for p in job_periods(self.history, job, now=self.now)]
 
     @property
     def updated(self) -> str:
@@ -94,14 +117,18 @@ def load_gpu_view(
         shown_uuids = [r.uuid for r in readings]
         series = store.series(shown_uuids, FIELDS, span.start, span.end, max_points) if shown_uuids else {}
         active = context.alerts.active() if context.alerts is not None else None
-        return GpuView(now, span, readings, jobs, processes, series, active)
+        history = context.alerts.history(span.start, span.end) if context.alerts is not None else ()
+        return GpuView(now, span, readings, jobs, processes, series, active, history)
 
     return guarded(context, load)
 
 
-def chart_panels(view: GpuView, gpus: Sequence[GpuSeries], chart_id: str, *, legend: bool = True) -> list[html.Div]:
-    """Every metric chart of ``gpus`` over the view's range, each in a panel with id ``chart_id.format(key)``."""
+def chart_panels(
+    view: GpuView, gpus: Sequence[GpuSeries], chart_id: str, *, legend: bool = True, periods: Sequence[Period] = ()
+) -> list[html.Div]:
+    """Every metric chart of ``gpus`` over the view's range (``periods`` shaded), each in a panel with id
+    ``chart_id.format(key)``."""
     return [
         graph_panel(chart_id.format(c.key), c.title, c.figure)
-        for c in gpu_charts(gpus, start=view.span.start, end=view.span.end, legend=legend)
+        for c in gpu_charts(gpus, start=view.span.start, end=view.span.end, legend=legend, periods=periods)
     ]

@@ -11,8 +11,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from gpulens.alerts.state import AlertState
 from gpulens.dashboard.figures.grids import GridCell
 from gpulens.dashboard.heatmaps import Metric
+from gpulens.dashboard.hung import hang_text, hung_gpus
 from gpulens.model import GpuJob, GpuReading
 
 NODES_PER_PAGE: Final = 32
@@ -59,14 +61,27 @@ class GridPage:
 
 
 def grid_cells(
-    readings: Sequence[GpuReading], jobs: Sequence[GpuJob], *, now: float, stale_after_s: float
+    readings: Sequence[GpuReading],
+    jobs: Sequence[GpuJob],
+    *,
+    now: float,
+    stale_after_s: float,
+    alerts: Iterable[AlertState] = (),
 ) -> list[GridCell]:
-    """Each GPU's newest reading with the jobs holding it; stale when older than ``stale_after_s``."""
+    """Each GPU's newest reading with the jobs holding it; stale when older than ``stale_after_s``; hung where
+    ``alerts`` say so (``dashboard.hung``)."""
     by_uuid: dict[str, list[GpuJob]] = defaultdict(list)
     for job in jobs:
         by_uuid[job.uuid].append(job)
+    held = {r.uuid: tuple(sorted(by_uuid.get(r.uuid, ()), key=lambda j: j.job_id)) for r in readings}
+    hung = hung_gpus(alerts, [(r.uuid, r.node, held[r.uuid]) for r in readings])
     return [
-        GridCell(r, tuple(sorted(by_uuid.get(r.uuid, ()), key=lambda j: j.job_id)), now - r.timestamp > stale_after_s)
+        GridCell(
+            r,
+            held[r.uuid],
+            now - r.timestamp > stale_after_s,
+            hang_text(hung[r.uuid]) if r.uuid in hung else "",
+        )
         for r in readings
     ]
 

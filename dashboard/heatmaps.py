@@ -50,8 +50,8 @@ METRICS: Final[dict[str, Metric]] = {
         Metric("memory", "Memory used", memory_used_ratio_of, percent_text, 0, 1, "Cividis", _RATIO_TICKS),
         Metric("temperature", "Temperature", lambda r: r.temperature_celsius, celsius_text, 25, 95, "YlOrRd"),
         Metric("power", "Power (of limit)", power_limit_ratio_of, percent_text, 0, 1, "Plasma", _RATIO_TICKS),
-        Metric("pcie", "PCIe (of link max)", pcie_utilization_ratio, percent_text, 0, 1, "Tealgrn", _RATIO_TICKS),
-        Metric("nvlink", "NVLink (of link max)", nvlink_utilization_ratio, percent_text, 0, 1, "Purp", _RATIO_TICKS),
+        Metric("pcie", "PCIe (of link max)", pcie_utilization_ratio, percent_text, 0, 1, "Deep_r", _RATIO_TICKS),
+        Metric("nvlink", "NVLink (of link max)", nvlink_utilization_ratio, percent_text, 0, 1, "Haline", _RATIO_TICKS),
     )
 }
 DEFAULT_METRIC: Final = "utilization"

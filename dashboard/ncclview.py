@@ -1,4 +1,5 @@
-"""The job page's NCCL panel: the ranks NCCL RAS found behind or unreachable, on the node and GPU where they run.
+"""The job page's NCCL panel: the ranks NCCL RAS found unreachable, or that the job's stall accuses of holding the
+others back (never a rank merely one operation behind for a moment), on the node and GPU where they run.
 
 Read from the store's NCCL rounds (``StoreReader.stuck_ranks``: the SQL store's ``gpulens.storage.ncclstore``; a store
 without them raises ``NotAvailableOnBackend``, which the job page says in its line of missing reads). For each
@@ -9,10 +10,13 @@ counts it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from dash import html
 
+from gpulens.alerts.names import COMMUNICATION_STALL
+from gpulens.alerts.ncclchecks import named_ranks
+from gpulens.alerts.state import AlertState
 from gpulens.dashboard.components import Cell, ViewState, link, panel, table
 from gpulens.dashboard.formatting import gpu_label
 from gpulens.dashboard.paths import gpu_path, node_path
@@ -27,10 +31,27 @@ def read_nccl(store: StoreReader, job_id: str, start: float, end: float) -> list
     return attempt(lambda: store.stuck_ranks(job_id, start, end))
 
 
-def nccl_panel(found: Sequence[StuckRank] | Missing, state: ViewState | None = None) -> html.Div | None:
-    """The stuck ranks of the latest round that had any, each with since when its count stood still; None where no
-    rank stood out, or where the store keeps no NCCL rounds (the page says so with its other missing reads)."""
-    if isinstance(found, Missing) or not found:
+def accused_ranks(alerts: Iterable[AlertState], job_id: str) -> set[tuple[str, int]]:
+    """The (node, rank) pairs the job's ``CommunicationStall`` alerts name in their ``stuck_ranks``: the ranks a RAS
+    signature (``rank_dead``, ``rank_missing``) accuses."""
+    named: set[tuple[str, int]] = set()
+    for a in alerts:
+        if a.rule == COMMUNICATION_STALL and job_id in a.labels.get("job_id", "").split(","):
+            named |= named_ranks(a.annotations.get("stuck_ranks", ""))
+    return named
+
+
+def nccl_panel(
+    found: Sequence[StuckRank] | Missing, state: ViewState | None = None, accused: Collection[tuple[str, int]] = ()
+) -> html.Div | None:
+    """The ranks a RAS signature names in the latest round that had any, each with since when its count stood still:
+    a rank RAS holds dead or unresponsive, or one the job's stall names (``accused``). A rank one or two operations
+    behind that no signature names is a transient lag, not a culprit: left out. None where no rank is named, or
+    where the store keeps no NCCL rounds (the page says so with its other missing reads)."""
+    if isinstance(found, Missing):
+        return None
+    found = [s for s in found if s.state != "ok" or (s.node, s.rank) in accused]
+    if not found:
         return None
     newest = max(s.ts for s in found)
     since: dict[tuple[str, int], float] = {}

@@ -21,9 +21,9 @@ Actions are one vocabulary, ordered from least to most intrusive: ``none``, ``ch
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from gpulens.model import GpuReading, NodeSnapshot
 from gpulens.xidcatalogue import SXID_BY_CODE, XID_BY_CODE, sxid_severity, xid_action, xid_name
@@ -70,6 +70,21 @@ class NodeHealth:
                 {"subject": f.subject, "state": f.state, "reason": f.reason, "action": f.action} for f in self.findings
             ],
         }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> NodeHealth:
+        """What ``to_json`` wrote (a store keeps it), read back; ``ValueError`` for anything else."""
+        try:
+            state = str(doc["state"])
+            if state not in STATES:
+                raise ValueError(f"unknown node health state {state!r}")
+            findings = tuple(
+                Finding(str(f["subject"]), str(f["state"]), str(f["reason"]), str(f["action"]))
+                for f in doc.get("findings", ())
+            )
+            return cls(state, findings, str(doc.get("action") or "none"))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a node health document: {exc!r:.80}") from None
 
 
 Finder = Callable[[NodeSnapshot], Iterable[Finding]]

@@ -19,6 +19,7 @@ from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, JobInfo, ProcessReading, TargetHealth
 from gpulens.ncclmodel import NcclView
 from gpulens.nodehardware import NodeHardware
+from gpulens.nodehealth import NodeHealth
 from gpulens.storage.records import (
     GpuInfo,
     JobAccount,
@@ -158,6 +159,11 @@ class StoreReader(Protocol):
 
     def latest_hardware(self, nodes: Sequence[str] | None = None) -> dict[str, tuple[NodeHardware, str | None]]:
         """Each node's newest hardware and its driver version (``storage.hardwarestore``)."""
+        ...
+
+    def node_health(self, nodes: Sequence[str] | None = None) -> dict[str, NodeHealth]:
+        """Each node's health (``gpulens.nodehealth``; of ``nodes`` only, if given): over SQL as its agent's last
+        hardware row judged it, with findings; over Prometheus its ``gpulens_node_health{state}`` and action."""
         ...
 
     def latest_job_hosts(self, *, job_id: str | None = None) -> list[JobHostReading]:

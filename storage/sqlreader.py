@@ -18,6 +18,7 @@ from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, JobInfo, ProcessReading, TargetHealth
 from gpulens.ncclmodel import NcclView
 from gpulens.nodehardware import NodeHardware
+from gpulens.nodehealth import NodeHealth
 from gpulens.storage import (
     fabric,
     hardwarestore,
@@ -123,6 +124,9 @@ class SqlReader:
 
     def latest_hardware(self, nodes: Sequence[str] | None = None) -> dict[str, tuple[NodeHardware, str | None]]:
         return hardwarestore.latest(self.db, nodes)
+
+    def node_health(self, nodes: Sequence[str] | None = None) -> dict[str, NodeHealth]:
+        return hardwarestore.latest_health(self.db, nodes)
 
     def nic_series(
         self, nic_ids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000

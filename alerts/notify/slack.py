@@ -23,6 +23,7 @@ from typing import Any, Final
 from gpulens.alerts.base import dashboard_link
 from gpulens.alerts.notify import DeliveryError, HttpPost, SecretSource, as_source, one_line, post, urllib_post
 from gpulens.alerts.state import FIRING, RESOLVED, AlertState
+from gpulens.config import format_timestamp
 from gpulens.logutil import LogOnce
 
 log = logging.getLogger(__name__)
@@ -226,6 +227,7 @@ class SlackNotifier:
             if alert.labels.get(key)
         ]
         fields.append(_mrkdwn(f"*Value*\n{_value_text(alert.value)}"))
+        fields.append(_mrkdwn(f"*Began*\n{format_timestamp(alert.began)}"))  # the fault's start, before it fired
         blocks.append({"type": "section", "fields": fields[:FIELDS_MAX]})
         link = self._link(alert)
         if link:

@@ -13,11 +13,19 @@ import plotly.graph_objects as go
 from gpulens.dashboard.fabric import NodeTraffic, gbit_text, gpus_text
 from gpulens.dashboard.figures.gputime import Row, gpu_time_heatmap
 from gpulens.dashboard.figures.periods import Period
-from gpulens.dashboard.figures.style import DOWN_COLOR, STALE_COLOR, VALIDATE, load_color
+from gpulens.dashboard.figures.style import (
+    DOWN_COLOR,
+    LINK_COLORS,
+    LINK_TEXT_COLORS,
+    STALE_COLOR,
+    VALIDATE,
+    link_state,
+)
 from gpulens.dashboard.formatting import percent_text, plotly_text, rate_text
 from gpulens.dashboard.heatmaps import Metric
 from gpulens.fabricmodel import NicReading
 from gpulens.ratios import busiest_direction, share
+from gpulens.storage.portproblems import best_links, shortfall
 
 NIC_RADIUS: Final = 1.75  # GPUs sit on the unit circle, their ports outside it
 SPREAD: Final = 0.16  # radians between ports next to the same GPUs
@@ -58,8 +66,9 @@ def nic_positions(nics: Sequence[NicReading], gpu_angles: Mapping[int, float]) -
 
 
 def nic_traces(nics: Sequence[NicReading], gpu_xy: Mapping[int, tuple[float, float]]) -> list[Any]:
-    """The ports as circles (red when down, green to red by load when up, grey when the load is unknown), each
-    joined by a dotted PCIe line to the GPUs it sits next to, hovering its state, rate, traffic and GPUs."""
+    """The ports as circles coloured by state (``style.link_state``: green healthy, pale idle, amber degraded, red
+    down, grey unknown) and labelled with their load, each joined by a dotted PCIe line to the GPUs it sits next to,
+    hovering its state, rate, traffic and GPUs."""
     angles = {g: math.atan2(y, x) for g, (x, y) in gpu_xy.items()}
     placed = nic_positions(nics, angles)
     traces: list[Any] = []
@@ -77,11 +86,16 @@ def nic_traces(nics: Sequence[NicReading], gpu_xy: Mapping[int, tuple[float, flo
                         **VALIDATE,
                     )
                 )
-    labels, hovers, colors = [], [], []
+    labels, hovers, colors, inks = [], [], [], []
+    best = best_links(nics)
     for n, _, _ in placed:
         load = nic_load(n)
-        labels.append(f"<b>{plotly_text(n.device)}</b><br>{'down' if not n.up else percent_text(load)}")
-        colors.append(DOWN_COLOR if not n.up else (load_color(load) if load is not None else STALE_COLOR))
+        short = shortfall(n, best.get((n.node, n.link_layer), (0.0, 0))) if n.up else None
+        state = link_state(n.up, short is not None, load)
+        word = "down" if not n.up else percent_text(load) + ("" if state in ("healthy", "unknown") else f" {state}")
+        labels.append(f"<b>{plotly_text(n.device)}</b><br>{word}")
+        colors.append(LINK_COLORS[state])
+        inks.append(LINK_TEXT_COLORS.get(state, "#ffffff"))
         layer = plotly_text("RoCE" if n.is_roce else (n.link_layer or "?"))
         hovers.append(
             "<br>".join(
@@ -103,7 +117,7 @@ def nic_traces(nics: Sequence[NicReading], gpu_xy: Mapping[int, tuple[float, flo
                 mode="markers+text",
                 text=labels,
                 textposition="middle center",
-                textfont={"color": "#ffffff", "size": 9},
+                textfont={"color": inks, "size": 9},
                 marker={"size": 46, "color": colors, "symbol": "circle", "line": {"width": 0}},
                 hovertext=hovers,
                 hoverinfo="text",

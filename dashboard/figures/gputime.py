@@ -41,6 +41,21 @@ def bin_values(
     return [s / c if c else None for s, c in zip(sums, counts, strict=True)]
 
 
+def sample_step(rows: Sequence[Row]) -> float | None:
+    """The rows' usual time between samples (the median gap), None with fewer than two samples in any row."""
+    gaps = sorted(b - a for r in rows for a, b in zip(r.times, r.times[1:], strict=False) if b > a)
+    return gaps[len(gaps) // 2] if gaps else None
+
+
+def fitted_bins(rows: Sequence[Row], start: float, end: float, bins: int) -> int:
+    """At most ``bins``, and no more than there are sample steps in [start, end]: a bin narrower than the time
+    between samples would hold none every other column (white stripes across a short range)."""
+    step = sample_step(rows)
+    if step is None or end <= start:
+        return bins
+    return max(1, min(bins, int((end - start) // step)))
+
+
 def gpu_time_heatmap(
     rows: Sequence[Row],
     metric: Metric,
@@ -53,11 +68,13 @@ def gpu_time_heatmap(
 ) -> go.Figure:
     """GPUs (rows) x time (columns) coloured by ``metric``'s scale: a whole job's GPUs at once, any job size.
 
-    With ``autoscale`` the colour scale tops out at the largest value shown (at least 5%), so that traffic far below
-    a link's ceiling still shows its changes.
+    Columns are never narrower than the time between samples (``fitted_bins``), so cells span their samples without
+    gaps. With ``autoscale`` the colour scale tops out at the largest value shown (at least 5%), so that traffic far
+    below a link's ceiling still shows its changes.
     """
     if not rows or not any(v is not None for r in rows for v in r.values):
         return empty_figure("no data in this range")
+    bins = fitted_bins(rows, start, end, bins)
     width = (end - start) / bins
     centres = [round((start + (i + 0.5) * width) * 1000) for i in range(bins)]
     z = [[round_sig(v, 3) for v in bin_values(r.times, r.values, start, end, bins)] for r in rows]

@@ -5,7 +5,7 @@ and the cluster map of one cell per node. A click on a cell carries the page it 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -13,6 +13,8 @@ import plotly.graph_objects as go
 
 from gpulens.dashboard.figures.style import (
     DOWN_COLOR,
+    HEALTH_COLORS,
+    HUNG_COLOR,
     PALETTE,
     STALE_COLOR,
     VALIDATE,
@@ -25,6 +27,7 @@ from gpulens.dashboard.formatting import celsius_text, gpu_label, percent_text, 
 from gpulens.dashboard.heatmaps import Metric
 from gpulens.dashboard.paths import gpu_path, job_path
 from gpulens.model import GpuJob, GpuReading, throttle_reason_names
+from gpulens.nodehealth import NodeHealth
 from gpulens.ratios import memory_used_ratio_of, nvlink_utilization_ratio, pcie_utilization_ratio
 
 
@@ -35,6 +38,7 @@ class GridCell:
     reading: GpuReading
     jobs: tuple[GpuJob, ...] = ()
     stale: bool = False  # no reading for a while: its node's exporter or the collector is down
+    hung: str = ""  # why the alert engine holds it hung (``dashboard.hung``): drawn as hung, whatever it reads
 
 
 def gpu_hover(r: GpuReading, jobs: Sequence[GpuJob] = ()) -> str:
@@ -58,7 +62,16 @@ def gpu_hover(r: GpuReading, jobs: Sequence[GpuJob] = ()) -> str:
     return "<br>".join(lines)
 
 
-def _grid_axes(nodes: Sequence[str], columns: Sequence[int], height_per_row: int) -> dict[str, Any]:
+def node_tick(node: str, health: str | None) -> str:
+    """A row's label: the node, after a dot in its health's colour where its health is known."""
+    if health not in HEALTH_COLORS:
+        return plotly_text(node)
+    return f'<span style="color:{HEALTH_COLORS[health]}">●</span> {plotly_text(node)}'
+
+
+def _grid_axes(
+    nodes: Sequence[str], columns: Sequence[int], height_per_row: int, health: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     return {
         "height": max(160, 70 + height_per_row * len(nodes)),
         "xaxis": {
@@ -77,7 +90,7 @@ def _grid_axes(nodes: Sequence[str], columns: Sequence[int], height_per_row: int
             "automargin": True,
             "tickmode": "array",
             "tickvals": list(nodes),
-            "ticktext": [plotly_text(node) for node in nodes],
+            "ticktext": [node_tick(node, (health or {}).get(node)) for node in nodes],
         },
         "margin": {"l": 8, "r": 8, "t": 40, "b": 8},
     }
@@ -91,7 +104,7 @@ class _Cell:
     hover: str
     path: str
     text: str = ""
-    overlay: float | None = None  # 1: down, 0: stale (drawn over the values in their own colours)
+    overlay: float | None = None  # 1: down, 0.5: hung, 0: stale (drawn over the values in their own colours)
 
 
 _EMPTY_CELL: Final = _Cell(None, "", "")
@@ -155,11 +168,19 @@ def _run_starts(texts: Sequence[str]) -> list[str]:
 
 
 def gpu_heatmap(
-    cells: Sequence[GridCell], nodes: Sequence[str], metric: Metric, *, show_text: bool = True
+    cells: Sequence[GridCell],
+    nodes: Sequence[str],
+    metric: Metric,
+    *,
+    show_text: bool = True,
+    health: Mapping[str, NodeHealth] | None = None,
 ) -> go.Figure:
     """Nodes (rows, in the given order) x GPUs (columns) coloured by ``metric``; click a cell for its GPU page.
 
-    Down GPUs are red, stale ones (no recent reading) grey, both with their own hover text.
+    Each row's label has a dot in its node's ``health`` colour (Healthy, Degraded, Unhealthy) where known, and each
+    cell's hover says it with its reasons. Down GPUs are red, stale ones (no recent reading) grey, hung ones (a
+    stalled job's, a hung driver's) orange and written "hung" whatever utilization they read, each with its own
+    hover text.
     """
     if not cells:
         return empty_figure("no GPUs to show")
@@ -170,8 +191,14 @@ def gpu_heatmap(
         hover = gpu_hover(r, cell.jobs)
         if cell.stale:
             hover += "<br><b>no recent reading</b> (exporter or collector down)"
-        overlay = 1.0 if not r.up else 0.0 if cell.stale else None
-        text = metric.text(value) if value is not None else ""
+        if cell.hung:
+            hover += f"<br><b>{plotly_text(cell.hung)}</b>"
+        judged = (health or {}).get(r.node)
+        if judged is not None:
+            reasons = "; ".join(f.text() for f in judged.findings[:3])
+            hover += f"<br>node {judged.state}" + (f": {plotly_text(reasons)}" if reasons else "")
+        overlay = 1.0 if not r.up else 0.0 if cell.stale else 0.5 if cell.hung else None
+        text = "hung" if overlay == 0.5 else metric.text(value) if value is not None else ""
         return _Cell(round_sig(value, 3), hover, gpu_path(r.uuid), text, overlay)
 
     columns, m = _matrix(cells, nodes, describe)
@@ -203,12 +230,28 @@ def gpu_heatmap(
                 z=m.overlay,
                 zmin=0,
                 zmax=1,
-                colorscale=[[0, STALE_COLOR], [0.5, STALE_COLOR], [0.5, DOWN_COLOR], [1, DOWN_COLOR]],
+                colorscale=[
+                    [0, STALE_COLOR],
+                    [1 / 3, STALE_COLOR],
+                    [1 / 3, HUNG_COLOR],
+                    [2 / 3, HUNG_COLOR],
+                    [2 / 3, DOWN_COLOR],
+                    [1, DOWN_COLOR],
+                ],
                 showscale=False,
-                name="down or stale",
+                text=[
+                    [t if o == 0.5 else "" for t, o in zip(tr, orow, strict=True)]
+                    for tr, orow in zip(m.text, m.overlay, strict=True)
+                ]
+                if show_text
+                else None,
+                texttemplate="<b>%{text}</b>" if show_text else None,
+                textfont={"size": 10, "color": "#ffffff"},
+                name="down, hung or stale",
             )
         )
-    return figure(traces, base_layout(**_grid_axes(nodes, columns, 22)))
+    states = {node: h.state for node, h in (health or {}).items()}
+    return figure(traces, base_layout(**_grid_axes(nodes, columns, 22, states)))
 
 
 def job_grid(cells: Sequence[GridCell], nodes: Sequence[str], *, show_text: bool = True) -> go.Figure:

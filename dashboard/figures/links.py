@@ -14,6 +14,7 @@ from gpulens.dashboard.figures.fabric import nic_traces
 from gpulens.dashboard.figures.style import (
     DOWN_COLOR,
     LIMIT_COLOR,
+    LINK_COLORS,
     PALETTE,
     STALE_COLOR,
     VALIDATE,
@@ -21,7 +22,7 @@ from gpulens.dashboard.figures.style import (
     colorscale,
     empty_figure,
     figure,
-    load_color,
+    link_state,
 )
 from gpulens.dashboard.formatting import gpu_label, percent_text, plotly_text, rate_text, round_sig
 from gpulens.dashboard.paths import gpu_path
@@ -99,8 +100,9 @@ def link_load(loads: Sequence[LinkLoad], *, top: int = LOAD_TOP) -> go.Figure:
 def node_topology(
     readings: Sequence[GpuReading], down_links: Mapping[str, int] | None = None, nics: Sequence[NicReading] = ()
 ) -> go.Figure:
-    """A node's GPUs around its NVSwitch fabric: an edge per GPU, as wide as its active links and coloured by load
-    (green idle to red saturated; red dotted without NVLink on an NVLink node). Each GPU shows its PCIe link; a GPU
+    """A node's GPUs around its NVSwitch fabric: an edge per GPU, as wide as its active links and coloured
+    by state (``style.link_state``: green carrying traffic, pale idle, amber with links down; red dotted without
+    NVLink on an NVLink node). Each GPU shows its PCIe link; a GPU
     that is down, has NVLinks down or a PCIe link below its maximum is red. Click a GPU for its page.
 
     ``down_links`` counts inactive NVLinks per GPU UUID, where known. ``nics``: the node's RDMA ports, drawn outside
@@ -120,7 +122,8 @@ def node_topology(
         for r, x, y in zip(gpus, xs, ys, strict=True):
             if r.nvlink_links_active:
                 width = 1 + r.nvlink_links_active / 3
-                traces.append(_edge((0.0, 0.0), (x, y), width, load_color(nvlink_utilization_ratio(r) or 0.0), None))
+                state = link_state(True, bool(down.get(r.uuid)), nvlink_utilization_ratio(r))
+                traces.append(_edge((0.0, 0.0), (x, y), width, LINK_COLORS[state], None))
             else:
                 traces.append(_edge((0.0, 0.0), (x, y), 2, DOWN_COLOR, "dot"))
     traces.extend(nic_traces(nics, {r.gpu: (x, y) for r, x, y in zip(gpus, xs, ys, strict=True)}))

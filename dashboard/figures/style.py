@@ -29,6 +29,7 @@ PALETTE: Final = (
 LIMIT_COLOR: Final = "#c62828"
 DOWN_COLOR: Final = "#c62828"
 STALE_COLOR: Final = "#8a93a3"
+HUNG_COLOR: Final = "#e8590c"  # a hung GPU: busy-looking readings, no progress
 _HOVER_LABEL: Final = {"bgcolor": "#1d2330", "bordercolor": "#1d2330", "font": {"color": "#f2f4f8", "size": 12}}
 
 
@@ -39,10 +40,35 @@ def palette_color(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
 
-def load_color(ratio: float) -> str:
-    """Green (an idle link) to red (a saturated one)."""
-    ratio = max(0.0, min(1.0, ratio))
-    return f"rgb({round(60 + 180 * ratio)},{round(170 - 120 * ratio)},80)"
+# A node's health (``gpulens.nodehealth`` states), as the overview colours its nodes.
+HEALTH_COLORS: Final = {"Healthy": "#2f9e44", "Degraded": "#f08c00", "Unhealthy": DOWN_COLOR}
+
+# A link's state, said by its colour on the interconnect views; its load is said by its label and width.
+LINK_HEALTHY: Final = "healthy"  # up, carrying traffic
+LINK_IDLE: Final = "idle"  # up, carrying (almost) nothing: not a sign of health, nor of trouble
+LINK_DEGRADED: Final = "degraded"  # up below its best (fewer lanes, a lower rate, NVLinks down)
+LINK_DOWN: Final = "down"
+LINK_UNKNOWN: Final = "unknown"  # no recent reading
+LINK_COLORS: Final = {
+    LINK_HEALTHY: "#2f9e44",
+    LINK_IDLE: "#ced4da",
+    LINK_DEGRADED: "#f08c00",
+    LINK_DOWN: DOWN_COLOR,
+    LINK_UNKNOWN: STALE_COLOR,
+}
+LINK_TEXT_COLORS: Final = {LINK_IDLE: "#343a40"}  # dark text on the pale idle colour; white on the others
+IDLE_LINK_BELOW: Final = 0.01  # of its rate: a link this quiet is idle
+
+
+def link_state(up: bool, degraded: bool, load: float | None) -> str:
+    """A link's state: down, degraded, unknown (no load known), idle (under 1 % of its rate) or healthy."""
+    if not up:
+        return LINK_DOWN
+    if degraded:
+        return LINK_DEGRADED
+    if load is None:
+        return LINK_UNKNOWN
+    return LINK_IDLE if load < IDLE_LINK_BELOW else LINK_HEALTHY
 
 
 def epoch_ms(times: Iterable[float]) -> list[int]:

@@ -4,7 +4,7 @@ links to the node, GPU and job it is about.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from dash import Dash, Output, State, html
@@ -12,6 +12,7 @@ from dash import Dash, Output, State, html
 from gpulens.alerts.state import AlertState, Silence
 from gpulens.dashboard import ids
 from gpulens.dashboard.alertdata import counts_as_firing
+from gpulens.dashboard.alertdetail import alert_detail
 from gpulens.dashboard.components import (
     Cell,
     ViewState,
@@ -114,14 +115,11 @@ def render(context: Context, state: ViewState) -> tuple[Any, ...]:
     )
 
 
-def about_alerts(
-    active: Sequence[AlertState] | None, about: Callable[[AlertState], bool], state: ViewState, now: float
-) -> html.Div:
-    """The alerts pending or firing now that ``about`` selects, or a note that no alert store is connected."""
-    if active is None:
+def related_alerts(alerts: Sequence[AlertState] | None, state: ViewState, now: float) -> html.Div:
+    """The node or GPU page's alerts: its own and its jobs' (``GpuView.related``), or that no store is connected."""
+    if alerts is None:
         return html.Div("no alert store connected", className="gl-empty")
-    mine = [a for a in active if about(a)]
-    return alerts_table(mine, state, empty="nothing firing or pending", now=now)
+    return alerts_table(alerts, state, empty="no alert about it or its jobs fired in this range", now=now)
 
 
 def fired_newest_first(episodes: Sequence[AlertState]) -> list[AlertState]:
@@ -146,7 +144,8 @@ def subject_links(labels: Mapping[str, str], state: ViewState) -> html.Span:
 
 
 def alerts_table(alerts: Sequence[AlertState], state: ViewState, *, empty: str, now: float | None = None) -> html.Div:
-    """One row per alert: state, severity, name, what it is about (links), summary, since when."""
+    """One row per alert: state, severity, name, what it is about (links), its summary (which opens onto its
+    description and runbook), when its fault began and since when it fires."""
     rows: list[list[Cell]] = []
     for a in alerts:
         since = a.fired_at if a.fired_at is not None else a.active_since
@@ -165,11 +164,13 @@ def alerts_table(alerts: Sequence[AlertState], state: ViewState, *, empty: str, 
                 flag(a.labels.get("severity", MISSING), a.labels.get("severity")),
                 html.Strong(a.rule),
                 subject_links(a.labels, state),
-                a.summary,
+                alert_detail(a),
+                minute_text(a.began),
                 when,
             ]
         )
-    return table(["state", "severity", "alert", "about", "summary", "since"], rows, empty=empty, limit=100)
+    columns = ["state", "severity", "alert", "about", "summary (click: description, runbook)", "began", "fired"]
+    return table(columns, rows, empty=empty, limit=100)
 
 
 def silences_table(silences: Sequence[Silence], now: float) -> html.Div:

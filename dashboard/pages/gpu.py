@@ -23,7 +23,7 @@ from gpulens.dashboard.figures.links import pcie_degraded
 from gpulens.dashboard.figures.style import palette_color
 from gpulens.dashboard.formatting import MISSING, bytes_text, celsius_text, gpu_label, percent_text, watts_text
 from gpulens.dashboard.gpuview import chart_panels, load_gpu_view, register_gpu_view
-from gpulens.dashboard.pages.alerts import about_alerts
+from gpulens.dashboard.pages.alerts import related_alerts
 from gpulens.dashboard.panels import gpu_series
 from gpulens.dashboard.paths import job_path, node_path
 from gpulens.dashboard.timerange import minute_text
@@ -77,10 +77,11 @@ def render(context: Context, state: ViewState, uuid: str) -> tuple[Any, ...]:
             "warn", "No recent reading from this GPU.", f" The newest is from {minute_text(reading.timestamp)}."
         )
     gpus = [gpu_series(view.series.get(uuid), f"GPU {reading.gpu}", palette_color(0))]
-    charts = chart_panels(view, gpus, ids.GPU_CHART)
+    job_ids = {j.job_id for j in held}
+    charts = chart_panels(view, gpus, ids.GPU_CHART, periods=view.periods(job_ids))
     heading = f"GPU {gpu_label(reading.node, reading.gpu)}"
     own = None if view.processes is None else [p for p in view.processes if p.uuid == uuid]
-    alerts = about_alerts(view.active, lambda a: a.labels.get("uuid") == uuid, state, view.now)
+    alerts = related_alerts(view.related(lambda a: a.labels.get("uuid") == uuid, job_ids), state, view.now)
     return status, heading, info_list(reading, held, state), charts, processes_table(own, state), alerts, view.updated
 
 

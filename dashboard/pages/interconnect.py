@@ -286,7 +286,8 @@ def topology_note(chosen: str | None, nics: list[NicReading] | Unavailable, mine
     up = sum(1 for n in mine if n.up)
     return (
         f"{chosen}: {up} of {len(mine)} RDMA ports up, each drawn outside the GPUs it sits next to (dotted: "
-        "PCIe affinity; colour: the busier direction of its rate, red when down)"
+        "PCIe affinity; colour: green carrying traffic, pale idle, amber degraded, red down; label: the busier "
+        "direction of its rate)"
     )
 
 

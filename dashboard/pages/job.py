@@ -39,7 +39,7 @@ from gpulens.dashboard.formatting import gpu_label, percent_text
 from gpulens.dashboard.grid import natural_key
 from gpulens.dashboard.heatmaps import METRICS, Metric
 from gpulens.dashboard.jobhost import job_host_panels, read_job_host
-from gpulens.dashboard.ncclview import nccl_panel, read_nccl
+from gpulens.dashboard.ncclview import accused_ranks, nccl_panel, read_nccl
 from gpulens.dashboard.pages.alerts import alerts_table, fired_newest_first
 from gpulens.dashboard.paths import gpu_path, node_path
 from gpulens.dashboard.timerange import CUSTOM, minute_text, resolve_range
@@ -235,7 +235,7 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         status = banner("bad", "The alert engine flags this job.", None, summaries)
     alerts = alerts_table(episodes, state, empty="no alert about this job fired in this range")
     fabric = job_host_panels(host, start=span.start, end=span.end, bins=BINS, periods=periods)
-    stuck = nccl_panel(nccl, state)
+    stuck = nccl_panel(nccl, state, accused_ranks([*active, *history], job_id))
     if stuck is not None:  # NCCL's own view first: it names the ranks a hang waits for
         fabric = [stuck, *fabric]
     return status, info, charts, gpu_table, alerts, fabric, updated

@@ -29,7 +29,7 @@ from gpulens.dashboard.components import (
 from gpulens.dashboard.context import Context, PageError, guarded
 from gpulens.dashboard.figures.grids import job_grid
 from gpulens.dashboard.figures.style import empty_figure
-from gpulens.dashboard.flags import FLAG_ORDER, job_flags
+from gpulens.dashboard.flags import FLAG_ORDER, range_flags
 from gpulens.dashboard.formatting import MISSING, bytes_text, duration_text, percent_text
 from gpulens.dashboard.grid import grid_cells, named_page, nodes_on_page, parse_page
 from gpulens.dashboard.heatmaps import METRIC_FIELDS, METRICS
@@ -157,10 +157,11 @@ def render(context: Context, state: ViewState, flag_filter: str, text: str, page
         if not summaries and not jobs:  # no job anywhere: is there any data at all (the banner below)?
             readings = context.store.latest_readings(fields=METRIC_FIELDS["utilization"])
         alerts = context.alerts.active() if context.alerts is not None else None
-        return span, summaries, readings, jobs, alerts
+        episodes = context.alerts.history(span.start, span.end) if context.alerts is not None else []
+        return span, summaries, readings, jobs, alerts, episodes
 
-    span, summaries, readings, jobs, alerts = guarded(context, load)
-    flags = job_flags(alerts or [])
+    span, summaries, readings, jobs, alerts, episodes = guarded(context, load)
+    flags = range_flags(alerts or [], episodes)
     cells = grid_cells(readings, jobs, now=now, stale_after_s=context.stale_after_s)
     held = [c for c in cells if c.jobs]
     grid = named_page(held, (j.node for j in jobs), METRICS["utilization"], page=page - 1)
@@ -193,13 +194,18 @@ def render(context: Context, state: ViewState, flag_filter: str, text: str, page
 
 
 def jobs_table(
-    summaries: Sequence[JobSummary], flags: Mapping[str, set[str]], flag_filter: str, text: str, state: ViewState
+    summaries: Sequence[JobSummary],
+    flags: Mapping[str, Mapping[str, bool]],
+    flag_filter: str,
+    text: str,
+    state: ViewState,
 ) -> html.Div:
-    """Flagged jobs first, then by GPU-hours; at most ``MAX_ROWS`` rows."""
+    """Flagged jobs first, then by GPU-hours; at most ``MAX_ROWS`` rows. ``flags``: each job's flags in the range
+    shown, and whether each is raised now (a flag that ended in the range reads ``stalled (ended)``)."""
     needle = text.strip().lower()
 
     def keep(s: JobSummary) -> bool:
-        job_flags_ = flags.get(s.job_id, set())
+        job_flags_ = flags.get(s.job_id, {})
         if needle and needle not in s.job_id.lower() and needle not in (s.user or "").lower():
             return False
         if flag_filter == "flagged":
@@ -212,7 +218,8 @@ def jobs_table(
     rows: list[list[Cell]] = []
     classes = []
     for s in chosen[:MAX_ROWS]:
-        marks = [flag(f) for f in FLAG_ORDER if f in flags.get(s.job_id, set())]
+        mine = flags.get(s.job_id, {})
+        marks = [flag(f) if mine[f] else flag(f"{f} (ended)", "ended") for f in FLAG_ORDER if f in mine]
         rows.append(
             [
                 link(s.job_id, job_path(s.job_id), state),

@@ -25,7 +25,7 @@ from gpulens.dashboard.context import Context
 from gpulens.dashboard.figures.style import palette_color
 from gpulens.dashboard.formatting import MISSING, celsius_text, percent_text, watts_text
 from gpulens.dashboard.gpuview import chart_panels, load_gpu_view, register_gpu_view
-from gpulens.dashboard.pages.alerts import about_alerts
+from gpulens.dashboard.pages.alerts import related_alerts
 from gpulens.dashboard.panels import gpu_series
 from gpulens.dashboard.paths import gpu_path, job_path
 from gpulens.dashboard.timerange import minute_text
@@ -86,7 +86,8 @@ def render(context: Context, state: ViewState, node: str) -> tuple[Any, ...]:
     driver = next((r.driver_version for r in readings if r.driver_version), None)
     info = f"{len(readings)} x {', '.join(models)}" + (f" · driver {driver}" if driver else "")
     gpus = [gpu_series(view.series.get(r.uuid), f"GPU {r.gpu}", palette_color(r.gpu)) for r in readings]
-    charts = chart_panels(view, gpus, ids.NODE_CHART, legend=False)
+    job_ids = {j.job_id for j in node_jobs}
+    charts = chart_panels(view, gpus, ids.NODE_CHART, legend=False, periods=view.periods(job_ids))
     key = color_key([(g.label, g.color) for g in gpus], ["red dashed: the limit", "times in UTC"])
     rows: list[list[Cell]] = []
     for r in readings:
@@ -111,5 +112,5 @@ def render(context: Context, state: ViewState, node: str) -> tuple[Any, ...]:
     )
     node_processes = None if view.processes is None else [p for p in view.processes if p.node == node]
     charts_grid = [key, html.Div(charts, className="gl-charts")]
-    alerts = about_alerts(view.active, lambda a: a.labels.get("node") == node, state, view.now)
+    alerts = related_alerts(view.related(lambda a: a.labels.get("node") == node, job_ids), state, view.now)
     return status, info, gpu_table, charts_grid, processes_table(node_processes, state), alerts, view.updated

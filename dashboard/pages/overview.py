@@ -21,6 +21,7 @@ from gpulens.dashboard.components import (
     ViewState,
     banner,
     card,
+    color_key,
     graph,
     link,
     page_header,
@@ -46,15 +47,17 @@ from gpulens.dashboard.fabric import (
 )
 from gpulens.dashboard.fabricview import fabric_card, node_fabric_table
 from gpulens.dashboard.figures.grids import cluster_map, gpu_heatmap
-from gpulens.dashboard.figures.style import empty_figure
+from gpulens.dashboard.figures.style import HEALTH_COLORS, empty_figure
 from gpulens.dashboard.formatting import MISSING, bytes_text, percent_text, plotly_text, watts_text
 from gpulens.dashboard.grid import DEFAULT_SORT, NODES_PER_PAGE, SORTS, GridPage, grid_cells, parse_page, select_page
 from gpulens.dashboard.heatmaps import DEFAULT_METRIC, METRIC_FIELDS, METRICS, Metric
-from gpulens.dashboard.paths import node_path
+from gpulens.dashboard.hung import hangs
+from gpulens.dashboard.paths import job_path, node_path
 from gpulens.dashboard.summary import IDLE_BELOW, SUMMARY_FIELDS, Headline, headline
 from gpulens.dashboard.timerange import TimeRange, minute_text, resolve_range
 from gpulens.fabricmodel import NicReading
-from gpulens.model import TargetHealth
+from gpulens.model import GpuJob, TargetHealth
+from gpulens.nodehealth import DEGRADED, HEALTHY, STATES, UNHEALTHY, NodeHealth
 from gpulens.ratios import memory_used_ratio, power_limit_ratio
 from gpulens.storage.reading import TooManySeriesError
 
@@ -113,7 +116,15 @@ def layout(**query: Any) -> html.Div:
                     graph(ids.OVERVIEW_MAP),
                 ),
             ),
-            panel("GPUs by node", graph(ids.OVERVIEW_HEATMAP), controls=controls),
+            panel(
+                "GPUs by node",
+                color_key(
+                    [(state, HEALTH_COLORS[state]) for state in STATES],
+                    ["a node's dot: its health (gpulens node-health)", "orange cells: hung GPUs (a stalled job's)"],
+                ),
+                graph(ids.OVERVIEW_HEATMAP),
+                controls=controls,
+            ),
             panel(
                 "Fabric of these nodes",
                 html.Div(
@@ -226,22 +237,26 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
         jobs = context.store.current_jobs()
         targets = context.store.target_health()
         firing = context.alerts.active() if context.alerts is not None else None
-        cells = grid_cells(readings, jobs, now=now, stale_after_s=context.stale_after_s)
+        cells = grid_cells(readings, jobs, now=now, stale_after_s=context.stale_after_s, alerts=firing or ())
         grid = select_page(cells, metric, text=text, sort=sort, page=page - 1)
         # every node's ports counted in the store; the ports of the nodes shown read whole
         counts = available(context.store.nic_counts)
         nics = available(lambda: context.store.latest_nics(nodes=grid.nodes, fields=STATUS_FIELDS))
         stale = stale_nodes(readings, now, context.stale_after_s)
         fabric = fabric_of(context, counts, nics, span, firing, stale)  # in the same snapshot
-        return span, targets, firing, cells, grid, fabric, totals
+        health = available(context.store.node_health)
+        if not isinstance(health, Unavailable):  # a node with no recent reading: its last verdict is not now's
+            health = {node: h for node, h in health.items() if node not in stale}
+        return span, targets, firing, cells, grid, fabric, totals, jobs, health
 
-    span, targets, firing, cells, grid, fabric, totals = guarded(context, load)
+    span, targets, firing, cells, grid, fabric, totals, jobs, health = guarded(context, load)
+    judged = {} if isinstance(health, Unavailable) else health
     head = headline(cells, totals)
     alerts_firing = None if firing is None else sum(1 for a in firing if counts_as_firing(a))
     show_map = len(grid.rows) > grid.per_page
     map_figure = node_map(grid, metric) if show_map else empty_figure("")
     heatmap = (
-        gpu_heatmap(grid.cells, grid.nodes, metric, show_text=len(grid.nodes) <= 40)
+        gpu_heatmap(grid.cells, grid.nodes, metric, show_text=len(grid.nodes) <= 40, health=judged)
         if grid.rows
         else empty_figure("no node matches the filter" if text else "no GPUs yet")
     )
@@ -249,8 +264,8 @@ def render(context: Context, state: ViewState, metric_key: str, sort: str, text:
     last = min(len(grid.rows), (grid.page + 1) * grid.per_page)
     info = f"nodes {first} to {last} of {len(grid.rows)} · page {grid.page + 1}/{grid.pages}" if grid.rows else ""
     return (
-        status_banner(head, targets, now),
-        [*headline_cards(head, alerts_firing), fabric_card(fabric)],
+        [hang_banner(firing or (), jobs, state), status_banner(head, targets, now)],
+        [*headline_cards(head, alerts_firing), health_card(health), fabric_card(fabric)],
         map_figure,
         {"display": "block" if show_map else "none"},
         heatmap,
@@ -330,6 +345,46 @@ def headline_cards(h: Headline, alerts_firing: int | None) -> list[html.Div]:
         if alerts_firing is None
         else card("Alerts firing", f"{alerts_firing}", "see Alerts", "bad" if alerts_firing else "ok"),
     ]
+
+
+def health_card(health: Mapping[str, NodeHealth] | Unavailable) -> html.Div:
+    """How many nodes are healthy of those judged now (``gpulens.nodehealth``; stale nodes are not), and how many
+    unhealthy and degraded: ``3/4``, ``1 unhealthy · 0 degraded`` (shortened to fit a card)."""
+    if isinstance(health, Unavailable) or not health:
+        why = "not kept by this store" if isinstance(health, Unavailable) else "no node has reported it"
+        return card("Nodes healthy", MISSING, why)
+    count = {state: sum(1 for h in health.values() if h.state == state) for state in STATES}
+    tone = "bad" if count[UNHEALTHY] else "warn" if count[DEGRADED] else "ok"
+    detail = f"{count[UNHEALTHY]} unhealthy · {count[DEGRADED]} degr."
+    return card("Nodes healthy", f"{count[HEALTHY]}/{len(health)}", detail, tone)
+
+
+def hang_banner(alerts: Sequence[AlertState], jobs: Sequence[GpuJob], state: ViewState) -> html.Div | None:
+    """The stalled jobs and hung drivers first, named: their GPUs may read 100 % busy (the heatmap marks them hung)."""
+    stalled, drivers = hangs(alerts)
+    if not stalled and not drivers:
+        return None
+    held: dict[str, int] = {}
+    for j in jobs:
+        held[j.job_id] = held.get(j.job_id, 0) + 1
+    items: list[Any] = [
+        html.Span(
+            [
+                "job ",
+                link(job, job_path(job), state),
+                f": {held.get(job, 0)} GPU(s) hung since {minute_text(h.began)}"
+                + (f" ({h.signature})" if h.signature else "")
+                + ("" if h.firing else ", pending"),
+            ]
+        )
+        for job, h in sorted(stalled.items())
+    ]
+    items += [
+        html.Span(["node ", link(node, node_path(node), state), f": GPU driver hung since {minute_text(h.began)}"])
+        for node, h in sorted(drivers.items())
+    ]
+    title = f"{len(stalled)} job(s) stalled" if stalled else f"{len(drivers)} node(s) with a hung GPU driver"
+    return banner("bad", title + ": their GPUs are hung, not busy.", None, items)
 
 
 def status_banner(h: Headline, targets: list[TargetHealth], now: float) -> html.Div | None:

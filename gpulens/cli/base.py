@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 from gpulens.config import TomlLocator, parse_duration
 from gpulens.httpfetch import check_url, redact_url
@@ -106,11 +107,36 @@ def add_db_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", default=None, help="database URL (overrides the config; GPULENS_DB_URL also works)")
 
 
-def settings_from(args: argparse.Namespace) -> Any:
-    """The settings a command runs with: --config (or the defaults), then --db."""
+# Where ``gpulens demo`` writes its database, config and logs by default (relative to where it runs).
+DEMO_WORKDIR: Final = ".gpulens-demo"
+DEMO_CONFIG: Final = f"{DEMO_WORKDIR}/gpulens.toml"
+
+
+def demo_config(args: argparse.Namespace, default_db_url: str) -> str | None:
+    """The demo's config, for a command given neither --config, --db nor GPULENS_DB_URL, run where a demo ran and
+    where the default database does not exist: what ``gpulens query latest`` after ``make demo`` means."""
+    if getattr(args, "config", None) or getattr(args, "db", None) or os.environ.get("GPULENS_DB_URL"):
+        return None
+    default_file = default_db_url.removeprefix("sqlite:///")
+    if default_file == default_db_url or Path(default_file).exists() or not Path(DEMO_CONFIG).is_file():
+        return None
+    return DEMO_CONFIG
+
+
+def settings_from(args: argparse.Namespace, *, reads_demo: bool = False) -> Any:
+    """The settings a command runs with: --config (or the defaults), then --db. A command that only reads a store
+    (``reads_demo``: ``query``, ``alerts list``, ``job-summary``) takes the demo's config where ``demo_config`` finds
+    it, said on stderr in one line; a command that writes or serves never switches by itself."""
     from gpulens.settings import default_settings, load_settings
 
     settings = load_settings(args.config) if args.config else default_settings()
+    found = demo_config(args, str(settings.db_url)) if reads_demo else None
+    if found is not None:
+        print(
+            f"note: no database at the default {settings.db_url}; reading the demo's: --config {found}", file=sys.stderr
+        )
+        args.config = found
+        settings = load_settings(found)
     if getattr(args, "db", None):
         settings = dataclasses.replace(settings, db_url=args.db)
     return settings

@@ -120,7 +120,7 @@ def _run_list(args: argparse.Namespace) -> int:
     from gpulens.cli.table import render_table
     from gpulens.storage.connect import is_prometheus_url, open_existing_database
 
-    settings = settings_from(args)
+    settings = settings_from(args, reads_demo=True)
     url = args.state_db or (settings.state_url if is_prometheus_url(settings.db_url) else settings.db_url)
     origin = "--state-db" if args.state_db else database_origin(args, settings)
     with database_errors(origin):

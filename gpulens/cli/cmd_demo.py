@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpulens.cli.base import CliError, Formatter, database_errors, http_url, port_number, positive_float
+from gpulens.cli.base import DEMO_WORKDIR, CliError, Formatter, database_errors, http_url, port_number, positive_float
 from gpulens.cli.envtwins import apply_env_twins
 from gpulens.cli.lifecycle import stop_on_signals
 
@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
     p.add_argument("--speed", type=positive_float, default=2.0, help="virtual time runs this many times faster")
     p.add_argument("--db", default=None, help="database URL (default: SQLite in the work directory)")
     p.add_argument("--port", type=port_number, default=8050, help="dashboard port")
-    p.add_argument("--workdir", default=".gpulens-demo", help="where the database, config and logs go")
+    p.add_argument("--workdir", default=DEMO_WORKDIR, help="where the database, config and logs go")
     p.add_argument(
         "--webhook-url",
         type=http_url("http://127.0.0.1:8080/hook"),

@@ -51,7 +51,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.compact and not args.json:
         raise UsageError("--compact needs --json")
-    settings = settings_from(args)
+    settings = settings_from(args, reads_demo=True)
     refuse_read_only(settings.db_url, "gpulens job-summary")
     with database_errors(database_origin(args, settings)):
         db = open_existing_database(settings.db_url)

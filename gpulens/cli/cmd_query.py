@@ -70,7 +70,7 @@ def _run_query(args: argparse.Namespace) -> int:
 
     if args.what == "series":
         _check_fields(args.field)
-    settings = settings_from(args)
+    settings = settings_from(args, reads_demo=True)
     with database_errors(database_origin(args, settings)):
         store = open_reader(settings.db_url, settings)
         try:

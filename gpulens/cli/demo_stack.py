@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from gpulens.cli.base import DEMO_CONFIG
 from gpulens.config import ConfigError
 
 Announce = Callable[[str], None]
@@ -274,7 +275,11 @@ def run_demo(options: DemoOptions, announce: Announce, stop: threading.Event) ->
     announce(f"  dashboard   {demo.dashboard_url}")
     announce(f"  exporters   {demo.exporter_urls[0]}/metrics ... ({len(demo.exporter_urls)} nodes)")
     announce(f"  logs        {options.workdir}/")
+    announce(f"  config      {options.workdir / 'gpulens.toml'}")
     announce("")
+    config = options.workdir / "gpulens.toml"
+    found = " (from this directory it finds it without --config)" if str(config) == DEMO_CONFIG else ""
+    announce(f"The CLI reads the demo with: gpulens query latest --config {config}{found}")
     announce("Live data appears within a minute; the stalled training job raises CommunicationStall within a few.")
     announce("Press Ctrl-C to stop.")
     try:

@@ -31,6 +31,7 @@ from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, JobInfo, ProcessReading, TargetHealth
 from gpulens.ncclmodel import NcclView
 from gpulens.nodehardware import NodeHardware
+from gpulens.nodehealth import NodeHealth
 from gpulens.settings import StoreAuth
 from gpulens.storage.prometheus import fabric, hardwareread, jobquery, ncclread, noderead, problems, recorded, targets
 from gpulens.storage.prometheus import families as fam
@@ -516,6 +517,9 @@ class PromReader(Unserved):
 
     def hung_nodes(self, *, max_age_s: float) -> dict[str, float]:
         return noderead.hung_nodes(self, max_age_s=max_age_s)
+
+    def node_health(self, nodes: Sequence[str] | None = None) -> dict[str, NodeHealth]:
+        return noderead.node_health(self, nodes)
 
     def nic_series(
         self, nic_ids: Sequence[str], fields: Sequence[str], start: float, end: float, max_points: int = 1000

@@ -164,7 +164,14 @@ def test_slack_block_kit_message(server: tuple[str, Script]) -> None:
     assert summary["text"]["verbatim"] is True  # no auto-linked @here or #channel from a label
     assert details["text"]["text"] == "d"
     fields = {f["text"].split("\n")[0]: f["text"].split("\n")[1] for f in facts["fields"]}
-    assert fields == {"*Severity*": "critical", "*Node*": "node-01", "*GPU*": "3", "*Job*": "llm", "*Value*": "0.5"}
+    assert fields == {
+        "*Severity*": "critical",
+        "*Node*": "node-01",
+        "*GPU*": "3",
+        "*Job*": "llm",
+        "*Value*": "0.5",
+        "*Began*": "2026-01-01T00:00:00Z",  # when the fault began (active_since here), not when it fired (00:01)
+    }
     assert link["elements"][0]["text"] == "<https://gpulens.example/gpus/GPU-abc|Open in the gpulens dashboard>"
 
 

@@ -288,3 +288,21 @@ def test_missing_label_matches_empty_value() -> None:
     assert parse_matcher("job_id=").matches({"node": "n"})
     assert parse_matcher("job_id!~.+").matches({"node": "n"})
     assert matchers_from_json({"node": "n"}) == (Matcher("node", "=", "n"),)
+
+
+def test_an_alert_keeps_when_its_fault_began_apart_from_when_it_fired() -> None:
+    """A detector that knows the fault began before this round (a hang's first stalled round) gives ``began``; the
+    alert keeps it across rounds and through its JSON, and a rule that says nothing begins when it first held."""
+    from gpulens.alerts.base import AlertRule, Candidate
+    from gpulens.alerts.state import AlertState, step
+
+    rules = {"Stall": AlertRule("Stall", "critical", for_s=30.0), "Hot": AlertRule("Hot", "warning", for_s=30.0)}
+    stall = Candidate("Stall", {"alertname": "Stall", "job_id": "j"}, 1.0, "s", "d", began=70.0)
+    hot = Candidate("Hot", {"alertname": "Hot", "uuid": "u"}, 1.0, "s", "d")
+    first = step({}, [stall, hot], rules, 100.0)
+    fired = step(first.states, [stall, hot], rules, 130.0)
+    by_rule = {s.rule: s for s in fired.states.values()}
+    assert by_rule["Stall"].state == "firing"
+    assert (by_rule["Stall"].began, by_rule["Stall"].active_since, by_rule["Stall"].fired_at) == (70.0, 100.0, 130.0)
+    assert by_rule["Hot"].began == 100.0  # the first round past its threshold
+    assert AlertState.from_json(by_rule["Stall"].to_json()).began == 70.0

@@ -56,6 +56,18 @@ def shoot_fabric(page: Page, base: str, out: Path) -> None:
     shoot(page, base + "/", out / "overview-fabric.png")
 
 
+def shoot_operator(page: Page, base: str, out: Path) -> None:
+    """What an operator paged by the hang opens: an alert row opened onto its runbook, and the stalled job over the
+    last 15 minutes (its heatmap cells span their samples)."""
+    page.goto(base + "/alerts")
+    wait_rendered(page)
+    row = page.locator("#alerts-active tr", has_text="CommunicationStall")
+    row.locator("summary").click()
+    row.screenshot(path=str(out / "alert-detail.png"))
+    print(out / "alert-detail.png", file=sys.stderr)
+    shoot_part(page, base + f"/jobs/{STALLED_JOB}?range=15m", "#job-charts", out / "job-15m.png")
+
+
 def main(out: Path, only_fabric: bool = False) -> int:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     out.mkdir(parents=True, exist_ok=True)
@@ -82,6 +94,7 @@ def main(out: Path, only_fabric: bool = False) -> int:
                 dark = themed_page(browser, "dark")
                 shoot(dark, base + "/", out / "overview-dark.png")
                 shoot(dark, base + f"/jobs/{STALLED_JOB}", out / "job-dark.png")
+                shoot_operator(light, base, out)
             shoot_fabric(light, base, out)
         db.close()
     return 0

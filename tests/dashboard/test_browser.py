@@ -221,7 +221,7 @@ def test_the_interconnect_shows_every_port_and_the_nodes_topology_with_its_ports
     assert "flagged" in (rows.first.get_attribute("class") or "")
     assert rows.nth(1).locator(".gl-flag.degraded").inner_text() == "degraded: 2X of 4X"
     saturated = page.locator("#ic-fabric-table tr", has_text="mlx5_5/1").filter(has_text="node-02")
-    assert saturated.locator(".gl-bar.bad .gl-bar-text").first.inner_text() == "93%"
+    assert saturated.locator(".gl-bar.warn .gl-bar-text").first.inner_text() == "93%"  # amber: red is for down
     # Each label drawn in the topology, as its lines: ["mlx5_3", "down"], ["GPU 0", "Gen5 x16"], ...
     labels = page.evaluate(
         """() => Array.from(document.querySelectorAll('#ic-topology .scatterlayer text')).map(t =>
@@ -230,7 +230,7 @@ def test_the_interconnect_shows_every_port_and_the_nodes_topology_with_its_ports
     ports = {lines[0]: lines[1] for lines in labels if lines and lines[0].startswith("mlx5_")}
     assert set(ports) == {f"mlx5_{i}" for i in range(8)}
     assert ports["mlx5_3"] == "down"
-    assert ports["mlx5_0"] == "0%"  # the stalled job moves nothing now
+    assert ports["mlx5_0"] == "0% idle"  # the stalled job moves nothing now: idle, not healthy
     assert page.locator("#ic-topology-note").inner_text().startswith("node-01: 7 of 8 RDMA ports up")
     # A node in the table opens its topology.
     page.locator("#ic-fabric-table").get_by_role("link", name="node-02").first.click()

@@ -116,8 +116,10 @@ def test_texts() -> None:
 
 def test_a_load_bar_is_as_long_as_its_share() -> None:
     bar = load_bar(0.95, "47.5 GB/s")
-    assert "bad" in bar.className  # type: ignore[union-attr]
+    assert "warn" in bar.className  # type: ignore[union-attr]  # saturated: amber; red is for a port down
     assert "95%" in text_of(bar)
+    assert "idle" in load_bar(0.0).className  # type: ignore[union-attr]
+    assert "ok" in load_bar(0.4).className  # type: ignore[union-attr]
     assert load_bar(None) == "\u2013"
 
 

@@ -13,6 +13,7 @@ from gpulens.alerts.rules import builtin_rules
 from gpulens.alerts.storeround import store_round
 from gpulens.model import NodeSnapshot
 from gpulens.nodehardware import FABRIC_NOT_STARTED, GpuConfig, NodeHardware
+from gpulens.nodehealth import node_health
 from gpulens.storage import hardwarestore
 from gpulens.storage.db import Database
 from gpulens.storage.sqlreader import SqlReader
@@ -86,3 +87,21 @@ def test_the_rules_over_a_store_round_judge_the_stored_hardware(db: Database) ->
     assert "200 Gb/s, expected 400 Gb/s" in slow.summary
     [fabric] = hardwarechecks.gpu_fabric_not_ready(RULES["GpuFabricNotReady"], history, T0 + 5)
     assert fabric.labels["gpu"] == "0"
+
+
+def test_the_nodes_health_rides_in_its_hardware_row(db: Database) -> None:
+    """The row carries ``node_health`` of the snapshot that wrote it; a change of health alone (a GPU lost, the
+    hardware unchanged) rewrites it."""
+    writer = Writer(db)
+    hw = _hardware()
+    healthy = _snap("n1", T0, hw)
+    writer.write([healthy])
+    [(node, first)] = SqlReader(db).node_health().items()
+    assert (node, first) == ("n1", node_health(healthy))
+    lost = healthy.replace(gpus=(dataclasses.replace(healthy.gpus[0], up=False), *healthy.gpus[1:]))
+    writer.write([lost])
+    again = hardwarestore.latest_health(db)["n1"]
+    assert again.state == "Unhealthy"
+    assert any("does not answer" in f.reason for f in again.findings)
+    assert hardwarestore.latest(db) == {"n1": (hw, None)}  # the hardware reads back as it was
+    assert hardwarestore.latest_health(db, ["n2"]) == {}

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gpulens.nodehealth import STATES
 from gpulens.settings import StoreAuth
 from gpulens.storage.prometheus import PromReader
 from tests.prom import running_prometheus, running_victoriametrics, wait_for
@@ -52,6 +53,9 @@ def page(elapsed: float) -> str:
             f'gpulens_job_cpu_limit_cores{{node="{node}",job_id="j1"}} 8',
             f'gpulens_job_memory_used_bytes{{node="{node}",job_id="j1"}} {16 * GIB}',
         ]
+    for node, health, action in (("n1", "Degraded", "hardware-inspection"), ("n2", "Healthy", "none")):
+        lines += [f'gpulens_node_health{{node="{node}",state="{s}"}} {int(s == health)}' for s in STATES]
+        lines.append(f'gpulens_node_health_action{{node="{node}",action="{action}"}} 1')
     return "\n".join(lines) + "\n"
 
 
@@ -199,3 +203,14 @@ def test_series_of_ports_hosts_and_jobs(reader: PromReader) -> None:
     assert max(v for v in job["n1"].values["cpu_used_cores"] if v is not None) == pytest.approx(4.0, rel=0.25)
     with pytest.raises(ValueError, match="unknown fields power_watts"):
         reader.nic_series(["n1/mlx5_0/1"], ["power_watts"], now - 30, now)
+
+
+def test_each_nodes_health_is_the_state_its_exporter_says(reader: PromReader) -> None:
+    """``gpulens_node_health{state}`` and its action, two instant queries; the state without its reasons."""
+    health = reader.node_health()
+    assert {node: (h.state, h.action) for node, h in health.items()} == {
+        "n1": ("Degraded", "hardware-inspection"),
+        "n2": ("Healthy", "none"),
+    }
+    assert list(reader.node_health(["n2"])) == ["n2"]
+    assert reader.node_health([]) == {}

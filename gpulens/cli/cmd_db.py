@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from gpulens.cli.base import (
+    CliError,
     Formatter,
     Parser,
     add_db_flags,
@@ -47,6 +48,20 @@ def register(sub: Any) -> None:
     up.add_argument("--plan", action="store_true", help="print what the upgrade would do; change nothing")
     add_log_level(up)
     up.set_defaults(func=_run_db_upgrade)
+    down = dbsub.add_parser(
+        "downgrade",
+        help="undo the migrations after a revision (a rollback; back up first)",
+        description="Takes the schema back to --to REVISION by running each newer migration's downgrade, for the "
+        "previous gpulens's wheel to run on. What a migration added (tables, columns) is dropped with its data; "
+        "gpulens db upgrade --plan says which do. The safe rollback is the backup taken before the upgrade "
+        "(docs/upgrades.md).",
+        epilog="example:\n  gpulens db downgrade --to 0016 --db sqlite:////var/lib/gpulens/gpulens.db\n",
+        formatter_class=Formatter,
+    )
+    down.add_argument("--to", required=True, metavar="REVISION", help="the revision to go back to (e.g. 0016)")
+    add_db_flags(down)
+    add_log_level(down)
+    down.set_defaults(func=_run_db_downgrade)
 
 
 def _run_db_upgrade(args: argparse.Namespace) -> int:
@@ -73,6 +88,26 @@ def _run_db_upgrade(args: argparse.Namespace) -> int:
         with database_errors(origin):
             upgrade_schema(db, announce)
         print(f"{db.url_redacted}: schema up to date (revision {db.head_revision()})")
+    finally:
+        db.close()
+    return 0
+
+
+def _run_db_downgrade(args: argparse.Namespace) -> int:
+    from gpulens.storage.connect import is_known_revision, open_database, refuse_read_only
+
+    settings = settings_from(args)
+    refuse_read_only(settings.db_url, "gpulens db downgrade")
+    if not is_known_revision(args.to):
+        raise CliError(f"--to {args.to!r}: not a revision of this gpulens (gpulens db upgrade --plan lists them)")
+    origin = database_origin(args, settings)
+    with database_errors(origin):
+        db = open_database(settings.db_url, upgrade=False)
+    try:
+        with database_errors(origin):
+            current = db.schema_revision()
+            db.downgrade(args.to)
+        print(f"{db.url_redacted}: schema taken from revision {current or '(none)'} back to {args.to}")
     finally:
         db.close()
     return 0

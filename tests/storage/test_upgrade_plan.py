@@ -149,3 +149,23 @@ def test_the_upgrade_keeps_the_samples_and_every_alerts_identity(old: Database) 
     assert result.transitions == []
     assert result.states[state.fingerprint].state == FIRING
     assert result.states[state.fingerprint].fired_at == FIRED_AT
+
+
+def test_db_downgrade_takes_the_schema_back_and_keeps_the_samples(
+    old: Database, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old.upgrade()
+    head = old.head_revision()
+    assert main(["db", "downgrade", "--to", "0011", "--db", db_url]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"{db_url}: schema taken from revision {head} back to 0011"]
+    assert old.schema_revision() == "0011"
+    with old.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM gpu_sample")).scalar_one() == SAMPLES
+    assert main(["db", "downgrade", "--to", "9999", "--db", db_url]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        "gpulens db downgrade: error: --to '9999': not a revision of this gpulens "
+        "(gpulens db upgrade --plan lists them)"
+    )
+    assert main(["db", "upgrade", "--db", db_url]) == 0
+    assert old.schema_revision() == head

@@ -220,6 +220,7 @@ def start_demo(options: DemoOptions, announce: Announce) -> Demo:
                     f"{options.speed:g}",
                     "--listen",
                     f"{options.host}:{port}",
+                    "--user-names",  # the demo's users show on its jobs and reports pages
                     "--log-level",
                     "warning",
                 ],

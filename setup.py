@@ -21,4 +21,5 @@ def packages() -> list[str]:
     return sorted(found)
 
 
-setup(packages=packages())
+if __name__ == "__main__":  # setuptools runs this file as __main__; tests import COMPONENTS
+    setup(packages=packages())

@@ -5,7 +5,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: podresources-stubs demo test test-fast lint typecheck unit unit-fast bench install clean
+# The release's version is gpulens/__init__.py's __version__ (pyproject.toml reads it).
+VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' gpulens/__init__.py)
+
+.PHONY: dist podresources-stubs demo test test-fast lint typecheck unit unit-fast bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +41,15 @@ unit-fast: $(STAMP)
 test: lint typecheck unit
 
 test-fast: lint typecheck unit-fast
+
+# The release files in dist/: the sdist and the wheel, built without a package index (setuptools' own hooks); the
+# wheel must say the version it was built for (tests/e2e/test_wheel.py installs both and runs `gpulens --version`).
+dist: $(STAMP)
+	rm -rf dist && mkdir dist
+	$(PY) -c "from setuptools import build_meta; build_meta.build_sdist('dist')"
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
+	test -f dist/gpulens-$(VERSION).tar.gz && test -f dist/gpulens-$(VERSION)-py3-none-any.whl
+	@ls -1 dist
 
 # The benchmarks also need the peers they compare with (the `bench` extra: nvitop-exporter).
 $(BENCH_STAMP): $(STAMP)

@@ -64,6 +64,7 @@ def _entry(rule: AlertRule, exported: Exported) -> dict[str, Any]:
             "summary": exported.summary,
             "description": _description(rule),
             "runbook": rule.action,
+            **dict(rule.annotations),  # the site's overrides (runbook_url, ...), as the engine's alerts carry them
         },
     }
     if exported.for_s:

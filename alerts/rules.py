@@ -80,14 +80,18 @@ def required_window_s(rules: Sequence[AlertRule], minimum: float = 1800.0) -> fl
 
 # ------------------------------------------------------------------------------------------------ overrides
 
-_RULE_KEYS: Final = ("for", "keep_firing_for", "severity", "enabled", "labels")
+_RULE_KEYS: Final = ("for", "keep_firing_for", "severity", "enabled", "labels", "runbook_url", "annotations")
+# Annotations the engine writes for every alert, which an override cannot replace.
+_COMPUTED_ANNOTATIONS: Final = ("summary", "description", "dashboard")
 
 
 def builtin_rules(overrides: Mapping[str, Mapping[str, Any]] | None = None) -> list[AlertRule]:
     """The builtin catalogue with ``overrides`` (``[alerts.builtin.<Name>]`` tables) applied.
 
-    An override may set ``for``, ``keep_firing_for``, ``severity``, ``enabled = false``, extra ``labels``, and any of
-    the rule's thresholds. Raises ``ConfigError`` with the dotted key of the first bad entry.
+    An override may set ``for``, ``keep_firing_for``, ``severity``, ``enabled = false``, extra ``labels``, the site's
+    ``runbook_url`` and extra ``annotations`` (both carried by every alert of the rule and by its exported Prometheus
+    rules; neither changes an alert's identity), and any of the rule's thresholds. Raises ``ConfigError`` with the
+    dotted key of the first bad entry.
     """
     overrides = overrides or {}
     known = {rule.name: rule for rule in BUILTIN_RULES}
@@ -115,6 +119,7 @@ def _key(name: str, key: str | None = None) -> str:
 def _override(rule: AlertRule, table: Mapping[str, Any]) -> AlertRule:
     changes: dict[str, Any] = {}
     thresholds: dict[str, Threshold] = dict(rule.thresholds)
+    annotations: dict[str, str] = dict(rule.annotations)
     for key, value in table.items():
         where = _key(rule.name, key)
         if key in ("for", "keep_firing_for"):
@@ -128,12 +133,16 @@ def _override(rule: AlertRule, table: Mapping[str, Any]) -> AlertRule:
                 raise ConfigError(f"expected true or false, got {value!r:.40}", key=where)
         elif key == "labels":
             changes["labels"] = _labels(value, where)
+        elif key == "annotations":
+            annotations.update(_annotations(value, where))
+        elif key == "runbook_url":
+            annotations["runbook_url"] = _url(value, where)
         elif key in rule.thresholds:
             thresholds[key] = _threshold(key, value, where)
         else:
             allowed = ", ".join([*_RULE_KEYS, *rule.thresholds])
             raise ConfigError(f"unknown key (expected one of: {allowed})", key=where)
-    return replace(rule, thresholds=thresholds, **changes)
+    return replace(rule, thresholds=thresholds, annotations=annotations, **changes)
 
 
 def _duration(value: Any, where: str) -> float:
@@ -153,6 +162,25 @@ def _threshold(key: str, value: Any, where: str) -> Threshold:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise ConfigError(f"expected a non-negative number, got {value!r:.40}", key=where)
     return float(value)
+
+
+def _annotations(value: Any, where: str) -> dict[str, str]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ConfigError('expected a table of strings, e.g. { team_channel = "#gpu-oncall" }', key=where)
+    for name in value:
+        if name in _COMPUTED_ANNOTATIONS:
+            raise ConfigError(f"{name}: written by the rule for each alert", key=where)
+        if not name.isidentifier():
+            raise ConfigError(f"{name!r:.40}: expected a name of letters, digits and _", key=where)
+    if "runbook_url" in value:
+        _url(value["runbook_url"], where)
+    return dict(value)
+
+
+def _url(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.startswith(("https://", "http://")) or any(c.isspace() for c in value):
+        raise ConfigError(f"expected an http:// or https:// URL, got {value!r:.60}", key=where)
+    return value
 
 
 def _labels(value: Any, where: str) -> dict[str, str]:

@@ -214,6 +214,9 @@ class Inhibition:
     cause: bool = False
 
 
+# The built-in table. A site's own entries (the config's causal table, issue "incidents") are meant to be parsed
+# and checked beside the builtin overrides (alerts/rules.py, so `gpulens check-config` validates them) and passed
+# to ``step`` as ``inhibitions``, appended to this one.
 DEFAULT_INHIBITIONS: Final = (
     Inhibition(EXPORTER_DOWN, ("node",)),
     Inhibition(GPU_LOST, ("uuid",)),
@@ -345,7 +348,8 @@ NO_ADVICE: Final = "No advice is recorded for this rule: see its definition in t
 
 
 def _annotations(c: Candidate, rule: AlertRule, dashboard_url: str | None) -> dict[str, str]:
-    annotations = {"summary": c.summary, "description": c.description, **c.annotations}
+    # the rule's own (a builtin's site overrides: runbook_url, ...), then the candidate's (a user rule's templates)
+    annotations = {"summary": c.summary, "description": c.description, **rule.annotations, **c.annotations}
     annotations.setdefault("runbook", rule.action or NO_ADVICE)
     link = dashboard_link(dashboard_url, c.labels, rule.scope)
     if link:

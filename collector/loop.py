@@ -33,6 +33,7 @@ from gpulens.rounds import RoundHook, RoundResult
 from gpulens.settings import Settings
 from gpulens.storage import jobsummary
 from gpulens.storage.alertstore import outbox_backlog
+from gpulens.storage.connect import SchemaBehindError, ensure_schema
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.retention import Retention, RetentionJob
 from gpulens.storage.rollup import Rollups
@@ -130,10 +131,13 @@ class Collector:
         scraper: Scraper | None = None,
         hooks: Sequence[RoundHook] = (),
         schema_ready: bool = True,
+        migrate: bool = False,
     ) -> None:
-        """``schema_ready=False``: the database was down at start-up; migrate it before the first write."""
+        """``schema_ready=False``: the database was down at start-up; check its schema before the first write (and
+        migrate it there only with ``migrate``, as at start-up)."""
         self._settings = settings
         self._schema_ready = schema_ready
+        self._migrate = migrate
         self._db = db
         self._clock = clock or SystemClock()
         self._scraper = scraper or Scraper(
@@ -294,12 +298,16 @@ class Collector:
                 self.metrics.rows.labels(table).inc(rows)
 
     def _ensure_schema(self) -> None:
-        """Run the migrations that start-up could not (the database was down then)."""
+        """The schema check that start-up could not make (the database was down then). A schema behind this code
+        without ``--migrate`` keeps the rounds spooled, as a database that is down does, until it is upgraded."""
         if self._schema_ready:
             return
-        self._db.upgrade()
+        try:
+            ensure_schema(self._db, migrate=self._migrate)
+        except SchemaBehindError as exc:
+            raise DatabaseUnavailableError(exc.message) from None
         self._schema_ready = True
-        log.warning("database %s reachable: schema migrated", self._db.url_redacted)
+        log.warning("database %s reachable: schema checked", self._db.url_redacted)
 
     def _replay(self) -> int:
         """Write spooled rounds, oldest first. Raises DatabaseUnavailableError if the database goes away again."""

@@ -62,25 +62,27 @@ def run_collector(
     stop: threading.Event,
     *,
     hooks: Callable[[Database], Sequence[RoundHook]] | None = None,
+    migrate: bool = False,
 ) -> int:
     """Scrape until ``stop`` is set. ``hooks`` builds the post-round hooks (the alert engine) once the database is
     open; a hook with a ``close()`` method is closed when the collector stops.
 
-    A database that is down at start-up does not stop the collector: rounds are spooled and the schema is migrated
-    once it is back. Raises on a bad start (ConfigError, OSError, DatabaseAccessError: a wrong password, an unknown
-    role or a missing database)."""
+    A database that is down at start-up does not stop the collector: rounds are spooled and the schema is checked
+    once it is back. An older schema is migrated only with ``migrate`` (``--migrate``); otherwise start-up stops
+    with one line that says what to run (``SchemaBehindError``). Raises on a bad start (ConfigError, OSError,
+    DatabaseAccessError: a wrong password, an unknown role or a missing database)."""
     try:
         host, port = parse_listen(settings.listen)
     except ValueError as exc:
         raise ConfigError(str(exc), key="collector.listen") from None
     web = load_web_config(settings.web_config) if settings.web_config else WebConfig()
-    db, schema_ready = open_database_when_reachable(settings.db_url)
+    db, schema_ready = open_database_when_reachable(settings.db_url, migrate=migrate)
     try:
         round_hooks = list(hooks(db)) if hooks is not None else []
     except BaseException:
         db.close()
         raise
-    collector = Collector(settings, db, hooks=round_hooks, schema_ready=schema_ready)
+    collector = Collector(settings, db, hooks=round_hooks, schema_ready=schema_ready, migrate=migrate)
     raise_open_files_limit(collector.target_count())
     tune_garbage_collector()
     try:

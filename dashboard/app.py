@@ -18,16 +18,19 @@ from dash import ClientsideFunction, Dash, Input, Output, dcc, html
 from flask import Response, request
 
 from gpulens.clock import Clock
+from gpulens.dashboard import silenceform
 from gpulens.dashboard.alertdata import AlertReader
 from gpulens.dashboard.components import clientside
 from gpulens.dashboard.context import Context
 from gpulens.dashboard.ids import SHELL_NAV, SHELL_THEME_TOGGLE
 from gpulens.dashboard.pages import PAGES
+from gpulens.dashboard.silenceform import SilenceWriter
 from gpulens.settings import Prices
 from gpulens.storage.db import Database
 from gpulens.storage.reading import StoreReader
 from gpulens.storage.sqlreader import reader_of
 from gpulens.webauth import BasicAuth
+from gpulens.webroles import RolePolicy
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,8 @@ def create_app(
     stale_after_s: float = 120.0,
     title: str = "gpulens",
     prices: Prices | None = None,
+    roles: RolePolicy | None = None,
+    silences: SilenceWriter | None = None,
 ) -> Dash:
     """The dashboard over ``db`` (a SQL ``Database``, or any ``StoreReader``: Prometheus). ``clock`` says what
     "now" is (default: the store's clock); ``alerts`` reads
@@ -65,7 +70,9 @@ def create_app(
 
     ``stale_after_s``: a GPU whose newest reading is older than this shows as stale (its exporter or the collector
     is down). With ``basic_auth`` every request but ``/healthz`` needs a user and password. ``prices`` (the
-    config's ``[accounting]``) price a running job's summary on its page.
+    config's ``[accounting]``) price a running job's summary on its page. ``roles`` says who may act (default: from
+    the basic-auth file's roles, or everyone without auth); ``silences`` stores a silence posted from the alerts
+    page (``dashboard.silenceform``; without it the form is answered 501).
     """
     store = reader_of(db)
     context = Context(
@@ -93,6 +100,9 @@ def create_app(
     _install_health(app)
     if basic_auth is not None:
         _install_basic_auth(app, basic_auth)
+    if roles is None:
+        roles = RolePolicy(users=basic_auth.roles if basic_auth else {}, auth=basic_auth is not None)
+    silenceform.install(app, write=silences, policy=roles, auth=basic_auth, clock=context.clock)
     return app
 
 

@@ -15,12 +15,14 @@ from gpulens.clock import Clock
 from gpulens.config import ConfigError
 from gpulens.dashboard.alertdata import AlertReader
 from gpulens.dashboard.app import create_app
+from gpulens.dashboard.silenceform import SilenceWriter
 from gpulens.dashboard.webserve import CompressAndCache
 from gpulens.gcpause import tune_garbage_collector
 from gpulens.settings import Settings
 from gpulens.storage.db import Database, DatabaseAccessError, DatabaseUnavailableError
 from gpulens.storage.reading import StoreReader
 from gpulens.webauth import BasicAuth
+from gpulens.webroles import ROLES, VIEWER, RolePolicy
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +31,8 @@ SERVER_NAME = "gpulens-dashboard"  # the Server header
 
 
 def load_basic_auth_file(path: str | Path) -> BasicAuth:
-    """An htpasswd file of bcrypt hashes, one ``user:hash`` a line (``htpasswd -nbB user password`` writes one).
+    """An htpasswd file of bcrypt hashes, one ``user:hash`` a line (``htpasswd -nbB user password`` writes one), with
+    an optional role after a third colon (``user:hash:operator``; ``gpulens.webroles``).
 
     Blank lines and ``#`` comments are skipped. Errors name the file and line, never the hash.
     """
@@ -39,6 +42,7 @@ def load_basic_auth_file(path: str | Path) -> BasicAuth:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read the basic-auth file: {exc}", file=path) from None
     users: dict[str, bytes] = {}
+    roles: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -48,10 +52,14 @@ def load_basic_auth_file(path: str | Path) -> BasicAuth:
             raise ConfigError("expected user:bcrypt-hash", file=path, line=number)
         if not hashed.startswith(_BCRYPT_PREFIXES):
             raise ConfigError(f"user {user!r}: expected a bcrypt hash ($2a$/$2b$/$2y$...)", file=path, line=number)
+        hashed, _, role = hashed.partition(":")
+        if role and role not in ROLES:
+            raise ConfigError(f"user {user!r}: expected the role {' or '.join(ROLES)}", file=path, line=number)
         users[user] = hashed.encode()
+        roles[user] = role or VIEWER
     if not users:
         raise ConfigError("no users in the basic-auth file", file=path)
-    return BasicAuth(users)
+    return BasicAuth(users, roles=roles)
 
 
 def run_dashboard(
@@ -66,6 +74,7 @@ def run_dashboard(
     stop: threading.Event,
     threads: int = 8,
     alert_reader: AlertReader | None = None,
+    role_header: str | None = None,
 ) -> int:
     """Serve the dashboard until ``stop`` is set (it stops within 5 s). ``db`` is a database URL or the loaded
     settings (the SQL store is opened here, and ``alerts`` makes the alert store's reader over it), or an open
@@ -77,6 +86,9 @@ def run_dashboard(
 
     Call it from the main thread, or from a thread running in a copy of its context: Dash registers pages in a
     context variable that it sets when it is imported.
+
+    ``role_header``: roles come from this header, set by the site's reverse proxy (``gpulens.webroles``), instead
+    of the basic-auth file. Silences posted from the alerts page are kept in the SQL store.
 
     Raises ``ConfigError`` (a bad auth file), ``OSError`` (the port is taken), ``ValueError`` (a bad URL) or
     ``DatabaseAccessError``.
@@ -98,7 +110,11 @@ def run_dashboard(
                 log.warning("%s; serving anyway: the pages say so until it is back", exc)
             alert_reader = alerts(database) if alerts is not None else alert_reader
         prices = db.prices if isinstance(db, Settings) else None
-        app = create_app(store, clock=clock, alerts=alert_reader, basic_auth=auth, prices=prices)
+        roles = RolePolicy(users=auth.roles if auth else {}, header=role_header, auth=auth is not None)
+        writer = silence_writer(database) if database is not None else None
+        app = create_app(
+            store, clock=clock, alerts=alert_reader, basic_auth=auth, prices=prices, roles=roles, silences=writer
+        )
         tune_garbage_collector()  # each page builds thousands of records: collect young objects seldom (gcpause)
         wsgi = CompressAndCache(app.server.wsgi_app)
         try:
@@ -120,6 +136,17 @@ def run_dashboard(
         if database is not None:
             database.close()
     return 0
+
+
+def silence_writer(database: Database) -> SilenceWriter:
+    from gpulens.storage import alertstore
+
+    def write(matchers: list[dict[str, Any]], starts: float, ends: float, comment: str, author: str) -> int:
+        return alertstore.add_silence(
+            database, matchers=matchers, starts_at=starts, ends_at=ends, comment=comment, created_by=author, now=starts
+        )
+
+    return write
 
 
 def _shut_down(server: Any, thread: threading.Thread, timeout_s: float = 5.0) -> None:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 from gpulens.config import ConfigError
@@ -40,6 +40,7 @@ class ExporterOptions:
     dcgm_url: str = "http://127.0.0.1:9400/metrics"
     dcgm_compat: bool = False
     process_pids: bool = False  # one process memory series per pid (--process-pids), not per job
+    user_names: bool = False  # serve user and job names (--user-names; exporter/privacy.py)
     job_map_dir: str | None = None
     job_info: str = "auto"  # "slurm" | "none" | "auto": slurm where squeue is installed
     proc_root: str = "/proc"
@@ -92,7 +93,13 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
         if options.all_nodes:
             multi = SimAllNodes(cluster, clock)
             nodes = {
-                name: OnDemandNode(multi, name, dcgm_compat=options.dcgm_compat, process_pids=options.process_pids)
+                name: OnDemandNode(
+                    multi,
+                    name,
+                    dcgm_compat=options.dcgm_compat,
+                    process_pids=options.process_pids,
+                    user_names=options.user_names,
+                )
                 for name in multi.node_names()
             }
             return Routes(nodes=nodes), None, multi.close
@@ -159,6 +166,7 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
         enrich=enrich,
         dcgm_compat=options.dcgm_compat,
         process_pids=options.process_pids,
+        user_names=options.user_names,
         readers=readers,
     )
 
@@ -275,6 +283,15 @@ SIDE_DEADLINE_S = 2.0  # how late a side reader (pods, fabric) may be before its
 _SLURM_CONFIGS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
 
 
+LOOPBACK_HOSTS: Final = ("127.0.0.1", "::1", "localhost")
+# The first-run hint of an exporter open to the network without TLS or auth (docs/security.md gives the same steps).
+PLAIN_HTTP_HINT: Final = (
+    "gpulens exporter: plain HTTP without auth; to turn on TLS and basic auth: deploy/make-secrets.sh --web DIR, then "
+    "--web-config DIR/web/web.yml (GPULENS_EXPORTER_WEB_CONFIG), and give the collector's target username "
+    '"collector", password_file DIR/web/collector-password and ca_file DIR/web/tls.crt (docs/security.md)'
+)
+
+
 def run_exporter(options: ExporterOptions, announce: Callable[[str], None], stop: threading.Event) -> int:
     """Serve until ``stop`` is set. Raises ConfigError / SourceError / OSError on a bad start."""
     host, port = _listen(options.listen)
@@ -297,6 +314,8 @@ def run_exporter(options: ExporterOptions, announce: Callable[[str], None], stop
             announce(f"gpulens exporter serving {len(routes.nodes)} simulated nodes at {where}/node/<name>/metrics")
         else:
             announce(f"gpulens exporter ({options.source}) serving {where}/metrics")
+        if not options.web_config and host not in LOOPBACK_HOSTS:
+            announce(PLAIN_HTTP_HINT)
         try:
             stop.wait()
         finally:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from gpulens.clock import Clock, SystemClock
 from gpulens.exporter.metrics import ExporterHealth, LastXidTracker, render_metrics
+from gpulens.exporter.privacy import without_user_names
 from gpulens.exporter.sidereader import DeadlineWorker, Late, ReaderState
 from gpulens.logutil import ErrorCounter
 from gpulens.model import LINKS_ALL, LINKS_INACTIVE, GpuSource, MultiNodeSource, NodeSnapshot, NodeUnavailableError
@@ -57,9 +58,16 @@ class Published:
         unavailable: bool = False,
         process_pids: bool = False,
         metrics_snapshot: NodeSnapshot | None = None,
+        user_names: bool = True,
     ) -> None:
+        """``user_names=False``: user and job names are withdrawn from both representations (exporter/privacy.py)."""
+        if metrics_snapshot is None:
+            metrics_snapshot = snapshot
+        if not user_names:
+            snapshot = None if snapshot is None else without_user_names(snapshot)
+            metrics_snapshot = None if metrics_snapshot is None else without_user_names(metrics_snapshot)
         self.snapshot = snapshot  # the snapshot document's: a stale GPU part withdrawn
-        self.metrics_snapshot = snapshot if metrics_snapshot is None else metrics_snapshot  # /metrics's
+        self.metrics_snapshot = metrics_snapshot  # /metrics's
         self.health = health
         self.healthy = healthy
         self.health_doc = health_doc
@@ -123,6 +131,7 @@ class Poller:
         dcgm_compat: bool = False,
         stale_after_s: float | None = None,
         process_pids: bool = False,
+        user_names: bool = True,
         read_deadline_s: float | None = None,
         keep_stale_s: float = KEEP_STALE_S,
         readers: Mapping[str, Callable[[], ReaderState]] | None = None,
@@ -138,6 +147,7 @@ class Poller:
         self._enrich = enrich
         self._dcgm_compat = dcgm_compat
         self._process_pids = process_pids
+        self._user_names = user_names
         self._stale_after = stale_after_s if stale_after_s is not None else 3 * interval_s
         self._read_deadline = read_deadline_s if read_deadline_s is not None else self._stale_after
         self._keep_stale = keep_stale_s
@@ -299,6 +309,7 @@ class Poller:
             unavailable=unavailable,
             process_pids=self._process_pids,
             metrics_snapshot=metrics,
+            user_names=self._user_names,
         )
 
     def published(self) -> Published:
@@ -350,12 +361,19 @@ class OnDemandNode:
     """One node of a multi-node source, computed when asked and cached for as long as its snapshot is current."""
 
     def __init__(
-        self, source: MultiNodeSource, node: str, *, dcgm_compat: bool = False, process_pids: bool = False
+        self,
+        source: MultiNodeSource,
+        node: str,
+        *,
+        dcgm_compat: bool = False,
+        process_pids: bool = False,
+        user_names: bool = True,
     ) -> None:
         self._source = source
         self._node = node
         self._dcgm_compat = dcgm_compat
         self._process_pids = process_pids
+        self._user_names = user_names
         self._xids = LastXidTracker()
         self._cache: tuple[float, Published] | None = None
         self._lock = threading.Lock()
@@ -398,6 +416,7 @@ class OnDemandNode:
             dcgm_compat=self._dcgm_compat,
             last_xid=last_xid,
             process_pids=self._process_pids,
+            user_names=self._user_names,
         )
         with self._lock:
             self._cache = (snapshot.timestamp, published)

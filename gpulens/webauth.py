@@ -57,6 +57,7 @@ class BasicAuth:
 
     users: dict[str, bytes]
     checkpw: Callable[[bytes, bytes], bool] = bcrypt.checkpw
+    roles: dict[str, str] = field(default_factory=dict)  # the dashboard's roles by user (gpulens.webroles)
     _cache: dict[bytes, str] = field(default_factory=dict)
     _failed: set[bytes] = field(default_factory=set)
     _salt: bytes = field(default_factory=lambda: secrets.token_bytes(16))

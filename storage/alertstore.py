@@ -69,9 +69,29 @@ class AlertEvent:
 
 
 def load_alert_states(db: Database) -> list[dict[str, Any]]:
-    """Every stored alert state as the JSON object it was saved from."""
+    """Every stored alert state as the JSON object it was saved from. A row written before revision 0002 has no
+    document: it is read from its columns, so an alert firing before the upgrade keeps its fingerprint and its
+    state after it (the engine resumes it instead of firing and notifying it again)."""
     with db.session() as s:
-        return [dict(row.document) for row in s.execute(sa.select(schema.alert_state.c.document))]
+        return [_state_document(row) for row in s.execute(sa.select(schema.alert_state))]
+
+
+def _state_document(row: Any) -> dict[str, Any]:
+    if row.document is not None:
+        return dict(row.document)
+    return {
+        "fingerprint": row.fingerprint,
+        "rule": row.rule,
+        "labels": dict(row.labels),
+        "annotations": dict(row.annotations),
+        "state": row.state,
+        "active_since": row.active_at,
+        "fired_at": row.fired_at,
+        "resolved_at": row.resolved_at,
+        "last_seen": row.last_eval_at,
+        "value": row.value,
+        "muted": row.muted,
+    }
 
 
 def load_alert_groups(db: Database) -> dict[str, dict[str, Any]]:

@@ -111,19 +111,55 @@ def upgrade_schema(db: Database, announce: Callable[[str | None, str], None] | N
         db.upgrade()
 
 
-def open_database_when_reachable(url: str) -> tuple[Database, bool]:
-    """Connect and migrate if the database answers; if it is down, return it unmigrated (``False``) so the caller
-    runs and spools, and migrates (``Database.upgrade``) once it is back. A wrong password, an unknown role or a
-    missing database raise ``DatabaseAccessError``: waiting will not cure them."""
+class SchemaBehindError(ConfigError):
+    """The store's schema is older than this gpulens and the caller was not told to migrate it."""
+
+
+def ensure_schema(db: Database, *, migrate: bool) -> None:
+    """Make ``db`` usable by this code: an empty database gets the whole schema (nothing to copy, nothing locked for
+    long); one at an older revision is migrated only with ``migrate``, and otherwise ``SchemaBehindError`` says in one
+    line what to run. A schema newer than this code is refused (``db.upgrade`` names the unknown revision)."""
+    with _not_a_database(db):
+        current = db.schema_revision()
+        newest = db.head_revision()
+        if current == newest:
+            return
+        if current is not None and not migrate and is_known_revision(current):
+            raise SchemaBehindError(
+                f"database {db.url_redacted} is at schema revision {current} and this gpulens needs {newest}: "
+                f"run gpulens db upgrade --plan, back up, then gpulens db upgrade (docs/upgrades.md), or start "
+                "with --migrate"
+            )
+        db.upgrade()
+
+
+def is_known_revision(revision: str) -> bool:
+    """True when ``revision`` is one of this code's migrations (a newer gpulens's is not)."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    from gpulens.storage.db import MIGRATIONS_DIR
+
+    try:
+        return ScriptDirectory(str(MIGRATIONS_DIR)).get_revision(revision) is not None
+    except CommandError:
+        return False
+
+
+def open_database_when_reachable(url: str, *, migrate: bool = False) -> tuple[Database, bool]:
+    """Connect and check the schema (``ensure_schema``: created when empty, migrated only with ``migrate``) if the
+    database answers; if it is down, return it unchecked (``False``) so the caller runs and spools, and checks it
+    once it is back. A wrong password, an unknown role or a missing database raise ``DatabaseAccessError``, and a
+    schema behind this code without ``migrate`` ``SchemaBehindError``: waiting will not cure them."""
     db = Database(url)
     try:
         _check_sqlite_file(url)
-        db.upgrade()
+        ensure_schema(db, migrate=migrate)
     except DatabaseAccessError:
         db.close()
         raise
     except DatabaseUnavailableError as exc:
-        log.warning("%s; starting anyway: rounds are spooled and the schema is migrated once it is back", exc)
+        log.warning("%s; starting anyway: rounds are spooled and the schema is checked once it is back", exc)
         return db, False
     except BaseException:
         db.close()

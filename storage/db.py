@@ -243,6 +243,15 @@ class Database:
             command.upgrade(config, revision)
         log.info("database %s is at schema revision %s", self.url_redacted, revision)
 
+    def downgrade(self, revision: str) -> None:
+        """Undo the migrations after ``revision`` (each one's ``downgrade()``): the rollback to an older gpulens."""
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+        with self.translate_errors(), self.engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.downgrade(config, revision)
+        log.info("database %s is at schema revision %s", self.url_redacted, revision)
+
     def ping(self) -> None:
         """One round trip: raises ``DatabaseUnavailableError`` (or ``DatabaseAccessError``) if it fails."""
         with self.session() as session:

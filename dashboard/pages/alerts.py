@@ -31,6 +31,7 @@ from gpulens.dashboard.context import Context, PageError, guarded
 from gpulens.dashboard.flags import alert_jobs
 from gpulens.dashboard.formatting import MISSING, duration_text
 from gpulens.dashboard.paths import gpu_path, job_path, node_path
+from gpulens.dashboard.silenceform import silence_form
 from gpulens.dashboard.timerange import minute_text, resolve_range
 from gpulens.dashboard.unavailable import Missing, attempt, not_available
 
@@ -109,7 +110,7 @@ def render(context: Context, state: ViewState) -> tuple[Any, ...]:
         status,
         alerts_table(ordered, state, empty="nothing firing or pending", now=now),
         alerts_table(fired_newest_first(history), state, empty="no alert fired in this range"),
-        silences_table(silences, now),
+        html.Div([silences_table(silences, now), silence_form()]),
         _drains(drains, state),
         f"as of {minute_text(now)} · {span.label}",
     )

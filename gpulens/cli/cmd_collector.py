@@ -35,6 +35,8 @@ examples:
   GPULENS_DB_URL=postgresql+psycopg://gpulens:secret@db/gpulens gpulens collector --config gpulens.toml --shard 1/4
   # its own /metrics on every interface, over HTTPS with basic auth (docs/self-health.md)
   gpulens collector --config gpulens.toml --listen 0.0.0.0:9411 --web-config /etc/gpulens/web.yml
+  # after installing a newer gpulens: plan the schema upgrade, back up, then migrate (docs/upgrades.md)
+  gpulens db upgrade --plan --config gpulens.toml && gpulens collector --config gpulens.toml --migrate
   # an HA pair: the same command on a second host; one is active, the other takes over if it dies
   GPULENS_DB_URL=postgresql+psycopg://gpulens:secret@db/gpulens gpulens collector --config gpulens.toml
 """
@@ -61,6 +63,12 @@ def register(sub: Any) -> None:
         help="TLS and basic auth for the collector's /metrics (the exporter's --web-config format)",
     )
     p.add_argument("--spool-dir", default=None, help="where rounds wait while the database is down")
+    p.add_argument(
+        "--migrate",
+        action="store_true",
+        help="migrate an older database schema at start-up (without it the collector stops and says what to run; an "
+        "empty database always gets the schema). Plan it first: gpulens db upgrade --plan",
+    )
     p.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error"], default="info", help="logging verbosity"
     )
@@ -155,7 +163,11 @@ def _run_collector(args: argparse.Namespace) -> int:
         return [WhileActive(lambda: SharedStoreRules(db, rules, max_age_s=max(3 * settings.interval_s, 30.0)))]
 
     with stop_on_signals() as stop, database_errors(database_origin(args, settings)):
-        return run_collector(settings, lambda line: print(line, file=sys.stderr, flush=True), stop, hooks=hooks)
+        return run_collector(settings, _announce, stop, hooks=hooks, migrate=args.migrate)
+
+
+def _announce(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _make_spool_dir(args: argparse.Namespace, spool_dir: str) -> None:

@@ -30,7 +30,19 @@ def register(sub: Any) -> None:
     )
     add_db_flags(p)
     p.add_argument("--listen", default="127.0.0.1:8050", help="where to serve, host:port")
-    p.add_argument("--basic-auth-file", default=None, help="htpasswd-style file of user:bcrypt-hash lines")
+    p.add_argument(
+        "--basic-auth-file",
+        default=None,
+        help="htpasswd-style file of user:bcrypt-hash lines; user:hash:operator lets that user silence alerts "
+        "(everyone else in the file only reads)",
+    )
+    p.add_argument(
+        "--role-header",
+        default=None,
+        metavar="NAME",
+        help="take each visitor's role from this header, set by the site's reverse proxy after its sign-on "
+        "(X-Gpulens-Role: operator; anything else reads only); only behind a proxy that always sets it",
+    )
     p.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error"], default="info", help="logging verbosity"
     )
@@ -59,6 +71,7 @@ def _run_dashboard(args: argparse.Namespace) -> int:
             port=port,
             basic_auth_file=args.basic_auth_file,
             alerts=SqlAlertReader,
+            role_header=args.role_header,
             announce=lambda line: print(line, file=sys.stderr, flush=True),
             stop=stop,
         )

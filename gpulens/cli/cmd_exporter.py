@@ -23,6 +23,7 @@ examples:
   gpulens exporter --job-map-dir /run/gpustat --dcgm-compat
   # GPU process memory per process (pid and command labels) rather than per job and GPU
   gpulens exporter --process-pids
+  gpulens exporter --user-names          # also serve user and job names (reports per user need them)
   # simulated GPUs that carry the real Slurm jobs of this node (names and users from squeue)
   gpulens exporter --source sim --scenario examples/scenarios/healthy.toml --job-map-dir /run/gpustat
   # re-export a local dcgm-exporter with gpulens names (and its profiling fields)
@@ -71,6 +72,12 @@ def register(sub: Any) -> None:
         action="store_true",
         help="export GPU process memory per process (pid and command labels: series that come and go with every "
         "process) rather than per job and GPU",
+    )
+    p.add_argument(
+        "--user-names",
+        action="store_true",
+        help="serve user names and job names (in /metrics and the snapshot): off by default, so the exporter names "
+        "jobs by id, account and partition only; the collector's reports per user need it",
     )
     p.add_argument(
         "--job-map-dir",
@@ -187,6 +194,7 @@ def _run_exporter(args: argparse.Namespace) -> int:
         dcgm_url=args.dcgm_url,
         dcgm_compat=args.dcgm_compat,
         process_pids=args.process_pids,
+        user_names=args.user_names,
         job_map_dir=args.job_map_dir,
         job_info=args.job_info,
         proc_root=args.proc_root,

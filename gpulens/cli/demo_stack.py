@@ -221,6 +221,7 @@ def start_demo(options: DemoOptions, announce: Announce) -> Demo:
                     f"{options.speed:g}",
                     "--listen",
                     f"{options.host}:{port}",
+                    "--user-names",  # the demo's users show on its jobs and reports pages
                     "--log-level",
                     "warning",
                 ],
@@ -231,7 +232,7 @@ def start_demo(options: DemoOptions, announce: Announce) -> Demo:
     config = options.workdir / "gpulens.toml"
     overrides = _scaled_for(options.speed)
     config.write_text(_config_text(options, db_url, demo.exporter_urls, interval, overrides), encoding="utf-8")
-    collector = _Process("collector", [*gpulens, "collector", "--config", str(config)], None)
+    collector = _Process("collector", [*gpulens, "collector", "--config", str(config), "--migrate"], None)
     dashboard_url = f"http://{options.host}:{options.port}"
     dashboard = _Process(
         "dashboard",

@@ -19,6 +19,7 @@ from gpulens.cli import (
     cmd_job_summary,
     cmd_node_health,
     cmd_query,
+    cmd_report,
     cmd_rules,
     cmd_silence,
     cmd_simulate,
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_db.register(sub)
     cmd_query.register(sub)
     cmd_job_summary.register(sub)
+    cmd_report.register(sub)
     cmd_node_health.register(sub)
     cmd_demo.register(sub)
     cmd_simulate.register(sub)

@@ -6,6 +6,7 @@ resolved services are compared with the CLI's real flags and defaults and the co
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import re
 import stat
@@ -352,10 +353,13 @@ def test_dockerignore_keeps_what_the_build_needs_and_drops_secrets() -> None:
         line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines() if line.strip() and line[0] != "#"
     ]
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = [p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]]
+    # setup.py lists the packages: gpulens and the components' top-level folders mapped into it
+    components = ast.literal_eval(re.search(r"COMPONENTS = (\(.*?\))", (ROOT / "setup.py").read_text()).group(1))
+    packages = ["gpulens", *components]
     # examples/scenarios/demo.toml is a link into the package; the Dockerfile copies the file it points to.
     needed = [
         "pyproject.toml",
+        "setup.py",
         pyproject["project"]["readme"],
         "gpulens/scenarios/demo.toml",
         "examples/scenarios/stall.toml",

@@ -1,4 +1,5 @@
-"""The installed package: `pip wheel .` into a new virtual environment outside the repository.
+"""The installed package: `pip wheel .` into a new virtual environment outside the repository; and the release's
+source distribution, whose own wheel holds the same files and names the same version.
 
 The wheel installs exactly one top-level package, ``gpulens``. Without the ``server`` extra's libraries the node agent
 still serves ``/metrics`` and the server commands say in one line what to install; with them ``gpulens demo`` runs.
@@ -16,12 +17,15 @@ import signal
 import site
 import subprocess
 import sys
+import tarfile
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+import gpulens
 from tests.conftest import free_port, http_get
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,9 +55,7 @@ def run(*command: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedP
     return result
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    work = tmp_path_factory.mktemp("wheel")
+def build_wheel(source: Path, work: Path) -> Path:
     wheels = work / "wheels"
     run(
         sys.executable,
@@ -65,10 +67,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
         "--no-build-isolation",
         "-w",
         str(wheels),
-        str(ROOT),
+        str(source),
         cwd=work,
     )
     (wheel,) = wheels.glob("gpulens-*.whl")
+    return wheel
+
+
+def install(wheel: Path, work: Path) -> Installed:
     venv = work / "venv"
     run(sys.executable, "-m", "venv", "--without-pip", str(venv), cwd=work)
     python = venv / "bin" / "python"
@@ -96,6 +102,47 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
 
 
 @pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    work = tmp_path_factory.mktemp("wheel")
+    return install(build_wheel(ROOT, work), work)
+
+
+@pytest.fixture(scope="module")
+def from_sdist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Installed]:
+    """The sdist (setuptools' PEP 517 hook, as `make dist` calls it), unpacked: a tree with no git and no links,
+    whose wheel is installed in an environment of its own."""
+    work = tmp_path_factory.mktemp("sdist")
+    hook = f"from setuptools import build_meta; print(build_meta.build_sdist({str(work)!r}))"
+    name = run(sys.executable, "-c", hook, cwd=ROOT).stdout.strip().splitlines()[-1]
+    sdist = work / name
+    with tarfile.open(sdist) as archive:
+        archive.extractall(work / "unpacked", filter="data")
+    (tree,) = (work / "unpacked").iterdir()
+    return sdist, install(build_wheel(tree, work), work)
+
+
+def _files(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        return {n for n in archive.namelist() if ".dist-info/" not in n}
+
+
+def test_the_wheel_and_the_sdist_name_the_release_and_gpulens_version_prints_it(
+    installed: Installed, from_sdist: tuple[Path, Installed]
+) -> None:
+    sdist, from_source = from_sdist
+    version = gpulens.__version__
+    assert version == "0.2.0"
+    assert sdist.name == f"gpulens-{version}.tar.gz"
+    for copy in (installed, from_source):
+        assert copy.wheel.name == f"gpulens-{version}-py3-none-any.whl"
+        printed = run(copy.gpulens, "--version", cwd=copy.venv).stdout
+        assert printed.strip() == f"gpulens {version}"
+    # the sdist's tree has no links into the components' folders: its wheel must still hold every module and asset
+    assert _files(from_source.wheel) == _files(installed.wheel)
+    assert "gpulens/storage/migrations/versions/v0001_initial.py" in _files(from_source.wheel)
+
+
+@pytest.fixture(scope="module")
 def blocker(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A sitecustomize that makes every server library fail to import, as on a node with the plain wheel."""
     folder = tmp_path_factory.mktemp("blocker")
@@ -113,8 +160,6 @@ def blocker(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_wheel_installs_one_top_level_package(installed: Installed) -> None:
-    import zipfile
-
     with zipfile.ZipFile(installed.wheel) as wheel:
         tops = {name.split("/")[0] for name in wheel.namelist()}
         top_level = next(n for n in wheel.namelist() if n.endswith("top_level.txt"))

@@ -6,8 +6,6 @@ import json
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 from gpulens.model import GpuJob, LinkReading, NodeSnapshot, ProcessReading
@@ -92,12 +90,8 @@ def write_wide(db: Database, snapshots: Sequence[NodeSnapshot]) -> None:
 
 
 def downgrade(db: Database, revision: str) -> None:
-    """Take the store down to ``revision``, as ``alembic downgrade`` would (gpulens itself only upgrades)."""
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with db.engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.downgrade(config, revision)
+    """Take the store down to ``revision``, as ``gpulens db downgrade --to`` does."""
+    db.downgrade(revision)
 
 
 def columns_added_after(revision: str) -> frozenset[str]:

@@ -27,6 +27,8 @@ revision = "0004"
 down_revision: str | None = "0003"
 branch_labels: str | None = None
 depends_on: str | None = None
+# The tables whose rows it rewrites, per backend (`gpulens db upgrade --plan`, storage/upgradeplan.py).
+rewrites: dict[str, tuple[str, ...]] = {"postgresql": ("gpu_sample", "gpu_rollup_1m", "gpu_rollup_1h")}
 
 # (stored column, field kind, type at 0003, type from 0004): frozen here.
 _CHANGES = (

@@ -34,6 +34,8 @@ revision = "0007"
 down_revision: str | None = "0006"
 branch_labels: str | None = None
 depends_on: str | None = None
+# The tables whose rows it copies, per backend (`gpulens db upgrade --plan`, storage/upgradeplan.py).
+rewrites: dict[str, tuple[str, ...]] = {"postgresql": ("gpu_sample", "gpu_rollup_1m", "gpu_rollup_1h")}
 
 _WIDTHS = {"bigint": 8, "double precision": 8, "integer": 4, "smallint": 2}  # anything else (the text) goes last
 # Each table, with the constraint and indexes of its parent (frozen at 0006).

@@ -35,6 +35,8 @@ revision = "0008"
 down_revision: str | None = "0007"
 branch_labels: str | None = None
 depends_on: str | None = None
+# The tables whose rows it copies, per backend (`gpulens db upgrade --plan`, storage/upgradeplan.py).
+rewrites: dict[str, tuple[str, ...]] = {"sqlite": ("gpu_sample",), "postgresql": ("gpu_sample",)}
 
 # The profile fields of this revision, frozen (gpulens.storage.schema.PROFILE_FIELDS may grow in later revisions).
 _PROFILE = (

@@ -24,6 +24,8 @@ revision = "0009"
 down_revision: str | None = "0008"
 branch_labels: str | None = None
 depends_on: str | None = None
+# It copies no table: the backfill writes job_minute from the last day only (`gpulens db upgrade --plan`).
+rewrites: dict[str, tuple[str, ...]] = {}
 
 BACKFILL_MS = 86_400_000
 _MINUTE_MS = 60_000

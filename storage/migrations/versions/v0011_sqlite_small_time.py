@@ -25,6 +25,8 @@ revision = "0011"
 down_revision: str | None = "0010"
 branch_labels: str | None = None
 depends_on: str | None = None
+# The tables whose rows it copies, per backend (`gpulens db upgrade --plan`, storage/upgradeplan.py).
+rewrites: dict[str, tuple[str, ...]] = {"sqlite": ("gpu_sample", "nic_sample", "host_sample", "job_host_sample")}
 
 # Frozen at this revision: the raw sample tables and their keys, and the stored time's constants.
 _TABLES = {"gpu_sample": "gpu_id", "nic_sample": "nic_id", "host_sample": "host_id", "job_host_sample": "job_host_id"}

@@ -1,0 +1,107 @@
+"""GPU usage per user, account or partition over a period: who held GPU-hours, and how much of them sat idle.
+
+Each job that held a GPU in the period counts once, whole, with its accounting summary (``storage.jobsummary``): the
+one stored when it ended, or one computed now for a job still running. A group adds its jobs' GPU-hours
+allocated, the GPU-hours used (allocated less the idle share), the idle share weighted by GPU-hours, energy, cost,
+and the jobs that hung (a ``CommunicationStall`` firing) with how long. Users come from the allocations (the
+exporter serves them only with ``--user-names``), accounts and partitions from Slurm's job metadata (``job_info``);
+a job without one is grouped under ``(unknown)``. Over SQL only: a Prometheus store keeps no job summaries.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Final
+
+import sqlalchemy as sa
+
+from gpulens.settings import Prices
+from gpulens.storage import jobsummary, schema, slurmtables
+from gpulens.storage.db import Database
+from gpulens.storage.records import JobAccount
+
+GROUPINGS: Final = ("user", "account", "partition")
+UNKNOWN: Final = "(unknown)"
+MAX_JOBS: Final = 5000  # jobs read per report: a bound on the work, said in the output when reached
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """One user's (account's, partition's) jobs in the period."""
+
+    group: str
+    jobs: int
+    gpu_hours: float
+    used_gpu_hours: float | None  # None: no job of the group has samples to judge idleness by
+    idle_ratio: float | None
+    energy_kwh: float | None
+    cost: float
+    currency: str
+    hung_jobs: int
+    hung_seconds: float
+
+
+def jobs_in(db: Database, start: float, end: float) -> list[str]:
+    """The jobs holding a GPU at some time in [start, end], at most ``MAX_JOBS``, oldest first."""
+    a = schema.job_allocation
+    query = (
+        sa.select(a.c.job_id)
+        .where(a.c.start_ms <= round(end * 1000))
+        .where(sa.or_(a.c.end_ms.is_(None), a.c.end_ms >= round(start * 1000)))
+        .group_by(a.c.job_id)
+        .order_by(sa.func.min(a.c.start_ms))
+        .limit(MAX_JOBS)
+    )
+    with db.session() as session:
+        return list(session.execute(query).scalars())
+
+
+def usage(db: Database, by: str, start: float, end: float, prices: Prices) -> list[UsageRow]:
+    """One row per group, most GPU-hours first."""
+    if by not in GROUPINGS:
+        raise ValueError(f"by: expected one of {', '.join(GROUPINGS)}")
+    accounts = [a for a in (_account(db, job, prices, end) for job in jobs_in(db, start, end)) if a is not None]
+    groups = _groups(db, by, accounts)
+    by_group: dict[str, list[JobAccount]] = defaultdict(list)
+    for account in accounts:
+        by_group[groups.get(account.job_id) or UNKNOWN].append(account)
+    rows = [_row(group, jobs, prices.currency) for group, jobs in by_group.items()]
+    return sorted(rows, key=lambda r: (-r.gpu_hours, r.group))
+
+
+def _account(db: Database, job_id: str, prices: Prices, now: float) -> JobAccount | None:
+    stored = jobsummary.stored(db, job_id) if jobsummary.has_table(db) else None
+    return stored if stored is not None else jobsummary.summarise(db, job_id, prices, now=now)
+
+
+def _groups(db: Database, by: str, accounts: list[JobAccount]) -> dict[str, str | None]:
+    if by == "user":
+        return {a.job_id: a.user for a in accounts}
+    info = slurmtables.job_info
+    column = info.c.account if by == "account" else info.c.partition
+    ids = [a.job_id for a in accounts]
+    with db.session() as session:
+        rows = session.execute(sa.select(info.c.job_id, column).where(info.c.job_id.in_(ids))).all()
+    return {job_id: value for job_id, value in rows}
+
+
+def _row(group: str, jobs: list[JobAccount], currency: str) -> UsageRow:
+    hours = sum(j.gpu_hours for j in jobs)
+    judged = [j for j in jobs if j.idle_ratio is not None]
+    judged_hours = sum(j.gpu_hours for j in judged)
+    idle_hours = sum(j.gpu_hours * (j.idle_ratio or 0.0) for j in judged)
+    energies = [j.energy_kwh for j in jobs if j.energy_kwh is not None]
+    hung = [j for j in jobs if j.stall_seconds > 0]
+    return UsageRow(
+        group=group,
+        jobs=len(jobs),
+        gpu_hours=hours,
+        used_gpu_hours=judged_hours - idle_hours if judged else None,
+        idle_ratio=idle_hours / judged_hours if judged_hours > 0 else None,
+        energy_kwh=sum(energies) if energies else None,
+        cost=sum(j.cost for j in jobs),
+        currency=currency,
+        hung_jobs=len(hung),
+        hung_seconds=sum(j.stall_seconds for j in hung),
+    )

@@ -8,6 +8,7 @@ board power (``gpulens.hardware``), and its alert says so.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any, Final
@@ -80,13 +81,10 @@ def _clock_text(reading: GpuReading) -> str:
 
 def memory_saturated(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     limit = rule.threshold("used_ratio")
-    full = [  # the test below, first as a comprehension: the cheapest pass over every GPU
-        p
-        for p in _gpus(history)
-        if (u := p[0].memory_used_bytes) is not None and (t := p[0].memory_total_bytes) and u / t >= limit
-    ]
+    cols = history.columns()  # the test below, first over the columns: the cheapest pass over every GPU
     out = []
-    for reading, jobs in full:
+    memory = cols.zip("memory_used_bytes", "memory_total_bytes")
+    for reading, jobs in cols.where(u is not None and t and u / t >= limit for u, t in memory):
         used, total = reading.memory_used_bytes, reading.memory_total_bytes
         if used is None or not total:
             continue
@@ -103,18 +101,10 @@ def memory_saturated(rule: AlertRule, history: History, now: float) -> list[Cand
 
 def thermal_throttling(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     margin = rule.threshold("margin_celsius")
-    maybe = [  # a clock reason set, or hot (the test below): the cheapest pass over every GPU
-        p
-        for p in _gpus(history)
-        if p[0].throttle_reasons
-        or (
-            (temp := p[0].temperature_celsius) is not None
-            and (slowdown := p[0].slowdown_temperature_celsius) is not None
-            and temp >= slowdown - margin
-        )
-    ]
+    cols = history.columns()  # a clock reason set, or hot (the test below): the cheapest pass over every GPU
+    heat = cols.zip("throttle_reasons", "temperature_celsius", "slowdown_temperature_celsius")
     out = []
-    for reading, jobs in maybe:
+    for reading, jobs in cols.where(b or (t is not None and s is not None and t >= s - margin) for b, t, s in heat):
         bits = reading.throttle_reasons or 0
         temp, slowdown = reading.temperature_celsius, reading.slowdown_temperature_celsius
         hot = temp is not None and slowdown is not None and temp >= slowdown - margin
@@ -138,8 +128,10 @@ def thermal_throttling(rule: AlertRule, history: History, now: float) -> list[Ca
 def power_capped(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     share = rule.threshold("power_ratio")
     busy = rule.threshold("busy_utilization")
+    cols = history.columns()  # the cap set, or a pause to hold: the two cases below
+    capped = cols.zip("throttle_reasons", "utilization_ratio")
     out = []
-    for reading, jobs in _gpus(history):
+    for reading, jobs in cols.where((b or 0) & SW_POWER_CAP or (u is not None and u < busy) for b, u in capped):
         power, limit, whose = reading.power_watts, reading.power_limit_watts, "enforced power limit"
         if not limit and (model := find_gpu_model(reading.model)) is not None:
             limit, whose = model.board_power_watts, "board power (its model's: the page has no power limit)"
@@ -162,7 +154,8 @@ def _hold(rule: AlertRule, reading: GpuReading) -> Candidate:
 
 def hw_power_brake(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     out = []
-    for reading, jobs in [p for p in _gpus(history) if (p[0].throttle_reasons or 0) & HW_POWER_BRAKE_BIT]:
+    cols = history.columns()
+    for reading, jobs in cols.where((b or 0) & HW_POWER_BRAKE_BIT for b in cols["throttle_reasons"]):
         what = f"hardware power brake engaged{_clock_text(reading)}"
         description = "HW_POWER_BRAKE is set: an external power signal (power supply, chassis) slows the GPU."
         out.append(_candidate(rule, reading, jobs, reading.power_watts, what, description))
@@ -179,18 +172,18 @@ def _busier(tx: float | None, rx: float | None) -> tuple[str, float]:
 
 def pcie_saturated(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     share = rule.threshold("utilization_ratio")
-    ceilings: dict[tuple[int | None, int | None], float | None] = {}  # a cluster has few kinds of link
+    cols = history.columns()
+    links = set(cols.zip("pcie_link_generation_max", "pcie_link_width_max"))  # a cluster has few kinds
+    ceilings = {link: pcie_max_bytes_per_second(*link) for link in links}
+    least = share * min((c for c in ceilings.values() if c is not None), default=math.inf)  # below: no GPU fires
+    rates = cols.zip("pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second")
     out = []
-    for reading, jobs in _gpus(history):
+    for reading, jobs in cols.where((t is not None and t >= least) or (r is not None and r >= least) for t, r in rates):
         tx, rx = reading.pcie_tx_bytes_per_second, reading.pcie_rx_bytes_per_second
         if tx is None and rx is None:
             continue
         gen, width = reading.pcie_link_generation_max, reading.pcie_link_width_max
-        link = (gen, width)
-        if link in ceilings:
-            ceiling = ceilings[link]
-        else:
-            ceiling = ceilings[link] = pcie_max_bytes_per_second(gen, width)
+        ceiling = ceilings[(gen, width)]
         if ceiling is None:
             continue
         name, rate = _busier(tx, rx)
@@ -207,8 +200,13 @@ def pcie_saturated(rule: AlertRule, history: History, now: float) -> list[Candid
 def nvlink_saturated(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     share = rule.threshold("utilization_ratio")
     per_link = rule.threshold("link_bytes_per_second")
+    cols = history.columns()
+    rates = cols.zip("nvlink_links_active", "nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second")
+    least = share * per_link * (1 - 1e-9)  # a rate below ``least`` per active link cannot fire (rounding aside)
     out = []
-    for reading, jobs in _gpus(history):
+    for reading, jobs in cols.where(
+        n and ((t is not None and t >= least * n) or (r is not None and r >= least * n)) for n, t, r in rates
+    ):
         links = reading.nvlink_links_active
         tx, rx = reading.nvlink_tx_bytes_per_second, reading.nvlink_rx_bytes_per_second
         if not links or (tx is None and rx is None):
@@ -439,8 +437,10 @@ def gpu_lost(rule: AlertRule, history: History, now: float) -> list[Candidate]:
 
 def idle_allocated(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     limit = rule.threshold("utilization_max")
+    cols = history.columns()
     out = []
-    for reading, jobs in _gpus(history):
+    held = cols.zip("jobs", "utilization_ratio")
+    for reading, jobs in cols.where(j and u is not None and u < limit for j, u in held):
         util = reading.utilization_ratio
         if not jobs or util is None or util >= limit:
             continue

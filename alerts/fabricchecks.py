@@ -134,7 +134,7 @@ def ib_link_flapping(rule: AlertRule, history: History, now: float) -> list[Cand
     window = rule.threshold("window_s")
     limit = rule.threshold("flaps_max")
     out = []
-    for nic, port in _ports(history):
+    for nic, port in history.fabric.ports_moved():  # every other port: its counter the same at both ends
         series = port.series
         if nic.link_downed_total is not None and len(series) >= 2:
             last = series[-1][1].link_downed_total
@@ -208,7 +208,7 @@ _ERROR_COUNTERS: Final = attrgetter(
 def ib_errors(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     window = rule.threshold("window_s")
     out = []
-    for nic, port in _ports(history):
+    for nic, port in history.fabric.ports_moved():  # every other port: its counters the same at both ends
         series = port.series
         if len(series) >= 2:
             first = _ERROR_COUNTERS(series[0][1])

@@ -19,6 +19,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Final, TypeVar
 
 from gpulens.alerts.jobround import _sorted_median
@@ -128,15 +129,24 @@ class Peers:
         self.top = rates[-1] if all(r == r for r in rates) else math.inf
 
 
+# The port counters the error and flapping rules compare across their window (``ports_moved``)
+MOVED_COUNTERS: Final = attrgetter(
+    "symbol_errors_total", "local_link_integrity_errors_total", "receive_errors_total", "link_downed_total"
+)
+
+
 class PortState(PortMemory):
     """All the history keeps of one port: its memory (``PortMemory``), its readings of the window
-    (``(round time, reading)`` pairs, oldest first), its wait and CNP references, and the rates of its node's up ports
-    of its link layer (``peers``: set in each round it is up with a rate)."""
+    (``(round time, reading)`` pairs, oldest first), its wait and CNP references, the rates of its node's up ports
+    of its link layer (``peers``: set in each round it is up with a rate), and the latest round in which its
+    ``MOVED_COUNTERS`` differed from its reading before, or one of them was unknown (``moved``)."""
 
-    __slots__ = ("cnp", "peers", "series", "wait")
+    __slots__ = ("cnp", "counters", "moved", "peers", "series", "wait")
 
     def __init__(self) -> None:
         super().__init__()
+        self.counters: tuple[int | None, ...] | None = None  # MOVED_COUNTERS of the latest reading
+        self.moved = -math.inf
         self.series: deque[tuple[float, NicReading]] = deque()
         self.wait: _Reference | None = None
         self.cnp: _Reference | None = None
@@ -160,6 +170,8 @@ class FabricWindow:
         self._job_hosts: dict[tuple[str, str], deque[tuple[float, JobHostReading]]] = {}
         self._latest: list[NicReading] = []
         self._pairs: list[tuple[NicReading, PortState]] = []  # this round's readings with their ports' states
+        self._moved: list[tuple[NicReading, PortState]] = []  # ports_moved, this round
+        self._trimmed: float | None = None  # the horizon ``add`` trimmed every port at, when it read them all
         self._snapshots: Sequence[NodeSnapshot] = ()
         self._by_node: dict[str, list[NicReading]] | None = {}
         self._rates: dict[tuple[str, str | None], Peers] = {}  # up ports' rates by node and link layer
@@ -177,6 +189,8 @@ class FabricWindow:
         ``now - window_s``, as their references do."""
         latest: list[NicReading] = []
         pairs: list[tuple[NicReading, PortState]] = []
+        moved: list[tuple[NicReading, PortState]] = []
+        read = 0  # ports read this round (a port read twice counts once)
         rates: dict[tuple[str, str | None], Peers] = {}
         latest_hosts: dict[str, HostReading] = {}
         latest_job_hosts: dict[str, list[JobHostReading]] = {}
@@ -190,13 +204,22 @@ class FabricWindow:
                 port = ports.get(key)
                 if port is None:
                     port = ports[key] = PortState()
-                pairs.append((nic, port))
+                pair = (nic, port)
+                pairs.append(pair)
                 series = port.series
+                counters = MOVED_COUNTERS(nic)
+                if None in counters or (series and counters != port.counters):
+                    port.moved = now
+                port.counters = counters
                 series.append((now, nic))
                 while series[0][0] < horizon:
                     series.popleft()
+                if port.moved >= series[0][0] or len(series) < 2:
+                    moved.append(pair)  # a counter moved within the window, or the window has no two readings
                 # What outlives the window (``PortMemory``), and the references.
-                port.seen = now
+                if port.seen != now:
+                    read += 1
+                    port.seen = now
                 if nic.up:
                     port.last_up = now
                     port.down_since = None
@@ -237,6 +260,8 @@ class FabricWindow:
         self._snapshots = snapshots
         self._latest = latest
         self._pairs = pairs
+        self._moved = moved
+        self._trimmed = horizon if read == len(ports) else None
         self._rates = rates
         self._latest_hosts = latest_hosts
         self._latest_job_hosts = latest_job_hosts
@@ -268,12 +293,13 @@ class FabricWindow:
 
     def expire(self, horizon: float) -> None:
         ports = self._ports
-        for key in [k for k, port in ports.items() if port.seen < horizon]:
-            del ports[key]
-        for port in ports.values():
-            series = port.series
-            while series[0][0] < horizon:  # a port this round did not read (``add`` trims those it read)
-                series.popleft()
+        if self._trimmed is None or horizon != self._trimmed:  # else ``add`` read and trimmed every port
+            for key in [k for k, port in ports.items() if port.seen < horizon]:
+                del ports[key]
+            for port in ports.values():
+                series = port.series
+                while series[0][0] < horizon:  # a port this round did not read (``add`` trims those it read)
+                    series.popleft()
         _expire_series(self._hosts, horizon)
         _expire_series(self._job_hosts, horizon)
 
@@ -287,6 +313,13 @@ class FabricWindow:
     def ports(self) -> Sequence[tuple[NicReading, PortState]]:
         """The latest round's ports, in snapshot order, each with its ``PortState`` (what the rules iterate)."""
         return self._pairs
+
+    def ports_moved(self) -> Sequence[tuple[NicReading, PortState]]:
+        """``ports`` whose ``MOVED_COUNTERS`` may differ between their oldest and newest reading of the window (a
+        superset, in the same order): a counter changed from one reading to the next within the window, one was
+        unknown, or the window holds fewer than two readings. Every other port's counters are the same at both ends,
+        which is where the error and flapping rules find nothing (their own first test)."""
+        return self._moved
 
     def port(self, key: PortKey) -> PortState | None:
         return self._ports.get(key)

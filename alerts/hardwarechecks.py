@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Final
 
 from gpulens.alerts.base import AlertRule, Candidate, rule_labels
@@ -201,34 +200,44 @@ def gpu_fabric_not_ready(rule: AlertRule, history: History, now: float) -> list[
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class _Unit:
-    """One node or GPU holding a value of one setting; ``model``: the GPU's model, whose GPUs are its peers."""
-
-    node: str
-    gpu: str = ""
-    uuid: str = ""
-    model: str = ""
+# One node or GPU holding a value of one setting: (node, GPU index or "", UUID or "", model or ""); the model's GPUs
+# are its peers. Plain tuples: the drift check builds one per GPU each round (8,000 at 1,000 nodes).
+_Unit = tuple[str, str, str, str]
 
 
-def _settings(history: History) -> Iterable[tuple[str, dict[_Unit, str]]]:
+def _settings(history: History) -> Iterable[tuple[str, dict[str, dict[_Unit, str]]]]:
     """Each setting's value per node (driver, peermem) or per GPU (persistence, ECC: compared among GPUs of one
-    model, so that a fleet's inference boards with their own defaults are not every training node's odd ones)."""
+    model, so that a fleet's inference boards with their own defaults are not every training node's odd ones),
+    grouped by model (nodes: one group, model "")."""
     latest = history.latest
     if latest is None:
         return
-    yield SETTING_DRIVER, {_Unit(n): v for n, v in latest.drivers.items() if n in latest.hardware}
-    peermem = {_Unit(n): hw.peermem_loaded for n, hw in latest.hardware.items()}
-    yield SETTING_PEERMEM, {u: _on(v) for u, v in peermem.items() if v is not None}
-    for setting, attribute in ((SETTING_PERSISTENCE, "persistence_mode"), (SETTING_ECC, "ecc_enabled")):
-        values: dict[_Unit, str] = {}
-        for node, hw in latest.hardware.items():
-            for c in hw.gpus:
-                value = getattr(c, attribute)
-                reading = latest.gpus.get(c.uuid)
-                if value is not None:
-                    values[_Unit(node, str(c.gpu), c.uuid, reading.model if reading else "")] = _on(value)
-        yield setting, values
+    yield SETTING_DRIVER, {"": {(n, "", "", ""): v for n, v in latest.drivers.items() if n in latest.hardware}}
+    peermem = {(n, "", "", ""): hw.peermem_loaded for n, hw in latest.hardware.items()}
+    yield SETTING_PEERMEM, {"": {u: _on(v) for u, v in peermem.items() if v is not None}}
+    gpus = latest.gpus
+    persistence: dict[str, dict[_Unit, str]] = {}
+    ecc: dict[str, dict[_Unit, str]] = {}
+    for node, hw in latest.hardware.items():
+        for c in hw.gpus:
+            on, ecc_on = c.persistence_mode, c.ecc_enabled
+            if on is None and ecc_on is None:
+                continue
+            reading = gpus.get(c.uuid)
+            model = reading.model if reading else ""
+            unit = (node, str(c.gpu), c.uuid, model)
+            if on is not None:
+                group = persistence.get(model)
+                if group is None:
+                    group = persistence[model] = {}
+                group[unit] = "1" if on else "0"
+            if ecc_on is not None:
+                group = ecc.get(model)
+                if group is None:
+                    group = ecc[model] = {}
+                group[unit] = "1" if ecc_on else "0"
+    yield SETTING_PERSISTENCE, persistence
+    yield SETTING_ECC, ecc
 
 
 def _on(value: bool) -> str:
@@ -248,10 +257,7 @@ def majority(values: Iterable[Hashable], min_count: float) -> Hashable | None:
 def gpu_config_drift(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     min_peers = rule.threshold("min_peers")
     out = []
-    for setting, values in _settings(history):
-        groups: dict[str, dict[_Unit, str]] = {}
-        for unit, value in values.items():
-            groups.setdefault(unit.model, {})[unit] = value
+    for setting, groups in _settings(history):
         for group in groups.values():
             usual = majority(group.values(), min_peers)
             if usual is not None:
@@ -261,16 +267,15 @@ def gpu_config_drift(rule: AlertRule, history: History, now: float) -> list[Cand
 
 def _drifted(rule: AlertRule, setting: str, values: Mapping[_Unit, str], usual: str) -> list[Candidate]:
     out = []
-    for unit, value in sorted(values.items(), key=lambda item: (item[0].node, item[0].gpu)):
-        if value == usual:
-            continue
-        where = f"GPU {unit.gpu} " if unit.gpu else ""
-        extra = {"gpu": unit.gpu, "uuid": unit.uuid, "model": unit.model} if unit.gpu else {}
-        peers = f"{unit.model} GPUs" if unit.model else "GPUs" if unit.gpu else "nodes"
+    odd = [(unit, value) for unit, value in values.items() if value != usual]  # few: only they are sorted
+    for (node, gpu, uuid, model), value in sorted(odd, key=lambda item: (item[0][0], item[0][1])):
+        where = f"GPU {gpu} " if gpu else ""
+        extra = {"gpu": gpu, "uuid": uuid, "model": model} if gpu else {}
+        peers = f"{model} GPUs" if model else "GPUs" if gpu else "nodes"
         out.append(
             _node_candidate(
                 rule,
-                unit.node,
+                node,
                 None,
                 f"{where}{setting} is {value}, the cluster's majority {usual}",
                 f"Most of the cluster's {peers} run {setting} = {usual}; this one runs {value}. A node configured "

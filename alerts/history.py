@@ -26,6 +26,7 @@ from operator import attrgetter
 from typing import Any, Final
 
 from gpulens.alerts.fabrichistory import FabricWindow
+from gpulens.alerts.gpucolumns import GpuColumns
 from gpulens.alerts.jobround import (
     REFERENCE_MIN_SHARE,
     REFERENCE_MIN_UTILIZATION,
@@ -170,6 +171,7 @@ class History:
         )  # the RDMA ports, hosts and jobs' host shares (gpulens.alerts.fabrichistory)
         self._round_since: dict[float, int] = {}  # since -> index of the first round at or after it, this round
         self._up: list[tuple[GpuReading, Sequence[GpuJob]]] | None = None  # up_gpus, this round
+        self._columns: GpuColumns | None = None  # columns(), this round
         self._missing: frozenset[str] | None = None  # missing_nodes, this round
         self._lost: frozenset[str] | None = None  # lost_gpus, this round
         self._memo: dict[Hashable, Any] = {}  # memo(), this round
@@ -214,6 +216,7 @@ class History:
         self._since.clear()
         self._round_since.clear()
         self._up = self._missing = self._lost = None
+        self._columns = None
         self._previous_memo, self._memo = self._memo, {}
         all_series = self._series
         horizon = now - self.window_s
@@ -412,3 +415,9 @@ class History:
             jobs = latest.gpu_jobs
             self._up = [(r, jobs.get(uuid, ())) for uuid, r in latest.gpus.items() if r.up]
         return self._up
+
+    def columns(self) -> GpuColumns:
+        """``up_gpus`` as columns (``alerts.gpucolumns``), built once per round, each column when first asked."""
+        if self._columns is None:
+            self._columns = GpuColumns(self.up_gpus())
+        return self._columns

@@ -17,8 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from gpulens.alerts.commandaction import CommandAction, CommandConfig
 from gpulens.alerts.config import AlertingConfig, build_notifiers, parse_alerting
-from gpulens.alerts.drain import DrainRecord, SlurmDrainer
+from gpulens.alerts.drain import SlurmDrainer
 from gpulens.alerts.engine import AlertEngine, EngineRound
 from gpulens.alerts.grouping import GroupState
 from gpulens.alerts.matchers import matchers_from_json
@@ -33,7 +34,6 @@ from gpulens.settings import Settings
 from gpulens.storage import alertstore
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.recent import recent_rounds
-from gpulens.storage.slurmtables import record_drain_action
 
 log = logging.getLogger(__name__)
 
@@ -148,14 +148,14 @@ class AlertService:
             )
         )
         for action in config.actions:  # [[alerts.actions]]: run by the same worker, audited in drain_action
-            self._notifiers.setdefault(
-                action.name, SlurmDrainer(action, audit=self._audit_drain, clock=self._clock.now)
+            actor = (
+                CommandAction(action, db, clock=self._clock.now)
+                if isinstance(action, CommandConfig)
+                else SlurmDrainer(action, db, clock=self._clock.now)
             )
+            self._notifiers.setdefault(action.name, actor)
         self.delivery = Delivery(self.outbox, self._notifiers, clock=self._clock, backoff=backoff)
         self.worker = NotificationWorker(self.delivery, poll_s=poll_s)
-
-    def _audit_drain(self, record: DrainRecord) -> None:
-        record_drain_action(self._db, record)
 
     def _load(self, before: float | None = None) -> None:
         """The stored states, groups and recent rounds, once.

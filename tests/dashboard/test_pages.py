@@ -20,7 +20,7 @@ from dash.development.base_component import Component
 from plotly.io.json import to_json_plotly
 from sqlalchemy import event
 
-from gpulens.alerts.drain import DrainRecord
+from gpulens.alerts.remediationcase import DrainRecord
 from gpulens.clock import ManualClock
 from gpulens.config import ConfigError
 from gpulens.dashboard.app import create_app

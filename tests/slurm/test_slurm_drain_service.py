@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 
 from gpulens.alerts.config import parse_alerting
-from gpulens.alerts.drain import DRAINED, DRY_RUN
+from gpulens.alerts.remediationcase import DRAINED, DRY_RUN
 from gpulens.alerts.service import AlertService
 from gpulens.model import NodeSnapshot, TargetHealth
 from gpulens.rounds import RoundResult

@@ -69,6 +69,7 @@ DEFAULT_RULES: Final = (
 )
 # What the brake counts: the nodes gpulens drained, would drain (dry run), or wanted to drain but for the cap.
 _WANTED: Final = (rc.DRAINED, rc.DRY_RUN, rc.REFUSED_FRACTION)
+_PLAIN: Final = (rc.DRAINED, rc.RESUMED, rc.REQUEUED, rc.RAN)  # said without their reason in a message
 
 
 @dataclass(frozen=True)
@@ -297,3 +298,19 @@ class SlurmDrainer:
             record_drain_action(self._db, record)
         except Exception as exc:  # noqa: BLE001 -- the audit store down must not stop the action; it is logged
             logger.warning("slurm-drain %s: cannot store its audit record: %s", self.name, exc)
+
+
+def remediation_line(decisions: Sequence[Mapping[str, object]]) -> str:
+    """One line of what the actions did about an alert (its decisions, newest first): the newest per action and
+    step, e.g. "slurm-drain drained node-07; ticket ran"; "" when none."""
+    seen: set[tuple[object, object]] = set()
+    parts: list[str] = []
+    for d in decisions:
+        key = (d["action"], d["step"])
+        if key in seen:
+            continue
+        seen.add(key)
+        parts.append(
+            f"{d['action']} {d['outcome']} {d['node']}" + ("" if d["outcome"] in _PLAIN else f": {d['reason']}")
+        )
+    return "; ".join(parts)

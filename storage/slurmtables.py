@@ -145,3 +145,19 @@ def recent_drain_actions(db: Database, limit: int = 50) -> list[dict[str, Any]]:
             .all()
         )
     return [dict(r) for r in rows]
+
+
+def decisions_for(db: Database, cause: str, limit: int = 5) -> list[dict[str, Any]]:
+    """The newest ``limit`` decisions about one incident or alert (``causes`` names it), newest first."""
+    with db.session() as s:
+        rows = (
+            s.execute(
+                sa.select(drain_action)
+                .where(drain_action.c.causes == cause)
+                .order_by(drain_action.c.time.desc(), drain_action.c.id.desc())
+                .limit(limit)
+            )
+            .mappings()
+            .all()
+        )
+    return [dict(r) for r in rows]

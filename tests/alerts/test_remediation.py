@@ -4,6 +4,7 @@ cause resolved, opt-out, the brake, retries, the verdict, requeue and the comman
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,13 +12,14 @@ import pytest
 
 from gpulens.alerts import remediationcase as rc
 from gpulens.alerts.commandaction import CommandAction, CommandConfig
-from gpulens.alerts.drain import DrainConfig, SlurmDrainer
+from gpulens.alerts.drain import DrainConfig, SlurmDrainer, remediation_line
 from gpulens.alerts.notify import DeliveryError
+from gpulens.alerts.notify.slack import SlackNotifier
 from gpulens.alerts.state import FIRING, RESOLVED, AlertState
 from gpulens.clock import ManualClock
 from gpulens.storage import remediationstore as store
 from gpulens.storage.db import Database
-from gpulens.storage.slurmtables import recent_drain_actions
+from gpulens.storage.slurmtables import decisions_for, recent_drain_actions
 from tests.alerts.fakeslurm import FakeSlurm, Node
 
 T0 = 1_796_300_000.0
@@ -243,3 +245,14 @@ def test_the_command_action_passes_the_verdict_as_arguments_never_through_a_shel
     assert (args["--node"], args["--action"], args["--jobs"]) == ("n01", "reboot", "77")
     assert (args["--state"], args["--case"]) == ("firing", "fp-n01-3-79")
     assert [o for _, _, o in audit(db)] == [rc.REFUSED_NODE_NAME, rc.RAN]
+
+
+def test_a_slack_message_says_what_remediation_did_about_the_alert(db: Database) -> None:
+    slurm, clock = FakeSlurm.of(4), ManualClock(T0)
+    send(drainer(db, slurm, clock), xid("n01"), xid("n[01-04]"))
+    slack = SlackNotifier(
+        "https://hooks.example/x", remediation=lambda a: remediation_line(decisions_for(db, a.fingerprint))
+    )
+    message = json.dumps(slack.render([xid("n01"), xid("n[01-04]")], group_labels={}, status=FIRING))
+    assert "*Done:* slurm-drain drained n01" in message
+    assert "*Done:* slurm-drain refused-node-name n[01-04]: node 'n[01-04]' is not" in message

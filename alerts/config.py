@@ -369,10 +369,18 @@ def parse_alerting(
             where: list[str | int] = [*at, "actions", i, "name"]
             raise input_error(f"{name!r} names a receiver or another action", where, text=text, source=source)
         actions.append(a.config())
-    # Each action sees every alert at once (it picks its rules itself), before and whatever the routes.
+    # Each action sees every alert at once (it picks its rules itself), before and whatever the routes, and each change
+    # at the next round (no group_interval: a resolve must not wait five minutes to resume a node).
     routes = [
         *(
-            Route(a.name, (NOT_WATCHDOG,), group_by=("alertname", "node", "gpu"), group_wait_s=0.0, continue_=True)
+            Route(
+                a.name,
+                (NOT_WATCHDOG,),
+                group_by=("alertname", "node", "gpu"),
+                group_wait_s=0.0,
+                group_interval_s=0.0,
+                continue_=True,
+            )
             for a in actions
         ),
         *routes,

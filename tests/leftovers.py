@@ -1,9 +1,9 @@
 """The processes a test run leaves behind: what ``pytest_sessionfinish`` checks after it stopped the test Slurm.
 
-A process is the run's when its name is one the tests start (``WATCHED``, or Python running ``gpulens.cli``, as
-the tests start gpulens) and its command line names a folder of the run: pytest's base temporary folder (every test's ``tmp_path`` lies under it, workers' included) or the test
-Slurm's folder. Only those processes' names and command lines are read, from /proc.
-"""
+A process is the run's when its name is one the tests start (``WATCHED``, or Python running ``gpulens.cli``, as the
+tests start gpulens) and its command line names a folder of the run: pytest's base temporary folder (every test's
+``tmp_path`` lies under it, workers' included) or the test Slurm's folder. Only those processes' names and command
+lines are read, from /proc."""
 
 from __future__ import annotations
 

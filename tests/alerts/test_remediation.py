@@ -21,6 +21,7 @@ from gpulens.storage import remediationstore as store
 from gpulens.storage.db import Database
 from gpulens.storage.slurmtables import decisions_for, recent_drain_actions
 from tests.alerts.fakeslurm import FakeSlurm, Node
+from tests.dbtemplate import migrated_sqlite
 
 T0 = 1_796_300_000.0
 # Live, resuming, and with the cap and the brake out of the way (their own tests set them).
@@ -29,8 +30,7 @@ LIVE = DrainConfig(dry_run=False, resume_on_resolve=True, max_drained_fraction=1
 
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[Database]:
-    database = Database(f"sqlite:///{tmp_path / 'gpulens.db'}")
-    database.upgrade()
+    database = Database(migrated_sqlite(tmp_path / "gpulens.db"))  # a copy of one store migrated once
     yield database
     database.close()
 

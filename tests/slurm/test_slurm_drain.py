@@ -15,6 +15,7 @@ from gpulens.alerts.state import FIRING, RESOLVED, AlertState
 from gpulens.clock import ManualClock
 from gpulens.storage.db import Database
 from gpulens.storage.slurmtables import recent_drain_actions
+from tests.dbtemplate import migrated_sqlite
 from tests.slurm.conftest import Slurm, wait_for
 
 START = 1_796_300_000.0  # 2026-12-03T12:13:20Z
@@ -23,8 +24,7 @@ LIVE = DrainConfig(dry_run=False, resume_on_resolve=True)
 
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[Database]:
-    database = Database(f"sqlite:///{tmp_path / 'gpulens.db'}")
-    database.upgrade()
+    database = Database(migrated_sqlite(tmp_path / "gpulens.db"))  # a copy of one store migrated once
     yield database
     database.close()
 

@@ -246,16 +246,17 @@ class SlurmDrainer:
         if rest:
             self._record(case, rc.KEPT, f"{len(rest)} other cause(s) still hold the node: {' '.join(rest)}", rc.RESUME)
             return
+        if held is None or not held.held:
+            return
+        if held.dry_run:  # nothing was drained: the node is forgotten, so that a dry run's cap does not fill up
+            store.release(self._db, case.node)
+            would = "would resume" if self._config.resume_on_resolve else "would stay drained (resume_on_resolve off)"
+            self._record(case, rc.DRY_RUN, f"every cause resolved: {would}", rc.RESUME)
+            return
         if not self._config.resume_on_resolve:
             self._record(case, rc.KEPT, "every cause resolved; resume_on_resolve is off", rc.RESUME)
             return
         node = nodes.get(case.node)
-        if held is None or not held.held:
-            return
-        if held.dry_run:
-            store.release(self._db, case.node)
-            self._record(case, rc.DRY_RUN, "every cause resolved: would resume", rc.RESUME)
-            return
         if node is None or not node.drained:
             store.release(self._db, case.node)
             self._record(case, rc.LEFT_ALONE, "left alone: no longer drained (resumed by someone else)", rc.RESUME)

@@ -256,3 +256,13 @@ def test_a_slack_message_says_what_remediation_did_about_the_alert(db: Database)
     message = json.dumps(slack.render([xid("n01"), xid("n[01-04]")], group_labels={}, status=FIRING))
     assert "*Done:* slurm-drain drained n01" in message
     assert "*Done:* slurm-drain refused-node-name n[01-04]: node 'n[01-04]' is not" in message
+
+
+def test_a_dry_run_forgets_a_node_once_its_causes_resolved_so_its_cap_does_not_fill(db: Database) -> None:
+    slurm, clock = FakeSlurm.of(4), ManualClock(T0)
+    action = drainer(db, slurm, clock, DrainConfig(max_drained_fraction=0.25, breaker_nodes=1.0))  # one node
+    send(action, xid("n01"))
+    send(action, xid("n01", state=RESOLVED))
+    send(action, xid("n02"))
+    assert [o for _, _, o in audit(db)] == [rc.DRY_RUN, rc.DRY_RUN, rc.DRY_RUN]
+    assert set(store.held_nodes(db)) == {"n02"}

@@ -154,16 +154,19 @@ printf '{"jobs": ['
 exec yes '{"job_id": 1, "name": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"},'
 """
 # A process that reads metadata through the real runner with the fake squeue first on PATH, and prints its counts,
-# its queries and its peak resident memory in kB.
+# its queries and its peak resident memory in kB (VmHWM: this program's own; getrusage's ru_maxrss would start from
+# the forking pytest's, which Linux keeps across exec).
 READER = """
-import resource
+import re
+from pathlib import Path
 from gpulens.exporter.slurmjobs import SlurmJobInfo
 from gpulens.model import GpuJob, NodeSnapshot
 from gpulens.promtext import DEFAULT_LIMITS
 info = SlurmJobInfo(worker=False, timeout_s=120.0)
 info.enrich(NodeSnapshot(node="n1", timestamp=0.0, source="sim", jobs=(GpuJob("n1", 0, "GPU-0", "41"),)))
 info.refresh()
-print(dict(info.errors), info.queries, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+peak = re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)
+print(dict(info.errors), info.queries, peak)
 """
 
 

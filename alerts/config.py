@@ -52,7 +52,8 @@ import msgspec
 
 from gpulens.alerts.base import AlertRule
 from gpulens.alerts.catalogue import BUILTIN_NAMES, WATCHDOG
-from gpulens.alerts.drain import DEFAULT_RULES, DrainConfig
+from gpulens.alerts.commandaction import COMMAND_KIND, CommandConfig
+from gpulens.alerts.drain import DEFAULT_RULES, DRAIN_KIND, DrainConfig
 from gpulens.alerts.grouping import ALL_LABELS, Route
 from gpulens.alerts.matchers import MatcherError, parse_matcher
 from gpulens.alerts.notify import HttpPost, Notifier, SecretSource, env_secret, file_secret, urllib_post
@@ -108,7 +109,7 @@ class AlertingConfig:
     receivers: tuple[ReceiverConfig, ...] = ()
     routes: tuple[Route, ...] = ()
     dashboard_url: str | None = None
-    actions: tuple[DrainConfig, ...] = ()  # [[alerts.actions]]: the slurm-drain actions
+    actions: tuple[DrainConfig | CommandConfig, ...] = ()  # [[alerts.actions]]: slurm-drain and command actions
 
     def destinations(self) -> dict[str, tuple[str, ...]]:
         """Each receiver's outbox destinations (one per URL), by receiver name."""
@@ -199,37 +200,59 @@ def _listed(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
 
 
 class ActionFile(InputStruct, frozen=True, kw_only=True):
-    """One ``[[alerts.actions]]`` table (``kind = "slurm-drain"``, gpulens.alerts.drain)."""
+    """One ``[[alerts.actions]]`` table: ``kind = "slurm-drain"`` (gpulens.alerts.drain) or ``kind = "command"``
+    (gpulens.alerts.commandaction, with ``argv``)."""
 
-    kind: Literal["slurm-drain"]
-    name: str = "slurm-drain"
+    kind: Literal["slurm-drain", "command"]
+    name: str = ""
     rules: tuple[str, ...] = DEFAULT_RULES
     dry_run: bool = True
     max_drained_fraction: float = 0.05
     cooldown: Duration = Duration(3600.0)
     resume_on_resolve: bool = False
+    requeue: bool = False
+    exclude_nodes: tuple[str, ...] = ()
+    exclude_features: tuple[str, ...] = ()
+    breaker_nodes: float = 0.10
+    breaker_window: Duration = Duration(600.0)
+    argv: tuple[str, ...] = ()
     scontrol: str = "scontrol"
     sinfo: str = "sinfo"
-    timeout: Duration = Duration(10.0)
+    timeout: Duration | None = None
 
     def __post_init__(self) -> None:
-        _name("name", self.name)
+        _name("name", self.name or self.kind)
         if not 0 < self.max_drained_fraction <= 1:
             raise FieldError("max_drained_fraction", "expected a fraction of the nodes, above 0 and at most 1")
+        if not 0 < self.breaker_nodes <= 1:
+            raise FieldError("breaker_nodes", "expected a fraction of the nodes, above 0 and at most 1")
         if not self.rules:
             raise FieldError("rules", "expected at least one rule (Rule or Rule:xid)")
+        if self.kind == COMMAND_KIND and (not self.argv or not self.argv[0].startswith("/")):
+            raise FieldError("argv", "expected the program's absolute path and its first arguments, as a list")
+        if self.kind == DRAIN_KIND and self.argv:
+            raise FieldError("argv", "only a command action runs a program of its own")
 
-    def config(self) -> DrainConfig:
+    def config(self) -> DrainConfig | CommandConfig:
+        name = self.name or self.kind
+        if self.kind == COMMAND_KIND:
+            timeout = 60.0 if self.timeout is None else float(self.timeout)
+            return CommandConfig(name, tuple(self.argv), tuple(self.rules), self.dry_run, timeout)
         return DrainConfig(
-            name=self.name,
+            name=name,
             rules=tuple(self.rules),
             dry_run=self.dry_run,
             max_drained_fraction=self.max_drained_fraction,
             cooldown_s=float(self.cooldown),
             resume_on_resolve=self.resume_on_resolve,
+            requeue=self.requeue,
+            exclude_nodes=tuple(self.exclude_nodes),
+            exclude_features=tuple(self.exclude_features),
+            breaker_nodes=self.breaker_nodes,
+            breaker_window_s=float(self.breaker_window),
             scontrol=self.scontrol,
             sinfo=self.sinfo,
-            timeout_s=float(self.timeout),
+            timeout_s=10.0 if self.timeout is None else float(self.timeout),
         )
 
 
@@ -339,17 +362,25 @@ def parse_alerting(
         routes.append(_for_receiver(route.route(), receiver))
     if receivers and not routes:  # no routes: every receiver gets every alert
         routes = [_for_receiver(Route(r.name, continue_=True), r) for r in receivers]
-    actions: list[DrainConfig] = []
+    actions: list[DrainConfig | CommandConfig] = []
     for i, a in enumerate(file.actions):
-        if a.name in {r.name for r in receivers} | {other.name for other in actions}:
-            raise input_error(
-                f"{a.name!r} names a receiver or another action", [*at, "actions", i, "name"], text=text, source=source
-            )
+        name = a.name or a.kind
+        if name in {r.name for r in receivers} | {other.name for other in actions}:
+            where: list[str | int] = [*at, "actions", i, "name"]
+            raise input_error(f"{name!r} names a receiver or another action", where, text=text, source=source)
         actions.append(a.config())
-    # Each action sees every alert at once (it picks its rules itself), before and whatever the routes.
+    # Each action sees every alert at once (it picks its rules itself), before and whatever the routes, and each change
+    # at the next round (no group_interval: a resolve must not wait five minutes to resume a node).
     routes = [
         *(
-            Route(a.name, (NOT_WATCHDOG,), group_by=("alertname", "node", "gpu"), group_wait_s=0.0, continue_=True)
+            Route(
+                a.name,
+                (NOT_WATCHDOG,),
+                group_by=("alertname", "node", "gpu"),
+                group_wait_s=0.0,
+                group_interval_s=0.0,
+                continue_=True,
+            )
             for a in actions
         ),
         *routes,

@@ -111,6 +111,17 @@ SELF_RULES: Final = (
         "The collector's log names the receiver and its error; `gpulens alerts test-notify RECEIVER` tries it now.",
     ),
     SelfRule(
+        "GpulensRemediationHalted",
+        "critical",
+        "gpulens_collector_remediation_halted == 1",
+        "",
+        f"GpulensRemediationHalted: the remediation brake halts every action ({_INSTANCE}).",
+        "More than breaker_nodes of the nodes were to be drained within breaker_window: a fault of many nodes at "
+        "once (a switch, a driver rollout), so gpulens drains nothing more until a person lifts the halt.",
+        "gpulens remediation list shows the nodes and decisions behind it; find the shared cause, then "
+        "gpulens remediation resume (docs/remediation.md).",
+    ),
+    SelfRule(
         "GpulensExporterCollectionErrors",
         "warning",
         f"increase({_ERRORS}[{WINDOW}]) > 0 "

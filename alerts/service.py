@@ -17,13 +17,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from gpulens.alerts.commandaction import CommandAction, CommandConfig
 from gpulens.alerts.config import AlertingConfig, build_notifiers, parse_alerting
-from gpulens.alerts.drain import DrainRecord, SlurmDrainer
+from gpulens.alerts.drain import SlurmDrainer, remediation_line
 from gpulens.alerts.engine import AlertEngine, EngineRound
 from gpulens.alerts.grouping import GroupState
 from gpulens.alerts.matchers import matchers_from_json
 from gpulens.alerts.notify import Notifier
 from gpulens.alerts.notify.delivery import Backoff, Delivery, DeliveryCounts, OutboxItem
+from gpulens.alerts.notify.slack import SlackNotifier
 from gpulens.alerts.notify.worker import DEFAULT_POLL_S, NotificationWorker
 from gpulens.alerts.state import AlertState, Silence
 from gpulens.clock import Clock, SystemClock
@@ -33,7 +35,7 @@ from gpulens.settings import Settings
 from gpulens.storage import alertstore
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.recent import recent_rounds
-from gpulens.storage.slurmtables import record_drain_action
+from gpulens.storage.slurmtables import decisions_for
 
 log = logging.getLogger(__name__)
 
@@ -148,14 +150,21 @@ class AlertService:
             )
         )
         for action in config.actions:  # [[alerts.actions]]: run by the same worker, audited in drain_action
-            self._notifiers.setdefault(
-                action.name, SlurmDrainer(action, audit=self._audit_drain, clock=self._clock.now)
+            actor = (
+                CommandAction(action, db, clock=self._clock.now)
+                if isinstance(action, CommandConfig)
+                else SlurmDrainer(action, db, clock=self._clock.now)
             )
+            self._notifiers.setdefault(action.name, actor)
+        for notifier in self._notifiers.values():
+            if isinstance(notifier, SlackNotifier) and config.actions:
+                notifier.remediation = self._remediation_line
         self.delivery = Delivery(self.outbox, self._notifiers, clock=self._clock, backoff=backoff)
         self.worker = NotificationWorker(self.delivery, poll_s=poll_s)
 
-    def _audit_drain(self, record: DrainRecord) -> None:
-        record_drain_action(self._db, record)
+    def _remediation_line(self, alert: AlertState) -> str:
+        """What the actions did about the alert, newest decision per action: "slurm-drain drained node-07"."""
+        return remediation_line(decisions_for(self._db, alert.fingerprint))
 
     def _load(self, before: float | None = None) -> None:
         """The stored states, groups and recent rounds, once.

@@ -31,7 +31,7 @@ from gpulens.collector.targets import TargetSet
 from gpulens.logutil import LogOnce
 from gpulens.rounds import RoundHook, RoundResult
 from gpulens.settings import Settings
-from gpulens.storage import jobsummary
+from gpulens.storage import jobsummary, remediationstore
 from gpulens.storage.alertstore import outbox_backlog
 from gpulens.storage.connect import SchemaBehindError, ensure_schema
 from gpulens.storage.db import Database, DatabaseUnavailableError
@@ -46,7 +46,8 @@ RETENTION_EVERY_S = 3600.0
 # due: one step at most overruns, so they delay a round by well under 100 ms (storage/rollup.py, retention.py).
 MAINTENANCE_STEP_S = 0.05
 ACCOUNTING_EVERY_S = 60.0  # ended jobs are summarised (storage.jobsummary) at most this often
-OUTBOX_EVERY_S = 30.0  # the outbox backlog (gpulens_collector_outbox_*) is counted at most this often
+# the outbox backlog (gpulens_collector_outbox_*) and the remediation brake are read at most this often
+OUTBOX_EVERY_S = 30.0
 MAINTENANCE_MARGIN_S = 0.2
 
 
@@ -95,6 +96,11 @@ class CollectorMetrics:
         self.outbox_age = Gauge(
             "gpulens_collector_outbox_oldest_pending_age_seconds",
             "How long the oldest notification waiting in the outbox has waited (0 when none waits).",
+            registry=r,
+        )
+        self.remediation_halted = Gauge(
+            "gpulens_collector_remediation_halted",
+            "1 while the remediation brake halts every [[alerts.actions]] action (gpulens remediation resume).",
             registry=r,
         )
         self.rounds_skipped = Counter(
@@ -344,6 +350,7 @@ class Collector:
                 waiting, age = outbox_backlog(self._db, now)
                 self.metrics.outbox_pending.set(waiting)
                 self.metrics.outbox_age.set(age)
+                self.metrics.remediation_halted.set(remediationstore.current_halt(self._db) is not None)
         except DatabaseUnavailableError as exc:
             self._log_once("maintenance-db-down", "rollups/retention postponed: %s", exc)
 

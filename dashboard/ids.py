@@ -151,3 +151,9 @@ ALERTS_ACTIVE: Final = "alerts-active"
 ALERTS_HISTORY: Final = "alerts-history"
 ALERTS_SILENCES: Final = "alerts-silences"
 ALERTS_DRAINS: Final = "alerts-drains"
+
+# --- remediation (/remediation) -------------------------------------------------------------------------------------
+
+REMEDIATION: Final = Toolbar("remediation")
+REMEDIATION_HELD: Final = "remediation-held"
+REMEDIATION_DECISIONS: Final = "remediation-decisions"

@@ -4,6 +4,12 @@ A collection never waits on Slurm. :meth:`SlurmJobInfo.enrich` only reads a cach
 worker thread asks ``squeue --json`` for them (one subprocess with a timeout) and fills the cache. Slurm absent, slow
 or failing is counted by reason (``slurm_*``), logged once and retried after ``retry_s``; the readings pass on
 without the metadata. The cache holds at most ``max_jobs`` jobs, those seen most recently.
+
+squeue's output is input too: it is read as it streams, and a squeue that prints more than ``MAX_OUTPUT_BYTES`` is
+stopped there (``slurm_squeue_malformed``), so the exporter never holds more. A document squeue could not have meant
+(a number such as ``1e400``, nesting past the parser's depth) is the same malformed answer, retried after
+``retry_s`` like any failure. Text values (name, user, account, partition) are cut to the label-value length the
+collector accepts (``promtext.DEFAULT_LIMITS``).
 """
 
 from __future__ import annotations
@@ -11,8 +17,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
+import os
 import re
+import select
 import subprocess
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -22,6 +32,7 @@ from typing import Any, Final
 
 from gpulens.logutil import ErrorCounter
 from gpulens.model import JobInfo, NodeSnapshot
+from gpulens.promtext import DEFAULT_LIMITS
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +41,9 @@ SQUEUE_FAILED: Final = "slurm_squeue_failed"
 SQUEUE_TIMEOUT: Final = "slurm_squeue_timeout"
 SQUEUE_MALFORMED: Final = "slurm_squeue_malformed"
 
-_MAX_OUTPUT_BYTES: Final = 64 * 1024 * 1024
+MAX_OUTPUT_BYTES: Final = 16 * 1024 * 1024  # squeue --json of 500 jobs (one call) is well under 10 MiB
+_READ_BYTES: Final = 1 << 16
+_MAX_TEXT: Final = DEFAULT_LIMITS.label_value_length
 _MAX_IDS_PER_CALL: Final = 500
 # What squeue accepts: job ids, array tasks ``123_4`` and heterogeneous components ``123+0``. Other ids (a pod, a
 # container, a simulated job) are never Slurm's.
@@ -47,20 +60,53 @@ class SlurmQueryError(Exception):
         self.reason = reason
 
 
-def run_command(argv: Sequence[str], timeout_s: float) -> bytes:
-    """The standard output of ``argv`` run with a timeout. Raises ``SlurmQueryError``."""
-    try:
-        done = subprocess.run(argv, capture_output=True, timeout=timeout_s, check=False)
-    except FileNotFoundError:
-        raise SlurmQueryError(SQUEUE_MISSING, f"{argv[0]} is not installed") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmQueryError(SQUEUE_TIMEOUT, f"{argv[0]} did not answer within {timeout_s:g} s") from None
-    except OSError as exc:
-        raise SlurmQueryError(SQUEUE_FAILED, f"cannot run {argv[0]}: {exc}") from None
-    if done.returncode != 0 and not done.stdout.strip():
-        err = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
-        raise SlurmQueryError(SQUEUE_FAILED, f"{argv[0]} exited {done.returncode}: {err[-1] if err else 'no output'}")
-    return done.stdout[:_MAX_OUTPUT_BYTES]
+def run_command(argv: Sequence[str], timeout_s: float, max_bytes: int = MAX_OUTPUT_BYTES) -> bytes:
+    """The standard output of ``argv`` run with a timeout, read as it streams and stopped past ``max_bytes``.
+    Raises ``SlurmQueryError``."""
+    with tempfile.TemporaryFile() as errors:
+        try:
+            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise SlurmQueryError(SQUEUE_MISSING, f"{argv[0]} is not installed") from None
+        except OSError as exc:
+            raise SlurmQueryError(SQUEUE_FAILED, f"cannot run {argv[0]}: {exc}") from None
+        try:
+            out = _read_capped(process, argv[0], timeout_s, max_bytes)
+            code = process.wait(timeout=max(0.1, timeout_s))
+        except subprocess.TimeoutExpired:
+            raise SlurmQueryError(SQUEUE_TIMEOUT, f"{argv[0]} did not answer within {timeout_s:g} s") from None
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            assert process.stdout is not None
+            process.stdout.close()
+        if code != 0 and not out.strip():
+            errors.seek(max(0, errors.seek(0, os.SEEK_END) - 4096))
+            err = errors.read().decode("utf-8", errors="replace").strip().splitlines()
+            raise SlurmQueryError(SQUEUE_FAILED, f"{argv[0]} exited {code}: {err[-1] if err else 'no output'}")
+    return out
+
+
+def _read_capped(process: subprocess.Popen[bytes], name: str, timeout_s: float, max_bytes: int) -> bytes:
+    """The process's standard output until it closes it; at most ``max_bytes`` are ever held."""
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    deadline = time.monotonic() + timeout_s
+    out = bytearray()
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise subprocess.TimeoutExpired(name, timeout_s)
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(fd, _READ_BYTES)
+        if not chunk:
+            return bytes(out)
+        if len(out) + len(chunk) > max_bytes:
+            raise SlurmQueryError(SQUEUE_MALFORMED, f"{name} printed more than {max_bytes >> 20} MiB: not read further")
+        out += chunk
 
 
 def _number(value: Any) -> int | None:
@@ -71,18 +117,20 @@ def _number(value: Any) -> int | None:
         value = value.get("number")
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # 1e400 parses as inf: no time or id squeue meant
     return int(value)
 
 
 def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) and value and value != "(null)" else None
+    return value[:_MAX_TEXT] if isinstance(value, str) and value and value != "(null)" else None
 
 
 def parse_squeue_json(body: bytes, node: str) -> dict[str, JobInfo]:
     """Job id -> metadata from ``squeue --json``. Raises ``SlurmQueryError`` on a document of another shape."""
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise SlurmQueryError(SQUEUE_MALFORMED, f"squeue --json printed no JSON document: {exc}") from None
     jobs = doc.get("jobs") if isinstance(doc, dict) else None
     if not isinstance(jobs, list):
@@ -94,9 +142,9 @@ def parse_squeue_json(body: bytes, node: str) -> dict[str, JobInfo]:
             continue
         array_job = _number(job.get("array_job_id"))
         submit, start = _number(job.get("submit_time")), _number(job.get("start_time"))
-        found[str(job_id)] = JobInfo(
+        found[str(job_id)[:32]] = JobInfo(
             node=node,
-            job_id=str(job_id),
+            job_id=str(job_id)[:32],
             name=_text(job.get("name")),
             user=_text(job.get("user_name")),
             account=_text(job.get("account")),
@@ -196,6 +244,9 @@ class SlurmJobInfo:
             found = parse_squeue_json(self._run(argv, self._timeout_s), "")
         except SlurmQueryError as exc:
             self._errors.count(exc.reason, "job metadata from Slurm is missing: %s (retried)", exc)
+            found = {}
+        except Exception as exc:  # noqa: BLE001 -- any answer it cannot read is malformed; asked again after retry_s
+            self._errors.count(SQUEUE_MALFORMED, "squeue's answer could not be read: %s (retried)", exc)
             found = {}
         now = self._clock()
         with self._lock:

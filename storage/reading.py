@@ -216,6 +216,11 @@ class StoreReader(Protocol):
         """The newest ``limit`` slurm-drain decisions (``[[alerts.actions]]``), newest first."""
         ...
 
+    def remediation_state(self) -> dict[str, Any]:
+        """Remediation's brake (``halt``: its time and reason, or None) and the nodes it holds drained (``held``,
+        each with its open causes): ``storage.remediationstore.remediation_state``."""
+        ...
+
     def snapshot(self) -> AbstractContextManager[StoreReader]:
         """A reader of one consistent moment of the store for the block (a SQL store: one session and transaction);
         a store without such moments gives itself."""

@@ -48,8 +48,43 @@ drain_action: Final = sa.Table(
     sa.Column("rule", sa.Text, nullable=False),
     sa.Column("outcome", sa.Text, nullable=False),
     sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("step", sa.Text),  # drain, resume, requeue, command (revision 0018; NULL before)
+    sa.Column("causes", sa.Text),  # the incidents or alerts that caused it, space-separated (0018)
     sa.Index("ix_drain_action_time", "time"),
 )
+
+# Remediation's memory (revision 0018; read and written by storage.remediationstore).
+remediation_node: Final = sa.Table(
+    "remediation_node",
+    metadata,
+    sa.Column("node", sa.String(255), primary_key=True),
+    sa.Column("action", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("drained_at", sa.Double, nullable=False),
+    sa.Column("held", sa.Boolean, nullable=False),
+    sa.Column("dry_run", sa.Boolean, nullable=False),
+)
+
+remediation_cause: Final = sa.Table(
+    "remediation_cause",
+    metadata,
+    sa.Column("node", sa.String(255), primary_key=True),
+    sa.Column("cause", sa.String(255), primary_key=True),
+    sa.Column("action", sa.Text, nullable=False),
+    sa.Column("opened_at", sa.Double, nullable=False),
+    sa.Column("summary", sa.Text, nullable=False),
+)
+
+remediation_halt: Final = sa.Table(
+    "remediation_halt",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("halted_at", sa.Double, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("lifted_at", sa.Double),
+    sa.Column("lifted_by", sa.Text),
+)
+
 
 _INFO_COLUMNS: Final = (
     "node",
@@ -92,8 +127,9 @@ def read_job_info(db: Database, job_ids: Iterable[str]) -> dict[str, JobInfo]:
 
 
 def record_drain_action(db: Database, record: Any) -> None:
-    """Store one ``gpulens.alerts.drain.DrainRecord`` (taken as any object with its fields: storage is below alerts)."""
-    fields = ("time", "action", "node", "gpu", "rule", "outcome", "reason")
+    """Store one ``gpulens.alerts.remediationcase.DrainRecord`` (taken as any object with its fields: storage is
+    below alerts)."""
+    fields = ("time", "action", "node", "gpu", "rule", "outcome", "reason", "step", "causes")
     with db.write_transaction() as conn:
         conn.execute(sa.insert(drain_action).values(**{f: getattr(record, f) for f in fields}))
 
@@ -104,6 +140,22 @@ def recent_drain_actions(db: Database, limit: int = 50) -> list[dict[str, Any]]:
         rows = (
             s.execute(
                 sa.select(drain_action).order_by(drain_action.c.time.desc(), drain_action.c.id.desc()).limit(limit)
+            )
+            .mappings()
+            .all()
+        )
+    return [dict(r) for r in rows]
+
+
+def decisions_for(db: Database, cause: str, limit: int = 5) -> list[dict[str, Any]]:
+    """The newest ``limit`` decisions about one incident or alert (``causes`` names it), newest first."""
+    with db.session() as s:
+        rows = (
+            s.execute(
+                sa.select(drain_action)
+                .where(drain_action.c.causes == cause)
+                .order_by(drain_action.c.time.desc(), drain_action.c.id.desc())
+                .limit(limit)
             )
             .mappings()
             .all()

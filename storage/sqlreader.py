@@ -28,6 +28,7 @@ from gpulens.storage import (
     latest,
     ncclstore,
     portproblems,
+    remediationstore,
     slurmtables,
     timeseries,
 )
@@ -161,6 +162,9 @@ class SqlReader:
 
     def drain_actions(self, limit: int = 50) -> list[dict[str, Any]]:
         return slurmtables.recent_drain_actions(self.db, limit)
+
+    def remediation_state(self) -> dict[str, Any]:
+        return remediationstore.remediation_state(self.db)
 
     @contextmanager
     def snapshot(self) -> Iterator[StoreReader]:

@@ -110,10 +110,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Stop the one-node Slurm that tests/slurm started (its slurmctld and slurmd), once every worker is done: the
-    controller process, not a worker (xdist's workers share it, and one finishing early must not stop it)."""
+    """Stop the one-node Slurm that tests/slurm started (its slurmctld, slurmd and munged), once every worker is
+    done: the controller process, not a worker (xdist's workers share it, and one finishing early must not stop it).
+    Then fail the run if any process it started is still running (``tests.leftovers``)."""
     if hasattr(session.config, "workerinput"):
         return
-    from tests.slurm.stop import stop_test_slurm
+    from tests.leftovers import leftover_processes
+    from tests.slurm.stop import slurm_dir, stop_test_slurm
 
     stop_test_slurm()
+    folders = [slurm_dir(), session.config._tmp_path_factory.getbasetemp()]
+    left = leftover_processes(folders)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"the test run left {len(left)} process(es) running: {', '.join(left)}"
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from gpulens.alerts.base import dashboard_link
@@ -56,6 +56,7 @@ DETAIL_LINES: Final = (
     ("runbook", "*Do:* ", 550),
 )
 SHORT_SUMMARY_MAX: Final = 300  # each summary in the shorter message sent after a 400
+DONE_MAX: Final = 90  # what remediation did about the alert, after the details (their shares leave 100)
 
 _TOKENS: Final = re.compile(r"[^\s,]+[\s,]*|[\s,]+")
 
@@ -119,8 +120,12 @@ class SlackNotifier:
         timeout_s: float = 10.0,
         http: HttpPost = urllib_post,
         max_alerts: int = 10,
+        remediation: Callable[[AlertState], str] | None = None,
     ) -> None:
+        """``remediation``: what the remediation actions did about an alert, one line ("" for nothing), shown as
+        "Done:" (the alert service reads it from the store's audit)."""
         self.name = name
+        self.remediation = remediation
         self._url = as_source(url_source)
         self._dashboard_url = dashboard_url
         self._timeout_s = timeout_s
@@ -219,6 +224,9 @@ class SlackNotifier:
             for key, prefix, share in DETAIL_LINES
             if (text := alert.annotations.get(key, "").strip())
         ]
+        done = self._done(alert)
+        if done:
+            details.append("*Done:* " + fit(done, DONE_MAX))
         if details:
             blocks.append({"type": "section", "text": _mrkdwn("\n".join(details))})
         fields = [
@@ -233,6 +241,15 @@ class SlackNotifier:
         if link:
             blocks.append({"type": "context", "elements": [_mrkdwn(f"<{link}|Open in the gpulens dashboard>")]})
         return blocks
+
+    def _done(self, alert: AlertState) -> str:
+        if self.remediation is None:
+            return ""
+        try:
+            return self.remediation(alert)
+        except Exception as exc:  # noqa: BLE001 -- the message goes out without it; logged once
+            self._log_once("remediation", "the remediation line of a Slack message is left out: %s", exc)
+            return ""
 
     def _link(self, alert: AlertState) -> str | None:
         link = alert.annotations.get("dashboard")

@@ -19,6 +19,7 @@ from gpulens.cli import (
     cmd_job_summary,
     cmd_node_health,
     cmd_query,
+    cmd_remediation,
     cmd_report,
     cmd_rules,
     cmd_silence,
@@ -62,11 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_rules.register(sub)
     cmd_silence.register(sub)
     cmd_alerts.register(sub)
+    cmd_remediation.register(sub)
     cmd_dashboard.register(sub)
     return parser
 
 
-_ACTIONS = ("db_command", "what", "rules_command", "silence_command", "alerts_command")
+_ACTIONS = ("db_command", "what", "rules_command", "silence_command", "alerts_command", "remediation_command")
 
 log = logging.getLogger("gpulens.cli")
 

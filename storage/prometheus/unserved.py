@@ -7,8 +7,9 @@ line (``gpulens.dashboard.components.not_available``) rather than showing nothin
 * **NCCL communicator history**: the ranks NCCL RAS found behind or unreachable, with the collective and count of
   each, round by round, as the collector stores them (``storage.ncclstore``). Prometheus holds the exporters'
   ``gpulens_nccl_*`` series, but this reader does not rebuild the job page's stuck-rank history from them.
-* **Drain actions**: the slurm-drain decisions, which the alert engine writes to its own SQL store
-  (``storage.slurmtables``), never to Prometheus.
+* **Drain actions** and **Remediation**: the slurm-drain decisions, the nodes remediation holds and its brake, which
+  the alert engine writes to its own SQL store (``storage.slurmtables``, ``storage.remediationstore``), never to
+  Prometheus.
 """
 
 from __future__ import annotations
@@ -32,3 +33,6 @@ class Unserved:
 
     def drain_actions(self, limit: int = 50) -> list[dict[str, Any]]:
         raise NotAvailableOnBackend("Drain actions", BACKEND_NAME, "they are kept in the alert engine's SQL store")
+
+    def remediation_state(self) -> dict[str, Any]:
+        raise NotAvailableOnBackend("Remediation", BACKEND_NAME, "it is kept in the alert engine's SQL store")

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from gpulens.alerts.catalogue import MEMORY_SATURATED
+from gpulens.alerts.commandaction import CommandConfig
 from gpulens.alerts.config import NOT_WATCHDOG, AlertingConfig, build_notifiers, load_rules_file, parse_alerting
+from gpulens.alerts.drain import DrainConfig
 from gpulens.alerts.grouping import Route
 from gpulens.alerts.notify.slack import SlackNotifier
 from gpulens.alerts.notify.webhook import WebhookNotifier
@@ -267,9 +269,27 @@ def test_a_slurm_drain_action_is_safe_by_default_and_sees_every_alert_first() ->
     )
     assert {"GpuLost", "XidError:79", "XidError:48", "XidError:94", "XidError:95", "XidError:119"} <= set(action.rules)
     assert "EccUncorrectable" in action.rules
-    assert config.routes[0] == Route(
-        "slurm-drain", (NOT_WATCHDOG,), group_by=("alertname", "node", "gpu"), group_wait_s=0.0, continue_=True
+    assert isinstance(action, DrainConfig)
+    assert (action.requeue, action.breaker_nodes, action.breaker_window_s, action.exclude_nodes) == (
+        False,
+        0.10,
+        600.0,
+        (),
     )
+    assert config.routes[0] == Route(
+        "slurm-drain",
+        (NOT_WATCHDOG,),
+        group_by=("alertname", "node", "gpu"),
+        group_wait_s=0.0,
+        group_interval_s=0.0,  # a resolve reaches the action at the next round
+        continue_=True,
+    )
+
+
+def test_a_command_action_takes_its_argv_as_a_list() -> None:
+    text = '[[alerts.actions]]\nkind = "command"\nname = "ticket"\nargv = ["/usr/local/sbin/t", "--q", "hw"]\n'
+    (action,) = parse_alerting(tomllib.loads(text)["alerts"]).actions
+    assert action == CommandConfig("ticket", ("/usr/local/sbin/t", "--q", "hw"), action.rules, True, 60.0)
 
 
 @pytest.mark.parametrize(
@@ -278,6 +298,10 @@ def test_a_slurm_drain_action_is_safe_by_default_and_sees_every_alert_first() ->
         ('kind = "slurm-drain"\nmax_drained_fraction = 1.5', "max_drained_fraction"),
         ('kind = "slurm-drain"\nrules = []', "rules"),
         ('kind = "reboot"', "kind"),
+        ('kind = "slurm-drain"\nbreaker_nodes = 0', "breaker_nodes"),
+        ('kind = "command"', "argv"),
+        ('kind = "command"\nargv = ["ticket --queue hw"]', "argv"),
+        ('kind = "slurm-drain"\nargv = ["/bin/true"]', "argv"),
     ],
 )
 def test_a_bad_action_is_a_one_line_error(table: str, message: str) -> None:

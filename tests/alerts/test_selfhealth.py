@@ -32,8 +32,9 @@ def _both(name: str, sick: str, well: str, **extra: str) -> list[dict[str, str]]
 # One sample a minute; ``1x20`` is 21 samples (minutes 0-20). The sick collector: its database goes away after minute
 # 10 and its spool grows from then on, its outbox ages from minute 11, its rounds stop after minute 20 (the last round
 # stays stamped 1200 s) and so does its scrape, its spool drops rounds from minute 26. The well one does everything
-# right. An exporter's NVML reads fail from minute 16: its reason's series appears with its first error; another
-# exporter has counted 3 errors since before Prometheus began (quiet: the count does not grow). A node exporter is down.
+# right. The sick one's remediation brake halts from minute 16. An exporter's NVML reads fail from minute 16: its
+# reason's series appears with its first error; another exporter has counted 3 errors since before Prometheus began
+# (quiet: the count does not grow). A node exporter is down.
 SERIES: list[dict[str, str]] = [
     *_both("up", "1x20 0x20", "1x40"),
     *_both("gpulens_collector_last_round_timestamp_seconds", "0+60x20 1200x20", "0+60x40"),
@@ -45,6 +46,7 @@ SERIES: list[dict[str, str]] = [
     *_both("gpulens_collector_spool_bytes", "0x10 0+1e6x30", "0x40"),
     *_both("gpulens_collector_spool_dropped_rounds_total", "0x25 1+1x15", "0x40"),
     *_both("gpulens_collector_outbox_oldest_pending_age_seconds", "0x10 0+60x30", "0x40"),
+    *_both("gpulens_collector_remediation_halted", "0x15 1x25", "0x40"),
     _series("up", {"job": "node", "instance": "db-1:9100"}, "0x40"),
     _series("up", NODE_SICK, "1x40"),
     _series("up", NODE_WELL, "1x40"),
@@ -88,7 +90,14 @@ def test_each_self_health_rule_fires_on_its_trouble_only(promtool: str, tmp_path
         *_alerts("12m", {}),
         # minute 19: rounds not stored for 8 minutes; the spool has grown for 7 (pending), the outbox's oldest has
         # waited 480 s (under 600); the exporter's first errors (its series appeared at 16)
-        *_alerts("19m", {"GpulensCollectorRoundsFailing": [SICK], "GpulensExporterCollectionErrors": [ERRORS]}),
+        *_alerts(
+            "19m",
+            {
+                "GpulensCollectorRoundsFailing": [SICK],
+                "GpulensExporterCollectionErrors": [ERRORS],
+                "GpulensRemediationHalted": [SICK],  # halted since minute 16, at once
+            },
+        ),
         *_alerts(
             "32m",
             {
@@ -98,6 +107,7 @@ def test_each_self_health_rule_fires_on_its_trouble_only(promtool: str, tmp_path
                 "GpulensSpoolGrowing": [SICK],
                 "GpulensSpoolDroppingRounds": [SICK],
                 "GpulensOutboxBacklog": [SICK],  # over 600 s from 22, for 5m
+                "GpulensRemediationHalted": [SICK],
                 "GpulensExporterCollectionErrors": [ERRORS],
             },
         ),

@@ -43,7 +43,7 @@ class _Live(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         server: _Server = self.server  # type: ignore[assignment]
         hot = next(server.flips)
-        base = node_snapshot("node-00", gpus=GPUS, t=round(time.time(), 3))
+        base = node_snapshot(server.node, gpus=GPUS, t=round(time.time(), 3))
         gpus = tuple(dataclasses.replace(g, temperature_celsius=95.0 if hot else 50.0) for g in base.gpus)
         body = orjson.dumps(snapshot_to_json(base.replace(gpus=gpus)))
         self.send_response(200)
@@ -59,14 +59,16 @@ class _Live(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     flips: Iterator[bool]
+    node: str
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A collector that goes away mid-scrape is expected."""
 
 
 @contextmanager
-def live_exporter(fault: Fault | None = None) -> Iterator[str]:
+def live_exporter(fault: Fault | None = None, node: str = "node-00") -> Iterator[str]:
     server = _Server(("127.0.0.1", 0), _Live)
+    server.node = node
     server.flips = fault if fault is not None else itertools.cycle((True, False))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()

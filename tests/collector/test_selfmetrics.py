@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpulens.clock import ManualClock
 from gpulens.collector.loop import Collector
 from gpulens.settings import default_settings
+from gpulens.storage import remediationstore
 from gpulens.storage.alertstore import outbox_enqueue
 from gpulens.storage.db import Database
 from tests.collector.test_startup import ROOT, wait_until
@@ -87,7 +88,7 @@ def test_the_collector_serves_its_metrics_over_tls_with_basic_auth(tmp_path: Pat
     assert hashed not in stdout + stderr
 
 
-def test_the_outbox_backlog_and_the_interval_are_exported(tmp_path: Path) -> None:
+def test_the_outbox_backlog_the_interval_and_the_brake_are_exported(tmp_path: Path) -> None:
     clock = ManualClock(1_800_000_000.0)
     url = migrated_sqlite(tmp_path / "o.db")
     db = Database(url, clock=clock)
@@ -111,6 +112,11 @@ def test_the_outbox_backlog_and_the_interval_are_exported(tmp_path: Path) -> Non
         collector.run_round()
         assert gauges()["gpulens_collector_outbox_pending"] == 2
         assert gauges()["gpulens_collector_outbox_oldest_pending_age_seconds"] == 700
+        assert gauges()["gpulens_collector_remediation_halted"] == 0
+        remediationstore.halt(db, clock.now(), "11 of 100 nodes wanted drained")  # the brake, in the store
+        clock.advance(30)
+        collector.run_round()
+        assert gauges()["gpulens_collector_remediation_halted"] == 1
     finally:
         collector.close()
         db.close()

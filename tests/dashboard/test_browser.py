@@ -89,6 +89,7 @@ PAGES = {
     "node": ("/nodes/node-02", 10),
     "interconnect": ("/interconnect", 3),
     "alerts": ("/alerts", 0),
+    "remediation": ("/remediation", 0),
 }
 
 

@@ -94,6 +94,14 @@ def test_the_alerts_page_over_prometheus_says_it_keeps_no_drain_actions(promethe
     ]
 
 
+def test_the_remediation_page_over_prometheus_says_the_store_keeps_none(prometheus: Context) -> None:
+    from gpulens.dashboard.pages import remediation
+
+    status, held, decisions, _updated = remediation.render(prometheus, ViewState())
+    assert _notices([status]) == ["Not available on Prometheus: Remediation, Drain actions"]
+    assert (held, decisions) == (None, None)
+
+
 def test_a_page_view_over_prometheus_reads_the_reader_itself(prometheus: Context) -> None:
     with snapshot.pinned(prometheus.base) as reader:
         assert reader is prometheus.base

@@ -20,7 +20,7 @@ from dash.development.base_component import Component
 from plotly.io.json import to_json_plotly
 from sqlalchemy import event
 
-from gpulens.alerts.drain import DrainRecord
+from gpulens.alerts.remediationcase import DrainRecord
 from gpulens.clock import ManualClock
 from gpulens.config import ConfigError
 from gpulens.dashboard.app import create_app
@@ -453,3 +453,27 @@ def test_the_job_page_names_the_job_as_slurm_does(store: Store) -> None:
         with store.db.write_transaction() as conn:
             conn.execute(slurmtables.job_info.delete())
     assert not text_of(job.render(context_of(store), ViewState(), STALLED_JOB)[1]).startswith("pretrain-7b")
+
+
+def test_the_remediation_page_shows_the_brake_the_held_nodes_and_each_decision(empty_db: Database) -> None:
+    from gpulens.dashboard.pages import remediation
+    from gpulens.storage import remediationstore
+
+    t = empty_db.clock.now()
+    hold = remediationstore.NodeHold("node-07", "slurm-drain", "gpulens: fp7 gpu 3", t, True, False)
+    remediationstore.hold(empty_db, hold, "fp7", "gpu 3")
+    record_drain_action(
+        empty_db, DrainRecord(t, "slurm-drain", "node-07", "3", "XidError:79", "drained", "gpulens: fp7")
+    )
+    record_drain_action(
+        empty_db, DrainRecord(t + 1, "slurm-drain", "n[01-40]", "3", "XidError:79", "refused-node-name", "not one node")
+    )
+    context = Context(db=empty_db, clock=empty_db.clock)
+    status, held, decisions, _ = remediation.render(context, ViewState())
+    assert "Remediation acts." in text_of(status)
+    assert "fp7" in text_of(held)
+    assert text_of(decisions).index("refused-node-name") < text_of(decisions).index("drained")  # newest first
+    remediationstore.halt(empty_db, t + 2, "11 of 100 nodes wanted drained")
+    status = remediation.render(context, ViewState())[0]
+    assert "halted by its brake" in text_of(status)
+    assert "11 of 100 nodes" in text_of(status)

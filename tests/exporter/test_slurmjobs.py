@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from gpulens.clock import ManualClock
 from gpulens.exporter.slurmjobs import (
+    MAX_OUTPUT_BYTES,
     SQUEUE_MALFORMED,
     SQUEUE_TIMEOUT,
     SlurmJobInfo,
@@ -14,6 +19,7 @@ from gpulens.exporter.slurmjobs import (
     parse_squeue_json,
 )
 from gpulens.model import GpuJob, NodeSnapshot
+from gpulens.promtext import DEFAULT_LIMITS
 
 JOB_2205 = {
     "job_id": 41,
@@ -117,3 +123,63 @@ def test_the_cache_is_bounded() -> None:
     info.enrich(snapshot(*(str(i) for i in range(1, 11))))
     info.refresh()
     assert len(info.enrich(snapshot(*(str(i) for i in range(1, 11)))).job_info) == 4
+
+
+def test_numbers_past_a_float_are_malformed_fields_and_squeue_runs_again_only_after_retry_s() -> None:
+    squeue, clock = Squeue(), ManualClock(0.0)
+    squeue.body = b'{"jobs": [{"job_id": 41, "name": "x", "submit_time": 1e400, "start_time": -1e400}]}'
+    info = SlurmJobInfo(run=squeue, clock=clock.monotonic, worker=False, retry_s=30.0)
+    for _ in range(10):  # ten collections within 30 s
+        info.enrich(snapshot("41"))
+        info.refresh()
+        clock.advance(2.0)
+    assert len(squeue.calls) == 1
+    found = info.enrich(snapshot("41")).job_info
+    assert [(i.job_id, i.submit_time, i.start_time) for i in found] == [("41", None, None)]
+    squeue.body = b'{"jobs": [{"job_id": 1e400}]}' + b"[" * 100_000
+    clock.advance(30.0)
+    info.enrich(snapshot("42"))
+    info.refresh()
+    assert info.errors == {SQUEUE_MALFORMED: 1}
+
+
+def test_job_names_are_cut_to_the_label_value_length_the_collector_accepts() -> None:
+    job = {**JOB_2205, "name": "n" * 200_000, "user_name": "u" * 5000}
+    found = parse_squeue_json(json.dumps({"jobs": [job]}).encode(), "n1")["41"]
+    assert (len(found.name or ""), len(found.user or "")) == (DEFAULT_LIMITS.label_value_length,) * 2
+
+
+ENDLESS_SQUEUE = """#!/bin/sh
+printf '{"jobs": ['
+exec yes '{"job_id": 1, "name": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"},'
+"""
+# A process that reads metadata through the real runner with the fake squeue first on PATH, and prints its counts,
+# its queries and its peak resident memory in kB (VmHWM: this program's own; getrusage's ru_maxrss would start from
+# the forking pytest's, which Linux keeps across exec).
+READER = """
+import re
+from pathlib import Path
+from gpulens.exporter.slurmjobs import SlurmJobInfo
+from gpulens.model import GpuJob, NodeSnapshot
+from gpulens.promtext import DEFAULT_LIMITS
+info = SlurmJobInfo(worker=False, timeout_s=120.0)
+info.enrich(NodeSnapshot(node="n1", timestamp=0.0, source="sim", jobs=(GpuJob("n1", 0, "GPU-0", "41"),)))
+info.refresh()
+peak = re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)
+print(dict(info.errors), info.queries, peak)
+"""
+
+
+def test_a_squeue_that_prints_without_end_is_cut_as_it_streams(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(ENDLESS_SQUEUE)
+    (bin_dir / "squeue").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run([sys.executable, "-c", READER], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    errors, queries, peak_kb = done.stdout.split("}")[0] + "}", *done.stdout.split("}")[1].split()
+    assert errors == f"{{'{SQUEUE_MALFORMED}': 1}}"
+    assert int(queries) == 1
+    assert int(peak_kb) < 100 * 1024  # under 100 MB, while squeue would print without end (1.5 GiB and more)
+    assert int(peak_kb) > MAX_OUTPUT_BYTES // 1024  # it did read up to the cap

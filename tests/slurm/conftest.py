@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port
+from tests.slurm.stop import slurm_dir
+
 REPO = Path(__file__).resolve().parents[2]
 START = REPO / "deploy" / "slurm" / "testing" / "start-slurm.sh"
 TOOLS = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "munged")
@@ -122,8 +125,17 @@ def slurm_session() -> Iterator[Path]:
             f"Slurm is not installed ({', '.join(missing)} missing): run .ci/run (apt-get install slurmctld "
             "slurmd slurm-client munge) before the tests"
         )
-    directory = Path(os.environ.get("GPULENS_TEST_SLURM_DIR", "/tmp/gpulens-test-slurm"))
-    done = subprocess.run([str(START), str(directory)], capture_output=True, text=True, timeout=120, check=False)
+    directory = slurm_dir()
+    # Private ports, never Slurm's own 6817 and 6818: a machine that is a Slurm node keeps its daemons to itself.
+    ports = {"SLURM_TEST_CTLD_PORT": str(free_port()), "SLURM_TEST_SLURMD_PORT": str(free_port())}
+    done = subprocess.run(
+        [str(START), str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, **ports},
+    )
     if done.returncode != 0:
         pytest.fail(f"start-slurm.sh failed: {done.stderr.strip() or done.stdout.strip()}")
     previous = os.environ.get("SLURM_CONF")

@@ -1,6 +1,7 @@
 """Stopping the tests' one-node Slurm (deploy/slurm/testing/start-slurm.sh) when the test session ends: the daemons
-named by the pid files in its directory, each sent SIGTERM and waited for (then SIGKILL), so that nothing of a test
-run keeps running after ``make test`` or holds Slurm's ports on a machine that is itself a Slurm node."""
+named by the pid files in its directory (slurmd, slurmctld and its own munged), each sent SIGTERM and waited for
+(then SIGKILL), so that nothing of a test run keeps running after ``make test`` or holds Slurm's ports on a machine
+that is itself a Slurm node."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 from pathlib import Path
 
 DEFAULT_DIR = "/tmp/gpulens-test-slurm"
-PIDFILES = ("slurmd.pid", "slurmctld.pid")  # the node first, then its controller
+PIDFILES = ("slurmd.pid", "slurmctld.pid", "munge/munged.pid")  # the node, its controller, then their munged
 
 
 def _alive(pid: int) -> bool:
@@ -21,9 +22,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def slurm_dir() -> Path:
+    """The test Slurm's folder: ``GPULENS_TEST_SLURM_DIR``, or /tmp/gpulens-test-slurm."""
+    return Path(os.environ.get("GPULENS_TEST_SLURM_DIR", DEFAULT_DIR))
+
+
 def stop_test_slurm(directory: Path | None = None, wait_s: float = 10.0) -> list[int]:
-    """Stop the daemons started from ``directory`` (``GPULENS_TEST_SLURM_DIR`` by default); return their pids."""
-    root = directory or Path(os.environ.get("GPULENS_TEST_SLURM_DIR", DEFAULT_DIR))
+    """Stop the daemons started from ``directory`` (``slurm_dir()`` by default); return their pids."""
+    root = directory or slurm_dir()
     stopped = []
     for name in PIDFILES:
         try:

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 
 from gpulens.alerts.config import parse_alerting
-from gpulens.alerts.drain import DRAINED, DRY_RUN
+from gpulens.alerts.remediationcase import DRAINED, DRY_RUN
 from gpulens.alerts.service import AlertService
 from gpulens.model import NodeSnapshot, TargetHealth
 from gpulens.rounds import RoundResult
@@ -53,7 +53,10 @@ def test_an_xid_79_round_drains_the_node(slurm: Slurm, tmp_path: Path) -> None:
         (slurm.host, "3", "XidError:79", DRAINED)
     ]
     wait_for(lambda: "drain" in slurm.node_state(), "the node to drain")
-    assert slurm.node_reason().startswith("gpulens XidError 79 on GPU 3 (")
+    reason = slurm.node_reason()
+    assert reason.startswith("gpulens: ")
+    assert reason.endswith(") XidError 79")
+    assert " gpu 3 (GPU-" in reason
 
 
 def test_a_dry_run_only_logs(slurm: Slurm, tmp_path: Path) -> None:

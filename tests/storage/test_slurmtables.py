@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpulens.alerts.drain import DRY_RUN, DrainRecord
+from gpulens.alerts.remediationcase import DRY_RUN, DrainRecord
 from gpulens.model import JobInfo
 from gpulens.storage.db import Database
 from gpulens.storage.slurmtables import read_job_info, recent_drain_actions, record_drain_action

@@ -14,6 +14,8 @@
 # it the prolog maps by index.
 #
 # The node claims 16 CPUs whatever the machine has (config_overrides), so that several small jobs run at once.
+# munged is this Slurm's own too: its socket, pid file, log and seed live in DIR/munge (AuthInfo=socket=...), so a
+# machine that is itself a Slurm node keeps its own munged and daemons untouched. The tests pass private ports.
 # Environment: SLURM_TEST_CTLD_PORT (6817) and SLURM_TEST_SLURMD_PORT (6818); SLURM_TEST_GPUS (8).
 set -euo pipefail
 
@@ -26,6 +28,8 @@ ctld_port=${SLURM_TEST_CTLD_PORT:-6817}
 slurmd_port=${SLURM_TEST_SLURMD_PORT:-6818}
 gpus=${SLURM_TEST_GPUS:-8}
 export SLURM_CONF=$dir/slurm.conf
+munge_dir=$dir/munge
+munge_socket=$munge_dir/munge.socket.2
 
 node_idle() {
   local state
@@ -68,6 +72,7 @@ SlurmdPort=$slurmd_port
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=socket=$munge_socket
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/slurmctld.pid
@@ -96,9 +101,11 @@ CONF
 echo "NodeName=$host Name=gpu File=/dev/nvidia[0-$((gpus - 1))]" >"$dir/gres.conf"
 echo "CgroupPlugin=autodetect" >"$dir/cgroup.conf"
 
-if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
-  mkdir -p /run/munge
-  munged --force
+if ! munge -S "$munge_socket" -n 2>/dev/null | unmunge -S "$munge_socket" >/dev/null 2>&1; then
+  mkdir -p "$munge_dir"
+  chmod 0755 "$munge_dir"
+  munged --force --socket="$munge_socket" --pid-file="$munge_dir/munged.pid" --log-file="$munge_dir/munged.log" \
+    --seed-file="$munge_dir/munged.seed"
 fi
 # A daemon of an earlier run from this directory that no longer answers is replaced.
 for pidfile in "$dir/slurmctld.pid" "$dir/slurmd.pid"; do

@@ -40,6 +40,7 @@ IB_PORT_SLOW: Final = "IbPortSlow"
 GPU_FABRIC_NOT_READY: Final = "GpuFabricNotReady"
 GPU_CONFIG_DRIFT: Final = "GpuConfigDrift"
 GPU_DRIVER_HUNG: Final = "GpuDriverHung"
+JOB_COMMUNICATION_SLOW: Final = "JobCommunicationSlow"
 
 # The XIDs operators page on (docs/domain.md §4) and what each is called: the XID catalogue's (docs/xid.md).
 PAGING_XIDS: Final = PAGING_CODES

@@ -159,3 +159,15 @@ class _Acc:
             slowest_gpu=slow.gpu,
             slowest_bus_bytes_per_second=math.exp(slow.log_sum / slow.n),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class BandwidthPoint:
+    """One stored measure of a job's collective on one node (what the job page draws)."""
+
+    time: float
+    node: str
+    comm: str
+    collective: str
+    size: str
+    bus_bytes_per_second: float

@@ -143,3 +143,28 @@ def test_the_sim_lowers_the_bandwidth_by_the_faults_pace() -> None:
     assert abs(before.series[0].bus_bytes_per_second / NIC_BUS_BYTES_PER_SECOND - 1) <= 0.03
     assert during.series[0].bus_bytes_per_second < 0.36 * NIC_BUS_BYTES_PER_SECOND
     assert cluster.snapshot("node-06", scenario.start + 25 * 60).inspector is not None
+
+
+def test_the_files_the_sim_writes_read_back_through_the_agents_reader(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from gpulens.exporter.inspectorread import InspectorReader
+
+    folder = Path(str(tmp_path))
+    scenario = parse_scenario(SCENARIO, source="inspector")
+    cluster = SimCluster(scenario)
+    t = scenario.start + 25 * 60
+    k = round((t - scenario.start) / scenario.step_s)
+    snap = cluster.snapshot("node-03", t)
+    reader = InspectorReader(str(folder))
+    reader.read(snap)  # the agent starts before the job writes: every line is new to it
+    assert cluster.inspector.write_json(str(folder), "node-03", k, t) == 8  # 4 ranks of two jobs
+    view = reader.read(snap)
+    assert view.records == 8
+    assert reader.errors.snapshot() == {}
+    want = {(s.job_id, s.bus_bytes_per_second) for s in snap.inspector.series}  # type: ignore[union-attr]
+    got = {(s.job_id, s.bus_bytes_per_second) for s in view.series}
+    assert {j for j, _ in got} == {"degraded", "straggling"}
+    for (job, bus), (job2, bus2) in zip(sorted(want), sorted(got), strict=True):
+        assert job == job2
+        assert abs(bus / bus2 - 1) < 1e-6  # GB/s printed with six decimals, read back as bytes/s

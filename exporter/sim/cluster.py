@@ -133,6 +133,7 @@ class SimCluster:
             lambda ref: self._nodes[ref.node][ref.index].uuid,
             self._nic_gpus,
             seed=scenario.seed,
+            step_s=scenario.step_s,
         )
         self._nccl_on = nccl_ras  # the agents read NCCL RAS (each node's RAS on a real port with ras_over_tcp)
 

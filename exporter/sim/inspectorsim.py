@@ -37,6 +37,7 @@ NVLINK_BUS_BYTES_PER_SECOND: Final = 360e9
 NOISE: Final = 0.03
 AT_THE_SLOW_LINK: Final = 0.85  # the ranks where the cause sits, of what the others measure
 SLOWING_KINDS: Final = ("fabric_congestion", "ib_degraded", "straggler")
+HOLD_S: Final = 300.0  # the agent's reader keeps a series this long (gpulens.exporter.inspectorread)
 
 
 class InspectorSim:
@@ -52,6 +53,7 @@ class InspectorSim:
         nic_gpus: Callable[[str, str], tuple[int, ...]],
         *,
         seed: int,
+        step_s: float,
     ) -> None:
         self._jobs = [j for j in jobs if j.kind == "training" and len(j.gpus) >= 2 and j.nccl_inspector]
         self._nic_gpus = nic_gpus
@@ -60,6 +62,7 @@ class InspectorSim:
         self._pids = pids
         self._uuid = uuid
         self._seed = seed
+        self._step = step_s
 
     def _beside(self, f: FaultSpec, ref: GpuRef) -> bool:
         """Whether the GPU sits next to the port a fabric fault names."""
@@ -80,25 +83,38 @@ class InspectorSim:
     def _comm(self, job: JobSpec) -> str:
         return f"0x{int(noise.unit(self._seed, 'inspector-comm', job.id) * (1 << 56)) | 1:x}"
 
-    def records(self, node: str, k: int, t: float) -> list[InspectorRecord]:
-        """What the ranks on ``node`` measured at step ``k`` (time ``t``)."""
+    def _measured_at(self, job: JobSpec, k: int, t: float) -> int | None:
+        """The step whose collectives the agent shows at step ``k``: ``k`` while the job trains, else its last
+        training step within ``HOLD_S`` (the agent keeps a series it read that long), else None."""
+        if not job.running(t):
+            return None
+        for back in range(round(HOLD_S / self._step) + 1):
+            phase = self._phase(job.id, k - back)
+            if phase is not None and phase.mode == RUN:
+                return k - back
+            if t - back * self._step < job.start:
+                return None
+        return None
+
+    def records(self, node: str, k: int, t: float, *, held: bool = True) -> list[InspectorRecord]:
+        """What the ranks on ``node`` measured at step ``k`` (time ``t``); ``held``: or last measured within
+        ``HOLD_S``, as the agent's view keeps it (``write_json`` writes only what step ``k`` measured)."""
         out: list[InspectorRecord] = []
         for job in self._jobs:
-            if not job.running(t) or all(ref.node != node for ref in job.gpus):
+            if all(ref.node != node for ref in job.gpus):
                 continue
-            phase = self._phase(job.id, k)
-            if phase is None or phase.mode != RUN:
+            at = self._measured_at(job, k, t)
+            if at is None or (not held and at != k):
                 continue
+            when = t - (k - at) * self._step
             multi = len({ref.node for ref in job.gpus}) > 1
             healthy = NIC_BUS_BYTES_PER_SECOND if multi else NVLINK_BUS_BYTES_PER_SECOND
             n = len(job.gpus)
             for rank, ref in enumerate(job.gpus):
                 if ref.node != node:
                     continue
-                share = self._share(job, ref, t) * (
-                    1 + NOISE * (2 * noise.unit(self._seed, "insp", job.id, k, rank) - 1)
-                )
-                bus = healthy * share
+                jitter = 1 + NOISE * (2 * noise.unit(self._seed, "insp", job.id, at, rank) - 1)
+                bus = healthy * self._share(job, ref, when) * jitter
                 out.append(
                     InspectorRecord(
                         comm=self._comm(job),
@@ -139,7 +155,7 @@ class InspectorSim:
     def write_json(self, directory: str, node: str, k: int, t: float) -> int:
         """Append the step's records as the Inspector's JSON lines under ``directory``; the lines written."""
         written = 0
-        for r in self.records(node, k, t):
+        for r in self.records(node, k, t, held=False):
             folder = os.path.join(directory, r.job_id or "unknown")
             os.makedirs(folder, exist_ok=True)
             line = {

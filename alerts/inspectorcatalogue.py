@@ -21,12 +21,13 @@ _BUS: Final = 'gpulens_nccl_bus_bandwidth_bytes_per_second{job_id!=""}'
 
 def job_communication_slow_promql(rule: AlertRule) -> list[Exported]:
     """The fastest node's bandwidth now below ``bandwidth_ratio`` of the job's best over 30 minutes, where the key
-    was measured in ``min_rounds`` samples of them (the engine counts rounds; Prometheus counts samples)."""
+    was measured ``baseline_s`` ago already."""
     t = rule.threshold
     now = f"max by ({_KEY}) ({_BUS})"
     best = f"max by ({_KEY}) (max_over_time({_BUS}[30m]))"
-    seen = f"max by ({_KEY}) (count_over_time({_BUS}[30m]))"
-    expr = f"{now} < {t('bandwidth_ratio'):g} * {best} and on({_KEY}) ({seen} >= {t('min_rounds'):g})"
+    back = t("baseline_s")
+    seen = f"max by ({_KEY}) (max_over_time({_BUS}[{1800 - back:g}s] offset {back:g}s))"
+    expr = f"{now} < {t('bandwidth_ratio'):g} * {best} and on({_KEY}) {seen}"
     summary = (
         "JobCommunicationSlow: job {{ $labels.job_id }}: {{ $labels.collective }} of {{ $labels.size }} on "
         "communicator {{ $labels.comm }} below its usual bus bandwidth."
@@ -41,7 +42,7 @@ INSPECTOR_DEFINITIONS: Final[tuple[Definition, ...]] = (
             severity="warning",
             for_s=5 * MINUTE,
             scope="job",
-            thresholds={"bandwidth_ratio": 0.75, "min_rounds": 10.0},
+            thresholds={"bandwidth_ratio": 0.75, "baseline_s": 300.0},
             meaning="NCCL's Inspector measures one of a job's collectives (the same communicator, collective and "
             "message-size class) at less than 75 % of the bus bandwidth the job itself reached in the last 30 "
             "minutes: its links carry less than they did (a congested fabric, a port at half its rate, a rank the "

@@ -8,8 +8,9 @@ History's window of rounds (each node's newest view):
   ``HOLD_S`` (a job between collectives for a moment, a checkpoint's first minute, keeps its state; the agent
   likewise keeps a series 300 s);
 - *baseline*: the highest any node measured in any round of the window (30 minutes), the job's own best;
-- it holds when the baseline rests on at least ``min_rounds`` rounds of the key and *now* is below
-  ``bandwidth_ratio`` of it.
+- it holds when the key has been measured for ``baseline_s`` at least (its first round in the window is that old:
+  a duration, so an engine evaluating every minute and one every 10 s agree) and *now* is below ``bandwidth_ratio``
+  of the baseline.
 
 A collective is synchronous: every rank waits for the slowest link, so every node of the job measures about the
 same. Where one node measured less than the others (its ranks sit beside the slow port, or wait for a straggler),
@@ -39,7 +40,7 @@ class SlowCollective:
     key: Key
     now: float  # bytes/s: the fastest node's measure this round
     baseline: float  # bytes/s: the job's best over the window
-    rounds: int  # rounds of the window that measured the key
+    measured_s: float  # since the window's first round that measured the key
     slowest: tuple[str, InspectorSeries] | None  # the node of the slowest rank and its series, where it stands apart
 
 
@@ -56,14 +57,14 @@ def _slowest_rank(s: InspectorSeries) -> float:
     return s.slowest_bus_bytes_per_second if s.slowest_bus_bytes_per_second is not None else s.bus_bytes_per_second
 
 
-def slow_collectives(history: History, ratio: float, min_rounds: int) -> list[SlowCollective]:
+def slow_collectives(history: History, ratio: float, baseline_s: float) -> list[SlowCollective]:
     """The keys whose bandwidth this round is below ``ratio`` of the job's best over the window."""
     latest = history.latest
     if latest is None:
         return []
     current: dict[Key, dict[str, InspectorSeries]] = {}
     best: dict[Key, float] = {}
-    rounds: dict[Key, int] = {}
+    first: dict[Key, float] = {}
     for round_ in reversed(history.rounds):
         if not round_.inspector:
             continue
@@ -75,22 +76,23 @@ def slow_collectives(history: History, ratio: float, min_rounds: int) -> list[Sl
                 current[key] = nodes
             top = max(s.bus_bytes_per_second for s in nodes.values())
             best[key] = max(best.get(key, 0.0), top)
-            rounds[key] = rounds.get(key, 0) + 1
+            first[key] = round_.time  # rounds newest first: the last one set is the oldest
     out = []
     for key, nodes in sorted(current.items()):
         now = max(s.bus_bytes_per_second for s in nodes.values())
         baseline = best.get(key, 0.0)
-        if rounds.get(key, 0) < min_rounds or baseline <= 0 or now >= ratio * baseline:
+        measured = latest.time - first.get(key, latest.time)
+        if measured < baseline_s or baseline <= 0 or now >= ratio * baseline:
             continue
         low = min(nodes.items(), key=lambda kv: (_slowest_rank(kv[1]), kv[0]))
         slowest = low if _slowest_rank(low[1]) < APART * now else None
-        out.append(SlowCollective(key, now, baseline, rounds[key], slowest))
+        out.append(SlowCollective(key, now, baseline, measured, slowest))
     return out
 
 
 def job_communication_slow(rule: AlertRule, history: History, now: float) -> list[Candidate]:
     out = []
-    for slow in slow_collectives(history, rule.threshold("bandwidth_ratio"), int(rule.threshold("min_rounds"))):
+    for slow in slow_collectives(history, rule.threshold("bandwidth_ratio"), rule.threshold("baseline_s")):
         job_id, comm, collective, size = slow.key
         labels = rule_labels(rule, {"job_id": job_id, "comm": comm, "collective": collective, "size": size})
         share = slow.now / slow.baseline

@@ -15,6 +15,7 @@ from gpulens.alerts.base import AlertRule
 from gpulens.alerts.definition import Definition, RoundPlan
 from gpulens.alerts.fabriccatalogue import FABRIC_DEFINITIONS
 from gpulens.alerts.hardwarecatalogue import HARDWARE_DEFINITIONS
+from gpulens.alerts.inspectorcatalogue import INSPECTOR_DEFINITIONS
 from gpulens.alerts.names import (  # the rules' names, re-exported: the catalogue is where users look them up
     COMMUNICATION_STALL,
     ECC_UNCORRECTABLE,
@@ -34,6 +35,7 @@ from gpulens.alerts.names import (  # the rules' names, re-exported: the catalog
     IB_PORT_MISSING,
     IB_PORT_SLOW,
     IDLE_ALLOCATED,
+    JOB_COMMUNICATION_SLOW,
     JOB_INEFFICIENT,
     JOB_INPUT_BOUND,
     JOB_STRAGGLER,
@@ -397,6 +399,7 @@ DEFINITIONS: Final[tuple[Definition, ...]] = (
     ),
     *FABRIC_DEFINITIONS,
     *HARDWARE_DEFINITIONS,
+    *INSPECTOR_DEFINITIONS,
     Definition(
         AlertRule(
             name=WATCHDOG,
@@ -436,6 +439,7 @@ __all__ = [
     "IB_PORT_MISSING",
     "IB_PORT_SLOW",
     "IDLE_ALLOCATED",
+    "JOB_COMMUNICATION_SLOW",
     "JOB_INEFFICIENT",
     "JOB_INPUT_BOUND",
     "JOB_STRAGGLER",

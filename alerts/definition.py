@@ -68,6 +68,7 @@ class RoundPlan:
     nccl: bool = False  # each node's NCCL RAS view
     hung: bool = False  # the nodes whose NVML is hung (``nvml_hung_since``)
     hardware: bool = False  # each node's hardware against what it should be, and its driver version
+    inspector: bool = False  # each node's NCCL Inspector bandwidths
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from gpulens.alerts.jobround import (
     traffic_bytes_per_second,
 )
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, TargetHealth
+from gpulens.ncclinspect import InspectorView
 from gpulens.ncclmodel import NcclView
 from gpulens.nodehardware import NodeHardware
 
@@ -72,6 +73,7 @@ class Round:
     hardware: Mapping[str, NodeHardware] = field(default_factory=dict)  # node -> its hardware against expectations
     drivers: Mapping[str, str] = field(default_factory=dict)  # node -> its driver version, where known
     nvml_hung: Mapping[str, float] = field(default_factory=dict)  # node -> since when its NVML is hung
+    inspector: Mapping[str, InspectorView] = field(default_factory=dict)  # node -> NCCL Inspector's bandwidths
 
 
 def _fits(reference: Sequence[JobRound], summary: JobRound, usual: float | None = None) -> bool:
@@ -211,6 +213,7 @@ class History:
             hardware={s.node: s.hardware for s in snapshots if s.hardware is not None},
             drivers={s.node: s.driver_version for s in snapshots if s.driver_version},
             nvml_hung={s.node: s.nvml_hung_since for s in snapshots if s.nvml_hung_since is not None},
+            inspector={s.node: s.inspector for s in snapshots if s.inspector is not None},
         )
         self._rounds.append(round_)
         self._since.clear()

@@ -41,6 +41,7 @@ GPU_FABRIC_NOT_READY: Final = "GpuFabricNotReady"
 GPU_CONFIG_DRIFT: Final = "GpuConfigDrift"
 GPU_DRIVER_HUNG: Final = "GpuDriverHung"
 NVSWITCH_FATAL_SXID: Final = "NvswitchFatalSxid"
+JOB_COMMUNICATION_SLOW: Final = "JobCommunicationSlow"
 
 # The XIDs operators page on (docs/domain.md §4) and what each is called: the XID catalogue's (docs/xid.md).
 PAGING_XIDS: Final = PAGING_CODES

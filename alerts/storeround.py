@@ -26,6 +26,7 @@ from gpulens.alerts.catalogue import definition
 from gpulens.collector.pair import WhileActive
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading, TargetHealth
+from gpulens.ncclinspect import InspectorView
 from gpulens.ncclmodel import NcclView
 from gpulens.nodehardware import NodeHardware
 from gpulens.rounds import RoundHook, RoundResult
@@ -75,6 +76,7 @@ class RoundReads:
     nccl: bool = True
     hung: bool = True
     hardware: bool = True
+    inspector: bool = True
 
 
 EVERYTHING: Final = RoundReads()  # a round for rules nobody listed (the rules of a config, user rules included)
@@ -97,6 +99,7 @@ def round_reads(rules: Iterable[AlertRule]) -> RoundReads:
         nccl=any(p.nccl for p in plans),
         hung=any(p.hung for p in plans),
         hardware=any(p.hardware for p in plans),
+        inspector=any(p.inspector for p in plans),
     )
 
 
@@ -135,6 +138,7 @@ class FabricRound:
     hung: Mapping[str, float] = field(default_factory=dict)  # node -> since when its NVML is hung
     # node -> its hardware against what it should be, and its driver version
     hardware: Mapping[str, tuple[NodeHardware, str | None]] = field(default_factory=dict)
+    inspector: Mapping[str, InspectorView] = field(default_factory=dict)  # node -> NCCL Inspector's bandwidths
 
 
 def fabric_reads(store: StoreReader, *, max_age_s: float, reads: RoundReads) -> FabricRound:
@@ -146,6 +150,7 @@ def fabric_reads(store: StoreReader, *, max_age_s: float, reads: RoundReads) -> 
         _or_none(lambda: store.latest_nccl(max_age_s=max_age_s), {}) if reads.nccl else {},
         _or_none(lambda: store.hung_nodes(max_age_s=max_age_s), {}) if reads.hung else {},
         _or_none(store.latest_hardware, {}) if reads.hardware else {},
+        _or_none(lambda: store.latest_inspector(max_age_s=max_age_s), {}) if reads.inspector else {},
     )
 
 
@@ -192,6 +197,7 @@ def assemble_round(
             hardware=fabric.hardware.get(node, (None, None))[0],
             driver_version=fabric.hardware.get(node, (None, None))[1],
             nvml_hung_since=fabric.hung.get(node),
+            inspector=fabric.inspector.get(node),
         )
         for node in sorted(set(gpus) | set(nics) | set(fabric.hung))
     ]

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from gpulens.config import ConfigError
 from gpulens.exporter.endpoints import Routes, exporter_server
 from gpulens.exporter.poller import Enricher, OnDemandNode, Poller
-from gpulens.exporter.sidereader import ReaderState
+from gpulens.exporter.sidereader import BackgroundEnricher, ReaderState
 from gpulens.extras import MissingExtraError, require_k8s
 from gpulens.model import GpuSource, NodeSnapshot
 from gpulens.netaddr import parse_listen
@@ -54,6 +54,7 @@ class ExporterOptions:
     kubelet_socket_given: bool = False
     nccl_ras: bool = True
     nccl_ras_addr: str = "127.0.0.1:28028"
+    nccl_inspector_dir: str | None = None  # where NCCL's Inspector writes; None: not read
     kernel_log: str | None = None  # None: /dev/kmsg where readable (not with --source sim); "": none; else a path
     state_dir: str | None = None  # where XID occurrences outlive restarts; None: memory only
     # What the node should have (--expect-gpus, --expect-ib-ports, --expect-ib-rate-gbps); None: not said.
@@ -130,7 +131,6 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
             side_closers.append(pods[1].close)
         if options.fabric:  # after the job mapping: the job cgroups are found from the GPU processes
             from gpulens.exporter.fabric.node import FabricReader
-            from gpulens.exporter.sidereader import BackgroundEnricher
 
             fabric = FabricReader(options.node, sysfs_root=options.sysfs_root, proc_root=options.proc_root)
             background = BackgroundEnricher(
@@ -148,6 +148,11 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
             from gpulens.exporter.ncclras import NcclRasReader
 
             enrichers.append(NcclRasReader(options.nccl_ras_addr, interval_s=options.interval_s).enrich)
+    if options.nccl_inspector_dir:  # after the job mapping: a rank's job and GPU come from its process
+        inspector = _inspector_reader(options)
+        enrichers.append(inspector.enrich)
+        readers[inspector.reader.name] = inspector.reader.state
+        side_closers.append(inspector.close)
     closers = [*side_closers, source.close]
     kernel = _kernel_log(options)
     if kernel is not None:  # first: the enrichers after it see each GPU's merged XID counts
@@ -175,6 +180,15 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
             step()
 
     return Routes(single=poller), poller, close
+
+
+def _inspector_reader(options: ExporterOptions) -> BackgroundEnricher:
+    from gpulens.exporter.inspectorread import InspectorReader
+
+    reader = InspectorReader(options.nccl_inspector_dir or "")
+    return BackgroundEnricher(
+        "nccl_inspector", reader.enrich, ("inspector",), interval_s=options.interval_s, deadline_s=SIDE_DEADLINE_S
+    )
 
 
 def _hardware_reader(options: ExporterOptions) -> Enricher:

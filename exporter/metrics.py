@@ -18,6 +18,7 @@ import gpulens
 from gpulens.dcgmfields import COMPAT_FIELDS, COMPAT_LABELS, MIG_MEMORY_TARGETS, compat_value, mig_memory_value
 from gpulens.exporter.fabricmetrics import fabric_families
 from gpulens.exporter.hardwaremetrics import hardware_families
+from gpulens.exporter.inspectormetrics import inspector_families
 from gpulens.exporter.kernelmetrics import kernel_families
 from gpulens.exporter.ncclmetrics import nccl_families
 from gpulens.exporter.promfamily import Family, escape_label, render_labels
@@ -389,6 +390,7 @@ def render_metrics(
         families.append(_gpulens_families(snapshot, process_pids=process_pids))
         families.append(fabric_families(snapshot))
         families.append(nccl_families(snapshot))
+        families.append(inspector_families(snapshot))
         families.append(kernel_families(snapshot))
         families.append(hardware_families(snapshot))
         families.append(_node_families(snapshot))

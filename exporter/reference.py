@@ -15,6 +15,7 @@ from gpulens.exporter.sidereader import ReaderState
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.kernelmodel import KernelView, XidAction
 from gpulens.model import GpuJob, GpuReading, JobInfo, LinkReading, MigReading, NodeSnapshot, ProcessReading
+from gpulens.ncclinspect import InspectorSeries, InspectorView
 from gpulens.ncclmodel import NcclComm, NcclRank, NcclView
 from gpulens.nodehardware import FABRIC_COMPLETED, GpuConfig, NodeHardware
 
@@ -84,6 +85,15 @@ def _full_snapshot() -> NodeSnapshot:
             comms=(NcclComm("j", "27a079b828ff1a75", 2, "MISMATCH", 7, "AllReduce", 31.0),),
             ranks=(NcclRank("j", "27a079b828ff1a75", 1, "10.0.0.1", 1, 0, "GPU-0", {"AllReduce": 6}, 1),),
         ),
+        inspector=InspectorView(
+            files=1,
+            records=2,
+            series=(
+                InspectorSeries(
+                    "j", "0x5f1e22c7a90b4d", "AllReduce", "256MiB", 3.5e11, 0.0014, 2, 1, 0, "GPU-0", 3.5e11
+                ),
+            ),
+        ),
         hardware=NodeHardware(
             pci_gpus=("0000:18:00.0", "0000:2a:00.0"),
             missing_gpus=("0000:2a:00.0",),
@@ -123,6 +133,8 @@ def metrics_reference() -> str:
         '("Expected hardware") describes them.',
         "`gpulens_nccl_*` series (NCCL RAS) carry `node` and, per rank, `job_id, comm, rank`; docs/nccl.md describes",
         "them.",
+        "`gpulens_nccl_bus_bandwidth_bytes_per_second` and `gpulens_nccl_collective_seconds` (NCCL's Inspector) carry",
+        "`node, job_id, comm, collective, size`; docs/nccl-inspector.md describes them.",
         "`gpulens_process_gpu_memory_bytes` sums a job's processes on a GPU: it has no `pid` label, so its series",
         "do not come and go with every process (as dcgm-exporter's). The exporter's `--process-pids` exports one",
         "series per process instead, labelled `pid` and `command` as well.",

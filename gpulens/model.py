@@ -13,6 +13,7 @@ from typing import Any, Final, Protocol
 
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.kernelmodel import KernelView
+from gpulens.ncclinspect import InspectorView
 from gpulens.ncclmodel import NcclView
 from gpulens.nodehardware import NodeHardware
 
@@ -233,6 +234,9 @@ class NodeSnapshot:
     metric_sources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # NCCL's own view of the jobs on this node (NCCL RAS); None where RAS is not read or nothing answered yet.
     nccl: NcclView | None = None
+    # The NCCL Inspector's bus bandwidth and collective time per job and communicator (``--nccl-inspector-dir``);
+    # None where the Inspector's files are not read.
+    inspector: InspectorView | None = None
     # The kernel log's Xids on unknown addresses, NVSwitch SXids and each GPU's XID actions; None where the
     # exporter keeps no XID ledger (exported in /metrics, not in the JSON document).
     kernel: KernelView | None = None

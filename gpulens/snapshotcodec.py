@@ -35,6 +35,7 @@ from gpulens.model import (
     ProcessReading,
     SnapshotFormatError,
 )
+from gpulens.ncclinspect import InspectorView
 from gpulens.ncclmodel import NcclView
 from gpulens.nodehardware import NodeHardware
 from gpulens.nodehealth import node_health
@@ -158,6 +159,8 @@ def snapshot_to_json(
     doc["host"] = _host_to_json(snapshot)
     if snapshot.nccl is not None:  # the same object in both layouts: a few ranks at most
         doc["nccl"] = msgspec.to_builtins(snapshot.nccl)
+    if snapshot.inspector is not None:  # the same object in both layouts: at most MAX_SERIES series
+        doc["inspector"] = msgspec.to_builtins(snapshot.inspector)
     if snapshot.hardware is not None:  # the same object in both layouts: a few values and one entry per GPU
         doc["hardware"] = msgspec.to_builtins(snapshot.hardware)
     doc["errors"] = dict(snapshot.errors)
@@ -268,6 +271,7 @@ _DOCUMENT: Final[Any] = msgspec.defstruct(
         ("nics", _section(list[_NIC]), None),  # type: ignore[valid-type]
         ("host", _HOST | None, None),
         ("nccl", NcclView | None, None),
+        ("inspector", InspectorView | None, None),
         ("hardware", NodeHardware | None, None),
         ("errors", dict[str, int], msgspec.field(default_factory=dict)),
         ("stale", dict[str, float], msgspec.field(default_factory=dict)),
@@ -432,6 +436,7 @@ def _snapshot(doc: Any) -> NodeSnapshot:
         host=host,
         job_hosts=job_hosts,
         nccl=doc.nccl,
+        inspector=doc.inspector,
         hardware=doc.hardware,
         errors=doc.errors,
         stale=doc.stale,

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from gpulens.clock import Clock
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, JobInfo, ProcessReading, TargetHealth
+from gpulens.ncclinspect import BandwidthPoint, InspectorView
 from gpulens.ncclmodel import NcclView
 from gpulens.nodehardware import NodeHardware
 from gpulens.nodehealth import NodeHealth
@@ -204,6 +205,15 @@ class StoreReader(Protocol):
     def latest_nccl(self, *, max_age_s: float) -> dict[str, NcclView]:
         """Each node's newest NCCL RAS view no older than ``max_age_s``: the communicators out of step and the ranks
         behind or unreachable in it (what the stall rules weigh), by node."""
+        ...
+
+    def latest_inspector(self, *, max_age_s: float) -> dict[str, InspectorView]:
+        """Each node's newest NCCL Inspector view no older than ``max_age_s`` (bus bandwidth per job, communicator,
+        collective and size class), by node."""
+        ...
+
+    def job_bandwidth(self, job_id: str, start: float, end: float) -> list[BandwidthPoint]:
+        """The bus bandwidth NCCL's Inspector measured for the job's collectives in [start, end], oldest first."""
         ...
 
     def hung_nodes(self, *, max_age_s: float) -> dict[str, float]:

@@ -19,7 +19,7 @@ from typing import Final
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpulens.storage import fabricschema, jobminute, ncclstore, partitions, schema
+from gpulens.storage import fabricschema, inspectorstore, jobminute, ncclstore, partitions, schema
 from gpulens.storage.db import Database
 from gpulens.storage.fabricschema import FAMILIES, Family
 from gpulens.storage.rollup import next_slice
@@ -163,7 +163,7 @@ def _delete_small_tables(db: Database, raw_cutoff_ms: int, hour_cutoff_ms: int) 
         jobs = conn.execute(sa.delete(a).where(a.c.end_ms < hour_cutoff_ms)).rowcount
         links = conn.execute(sa.delete(n).where(n.c.end_ms < hour_cutoff_ms)).rowcount
         targets = conn.execute(sa.delete(t).where(t.c.at < raw_cutoff_ms / 1000)).rowcount
-        nccl = ncclstore.prune(conn, raw_cutoff_ms)
+        nccl = ncclstore.prune(conn, raw_cutoff_ms) + inspectorstore.prune(conn, raw_cutoff_ms)
         gone = sa.select(g.c.id).where(g.c.last_seen_ms < hour_cutoff_ms).scalar_subquery()
         for table in (a, n, p):
             conn.execute(sa.delete(table).where(table.c.gpu_id.in_(gone)))

@@ -16,12 +16,14 @@ from typing import Any, cast
 
 from gpulens.fabricmodel import HostReading, JobHostReading, NicReading
 from gpulens.model import GpuJob, GpuReading, JobInfo, ProcessReading, TargetHealth
+from gpulens.ncclinspect import BandwidthPoint, InspectorView
 from gpulens.ncclmodel import NcclView
 from gpulens.nodehardware import NodeHardware
 from gpulens.nodehealth import NodeHealth
 from gpulens.storage import (
     fabric,
     hardwarestore,
+    inspectorstore,
     inventory,
     jobstats,
     jobsummary,
@@ -156,6 +158,12 @@ class SqlReader:
 
     def latest_nccl(self, *, max_age_s: float) -> dict[str, NcclView]:
         return ncclstore.latest_views(self.db, self.clock.now() - max_age_s)
+
+    def latest_inspector(self, *, max_age_s: float) -> dict[str, InspectorView]:
+        return inspectorstore.latest_views(self.db, self.clock.now() - max_age_s)
+
+    def job_bandwidth(self, job_id: str, start: float, end: float) -> list[BandwidthPoint]:
+        return inspectorstore.job_bandwidth(self.db, job_id, start, end)
 
     def hung_nodes(self, *, max_age_s: float) -> dict[str, float]:
         raise NotAvailableOnBackend("hung GPU drivers", "SQL", "the collector's own engine judges them from the round")

@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection
 
 from gpulens.logutil import LogOnce
 from gpulens.model import GpuReading, JobInfo, NodeSnapshot, TargetHealth
-from gpulens.storage import jobminute, ncclstore, schema
+from gpulens.storage import inspectorstore, jobminute, ncclstore, schema
 from gpulens.storage.db import Database, lock_tier
 from gpulens.storage.fabricwriter import FabricWriter, fabric_times
 from gpulens.storage.gpuchanges import Changes, ChangeTracker, GpuState, Resolved, Static
@@ -211,6 +211,7 @@ class Writer:
                 stats.nic_rows, stats.host_rows, stats.job_host_rows = self._fabric.write(conn, snapshots)
                 self._write_job_info(conn, snapshots)
                 ncclstore.write(conn, snapshots)
+                inspectorstore.write(conn, snapshots)
                 self._hardware.write(conn, snapshots)
         except BaseException:
             # The state was updated as the round went; the commit may or may not have happened. Reload it.

@@ -38,6 +38,7 @@ from gpulens.dashboard.flags import FLAG_ORDER, JOB_FLAGS, alert_jobs, job_flags
 from gpulens.dashboard.formatting import gpu_label, percent_text
 from gpulens.dashboard.grid import natural_key
 from gpulens.dashboard.heatmaps import METRICS, Metric
+from gpulens.dashboard.inspectorview import bandwidth_panel, link_ceiling, read_bandwidth
 from gpulens.dashboard.jobhost import job_host_panels, read_job_host
 from gpulens.dashboard.ncclview import accused_ranks, nccl_panel, read_nccl
 from gpulens.dashboard.pages.alerts import alerts_table, fired_newest_first
@@ -154,7 +155,7 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         found = context.store.jobs(span.start, span.end, job_id=job_id)
         summary = found[0] if found else None
         if summary is None:
-            return span, None, [], {}, [], [], (None, None, None), []
+            return span, None, [], {}, [], [], (None, None, None), ([], ([], (None, "")))
         places = {g.uuid: g for g in context.store.gpu_info(uuids=summary.gpus)}
         points = max(60, min(600, POINT_BUDGET // max(1, len(summary.gpus))))
         series = context.store.series(summary.gpus, FIELDS, span.start, span.end, points)
@@ -165,10 +166,11 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         # the job's stored accounting summary: one row (computing one reads every raw sample of the job's life)
         account = attempt(lambda: store.job_account(job_id))
         nccl = read_nccl(store, job_id, span.start, span.end)
+        bandwidth = (read_bandwidth(store, job_id, span.start, span.end), link_ceiling(store, list(places.values())))
         meta = attempt(lambda: store.job_info([job_id]).get(job_id))
-        return span, summary, list(places.values()), series, active, history, (host, account, meta), nccl
+        return span, summary, list(places.values()), series, active, history, (host, account, meta), (nccl, bandwidth)
 
-    span, summary, places, series, active, history, (host, account, meta), nccl = guarded(context, load)
+    span, summary, places, series, active, history, (host, account, meta), (nccl, bandwidth) = guarded(context, load)
     updated = f"as of {minute_text(now)} · {span.label}"
     if summary is None:
         note = " It may have run outside the range: try a longer one."
@@ -236,6 +238,9 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
     alerts = alerts_table(episodes, state, empty="no alert about this job fired in this range")
     fabric = job_host_panels(host, start=span.start, end=span.end, bins=BINS, periods=periods)
     stuck = nccl_panel(nccl, state, accused_ranks([*active, *history], job_id))
+    measured = bandwidth_panel(bandwidth[0], bandwidth[1], state)
+    if measured is not None:  # NCCL's measure of its collectives, before the hardware's
+        fabric = [measured, *fabric]
     if stuck is not None:  # NCCL's own view first: it names the ranks a hang waits for
         fabric = [stuck, *fabric]
     return status, info, charts, gpu_table, alerts, fabric, updated

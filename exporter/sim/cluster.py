@@ -23,6 +23,7 @@ from gpulens.exporter.sim.faults import FAULT_KINDS, LEAK_TARGET_SHARE
 from gpulens.exporter.sim.gpus import EnergyLedger, GpuContext, SimGpu, make_gpu
 from gpulens.exporter.sim.hardware import node_hardware
 from gpulens.exporter.sim.host import HostSim
+from gpulens.exporter.sim.inspectorsim import InspectorSim
 from gpulens.exporter.sim.kernlog import XID_KINDS, NodeKernelLog
 from gpulens.exporter.sim.ncclsim import NcclSim
 from gpulens.exporter.sim.readings import DRIVER_VERSION, gpu_reading, link_readings, lost_reading, process_readings
@@ -125,11 +126,25 @@ class SimCluster:
             step_s=scenario.step_s,
             tcp=ras_over_tcp,
         )
+        self.inspector = InspectorSim(
+            list(scenario.jobs),
+            list(scenario.faults),
+            self._phase,
+            self._pids,
+            lambda ref: self._nodes[ref.node][ref.index].uuid,
+            self._nic_gpus,
+            seed=scenario.seed,
+            step_s=scenario.step_s,
+        )
         self._nccl_on = nccl_ras  # the agents read NCCL RAS (each node's RAS on a real port with ras_over_tcp)
 
     def close(self) -> None:
         """Stop the simulated RAS ports (``ras_over_tcp``)."""
         self.nccl.close()
+
+    def _nic_gpus(self, node: str, device: str) -> tuple[int, ...]:
+        nic = self._specs[node].nic(device) if node in self._specs else None
+        return nic.gpus if nic is not None else ()
 
     def _nccl_light(self, node: str, k: int) -> NodeSnapshot:
         """What the node's RAS reader needs at step ``k``: its GPUs and their jobs' processes (pid, job)."""
@@ -338,4 +353,8 @@ class SimCluster:
             kernel=kernel,
             hardware=hardware,
         )
+        if self.inspector.active:
+            view = self.inspector.view(node, k, t)
+            if view is not None:
+                snapshot = snapshot.replace(inspector=view)
         return self.nccl.enrich(node, snapshot, k, t) if self._nccl_on and self.nccl.active else snapshot

@@ -248,6 +248,7 @@ class _Resolver:
             **self._phases(i, job, kind, end - start),
             nccl_ras=job.nccl_ras,
             nccl_version=self._nccl_version(i, job.nccl_version),
+            nccl_inspector=job.nccl_inspector,
         )
         self.jobs[job_id] = spec
         return spec

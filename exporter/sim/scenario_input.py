@@ -77,6 +77,7 @@ class JobInput(InputStruct, frozen=True):
     first_step: DurationValue | None = None
     nccl_ras: bool = True  # false: NCCL older than 2.24, or RAS disabled
     nccl_version: str = "2.28.7"  # the NCCL its simulated RAS answers as (text before 2.28.7, JSON from it)
+    nccl_inspector: bool = False  # its ranks run NCCL's Inspector (training jobs of two GPUs or more)
 
 
 class ScenarioInput(InputStruct, frozen=True):

@@ -69,6 +69,7 @@ class JobSpec:
     first_step_s: float | None = None  # a slow first step (compilation, warm-up) from the job's start
     nccl_ras: bool = True  # NCCL RAS answers for the job (NCCL 2.24 or later with RAS on)
     nccl_version: str = "2.28.7"
+    nccl_inspector: bool = False  # its ranks run NCCL's Inspector (docs/nccl-inspector.md)
 
     def running(self, t: float) -> bool:
         return self.start <= t < self.end

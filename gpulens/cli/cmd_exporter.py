@@ -44,6 +44,8 @@ examples:
   gpulens exporter --expect-gpus 8 --expect-ib-ports 8 --expect-ib-rate-gbps 400
   # jobs started with NCCL_RAS_ADDR=127.0.0.1:29029
   gpulens exporter --nccl-ras-addr 127.0.0.1:29029
+  # jobs started with NCCL's Inspector (NCCL_INSPECTOR_DUMP_DIR=/var/lib/nccl-inspector/$SLURM_JOB_ID)
+  gpulens exporter --nccl-inspector-dir /var/lib/nccl-inspector
 """
 
 
@@ -144,6 +146,12 @@ def register(sub: Any) -> None:
         help="where NCCL RAS listens (NCCL_RAS_ADDR of the jobs); only connected to, never bound",
     )
     p.add_argument(
+        "--nccl-inspector-dir",
+        default="",
+        help="read NCCL Inspector output (NCCL 2.28.3 and later: JSON logs and Prometheus files) from this "
+        "directory and the folders directly under it; '' for none (docs/nccl-inspector.md)",
+    )
+    p.add_argument(
         "--kernel-log",
         default=None,
         help="where to read the driver's Xid and NVSwitch SXid lines: /dev/kmsg (the default where it is readable; "
@@ -208,6 +216,7 @@ def _run_exporter(args: argparse.Namespace) -> int:
         kubelet_socket_given=args.kubelet_socket is not None,
         nccl_ras=args.nccl_ras,
         nccl_ras_addr=args.nccl_ras_addr,
+        nccl_inspector_dir=args.nccl_inspector_dir or None,
         kernel_log=args.kernel_log,
         state_dir=args.state_dir or None,
         expect_gpus=args.expect_gpus,

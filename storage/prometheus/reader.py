@@ -44,6 +44,7 @@ from gpulens.storage.prometheus.client import (
     regex_escape,
     regex_of,
 )
+from gpulens.storage.prometheus.inspectorread import InspectorReads
 from gpulens.storage.prometheus.unserved import BACKEND_NAME, Unserved
 from gpulens.storage.reading import NotAvailableOnBackend
 from gpulens.storage.records import (
@@ -71,7 +72,7 @@ def _tag(expr: str, value: str, label: str = "gl") -> str:
     return f'label_replace({expr}, {quote(label)}, {quote(value)}, "", "")'
 
 
-class PromReader(Unserved):
+class PromReader(Unserved, InspectorReads):
     """Reads gpulens and dcgm-exporter series from ``url`` (``prometheus+http(s)://host:port[/path]``)."""
 
     backend = "prometheus"

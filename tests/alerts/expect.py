@@ -30,6 +30,7 @@ from gpulens.alerts.catalogue import (
     IB_LINK_DOWN,
     IB_LINK_FLAPPING,
     IDLE_ALLOCATED,
+    JOB_COMMUNICATION_SLOW,
     JOB_INEFFICIENT,
     JOB_INPUT_BOUND,
     JOB_STRAGGLER,
@@ -166,9 +167,23 @@ class _Expectations:
     def jobs_on(self, ref: GpuRef, t: float) -> list[str]:
         return [j.kind for j in self.scenario.jobs if ref in j.gpus and j.running(t)]
 
+    def slow_collectives(self, f: FaultSpec, cause: str) -> None:
+        """JobCommunicationSlow on each job running NCCL's Inspector that the fault slows (a port fault: the jobs
+        crossing the port; docs/nccl-inspector.md, "In the simulator")."""
+        for job in self.scenario.jobs:
+            if not job.nccl_inspector or job.kind != "training" or len(job.gpus) < 2:
+                continue
+            nic = self.nodes[f.node].nic(f.nic) if f.node in self.nodes and f.nic else None
+            spans = len({g.node for g in job.gpus}) > 1
+            beside = nic is not None and any(g.node == f.node and g.index in nic.gpus for g in job.gpus)
+            if f.job == job.id or job.id in f.jobs_hit or (f.kind != "straggler" and spans and beside):
+                self.add(JOB_COMMUNICATION_SLOW, {"job_id": job.id}, f.start, f.end, cause + " (Inspector)")
+
     def fault(self, f: FaultSpec) -> None:
         cause = f"{f.kind} #{f.index}"
         s, e = f.start, f.end
+        if f.kind in ("fabric_congestion", "ib_degraded", "straggler"):
+            self.slow_collectives(f, cause)
         simple = {
             "thermal_throttle": THERMAL_THROTTLING,
             "pcie_degraded": PCIE_DEGRADED,

@@ -15,6 +15,7 @@ GPU: Final = {"node": "n1", "gpu": "0", "uuid": "GPU-0", "model": "H100"}
 PLACE: Final = {"node": "n1", "gpu": "0", "uuid": "GPU-0"}
 PORT: Final = {"node": "n1", "device": "mlx5_0", "port": "1"}
 MINUTES: Final = 90  # samples per series, one a minute
+COMM: Final = {"job_id": "train", "comm": "0x5f1e22c7a90b4d", "collective": "AllReduce", "size": "256MiB"}
 
 
 def gpu(i: int) -> dict[str, str]:
@@ -587,6 +588,26 @@ def _cases() -> list[Case]:
             "at half its rate",
             nic(**speed, transmit_bytes_total=half, receive_bytes_total=half),
             15,
+            [],
+        ),
+        Case(
+            "JobCommunicationSlow",
+            "an AllReduce at a third of its bandwidth from 20m, on both nodes",
+            [
+                ("gpulens_nccl_bus_bandwidth_bytes_per_second", {**COMM, "node": n}, then((45e9, 20), (15e9, 70)))
+                for n in ("n1", "n2")
+            ],
+            30,
+            [COMM],
+        ),
+        Case(
+            "JobCommunicationSlow",
+            "an AllReduce within 10 % of its best",
+            [
+                ("gpulens_nccl_bus_bandwidth_bytes_per_second", {**COMM, "node": n}, then((45e9, 20), (41e9, 70)))
+                for n in ("n1", "n2")
+            ],
+            30,
             [],
         ),
         Case("Watchdog", "always", [], 1, [{}]),

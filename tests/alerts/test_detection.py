@@ -198,7 +198,9 @@ def test_fabric_example_raises_each_faults_alert_on_its_port_and_job() -> None:
     # pretrain hangs on its 10-minute link-down: its stall shows, muted by the link and annotated with it
     assert [(a.labels["job_id"], a.muted is not None) for a in stalls] == [("pretrain", True)]
     assert "IbLinkDown node-01 mlx5_2" in stalls[0].annotations.get("cause", "")
-    assert len(outcome.fired) == len(ports) + len(inputs) + len(stalls)  # each once
+    slow = {a.labels["job_id"] for a in outcome.fired if a.alertname == "JobCommunicationSlow"}
+    assert slow == {"finetune", "a100-train"}  # NCCL's Inspector: the congestion, the port at half its rate
+    assert len(outcome.fired) == len(ports) + len(inputs) + len(stalls) + len(slow)  # each once
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,7 @@ CONTRACT = {
     "JobStraggler",
     "GpuIdleAllocated",
     "JobInefficient",
+    "JobCommunicationSlow",
     "XidError",
     "EccUncorrectable",
     "GpuLost",
@@ -322,10 +323,10 @@ def test_bad_overrides_name_their_key(overrides: dict, key: str) -> None:
 def test_docs_catalogue_is_the_catalogue() -> None:
     """docs/alerts.md's table is the catalogue's own (``cataloguedoc.markdown_table``: severity, for,
     keep_firing_for, thresholds, where each rule runs), and every rule has its section (the node and hardware
-    rules in docs/alerts-node.md)."""
+    rules in docs/alerts-node.md, the Inspector's in docs/nccl-inspector.md)."""
     docs = Path(__file__).resolve().parents[2] / "docs"
     text = (docs / "alerts.md").read_text()
     assert markdown_table(builtin_rules()) in text, "paste `gpulens rules list --markdown` into docs/alerts.md"
-    sections = text + (docs / "alerts-node.md").read_text()
+    sections = text + (docs / "alerts-node.md").read_text() + (docs / "nccl-inspector.md").read_text()
     for name in BUILTIN_NAMES:
         assert f"### {name}" in sections

@@ -13,13 +13,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpulens.config import format_duration
+
+if TYPE_CHECKING:
+    from gpulens.alerts.incidents import Incident
 
 
 @dataclass(frozen=True)
 class SimulateReport:
     alerts: list[dict[str, object]]  # FiredAlert.to_json() elements
+    incidents: list[dict[str, object]]  # Incident.report() elements, in the order they opened
     table: str
     rounds: int
     gpus: int
@@ -56,6 +61,7 @@ def simulate(
             writer = Writer(db)
             service = AlertService(db, AlertingConfig(rules=tuple(rules)), notifiers={})
             timeline = AlertTimeline()
+            incidents: dict[str, Incident] = {}
             started = time.perf_counter()
             steps = int(scenario.duration_s // scenario.step_s)
             gpus = 0
@@ -66,6 +72,10 @@ def simulate(
                 writer.write(snapshots, targets)
                 outcome = service.process(t, snapshots, targets)
                 timeline.observe(outcome.result)
+                gone = [key for key, i in incidents.items() if i.is_open and key not in outcome.incidents]
+                for key in gone:  # merged into another: that one holds its alerts now
+                    del incidents[key]
+                incidents.update(outcome.incidents)
                 gpus = max(gpus, sum(len(s.gpus) for s in snapshots))
                 if progress is not None and k and k % max(1, steps // 10) == 0:
                     progress(
@@ -77,6 +87,7 @@ def simulate(
             db.close()
     return SimulateReport(
         alerts=[a.to_json() for a in timeline.alerts],
+        incidents=[i.report() for i in sorted(incidents.values(), key=lambda i: (i.fired_at, i.id))],
         table=table(timeline.alerts, scenario.start),
         rounds=steps,
         gpus=gpus,

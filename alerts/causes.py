@@ -29,6 +29,7 @@ from gpulens.alerts.names import (
     ECC_UNCORRECTABLE,
     EXPORTER_DOWN,
     FABRIC_CONGESTION,
+    FABRIC_SATURATED,
     GPU_DRIVER_HUNG,
     GPU_FABRIC_NOT_READY,
     GPU_LOST,
@@ -41,7 +42,10 @@ from gpulens.alerts.names import (
     JOB_INEFFICIENT,
     JOB_INPUT_BOUND,
     JOB_STRAGGLER,
+    MEMORY_SATURATED,
     NVLINK_ERRORS,
+    NVLINK_SATURATED,
+    PCIE_SATURATED,
     POWER_CAPPED,
     THERMAL_THROTTLING,
     WATCHDOG,
@@ -80,6 +84,20 @@ CAUSAL_TABLE: Final = (
     Explains(NODE_FAULTS, ("*",), "node", "a node that does not answer or is unhealthy explains all on it"),
 )
 
+# Rules whose alerts on several GPUs or ports of one job are one incident, whose culprit is the job: what the job's
+# own load does (it saturates its links, congests its fabric, leaves its GPUs idle), not a fault of each part.
+JOB_WIDE: Final = frozenset(
+    {
+        NVLINK_SATURATED,
+        PCIE_SATURATED,
+        FABRIC_SATURATED,
+        FABRIC_CONGESTION,
+        MEMORY_SATURATED,
+        IDLE_ALLOCATED,
+        JOB_INEFFICIENT,
+    }
+)
+
 # Alerts that are never part of an incident: the heartbeat.
 NOT_FAULTS: Final = frozenset({WATCHDOG})
 
@@ -90,6 +108,7 @@ LAYERS: Final = ("node", "port", "gpu", "rank", "job")
 OWN_CULPRIT: Final = {
     JOB_INPUT_BOUND: "node",  # its host's CPU, memory or I/O starve the loader
     IDLE_ALLOCATED: "job",  # the job holds a GPU it does not use
+    JOB_INEFFICIENT: "job",
     EXPORTER_DOWN: "node",
     GPU_DRIVER_HUNG: "node",
 }
@@ -122,8 +141,3 @@ assert all(a in ACTIONS for a in RULE_ACTIONS.values())
 def action_rank(action: str) -> int:
     """How strong an action is: the catalogue's order (``none`` < ... < ``hardware-inspection``)."""
     return ACTIONS.index(action) if action in ACTIONS else 0
-
-
-def is_cause(rule: str) -> bool:
-    """Whether ``rule`` explains some other rule's alerts."""
-    return any(rule in row.causes for row in CAUSAL_TABLE)

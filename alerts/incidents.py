@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from gpulens.alerts.causes import CAUSAL_TABLE, LAYERS, NOT_FAULTS, action_rank, is_cause
+from gpulens.alerts.causes import CAUSAL_TABLE, JOB_WIDE, LAYERS, NOT_FAULTS, action_rank
 from gpulens.alerts.incidentparts import (
     Culprit,
     action_of,
@@ -235,13 +235,20 @@ class _Union:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
+# Joins in which the effect names its cause (its stuck rank's GPU, its straggling GPU): preferred, within a layer, to
+# a cause that is merely under the same job (an XID on another GPU of a job whose straggler is a throttled GPU).
+NAMING_JOINS: Final = ("stuck_gpu", "named_gpu")
+
+
 def _edges(alerts: Sequence[AlertState]) -> dict[str, str]:
-    """Effect fingerprint -> the fingerprint of the lowest-layer alert that explains it."""
+    """Effect fingerprint -> the fingerprint of the lowest-layer alert that explains it (one that the effect names
+    first, within a layer)."""
     by_rule: dict[str, list[AlertState]] = {}
     for a in alerts:
         by_rule.setdefault(a.rule, []).append(a)
-    found: dict[str, tuple[int, str]] = {}
+    found: dict[str, tuple[int, int, str]] = {}
     for row in CAUSAL_TABLE:
+        specific = 0 if row.join in NAMING_JOINS else 1
         causes = [c for rule in row.causes for c in by_rule.get(rule, ())]
         if not causes:
             continue
@@ -254,9 +261,9 @@ def _edges(alerts: Sequence[AlertState]) -> dict[str, str]:
                 if "*" in row.effects and e.rule in row.causes and culprit_of(e).key == culprit_of(c).key:
                     continue  # two node faults of one node: the same culprit, merged below
                 best = found.get(e.fingerprint)
-                if best is None or layer < best[0]:
-                    found[e.fingerprint] = (layer, c.fingerprint)
-    return {e: c for e, (_, c) in found.items()}
+                if best is None or (layer, specific) < best[:2]:
+                    found[e.fingerprint] = (layer, specific, c.fingerprint)
+    return {e: c for e, (_, _, c) in found.items()}
 
 
 def _incident_id(first: AlertState, at: float) -> str:
@@ -290,9 +297,11 @@ def form(previous: Mapping[str, Incident], states: Mapping[str, AlertState], now
     for effect, cause in edges.items():
         union.join(effect, cause)
     by_culprit: dict[str, str] = {}
-    for s in firing:
-        if is_cause(s.rule):
-            key = culprit_of(s).key
+    for s in firing:  # one culprit, one incident; a job's own load on several of its parts, one incident
+        keys = [culprit_of(s).key]
+        if s.rule in JOB_WIDE and s.labels.get("job_id"):
+            keys.append(f"load/{s.rule}/{s.labels['job_id']}")
+        for key in keys:
             if key in by_culprit:
                 union.join(s.fingerprint, by_culprit[key])
             else:
@@ -361,6 +370,10 @@ def _verdict(
     culprit, _ = min(culprits, key=lambda cm: (LAYERS.index(cm[0].kind), _severity(cm[1].severity), cm[1].fired_at))
     if before is not None and not firing_roots:
         culprit = before.culprit  # nothing fires: the verdict stands as it was
+    elif len({c.key for c, _ in culprits}) > 1 and all(m.rule in JOB_WIDE for _, m in culprits):
+        jobs = {m.labels.get("job_id") for _, m in culprits}
+        if len(jobs) == 1 and (job := jobs.pop()):
+            culprit = Culprit("job", job_id=job)  # the job's own load on several of its GPUs or ports
     at_culprit = [m for c, m in culprits if c.key == culprit.key] or roots
     action = max((action_of(m.rule, m.labels) for m in at_culprit), key=action_rank)
     lead = next((m for m in at_culprit if action_of(m.rule, m.labels) == action), at_culprit[0])

@@ -1,6 +1,8 @@
-"""Notifications per scenario: how many messages a Slack and a webhook receiver get (each routed every alert,
-grouped by alertname as the default route does) over each example scenario, and how many incidents opened, with
-every firing alert a member of a notified incident (``unreported``: firing alerts in no notified incident).
+"""Notifications per scenario: how many messages a Slack and a webhook receiver get over each example scenario, and
+how many firing alerts reached no receiver (``unreported``). Two routings: ``by_alertname`` (no routes: every
+receiver gets every alert, grouped by alertname, the default) and ``by_alert`` (a route per receiver grouping by
+every label: each alert its own page). Slack and webhook receivers get one message per incident whatever the
+routing's ``group_by`` (``alerts.incidentnotify``); the webhook also gets the Watchdog.
 
 Runs each scenario as ``gpulens simulate`` does (the production path in virtual time), with the receivers
 configured; prints ``incidents_<scenario>_<what>: <value> <unit>`` lines."""
@@ -14,15 +16,20 @@ from pathlib import Path
 from bench import options
 
 SCENARIOS = ("gpu-lost", "stall", "hangs", "demo", "faults", "fabric")
-ALERTING = {
-    "receivers": [
-        {"name": "slack", "kind": "slack", "url_env": "SLACK_URL"},
-        {"name": "hook", "kind": "webhook", "url_env": "HOOK_URL"},
-    ]
+RECEIVERS = [
+    {"name": "slack", "kind": "slack", "url_env": "SLACK_URL"},
+    {"name": "hook", "kind": "webhook", "url_env": "HOOK_URL"},
+]
+ROUTINGS = {
+    "by_alertname": {"receivers": RECEIVERS},
+    "by_alert": {
+        "receivers": RECEIVERS,
+        "routes": [{"receiver": r["name"], "group_by": ["..."], "continue": True} for r in RECEIVERS],
+    },
 }
 
 
-def run(path: Path) -> tuple[Counter[str], int, int]:
+def run(path: Path, alerting: dict[str, object]) -> tuple[Counter[str], int, int]:
     """Messages by receiver, incidents, firing alerts in no notified incident."""
     from gpulens.alerts.config import parse_alerting
     from gpulens.alerts.replay import read_round
@@ -42,7 +49,7 @@ def run(path: Path) -> tuple[Counter[str], int, int]:
         db = open_database(f"sqlite:///{Path(tmp) / 'b.db'}")
         try:
             writer = Writer(db)
-            service = AlertService(db, parse_alerting(ALERTING), notifiers={})
+            service = AlertService(db, parse_alerting(alerting), notifiers={})
             for k in range(int(scenario.duration_s // scenario.step_s)):
                 t = scenario.start + k * scenario.step_s
                 snapshots, targets = read_round(cluster, t)
@@ -70,14 +77,13 @@ def main() -> None:
     here = Path(__file__).resolve().parent.parent / "examples" / "scenarios"
     for name in SCENARIOS:
         path = here / f"{name}.toml"
-        if not path.exists():
-            continue
-        sent, incidents, unreported = run(path)
         key = name.replace("-", "_")
-        print(f"incidents_{key}_slack_messages: {sent['slack']} messages", flush=True)
-        print(f"incidents_{key}_webhook_messages: {sent['hook']} messages", flush=True)
+        for routing, alerting in ROUTINGS.items():
+            sent, incidents, unreported = run(path, alerting)
+            print(f"incidents_{key}_{routing}_slack_messages: {sent['slack']} messages", flush=True)
+            print(f"incidents_{key}_{routing}_webhook_messages: {sent['hook']} messages", flush=True)
+            print(f"incidents_{key}_{routing}_unreported_alerts: {unreported} alerts", flush=True)
         print(f"incidents_{key}_opened: {incidents} incidents", flush=True)
-        print(f"incidents_{key}_unreported_alerts: {unreported} alerts", flush=True)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from gpulens.alerts.config import AlertingConfig, build_notifiers, parse_alertin
 from gpulens.alerts.drain import DrainRecord, SlurmDrainer
 from gpulens.alerts.engine import AlertEngine, EngineRound
 from gpulens.alerts.grouping import GroupState
-from gpulens.alerts.incidentread import read_incidents
+from gpulens.alerts.incidentread import read_incidents, read_open_incidents
 from gpulens.alerts.incidents import RESOLVED_KEEP_S, Incident
 from gpulens.alerts.matchers import matchers_from_json
 from gpulens.alerts.notify import Notifier
@@ -310,3 +310,9 @@ class SqlAlertReader:
 
     def silences(self, now: float) -> list[Silence]:
         return silences_from_rows(alertstore.list_silences(self._db, now=now))
+
+    def open_incidents(self) -> list[Incident]:
+        return read_open_incidents(self._db)
+
+    def incidents(self, since: float) -> list[Incident]:
+        return read_incidents(self._db, since)

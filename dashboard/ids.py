@@ -151,3 +151,13 @@ ALERTS_ACTIVE: Final = "alerts-active"
 ALERTS_HISTORY: Final = "alerts-history"
 ALERTS_SILENCES: Final = "alerts-silences"
 ALERTS_DRAINS: Final = "alerts-drains"
+
+# --- incidents (/incidents, and the incident panels of the overview, node, GPU and job pages) -----------------------
+
+INCIDENTS: Final = Toolbar("incidents")
+INCIDENTS_OPEN: Final = "incidents-open"
+INCIDENTS_HISTORY: Final = "incidents-history"
+OVERVIEW_INCIDENTS: Final = "overview-incidents"
+NODE_INCIDENTS: Final = "node-incidents"
+GPU_INCIDENTS: Final = "gpu-incidents"
+JOB_INCIDENTS: Final = "job-incidents"

@@ -36,10 +36,10 @@ def culprit_cell(inc: Incident, state: ViewState) -> html.Span:
         parts.append(link(c.text, gpu_path(c.uuid), state))
     elif c.kind == "job" and c.job_id:
         parts.append(link(c.text, job_path(c.job_id), state))
+    elif c.node:
+        parts.append(link(c.text, node_path(c.node), state))
     else:
         parts.append(c.text)
-    if c.kind != "node" and c.node:
-        parts += [" on ", link(c.node, node_path(c.node), state)]
     if c.pci:
         parts.append(html.Span(f" {c.pci}", className="mono"))
     return html.Span(parts)

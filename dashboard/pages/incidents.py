@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from dash import Dash, Output, State, html
 
+from gpulens.alerts.incidents import open_incidents
 from gpulens.dashboard import ids
 from gpulens.dashboard.components import (
     ViewState,
@@ -72,7 +73,7 @@ def render(context: Context, state: ViewState) -> tuple[Any, ...]:
         return span, reader.incidents(span.start)
 
     span, incidents = guarded(context, load)
-    open_ = sorted((i for i in incidents if i.is_open), key=lambda i: (i.severity != "critical", i.fired_at))
+    open_ = open_incidents({i.id: i for i in incidents})
     closed = [i for i in incidents if not i.is_open and (i.resolved_at or 0.0) <= span.end]
     status = None
     if open_:

@@ -235,14 +235,14 @@ class _Union:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
-# Joins in which the effect names its cause (its stuck rank's GPU, its straggling GPU): preferred, within a layer, to
-# a cause that is merely under the same job (an XID on another GPU of a job whose straggler is a throttled GPU).
+# Joins in which the effect names its cause (its stuck rank's GPU, its straggling GPU): preferred to a cause that is
+# merely under the same job (an XID on another GPU, a degraded port, of a job whose straggler is a throttled GPU).
 NAMING_JOINS: Final = ("stuck_gpu", "named_gpu")
 
 
 def _edges(alerts: Sequence[AlertState]) -> dict[str, str]:
-    """Effect fingerprint -> the fingerprint of the lowest-layer alert that explains it (one that the effect names
-    first, within a layer)."""
+    """Effect fingerprint -> the fingerprint of the alert that explains it: one that the effect names first, then the
+    lowest-layer one."""
     by_rule: dict[str, list[AlertState]] = {}
     for a in alerts:
         by_rule.setdefault(a.rule, []).append(a)
@@ -261,8 +261,8 @@ def _edges(alerts: Sequence[AlertState]) -> dict[str, str]:
                 if "*" in row.effects and e.rule in row.causes and culprit_of(e).key == culprit_of(c).key:
                     continue  # two node faults of one node: the same culprit, merged below
                 best = found.get(e.fingerprint)
-                if best is None or (layer, specific) < best[:2]:
-                    found[e.fingerprint] = (layer, specific, c.fingerprint)
+                if best is None or (specific, layer) < best[:2]:
+                    found[e.fingerprint] = (specific, layer, c.fingerprint)
     return {e: c for e, (_, _, c) in found.items()}
 
 

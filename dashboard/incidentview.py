@@ -53,7 +53,7 @@ def blast_cell(inc: Incident, state: ViewState) -> html.Span:
     if inc.users:
         parts.append(f" ({', '.join(inc.users)})")
     if inc.gpus:
-        parts.append(f" · {len(inc.gpus)} GPU{'s' if len(inc.gpus) > 1 else ''}")
+        parts.append(f"{' · ' if parts else ''}{len(inc.gpus)} GPU{'s' if len(inc.gpus) > 1 else ''}")
     return html.Span(parts or [MISSING])
 
 

@@ -77,6 +77,8 @@ from gpulens.typedinput import (
 RECEIVER_KINDS: Final = ("slack", "webhook", "alertmanager", "log")
 # Receiver kinds the Watchdog reaches: machines that watch for it to stop (people are not paged by it).
 WATCHDOG_KINDS: Final = ("webhook", "alertmanager")
+# Receiver kinds that get one message per incident (``alerts.incidentnotify``); Alertmanager groups by itself.
+INCIDENT_KINDS: Final = ("slack", "webhook", "log")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -398,6 +400,8 @@ def _for_receiver(route: Route, receiver: ReceiverConfig) -> Route:
         route = replace(route, group_wait_s=0.0, group_interval_s=0.0, repeat_interval_s=receiver.resend_s)
     if receiver.kind not in WATCHDOG_KINDS:
         route = replace(route, matchers=(NOT_WATCHDOG, *route.matchers))
+    if receiver.kind in INCIDENT_KINDS:
+        route = replace(route, incidents=True)
     return route
 
 

@@ -1,4 +1,5 @@
-"""The alert engine: after each scrape round, evaluate the rules, advance the alerts, group and queue notifications.
+"""The alert engine: after each scrape round, evaluate the rules, advance the alerts, form the incidents
+(``alerts.incidents``), group and queue notifications (one per incident for Slack, webhook and log receivers).
 
 ``AlertEngine`` holds everything in memory. In the collector, storage loads ``states`` and ``groups`` when it starts
 and saves what ``process`` returns after each round (so a restart neither forgets a firing alert nor notifies it
@@ -8,11 +9,14 @@ again), and the outbox is the SQL one; ``gpulens simulate`` and the tests use it
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpulens.alerts.base import AlertRule, Candidate
 from gpulens.alerts.grouping import Grouper, GroupState, Notification, Route
 from gpulens.alerts.history import History
+from gpulens.alerts.incidentnotify import labelled
+from gpulens.alerts.incidentnotify import notify as notify_incidents
+from gpulens.alerts.incidents import Incident, annotate, form
 from gpulens.alerts.notify.delivery import OutboxStore
 from gpulens.alerts.rules import data_missing, evaluate, required_window_s
 from gpulens.alerts.state import DEFAULT_INHIBITIONS, AlertState, Inhibition, Silence, StepResult, silencer, step
@@ -29,6 +33,7 @@ class EngineRound:
     groups: dict[str, GroupState]
     notifications: list[Notification]
     outbox_ids: list[int]
+    incidents: dict[str, Incident] = field(default_factory=dict)
 
 
 def _no_silences() -> Sequence[Silence]:
@@ -51,6 +56,7 @@ class AlertEngine:
         dashboard_url: str | None = None,
         inhibitions: Sequence[Inhibition] = DEFAULT_INHIBITIONS,
         destinations: Mapping[str, Sequence[str]] | None = None,
+        incidents: Mapping[str, Incident] | None = None,
     ) -> None:
         """``destinations``: a receiver's outbox destinations when it has several (an alertmanager receiver's URLs:
         each gets its own copy of every notification, delivered and retried on its own); else the receiver."""
@@ -65,6 +71,7 @@ class AlertEngine:
         self.outbox = outbox
         self.states: dict[str, AlertState] = dict(states or {})
         self.groups: dict[str, GroupState] = dict(groups or {})
+        self.incidents: dict[str, Incident] = dict(incidents or {})
         self._silences = silences
         self._dashboard_url = dashboard_url
         self._inhibitions = tuple(inhibitions)
@@ -85,14 +92,18 @@ class AlertEngine:
             inhibitions=self._inhibitions,
             dashboard_url=self._dashboard_url,
         )
+        incidents = form(self.incidents, result.states, now)
+        annotate(result.states, incidents)
         self.states = result.states
-        grouping = self.grouper.step(self.groups, result.states.values(), now)
+        grouping = self.grouper.step(self.groups, labelled(result.states.values(), incidents), now)
         self.groups = grouping.groups
+        self.incidents, notes = notify_incidents(self.grouper, incidents, result.states, now, self._dashboard_url)
+        notifications = [*grouping.notifications, *notes]
         ids = []
         if self.outbox is not None:
             ids = [
                 self.outbox.enqueue(destination, n.payload(), now)
-                for n in grouping.notifications
+                for n in notifications
                 for destination in self._destinations.get(n.receiver, (n.receiver,))
             ]
-        return EngineRound(now, candidates, result, grouping.groups, grouping.notifications, ids)
+        return EngineRound(now, candidates, result, grouping.groups, notifications, ids, dict(self.incidents))

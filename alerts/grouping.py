@@ -36,6 +36,8 @@ class Route:
     repeat_interval_s: float = 4 * 3600.0
     continue_: bool = False
     send_resolved: bool = True
+    # The receiver takes incidents (``alerts.incidentnotify``), not the member alerts of one on their own.
+    incidents: bool = False
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         return matches_all(self.matchers, labels)
@@ -191,6 +193,8 @@ class Grouper:
             if alert.muted is not None or alert.state not in (FIRING, RESOLVED):
                 continue
             for i in self.routes_for(alert.labels):
+                if self.routes[i].incidents and "incident" in alert.labels:
+                    continue  # notified as its incident
                 labels = self.routes[i].group_labels(alert.labels)
                 key = group_key(i, self.routes[i].receiver, labels)
                 entry = members.setdefault(key, _Members(i, labels))

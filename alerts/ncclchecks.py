@@ -196,7 +196,9 @@ def _candidate(
         began = now - age  # the counts stopped moving
     labels = rule_labels(rule, {"job_id": job, "user": user or "", "signature": signature})
     description = cause + (f" User {user}." if user else "")
-    annotations = {"stuck_ranks": "\n".join(lines), "cause": cause}
+    # ``rank@node:gpu`` of each stuck rank, for the incident layer's joins (``alerts.incidentparts.stuck_ranks``)
+    stuck_at = ",".join(f"{p.rank.rank}@{p.node}:{'' if p.rank.gpu is None else p.rank.gpu}" for p in placed)
+    annotations = {"stuck_ranks": "\n".join(lines), "cause": cause, "stuck_at": stuck_at}
     return Candidate(
         rule.name, labels, float(len(placed)), summary, description, annotations=annotations, for_s=for_s, began=began
     )

@@ -22,6 +22,8 @@ from gpulens.alerts.config import AlertingConfig, build_notifiers, parse_alertin
 from gpulens.alerts.drain import SlurmDrainer, remediation_line
 from gpulens.alerts.engine import AlertEngine, EngineRound
 from gpulens.alerts.grouping import GroupState
+from gpulens.alerts.incidentread import read_incidents, read_open_incidents
+from gpulens.alerts.incidents import RESOLVED_KEEP_S, Incident
 from gpulens.alerts.matchers import matchers_from_json
 from gpulens.alerts.notify import Notifier
 from gpulens.alerts.notify.delivery import Backoff, Delivery, DeliveryCounts, OutboxItem
@@ -32,7 +34,7 @@ from gpulens.clock import Clock, SystemClock
 from gpulens.model import NodeSnapshot, TargetHealth
 from gpulens.rounds import RoundResult
 from gpulens.settings import Settings
-from gpulens.storage import alertstore
+from gpulens.storage import alertstore, incidentstore
 from gpulens.storage.db import Database, DatabaseUnavailableError
 from gpulens.storage.recent import recent_rounds
 from gpulens.storage.slurmtables import decisions_for
@@ -136,6 +138,7 @@ class AlertService:
             destinations=config.destinations(),
         )
         self._loaded = False
+        self._saved: dict[str, Incident] = {}  # the incidents as last written
         self._pruned_at = float("-inf")
         try:
             if not load_at_first_round:
@@ -182,6 +185,8 @@ class AlertService:
             history.add(time_, snapshots)
         self.engine.states = states
         self.engine.groups = groups
+        self.engine.incidents = {i.id: i for i in read_incidents(self._db, since=end - RESOLVED_KEEP_S)}
+        self._saved = {i.id: i for i in self.engine.incidents.values()}
         self._loaded = True
         if states or rounds:
             firing = sum(1 for s in states.values() if s.state == "firing")
@@ -225,10 +230,18 @@ class AlertService:
             groups={key: g.to_json() for key, g in result.groups.items()},
             now=now,
         )
+        self._save_incidents(result.incidents, now)
         if now - self._pruned_at >= OUTBOX_PRUNE_EVERY_S:
             alertstore.outbox_prune(self._db, before=now - OUTBOX_KEEP_S)
             self._pruned_at = now
         return result
+
+    def _save_incidents(self, incidents: Mapping[str, Incident], now: float) -> None:
+        """Write the incidents that changed this round; delete those merged into another."""
+        changed = [i.to_json() for i in incidents.values() if self._saved.get(i.id) != i]
+        merged = [key for key, i in self._saved.items() if i.is_open and key not in incidents]
+        incidentstore.save_incidents(self._db, changed, merged, now)
+        self._saved = dict(incidents)
 
     def deliver(self, now: float | None = None) -> DeliveryCounts:
         """One delivery pass on the calling thread (the worker does this on its own)."""
@@ -306,3 +319,9 @@ class SqlAlertReader:
 
     def silences(self, now: float) -> list[Silence]:
         return silences_from_rows(alertstore.list_silences(self._db, now=now))
+
+    def open_incidents(self) -> list[Incident]:
+        return read_open_incidents(self._db)
+
+    def incidents(self, since: float) -> list[Incident]:
+        return read_incidents(self._db, since)

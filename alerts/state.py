@@ -2,10 +2,10 @@
 
 ``step`` takes the previous states (keyed by fingerprint), this round's candidates and ``now``, and returns the new
 states and what changed. It also applies inhibition (a firing ``ExporterDown`` mutes its node's other alerts, a firing
-``GpuLost`` its GPU's, a firing ``IbLinkDown`` or ``IbLinkFlapping`` the ``CommunicationStall`` of the jobs on its
-GPUs, which it annotates with its ``cause``) and silences: a muted alert keeps its state, but its transitions carry
-``muted`` and are not notified. Nothing here reads a clock or a database; storage persists the states so that a
-restarted collector neither forgets a firing alert nor notifies it again.
+``GpuLost`` its GPU's; what explains what is the incident layer's, ``alerts.incidents``) and silences: a muted
+alert keeps its state, but its transitions carry ``muted`` and are not notified. Nothing here reads a clock or a
+database; storage persists the states so that a restarted collector neither forgets a firing alert nor notifies it
+again.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from gpulens.alerts.base import AlertRule, Candidate, dashboard_link
-from gpulens.alerts.catalogue import COMMUNICATION_STALL, EXPORTER_DOWN, GPU_LOST, IB_LINK_DOWN, IB_LINK_FLAPPING
+from gpulens.alerts.catalogue import EXPORTER_DOWN, GPU_LOST
 from gpulens.alerts.matchers import Matcher, matchers_from_json, matchers_to_json
 from gpulens.config import format_timestamp
 
@@ -214,15 +214,12 @@ class Inhibition:
     cause: bool = False
 
 
-# The built-in table. A site's own entries (the config's causal table, issue "incidents") are meant to be parsed
-# and checked beside the builtin overrides (alerts/rules.py, so `gpulens check-config` validates them) and passed
-# to ``step`` as ``inhibitions``, appended to this one.
+# What explains what (a link down under a job's stall, an XID under its dead rank) is the incident layer's causal
+# table (``alerts.causes``), not an inhibition: the explained alert is annotated with its ``cause`` and notified as
+# part of its incident.
 DEFAULT_INHIBITIONS: Final = (
     Inhibition(EXPORTER_DOWN, ("node",)),
     Inhibition(GPU_LOST, ("uuid",)),
-    # A link down (or flapping) under a job's GPUs explains the job's stall: annotated and muted, never hidden.
-    Inhibition(IB_LINK_DOWN, ("job_id",), (COMMUNICATION_STALL,), cause=True),
-    Inhibition(IB_LINK_FLAPPING, ("job_id",), (COMMUNICATION_STALL,), cause=True),
 )
 
 

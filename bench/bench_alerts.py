@@ -8,7 +8,8 @@ hang, the fabric and host faults by port and by job, 2/4/8/32 nodes, four GPU mo
 matching the alerts that fired against what each fault calls for (tests/alerts/expect.py). They are reported per
 fault (a fault is detected when every alert it calls for fired on the right subject) and per rule ((alert, subject)
 pairs required, detected, fired, false); ``alerts_fabric_faults_*`` count the fabric and host fault kinds, and
-``alerts_stalls_marked_with_their_link`` the stalls a down or flapping link muted and annotated with its cause.
+``alerts_stalls_marked_with_their_link`` the stalls a down or flapping link explains, annotated with it as
+their cause (members of its incident).
 """
 
 from __future__ import annotations

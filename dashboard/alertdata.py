@@ -8,8 +8,9 @@ nothing and implying that nothing fires.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+from gpulens.alerts.incidents import Incident
 from gpulens.alerts.state import AlertState, Silence
 
 
@@ -31,3 +32,16 @@ def counts_as_firing(alert: AlertState) -> bool:
     """Firing, and not a heartbeat: the Watchdog (severity ``none``) fires in every round to prove the engine runs,
     so the pages list it but never count it among the alerts firing."""
     return alert.state == "firing" and alert.labels.get("severity") != "none"
+
+
+@runtime_checkable
+class IncidentReader(Protocol):
+    """An alert reader that also reads the engine's incidents (``alerts.incidents``)."""
+
+    def open_incidents(self) -> Sequence[Incident]:
+        """The incidents open now, the most severe first, then the oldest."""
+        ...
+
+    def incidents(self, since: float) -> Sequence[Incident]:
+        """The incidents open now and those resolved since ``since``, newest first."""
+        ...

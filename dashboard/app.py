@@ -41,6 +41,7 @@ ASSETS: Final = Path(__file__).parent / "assets"
 # test_plotly_bundle.py). Not linked into the page: the "vendor" folder is left out of Dash's index.
 PLOTLY_BUNDLE: Final = "vendor/plotly-cartesian-4.1.1.min.js"
 NAV: Final = (
+    ("Incidents", "/incidents"),
     ("Overview", "/"),
     ("Jobs", "/jobs"),
     ("Interconnect", "/interconnect"),

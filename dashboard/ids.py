@@ -157,3 +157,13 @@ ALERTS_DRAINS: Final = "alerts-drains"
 REMEDIATION: Final = Toolbar("remediation")
 REMEDIATION_HELD: Final = "remediation-held"
 REMEDIATION_DECISIONS: Final = "remediation-decisions"
+
+# --- incidents (/incidents, and the incident panels of the overview, node, GPU and job pages) -----------------------
+
+INCIDENTS: Final = Toolbar("incidents")
+INCIDENTS_OPEN: Final = "incidents-open"
+INCIDENTS_HISTORY: Final = "incidents-history"
+OVERVIEW_INCIDENTS: Final = "overview-incidents"
+NODE_INCIDENTS: Final = "node-incidents"
+GPU_INCIDENTS: Final = "gpu-incidents"
+JOB_INCIDENTS: Final = "job-incidents"

@@ -533,3 +533,17 @@ silence: Final = sa.Table(
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Index("ix_silence_ends_at", "ends_at"),
 )
+# v0017: the engine's incidents, each verdict a JSON document (``storage.incidentstore``)
+incident: Final = sa.Table(
+    "incident",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),  # "open" | "resolved"
+    sa.Column("severity", sa.String(16), nullable=False),
+    sa.Column("fired_at", sa.Double, nullable=False),
+    sa.Column("resolved_at", sa.Double),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.Column("document", _JSON, nullable=False),
+    sa.Index("ix_incident_state", "state"),
+    sa.Index("ix_incident_fired_at", "fired_at"),
+)

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from gpulens.alerts.base import dashboard_link
 from gpulens.alerts.notify import DeliveryError, HttpPost, SecretSource, as_source, one_line, post, urllib_post
+from gpulens.alerts.notify.incidentmsg import incident_message, is_incident
 from gpulens.alerts.state import FIRING, RESOLVED, AlertState
 from gpulens.config import format_timestamp
 from gpulens.logutil import LogOnce
@@ -178,6 +179,10 @@ class SlackNotifier:
         ``short``: the summaries only (sent after Slack refused the full message)."""
         firing = [a for a in alerts if a.state == FIRING]
         resolved = [a for a in alerts if a.state == RESOLVED]
+        if is_incident(group_labels):  # one message per incident (``alerts.incidentnotify``)
+            text, parts = incident_message(alerts, group_labels, status, fit=fit, max_alerts=3 if short else 10)
+            attachment = {"color": self._colour(firing), "blocks": parts}
+            return {"text": fit(text, SECTION_TEXT_MAX), "attachments": [attachment]}
         title = self._title(firing, resolved, group_labels, status)
         header = title if len(title) <= HEADER_TEXT_MAX else title[: HEADER_TEXT_MAX - 1] + "…"
         blocks: list[dict[str, Any]] = [{"type": "header", "text": {"type": "plain_text", "text": header}}]

@@ -23,6 +23,7 @@ from gpulens.dashboard.figures.links import pcie_degraded
 from gpulens.dashboard.figures.style import palette_color
 from gpulens.dashboard.formatting import MISSING, bytes_text, celsius_text, gpu_label, percent_text, watts_text
 from gpulens.dashboard.gpuview import chart_panels, load_gpu_view, register_gpu_view
+from gpulens.dashboard.incidentview import incident_panel, register_incident_panel
 from gpulens.dashboard.pages.alerts import related_alerts
 from gpulens.dashboard.panels import gpu_series
 from gpulens.dashboard.paths import job_path, node_path
@@ -46,6 +47,7 @@ def layout(uuid: str = "", **query: Any) -> html.Div:
         [
             page_header(html.Span(id=ids.GPU_TITLE, children="GPU"), html.Span(name, className="mono"), IDS, state),
             html.Div(id=IDS.status),
+            incident_panel(ids.GPU_INCIDENTS, {"uuid": name}, "Incidents on this GPU"),
             panel("This GPU", html.Div(id=ids.GPU_INFO)),
             html.Div(id=ids.GPU_CHARTS, className="gl-charts"),
             panel("Processes", html.Div(id=ids.GPU_PROCESSES)),
@@ -58,6 +60,7 @@ def layout(uuid: str = "", **query: Any) -> html.Div:
 def register(app: Dash, context: Context) -> None:
     register_page(__name__, path_template=PATH_TEMPLATE, title=title, name="GPU", layout=layout)
     register_toolbar(app, IDS)
+    register_incident_panel(app, context, ids.GPU_INCIDENTS, IDS)
     outputs = (ids.GPU_TITLE, ids.GPU_INFO, ids.GPU_CHARTS, ids.GPU_PROCESSES, ids.GPU_ALERTS)
     register_gpu_view(app, context, IDS, outputs, ids.GPU_UUID, render, ("GPU", None, [], None, None))
 

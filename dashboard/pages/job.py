@@ -38,6 +38,7 @@ from gpulens.dashboard.flags import FLAG_ORDER, JOB_FLAGS, alert_jobs, job_flags
 from gpulens.dashboard.formatting import gpu_label, percent_text
 from gpulens.dashboard.grid import natural_key
 from gpulens.dashboard.heatmaps import METRICS, Metric
+from gpulens.dashboard.incidentview import incident_panel, register_incident_panel
 from gpulens.dashboard.inspectorview import bandwidth_panel, link_ceiling, read_bandwidth
 from gpulens.dashboard.jobhost import job_host_panels, read_job_host
 from gpulens.dashboard.ncclview import accused_ranks, nccl_panel, read_nccl
@@ -110,6 +111,7 @@ def layout(job_id: str = "", *, context: Context | None = None, **query: Any) ->
         [
             page_header(f"Job {name}", html.Span(id=ids.JOB_INFO), IDS, state),
             html.Div(id=IDS.status),
+            incident_panel(ids.JOB_INCIDENTS, {"job_id": name}, "Incidents hurting this job"),
             html.Div(id=ids.JOB_CHARTS),
             html.Div(id=ids.JOB_FABRIC),
             panel("Alerts about this job", html.Div(id=ids.JOB_ALERTS)),
@@ -125,6 +127,7 @@ def register(app: Dash, context: Context) -> None:
 
     register_page(__name__, path_template=PATH_TEMPLATE, title=title, name="Job", layout=page)
     register_toolbar(app, IDS)
+    register_incident_panel(app, context, ids.JOB_INCIDENTS, IDS)
 
     @app.callback(
         Output(IDS.status, "children"),

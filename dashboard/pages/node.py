@@ -25,6 +25,7 @@ from gpulens.dashboard.context import Context
 from gpulens.dashboard.figures.style import palette_color
 from gpulens.dashboard.formatting import MISSING, celsius_text, percent_text, watts_text
 from gpulens.dashboard.gpuview import chart_panels, load_gpu_view, register_gpu_view
+from gpulens.dashboard.incidentview import incident_panel, register_incident_panel
 from gpulens.dashboard.pages.alerts import related_alerts
 from gpulens.dashboard.panels import gpu_series
 from gpulens.dashboard.paths import gpu_path, job_path
@@ -47,6 +48,7 @@ def layout(node: str = "", **query: Any) -> html.Div:
         [
             page_header(f"Node {name}", html.Span(id=ids.NODE_INFO), IDS, state),
             html.Div(id=IDS.status),
+            incident_panel(ids.NODE_INCIDENTS, {"node": name}, "Incidents on this node"),
             panel("GPUs", html.Div(id=ids.NODE_GPUS)),
             html.Div(id=ids.NODE_CHARTS),
             panel("Processes", html.Div(id=ids.NODE_PROCESSES)),
@@ -59,6 +61,7 @@ def layout(node: str = "", **query: Any) -> html.Div:
 def register(app: Dash, context: Context) -> None:
     register_page(__name__, path_template=PATH_TEMPLATE, title=title, name="Node", layout=layout)
     register_toolbar(app, IDS)
+    register_incident_panel(app, context, ids.NODE_INCIDENTS, IDS)
     outputs = (ids.NODE_INFO, ids.NODE_GPUS, ids.NODE_CHARTS, ids.NODE_PROCESSES, ids.NODE_ALERTS)
     register_gpu_view(app, context, IDS, outputs, ids.NODE_NAME, render, ("", None, [], None, None))
 

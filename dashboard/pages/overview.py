@@ -52,6 +52,7 @@ from gpulens.dashboard.formatting import MISSING, bytes_text, percent_text, plot
 from gpulens.dashboard.grid import DEFAULT_SORT, NODES_PER_PAGE, SORTS, GridPage, grid_cells, parse_page, select_page
 from gpulens.dashboard.heatmaps import DEFAULT_METRIC, METRIC_FIELDS, METRICS, Metric
 from gpulens.dashboard.hung import hangs
+from gpulens.dashboard.incidentview import incident_panel, register_incident_panel
 from gpulens.dashboard.paths import job_path, node_path
 from gpulens.dashboard.summary import IDLE_BELOW, SUMMARY_FIELDS, Headline, headline
 from gpulens.dashboard.timerange import TimeRange, minute_text, resolve_range
@@ -106,6 +107,7 @@ def layout(**query: Any) -> html.Div:
         [
             page_header("Cluster overview", None, IDS, state),
             html.Div(id=IDS.status),
+            incident_panel(ids.OVERVIEW_INCIDENTS, {}, "Open incidents"),
             html.Div(id=ids.OVERVIEW_CARDS, className="gl-cards"),
             html.Div(
                 id=ids.OVERVIEW_MAP_PANEL,
@@ -154,6 +156,7 @@ def register(app: Dash, context: Context) -> None:
         ],
     )
     register_click_through(app, IDS, ids.OVERVIEW_HEATMAP)
+    register_incident_panel(app, context, ids.OVERVIEW_INCIDENTS, IDS)
 
     @app.callback(
         Output(ids.OVERVIEW_PAGE, "data"),

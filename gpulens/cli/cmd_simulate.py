@@ -13,6 +13,7 @@ SIMULATE_EXAMPLES = """\
 examples:
   gpulens simulate examples/scenarios/stall.toml
   gpulens simulate examples/scenarios/faults.toml --json | jq '.[].alertname'
+  gpulens simulate examples/scenarios/faults.toml --incidents-json | jq '.[].culprit'
   gpulens simulate my-cluster.toml --rules my-rules.toml       # test your own rules, like promtool test rules
   gpulens simulate examples/scenarios/demo.toml --db sqlite:///demo.db   # keep the data for the dashboard
 """
@@ -31,7 +32,14 @@ def register(sub: Any) -> None:
     p.add_argument("scenario", help="scenario TOML")
     p.add_argument("--db", default=None, help="keep the data in this database (default: a temporary SQLite file)")
     p.add_argument("--rules", default=None, help="a file of [[rules]] tables: user rules to test with the builtins")
-    p.add_argument("--json", action="store_true", help="print one JSON array of the alerts that fired")
+    output = p.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print one JSON array of the alerts that fired")
+    output.add_argument(
+        "--incidents-json",
+        action="store_true",
+        help="print one JSON array of the incidents (docs/incidents.md): each one's culprit, jobs, member alerts "
+        "and action",
+    )
     add_log_level(p)
     apply_env_twins(p, "GPULENS_SIMULATE_")
     p.set_defaults(func=_run_simulate)
@@ -50,10 +58,14 @@ def _run_simulate(args: argparse.Namespace) -> int:
             args.scenario,
             db_url=args.db,
             rules_path=args.rules,
-            progress=None if args.json else (lambda line: print(line, file=sys.stderr, flush=True)),
+            progress=None
+            if args.json or args.incidents_json
+            else (lambda line: print(line, file=sys.stderr, flush=True)),
         )
     if args.json:
         print(json.dumps(report.alerts, indent=2))
+    elif args.incidents_json:
+        print(json.dumps(report.incidents, indent=2))
     else:
         print(report.table)
         print(

@@ -16,6 +16,7 @@ from gpulens.cli import (
     cmd_db,
     cmd_demo,
     cmd_exporter,
+    cmd_incidents,
     cmd_job_summary,
     cmd_node_health,
     cmd_query,
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_silence.register(sub)
     cmd_alerts.register(sub)
     cmd_remediation.register(sub)
+    cmd_incidents.register(sub)
     cmd_dashboard.register(sub)
     return parser
 

@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpulens.config import format_duration
+
+if TYPE_CHECKING:
+    from gpulens.alerts.config import AlertingConfig
+    from gpulens.alerts.incidents import Incident
 
 
 @dataclass(frozen=True)
 class SimulateReport:
     alerts: list[dict[str, object]]  # FiredAlert.to_json() elements
+    incidents: list[dict[str, object]]  # Incident.report() elements, in the order they opened
     table: str
     rounds: int
     gpus: int
@@ -33,9 +39,15 @@ def simulate(
     db_url: str | None = None,
     rules_path: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
+    alerting: AlertingConfig | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> SimulateReport:
-    """Run the scenario and report the alerts that fired. Raises ConfigError for a bad scenario or rules file."""
-    from gpulens.alerts.config import AlertingConfig, load_rules_file
+    """Run the scenario and report the alerts that fired. Raises ConfigError for a bad scenario or rules file.
+
+    ``alerting``: receivers and routes to notify, each round's notifications delivered in that round (their secrets
+    from ``environ``); by default nothing is sent."""
+    from gpulens.alerts.config import AlertingConfig as Alerting
+    from gpulens.alerts.config import load_rules_file
     from gpulens.alerts.replay import AlertTimeline, read_round, table
     from gpulens.alerts.rules import builtin_rules
     from gpulens.alerts.service import AlertService
@@ -54,8 +66,10 @@ def simulate(
         db = open_database(url)
         try:
             writer = Writer(db)
-            service = AlertService(db, AlertingConfig(rules=tuple(rules)), notifiers={})
+            config = Alerting(rules=tuple(rules)) if alerting is None else replace(alerting, rules=tuple(rules))
+            service = AlertService(db, config, notifiers=None if alerting else {}, environ=environ)
             timeline = AlertTimeline()
+            incidents: dict[str, Incident] = {}
             started = time.perf_counter()
             steps = int(scenario.duration_s // scenario.step_s)
             gpus = 0
@@ -66,6 +80,12 @@ def simulate(
                 writer.write(snapshots, targets)
                 outcome = service.process(t, snapshots, targets)
                 timeline.observe(outcome.result)
+                if alerting is not None:
+                    service.deliver(t)
+                gone = [key for key, i in incidents.items() if i.is_open and key not in outcome.incidents]
+                for key in gone:  # merged into another: that one holds its alerts now
+                    del incidents[key]
+                incidents.update(outcome.incidents)
                 gpus = max(gpus, sum(len(s.gpus) for s in snapshots))
                 if progress is not None and k and k % max(1, steps // 10) == 0:
                     progress(
@@ -77,6 +97,7 @@ def simulate(
             db.close()
     return SimulateReport(
         alerts=[a.to_json() for a in timeline.alerts],
+        incidents=[i.report() for i in sorted(incidents.values(), key=lambda i: (i.fired_at, i.id))],
         table=table(timeline.alerts, scenario.start),
         rounds=steps,
         gpus=gpus,

@@ -280,8 +280,8 @@ class _Expectations:
 
     def fabric(self, f: FaultSpec, cause: str) -> None:
         """A port fault's alert on each port; a down link also hangs the multi-node training jobs on it (their stall,
-        inhibited and annotated with the link as its cause); a flap fires once enough flaps fall in the window; a
-        starved job is input-bound (under memory pressure, every training job on the node)."""
+        annotated with the link as its cause, a member of its incident); a flap fires once enough flaps fall in the
+        window; a starved job is input-bound (under memory pressure, every training job on the node)."""
         s, e = f.start, f.end
         if f.kind in PORT_ALERTS:
             for match in self.ports(f):

@@ -3,6 +3,7 @@
 ``hanging_receiver``: accepts connections (the kernel's backlog does) and never answers. ``DripReceiver``: answers
 one byte at a time, slowly, forever. ``FlakyReceiver``: a webhook that plays a script of statuses, then 200, and
 records every request with the status it got. ``answering_receiver``: answers every request with one status and body.
+``recording_receiver``: answers as Slack does and records every JSON body.
 """
 
 from __future__ import annotations
@@ -135,3 +136,36 @@ def answering_receiver(status: int, body: bytes) -> Iterator[str]:
     """A URL whose server answers every POST with ``status`` and ``body``."""
     with serve(_Answer, (status, body)) as url:
         yield url
+
+
+@dataclass
+class Recorded:
+    bodies: list[Any] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def all(self) -> list[Any]:
+        with self.lock:
+            return list(self.bodies)
+
+
+class _Record(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        state: Recorded = self.server.state  # type: ignore[attr-defined]
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        with state.lock:
+            state.bodies.append(body)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+
+@contextmanager
+def recording_receiver() -> Iterator[tuple[str, Recorded]]:
+    """A URL that accepts every POST as Slack does (200, ``ok``) and records each JSON body."""
+    state = Recorded()
+    with serve(_Record, state) as url:
+        yield url, state

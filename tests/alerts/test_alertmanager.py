@@ -97,12 +97,19 @@ def test_alerts_appear_in_both_alertmanagers_with_labels_annotations_and_links(
     assert (counts.sent, counts.retried, counts.failed) == (6, 0, 0)  # 3 groups (by alertname) x 2 URLs
     for am in pair:
         critical = labelled(am, "GpuHotCritical", "n1-hot")
+        incident = critical["labels"]["incident"]  # each member alert carries its incident and culprit
+        assert incident.startswith("inc-")
         assert critical["labels"] == {
             "alertname": "GpuHotCritical",
             "severity": "critical",
             "node": "n1-hot",
             "gpu": "0",
             "uuid": uuid("n1-hot", 0),
+            "incident": incident,
+            "culprit_kind": "gpu",
+            "culprit_node": "n1-hot",
+            "culprit_gpu": "0",
+            "culprit_uuid": uuid("n1-hot", 0),
         }
         assert critical["generatorURL"] == f"{DASHBOARD}/gpus/{uuid('n1-hot', 0)}"
         assert critical["annotations"]["summary"]
@@ -215,12 +222,12 @@ def test_a_firing_alert_is_sent_at_once_and_again_every_resend_interval() -> Non
         hot = {"n1": 90.0, "n2": 90.0 if k >= 3 else 40.0}
         snaps = [snapshot(n, [healthy_gpu(n, 0, temperature_celsius=t)]) for n, t in hot.items()]
         for note in engine.process(now, snaps, []).notifications:
-            sent.setdefault(f"{note.receiver}:{note.group_labels['alertname']}", []).append(now - T0)
+            sent.setdefault(f"{note.receiver}:{note.alerts[0].rule}", []).append(now - T0)
     # Alertmanager: at once, then every minute; a new alert of the group goes at once (with the group's others).
     assert sent["am:GpuHot"] == [0, 30, 90]
     assert sent["am:Watchdog"] == [0, 60, 120]
-    # Slack keeps its grouping (30 s wait) and never gets the Watchdog.
-    assert sent["chat:GpuHot"] == [30]
+    # Slack gets one message per incident (one per hot GPU), each after its 30 s wait, and never the Watchdog.
+    assert sent["chat:GpuHot"] == [30, 60]
     assert "chat:Watchdog" not in sent
 
 

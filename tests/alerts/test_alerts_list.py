@@ -108,3 +108,24 @@ def test_alerts_list_json_is_a_list_of_alert_objects(store: str) -> None:
     assert (warm["state"], warm["labels"]["node"], warm["since"]) == ("pending", "node-b", "2026-01-01T00:00:00Z")
     assert {a["alertname"] for a in alerts} == {"GpuHot", "GpuWarm", "Watchdog"}
     assert next(a for a in alerts if a["labels"].get("node") == "node-c")["muted"] == "silenced"
+
+
+def test_incidents_list_names_each_culprit_and_reads_the_state_store_beside_prometheus(store: str) -> None:
+    table = gpulens("incidents", "list", "--db", store)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["ID", "STATE", "SEVERITY", "CULPRIT", "JOBS", "USERS", "ACTION", "AGE", "ALERTS"]
+    assert any("GPU node-a:0" in line and "GpuHot" in line for line in lines[1:])
+    assert not any("Watchdog" in line for line in lines)  # the heartbeat is no incident
+    listed = gpulens("incidents", "list", "--db", store, "--json")
+    assert listed.returncode == 0, listed.stderr
+    incidents = json.loads(listed.stdout)
+    hot = next(i for i in incidents if i["culprit"]["node"] == "node-a")
+    assert hot["culprit"]["kind"] == "gpu"
+    assert hot["culprit"]["uuid"] == uuid("node-a", 0)
+    assert hot["state"] == "open"
+    assert [m["rule"] for m in hot["members"]] == ["GpuHot"]
+    # over Prometheus the engine keeps its incidents in the state store (--state-db): the same list
+    beside = gpulens("incidents", "list", "--db", "prometheus+http://127.0.0.1:9", "--state-db", store, "--json")
+    assert beside.returncode == 0, beside.stderr
+    assert json.loads(beside.stdout) == incidents

@@ -195,8 +195,9 @@ def test_fabric_example_raises_each_faults_alert_on_its_port_and_job() -> None:
     inputs = {(a.labels["job_id"], a.labels["node"]) for a in outcome.fired if a.alertname == "JobInputBound"}
     assert inputs == {("local", "node-04"), ("serve", "node-07")}
     stalls = [a for a in outcome.fired if a.alertname == "CommunicationStall"]
-    # pretrain hangs on its 10-minute link-down: its stall shows, muted by the link and annotated with it
-    assert [(a.labels["job_id"], a.muted is not None) for a in stalls] == [("pretrain", True)]
+    # pretrain hangs on its 10-minute link-down: its stall shows, annotated with the link, a member of its incident
+    assert [(a.labels["job_id"], a.muted) for a in stalls] == [("pretrain", None)]
+    assert stalls[0].annotations.get("incident", "").startswith("inc-")
     assert "IbLinkDown node-01 mlx5_2" in stalls[0].annotations.get("cause", "")
     slow = {a.labels["job_id"] for a in outcome.fired if a.alertname == "JobCommunicationSlow"}
     assert slow == {"finetune", "a100-train"}  # NCCL's Inspector: the congestion, the port at half its rate
@@ -404,7 +405,8 @@ def test_fabric_and_host_faults(nodes: int, model: str, seed: int, step: str, by
     assert inputs == ["multi", "pair", "solo"]
     [stall] = [a for a in outcome.fired if a.alertname == COMMUNICATION_STALL]
     assert stall.labels["job_id"] == "multi"
-    assert stall.muted == "inhibited"  # the link's alert pages; the stall shows, marked with its cause
+    assert stall.muted is None  # a member of the link's incident, which pages; the stall shows, marked with its cause
+    assert stall.annotations.get("incident", "").startswith("inc-")
     assert stall.annotations["cause"].startswith(f"{IB_LINK_DOWN} ")
     assert " is down since " in stall.summary
     links = [a for a in outcome.fired if a.alertname == IB_LINK_DOWN]

@@ -11,8 +11,9 @@ from gpulens.alerts.base import Candidate
 from gpulens.alerts.catalogue import COMMUNICATION_STALL, IB_LINK_DOWN, JOB_INPUT_BOUND, JOB_STRAGGLER
 from gpulens.alerts.engine import AlertEngine
 from gpulens.alerts.grouping import Route
+from gpulens.alerts.incidents import annotate, form
 from gpulens.alerts.rules import builtin_rules, evaluate
-from gpulens.alerts.state import FIRING, Inhibition, cause_text, join_causes, step
+from gpulens.alerts.state import FIRING, cause_text, join_causes, step
 from gpulens.fabricmodel import NicReading
 from gpulens.model import GpuReading, NodeSnapshot
 
@@ -172,16 +173,19 @@ def test_a_stall_with_healthy_nics_or_on_one_node_keeps_its_summary() -> None:
 # ------------------------------------------------------------------------------------------------ inhibition
 
 
-def test_a_down_link_mutes_the_stall_it_causes_and_annotates_it() -> None:
-    engine = AlertEngine(builtin_rules(), routes=[Route("ops", group_by=("alertname",), group_wait_s=0.0)])
+def test_a_down_link_explains_the_stall_it_causes_one_incident_one_message() -> None:
+    route = Route("ops", group_by=("alertname",), group_wait_s=0.0, incidents=True)
+    engine = AlertEngine(builtin_rules(), routes=[route])
     now = T0
     for _ in range(30):
         engine.process(now, job_round(training, TWO, nics=lambda n: rails(n, link_downed_total=0)), [])
         now += 10.0
     notified: list[str] = []
+    messages = []
     for _ in range(40):
         outcome = engine.process(now, job_round(stalled, TWO, nics=rail_down("node-01")), [])
         notified += [a.rule for n in outcome.notifications for a in n.alerts if a.state == FIRING]
+        messages += outcome.notifications
         now += 10.0
     states = {s.rule: s for s in engine.states.values()}
     link, stall = states[IB_LINK_DOWN], states[COMMUNICATION_STALL]
@@ -189,9 +193,16 @@ def test_a_down_link_mutes_the_stall_it_causes_and_annotates_it() -> None:
     assert link.muted is None
     assert link.labels["job_id"] == "train"
     assert link.labels["device"] == "mlx5_2"
-    assert stall.muted == "inhibited"  # shown, not notified on its own
-    assert stall.annotations["cause"] == "IbLinkDown node-01 mlx5_2"
+    assert stall.annotations["cause"] == "IbLinkDown node-01 mlx5_2"  # shown, marked with its cause
     assert "node-01 mlx5_2 (GPU 2) is down since" in stall.summary
+    (incident,) = [i for i in engine.incidents.values() if i.is_open]
+    assert stall.annotations["incident"] == link.annotations["incident"] == incident.id
+    assert (incident.culprit.kind, incident.culprit.node, incident.culprit.device) == ("port", "node-01", "mlx5_2")
+    assert incident.jobs == ("train",)
+    # the link opened the incident alone; the stall it explains joined it without a message of its own
+    assert [(m.group_labels["incident"], m.group_labels["incident_event"]) for m in messages] == [
+        (incident.id, "opened")
+    ]
     assert IB_LINK_DOWN in notified
     assert COMMUNICATION_STALL not in notified
 
@@ -200,22 +211,31 @@ def _state(rule_name: str, **labels: str) -> Candidate:
     return Candidate(rule_name, {"alertname": rule_name, "severity": "critical", **labels}, 1.0, rule_name, "")
 
 
-def test_inhibition_matches_each_job_of_a_shared_port_and_only_its_targets() -> None:
+def test_a_shared_port_explains_the_stall_and_slowness_of_each_of_its_jobs_and_no_other() -> None:
     rules = {r.name: r for r in builtin_rules()}
     link = _state(IB_LINK_DOWN, node="n1", device="mlx5_1", port="2", job_id="a,b", job="a,b")
     stall_b = _state(COMMUNICATION_STALL, job_id="b", signature="spinning")
     stall_c = _state(COMMUNICATION_STALL, job_id="c", signature="spinning")
     straggler_b = _state(JOB_STRAGGLER, job_id="b", node="n1", gpu="1")
     fired = step({}, [link, stall_b, stall_c, straggler_b], rules, 0.0)
-    later = step(fired.states, [link, stall_b, stall_c, straggler_b], rules, 1000.0)
-    by = {(s.rule, s.labels["job_id"]): s for s in later.states.values()}
-    assert by[(COMMUNICATION_STALL, "b")].muted == "inhibited"
+    states = dict(step(fired.states, [link, stall_b, stall_c, straggler_b], rules, 1000.0).states)
+    incidents = form({}, states, 1000.0)
+    annotate(states, incidents)
+    by = {(s.rule, s.labels["job_id"]): s for s in states.values()}
+    port, other = sorted(incidents.values(), key=lambda i: i.culprit.kind != "port")
+    assert (port.culprit.kind, port.culprit.node, port.culprit.device, port.culprit.port) == (
+        "port",
+        "n1",
+        "mlx5_1",
+        "2",
+    )
+    assert port.jobs == ("a", "b")
+    assert {m.rule for m in port.members} == {IB_LINK_DOWN, COMMUNICATION_STALL, JOB_STRAGGLER}
     assert by[(COMMUNICATION_STALL, "b")].annotations["cause"] == "IbLinkDown n1 mlx5_1 port 2"
-    assert by[(COMMUNICATION_STALL, "c")].muted is None
+    assert by[(JOB_STRAGGLER, "b")].annotations["cause"] == "IbLinkDown n1 mlx5_1 port 2"
+    assert (other.culprit.kind, other.culprit.job_id) == ("job", "c")  # another job's stall: its own incident
     assert "cause" not in by[(COMMUNICATION_STALL, "c")].annotations
-    assert by[(JOB_STRAGGLER, "b")].muted is None  # only the stall is the link's noise
-    plain = step({}, [link, stall_b], rules, 0.0, inhibitions=(Inhibition(IB_LINK_DOWN, ("job_id",)),))
-    assert all("cause" not in s.annotations for s in plain.states.values())  # no cause unless asked
+    assert all(s.muted is None for s in states.values())  # shown and sent to Alertmanager, grouped by incident
 
 
 def test_cause_text() -> None:

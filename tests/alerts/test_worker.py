@@ -115,7 +115,9 @@ def test_a_flaky_receiver_ends_with_each_groups_true_last_state(db: Database) ->
         last = receiver.last_accepted()
         assert len(last) == 2
         gpu0 = node_snapshot("node-00", gpus=2).gpus[0].uuid
-        true_last = {key: "resolved" if gpu0 in key else "firing" for key in last}
+        # one group per incident (a webhook gets incidents): each GPU's own
+        culprits = {f"incident:{i.id}": i.culprit.uuid for i in service.engine.incidents.values()}
+        true_last = {key: "resolved" if culprits[key] == gpu0 else "firing" for key in last}
         assert last == true_last  # GPU 0's group: resolved; GPU 1's: still firing
         for key, state in last.items():  # nothing stale after the last state, and no FIRING after a RESOLVED
             accepted = [r.status for r in receiver.accepted() if r.group_key == key]

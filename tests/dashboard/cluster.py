@@ -12,6 +12,7 @@ from typing import Final
 
 from gpulens.alerts.catalogue import BUILTIN_RULES
 from gpulens.alerts.engine import AlertEngine
+from gpulens.alerts.incidents import Incident, open_incidents
 from gpulens.alerts.matchers import Matcher
 from gpulens.alerts.replay import rounds
 from gpulens.alerts.state import AlertState, Silence
@@ -33,6 +34,13 @@ class ReplayedAlerts:
     states: list[AlertState] = field(default_factory=list)
     episodes: list[AlertState] = field(default_factory=list)
     silenced: list[Silence] = field(default_factory=list)
+    found: dict[str, Incident] = field(default_factory=dict)  # every incident, as the engine left it
+
+    def open_incidents(self) -> Sequence[Incident]:
+        return open_incidents(self.found)
+
+    def incidents(self, since: float) -> Sequence[Incident]:
+        return [i for i in self.found.values() if i.resolved_at is None or i.resolved_at >= since]
 
     def active(self) -> Sequence[AlertState]:
         return [s for s in self.states if s.state in ("pending", "firing")]
@@ -68,6 +76,7 @@ def fill(db: Database, scenario: Path = SCENARIO) -> Filled:
     db.upgrade()
     writer = Writer(db)
     episodes: dict[tuple[str, float], AlertState] = {}
+    found: dict[str, Incident] = {}
     fabric = FabricWriter(spec.start)
     for t, read, targets in rounds(cluster, spec.start, end, spec.step_s):
         snapshots = [fabric.add(s) for s in read]
@@ -75,5 +84,6 @@ def fill(db: Database, scenario: Path = SCENARIO) -> Filled:
         outcome = engine.process(t, snapshots, targets)
         for state in outcome.result.states.values():
             episodes[(state.fingerprint, state.active_since)] = state
-    alerts = ReplayedAlerts(list(engine.states.values()), list(episodes.values()), [silence])
+        found = {k: i for k, i in found.items() if not i.is_open or k in outcome.incidents} | outcome.incidents
+    alerts = ReplayedAlerts(list(engine.states.values()), list(episodes.values()), [silence], found)
     return Filled(spec.start, end - spec.step_s, alerts)

@@ -78,6 +78,7 @@ def main(out: Path, only_fabric: bool = False) -> int:
         clock.set(filled.end)
         straggler = next(g.uuid for g in gpu_info(db) if (g.node, g.gpu) == ("node-02", 2))
         pages = {
+            "incidents": "/incidents",
             "overview": "/",
             "jobs": "/jobs",
             "job": f"/jobs/{STALLED_JOB}",

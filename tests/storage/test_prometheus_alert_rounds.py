@@ -59,6 +59,8 @@ class Replay:
     states: dict[str, list[frozenset[tuple[str, frozenset[tuple[str, str]], str]]]] = field(default_factory=dict)
     fired: dict[str, set[tuple[str, frozenset[tuple[str, str]]]]] = field(default_factory=dict)
     reads: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # (queries, series) per round
+    # each way's incidents: (culprit, jobs) of every incident its engine formed
+    incidents: dict[str, set[tuple[str, tuple[str, ...]]]] = field(default_factory=dict)
     gpus: int = 0
     fabric: tuple[int, int] = (0, 0)  # (queries, series) of a round's reads beyond the GPUs: ports, hosts, NCCL
     whole_with_user_rules: bool = False  # whole_reads_needed once a user threshold rule is configured
@@ -113,6 +115,8 @@ def _replay(base: str, text: str, offset: float, first: tuple[float, int] | None
                 out.states.setdefault(way, []).append(states)
                 fired = {(s.rule, _identity(dict(s.labels))) for s in engine.states.values() if s.state == FIRING}
                 out.fired.setdefault(way, set()).update(fired)
+                formed = {(i.culprit.key, i.jobs) for i in engine.incidents.values()}
+                out.incidents.setdefault(way, set()).update(formed)
             k += 1
     finally:
         store.close()
@@ -148,6 +152,13 @@ def test_filtered_rounds_give_the_alerts_of_whole_rounds_at_every_round(replays:
 def test_filtered_rounds_fire_what_the_snapshots_fire(replays: dict[str, Replay], name: str) -> None:
     replay = replays[name]
     assert replay.fired["filtered"] == replay.fired["snapshots"]
+
+
+@pytest.mark.parametrize("name", ["gpu-faults", "job-faults"])
+def test_the_engine_over_prometheus_forms_the_incidents_of_the_snapshots(replays: dict[str, Replay], name: str) -> None:
+    replay = replays[name]
+    assert replay.incidents["snapshots"]  # each scenario's faults are incidents
+    assert replay.incidents["filtered"] == replay.incidents["snapshots"]
     assert len({rule for rule, _ in replay.fired["filtered"]}) >= 3, "the scenario fires its faults' alerts"
 
 

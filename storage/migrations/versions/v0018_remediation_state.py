@@ -4,7 +4,7 @@
 ``causes``. Rows audited before keep NULL in both. The downgrade drops them.
 
 Revision ID: 0018
-Revises: 0016
+Revises: 0017
 Create Date: 2026-12-07
 """
 
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0018"
-down_revision: str | None = "0016"
+down_revision: str | None = "0017"
 branch_labels: str | None = None
 depends_on: str | None = None
 

@@ -21,7 +21,7 @@ from typing import Final
 
 from gpulens.alerts import remediationcase as rc
 from gpulens.alerts.notify import DeliveryError
-from gpulens.alerts.remediationcase import DrainRecord, RemediationCase, case_from_alert, listed
+from gpulens.alerts.remediationcase import DrainRecord, RemediationCase
 from gpulens.alerts.slurmnodes import Runner, refuse_name, run_command
 from gpulens.alerts.state import FIRING, RESOLVED, AlertState
 from gpulens.storage import remediationstore as store
@@ -93,7 +93,7 @@ class CommandAction:
         status: str,
         group_key: str = "",
     ) -> None:
-        cases = [case_from_alert(a) for a in alerts if a.state in (FIRING, RESOLVED) and listed(a, self._config.rules)]
+        cases = rc.cases_from_notification(alerts, group_labels, status, group_key, self._config.rules)
         self.act(cases)
 
     def act(self, cases: Sequence[RemediationCase]) -> None:

@@ -371,8 +371,9 @@ def parse_alerting(
             where: list[str | int] = [*at, "actions", i, "name"]
             raise input_error(f"{name!r} names a receiver or another action", where, text=text, source=source)
         actions.append(a.config())
-    # Each action sees every alert at once (it picks its rules itself), before and whatever the routes, and each change
-    # at the next round (no group_interval: a resolve must not wait five minutes to resume a node).
+    # Each action sees every incident at once (it picks its rules among the members itself), before and whatever the
+    # routes, and each change at the next round (no group_interval: a resolve must not wait five minutes to resume a
+    # node). It acts on the incident's culprit and action, once per incident (alerts.remediationcase).
     routes = [
         *(
             Route(
@@ -382,6 +383,7 @@ def parse_alerting(
                 group_wait_s=0.0,
                 group_interval_s=0.0,
                 continue_=True,
+                incidents=True,
             )
             for a in actions
         ),

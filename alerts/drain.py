@@ -35,7 +35,7 @@ from typing import Final
 
 from gpulens.alerts import remediationcase as rc
 from gpulens.alerts.notify import DeliveryError
-from gpulens.alerts.remediationcase import DrainRecord, RemediationCase, case_from_alert, listed
+from gpulens.alerts.remediationcase import DrainRecord, RemediationCase
 from gpulens.alerts.slurmnodes import (
     OURS,
     SLURM_JOB_ID,
@@ -48,7 +48,7 @@ from gpulens.alerts.slurmnodes import (
     resume_argv,
     run_command,
 )
-from gpulens.alerts.state import FIRING, RESOLVED, AlertState
+from gpulens.alerts.state import AlertState
 from gpulens.logutil import ErrorCounter
 from gpulens.storage import remediationstore as store
 from gpulens.storage.db import Database
@@ -120,7 +120,7 @@ class SlurmDrainer:
         group_key: str = "",
     ) -> None:
         """Act on each alert of a listed rule. Raises a retryable ``DeliveryError`` when Slurm's commands failed."""
-        cases = [case_from_alert(a) for a in alerts if a.state in (FIRING, RESOLVED) and listed(a, self._config.rules)]
+        cases = rc.cases_from_notification(alerts, group_labels, status, group_key, self._config.rules)
         self.act(cases)
 
     def act(self, cases: Sequence[RemediationCase]) -> None:

@@ -15,12 +15,12 @@ never drain (an application's own fault leaves the node healthy).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from gpulens.alerts.names import ECC_UNCORRECTABLE, GPU_LOST
-from gpulens.alerts.state import AlertState
+from gpulens.alerts.state import FIRING, RESOLVED, AlertState
 from gpulens.xidcatalogue import ACTIONS, HARDWARE_INSPECTION, REBOOT, RESET_GPU, xid_action
 
 DRAIN_VERDICTS: Final = frozenset({RESET_GPU, REBOOT, HARDWARE_INSPECTION})
@@ -164,3 +164,35 @@ def case_from_incident(
         gpu=gpu,
         firing=open_,
     )
+
+
+INCIDENT_GROUP: Final = "incident:"  # the group key of an incident's notification (``alerts.incidentnotify``)
+
+
+def cases_from_notification(
+    alerts: Sequence[AlertState], group_labels: Mapping[str, str], status: str, group_key: str, rules: Sequence[str]
+) -> list[RemediationCase]:
+    """What an action receives, as cases. An incident's notification (its verdict in ``group_labels``) is one case,
+    the incident's culprit and action, when any of its members is of a listed rule; alerts on their own (a route
+    without incidents) are one case each."""
+    if not group_key.startswith(INCIDENT_GROUP):
+        return [case_from_alert(a) for a in alerts if a.state in (FIRING, RESOLVED) and listed(a, rules)]
+    members = [a for a in alerts if listed(a, rules)]
+    if not members or "incident" not in group_labels:
+        return []
+    gpu = group_labels.get("culprit_gpu", "")
+    jobs = [j for j in group_labels.get("incident_jobs", "").split(",") if j]
+    rule_names = sorted({a.rule + (f":{a.labels['xid']}" if a.labels.get("xid") else "") for a in members})
+    return [
+        case_from_incident(
+            group_labels["incident"],
+            culprit_kind=group_labels.get("culprit_kind", ""),
+            node=group_labels.get("culprit_node", ""),
+            action=group_labels.get("incident_action", ""),
+            jobs=jobs,
+            alerts=rule_names,
+            gpu=gpu,
+            culprit=group_labels.get("incident_culprit", ""),
+            open_=status == FIRING,
+        )
+    ]

@@ -40,7 +40,13 @@ ASSETS: Final = Path(__file__).parent / "assets"
 # speed"). assets/plotlyearly.js loads it; every trace type the figures use is in it (tests/dashboard/
 # test_plotly_bundle.py). Not linked into the page: the "vendor" folder is left out of Dash's index.
 PLOTLY_BUNDLE: Final = "vendor/plotly-cartesian-4.1.1.min.js"
-NAV: Final = (("Overview", "/"), ("Jobs", "/jobs"), ("Interconnect", "/interconnect"), ("Alerts", "/alerts"))
+NAV: Final = (
+    ("Overview", "/"),
+    ("Jobs", "/jobs"),
+    ("Interconnect", "/interconnect"),
+    ("Alerts", "/alerts"),
+    ("Reports", "/reports"),
+)
 _UNAUTHORIZED: Final = "authentication required\n"
 # Dash links @babel/polyfill 7 (core-js 2) into every page, for browsers older than any that runs Dash 4's React 18.
 # core-js 2 counts U+180E as white space, as Unicode did before 6.3, so it finds every current browser's

@@ -151,3 +151,11 @@ ALERTS_ACTIVE: Final = "alerts-active"
 ALERTS_HISTORY: Final = "alerts-history"
 ALERTS_SILENCES: Final = "alerts-silences"
 ALERTS_DRAINS: Final = "alerts-drains"
+
+# --- reports (/reports) ---------------------------------------------------------------------------------------------
+
+REPORTS: Final = Toolbar("reports")
+REPORTS_BY: Final = "reports-by"  # group by user, account or partition
+REPORTS_TABLE: Final = "reports-table"
+REPORTS_ROWS: Final = "reports-table-rows"
+REPORTS_TREND: Final = "reports-idle-trend"  # the idle share over time, per group

@@ -7,11 +7,11 @@ from typing import Final, Protocol
 from dash import Dash
 
 from gpulens.dashboard.context import Context
-from gpulens.dashboard.pages import alerts, gpu, interconnect, job, jobs, node, overview
+from gpulens.dashboard.pages import alerts, gpu, interconnect, job, jobs, node, overview, reports
 
 
 class Page(Protocol):
     def register(self, app: Dash, context: Context) -> None: ...
 
 
-PAGES: Final[tuple[Page, ...]] = (overview, jobs, job, node, gpu, interconnect, alerts)
+PAGES: Final[tuple[Page, ...]] = (overview, jobs, job, node, gpu, interconnect, alerts, reports)

@@ -138,3 +138,12 @@ def test_over_prometheus_the_report_is_refused_in_one_line() -> None:
         Unserved().usage("user", 0.0, 1.0, PRICES)
     with pytest.raises(NotAvailableOnBackend, match="Usage reports"):
         Unserved().idle_trend("user", 0.0, 1.0, 300.0, PRICES)
+
+
+def test_the_command_over_prometheus_says_in_one_line_that_it_needs_a_sql_store(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["report", "--by", "user", "--db", "prometheus+http://127.0.0.1:9"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "only a SQL store keeps" in err

@@ -46,6 +46,7 @@ NAV: Final = (
     ("Jobs", "/jobs"),
     ("Interconnect", "/interconnect"),
     ("Alerts", "/alerts"),
+    ("Reports", "/reports"),
     ("Remediation", "/remediation"),
 )
 _UNAUTHORIZED: Final = "authentication required\n"

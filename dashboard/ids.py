@@ -167,3 +167,11 @@ OVERVIEW_INCIDENTS: Final = "overview-incidents"
 NODE_INCIDENTS: Final = "node-incidents"
 GPU_INCIDENTS: Final = "gpu-incidents"
 JOB_INCIDENTS: Final = "job-incidents"
+
+# --- reports (/reports) ---------------------------------------------------------------------------------------------
+
+REPORTS: Final = Toolbar("reports")
+REPORTS_BY: Final = "reports-by"  # group by user, account or partition
+REPORTS_TABLE: Final = "reports-table"
+REPORTS_ROWS: Final = "reports-table-rows"
+REPORTS_TREND: Final = "reports-idle-trend"  # the idle share over time, per group

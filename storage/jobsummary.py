@@ -57,6 +57,11 @@ def _sample_sql(dialect: str) -> str:
     )
 
 
+def idle_below(prices: Prices) -> int:
+    """The stored utilization value below which a sample counts as idle (``Prices.idle_utilization``)."""
+    return round(prices.idle_utilization * _UTIL.per_unit / _UTIL.unit)
+
+
 @dataclass(slots=True)
 class _Usage:
     energy_j: float = 0.0
@@ -79,7 +84,7 @@ def summarise(db: Database, job_id: str, prices: Prices, *, now: float) -> JobAc
         now_ms = round(now * 1000)
         windows = [(r.gpu_id, r.start_ms, r.end_ms if r.end_ms is not None else now_ms) for r in rows]
         usage = _Usage()
-        idle = round(prices.idle_utilization * _UTIL.per_unit / _UTIL.unit)
+        idle = idle_below(prices)
         sql = sa.text(_sample_sql(db.dialect))
         for gpu_id, lo, hi in windows:
             rise, counter_n, power_mean, power_n, util_n, idle_n = session.execute(

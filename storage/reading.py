@@ -21,8 +21,10 @@ from gpulens.ncclinspect import BandwidthPoint, InspectorView
 from gpulens.ncclmodel import NcclView
 from gpulens.nodehardware import NodeHardware
 from gpulens.nodehealth import NodeHealth
+from gpulens.settings import Prices
 from gpulens.storage.records import (
     GpuInfo,
+    IdlePoint,
     JobAccount,
     JobSummary,
     LinkOutage,
@@ -30,6 +32,7 @@ from gpulens.storage.records import (
     NodeTotals,
     SeriesData,
     StuckRank,
+    UsageRow,
 )
 
 NOT_AVAILABLE = "not available on this backend"
@@ -196,6 +199,16 @@ class StoreReader(Protocol):
 
     def job_account(self, job_id: str) -> JobAccount | None:
         """The job's accounting summary as the collector stored it (``storage.jobsummary``); None where none is."""
+        ...
+
+    def usage(self, by: str, start: float, end: float, prices: Prices) -> list[UsageRow]:
+        """GPU usage per user, account or partition (``by``) of the jobs that held a GPU in [start, end]: the report
+        of ``storage.usagereport``; ``NotAvailableOnBackend`` where the store keeps no job summaries."""
+        ...
+
+    def idle_trend(self, by: str, start: float, end: float, step_s: float, prices: Prices) -> list[IdlePoint]:
+        """The idle share of the allocated GPUs' samples per bucket of ``step_s`` and per group
+        (``storage.idletrend``); ``NotAvailableOnBackend`` where the store cannot say it."""
         ...
 
     def stuck_ranks(self, job_id: str, start: float, end: float) -> list[StuckRank]:

@@ -205,3 +205,29 @@ class JobAccount:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> JobAccount:
         return cls(**{**doc, "nodes": tuple(doc["nodes"])})
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """One user's (account's, partition's) jobs in a report's period (``storage.usagereport``)."""
+
+    group: str
+    jobs: int
+    gpu_hours: float
+    used_gpu_hours: float | None  # None: no job of the group has samples to judge idleness by
+    idle_ratio: float | None
+    energy_kwh: float | None
+    cost: float
+    currency: str
+    hung_jobs: int
+    hung_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class IdlePoint:
+    """One group's samples of allocated GPUs in one time bucket, and how many were idle (``storage.idletrend``)."""
+
+    start: float  # the bucket's start
+    group: str
+    samples: int
+    idle_samples: int

@@ -20,9 +20,11 @@ from gpulens.ncclinspect import BandwidthPoint, InspectorView
 from gpulens.ncclmodel import NcclView
 from gpulens.nodehardware import NodeHardware
 from gpulens.nodehealth import NodeHealth
+from gpulens.settings import Prices
 from gpulens.storage import (
     fabric,
     hardwarestore,
+    idletrend,
     inspectorstore,
     inventory,
     jobstats,
@@ -33,11 +35,13 @@ from gpulens.storage import (
     remediationstore,
     slurmtables,
     timeseries,
+    usagereport,
 )
 from gpulens.storage.db import Database
 from gpulens.storage.reading import NotAvailableOnBackend, StoreReader
 from gpulens.storage.records import (
     GpuInfo,
+    IdlePoint,
     JobAccount,
     JobSummary,
     LinkOutage,
@@ -45,6 +49,7 @@ from gpulens.storage.records import (
     NodeTotals,
     SeriesData,
     StuckRank,
+    UsageRow,
 )
 
 
@@ -152,6 +157,12 @@ class SqlReader:
     def job_account(self, job_id: str) -> JobAccount | None:
         # one stored row: computing a summary reads every raw sample of the job's life (``gpulens job-summary``)
         return jobsummary.stored(self.db, job_id) if jobsummary.has_table(self.db) else None
+
+    def usage(self, by: str, start: float, end: float, prices: Prices) -> list[UsageRow]:
+        return usagereport.usage(self.db, by, start, end, prices)
+
+    def idle_trend(self, by: str, start: float, end: float, step_s: float, prices: Prices) -> list[IdlePoint]:
+        return idletrend.idle_trend(self.db, by, start, end, step_s, prices)
 
     def stuck_ranks(self, job_id: str, start: float, end: float) -> list[StuckRank]:
         return ncclstore.stuck_ranks(self.db, job_id, start, end)

@@ -6,12 +6,12 @@ allocated, the GPU-hours used (allocated less the idle share), the idle share we
 and the jobs that hung (a ``CommunicationStall`` firing) with how long. Users come from the allocations (the
 exporter serves them only with ``--user-names``), accounts and partitions from Slurm's job metadata (``job_info``);
 a job without one is grouped under ``(unknown)``. Over SQL only: a Prometheus store keeps no job summaries.
+``usage`` is the one computation of the report: ``gpulens report`` and the dashboard's Reports page both call it.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Final
 
 import sqlalchemy as sa
@@ -19,27 +19,11 @@ import sqlalchemy as sa
 from gpulens.settings import Prices
 from gpulens.storage import jobsummary, schema, slurmtables
 from gpulens.storage.db import Database
-from gpulens.storage.records import JobAccount
+from gpulens.storage.records import JobAccount, UsageRow
 
 GROUPINGS: Final = ("user", "account", "partition")
 UNKNOWN: Final = "(unknown)"
 MAX_JOBS: Final = 5000  # jobs read per report: a bound on the work, said in the output when reached
-
-
-@dataclass(frozen=True, slots=True)
-class UsageRow:
-    """One user's (account's, partition's) jobs in the period."""
-
-    group: str
-    jobs: int
-    gpu_hours: float
-    used_gpu_hours: float | None  # None: no job of the group has samples to judge idleness by
-    idle_ratio: float | None
-    energy_kwh: float | None
-    cost: float
-    currency: str
-    hung_jobs: int
-    hung_seconds: float
 
 
 def jobs_in(db: Database, start: float, end: float) -> list[str]:

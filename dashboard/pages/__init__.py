@@ -7,11 +7,22 @@ from typing import Final, Protocol
 from dash import Dash
 
 from gpulens.dashboard.context import Context
-from gpulens.dashboard.pages import alerts, gpu, incidents, interconnect, job, jobs, node, overview, remediation
+from gpulens.dashboard.pages import (
+    alerts,
+    gpu,
+    incidents,
+    interconnect,
+    job,
+    jobs,
+    node,
+    overview,
+    remediation,
+    reports,
+)
 
 
 class Page(Protocol):
     def register(self, app: Dash, context: Context) -> None: ...
 
 
-PAGES: Final[tuple[Page, ...]] = (incidents, overview, jobs, job, node, gpu, interconnect, alerts, remediation)
+PAGES: Final[tuple[Page, ...]] = (incidents, overview, jobs, job, node, gpu, interconnect, alerts, reports, remediation)

@@ -86,6 +86,7 @@ def main(out: Path, only_fabric: bool = False) -> int:
             "gpu": f"/gpus/{straggler}",
             "interconnect": "/interconnect?node=node-01",
             "alerts": "/alerts",
+            "reports": "/reports",
         }
         with serving(create_app(db, alerts=filled.alerts)) as base, chromium() as browser:
             light = themed_page(browser, "light")

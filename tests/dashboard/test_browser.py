@@ -90,6 +90,7 @@ PAGES = {
     "interconnect": ("/interconnect", 3),
     "alerts": ("/alerts", 0),
     "remediation": ("/remediation", 0),
+    "reports": ("/reports", 1),
 }
 
 
@@ -287,3 +288,26 @@ def test_charts_fit_their_boxes_and_follow_a_resized_window(page: Page, base_url
     )
     after = page.evaluate(_CHART_SIZES)  # one column at this width: wider boxes than the two columns' before
     assert all(now != then for (now, _), (then, _) in zip(after, before, strict=True)), (before, after)
+
+
+def test_the_reports_page_lists_each_users_gpu_hours_and_idle_share(page: Page, base_url: str, store: Store) -> None:
+    from gpulens.settings import Prices
+    from gpulens.storage import usagereport
+
+    now = store.clock.now()
+    expected = usagereport.usage(store.db, "user", now - 3600, now, Prices())  # the page's default range: 1h
+    assert {r.group for r in expected} >= {"alice", "bob", "carol"}
+    open_page(page, base_url + "/reports")
+    assert charts(page) == 1
+    shown = {
+        cells[0]: cells
+        for cells in (row.locator("td").all_inner_texts() for row in page.locator("#reports-table-rows tbody tr").all())
+    }
+    assert set(shown) == {r.group for r in expected}
+    for r in expected:
+        assert shown[r.group][2] == f"{r.gpu_hours:.2f}"
+        assert shown[r.group][4] == ("\u2013" if r.idle_ratio is None else f"{r.idle_ratio * 100:.0f}%")
+    assert page.locator("#reports-idle-trend .scatterlayer .trace").count() == 1 + min(6, len(expected))
+    page.locator("#reports-by").get_by_text("by partition").click()
+    expect(page.locator("#reports-table-rows th").first).to_have_text("partition")
+    assert "by=partition" in page.url

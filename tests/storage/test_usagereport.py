@@ -104,3 +104,46 @@ def test_a_period_before_the_jobs_has_no_rows(store: str, capsys: pytest.Capture
         db.close()
     assert main(["report", "--by", "user", "--since", "1d", "--db", store]) == 0
     assert "alice" in capsys.readouterr().out
+
+
+def test_the_idle_trend_adds_up_to_the_reports_idle_share(store: str) -> None:
+    from gpulens.storage import idletrend
+
+    db = Database(store)
+    try:
+        end = time.time()
+        start = end - 1800
+        rows = {r.group: r for r in usagereport.usage(db, "user", start, end, PRICES)}
+        step = idletrend.step_for(end - start)
+        assert step == 300.0  # 1800 s in 300 s buckets: 6 at most
+        points = idletrend.idle_trend(db, "user", start, end, step, PRICES)
+        assert {p.start for p in points} <= {start + k * step for k in range(6)}
+        for user in ("alice", "bob"):
+            mine = [p for p in points if p.group == user]
+            assert sum(p.idle_samples for p in mine) / sum(p.samples for p in mine) == pytest.approx(
+                rows[user].idle_ratio
+            )
+        by_account = {p.group for p in idletrend.idle_trend(db, "account", start, end, step, PRICES)}
+        assert by_account == {"proj-a", "proj-b"}
+        assert idletrend.idle_trend(db, "user", 0.0, 1.0, 300.0, PRICES) == []
+    finally:
+        db.close()
+
+
+def test_over_prometheus_the_report_is_refused_in_one_line() -> None:
+    from gpulens.storage.prometheus.unserved import Unserved
+    from gpulens.storage.reading import NotAvailableOnBackend
+
+    with pytest.raises(NotAvailableOnBackend, match="Usage reports: not available on Prometheus"):
+        Unserved().usage("user", 0.0, 1.0, PRICES)
+    with pytest.raises(NotAvailableOnBackend, match="Usage reports"):
+        Unserved().idle_trend("user", 0.0, 1.0, 300.0, PRICES)
+
+
+def test_the_command_over_prometheus_says_in_one_line_that_it_needs_a_sql_store(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["report", "--by", "user", "--db", "prometheus+http://127.0.0.1:9"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "only a SQL store keeps" in err

@@ -168,8 +168,25 @@ class Link(Protocol):
 class _SocketLink:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
+        self.pending = bytearray()  # read past the handshake's last line: the stream's first bytes
+
+    def line(self) -> str:
+        """One handshake answer line."""
+        while b"\n" not in self.pending:
+            if len(self.pending) > MAX_LINE:
+                raise MonitorError("nccl_monitor_refused", f"RAS answered a line over {MAX_LINE} bytes")
+            chunk = self._sock.recv(4096)
+            if not chunk:
+                raise MonitorError("nccl_monitor_refused", "RAS closed the connection before answering")
+            self.pending += chunk
+        raw, _, rest = bytes(self.pending).partition(b"\n")
+        self.pending = bytearray(rest)
+        return raw.decode("utf-8", "replace").strip()
 
     def recv(self, timeout_s: float) -> bytes | None:
+        if self.pending:
+            data, self.pending = bytes(self.pending), bytearray()
+            return data
         self._sock.settimeout(max(timeout_s, 0.0))  # 0: only what has arrived
         try:
             return self._sock.recv(4096)
@@ -187,20 +204,19 @@ def connect_monitor(addr: str, timeout_s: float = 5.0) -> Link:
         sock = socket.create_connection((host, port), timeout=timeout_s)
     except (OSError, ValueError) as exc:
         raise MonitorError("nccl_monitor_unreachable", f"RAS MONITOR at {addr}: {exc}") from None
+    link = _SocketLink(sock)
     try:
         sock.settimeout(timeout_s)
-        reader = sock.makefile("rb")
         for command, wanted in ((f"CLIENT PROTOCOL {PROTOCOL}", "SERVER PROTOCOL"), ("SET FORMAT json", None)):
             sock.sendall(command.encode() + b"\n")
-            reply = reader.readline(MAX_LINE).decode("utf-8", "replace").strip()
+            reply = link.line()
             if wanted and not reply.upper().startswith(wanted):
                 raise MonitorError("nccl_monitor_refused", f"not a RAS server at {addr}: {reply[:60]!r}")
         sock.sendall(b"MONITOR lifecycle\n")
-        reply = reader.readline(MAX_LINE).decode("utf-8", "replace").strip()
+        reply = link.line()
         if reply != "OK":
             raise MonitorError("nccl_monitor_refused", f"RAS at {addr} refused MONITOR: {reply[:80]!r}")
-        reader.close()  # the buffered reader read nothing past the OK line: RAS sends no event before it
-        return _SocketLink(sock)
+        return link
     except MonitorError:
         sock.close()
         raise

@@ -236,6 +236,11 @@ class NcclRasReader:
         )
         return snapshot.replace(nccl=view, errors={**snapshot.errors, **self._errors.snapshot()})
 
+    def close(self) -> None:
+        """Ends the MONITOR stream (status queries hold no connection between answers)."""
+        if self.monitor is not None:
+            self.monitor.stop()
+
     def _monitored(self, version: str | None) -> Monitor | None:
         """The MONITOR stream, opened once an answer showed NCCL 2.29+; read here where queries run inline."""
         if self.monitor is None and self._connect is not None and speaks_monitor(version):

@@ -188,6 +188,8 @@ class NcclSim:
         if done is not None and done[0] == k:
             return done[1], done[2]
         if done is None or done[0] > k:
+            if node in self._readers:
+                self._readers[node].close()
             self._readers[node] = self._reader(node)
             first = 0
         else:
@@ -237,6 +239,8 @@ class NcclSim:
         return query
 
     def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
         for server in self._servers.values():
             server.close()
         self._servers.clear()

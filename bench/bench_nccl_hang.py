@@ -5,7 +5,8 @@ Each size runs one training job over every node (2 GPUs a node, NCCL 2.28.7, JSO
 ``tests/alerts/ncclscenarios.wide_job``) in which one rank on the last node stops before a collective
 (``rank_missing``), and a second run in which that rank's process dies (``rank_dead``: RAS finds it unresponsive
 after 5 s, dead after 60 s). The figure is the time from the fault to ``CommunicationStall`` firing with that
-signature."""
+signature. With NCCL 2.29.2 the agents also read RAS's MONITOR stream (``rank_dead`` only: a stop before a
+collective raises no event)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ from gpulens.config import parse_timestamp
 from tests.alerts.ncclscenarios import FAULT_AT_S, JOB, START, wide_job
 
 SIZES = (2, 32, 128)
+MONITOR_VERSION = "2.29.2"
 
 
-def measure(nodes: int, signature: str) -> float | None:
+def measure(nodes: int, signature: str, version: str = "2.28.7") -> float | None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "hang.toml"
-        path.write_text(wide_job(nodes, signature))
+        path.write_text(wide_job(nodes, signature, version=version))
         report = simulate(path)
     wanted = {"signature": signature, "job_id": JOB}
     starts = [
@@ -44,6 +46,10 @@ def main() -> None:
             took = measure(nodes, signature)
             value = f"{took:.0f} s" if took is not None else "never (within 4 min)"
             print(f"nccl_{signature}_to_alert_{nodes}_nodes: {value}")
+    for nodes in SIZES:
+        took = measure(nodes, "rank_dead", MONITOR_VERSION)
+        value = f"{took:.0f} s" if took is not None else "never (within 4 min)"
+        print(f"nccl_rank_dead_to_alert_monitor_{nodes}_nodes: {value}")
 
 
 if __name__ == "__main__":

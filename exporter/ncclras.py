@@ -7,7 +7,9 @@ node refreshes its own ranks every ``nodes x interval``. A node learns the job's
 answer names only the ranks that stand out): until it knows them all, each node of the job queries once per the
 job's node count (from the text report's job summary; ``DISCOVER_EVERY`` before any answer) in a slot picked by a
 hash of its name, so two nodes may share a slot. An agent's very first query is sent at once. Queries run on a
-background thread, so a slow RAS never delays a collection.
+background thread, so a slow RAS never delays a collection. Where RAS answers NCCL 2.29 or later, a ``MONITOR`` stream
+(``exporter.ncclmonitor``) marks at once the ranks of a peer RAS finds dead, and its events bring a status query
+outside the turn.
 
 Each answer is mapped to gpulens's records once (the mapping is reused at every collection until the next answer
 or a change of this node's processes): a rank's ``nvml_dev`` to the GPU UUID, its pid to the job through the job
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpulens.clock import Clock, SystemClock
+from gpulens.exporter.ncclmonitor import Link, Monitor, connect_monitor, speaks_monitor
 from gpulens.exporter.ncclrasclient import RasAnswer, RasQueryError, query_status
 from gpulens.exporter.ncclrasparse import RasComm, RasFormatError, RasRank, RasReport, pair_numbered, parse_report
 from gpulens.exporter.ncclrasreport import MAX_OTHER_RANKS
@@ -96,11 +99,15 @@ class NcclRasReader:
         clock: Clock | None = None,
         query: Query | None = None,
         background: bool = True,
+        monitor: Callable[[], Link] | None = None,
     ) -> None:
         self._addr = addr
         self._interval = interval_s
         self._clock = clock or SystemClock()
         self._query = query or (lambda: query_status(addr))
+        # the MONITOR stream's opener (its own connection, beside the status queries); opened once RAS says 2.29+
+        self._connect = monitor or (None if query else lambda: connect_monitor(addr))
+        self.monitor: Monitor | None = None
         self._background = background
         self._errors = ErrorCounter(log)
         self._lock = threading.Lock()
@@ -191,7 +198,12 @@ class NcclRasReader:
         with self._lock:
             self._local_pids = frozenset(p.pid for p in snapshot.processes)
             self._max_kept = MAX_LOCAL_RANKS_PER_GPU * max(1, len(snapshot.gpus))
-            start = not self._inflight and self._due(jobs, now, snapshot.node)
+            version = self._answer.report.version if self._answer is not None else None
+        monitor = self._monitored(version)
+        with self._lock:
+            # an event of the stream is confirmed by a status query at once, outside the turn
+            confirm = not self._inflight and monitor is not None and monitor.take_confirm()
+            start = not self._inflight and (confirm or self._due(jobs, now, snapshot.node))
             if start:
                 follow_up = self._follow.started(now)
                 self._inflight = True
@@ -210,6 +222,8 @@ class NcclRasReader:
         ranks = view.ranks
         if answer is not None and now - answer.at > REMOTE_FRESH_S:  # other nodes' ranks only while fresh
             ranks = tuple(r for r in ranks if not is_remote(r))
+        if monitor is not None:
+            ranks = monitor.mark(ranks)
         view = NcclView(
             up=error is None,
             query_seconds=seconds,
@@ -221,6 +235,21 @@ class NcclRasReader:
             ranks=ranks,
         )
         return snapshot.replace(nccl=view, errors={**snapshot.errors, **self._errors.snapshot()})
+
+    def close(self) -> None:
+        """Ends the MONITOR stream (status queries hold no connection between answers)."""
+        if self.monitor is not None:
+            self.monitor.stop()
+
+    def _monitored(self, version: str | None) -> Monitor | None:
+        """The MONITOR stream, opened once an answer showed NCCL 2.29+; read here where queries run inline."""
+        if self.monitor is None and self._connect is not None and speaks_monitor(version):
+            self.monitor = Monitor(self._connect, self._clock, self._errors)
+            if self._background:
+                self.monitor.start()
+        if self.monitor is not None and not self._background:
+            self.monitor.poll(0.0)
+        return self.monitor
 
     def _mapped(self, snapshot: NodeSnapshot, answer: _Answer) -> NcclView:
         """The answer mapped to this node, once per answer and set of local processes and GPUs."""

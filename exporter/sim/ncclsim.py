@@ -8,7 +8,8 @@ three operations, a different number each report. A job with ``checkpoint_ranks`
 from those ranks alone: the others launch the next collective and wait in it, so RAS shows the writers one operation
 behind for the whole save. In a hang every count stops: the ranks of the hang's
 ``stuck_ranks`` one operation behind the others (none: all equal); a ``rank_dead`` leaves the others one ahead and
-its process unresponsive after 5 s, dead after 60 s. A job with ``nccl_ras = false`` answers nothing.
+its process unresponsive after 5 s, dead after 60 s (pushed to each node's MONITOR stream from NCCL 2.29). A job with
+``nccl_ras = false`` answers nothing.
 
 The report is rendered in the job's NCCL generation (``nccl_version``: JSON from 2.28.7, text before) by
 ``gpulens.exporter.sim.rasserver`` and parsed by the agent's own code; only the TCP hop is left out here, so that a
@@ -23,11 +24,13 @@ import threading
 from collections.abc import Callable, Mapping
 
 from gpulens.clock import ManualClock
+from gpulens.exporter.ncclmonitor import Link, connect_monitor
 from gpulens.exporter.ncclras import NcclRasReader
 from gpulens.exporter.ncclrasclient import RasAnswer, RasQueryError, query_status
 from gpulens.exporter.sim import noise
 from gpulens.exporter.sim.faults.rank_dead import RAS_DEAD_S, RAS_UNRESPONSIVE_S
 from gpulens.exporter.sim.rasserver import (
+    MonitorFeed,
     RasServer,
     RasState,
     SimComm,
@@ -164,20 +167,29 @@ class NcclSim:
 
     def _reader(self, node: str) -> NcclRasReader:
         query = self._query(node)
+        state = functools.partial(self._node_state, node)
+        monitor: Callable[[], Link] = lambda: MonitorFeed(state, json=True)  # noqa: E731
         if self._tcp:
             server = self._servers.get(node)
             if server is None:
                 server = self._servers[node] = RasServer(
-                    lambda: self._node_state(node), on_status=lambda state: self._count_query(state, node)
+                    lambda: self._node_state(node),
+                    on_status=lambda state: self._count_query(state, node),
+                    monitor_state=functools.partial(self._locked_state, node),
                 )
             query = functools.partial(query_status, server.addr)
-        return NcclRasReader(f"sim://{node}", interval_s=self._step, clock=self._clock, query=query, background=False)
+            monitor = functools.partial(connect_monitor, server.addr)
+        return NcclRasReader(
+            f"sim://{node}", interval_s=self._step, clock=self._clock, query=query, background=False, monitor=monitor
+        )
 
     def _view_at(self, node: str, k: int) -> tuple[NcclView | None, Mapping[str, int]]:
         done = self._done.get(node)
         if done is not None and done[0] == k:
             return done[1], done[2]
         if done is None or done[0] > k:
+            if node in self._readers:
+                self._readers[node].close()
             self._readers[node] = self._reader(node)
             first = 0
         else:
@@ -202,6 +214,10 @@ class NcclSim:
                 return self.state(job, k, t)
         return None
 
+    def _locked_state(self, node: str) -> RasState | None:
+        with self._lock:  # a MONITOR stream's thread, beside the readers
+            return self._node_state(node)
+
     def _count_query(self, state: RasState, node: str = "") -> None:
         """Count a status query once, however often a reader is taken through the same step again."""
         k = self._step_now
@@ -223,6 +239,8 @@ class NcclSim:
         return query
 
     def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
         for server in self._servers.values():
             server.close()
         self._servers.clear()

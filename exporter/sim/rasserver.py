@@ -5,6 +5,10 @@ The report is written from a ``RasState`` (communicators, their ranks with host,
 which processes RAS found unresponsive or dead), following the layout NCCL prints: the same headings, table columns
 and sentences, and the same rule for which ranks a text report names one by one (outliers only). The agent's real
 client code reads it, so the simulator exercises the exporter end to end. It counts the status queries it answers.
+
+From NCCL 2.29 it answers ``MONITOR`` too: the connection stays open and a rank's process turning unresponsive, dead
+or back is pushed as ``PEER_UNRESPONSIVE``, ``PEER_DEAD`` or ``PEER_RECOVERED``, in text or in JSON
+(``MonitorFeed``; in process, without the TCP hop, for a replay in virtual time).
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
 
+from gpulens.exporter.ncclmonitor import MonitorError, speaks_monitor, version_tuple
 from gpulens.ncclmodel import RANK_DEAD, RANK_OK, RANK_UNRESPONSIVE
 
 COLLECTIVES = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
@@ -44,14 +50,6 @@ class RasState:
     version: str  # "2.24.3", "2.26.2", "2.28.7", ...
     comms: list[SimComm] = field(default_factory=list)
     job: str = ""  # the simulated job it belongs to (not part of the report)
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split("+")[0].split(".")[:3]:
-        digits = "".join(c for c in piece if c.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
 
 
 def speaks_json(version: str) -> bool:
@@ -193,6 +191,60 @@ def render_text(state: RasState, *, verbose: bool = True) -> str:
     return "\n".join(out) + "\n"
 
 
+_EVENT_OF = {RANK_UNRESPONSIVE: "PEER_UNRESPONSIVE", RANK_DEAD: "PEER_DEAD", RANK_OK: "PEER_RECOVERED"}
+Peers = dict[tuple[str, int, int], str]
+
+
+def peer_states(state: RasState | None) -> Peers:
+    return {(r.host, r.pid, r.gpu): r.state for c in (state.comms if state else []) for r in c.ranks}
+
+
+def render_event(event: str, peer: tuple[str, int, int], json: bool, stamp: str = "2026-01-01 00:00:00") -> str:
+    host, pid, gpu = peer
+    details = {"PEER_DEAD": "considered dead", "PEER_UNRESPONSIVE": "not responding", "PEER_RECOVERED": "recovered"}
+    if json:
+        doc = {
+            "timestamp": stamp,
+            "group": "lifecycle",
+            "event": event,
+            "peer": {"host": host, "pid": pid, "cuda_devs": [gpu], "nvml_devs": [gpu]},
+            "details": details[event],
+        }
+        return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
+    return f"[{stamp}] {event}: {host} pid {pid} nvml_devs {gpu} {details[event]}\n"
+
+
+class MonitorFeed:
+    """A MONITOR stream over ``state()``: each ``recv`` pushes the changes of the ranks' states since the last
+    (``b""`` once no job answers any more). Implements ``exporter.ncclmonitor.Link``."""
+
+    def __init__(self, state: Callable[[], RasState | None], json: bool) -> None:
+        first = state()
+        if first is None or not speaks_monitor(first.version):
+            raise MonitorError("nccl_monitor_refused", "this RAS does not speak MONITOR")
+        self._state = state
+        self._json = json
+        self._peers = peer_states(first)
+
+    def recv(self, timeout_s: float) -> bytes | None:
+        state = self._state()
+        if state is None:
+            return b""
+        now = peer_states(state)
+        out = [
+            render_event(_EVENT_OF[s], peer, self._json)
+            for peer, s in sorted(now.items())
+            if s != self._peers.get(peer, RANK_OK)
+        ]
+        self._peers = now
+        if not out and timeout_s > 0:
+            time.sleep(min(timeout_s, 0.1))
+        return "".join(out).encode() if out else None
+
+    def close(self) -> None:
+        self._peers = {}
+
+
 def _mismatched(present: list[SimRank], new: bool) -> list[str]:
     if not new:
         totals = {sum(r.counts.values()) for r in present}
@@ -235,8 +287,10 @@ class RasServer:
         state: Callable[[], RasState | None],
         host: str = "127.0.0.1",
         on_status: Callable[[RasState], None] | None = None,
+        monitor_state: Callable[[], RasState | None] | None = None,
     ) -> None:
         self._state = state
+        self._monitor_state = monitor_state or state  # read from the MONITOR streams' threads
         self._on_status = on_status
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -244,6 +298,7 @@ class RasServer:
         self._sock.listen(64)
         self.addr = f"{host}:{self._sock.getsockname()[1]}"
         self.status_queries = 0
+        self._closed = False
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, name="sim-ras", daemon=True)
         self._thread.start()
@@ -272,10 +327,25 @@ class RasServer:
                         cmd = raw.decode("ascii", "replace").strip()
                         reply, fmt, done = self._command(cmd, fmt)
                         conn.sendall(reply.encode())
+                        if fmt.startswith("monitor-"):
+                            self._push(conn, fmt == "monitor-json")
                         if done:
                             return
             except OSError:
                 return
+
+    def _push(self, conn: socket.socket, json: bool) -> None:
+        """The MONITOR stream: events as the state changes, until no job answers or the client leaves."""
+        try:
+            feed = MonitorFeed(self._monitor_state, json)
+        except MonitorError:
+            return
+        while not self._closed:
+            data = feed.recv(0.1)
+            if data == b"":
+                return
+            if data:
+                conn.sendall(data)
 
     def _command(self, cmd: str, fmt: str) -> tuple[str, str, bool]:
         lower = cmd.lower()
@@ -284,6 +354,12 @@ class RasServer:
             return "SERVER PROTOCOL 2\n", fmt, False
         if lower.startswith("timeout "):
             return ("OK\n" if cmd[8:].strip().isdigit() else f"ERROR: Invalid timeout value {cmd[8:]}\n"), fmt, False
+        if lower.startswith("monitor") and state is not None and speaks_monitor(state.version):
+            groups = lower[len("monitor") :].strip() or "lifecycle"
+            bad = [g for g in groups.split(",") if g not in ("lifecycle", "trace", "all")]
+            if bad:
+                return f"ERROR: Invalid event group '{bad[0]}'\n", fmt, False
+            return "OK\n", "monitor-" + fmt, True
         if lower.startswith("set format ") and state is not None and speaks_json(state.version):
             wanted = lower[len("set format ") :].strip()
             if wanted in ("json", "text"):
@@ -300,6 +376,7 @@ class RasServer:
         return f"ERROR: Unknown command {cmd}\n", fmt, False
 
     def close(self) -> None:
+        self._closed = True
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpulens.clock import Clock, SystemClock
+from gpulens.exporter.ncclbusy import mark_busy
 from gpulens.exporter.ncclrasclient import RasAnswer, RasQueryError, query_status
 from gpulens.exporter.ncclrasparse import RasComm, RasFormatError, RasRank, RasReport, pair_numbered, parse_report
 from gpulens.exporter.ncclrasreport import MAX_OTHER_RANKS
@@ -220,7 +221,8 @@ class NcclRasReader:
             comms=view.comms,
             ranks=ranks,
         )
-        return snapshot.replace(nccl=view, errors={**snapshot.errors, **self._errors.snapshot()})
+        # its own ranks behind judged from its GPUs' copies now (a checkpoint writer, exporter.ncclbusy)
+        return mark_busy(snapshot.replace(nccl=view, errors={**snapshot.errors, **self._errors.snapshot()}))
 
     def _mapped(self, snapshot: NodeSnapshot, answer: _Answer) -> NcclView:
         """The answer mapped to this node, once per answer and set of local processes and GPUs."""

@@ -1,7 +1,7 @@
-"""A node's RAS answer counts for the whole job (``exporter.ncclwide``): in a 64-node job, where each node's turn
-would come every 64 intervals and comes every 32 (``MAX_TURN_PERIOD``), the node that sees a new mismatch passes on the other node's rank behind and confirms the
-mismatch with one query of its own ``MISMATCH_HOLD_S`` later; a mismatch that moves (a straggler) costs one such
-query per turn and no more. Read over TCP from the simulator's RAS server."""
+"""A node's RAS answer counts for the whole job (``exporter.ncclwide``): in a 64-node job, where each node's turn would
+come every 64 intervals and comes every 32 (``MAX_TURN_PERIOD``), the node that sees a new mismatch passes on the
+other node's rank behind and confirms the mismatch with one query of its own ``MISMATCH_HOLD_S`` later; a mismatch
+that moves (a straggler) costs one such query per turn and no more. Read over TCP from the simulator's RAS server."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ def test_a_ten_minute_save_from_rank_0_raises_nothing() -> None:
     assert not outcome.false_alerts, outcome.describe()
 
 
-def test_without_the_writer_s_activity_the_same_save_pages() -> None:
+def test_with_a_ceiling_of_0_the_same_save_pages() -> None:
     """The control: the same save with a ceiling of 0 (a writer's activity holds nothing back) fires within 60 s of
     the save's start, as every such save did before this rule."""
     rules = [

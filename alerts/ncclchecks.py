@@ -7,7 +7,10 @@ Each node's agent exports its own ranks (``NcclView``); a job's view is the unio
 - ``rank_missing``: a communicator shows the same mismatch of collective counts (every lagging rank's count and the
   highest count unchanged across RAS queries) for ``ras_mismatch_for``: the lagging ranks never launched the
   collective the others wait in. A transient mismatch and a straggler move from one query to the next and never
-  age; a checkpoint or an evaluation phase freezes equal counts, which is no mismatch at all.
+  age; a checkpoint or an evaluation phase freezes equal counts, which is no mismatch at all. A checkpoint saved
+  by some ranks alone leaves them behind for the whole save: while every rank behind is busy by its own node's
+  reading (its GPU copies to the host, ``NcclRank.busy``) the signature holds back, up to ``checkpoint_max_s``
+  (docs/nccl-checkpoints.md).
 
 The summary names the communicator and the collective, and each stuck rank with its node, GPU, pid and the count it
 reached against the others' count; the ``stuck_ranks`` annotation lists them one per line and ``cause`` says what RAS
@@ -39,6 +42,8 @@ from gpulens.ncclmodel import (
 RANK_MISSING_SIGNATURE: Final = "rank_missing"
 RANK_DEAD_SIGNATURE: Final = "rank_dead"
 DEFAULT_RAS_MISMATCH_FOR_S: Final = MISMATCH_HOLD_S
+CHECKPOINT_MAX_S: Final = 900.0  # the longest save held silent while every rank behind copies to the host
+BUSY_RECENT_S: Final = 60.0  # a rank its node saw busy this recently still counts as a writer (PromQL: [1m])
 MAX_NAMED: Final = 8  # stuck ranks named in the summary; the annotation lists them all
 
 
@@ -90,6 +95,7 @@ def nccl_stall_candidates(rule: AlertRule, history: History, now: float) -> dict
     if latest is None or not latest.nccl:
         return {}
     hold_s = rule.threshold("ras_mismatch_for") if "ras_mismatch_for" in rule.thresholds else DEFAULT_RAS_MISMATCH_FOR_S
+    ceiling_s = rule.threshold("checkpoint_max_s") if "checkpoint_max_s" in rule.thresholds else CHECKPOINT_MAX_S
     ranks: dict[tuple[str, str], list[_Placed]] = {}
     comms: dict[tuple[str, str], NcclComm] = {}
     # A rank once: standing out where any node's answer shows it so (its own node's may be older), in the gravest
@@ -121,6 +127,8 @@ def nccl_stall_candidates(rule: AlertRule, history: History, now: float) -> dict
         if job in out or comm.mismatch_age_s is None or comm.mismatch_age_s < hold_s:
             continue
         stuck = _held_behind(latest.nccl, job, comm_id, hold_s, comm.collective)
+        if stuck and comm.mismatch_age_s < ceiling_s and all(_writing(history, now, job, comm_id, p) for p in stuck):
+            continue  # every rank behind copies to the host: a checkpoint saved by those ranks, up to the ceiling
         if stuck:
             out[job] = _candidate(rule, history, job, comm, comm_id, stuck, dead=False, hold_s=hold_s, now=now)
     return out
@@ -148,6 +156,21 @@ def _held_behind(
             if same and known is not None and is_remote(known.rank) and not is_remote(r):
                 behind[r.rank] = _Placed(node, r)
     return [behind[k] for k in sorted(behind)]
+
+
+def _writing(history: History, now: float, job: str, comm_id: str, p: _Placed) -> bool:
+    """Whether the rank's own node saw it copy to the host while behind within the last ``BUSY_RECENT_S``
+    (``exporter.ncclbusy``; only a node's own ranks are judged, so any view that says so is its node's). The window
+    covers the last rounds of a save, when another node's older answer still shows the writer behind and its own
+    node's newer one already shows it caught up."""
+    for round_ in reversed(history.rounds):
+        if round_.time <= now - BUSY_RECENT_S:
+            return False
+        for view in round_.nccl.values():
+            for r in view.ranks:
+                if r.busy is True and r.job_id == job and r.comm == comm_id and r.rank == p.rank.rank:
+                    return True
+    return False
 
 
 def _candidate(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from gpulens.alerts import promqlnccl
 from gpulens.alerts.base import AlertRule
 from gpulens.alerts.definition import Exported
 from gpulens.hardware import PCIE_LANE_BYTES_PER_SECOND
@@ -316,7 +317,7 @@ def _nccl(rule: AlertRule) -> tuple[str, str, str]:
     ``rank_dead``: a rank RAS considers dead (at once), or unresponsive for ``ras_mismatch_for`` (every sample
     within it). ``rank_missing``: a rank behind its communicator (``gpulens_nccl_rank_lag``, exported only for a rank
     that answers) in a node's answer whose communicator has shown the same mismatch for ``ras_mismatch_for``, in a
-    job with no rank dead or unresponsive."""
+    job with no rank dead or unresponsive, unless every such rank copies to the host (``alerts.promqlnccl``)."""
     hold = rule.threshold("ras_mismatch_for")
     held, unresponsive = duration(hold), "gpulens_nccl_rank_unresponsive"
     dead = (  # unresponsive for the whole hold: a series another node's answer starts at 1 must be that old
@@ -324,10 +325,7 @@ def _nccl(rule: AlertRule) -> tuple[str, str, str]:
         f"or (min_over_time({unresponsive}[{held}]) == 1 and ({unresponsive} offset {held}) == 1))"
     )
     gone = f"count by (job_id) ({unresponsive} == 1)"
-    missing = (  # behind in the same node's answer that shows the held mismatch
-        "count by (job_id) (gpulens_nccl_rank_lag > 0 and on(node, job_id, comm) "
-        f"(gpulens_nccl_mismatch_age_seconds >= {hold:g}))"
-    )
+    missing = promqlnccl.rank_missing(hold, rule.threshold("checkpoint_max_s"))
     return dead, f"{missing} unless on(job_id) {gone}", gone
 
 

@@ -60,8 +60,16 @@ def nccl_families(snapshot: NodeSnapshot) -> Iterator[Family]:
         "1 once NCCL RAS considers this rank's process dead (unreachable for 60 s), else 0.",
         labels=["node", "job_id", "comm", "rank"],
     )
+    busy = Family(
+        "gpulens_nccl_rank_busy",
+        "1 while this node's rank behind its communicator copies memory to the host (its GPU's PCIe TX: a checkpoint "
+        "writer, not a hung rank), 0 while it moves nothing; absent for ranks not behind and other nodes' ranks.",
+        labels=["node", "job_id", "comm", "rank"],
+    )
     for r in view.ranks:
         prefix = render_labels(("node", "job_id", "comm", "rank"), (node, r.job_id or "", r.comm, str(r.rank)))
+        if r.busy is not None:
+            busy.add_rendered(prefix, r.busy)
         for collective, count in sorted(r.counts.items()) if not is_remote(r) else ():
             labels = (
                 render_labels(("collective",), (collective,)) + "," + render_labels(("gpu_uuid",), (r.gpu_uuid or "",))
@@ -75,6 +83,7 @@ def nccl_families(snapshot: NodeSnapshot) -> Iterator[Family]:
     yield lag
     yield unresponsive
     yield dead
+    yield busy
     age = Family(
         "gpulens_nccl_mismatch_age_seconds",
         "How long a communicator has shown the same mismatch of collective counts (unchanged across RAS queries); "

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpulens.clock import Clock, SystemClock
+from gpulens.exporter.ncclbusy import mark_busy
 from gpulens.exporter.ncclmonitor import Link, Monitor, connect_monitor, speaks_monitor
 from gpulens.exporter.ncclrasclient import RasAnswer, RasQueryError, query_status
 from gpulens.exporter.ncclrasparse import RasComm, RasFormatError, RasRank, RasReport, pair_numbered, parse_report
@@ -234,7 +235,8 @@ class NcclRasReader:
             comms=view.comms,
             ranks=ranks,
         )
-        return snapshot.replace(nccl=view, errors={**snapshot.errors, **self._errors.snapshot()})
+        # its own ranks behind judged from its GPUs' copies now (a checkpoint writer, exporter.ncclbusy)
+        return mark_busy(snapshot.replace(nccl=view, errors={**snapshot.errors, **self._errors.snapshot()}))
 
     def close(self) -> None:
         """Ends the MONITOR stream (status queries hold no connection between answers)."""

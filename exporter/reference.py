@@ -83,7 +83,7 @@ def _full_snapshot() -> NodeSnapshot:
             up=True,
             query_seconds=0.01,
             comms=(NcclComm("j", "27a079b828ff1a75", 2, "MISMATCH", 7, "AllReduce", 31.0),),
-            ranks=(NcclRank("j", "27a079b828ff1a75", 1, "10.0.0.1", 1, 0, "GPU-0", {"AllReduce": 6}, 1),),
+            ranks=(NcclRank("j", "27a079b828ff1a75", 1, "10.0.0.1", 1, 0, "GPU-0", {"AllReduce": 6}, 1, busy=False),),
         ),
         inspector=InspectorView(
             files=1,

@@ -42,6 +42,9 @@ class NcclRank:
     counts: Mapping[str, int] = field(default_factory=dict)
     lag: int | None = None  # the communicator's highest count minus this rank's, over the collectives
     state: str = RANK_OK
+    # This node's own rank behind its communicator: whether its GPU copies memory to the host meanwhile (a checkpoint
+    # writer, ``exporter.ncclbusy``); None for ranks not judged (not behind, another node's, no GPU reading).
+    busy: bool | None = None
 
 
 def is_remote(rank: NcclRank) -> bool:

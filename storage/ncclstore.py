@@ -3,8 +3,9 @@
 ``nccl_comm_round`` keeps, for every round in which a node's view shows a communicator out of step (``status`` not
 ``OK``), one row per (time, node, communicator): its status, the collective, the highest count and how long the same
 mismatch has held. ``nccl_rank_round`` keeps the ranks behind or unreachable in that round, with their GPU, pid,
-state, lag and count. A healthy job writes nothing; a hung one writes a few rows per node and round, so the job page
-can draw each stuck rank's progress on its node and GPU. Rows live as long as raw samples (``prune``).
+state, lag, count and whether its node saw it busy copying to the host (a checkpoint writer). A healthy job writes
+nothing; a hung one writes a few rows per node and round, so the job page can draw each stuck rank's progress on its
+node and GPU. Rows live as long as raw samples (``prune``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ nccl_rank_round = sa.Table(
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("lag", sa.BigInteger, nullable=True),
     sa.Column("count", sa.BigInteger, nullable=True),
+    sa.Column("busy", sa.Boolean, nullable=True),  # its own node saw its GPU copy to the host (exporter.ncclbusy)
 )
 sa.Index("ix_nccl_rank_round_job", nccl_rank_round.c.job_id, nccl_rank_round.c.ts_ms)
 
@@ -97,6 +99,7 @@ def rows(snapshots: Sequence[NodeSnapshot]) -> tuple[list[dict[str, Any]], list[
                     "state": r.state,
                     "lag": r.lag,
                     "count": r.counts.get(comm.collective) if comm.collective else None,
+                    "busy": r.busy,
                 }
             )
     return comms, ranks
@@ -191,6 +194,7 @@ def latest_views(db: Database, since: float) -> dict[str, NcclView]:
                 counts={name: count} if name and count is not None else {},
                 lag=row.lag,
                 state=row.state,
+                busy=row.busy,
             )
         )
     return {node: NcclView(True, comms=tuple(held), ranks=tuple(ranks.get(node, ()))) for node, held in comms.items()}

@@ -10,6 +10,7 @@ energy counter is built from.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Final
@@ -28,12 +29,21 @@ from gpulens.exporter.sim.kernlog import XID_KINDS, NodeKernelLog
 from gpulens.exporter.sim.ncclsim import NcclSim
 from gpulens.exporter.sim.readings import DRIVER_VERSION, gpu_reading, link_readings, lost_reading, process_readings
 from gpulens.exporter.sim.specs import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario
-from gpulens.exporter.sim.stepstate import Activity, GpuState, JobPhase, Placement, idle_activity
+from gpulens.exporter.sim.stepstate import (
+    CHECKPOINT,
+    CHECKPOINT_WRITE,
+    Activity,
+    GpuState,
+    JobPhase,
+    Placement,
+    idle_activity,
+)
 from gpulens.model import GpuJob, GpuReading, LinkReading, NodeSnapshot, NodeUnavailableError, ProcessReading
 from gpulens.nodehardware import with_sxids
 
 SOURCE_NAME: Final = "sim"
 _PHASE_CACHE_LIMIT: Final = 200_000
+CHECKPOINT_WRITER_PCIE_TX: Final = 0.05  # share of the PCIe ceiling a checkpoint_ranks writer sends to the host
 
 __all__ = ["DRIVER_VERSION", "LEAK_TARGET_SHARE", "SOURCE_NAME", "SimCluster", "UnknownNodeError"]
 
@@ -278,6 +288,10 @@ class SimCluster:
         self._phases[key] = phase
         return phase
 
+    def _saving(self, job_id: str, k: int) -> bool:
+        phase = self._phase(job_id, k)
+        return phase is not None and phase.mode in (CHECKPOINT, CHECKPOINT_WRITE)
+
     def _state(self, ctx: GpuContext, k: int) -> GpuState:
         t = self.step_time(k)
         model = ctx.model
@@ -320,6 +334,11 @@ class SimCluster:
         missing: list[SimGpu] = []
         for gpu in gpus:
             state = self._state(gpu.context, k)
+            if any(gpu.ref in j.checkpoint_ranks and self._saving(j.id, k) for j in state.jobs):
+                # a writer streams its state to the host through the whole save (docs/scenarios-nccl.md)
+                state.activity = dataclasses.replace(
+                    state.activity, pcie_tx=max(state.activity.pcie_tx, CHECKPOINT_WRITER_PCIE_TX)
+                )
             if state.missing:
                 missing.append(gpu)
                 continue

@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 from gpulens.clock import ManualClock
+from gpulens.exporter.ncclbusy import mark_busy
 from gpulens.exporter.ncclmonitor import Link, connect_monitor
 from gpulens.exporter.ncclras import NcclRasReader
 from gpulens.exporter.ncclrasclient import RasAnswer, RasQueryError, query_status
@@ -163,7 +164,8 @@ class NcclSim:
             view, errors = self._view_at(node, k)
         if view is None:
             return snapshot
-        return snapshot.replace(nccl=view, errors={**snapshot.errors, **errors})
+        # the reader saw the node's processes only: its ranks behind judged again from the node's GPUs
+        return mark_busy(snapshot.replace(nccl=view, errors={**snapshot.errors, **errors}))
 
     def _reader(self, node: str) -> NcclRasReader:
         query = self._query(node)

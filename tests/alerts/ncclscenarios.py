@@ -42,3 +42,39 @@ nccl_version = "{version}"
 [[faults]]
 {fault}
 """
+
+
+CHECKPOINT_JOB: Final = "ckpt"
+CHECKPOINT_AT_S: Final = 20 * 60.0  # the first save: minutes 20 to 30 (one every 20 minutes, 10 minutes long)
+CHECKPOINT_S: Final = 10 * 60.0
+
+
+def checkpointing_job(*, deadlock_at: str | None = None, duration: str = "34m") -> str:
+    """A two-node job (2 GPUs a node, NCCL 2.28.7) that saves a checkpoint from rank 0 (``node-00:0``) alone for 10
+    minutes every 20 minutes: RAS shows rank 0 one operation behind for the whole save while its GPU copies to the
+    host. ``deadlock_at``: rank 0 stops before a collective there, for 4 minutes, its GPU moving nothing."""
+    fault = ""
+    if deadlock_at is not None:
+        fault = (
+            f'\n[[faults]]\nkind = "hang_spinning"\njob = "{CHECKPOINT_JOB}"\nat = "{deadlock_at}"\nduration = "4m"\n'
+            'stuck_ranks = ["node-00:0"]\n'
+        )
+    return f"""[cluster]
+nodes = 2
+gpus_per_node = 2
+gpu_model = "H100-SXM5-80GB"
+seed = 9
+start = "{START}"
+duration = "{duration}"
+step = "10s"
+
+[[jobs]]
+id = "{CHECKPOINT_JOB}"
+user = "alice"
+kind = "training"
+gpus = ["node-00:0-1", "node-01:0-1"]
+checkpoint_every = "20m"
+checkpoint_duration = "10m"
+checkpoint_ranks = ["node-00:0"]
+nccl_version = "2.28.7"
+{fault}"""

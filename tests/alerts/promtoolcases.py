@@ -78,9 +78,10 @@ def stalled(utils: Sequence[float], busy_minutes: int = 5, traffic_after: float 
     return out
 
 
-def ranks(state: str, lag: int = 0, age: float | None = None) -> list[Series]:
+def ranks(state: str, lag: int = 0, age: float | None = None, *, busy: bool = False) -> list[Series]:
     """Two ranks of job ``train`` on GPUs 0 and 1; rank 1 ``state`` (``ok``, ``unresponsive``, ``dead``) and
-    ``lag`` operations behind; the communicator's mismatch ``age`` (None: its counts agree)."""
+    ``lag`` operations behind, ``busy`` copying to the host (a checkpoint writer); the communicator's mismatch
+    ``age`` (None: its counts agree)."""
     where = {"node": "n1", "job_id": "train", "comm": "c0ffee"}
     out = [
         *job([gpu(0), gpu(1)]),
@@ -92,6 +93,8 @@ def ranks(state: str, lag: int = 0, age: float | None = None) -> list[Series]:
     ]
     if state == "ok":
         out.append(("gpulens_nccl_rank_lag", {**where, "rank": "1"}, steady(lag)))
+        if lag:
+            out.append(("gpulens_nccl_rank_busy", {**where, "rank": "1"}, steady(int(busy))))
     if age is not None:
         out.append(("gpulens_nccl_mismatch_age_seconds", where, " ".join(str(age + 60 * k) for k in range(MINUTES))))
     return out
@@ -359,6 +362,20 @@ def _cases() -> list[Case]:
             "CommunicationStall",
             "RAS: rank 1 three collectives behind, same mismatch for a minute",
             ranks("ok", lag=3, age=60),
+            5,
+            [{**stall, "signature": "rank_missing"}],
+        ),
+        Case(
+            "CommunicationStall",
+            "RAS: rank 1 behind for minutes while its GPU copies to the host (a checkpoint writer)",
+            ranks("ok", lag=1, age=60, busy=True),
+            5,
+            [],
+        ),
+        Case(
+            "CommunicationStall",
+            "RAS: rank 1 behind copying to the host past checkpoint_max_s (stuck in I/O)",
+            ranks("ok", lag=1, age=900, busy=True),
             5,
             [{**stall, "signature": "rank_missing"}],
         ),

@@ -53,3 +53,28 @@ def test_checkpoint_ranks_need_checkpoints() -> None:
     text = EXAMPLE.read_text().replace('checkpoint_every = "30m"\ncheckpoint_duration = "10m"\n', "")
     with pytest.raises(ConfigError, match="needs checkpoint_every"):
         parse_scenario(text, source="bad")
+
+
+def test_the_writer_is_busy_copying_to_the_host_and_a_deadlocked_rank_is_not() -> None:
+    """Through the save node-00's agent judges its rank 0 busy (its GPU sends to the host over PCIe); the ranks not
+    behind are not judged. A rank stopped before a collective (``hang_spinning``) is behind with its GPU idle."""
+    scenario = load_scenario(EXAMPLE)
+    sim = SimCluster(scenario)
+    start = scenario.start + 30 * 60
+    for m in range(10):
+        view = sim.snapshot("node-00", start + 60 * m + 30).nccl
+        assert view is not None
+        busy = {r.rank: r.busy for r in view.ranks if not is_remote(r)}
+        assert busy[0] is True
+        assert {b for rank, b in busy.items() if rank != 0} == {None}
+    hang = EXAMPLE.read_text() + (
+        '\n[[faults]]\nkind = "hang_spinning"\njob = "pretrain"\nat = "10m"\nduration = "4m"\n'
+        'stuck_ranks = ["node-00:0"]\n'
+    )
+    hung = parse_scenario(hang, source="hang")
+    sim = SimCluster(hung)
+    view = sim.snapshot("node-00", hung.start + 12 * 60).nccl
+    assert view is not None
+    [stuck] = [r for r in view.ranks if not is_remote(r) and r.rank == 0]
+    assert stuck.lag == 1
+    assert stuck.busy is False

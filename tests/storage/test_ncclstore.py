@@ -19,7 +19,7 @@ def _hung(t: float, node: str = "n1") -> object:
         comms=(NcclComm("job-7", "27a079b828ff1a75", 16, "INCOMPLETE,MISMATCH", 2281, "AllReduce", 40.0),),
         ranks=(
             NcclRank("job-7", "27a079b828ff1a75", 10, "10.0.0.2", 501, 2, "GPU-2", {"AllReduce": 2281}, 0),
-            NcclRank("job-7", "27a079b828ff1a75", 11, "10.0.0.2", 502, 3, "GPU-3", {"AllReduce": 2280}, 1),
+            NcclRank("job-7", "27a079b828ff1a75", 11, "10.0.0.2", 502, 3, "GPU-3", {"AllReduce": 2280}, 1, busy=True),
             NcclRank("job-7", "27a079b828ff1a75", 12, "10.0.0.2", 503, 4, "GPU-4", {}, None, RANK_DEAD),
         ),
     )
@@ -44,6 +44,8 @@ def test_stuck_ranks_are_stored_with_their_rounds(db: Database) -> None:
         "AllReduce",
     )
     assert ncclstore.stuck_ranks(db, "other", T0, T0 + 30) == []
+    views = ncclstore.latest_views(db, T0)  # what the stall rule weighs: the writer's busy kept
+    assert {(r.rank, r.busy) for r in views["n1"].ranks} == {(11, True), (12, None)}
     with db.write_transaction() as conn:
         assert ncclstore.prune(conn, round((T0 + 15) * 1000)) == 6  # 2 rounds x (1 comm + 2 ranks)
         left = conn.execute(sa.select(sa.func.count()).select_from(ncclstore.nccl_rank_round)).scalar_one()

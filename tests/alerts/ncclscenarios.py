@@ -49,8 +49,8 @@ CHECKPOINT_AT_S: Final = 20 * 60.0  # the first save: minutes 20 to 30 (one ever
 CHECKPOINT_S: Final = 10 * 60.0
 
 
-def checkpointing_job(*, deadlock_at: str | None = None, duration: str = "34m") -> str:
-    """A two-node job (2 GPUs a node, NCCL 2.28.7) that saves a checkpoint from rank 0 (``node-00:0``) alone for 10
+def checkpointing_job(*, deadlock_at: str | None = None, duration: str = "34m", nodes: int = 2) -> str:
+    """A job over ``nodes`` nodes (two by default; 2 GPUs a node, NCCL 2.28.7) that saves a checkpoint from rank 0 (``node-00:0``) alone for 10
     minutes every 20 minutes: RAS shows rank 0 one operation behind for the whole save while its GPU copies to the
     host. ``deadlock_at``: rank 0 stops before a collective there, for 4 minutes, its GPU moving nothing."""
     fault = ""
@@ -60,7 +60,7 @@ def checkpointing_job(*, deadlock_at: str | None = None, duration: str = "34m") 
             'stuck_ranks = ["node-00:0"]\n'
         )
     return f"""[cluster]
-nodes = 2
+nodes = {nodes}
 gpus_per_node = 2
 gpu_model = "H100-SXM5-80GB"
 seed = 9
@@ -72,7 +72,7 @@ step = "10s"
 id = "{CHECKPOINT_JOB}"
 user = "alice"
 kind = "training"
-gpus = ["node-00:0-1", "node-01:0-1"]
+gpus = [{", ".join(f'"node-{n:02d}:0-1"' for n in range(nodes))}]
 checkpoint_every = "20m"
 checkpoint_duration = "10m"
 checkpoint_ranks = ["node-00:0"]

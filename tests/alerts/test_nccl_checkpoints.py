@@ -29,6 +29,14 @@ def test_a_ten_minute_save_from_rank_0_raises_nothing() -> None:
     assert not outcome.false_alerts, outcome.describe()
 
 
+def test_a_ten_minute_save_in_a_16_node_job_raises_nothing() -> None:
+    """In a big job another node's answer shows the writer behind before the writer's own node queries again: its
+    node judges every rank of its own, so the writer is known busy all the same."""
+    outcome = run(ncclscenarios.checkpointing_job(nodes=16), "checkpoint-save-16")
+    assert not _missing(outcome), outcome.describe()
+    assert not outcome.false_alerts, outcome.describe()
+
+
 def test_with_a_ceiling_of_0_the_same_save_pages() -> None:
     """The control: the same save with a ceiling of 0 (a writer's activity holds nothing back) fires within 60 s of
     the save's start, as every such save did before this rule."""

@@ -50,9 +50,10 @@ CHECKPOINT_S: Final = 10 * 60.0
 
 
 def checkpointing_job(*, deadlock_at: str | None = None, duration: str = "34m", nodes: int = 2) -> str:
-    """A job over ``nodes`` nodes (two by default; 2 GPUs a node, NCCL 2.28.7) that saves a checkpoint from rank 0 (``node-00:0``) alone for 10
-    minutes every 20 minutes: RAS shows rank 0 one operation behind for the whole save while its GPU copies to the
-    host. ``deadlock_at``: rank 0 stops before a collective there, for 4 minutes, its GPU moving nothing."""
+    """A job over ``nodes`` nodes (two by default; 2 GPUs a node, NCCL 2.28.7) that saves a checkpoint from rank 0
+    (``node-00:0``) alone for 10 minutes every 20 minutes: RAS shows rank 0 one operation behind for the whole save
+    while its GPU copies to the host. ``deadlock_at``: rank 0 stops before a collective there, for 4 minutes, its GPU
+    moving nothing."""
     fault = ""
     if deadlock_at is not None:
         fault = (

@@ -21,7 +21,7 @@ from typing import Final
 
 from gpulens.alerts.names import ECC_UNCORRECTABLE, GPU_LOST
 from gpulens.alerts.state import FIRING, RESOLVED, AlertState
-from gpulens.xidcatalogue import ACTIONS, HARDWARE_INSPECTION, REBOOT, RESET_GPU, xid_action
+from gpulens.xidcatalogue import ACTIONS, HARDWARE_INSPECTION, NONE, REBOOT, RESET_GPU, xid_action
 
 DRAIN_VERDICTS: Final = frozenset({RESET_GPU, REBOOT, HARDWARE_INSPECTION})
 CULPRIT_KINDS: Final = ("gpu", "port", "rank", "node", "job")
@@ -166,7 +166,8 @@ def case_from_incident(
     )
 
 
-INCIDENT_GROUP: Final = "incident:"  # the group key of an incident's notification (``alerts.incidentnotify``)
+INCIDENT_GROUP: Final = "incident:"
+NONE_ACTION: Final = "none"  # the group key of an incident's notification (``alerts.incidentnotify``)
 
 
 def cases_from_notification(
@@ -182,13 +183,16 @@ def cases_from_notification(
         return []
     gpu = group_labels.get("culprit_gpu", "")
     jobs = [j for j in group_labels.get("incident_jobs", "").split(",") if j]
+    action = group_labels.get("incident_action", "")
+    if action in ("", NONE):  # the catalogue has no word on it: a rule the operator listed speaks, as alone
+        action = case_from_alert(members[0]).action
     rule_names = sorted({a.rule + (f":{a.labels['xid']}" if a.labels.get("xid") else "") for a in members})
     return [
         case_from_incident(
             group_labels["incident"],
             culprit_kind=group_labels.get("culprit_kind", ""),
             node=group_labels.get("culprit_node", ""),
-            action=group_labels.get("incident_action", ""),
+            action=action,
             jobs=jobs,
             alerts=rule_names,
             gpu=gpu,

@@ -79,7 +79,8 @@ def register(sub: Any) -> None:
         "--user-names",
         action="store_true",
         help="serve user names and job names (in /metrics and the snapshot): off by default, so the exporter names "
-        "jobs by id, account and partition only; the collector's reports per user need it",
+        "jobs by id, account and partition only; the collector's reports per user need it. Always on with "
+        "--source sim, whose users are made up",
     )
     p.add_argument(
         "--job-map-dir",
@@ -202,7 +203,7 @@ def _run_exporter(args: argparse.Namespace) -> int:
         dcgm_url=args.dcgm_url,
         dcgm_compat=args.dcgm_compat,
         process_pids=args.process_pids,
-        user_names=args.user_names,
+        user_names=args.user_names or args.source == "sim",  # the simulator's users are made up
         job_map_dir=args.job_map_dir,
         job_info=args.job_info,
         proc_root=args.proc_root,

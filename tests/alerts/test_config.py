@@ -146,7 +146,9 @@ def test_no_routes_means_every_receiver_gets_everything() -> None:
 
 def test_defaults_are_the_builtin_catalogue() -> None:
     config = parse_alerting(None)
-    assert len(config.rules) == 30  # 16 GPU and job rules, 7 fabric and host rules, 6 node and hardware rules, Watchdog
+    # 17 GPU and job rules (JobCommunicationSlow among them), 7 fabric and host rules, 7 node and hardware rules
+    # (NvswitchFatalSxid among them), Watchdog
+    assert len(config.rules) == 32
     assert config.receivers == ()
 
 
@@ -284,6 +286,7 @@ def test_a_slurm_drain_action_is_safe_by_default_and_sees_every_alert_first() ->
         group_wait_s=0.0,
         group_interval_s=0.0,  # a resolve reaches the action at the next round
         continue_=True,
+        incidents=True,  # the action acts on each incident's verdict (alerts.remediationcase)
     )
 
 

@@ -26,12 +26,15 @@ from gpulens.settings import TargetSettings, default_settings
 from gpulens.storage import alertstore, schema
 from gpulens.storage.db import Database
 from tests.alerts.receivers import FlakyState, flaky_receiver
-from tests.collector.live import Fault, live_exporter
+from tests.collector.live import GPUS, Fault, live_exporter
 from tests.conftest import free_port, http_get
 from tests.storage.conftest import PgServer
 from tests.storage.promstack import gpulens, process
 
 INTERVAL_S = 1.0
+# One message per incident: each of the GPUS hot GPUs is a fault of its own, opened and resolved once.
+FIRING = ["firing"] * GPUS
+RESOLVED = ["resolved"] * GPUS
 CONFIG = """
 [collector]
 interval = "1s"
@@ -122,18 +125,18 @@ def test_killing_the_active_collector_loses_no_round_and_no_alert(pg_server: PgS
         fault.on = True
         # Killed once the FIRING is marked sent: a kill between the receiver's answer and that mark sends it again
         # (at-least-once, docs/high-availability.md); this test is about the kill at any other moment.
-        until("the alert fires", lambda: statuses(received) == ["firing"] and outbox(db) == ["firing sent"], logs)
+        until("the alert fires", lambda: statuses(received) == FIRING and outbox(db) == ["firing sent"] * GPUS, logs)
         active.send_signal(signal.SIGKILL)
         active.wait()
         killed_at = time.time()
         until("the standby takes over", lambda: leader(standby_listen) == 1.0, logs)
         until("three rounds after the kill", lambda: sum(t > killed_at for t in round_times(db)) >= 3, logs)
         fault.on = False
-        until("the alert resolves", lambda: "resolved" in statuses(received), logs)
+        until("the alert resolves", lambda: statuses(received).count("resolved") == GPUS, logs)
         resolved_at = time.time()
         until("three rounds after the resolution", lambda: sum(t > resolved_at for t in round_times(db)) >= 3, logs)
 
-        assert statuses(received) == ["firing", "resolved"]  # once each: the survivor did not notify again
+        assert statuses(received) == FIRING + RESOLVED  # once each: the survivor did not notify again
         assert all("hook failed" not in log.read_text() for log in logs)
         assert "is now the active one of its HA pair" in standby_log.read_text()
         assert standby.poll() is None
@@ -209,15 +212,15 @@ def test_killing_the_active_alerts_run_loses_no_alert(pg_server: PgServer, tmp_p
         assert sorted(said("is on standby")) == [False, True]
         (killed, _), (survivor, survivor_log) = sorted(members, key=lambda m: "is on standby" in m[1].read_text())
         fault.on = True
-        until("the alert fires", lambda: statuses(received) == ["firing"] and outbox(db) == ["firing sent"], logs)
+        until("the alert fires", lambda: statuses(received) == FIRING and outbox(db) == ["firing sent"] * GPUS, logs)
         killed.send_signal(signal.SIGKILL)
         killed.wait()
         until("the standby takes over", lambda: "is now the active one" in survivor_log.read_text(), logs)
         fault.on = False
-        until("the alert resolves", lambda: "resolved" in statuses(received), logs)
+        until("the alert resolves", lambda: statuses(received).count("resolved") == GPUS, logs)
         resolved_at = time.time()
         until("three rounds after the resolution", lambda: sum(t > resolved_at for t in round_times(db)) >= 3, logs)
 
-        assert statuses(received) == ["firing", "resolved"]  # once each: the survivor did not notify again
+        assert statuses(received) == FIRING + RESOLVED  # once each: the survivor did not notify again
         assert all("Traceback" not in log.read_text() for log in logs)
         assert survivor.poll() is None

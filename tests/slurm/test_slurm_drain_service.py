@@ -54,9 +54,9 @@ def test_an_xid_79_round_drains_the_node(slurm: Slurm, tmp_path: Path) -> None:
     ]
     wait_for(lambda: "drain" in slurm.node_state(), "the node to drain")
     reason = slurm.node_reason()
-    assert reason.startswith("gpulens: ")
-    assert reason.endswith(") XidError 79")
-    assert " gpu 3 (GPU-" in reason
+    # the incident's id and its culprit (an action acts on the verdict: alerts.remediationcase)
+    assert reason.startswith("gpulens: inc-")
+    assert reason.endswith(f" GPU {slurm.host}:3")
 
 
 def test_a_dry_run_only_logs(slurm: Slurm, tmp_path: Path) -> None:

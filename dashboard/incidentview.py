@@ -6,26 +6,28 @@ the overview, node, GPU and job pages show with a callback of its own (``inciden
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from dash import Dash, Input, Output, State, dcc, html
 
 from gpulens.alerts.incidents import Incident
-from gpulens.dashboard.alertdata import IncidentReader
+from gpulens.dashboard.alertdata import AlertReader
 from gpulens.dashboard.components import Cell, ViewState, flag, link, panel, table, view_state
 from gpulens.dashboard.context import Context, PageError, guarded
 from gpulens.dashboard.formatting import MISSING, duration_text
 from gpulens.dashboard.ids import Toolbar
 from gpulens.dashboard.paths import gpu_path, job_path, node_path
 from gpulens.dashboard.timerange import minute_text
+from gpulens.storage.reading import NotAvailableOnBackend
 
 MAX_ROWS: Final = 50
 
 
-def incident_reader(context: Context) -> IncidentReader | None:
-    reader = context.alerts
-    return reader if isinstance(reader, IncidentReader) else None
+def incident_reader(context: Context) -> AlertReader | None:
+    """The alert store the incidents are read from; ``None`` without one (a read it cannot serve raises
+    ``NotAvailableOnBackend``, which the callers catch)."""
+    return context.alerts
 
 
 def culprit_cell(inc: Incident, state: ViewState) -> html.Span:
@@ -134,9 +136,18 @@ def touching(context: Context, state: ViewState, subject: Mapping[str, str]) -> 
     reader = incident_reader(context)
     if reader is None:
         return html.Div("no incident store connected", className="gl-empty")
-    load: Callable[[], Sequence[Incident]] = reader.open_incidents
+
+    def load() -> Sequence[Incident] | None:
+        try:
+            return reader.open_incidents()
+        except NotAvailableOnBackend:
+            return None
+
     try:
-        found = [i for i in guarded(context, load) if touches(i, subject)]
+        loaded = guarded(context, load)
     except PageError as problem:
         return problem.banner
+    if loaded is None:
+        return html.Div("no incident store connected", className="gl-empty")
+    found = [i for i in loaded if touches(i, subject)]
     return incidents_table(found, state, context.clock.now(), empty="no open incident")

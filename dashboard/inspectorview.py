@@ -11,15 +11,16 @@ the job's GPUs there, the smallest node's), from ``gpulens.hardware`` and the st
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 from dash import html
 
 from gpulens.dashboard.components import Cell, ViewState, link, panel, table
+from gpulens.dashboard.fabric import Unavailable
 from gpulens.dashboard.formatting import percent_text
 from gpulens.dashboard.paths import node_path
 from gpulens.dashboard.unavailable import Missing, attempt
+from gpulens.fabricmodel import NicReading
 from gpulens.hardware import find_gpu_model
 from gpulens.ncclinspect import BandwidthPoint
 from gpulens.storage.reading import StoreReader
@@ -31,20 +32,19 @@ def read_bandwidth(store: StoreReader, job_id: str, start: float, end: float) ->
     return attempt(lambda: store.job_bandwidth(job_id, start, end))
 
 
-def link_ceiling(store: StoreReader, gpus: Sequence[GpuInfo]) -> tuple[float | None, str]:
+def link_ceiling(ports: Sequence[NicReading] | Unavailable, gpus: Sequence[GpuInfo]) -> tuple[float | None, str]:
     """What one GPU's links carry for the job's collectives, and which links: NVLink within one node, the RDMA
-    ports across nodes (None where unknown)."""
+    ports across nodes (``ports``: the ports the job page already read of the job's nodes; None where unknown)."""
     nodes = sorted({g.node for g in gpus})
     if len(nodes) == 1:
         facts = find_gpu_model(gpus[0].model) if gpus else None
         ceiling = facts.nvlink_max_bytes_per_second if facts is not None else 0.0
         return (ceiling or None), "NVLink"
+    if isinstance(ports, Unavailable):
+        return None, "network"
     shares = []
     for node in nodes:
-        ports = attempt(functools.partial(store.latest_nics, node=node))
-        if isinstance(ports, Missing):
-            return None, "network"
-        rate = sum(p.rate_bytes_per_second or 0.0 for p in ports if p.up)
+        rate = sum(p.rate_bytes_per_second or 0.0 for p in ports if p.node == node and p.up)
         held = sum(1 for g in gpus if g.node == node)
         shares.append(rate / held if held else 0.0)
     smallest = min(shares, default=0.0)

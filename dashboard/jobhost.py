@@ -48,6 +48,7 @@ class JobHost:
     traffic: list[NodeTraffic] | Unavailable
     limits: list[JobHostReading] | Unavailable  # the job's newest cgroup reading per node
     cpu: dict[str, SeriesData] | Unavailable  # cpu_used_cores by node
+    ports: list[NicReading] | Unavailable  # every port read of the job's nodes (the bandwidth panel's ceiling)
 
 
 def _points(count: int) -> int:
@@ -87,7 +88,7 @@ def read_job_host(store: StoreReader, job_id: str, gpus: Sequence[GpuInfo], star
         cpu = limits
     elif limits:
         cpu = available(lambda: store.job_host_series(job_id, ["cpu_used_cores"], start, end, _points(len(placement))))
-    return JobHost(mine, traffic, limits, cpu)
+    return JobHost(mine, traffic, limits, cpu, latest)
 
 
 def fabric_figure(host: JobHost, *, start: float, end: float, bins: int, periods: Sequence[Period]) -> object:

@@ -169,7 +169,10 @@ def render(context: Context, state: ViewState, job_id: str) -> tuple[Any, ...]:
         # the job's stored accounting summary: one row (computing one reads every raw sample of the job's life)
         account = attempt(lambda: store.job_account(job_id))
         nccl = read_nccl(store, job_id, span.start, span.end)
-        bandwidth = (read_bandwidth(store, job_id, span.start, span.end), link_ceiling(store, list(places.values())))
+        bandwidth = (
+            read_bandwidth(store, job_id, span.start, span.end),
+            link_ceiling(host.ports, list(places.values())),
+        )
         meta = attempt(lambda: store.job_info([job_id]).get(job_id))
         return span, summary, list(places.values()), series, active, history, (host, account, meta), (nccl, bandwidth)
 

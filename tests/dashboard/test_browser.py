@@ -139,6 +139,8 @@ def test_links_lead_from_page_to_page(page: Page, base_url: str) -> None:
 
 def test_a_heatmap_cell_opens_its_gpu(page: Page, base_url: str) -> None:
     open_page(page, base_url + "/")
+    # the open incidents sit above the heatmap and push it below the fold: bring it into view before clicking
+    page.locator("#overview-heatmap").scroll_into_view_if_needed()
     plot = page.locator("#overview-heatmap .nsewdrag").first.bounding_box()
     assert plot is not None
     # Five node rows, eight GPU columns: the middle of node-01's GPU 3.

@@ -255,6 +255,12 @@ class _Unreachable:
     def silences(self, now: float) -> Any:
         return self.active()
 
+    def open_incidents(self) -> Any:
+        return self.active()
+
+    def incidents(self, since: float) -> Any:
+        return self.active()
+
 
 def test_a_bad_custom_range_is_explained(store: Store) -> None:
     state = ViewState(range="custom", start="2026-01-01T01:00", end="2026-01-01T00:00")

@@ -35,6 +35,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> Iter
         wait_for(running.prom_gl, "count(gpulens_gpu_up)", lambda r: bool(r) and r[0]["value"][1] == "16")
         wait_for(running.prom_dcgm, "count(DCGM_FI_DEV_GPU_UTIL)", lambda r: bool(r) and r[0]["value"][1] == "8")
         wait_until(lambda: len(sql_readings(running.sql_url)) == 8, 60, "the collector's first rounds")
+        # and a few scrapes of each: a counter's rate needs two samples in its window, and on a loaded machine the
+        # first tests once read a range that held a single scrape of some GPUs
+        wait_for(
+            running.prom_gl,
+            "count(count_over_time(gpulens_gpu_energy_joules_total[20s]) >= 5)",
+            lambda r: bool(r) and r[0]["value"][1] == "16",
+        )
         yield running
 
 
@@ -146,7 +153,7 @@ def test_one_query_per_field_whatever_the_gpu_count(stack: Stack) -> None:
             getattr(series, k)["power_watts"] for k in ("minimum", "values", "maximum")), strict=True
         ) if lo is not None and mean is not None and hi is not None)  # fmt: skip
         rates = [v for v in series.values["energy_joules_total"] if v is not None]
-        assert rates
+        assert rates, (uuid, series.timestamps, series.values["energy_joules_total"])
         assert all(10 < v < 10_000 if uuid in live else v == 0 for v in rates)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tests.conftest import free_port, http_get
-from tests.prom import running_prometheus
+from tests.prom import running_prometheus, wait_for
 
 NODES = ("node-00", "node-01")
 FROZEN_NODES = ("eq-00", "eq-01")
@@ -251,3 +251,14 @@ def running_stack(
         )  # fmt: skip
         stack.enter_context(process(proc, log))
         yield Stack(root, prom_gl, prom_dcgm, sql_url, hook, configs["gl"], configs["dcgm"], engines)
+
+
+def wait_for_scrapes(stack: Stack, samples: int = 5) -> None:
+    """Wait until the store holds ``samples`` scrapes of every GPU's energy counter in the last 20 s: a counter's
+    rate needs two samples in its window, and in CI a test once read a range that held a single scrape of some GPUs
+    (the store answered as soon as it held one)."""
+    wait_for(
+        stack.prom_gl,
+        f"count(count_over_time(gpulens_gpu_energy_joules_total[20s]) >= {samples})",
+        lambda r: bool(r) and r[0]["value"][1] == "16",
+    )

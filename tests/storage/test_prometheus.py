@@ -25,7 +25,16 @@ from gpulens.storage.reading import NotAvailableOnBackend, TooManySeriesError
 from gpulens.storage.records import JOB_POINTS
 from gpulens.storage.sqlreader import SqlReader
 from tests.prom import wait_for
-from tests.storage.promstack import FROZEN_NODES, NODES, Hook, Stack, fired, run_gpulens, running_stack
+from tests.storage.promstack import (
+    FROZEN_NODES,
+    NODES,
+    Hook,
+    Stack,
+    fired,
+    run_gpulens,
+    running_stack,
+    wait_for_scrapes,
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +44,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> Iter
         wait_for(running.prom_gl, "count(gpulens_gpu_up)", lambda r: bool(r) and r[0]["value"][1] == "16")
         wait_for(running.prom_dcgm, "count(DCGM_FI_DEV_GPU_UTIL)", lambda r: bool(r) and r[0]["value"][1] == "8")
         wait_until(lambda: len(sql_readings(running.sql_url)) == 8, 60, "the collector's first rounds")
-        # and a few scrapes of each: a counter's rate needs two samples in its window, and on a loaded machine the
-        # first tests once read a range that held a single scrape of some GPUs
-        wait_for(
-            running.prom_gl,
-            "count(count_over_time(gpulens_gpu_energy_joules_total[20s]) >= 5)",
-            lambda r: bool(r) and r[0]["value"][1] == "16",
-        )
+        wait_for_scrapes(running)
         yield running
 
 

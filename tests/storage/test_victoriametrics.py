@@ -24,7 +24,16 @@ from gpulens.storage.prometheus.client import PromQueryError
 from gpulens.storage.reading import NotAvailableOnBackend, TooManySeriesError
 from gpulens.storage.sqlreader import SqlReader
 from tests.prom import query, running_victoriametrics, running_vmalert, wait_for
-from tests.storage.promstack import FROZEN_NODES, NODES, Hook, Stack, fired, run_gpulens, running_stack
+from tests.storage.promstack import (
+    FROZEN_NODES,
+    NODES,
+    Hook,
+    Stack,
+    fired,
+    run_gpulens,
+    running_stack,
+    wait_for_scrapes,
+)
 from tests.storage.test_prometheus import _close, reader, sql_readings, vars_of, wait_until
 
 
@@ -35,6 +44,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, victoriametrics_bin: str) ->
         wait_for(running.prom_gl, "count(gpulens_gpu_up)", lambda r: bool(r) and r[0]["value"][1] == "16")
         wait_for(running.prom_dcgm, "count(DCGM_FI_DEV_GPU_UTIL)", lambda r: bool(r) and r[0]["value"][1] == "8")
         wait_until(lambda: len(sql_readings(running.sql_url)) == 8, 60, "the collector's first rounds")
+        wait_for_scrapes(running)
         yield running
 
 

@@ -237,7 +237,13 @@ class Delivery:
         except ValueError as exc:
             return self._give_up(item, str(exc))
         try:
-            notifier.send(note.alerts, group_labels=note.group_labels, status=note.status, group_key=note.group_key)
+            notifier.send(
+                note.alerts,
+                group_labels=note.group_labels,
+                status=note.status,
+                group_key=note.group_key,
+                incidents=note.incidents,
+            )
         except DeliveryError as exc:
             attempts = item.attempts + 1
             if not exc.retryable or attempts >= self._backoff.max_attempts:

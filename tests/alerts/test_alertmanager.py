@@ -21,9 +21,10 @@ import pytest
 from gpulens.alerts.config import build_notifiers, parse_alerting
 from gpulens.alerts.engine import AlertEngine
 from gpulens.alerts.notify.alertmanager import AlertmanagerNotifier, api_url, lease_s, postable_alerts
-from gpulens.alerts.notify.delivery import Backoff, InMemoryOutbox
+from gpulens.alerts.notify.delivery import Backoff, Delivery, InMemoryOutbox
 from gpulens.alerts.service import AlertService
-from gpulens.alerts.state import FIRING, RESOLVED, AlertState, fingerprint
+from gpulens.alerts.state import FIRING, RESOLVED, AlertState, StepResult, fingerprint
+from gpulens.clock import SystemClock
 from gpulens.config import ConfigError, format_timestamp
 from gpulens.model import TargetHealth
 from gpulens.storage import alertstore
@@ -193,6 +194,38 @@ def test_test_notify_reaches_each_alertmanager_of_the_receiver(pair: tuple[Alert
     assert result.stdout.strip() == "test notification delivered to am (2 URLs)"
     for am in pair:
         assert labelled(am, "GpulensTestNotification")["labels"]["severity"] == "info"
+
+
+def test_a_re_attributed_incident_leaves_only_its_new_label_set_active(pair: tuple[Alertmanager, ...]) -> None:
+    """A dead rank's stall, then the XID of the rank's GPU: the incident's culprit changes from the rank to the GPU,
+    so the stall's ``culprit_*`` labels change and Alertmanager sees a new alert; the old label set is withdrawn
+    (sent once, ending now) instead of lingering until its lease ends."""
+    am = pair[0]
+    config = parse_alerting({"receivers": [{"name": "am", "kind": "alertmanager", "url_env": "AM"}]})
+    outbox = InMemoryOutbox()
+    engine = AlertEngine([], routes=config.routes, outbox=outbox)
+    delivery = Delivery(outbox, build_notifiers(config.receivers, environ={"AM": am.url}), clock=SystemClock())
+    now = time.time()
+    gpu = {"node": "n-moved", "gpu": "4", "uuid": uuid("n-moved", 4), "job_id": "moved"}
+
+    def fired(rule: str, at: float, notes: dict[str, str] | None = None, **labels: str) -> AlertState:
+        full = {"alertname": rule, "severity": "critical", **labels}
+        return AlertState(fingerprint(full), rule, full, notes or {}, FIRING, at, fired_at=at, last_seen=at)
+
+    stall = fired("CommunicationStall", now - 20, {"stuck_at": "12@n-moved:4"}, job_id="moved", signature="rank_dead")
+    xid = fired("XidError", now - 10, xid="79", **gpu)
+    engine.settle(now - 10, StepResult({stall.fingerprint: stall}, [], []))
+    delivery.run_due(now - 10)
+    before = labelled(am, "CommunicationStall", None)
+    assert before["labels"]["culprit_kind"] == "rank"
+    engine.settle(now, StepResult({stall.fingerprint: stall, xid.fingerprint: xid}, [], []))
+    counts = delivery.run_due(now)
+    assert counts.failed == 0
+    stalls = [a for a in am.alerts() if a["labels"].get("job_id") == "moved" and "xid" not in a["labels"]]
+    assert [a["labels"]["culprit_kind"] for a in stalls] == ["gpu"]  # only the new label set is active
+    assert stalls[0]["labels"]["culprit_uuid"] == gpu["uuid"]
+    assert stalls[0]["labels"]["incident"] == before["labels"]["incident"]  # the same incident, re-attributed
+    assert labelled(am, "XidError", "n-moved")["labels"]["incident"] == before["labels"]["incident"]
 
 
 # --- without a server: the resend schedule, the rendering and the config ------------------------------------------

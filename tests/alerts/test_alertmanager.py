@@ -250,17 +250,22 @@ def test_a_firing_alert_is_sent_at_once_and_again_every_resend_interval() -> Non
     rules = [r for r in config.rules if r.name in ("GpuHot", "Watchdog")]
     engine = AlertEngine(rules, routes=config.routes, outbox=outbox, destinations=config.destinations())
     sent: dict[str, list[float]] = {}
+    told: list[int] = []
     for k in range(14):  # rounds every 10 s for 130 s; a second GPU gets hot in the round at 30 s
         now = T0 + 10 * k
         hot = {"n1": 90.0, "n2": 90.0 if k >= 3 else 40.0}
         snaps = [snapshot(n, [healthy_gpu(n, 0, temperature_celsius=t)]) for n, t in hot.items()]
         for note in engine.process(now, snaps, []).notifications:
             sent.setdefault(f"{note.receiver}:{note.alerts[0].rule}", []).append(now - T0)
+            if note.receiver == "chat":
+                told.append(len(note.incidents))
     # Alertmanager: at once, then every minute; a new alert of the group goes at once (with the group's others).
     assert sent["am:GpuHot"] == [0, 30, 90]
     assert sent["am:Watchdog"] == [0, 60, 120]
-    # Slack gets one message per incident (one per hot GPU), each after its 30 s wait, and never the Watchdog.
-    assert sent["chat:GpuHot"] == [30, 60]
+    # Slack is told of both incidents (one per hot GPU) in one message, after the first one's 30 s wait (the second
+    # fired in that round), and never of the Watchdog.
+    assert sent["chat:GpuHot"] == [30]
+    assert told == [2]
     assert "chat:Watchdog" not in sent
 
 

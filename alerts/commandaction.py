@@ -92,6 +92,7 @@ class CommandAction:
         group_labels: Mapping[str, str],
         status: str,
         group_key: str = "",
+        incidents: Sequence[Mapping[str, str]] = (),
     ) -> None:
         cases = rc.cases_from_notification(alerts, group_labels, status, group_key, self._config.rules)
         self.act(cases)

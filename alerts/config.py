@@ -403,7 +403,7 @@ def _for_receiver(route: Route, receiver: ReceiverConfig) -> Route:
     if receiver.kind not in WATCHDOG_KINDS:
         route = replace(route, matchers=(NOT_WATCHDOG, *route.matchers))
     if receiver.kind in INCIDENT_KINDS:
-        route = replace(route, incidents=True)
+        route = replace(route, incidents=True, batch=True)
     return route
 
 

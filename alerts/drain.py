@@ -118,6 +118,7 @@ class SlurmDrainer:
         group_labels: Mapping[str, str],
         status: str,
         group_key: str = "",
+        incidents: Sequence[Mapping[str, str]] = (),
     ) -> None:
         """Act on each alert of a listed rule. Raises a retryable ``DeliveryError`` when Slurm's commands failed."""
         cases = rc.cases_from_notification(alerts, group_labels, status, group_key, self._config.rules)

@@ -1,5 +1,6 @@
 """The alert engine: after each scrape round, evaluate the rules, advance the alerts, form the incidents
-(``alerts.incidents``), group and queue notifications (one per incident for Slack, webhook and log receivers).
+(``alerts.incidents``), group and queue notifications (Slack, webhook and log receivers: the incidents due, one
+message a round; Alertmanager: each member alert with its incident's labels, the old ones withdrawn on a change).
 
 ``AlertEngine`` holds everything in memory. In the collector, storage loads ``states`` and ``groups`` when it starts
 and saves what ``process`` returns after each round (so a restart neither forgets a firing alert nor notifies it
@@ -14,12 +15,19 @@ from dataclasses import dataclass, field
 from gpulens.alerts.base import AlertRule, Candidate
 from gpulens.alerts.grouping import Grouper, GroupState, Notification, Route
 from gpulens.alerts.history import History
-from gpulens.alerts.incidentnotify import labelled
-from gpulens.alerts.incidentnotify import notify as notify_incidents
+from gpulens.alerts.incidentnotify import BATCH_KEY, labelled, notify_round, withdrawn
 from gpulens.alerts.incidents import Incident, annotate, form
 from gpulens.alerts.notify.delivery import OutboxStore
 from gpulens.alerts.rules import data_missing, evaluate, required_window_s
-from gpulens.alerts.state import DEFAULT_INHIBITIONS, AlertState, Inhibition, Silence, StepResult, silencer, step
+from gpulens.alerts.state import (
+    DEFAULT_INHIBITIONS,
+    AlertState,
+    Inhibition,
+    Silence,
+    StepResult,
+    silencer,
+    step,
+)
 from gpulens.model import NodeSnapshot, TargetHealth
 
 
@@ -92,13 +100,23 @@ class AlertEngine:
             inhibitions=self._inhibitions,
             dashboard_url=self._dashboard_url,
         )
+        return self.settle(now, result, candidates)
+
+    def settle(self, now: float, result: StepResult, candidates: Sequence[Candidate] = ()) -> EngineRound:
+        """After the alerts stepped: form the incidents, group and enqueue the round's notifications."""
         incidents = form(self.incidents, result.states, now)
         annotate(result.states, incidents)
+        sent_before = labelled(self.states.values(), self.incidents)
         self.states = result.states
-        grouping = self.grouper.step(self.groups, labelled(result.states.values(), incidents), now)
-        self.groups = grouping.groups
-        self.incidents, notes = notify_incidents(self.grouper, incidents, result.states, now, self._dashboard_url)
-        notifications = [*grouping.notifications, *notes]
+        alert_groups = {k: g for k, g in self.groups.items() if k != BATCH_KEY}
+        sent_now = labelled(result.states.values(), incidents)
+        grouping = self.grouper.step(alert_groups, sent_now, now)
+        self.incidents, notes, batch = notify_round(
+            self.grouper, incidents, result.states, now, self._dashboard_url, self.groups.get(BATCH_KEY)
+        )
+        self.groups = {**grouping.groups, **({BATCH_KEY: batch} if batch is not None else {})}
+        ended = withdrawn(self.grouper, sent_before, sent_now, now)
+        notifications = [*ended, *grouping.notifications, *notes]
         ids = []
         if self.outbox is not None:
             ids = [
@@ -106,4 +124,4 @@ class AlertEngine:
                 for n in notifications
                 for destination in self._destinations.get(n.receiver, (n.receiver,))
             ]
-        return EngineRound(now, candidates, result, grouping.groups, notifications, ids, dict(self.incidents))
+        return EngineRound(now, list(candidates), result, dict(self.groups), notifications, ids, dict(self.incidents))

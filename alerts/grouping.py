@@ -38,6 +38,9 @@ class Route:
     send_resolved: bool = True
     # The receiver takes incidents (``alerts.incidentnotify``), not the member alerts of one on their own.
     incidents: bool = False
+    # Its receiver takes one message a round for all the incidents due (Slack, webhook and log receivers); actions
+    # take one case per incident (``alerts.incidentnotify``).
+    batch: bool = False
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         return matches_all(self.matchers, labels)
@@ -98,6 +101,9 @@ class Notification:
     status: str  # "firing" while any alert of the group fires, else "resolved"
     alerts: tuple[AlertState, ...]
     created_at: float
+    # A message about several incidents (``alerts.incidentnotify``): each one's verdict, as a single incident's
+    # message carries it in ``group_labels``; empty otherwise.
+    incidents: tuple[Mapping[str, str], ...] = ()
 
     def payload(self) -> dict[str, Any]:
         """The outbox payload (JSON); ``from_payload`` reads it back for delivery."""
@@ -109,6 +115,7 @@ class Notification:
             "alerts": [a.to_json() for a in self.alerts],
             "created_at": self.created_at,
             "created": format_timestamp(self.created_at),
+            **({"incidents": [dict(i) for i in self.incidents]} if self.incidents else {}),
         }
 
     @classmethod
@@ -122,6 +129,7 @@ class Notification:
                 status=str(data["status"]),
                 alerts=tuple(AlertState.from_json(a) for a in data["alerts"]),
                 created_at=float(data["created_at"]),
+                incidents=tuple({str(k): str(v) for k, v in i.items()} for i in data.get("incidents", ())),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a notification payload: {exc!r:.80}") from None

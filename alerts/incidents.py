@@ -53,6 +53,11 @@ class Member:
     explained_by: str | None = None
     summary: str = ""
     stuck_at: str = ""  # a stall's stuck ranks (``rank@node:gpu``, comma-separated)
+    began_at: float | None = None  # when its fault began, where known before its condition held (``AlertState``)
+
+    @property
+    def began(self) -> float:
+        return self.active_since if self.began_at is None else min(self.began_at, self.active_since)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +72,7 @@ class Member:
             "explained_by": self.explained_by,
             "summary": self.summary,
             "stuck_at": self.stuck_at,
+            "began_at": self.began_at,
         }
 
     @classmethod
@@ -83,6 +89,7 @@ class Member:
             explained_by=None if d.get("explained_by") is None else str(d["explained_by"]),
             summary=str(d.get("summary", "")),
             stuck_at=str(d.get("stuck_at", "")),
+            began_at=None if d.get("began_at") is None else float(d["began_at"]),
         )
 
 
@@ -109,7 +116,7 @@ class Incident:
     action: str
     runbook: str
     severity: str
-    started_at: float  # when the first member's condition began to hold (the fault began)
+    started_at: float  # when the fault began: the earliest member's ``began``
     fired_at: float  # when the first member fired
     resolved_at: float | None = None
     notified: Notified | None = None
@@ -283,6 +290,7 @@ def _member(a: AlertState, explained_by: str | None) -> Member:
         explained_by=explained_by,
         summary=a.summary,
         stuck_at=a.annotations.get("stuck_at", ""),
+        began_at=a.began_at,
     )
 
 
@@ -391,7 +399,7 @@ def _verdict(
         action=action,
         runbook=runbook,
         severity=min((m.severity for m in members), key=_severity),
-        started_at=min(m.active_since for m in members),
+        started_at=min(m.began for m in members),
         fired_at=min(m.fired_at for m in members),
         resolved_at=resolved_at,
         notified=before.notified if before is not None else None,

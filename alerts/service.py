@@ -224,6 +224,7 @@ class AlertService:
                     "state": t.state,
                     "labels": dict(t.labels),
                     "value": t.value,
+                    "began_at": t.began_at,
                 }
                 for t in result.result.transitions
             ],
@@ -305,6 +306,7 @@ class SqlAlertReader:
                     fired_at=e.at if e.state == "firing" else None,
                     last_seen=e.at,
                     value=e.value,
+                    began_at=e.began_at,
                 )
                 open_[e.fingerprint] = episode
             elif e.state == "firing" and episode is not None:

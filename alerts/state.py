@@ -131,6 +131,7 @@ class Transition:
     at: float
     value: float | None
     muted: bool = False
+    began_at: float | None = None  # the alert's ``began_at`` (stored with the history, so a rebuilt episode keeps it)
 
 
 @dataclass(frozen=True)
@@ -420,7 +421,7 @@ def _transitions(previous: Mapping[str, AlertState], states: Mapping[str, AlertS
     for fp, s in states.items():
         before = previous.get(fp)
         if before is None or before.state != s.state:
-            out.append(Transition(fp, s.rule, s.labels, s.state, now, s.value, s.muted is not None))
+            out.append(Transition(fp, s.rule, s.labels, s.state, now, s.value, s.muted is not None, s.began_at))
     for fp, before in previous.items():
         if fp not in states and before.state == PENDING:
             out.append(

@@ -1,8 +1,9 @@
 """Notifications per scenario: how many messages a Slack and a webhook receiver get over each example scenario, and
 how many firing alerts reached no receiver (``unreported``). Two routings: ``by_alertname`` (no routes: every
 receiver gets every alert, grouped by alertname, the default) and ``by_alert`` (a route per receiver grouping by
-every label: each alert its own page). Slack and webhook receivers get one message per incident whatever the
-routing's ``group_by`` (``alerts.incidentnotify``); the webhook also gets the Watchdog.
+every label: each alert its own page). Slack and webhook receivers are told of incidents whatever the routing's
+``group_by``, the incidents due at once in one message (``alerts.incidentnotify``); the webhook also gets the
+Watchdog.
 
 Runs each scenario as ``gpulens simulate`` does (the production path in virtual time), with the receivers
 configured; prints ``incidents_<scenario>_<what>: <value> <unit>`` lines."""
@@ -60,6 +61,7 @@ def run(path: Path, alerting: dict[str, object]) -> tuple[Counter[str], int, int
                 for n in outcome.notifications:
                     sent[n.receiver] += 1
                     notified |= {a.fingerprint for a in n.alerts}
+                    incidents |= {i["incident"] for i in n.incidents}
                     incident = n.group_labels.get("incident")
                     if incident:
                         incidents.add(incident)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import sqlalchemy as sa
 
@@ -63,6 +63,12 @@ class AlertEvent:
     labels: Mapping[str, str]
     value: float | None
     at: float
+    began_at: float | None = None  # when the fault began, where known before the alert's condition held
+
+
+# A stored history event's labels carry its ``began_at`` under this reserved name (Prometheus reserves ``__``), read
+# back into ``AlertEvent.began_at`` and never shown as a label.
+BEGAN_LABEL: Final = "__began_at__"
 
 
 # --- engine state ---------------------------------------------------------------------------------------------------
@@ -111,7 +117,7 @@ def save_alert_round(
 ) -> None:
     """Store one engine round in one transaction: the states as they are now, the history of what changed, and the
     notification groups. ``states`` are AlertState JSON objects; ``transitions`` hold fingerprint, rule, state,
-    labels, value."""
+    labels, value and optionally began_at."""
     t, h, g = schema.alert_state, schema.alert_history, schema.alert_group
     with db.write_transaction() as conn:
         if removed:
@@ -141,7 +147,7 @@ def save_alert_round(
                         "fingerprint": tr["fingerprint"],
                         "rule": tr["rule"],
                         "state": tr["state"],
-                        "labels": dict(tr["labels"]),
+                        "labels": _with_began(tr["labels"], tr.get("began_at")),
                         "value": tr.get("value"),
                         "at": now,
                     }
@@ -190,10 +196,21 @@ def alert_history(db: Database, start: float, end: float, *, limit: int = 500) -
     h = schema.alert_history
     query = sa.select(h).where(h.c.at >= start, h.c.at <= end).order_by(h.c.at.desc(), h.c.id.desc()).limit(limit)
     with db.session() as s:
-        return [
-            AlertEvent(row.fingerprint, row.rule, row.state, dict(row.labels), row.value, row.at)
-            for row in s.execute(query)
-        ]
+        return [_event(row) for row in s.execute(query)]
+
+
+def _with_began(labels: Mapping[str, str], began_at: float | None) -> dict[str, str]:
+    return dict(labels) if began_at is None else {**labels, BEGAN_LABEL: repr(float(began_at))}
+
+
+def _event(row: Any) -> AlertEvent:
+    labels = {str(k): str(v) for k, v in dict(row.labels).items()}
+    began = labels.pop(BEGAN_LABEL, None)
+    try:
+        began_at = None if began is None else float(began)
+    except ValueError:
+        began_at = None  # not written by gpulens: the episode begins when its condition held
+    return AlertEvent(row.fingerprint, row.rule, row.state, labels, row.value, row.at, began_at)
 
 
 # --- the outbox ----------------------------------------------------------------------------------------------------

@@ -71,8 +71,10 @@ class Notifier(Protocol):
         group_labels: Mapping[str, str],
         status: str,
         group_key: str = "",
+        incidents: Sequence[Mapping[str, str]] = (),
     ) -> None:
-        """Deliver once. Raises ``DeliveryError``; its message never contains the receiver's URL."""
+        """Deliver once (``incidents``: each incident's verdict, when the message is about several). Raises
+        ``DeliveryError``; its message never contains the receiver's URL."""
         ...
 
 

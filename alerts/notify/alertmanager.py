@@ -100,6 +100,7 @@ class AlertmanagerNotifier(WebhookNotifier):
         group_labels: Mapping[str, str],
         status: str,
         group_key: str = "",
+        incidents: Sequence[Mapping[str, str]] = (),
     ) -> None:
         """POST the alerts in batches; ``endsAt`` of the firing ones counts from now (a retried send renews it)."""
         docs = postable_alerts(alerts, now=self._clock(), lease_s=self._lease_s, external_url=self._external_url)

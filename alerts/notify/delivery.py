@@ -22,7 +22,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from gpulens.alerts.grouping import Notification
 from gpulens.alerts.notify import DeliveryError, Notifier
@@ -210,15 +210,21 @@ class Delivery:
         fixed_now = now
         counts = DeliveryCounts()
         failing: set[str] = set()
-        for item in self._outbox.due(self._clock.now() if now is None else now, self._batch):
+        start = self._clock.now() if now is None else now
+        due = self._outbox.due(start, self._batch)
+        waiting = self._incident_queue(start) if any(_about_incidents(i) for i in due) else {}
+        for item in due:
             if (deadline is not None and time.monotonic() >= deadline) or (should_stop is not None and should_stop()):
                 counts.cut_short = True
                 break
             now = self._clock.now() if fixed_now is None else fixed_now
-            if item.receiver in failing:
+            ahead = waiting.get(item.receiver, [])
+            if item.receiver in failing or (_about_incidents(item) and ahead and ahead[0] < item.id):
                 counts.deferred += 1
                 continue
             outcome = self._deliver(item, now)
+            if outcome != PENDING and item.id in ahead:
+                ahead.remove(item.id)  # sent or given up: the next of its receiver's incident messages may go
             if outcome == SENT:
                 counts.sent += 1
             elif outcome == FAILED:
@@ -227,6 +233,16 @@ class Delivery:
                 counts.retried += 1
                 failing.add(item.receiver)
         return counts
+
+    def _incident_queue(self, now: float) -> dict[str, list[int]]:
+        """Receiver -> its pending incident messages, oldest first: each waits until those before it are sent. A
+        message about several incidents is superseded by no newer one about one of them, so a stale FIRING is kept
+        from arriving after the RESOLVED that followed it by waiting instead."""
+        out: dict[str, list[int]] = {}
+        for item in self._outbox.due(now + _FOREVER_S, self._batch * 10):
+            if _about_incidents(item):
+                out.setdefault(item.receiver, []).append(item.id)
+        return {receiver: sorted(ids) for receiver, ids in out.items()}
 
     def _deliver(self, item: OutboxItem, now: float) -> str:
         notifier = self._notifiers.get(item.receiver)
@@ -237,7 +253,13 @@ class Delivery:
         except ValueError as exc:
             return self._give_up(item, str(exc))
         try:
-            notifier.send(note.alerts, group_labels=note.group_labels, status=note.status, group_key=note.group_key)
+            notifier.send(
+                note.alerts,
+                group_labels=note.group_labels,
+                status=note.status,
+                group_key=note.group_key,
+                incidents=note.incidents,
+            )
         except DeliveryError as exc:
             attempts = item.attempts + 1
             if not exc.retryable or attempts >= self._backoff.max_attempts:
@@ -257,3 +279,11 @@ class Delivery:
         self._outbox.mark_failed(item.id, reason)
         log.error("notification %d to receiver %s dropped: %s", item.id, item.receiver, reason)
         return FAILED
+
+
+_FOREVER_S: Final = 100 * 365 * 86400.0  # how far ahead ``_held`` looks for pending items: all of them
+
+
+def _about_incidents(item: OutboxItem) -> bool:
+    """A message about one incident or several (``alerts.incidentnotify``: ``incident:<id>``, ``incidents:<ids>``)."""
+    return str(item.payload.get("group_key", "")).startswith("incident")

@@ -27,6 +27,7 @@ class LogNotifier:
         group_labels: Mapping[str, str],
         status: str,
         group_key: str = "",
+        incidents: Sequence[Mapping[str, str]] = (),
     ) -> None:
         payload = alertmanager_payload(
             alerts,
@@ -35,6 +36,7 @@ class LogNotifier:
             status=status,
             group_key=group_key,
             external_url=self._external_url,
+            incidents=incidents,
         )
         line = json.dumps(payload, separators=(",", ":")) + "\n"
         try:

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from gpulens.alerts.base import dashboard_link
 from gpulens.alerts.notify import DeliveryError, HttpPost, SecretSource, as_source, one_line, post, urllib_post
-from gpulens.alerts.notify.incidentmsg import incident_message, is_incident
+from gpulens.alerts.notify.incidentmsg import incident_message, incidents_message, is_incident
 from gpulens.alerts.state import FIRING, RESOLVED, AlertState
 from gpulens.config import format_timestamp
 from gpulens.logutil import LogOnce
@@ -142,9 +142,10 @@ class SlackNotifier:
         group_labels: Mapping[str, str],
         status: str,
         group_key: str = "",
+        incidents: Sequence[Mapping[str, str]] = (),
     ) -> None:
         try:
-            self._post(self.render(alerts, group_labels=group_labels, status=status))
+            self._post(self.render(alerts, group_labels=group_labels, status=status, incidents=incidents))
         except DeliveryError as exc:
             if exc.status != 400:
                 raise
@@ -156,7 +157,9 @@ class SlackNotifier:
                 exc.message,
             )
             try:
-                self._post(self.render(alerts, group_labels=group_labels, status=status, short=True))
+                self._post(
+                    self.render(alerts, group_labels=group_labels, status=status, short=True, incidents=incidents)
+                )
             except DeliveryError as again:
                 if again.status != 400:
                     raise
@@ -173,14 +176,25 @@ class SlackNotifier:
     # ------------------------------------------------------------------------------------------ rendering
 
     def render(
-        self, alerts: Sequence[AlertState], *, group_labels: Mapping[str, str], status: str, short: bool = False
+        self,
+        alerts: Sequence[AlertState],
+        *,
+        group_labels: Mapping[str, str],
+        status: str,
+        short: bool = False,
+        incidents: Sequence[Mapping[str, str]] = (),
     ) -> dict[str, Any]:
         """The message body: a fallback ``text`` and one attachment of Block Kit blocks with the colour bar.
         ``short``: the summaries only (sent after Slack refused the full message)."""
         firing = [a for a in alerts if a.state == FIRING]
         resolved = [a for a in alerts if a.state == RESOLVED]
-        if is_incident(group_labels):  # one message per incident (``alerts.incidentnotify``)
-            text, parts = incident_message(alerts, group_labels, status, fit=fit, max_alerts=3 if short else 10)
+        if incidents or is_incident(group_labels):  # incidents (``alerts.incidentnotify``)
+            most = 3 if short else 10
+            text, parts = (
+                incidents_message(alerts, incidents, status, fit=fit, max_alerts=most)
+                if incidents
+                else incident_message(alerts, group_labels, status, fit=fit, max_alerts=most)
+            )
             attachment = {"color": self._colour(firing), "blocks": parts}
             return {"text": fit(text, SECTION_TEXT_MAX), "attachments": [attachment]}
         title = self._title(firing, resolved, group_labels, status)

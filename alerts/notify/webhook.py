@@ -36,6 +36,7 @@ def alertmanager_alert(alert: AlertState) -> dict[str, Any]:
         "labels": dict(alert.labels),
         "annotations": dict(alert.annotations),
         "startsAt": format_timestamp(started),
+        "beganAt": format_timestamp(alert.began),  # when the fault began (a hang's first stalled round), not fired
         "endsAt": format_timestamp(alert.resolved_at) if resolved and alert.resolved_at is not None else ZERO_TIME,
         "generatorURL": alert.annotations.get("dashboard", ""),
         "fingerprint": alert.fingerprint,
@@ -50,8 +51,11 @@ def alertmanager_payload(
     status: str,
     group_key: str,
     external_url: str = "",
+    incidents: Sequence[Mapping[str, str]] = (),
 ) -> dict[str, Any]:
-    """The version-4 webhook payload (docs/domain.md §6)."""
+    """The version-4 webhook payload (docs/domain.md §6); a message about several incidents adds ``incidents``, each
+    one's verdict as a single incident's message has it in ``groupLabels``."""
+    extra = {"incidents": [dict(i) for i in incidents]} if incidents else {}
     return {
         "version": "4",
         "groupKey": group_key,
@@ -63,6 +67,7 @@ def alertmanager_payload(
         "commonAnnotations": _common([a.annotations for a in alerts]),
         "externalURL": external_url,
         "alerts": [alertmanager_alert(a) for a in alerts],
+        **extra,
     }
 
 
@@ -93,7 +98,13 @@ class WebhookNotifier:
         self._bearer = bearer_source
 
     def render(
-        self, alerts: Sequence[AlertState], *, group_labels: Mapping[str, str], status: str, group_key: str = ""
+        self,
+        alerts: Sequence[AlertState],
+        *,
+        group_labels: Mapping[str, str],
+        status: str,
+        group_key: str = "",
+        incidents: Sequence[Mapping[str, str]] = (),
     ) -> dict[str, Any]:
         return alertmanager_payload(
             alerts,
@@ -102,6 +113,7 @@ class WebhookNotifier:
             status=status,
             group_key=group_key,
             external_url=self._external_url,
+            incidents=incidents,
         )
 
     def send(
@@ -111,8 +123,11 @@ class WebhookNotifier:
         group_labels: Mapping[str, str],
         status: str,
         group_key: str = "",
+        incidents: Sequence[Mapping[str, str]] = (),
     ) -> None:
-        payload = self.render(alerts, group_labels=group_labels, status=status, group_key=group_key)
+        payload = self.render(
+            alerts, group_labels=group_labels, status=status, group_key=group_key, incidents=incidents
+        )
         self._post(json.dumps(payload).encode())
 
     def _post(self, body: bytes, url: SecretSource | None = None) -> None:

@@ -21,9 +21,10 @@ import pytest
 from gpulens.alerts.config import build_notifiers, parse_alerting
 from gpulens.alerts.engine import AlertEngine
 from gpulens.alerts.notify.alertmanager import AlertmanagerNotifier, api_url, lease_s, postable_alerts
-from gpulens.alerts.notify.delivery import Backoff, InMemoryOutbox
+from gpulens.alerts.notify.delivery import Backoff, Delivery, InMemoryOutbox
 from gpulens.alerts.service import AlertService
-from gpulens.alerts.state import FIRING, RESOLVED, AlertState, fingerprint
+from gpulens.alerts.state import FIRING, RESOLVED, AlertState, StepResult, fingerprint
+from gpulens.clock import SystemClock
 from gpulens.config import ConfigError, format_timestamp
 from gpulens.model import TargetHealth
 from gpulens.storage import alertstore
@@ -195,6 +196,38 @@ def test_test_notify_reaches_each_alertmanager_of_the_receiver(pair: tuple[Alert
         assert labelled(am, "GpulensTestNotification")["labels"]["severity"] == "info"
 
 
+def test_a_re_attributed_incident_leaves_only_its_new_label_set_active(pair: tuple[Alertmanager, ...]) -> None:
+    """A dead rank's stall, then the XID of the rank's GPU: the incident's culprit changes from the rank to the GPU,
+    so the stall's ``culprit_*`` labels change and Alertmanager sees a new alert; the old label set is withdrawn
+    (sent once, ending now) instead of lingering until its lease ends."""
+    am = pair[0]
+    config = parse_alerting({"receivers": [{"name": "am", "kind": "alertmanager", "url_env": "AM"}]})
+    outbox = InMemoryOutbox()
+    engine = AlertEngine([], routes=config.routes, outbox=outbox)
+    delivery = Delivery(outbox, build_notifiers(config.receivers, environ={"AM": am.url}), clock=SystemClock())
+    now = time.time()
+    gpu = {"node": "n-moved", "gpu": "4", "uuid": uuid("n-moved", 4), "job_id": "moved"}
+
+    def fired(rule: str, at: float, notes: dict[str, str] | None = None, **labels: str) -> AlertState:
+        full = {"alertname": rule, "severity": "critical", **labels}
+        return AlertState(fingerprint(full), rule, full, notes or {}, FIRING, at, fired_at=at, last_seen=at)
+
+    stall = fired("CommunicationStall", now - 20, {"stuck_at": "12@n-moved:4"}, job_id="moved", signature="rank_dead")
+    xid = fired("XidError", now - 10, xid="79", **gpu)
+    engine.settle(now - 10, StepResult({stall.fingerprint: stall}, [], []))
+    delivery.run_due(now - 10)
+    before = labelled(am, "CommunicationStall", None)
+    assert before["labels"]["culprit_kind"] == "rank"
+    engine.settle(now, StepResult({stall.fingerprint: stall, xid.fingerprint: xid}, [], []))
+    counts = delivery.run_due(now)
+    assert counts.failed == 0
+    stalls = [a for a in am.alerts() if a["labels"].get("job_id") == "moved" and "xid" not in a["labels"]]
+    assert [a["labels"]["culprit_kind"] for a in stalls] == ["gpu"]  # only the new label set is active
+    assert stalls[0]["labels"]["culprit_uuid"] == gpu["uuid"]
+    assert stalls[0]["labels"]["incident"] == before["labels"]["incident"]  # the same incident, re-attributed
+    assert labelled(am, "XidError", "n-moved")["labels"]["incident"] == before["labels"]["incident"]
+
+
 # --- without a server: the resend schedule, the rendering and the config ------------------------------------------
 
 
@@ -217,17 +250,22 @@ def test_a_firing_alert_is_sent_at_once_and_again_every_resend_interval() -> Non
     rules = [r for r in config.rules if r.name in ("GpuHot", "Watchdog")]
     engine = AlertEngine(rules, routes=config.routes, outbox=outbox, destinations=config.destinations())
     sent: dict[str, list[float]] = {}
+    told: list[int] = []
     for k in range(14):  # rounds every 10 s for 130 s; a second GPU gets hot in the round at 30 s
         now = T0 + 10 * k
         hot = {"n1": 90.0, "n2": 90.0 if k >= 3 else 40.0}
         snaps = [snapshot(n, [healthy_gpu(n, 0, temperature_celsius=t)]) for n, t in hot.items()]
         for note in engine.process(now, snaps, []).notifications:
             sent.setdefault(f"{note.receiver}:{note.alerts[0].rule}", []).append(now - T0)
+            if note.receiver == "chat":
+                told.append(len(note.incidents))
     # Alertmanager: at once, then every minute; a new alert of the group goes at once (with the group's others).
     assert sent["am:GpuHot"] == [0, 30, 90]
     assert sent["am:Watchdog"] == [0, 60, 120]
-    # Slack gets one message per incident (one per hot GPU), each after its 30 s wait, and never the Watchdog.
-    assert sent["chat:GpuHot"] == [30, 60]
+    # Slack is told of both incidents (one per hot GPU) in one message, after the first one's 30 s wait (the second
+    # fired in that round), and never of the Watchdog.
+    assert sent["chat:GpuHot"] == [30]
+    assert told == [2]
     assert "chat:Watchdog" not in sent
 
 

@@ -90,8 +90,8 @@ def test_full_config() -> None:
     assert rules["JobLowPower"].scope == "job"
     assert [r.name for r in config.receivers] == ["ops-slack", "am"]
     assert config.receivers[1].timeout_s == 5.0
-    # a webhook receiver gets one message per incident (``alerts.incidentnotify``)
-    assert config.routes[0] == Route("am", config.routes[0].matchers, continue_=True, incidents=True)
+    # a webhook receiver is told of incidents, those due at once in one message (``alerts.incidentnotify``)
+    assert config.routes[0] == Route("am", config.routes[0].matchers, continue_=True, incidents=True, batch=True)
     assert str(config.routes[0].matchers[0]) == "severity=critical"
     slack_route = config.routes[1]
     assert (slack_route.group_by, slack_route.group_wait_s, slack_route.repeat_interval_s) == (
@@ -141,7 +141,7 @@ def test_derived_fields() -> None:
 
 def test_no_routes_means_every_receiver_gets_everything() -> None:
     config = parse('[alerts]\n[[alerts.receivers]]\nname = "a"\nkind = "webhook"\nurl_env = "A"\n')
-    assert config.routes == (Route("a", continue_=True, incidents=True),)
+    assert config.routes == (Route("a", continue_=True, incidents=True, batch=True),)
 
 
 def test_defaults_are_the_builtin_catalogue() -> None:

@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -206,7 +206,8 @@ def test_slack_ok_body_is_required(server: tuple[str, Script]) -> None:
 def test_webhook_sends_the_alertmanager_v4_payload(server: tuple[str, Script]) -> None:
     url, script = server
     hook = WebhookNotifier(url, name="am", external_url="https://gpulens.example", bearer_source=lambda: "tok3n")
-    alerts = [alert(), alert(RESOLVED, gpu="4", uuid="GPU-def")]
+    # the first fault began 30 s before its condition held (a hang's first stalled round)
+    alerts = [replace(alert(), began_at=1_767_225_570.0), alert(RESOLVED, gpu="4", uuid="GPU-def")]
     hook.send(alerts, group_labels={"alertname": "GpuLost"}, status=FIRING, group_key="k1")
     [request] = script.requests
     assert request.headers["authorization"] == "Bearer tok3n"
@@ -220,8 +221,19 @@ def test_webhook_sends_the_alertmanager_v4_payload(server: tuple[str, Script]) -
     assert body["commonAnnotations"]["description"] == "d"
     assert body["externalURL"] == "https://gpulens.example"
     first, second = body["alerts"]
-    assert set(first) == {"status", "labels", "annotations", "startsAt", "endsAt", "generatorURL", "fingerprint"}
+    assert set(first) == {
+        "status",
+        "labels",
+        "annotations",
+        "startsAt",
+        "beganAt",
+        "endsAt",
+        "generatorURL",
+        "fingerprint",
+    }
     assert (first["status"], first["startsAt"], first["endsAt"]) == ("firing", "2026-01-01T00:01:00Z", ZERO_TIME)
+    assert first["beganAt"] == "2025-12-31T23:59:30Z"  # when the fault began, before it fired (startsAt)
+    assert second["beganAt"] == "2026-01-01T00:00:00Z"  # no earlier start known: when its condition first held
     assert first["generatorURL"] == "https://gpulens.example/gpus/GPU-abc"
     assert first["fingerprint"] == fingerprint(first["labels"])
     assert (second["status"], second["endsAt"]) == ("resolved", "2026-01-01T00:10:00Z")

@@ -15,7 +15,13 @@ from gpulens.alerts.service import AlertService
 from gpulens.cli.simulation import simulate
 from gpulens.storage.connect import open_database
 
-from .incidentscenarios import GPU_LOST_EXAMPLE, LINK_UNDER_TWO_JOBS, TWO_FAULTS_ONE_JOB, XID_AFTER_STALL
+from .incidentscenarios import (
+    GPU_LOST_EXAMPLE,
+    LINK_UNDER_TWO_JOBS,
+    MEMORY_STARVED,
+    TWO_FAULTS_ONE_JOB,
+    XID_AFTER_STALL,
+)
 from .receivers import flaky_receiver, recording_receiver
 
 RECEIVERS = {
@@ -104,8 +110,13 @@ def _culprit(incident: dict[str, Any]) -> tuple[Any, ...]:
                 (("gpu", "node-00", 2, None), ["ft"], {"XidError"}),
             ],
         ),
+        # a node out of memory starves a job spanning it: the host alert explains the job's, the node is the culprit
+        (
+            MEMORY_STARVED,
+            [(("node", "node-01", None, None), ["loader"], {"HostMemoryPressure", "JobInputBound"})],
+        ),
     ],
-    ids=["xid-after-stall", "link-under-two-jobs", "two-faults-one-job"],
+    ids=["xid-after-stall", "link-under-two-jobs", "two-faults-one-job", "memory-starved"],
 )
 def test_overlapping_causes_each_name_their_culprit(
     tmp_path: Path, scenario: str, expected: list[tuple[tuple[Any, ...], list[str], set[str]]]

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpulens.alerts.base import AlertRule, Candidate
+from gpulens.alerts.culpritaddress import CulpritAddresses, Lookup
 from gpulens.alerts.grouping import Grouper, GroupState, Notification, Route
 from gpulens.alerts.history import History
 from gpulens.alerts.incidentnotify import labelled
@@ -57,9 +58,12 @@ class AlertEngine:
         inhibitions: Sequence[Inhibition] = DEFAULT_INHIBITIONS,
         destinations: Mapping[str, Sequence[str]] | None = None,
         incidents: Mapping[str, Incident] | None = None,
+        gpu_addresses: Lookup | None = None,
     ) -> None:
         """``destinations``: a receiver's outbox destinations when it has several (an alertmanager receiver's URLs:
-        each gets its own copy of every notification, delivered and retried on its own); else the receiver."""
+        each gets its own copy of every notification, delivered and retried on its own); else the receiver.
+        ``gpu_addresses``: the store's PCI addresses of GPUs, for a GPU culprit whose address the history lacks
+        (``alerts.culpritaddress``)."""
         names = [r.name for r in rules]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -76,6 +80,7 @@ class AlertEngine:
         self._dashboard_url = dashboard_url
         self._inhibitions = tuple(inhibitions)
         self._destinations = {k: tuple(v) for k, v in (destinations or {}).items()}
+        self.addresses = CulpritAddresses(gpu_addresses)
 
     def process(self, now: float, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth]) -> EngineRound:
         """Take one scrape round: add it to the history, evaluate, step the alerts, group and enqueue."""
@@ -92,7 +97,7 @@ class AlertEngine:
             inhibitions=self._inhibitions,
             dashboard_url=self._dashboard_url,
         )
-        incidents = form(self.incidents, result.states, now)
+        incidents = self.addresses.fill(form(self.incidents, result.states, now), self.history)
         annotate(result.states, incidents)
         self.states = result.states
         grouping = self.grouper.step(self.groups, labelled(result.states.values(), incidents), now)

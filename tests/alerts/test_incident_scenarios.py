@@ -14,6 +14,7 @@ from gpulens.alerts.incidentread import read_open_incidents
 from gpulens.alerts.service import AlertService
 from gpulens.cli.simulation import simulate
 from gpulens.storage.connect import open_database
+from gpulens.storage.inventory import gpu_info
 
 from .incidentscenarios import (
     GPU_LOST_EXAMPLE,
@@ -51,7 +52,7 @@ def test_a_gpu_off_the_bus_under_a_16_node_job_is_one_incident_and_one_slack_mes
         "node": "node-07",
         "gpu": 5,
         "uuid": incident["culprit"]["uuid"],
-        "pci": None,
+        "pci": incident["culprit"]["pci"],
         "device": None,
         "port": None,
         "job_id": None,
@@ -72,6 +73,10 @@ def test_a_gpu_off_the_bus_under_a_16_node_job_is_one_incident_and_one_slack_mes
     # stored: a restarted (or failed-over) engine resumes the incident, already notified
     db = open_database(url)
     try:
+        # the culprit's PCI address is its GPU's, as the store knows it (no alert of this incident carries one)
+        (lost,) = gpu_info(db, uuids=[incident["culprit"]["uuid"]])
+        assert incident["culprit"]["pci"] == lost.pci_bus_id
+        assert lost.pci_bus_id and lost.pci_bus_id.endswith(":00.0")
         (stored,) = read_open_incidents(db)
         assert stored.id == incident["id"]
         assert stored.notified is not None

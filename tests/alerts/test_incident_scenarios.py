@@ -76,7 +76,8 @@ def test_a_gpu_off_the_bus_under_a_16_node_job_is_one_incident_and_one_slack_mes
         # the culprit's PCI address is its GPU's, as the store knows it (no alert of this incident carries one)
         (lost,) = gpu_info(db, uuids=[incident["culprit"]["uuid"]])
         assert incident["culprit"]["pci"] == lost.pci_bus_id
-        assert lost.pci_bus_id and lost.pci_bus_id.endswith(":00.0")
+        assert lost.pci_bus_id
+        assert lost.pci_bus_id.endswith(":00.0")
         (stored,) = read_open_incidents(db)
         assert stored.id == incident["id"]
         assert stored.notified is not None

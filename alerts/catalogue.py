@@ -15,6 +15,7 @@ from gpulens.alerts.base import AlertRule
 from gpulens.alerts.definition import Definition, RoundPlan
 from gpulens.alerts.fabriccatalogue import FABRIC_DEFINITIONS
 from gpulens.alerts.hardwarecatalogue import HARDWARE_DEFINITIONS
+from gpulens.alerts.hostcatalogue import HOST_DEFINITIONS
 from gpulens.alerts.inspectorcatalogue import INSPECTOR_DEFINITIONS
 from gpulens.alerts.names import (  # the rules' names, re-exported: the catalogue is where users look them up
     COMMUNICATION_STALL,
@@ -400,6 +401,7 @@ DEFINITIONS: Final[tuple[Definition, ...]] = (
         export=promql.gpu_driver_hung,
     ),
     *FABRIC_DEFINITIONS,
+    *HOST_DEFINITIONS,
     *HARDWARE_DEFINITIONS,
     *INSPECTOR_DEFINITIONS,
     Definition(

@@ -11,8 +11,9 @@ One ``Explains`` row says that an alert of a ``causes`` rule explains an alert o
 * ``port_job``: the cause's port carries the effect's job (the port alert's ``job_id`` lists the jobs on its GPUs);
 * ``node``: the cause is about the node the effect is on.
 
-Host memory pressure and CPU contention are no alerts of their own: ``JobInputBound`` is raised where they starve a
-job's loader, so its culprit is the host (``OWN_CULPRIT``), with the job in the blast radius.
+``HostMemoryPressure`` and ``HostCpuContention`` on a node explain the ``JobInputBound`` of the jobs on it
+(``job_on_gpu``: a whole-node cause): the culprit is the node, the cause named. A ``JobInputBound`` that neither
+explains (its host's iowait alone) still culprits its host (``OWN_CULPRIT``), with the job in the blast radius.
 
 ``LAYERS`` orders the culprit kinds from the lowest (a node: everything on it fails with it) to the highest (a job);
 ``RULE_ACTIONS`` gives each rule's action in the XID catalogue's vocabulary (``XidError`` takes its code's). Rules
@@ -34,6 +35,8 @@ from gpulens.alerts.names import (
     GPU_FABRIC_NOT_READY,
     GPU_LOST,
     GPU_MISSING,
+    HOST_CPU_CONTENTION,
+    HOST_MEMORY_PRESSURE,
     IB_ERRORS,
     IB_LINK_DEGRADED,
     IB_LINK_DOWN,
@@ -75,6 +78,7 @@ PORT_FAULTS: Final = (IB_LINK_DOWN, IB_LINK_FLAPPING, IB_LINK_DEGRADED, IB_ERROR
 GPU_SLOWDOWNS: Final = (THERMAL_THROTTLING, POWER_CAPPED, NVLINK_ERRORS)
 JOB_EFFECTS: Final = (COMMUNICATION_STALL, JOB_STRAGGLER, JOB_INEFFICIENT, IDLE_ALLOCATED)
 NODE_FAULTS: Final = (EXPORTER_DOWN, GPU_DRIVER_HUNG, GPU_FABRIC_NOT_READY)
+HOST_PRESSURE: Final = (HOST_MEMORY_PRESSURE, HOST_CPU_CONTENTION)
 
 CAUSAL_TABLE: Final = (
     Explains(GPU_FAULTS, JOB_EFFECTS, "job_on_gpu", "a GPU fault stalls, slows or idles every job on that GPU"),
@@ -82,6 +86,7 @@ CAUSAL_TABLE: Final = (
     Explains(PORT_FAULTS, (COMMUNICATION_STALL, JOB_STRAGGLER, JOB_INEFFICIENT), "port_job", "a port under the job"),
     Explains(GPU_SLOWDOWNS, (JOB_STRAGGLER,), "named_gpu", "the straggler's GPU is throttled or its NVLinks fail"),
     Explains(NODE_FAULTS, ("*",), "node", "a node that does not answer or is unhealthy explains all on it"),
+    Explains(HOST_PRESSURE, (JOB_INPUT_BOUND,), "job_on_gpu", "the host's memory or CPUs starve the job's loader"),
 )
 
 # Rules whose alerts on several GPUs or ports of one job are one incident, whose culprit is the job: what the job's
@@ -130,6 +135,8 @@ RULE_ACTIONS: Final = {
     COMMUNICATION_STALL: CHECK_APPLICATION,
     JOB_STRAGGLER: CHECK_APPLICATION,
     JOB_INPUT_BOUND: CHECK_APPLICATION,
+    HOST_MEMORY_PRESSURE: CHECK_APPLICATION,
+    HOST_CPU_CONTENTION: CHECK_APPLICATION,
     JOB_INEFFICIENT: CHECK_APPLICATION,
     IDLE_ALLOCATED: CHECK_APPLICATION,
 }

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpulens.alerts.base import AlertRule, Candidate
+from gpulens.alerts.culpritaddress import CulpritAddresses, Lookup
 from gpulens.alerts.grouping import Grouper, GroupState, Notification, Route
 from gpulens.alerts.history import History
 from gpulens.alerts.incidentnotify import BATCH_KEY, labelled, notify_round, withdrawn
@@ -65,9 +66,12 @@ class AlertEngine:
         inhibitions: Sequence[Inhibition] = DEFAULT_INHIBITIONS,
         destinations: Mapping[str, Sequence[str]] | None = None,
         incidents: Mapping[str, Incident] | None = None,
+        gpu_addresses: Lookup | None = None,
     ) -> None:
         """``destinations``: a receiver's outbox destinations when it has several (an alertmanager receiver's URLs:
-        each gets its own copy of every notification, delivered and retried on its own); else the receiver."""
+        each gets its own copy of every notification, delivered and retried on its own); else the receiver.
+        ``gpu_addresses``: the store's PCI addresses of GPUs, for a GPU culprit whose address the history lacks
+        (``alerts.culpritaddress``)."""
         names = [r.name for r in rules]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -84,6 +88,7 @@ class AlertEngine:
         self._dashboard_url = dashboard_url
         self._inhibitions = tuple(inhibitions)
         self._destinations = {k: tuple(v) for k, v in (destinations or {}).items()}
+        self.addresses = CulpritAddresses(gpu_addresses)
 
     def process(self, now: float, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth]) -> EngineRound:
         """Take one scrape round: add it to the history, evaluate, step the alerts, group and enqueue."""
@@ -104,7 +109,7 @@ class AlertEngine:
 
     def settle(self, now: float, result: StepResult, candidates: Sequence[Candidate] = ()) -> EngineRound:
         """After the alerts stepped: form the incidents, group and enqueue the round's notifications."""
-        incidents = form(self.incidents, result.states, now)
+        incidents = self.addresses.fill(form(self.incidents, result.states, now), self.history)
         annotate(result.states, incidents)
         sent_before = labelled(self.states.values(), self.incidents)
         self.states = result.states

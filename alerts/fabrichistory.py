@@ -415,6 +415,14 @@ class FabricWindow:
     def host(self, node: str) -> HostReading | None:
         return self._latest_hosts.get(node)
 
+    def hosts(self) -> Sequence[HostReading]:
+        """Every node's host reading this round, by node name."""
+        return [self._latest_hosts[node] for node in sorted(self._latest_hosts)]
+
+    def all_job_hosts(self) -> list[JobHostReading]:
+        """Every job's share of each of its nodes this round."""
+        return [share for shares in self._latest_job_hosts.values() for share in shares]
+
     def host_series(self, node: str) -> Sequence[tuple[float, HostReading]]:
         return self._hosts.get(node, ())
 

@@ -159,7 +159,8 @@ def culprit_of(a: Alertish) -> Culprit:
 
 
 def _nodes(labels: Mapping[str, str]) -> set[str]:
-    return set(split(labels.get("nodes"))) | ({labels["node"]} if labels.get("node") else set())
+    """The nodes an alert is on: its ``nodes`` and ``node`` labels (a job's ``node`` may list several)."""
+    return set(split(labels.get("nodes"))) | set(split(labels.get("node")))
 
 
 def explains(join: str, cause: Alertish, effect: Alertish) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 
 from gpulens.alerts.commandaction import CommandAction, CommandConfig
 from gpulens.alerts.config import AlertingConfig, build_notifiers, parse_alerting
+from gpulens.alerts.culpritaddress import Lookup
 from gpulens.alerts.drain import SlurmDrainer, remediation_line
 from gpulens.alerts.engine import AlertEngine, EngineRound
 from gpulens.alerts.grouping import GroupState
@@ -121,10 +122,12 @@ class AlertService:
         poll_s: float = DEFAULT_POLL_S,
         interval_s: float = 10.0,
         load_at_first_round: bool = False,
+        gpu_addresses: Lookup | None = None,
     ) -> None:
         """``load_at_first_round``: load the stored states at the first round instead of now (a service built for a
         round that is already stored, as ``collector.pair.WhileActive`` builds it, must not count that round as
-        history)."""
+        history). ``gpu_addresses``: the store's PCI addresses of GPUs (``culpritaddress.from_store``), for the
+        incidents' GPU culprits."""
         self._db = db
         self._interval_s = interval_s
         self._clock = clock or SystemClock()
@@ -136,6 +139,7 @@ class AlertService:
             silences=self._silences,
             dashboard_url=config.dashboard_url,
             destinations=config.destinations(),
+            gpu_addresses=gpu_addresses,
         )
         self._loaded = False
         self._saved: dict[str, Incident] = {}  # the incidents as last written

@@ -5,7 +5,7 @@ and the cluster map of one cell per node. A click on a cell carries the page it 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -298,36 +298,59 @@ def job_grid(cells: Sequence[GridCell], nodes: Sequence[str], *, show_text: bool
 
 
 def cluster_map(
-    node_values: Sequence[tuple[str, float | None, str]], metric: Metric, *, columns: int = 50
+    node_values: Sequence[tuple[str, float | None, str]],
+    metric: Metric,
+    *,
+    columns: int = 50,
+    hung: Collection[str] = frozenset(),
 ) -> go.Figure:
     """Every node as one cell (its mean of ``metric``), ``columns`` per row: the whole cluster at a glance.
 
-    ``node_values`` is (node, value, hover text) in display order; a click's x and y give the node's position.
+    ``node_values`` is (node, value, hover text) in display order; a click's x and y give the node's position. The
+    nodes in ``hung`` (a GPU of theirs hung: a stalled job's, a hung driver's) are drawn orange over their value, as
+    the heatmap draws their GPUs: a hung GPU can read 100 % busy.
     """
     if not node_values:
         return empty_figure("no nodes")
     columns = max(1, min(columns, len(node_values)))
     rows = math.ceil(len(node_values) / columns)
     z: list[list[float | None]] = [[None] * columns for _ in range(rows)]
+    overlay: list[list[float | None]] = [[None] * columns for _ in range(rows)]
     hover: list[list[str]] = [[""] * columns for _ in range(rows)]
     for i, (node, value, text) in enumerate(node_values):
         row, col = divmod(i, columns)
         z[row][col] = round_sig(value, 3)
         hover[row][col] = text or node
-    trace = go.Heatmap(
-        z=z,
-        customdata=hover,
-        zmin=metric.zmin,
-        zmax=metric.zmax,
-        colorscale=colorscale(metric.colorscale),
-        showscale=False,
-        hovertemplate="%{customdata}<extra></extra>",
-        xgap=1,
-        ygap=1,
-        **VALIDATE,
-    )
+        if node in hung:
+            overlay[row][col] = 1.0
+    cells = {"customdata": hover, "hovertemplate": "%{customdata}<extra></extra>", "xgap": 1, "ygap": 1}
+    traces = [
+        go.Heatmap(
+            z=z,
+            zmin=metric.zmin,
+            zmax=metric.zmax,
+            colorscale=colorscale(metric.colorscale),
+            showscale=False,
+            name=metric.label,
+            **cells,
+            **VALIDATE,
+        )
+    ]
+    if hung:
+        traces.append(
+            go.Heatmap(
+                z=overlay,
+                zmin=0,
+                zmax=1,
+                colorscale=[[0, HUNG_COLOR], [1, HUNG_COLOR]],
+                showscale=False,
+                name="hung",
+                **cells,
+                **VALIDATE,
+            )
+        )
     return figure(
-        [trace],
+        traces,
         base_layout(
             height=40 + 16 * rows,
             margin={"l": 4, "r": 4, "t": 4, "b": 4},

@@ -311,13 +311,19 @@ def fabric_of(
 
 
 def node_map(grid: GridPage, metric: Metric) -> Any:
+    """Every node in a cell; a node with hung GPUs marked hung, as the heatmap marks its GPUs."""
     values = []
+    hung = set()
     for row in grid.rows:
         state = f"{row.problems} GPU(s) down or stale" if row.problems else f"{len(row.cells)} GPUs"
         value = metric.text(row.value) if row.value is not None else MISSING
         hover = f"<b>{plotly_text(row.node)}</b><br>{metric.label}: {value}<br>{state}"
+        held = [c.hung for c in row.cells if c.hung]
+        if held:
+            hung.add(row.node)
+            hover += f"<br><b>{len(held)} GPU(s) {plotly_text(held[0])}</b>"
         values.append((row.node, row.value, hover))
-    return cluster_map(values, metric, columns=MAP_COLUMNS)
+    return cluster_map(values, metric, columns=MAP_COLUMNS, hung=hung)
 
 
 def headline_cards(h: Headline, alerts_firing: int | None) -> list[html.Div]:

@@ -191,6 +191,7 @@ def _run_rules(args: argparse.Namespace) -> int:
     import time
 
     from gpulens.alerts.config import build_notifiers
+    from gpulens.alerts.culpritaddress import from_store
     from gpulens.alerts.engine import AlertEngine
     from gpulens.alerts.promround import round_reader
     from gpulens.alerts.service import AlertService, alerting_config
@@ -216,7 +217,12 @@ def _run_rules(args: argparse.Namespace) -> int:
         # Built on becoming active: its notification worker delivers what the rounds decide, apart from them.
         rules = WhileActive(
             lambda: AlertService(
-                state, alerting, interval_s=args.interval, notifiers=notifiers, load_at_first_round=True
+                state,
+                alerting,
+                interval_s=args.interval,
+                notifiers=notifiers,
+                load_at_first_round=True,
+                gpu_addresses=from_store(store),
             ).start()
         )
         try:

@@ -45,6 +45,7 @@ from gpulens.alerts.catalogue import (
     THERMAL_THROTTLING,
     XID_ERROR,
 )
+from gpulens.alerts.names import HOST_CPU_CONTENTION, HOST_MEMORY_PRESSURE
 from gpulens.alerts.replay import FiredAlert, replay
 from gpulens.alerts.rules import builtin_rules
 from gpulens.exporter.sim import FaultSpec, GpuRef, Scenario, SimCluster, parse_scenario
@@ -297,9 +298,14 @@ class _Expectations:
             gap = (e - s) / count
             required = count > limit and limit * gap < rule.threshold("window_s")
             self.out += [Expected(IB_LINK_FLAPPING, port, s, e, required, cause) for port in self.ports(f)]
-        elif f.kind == "host_cpu_contention":
+        elif f.kind == "host_cpu_contention":  # its cgroup at its CPU limit on each of its nodes
             self.add(JOB_INPUT_BOUND, {"job_id": str(f.job)}, s, e, cause)
+            for name in dict.fromkeys(g.node for g in self.jobs[str(f.job)].gpus):
+                self.add(HOST_CPU_CONTENTION, {"node": name}, s, e, cause)
         elif f.kind == "host_memory_pressure":
+            hosts = [f.node] if f.node else dict.fromkeys(g.node for g in self.jobs[str(f.job)].gpus)
+            for name in hosts:
+                self.add(HOST_MEMORY_PRESSURE, {"node": str(name)}, s, e, cause)
             for job_id in [str(f.job)] if f.job else f.jobs_hit:
                 self.add(JOB_INPUT_BOUND, {"job_id": job_id}, s, e, cause)
                 if self.jobs[job_id].kind != "training":  # an inference server or notebook may never have been busy

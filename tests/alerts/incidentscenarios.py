@@ -93,3 +93,28 @@ xid = 48
 at = "20m"
 """
 )
+
+# A node runs out of memory under a training job that spans it and another node: the job's loaders starve
+# (JobInputBound), the node says why (HostMemoryPressure): one incident, its culprit the node.
+MEMORY_STARVED: Final = (
+    _header(3, "H100-SXM5-80GB", 9, "30m")
+    + """
+[[jobs]]
+id = "loader"
+user = "carol"
+kind = "training"
+gpus = ["node-01:0-7", "node-02:0-7"]
+
+[[jobs]]
+id = "bystander"
+user = "dan"
+kind = "training"
+gpus = ["node-00:0-7"]
+
+[[faults]]
+kind = "host_memory_pressure"
+node = "node-01"
+at = "8m"
+duration = "15m"
+"""
+)

@@ -628,6 +628,44 @@ def _cases() -> list[Case]:
             [],
         ),
         Case("Watchdog", "always", [], 1, [{}]),
+        *_host_cases(),
+    ]
+
+
+def _host_cases() -> list[Case]:
+    """The node's host: memory nearly all taken from 10m; CPUs saturated; a job's cgroup at its CPU limit."""
+    node = {"node": "n1"}
+    total = ("gpulens_host_memory_total_bytes", node, steady(2**41))
+    cgroup = {"node": "n1", "job_id": "train"}
+    limit = ("gpulens_job_cpu_limit_cores", cgroup, steady(16))
+
+    def cpu_seconds(cores: float) -> Series:
+        return ("gpulens_job_cpu_seconds_total", cgroup, " ".join(str(cores * 60 * k) for k in range(MINUTES)))
+
+    return [
+        Case(
+            "HostMemoryPressure",
+            "0.5 % available from 10m",
+            [total, ("gpulens_host_memory_available_bytes", node, then((2**40, 10), (2**41 * 0.005, MINUTES - 10)))],
+            15,
+            [node],
+        ),
+        Case(
+            "HostMemoryPressure",
+            "20 % available",
+            [total, ("gpulens_host_memory_available_bytes", node, steady(2**41 * 0.2))],
+            15,
+            [],
+        ),
+        Case("HostCpuContention", "CPUs 98 % busy", [("gpulens_host_cpu_busy_ratio", node, steady(0.98))], 15, [node]),
+        Case("HostCpuContention", "a job's cgroup at its 16-core limit", [limit, cpu_seconds(16)], 15, [node]),
+        Case(
+            "HostCpuContention",
+            "CPUs 60 % busy, a job at half its limit",
+            [("gpulens_host_cpu_busy_ratio", node, steady(0.6)), limit, cpu_seconds(8)],
+            15,
+            [],
+        ),
     ]
 
 

@@ -201,7 +201,9 @@ def test_fabric_example_raises_each_faults_alert_on_its_port_and_job() -> None:
     assert "IbLinkDown node-01 mlx5_2" in stalls[0].annotations.get("cause", "")
     slow = {a.labels["job_id"] for a in outcome.fired if a.alertname == "JobCommunicationSlow"}
     assert slow == {"finetune", "a100-train"}  # NCCL's Inspector: the congestion, the port at half its rate
-    assert len(outcome.fired) == len(ports) + len(inputs) + len(stalls) + len(slow)  # each once
+    hosts = {(a.alertname, a.labels["node"]) for a in outcome.fired if a.alertname.startswith("Host")}
+    assert hosts == {("HostCpuContention", "node-04"), ("HostMemoryPressure", "node-07")}  # what starves each
+    assert len(outcome.fired) == len(ports) + len(inputs) + len(stalls) + len(slow) + len(hosts)  # each once
 
 
 @pytest.mark.parametrize(

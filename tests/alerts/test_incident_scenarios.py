@@ -14,8 +14,15 @@ from gpulens.alerts.incidentread import read_open_incidents
 from gpulens.alerts.service import AlertService
 from gpulens.cli.simulation import simulate
 from gpulens.storage.connect import open_database
+from gpulens.storage.inventory import gpu_info
 
-from .incidentscenarios import GPU_LOST_EXAMPLE, LINK_UNDER_TWO_JOBS, TWO_FAULTS_ONE_JOB, XID_AFTER_STALL
+from .incidentscenarios import (
+    GPU_LOST_EXAMPLE,
+    LINK_UNDER_TWO_JOBS,
+    MEMORY_STARVED,
+    TWO_FAULTS_ONE_JOB,
+    XID_AFTER_STALL,
+)
 from .receivers import flaky_receiver, recording_receiver
 
 RECEIVERS = {
@@ -45,7 +52,7 @@ def test_a_gpu_off_the_bus_under_a_16_node_job_is_one_incident_and_one_slack_mes
         "node": "node-07",
         "gpu": 5,
         "uuid": incident["culprit"]["uuid"],
-        "pci": None,
+        "pci": incident["culprit"]["pci"],
         "device": None,
         "port": None,
         "job_id": None,
@@ -66,6 +73,11 @@ def test_a_gpu_off_the_bus_under_a_16_node_job_is_one_incident_and_one_slack_mes
     # stored: a restarted (or failed-over) engine resumes the incident, already notified
     db = open_database(url)
     try:
+        # the culprit's PCI address is its GPU's, as the store knows it (no alert of this incident carries one)
+        (lost,) = gpu_info(db, uuids=[incident["culprit"]["uuid"]])
+        assert incident["culprit"]["pci"] == lost.pci_bus_id
+        assert lost.pci_bus_id
+        assert lost.pci_bus_id.endswith(":00.0")
         (stored,) = read_open_incidents(db)
         assert stored.id == incident["id"]
         assert stored.notified is not None
@@ -104,8 +116,13 @@ def _culprit(incident: dict[str, Any]) -> tuple[Any, ...]:
                 (("gpu", "node-00", 2, None), ["ft"], {"XidError"}),
             ],
         ),
+        # a node out of memory starves a job spanning it: the host alert explains the job's, the node is the culprit
+        (
+            MEMORY_STARVED,
+            [(("node", "node-01", None, None), ["loader"], {"HostMemoryPressure", "JobInputBound"})],
+        ),
     ],
-    ids=["xid-after-stall", "link-under-two-jobs", "two-faults-one-job"],
+    ids=["xid-after-stall", "link-under-two-jobs", "two-faults-one-job", "memory-starved"],
 )
 def test_overlapping_causes_each_name_their_culprit(
     tmp_path: Path, scenario: str, expected: list[tuple[tuple[Any, ...], list[str], set[str]]]

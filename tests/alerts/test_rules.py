@@ -31,6 +31,8 @@ from gpulens.model import GpuReading, TargetHealth
 from .support import GIB, Feed, healthy_gpu, rule, snapshot, target, training, uuid
 
 CONTRACT = {
+    "HostMemoryPressure",
+    "HostCpuContention",
     "GpuMemorySaturated",
     "GpuThermalThrottling",
     "GpuPowerCapped",
@@ -323,10 +325,10 @@ def test_bad_overrides_name_their_key(overrides: dict, key: str) -> None:
 def test_docs_catalogue_is_the_catalogue() -> None:
     """docs/alerts.md's table is the catalogue's own (``cataloguedoc.markdown_table``: severity, for,
     keep_firing_for, thresholds, where each rule runs), and every rule has its section (the node and hardware
-    rules in docs/alerts-node.md, the Inspector's in docs/nccl-inspector.md)."""
+    rules in docs/alerts-node.md, the host's in docs/alerts-host.md, the Inspector's in docs/nccl-inspector.md)."""
     docs = Path(__file__).resolve().parents[2] / "docs"
     text = (docs / "alerts.md").read_text()
     assert markdown_table(builtin_rules()) in text, "paste `gpulens rules list --markdown` into docs/alerts.md"
-    sections = text + (docs / "alerts-node.md").read_text() + (docs / "nccl-inspector.md").read_text()
+    sections = text + "".join((docs / f).read_text() for f in ("alerts-node.md", "alerts-host.md", "nccl-inspector.md"))
     for name in BUILTIN_NAMES:
         assert f"### {name}" in sections

@@ -475,3 +475,22 @@ def test_a_name_list_read_while_a_target_first_appears_is_read_again_soon() -> N
     clock.t += 1
     store._exists("up")
     assert len(reads) == 5
+
+
+def test_an_incidents_gpu_culprit_gets_its_pci_address_from_prometheus(stack: Stack) -> None:
+    """``gpulens alerts run`` over Prometheus asks the store for a GPU culprit's address (``culpritaddress``): the
+    ``pci_bus_id`` of ``gpulens_gpu_info``, the same the SQL path stored."""
+    from gpulens.alerts.culpritaddress import from_store
+
+    sql = SqlReader(open_existing_database(stack.sql_url))
+    try:
+        stored = {g.uuid: g.pci_bus_id for g in sql.gpu_info() if g.node in FROZEN_NODES}
+    finally:
+        sql.close()
+    assert len(stored) == 8
+    assert all(stored.values())
+    prom = reader(stack.prom_gl)
+    try:
+        assert from_store(prom)(sorted(stored)) == stored
+    finally:
+        prom.close()

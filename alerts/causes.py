@@ -17,13 +17,18 @@ job's loader, so its culprit is the host (``OWN_CULPRIT``), with the job in the 
 ``LAYERS`` orders the culprit kinds from the lowest (a node: everything on it fails with it) to the highest (a job);
 ``RULE_ACTIONS`` gives each rule's action in the XID catalogue's vocabulary (``XidError`` takes its code's). Rules
 not listed as causes only ever culprit their own incident.
+
+A site adds rows of its own in the config (``[[alerts.causes]]``, ``alerts.causeconfig``): they are ``Explains`` rows
+whose ``when`` matchers the cause alert's labels must meet, appended to ``CAUSAL_TABLE`` (``table``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from gpulens.alerts.matchers import Matcher
 from gpulens.alerts.names import (
     COMMUNICATION_STALL,
     ECC_UNCORRECTABLE,
@@ -64,6 +69,7 @@ class Explains:
     effects: tuple[str, ...]
     join: str
     why: str
+    when: tuple[Matcher, ...] = ()  # label matchers the cause alert meets (config rows; the builtin ones take none)
 
     def __post_init__(self) -> None:
         if self.join not in JOINS:
@@ -83,6 +89,12 @@ CAUSAL_TABLE: Final = (
     Explains(GPU_SLOWDOWNS, (JOB_STRAGGLER,), "named_gpu", "the straggler's GPU is throttled or its NVLinks fail"),
     Explains(NODE_FAULTS, ("*",), "node", "a node that does not answer or is unhealthy explains all on it"),
 )
+
+
+def table(extra: Sequence[Explains] = ()) -> tuple[Explains, ...]:
+    """The causal table the incidents are formed by: the builtin rows, then the config's (``[[alerts.causes]]``)."""
+    return (*CAUSAL_TABLE, *extra)
+
 
 # Rules whose alerts on several GPUs or ports of one job are one incident, whose culprit is the job: what the job's
 # own load does (it saturates its links, congests its fabric, leaves its GPUs idle), not a fault of each part.

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpulens.alerts.base import AlertRule, Candidate
+from gpulens.alerts.causes import Explains, table
 from gpulens.alerts.grouping import Grouper, GroupState, Notification, Route
 from gpulens.alerts.history import History
 from gpulens.alerts.incidentnotify import labelled
@@ -57,9 +58,11 @@ class AlertEngine:
         inhibitions: Sequence[Inhibition] = DEFAULT_INHIBITIONS,
         destinations: Mapping[str, Sequence[str]] | None = None,
         incidents: Mapping[str, Incident] | None = None,
+        causes: Sequence[Explains] = (),
     ) -> None:
         """``destinations``: a receiver's outbox destinations when it has several (an alertmanager receiver's URLs:
-        each gets its own copy of every notification, delivered and retried on its own); else the receiver."""
+        each gets its own copy of every notification, delivered and retried on its own); else the receiver.
+        ``causes``: the config's rows of the causal table (``[[alerts.causes]]``), after the builtin ones."""
         names = [r.name for r in rules]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -75,6 +78,7 @@ class AlertEngine:
         self._silences = silences
         self._dashboard_url = dashboard_url
         self._inhibitions = tuple(inhibitions)
+        self._causes = table(causes)
         self._destinations = {k: tuple(v) for k, v in (destinations or {}).items()}
 
     def process(self, now: float, snapshots: Sequence[NodeSnapshot], targets: Sequence[TargetHealth]) -> EngineRound:
@@ -92,7 +96,7 @@ class AlertEngine:
             inhibitions=self._inhibitions,
             dashboard_url=self._dashboard_url,
         )
-        incidents = form(self.incidents, result.states, now)
+        incidents = form(self.incidents, result.states, now, self._causes)
         annotate(result.states, incidents)
         self.states = result.states
         grouping = self.grouper.step(self.groups, labelled(result.states.values(), incidents), now)

@@ -136,6 +136,7 @@ class AlertService:
             silences=self._silences,
             dashboard_url=config.dashboard_url,
             destinations=config.destinations(),
+            causes=config.causes,
         )
         self._loaded = False
         self._saved: dict[str, Incident] = {}  # the incidents as last written

@@ -238,7 +238,7 @@ class Database:
         """Apply every Alembic migration up to ``revision`` (the latest by default). Idempotent."""
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
-        with self.translate_errors(), self.engine.begin() as conn:
+        with self.translate_errors(), self.engine.connect() as conn:  # a transaction per migration (env.py)
             config.attributes["connection"] = conn
             command.upgrade(config, revision)
         log.info("database %s is at schema revision %s", self.url_redacted, revision)
@@ -247,7 +247,7 @@ class Database:
         """Undo the migrations after ``revision`` (each one's ``downgrade()``): the rollback to an older gpulens."""
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
-        with self.translate_errors(), self.engine.begin() as conn:
+        with self.translate_errors(), self.engine.connect() as conn:  # a transaction per migration (env.py)
             config.attributes["connection"] = conn
             command.downgrade(config, revision)
         log.info("database %s is at schema revision %s", self.url_redacted, revision)

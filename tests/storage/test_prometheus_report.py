@@ -170,3 +170,21 @@ def test_the_command_prints_the_report_over_prometheus(both: Both) -> None:
     rows = {r["group"]: r for r in json.loads(out.stdout)}
     assert set(rows) == {"alice", "bob"}
     assert rows["alice"]["gpu_hours"] > rows["bob"]["gpu_hours"] > 0
+
+
+def test_the_reports_page_renders_over_prometheus(both: Both) -> None:
+    from gpulens.clock import SystemClock
+    from gpulens.dashboard.components import ViewState
+    from gpulens.dashboard.context import Context
+    from gpulens.dashboard.pages import reports
+
+    prom = PromReader(both.prom, StoreAuth(min_step_s=1.0))
+    try:
+        context = Context(prom, SystemClock(), prices=PRICES)
+        status, rows, trend, _ = reports.render(context, ViewState.from_query({"range": "15m"}), "user")
+    finally:
+        prom.close()
+    assert status is None  # neither "not available" nor "no jobs"
+    assert "alice" in str(rows)
+    assert "bob" in str(rows)
+    assert sorted(t.name for t in trend.data) == ["alice", "bob", "overall"]

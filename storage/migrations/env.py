@@ -1,6 +1,7 @@
 """Alembic environment: migrations run on the connection that ``Database.upgrade`` passes in, each migration in a
 transaction of its own (an upgrade across several revisions commits after each: the locks of one migration's swap
-are not held through the next one's copy, and an upgrade that stops leaves the database at the last revision done)."""
+are not held through the next one's copy, and an upgrade that stops leaves the database at the last revision done),
+unless the connection is already in a transaction (an empty database's whole schema: one transaction)."""
 
 from __future__ import annotations
 

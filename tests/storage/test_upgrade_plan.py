@@ -215,3 +215,24 @@ def test_the_copies_run_in_batches_and_touch_the_live_table_only_at_the_swap(db_
     assert len(swaps) >= len(expected)
     for first, last in zip(batches[::3], batches[2::3], strict=True):
         assert not [i for i in swaps if first <= i <= last]
+
+
+def test_an_empty_database_gets_its_schema_in_one_commit(db_url: str) -> None:
+    """No reader sees half of a new schema."""
+    db = Database(db_url)
+    commits: list[object] = []
+    try:
+        sa.event.listen(db.engine, "commit", commits.append)
+        db.upgrade()
+    finally:
+        db.close()
+    assert len(commits) == 1
+
+
+def test_an_older_store_commits_after_each_migration(old: Database) -> None:
+    """The locks of one migration's swap end with it, not with the whole upgrade."""
+    commits: list[object] = []
+    sa.event.listen(old.engine, "commit", commits.append)
+    pending = len(plan(old))
+    old.upgrade()
+    assert len(commits) == pending

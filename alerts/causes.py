@@ -18,13 +18,18 @@ explains (its host's iowait alone) still culprits its host (``OWN_CULPRIT``), wi
 ``LAYERS`` orders the culprit kinds from the lowest (a node: everything on it fails with it) to the highest (a job);
 ``RULE_ACTIONS`` gives each rule's action in the XID catalogue's vocabulary (``XidError`` takes its code's). Rules
 not listed as causes only ever culprit their own incident.
+
+A site adds rows of its own in the config (``[[alerts.causes]]``, ``alerts.causeconfig``): they are ``Explains`` rows
+whose ``when`` matchers the cause alert's labels must meet, appended to ``CAUSAL_TABLE`` (``table``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from gpulens.alerts.matchers import Matcher
 from gpulens.alerts.names import (
     COMMUNICATION_STALL,
     ECC_UNCORRECTABLE,
@@ -67,6 +72,7 @@ class Explains:
     effects: tuple[str, ...]
     join: str
     why: str
+    when: tuple[Matcher, ...] = ()  # label matchers the cause alert meets (config rows; the builtin ones take none)
 
     def __post_init__(self) -> None:
         if self.join not in JOINS:
@@ -88,6 +94,12 @@ CAUSAL_TABLE: Final = (
     Explains(NODE_FAULTS, ("*",), "node", "a node that does not answer or is unhealthy explains all on it"),
     Explains(HOST_PRESSURE, (JOB_INPUT_BOUND,), "job_on_gpu", "the host's memory or CPUs starve the job's loader"),
 )
+
+
+def table(extra: Sequence[Explains] = ()) -> tuple[Explains, ...]:
+    """The causal table the incidents are formed by: the builtin rows, then the config's (``[[alerts.causes]]``)."""
+    return (*CAUSAL_TABLE, *extra)
+
 
 # Rules whose alerts on several GPUs or ports of one job are one incident, whose culprit is the job: what the job's
 # own load does (it saturates its links, congests its fabric, leaves its GPUs idle), not a fault of each part.

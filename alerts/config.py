@@ -52,6 +52,8 @@ import msgspec
 
 from gpulens.alerts.base import AlertRule
 from gpulens.alerts.catalogue import BUILTIN_NAMES, WATCHDOG
+from gpulens.alerts.causeconfig import CauseFile, build_causes
+from gpulens.alerts.causes import Explains
 from gpulens.alerts.commandaction import COMMAND_KIND, CommandConfig
 from gpulens.alerts.drain import DEFAULT_RULES, DRAIN_KIND, DrainConfig
 from gpulens.alerts.grouping import ALL_LABELS, Route
@@ -112,6 +114,7 @@ class AlertingConfig:
     routes: tuple[Route, ...] = ()
     dashboard_url: str | None = None
     actions: tuple[DrainConfig | CommandConfig, ...] = ()  # [[alerts.actions]]: slurm-drain and command actions
+    causes: tuple[Explains, ...] = ()  # [[alerts.causes]]: the site's rows of the causal table (alerts.causeconfig)
 
     def destinations(self) -> dict[str, tuple[str, ...]]:
         """Each receiver's outbox destinations (one per URL), by receiver name."""
@@ -309,6 +312,7 @@ class AlertsFile(InputStruct, frozen=True):
     receivers: tuple[ReceiverFile, ...] = ()
     routes: tuple[RouteFile, ...] = ()
     actions: tuple[ActionFile, ...] = ()
+    causes: tuple[CauseFile, ...] = ()
 
     def __post_init__(self) -> None:
         if self.dashboard_url is not None and not self.dashboard_url.startswith(("http://", "https://")):
@@ -389,7 +393,8 @@ def parse_alerting(
         ),
         *routes,
     ]
-    return AlertingConfig(tuple(rules), tuple(receivers), tuple(routes), file.dashboard_url, tuple(actions))
+    causes = build_causes(file.causes, rules={r.name for r in rules}, at=[*at, "causes"], text=text, source=source)
+    return AlertingConfig(tuple(rules), tuple(receivers), tuple(routes), file.dashboard_url, tuple(actions), causes)
 
 
 NOT_WATCHDOG: Final = parse_matcher(f"alertname!={WATCHDOG}")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpulens.alerts.base import AlertRule, Candidate
+from gpulens.alerts.causes import Explains, table
 from gpulens.alerts.culpritaddress import CulpritAddresses, Lookup
 from gpulens.alerts.grouping import Grouper, GroupState, Notification, Route
 from gpulens.alerts.history import History
@@ -67,11 +68,13 @@ class AlertEngine:
         destinations: Mapping[str, Sequence[str]] | None = None,
         incidents: Mapping[str, Incident] | None = None,
         gpu_addresses: Lookup | None = None,
+        causes: Sequence[Explains] = (),
     ) -> None:
         """``destinations``: a receiver's outbox destinations when it has several (an alertmanager receiver's URLs:
         each gets its own copy of every notification, delivered and retried on its own); else the receiver.
         ``gpu_addresses``: the store's PCI addresses of GPUs, for a GPU culprit whose address the history lacks
-        (``alerts.culpritaddress``)."""
+        (``alerts.culpritaddress``). ``causes``: the config's rows of the causal table (``[[alerts.causes]]``), after
+        the builtin ones."""
         names = [r.name for r in rules]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -87,6 +90,7 @@ class AlertEngine:
         self._silences = silences
         self._dashboard_url = dashboard_url
         self._inhibitions = tuple(inhibitions)
+        self._causes = table(causes)
         self._destinations = {k: tuple(v) for k, v in (destinations or {}).items()}
         self.addresses = CulpritAddresses(gpu_addresses)
 
@@ -109,7 +113,7 @@ class AlertEngine:
 
     def settle(self, now: float, result: StepResult, candidates: Sequence[Candidate] = ()) -> EngineRound:
         """After the alerts stepped: form the incidents, group and enqueue the round's notifications."""
-        incidents = self.addresses.fill(form(self.incidents, result.states, now), self.history)
+        incidents = self.addresses.fill(form(self.incidents, result.states, now, self._causes), self.history)
         annotate(result.states, incidents)
         sent_before = labelled(self.states.values(), self.incidents)
         self.states = result.states

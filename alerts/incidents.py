@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from gpulens.alerts.causes import CAUSAL_TABLE, JOB_WIDE, LAYERS, NOT_FAULTS, action_rank
+from gpulens.alerts.causes import CAUSAL_TABLE, JOB_WIDE, LAYERS, NOT_FAULTS, Explains, action_rank
 from gpulens.alerts.incidentparts import (
     Culprit,
     action_of,
@@ -247,16 +247,16 @@ class _Union:
 NAMING_JOINS: Final = ("stuck_gpu", "named_gpu")
 
 
-def _edges(alerts: Sequence[AlertState]) -> dict[str, str]:
+def _edges(alerts: Sequence[AlertState], table: Sequence[Explains] = CAUSAL_TABLE) -> dict[str, str]:
     """Effect fingerprint -> the fingerprint of the alert that explains it: one that the effect names first, then the
     lowest-layer one."""
     by_rule: dict[str, list[AlertState]] = {}
     for a in alerts:
         by_rule.setdefault(a.rule, []).append(a)
     found: dict[str, tuple[int, int, str]] = {}
-    for row in CAUSAL_TABLE:
+    for row in table:
         specific = 0 if row.join in NAMING_JOINS else 1
-        causes = [c for rule in row.causes for c in by_rule.get(rule, ())]
+        causes = [c for rule in row.causes for c in by_rule.get(rule, ()) if all(m.matches(c.labels) for m in row.when)]
         if not causes:
             continue
         effects = alerts if "*" in row.effects else [e for rule in row.effects for e in by_rule.get(rule, ())]
@@ -294,13 +294,18 @@ def _member(a: AlertState, explained_by: str | None) -> Member:
     )
 
 
-def form(previous: Mapping[str, Incident], states: Mapping[str, AlertState], now: float) -> dict[str, Incident]:
+def form(
+    previous: Mapping[str, Incident],
+    states: Mapping[str, AlertState],
+    now: float,
+    table: Sequence[Explains] = CAUSAL_TABLE,
+) -> dict[str, Incident]:
     """The incidents after this round (see the module's docstring): open ones and those resolved within
-    ``RESOLVED_KEEP_S``."""
+    ``RESOLVED_KEEP_S``. ``table``: the causal table (``causes.table``: the builtin rows and the config's)."""
     firing = sorted(
         (s for s in states.values() if s.state == FIRING and s.rule not in NOT_FAULTS), key=lambda s: s.fingerprint
     )
-    edges = _edges(firing)
+    edges = _edges(firing, table)
     union = _Union([s.fingerprint for s in firing])
     for effect, cause in edges.items():
         union.join(effect, cause)

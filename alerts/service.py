@@ -140,6 +140,7 @@ class AlertService:
             dashboard_url=config.dashboard_url,
             destinations=config.destinations(),
             gpu_addresses=gpu_addresses,
+            causes=config.causes,
         )
         self._loaded = False
         self._saved: dict[str, Incident] = {}  # the incidents as last written

@@ -235,10 +235,13 @@ class Database:
         return head
 
     def upgrade(self, revision: str = "head") -> None:
-        """Apply every Alembic migration up to ``revision`` (the latest by default). Idempotent."""
+        """Apply every Alembic migration up to ``revision`` (the latest by default). Idempotent. An empty database
+        gets its whole schema in one transaction (no reader sees half of it); an existing one is upgraded in a
+        transaction per migration (``migrations/env.py``)."""
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
-        with self.translate_errors(), self.engine.begin() as conn:
+        fresh = self.schema_revision() is None
+        with self.translate_errors(), self.engine.begin() if fresh else self.engine.connect() as conn:
             config.attributes["connection"] = conn
             command.upgrade(config, revision)
         log.info("database %s is at schema revision %s", self.url_redacted, revision)
@@ -247,7 +250,7 @@ class Database:
         """Undo the migrations after ``revision`` (each one's ``downgrade()``): the rollback to an older gpulens."""
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
-        with self.translate_errors(), self.engine.begin() as conn:
+        with self.translate_errors(), self.engine.connect() as conn:  # a transaction per migration (env.py)
             config.attributes["connection"] = conn
             command.downgrade(config, revision)
         log.info("database %s is at schema revision %s", self.url_redacted, revision)

@@ -6,13 +6,15 @@ Everything is read from the Alembic scripts themselves, so a migration added lat
 - whether it copies or rewrites rows, and on which backend: the module's ``rewrites`` mapping (backend -> tables),
   where it has one; otherwise its source is read for statements that copy (``INSERT INTO ... SELECT``, a column's
   type change, a table recreated by batch mode), which count for every backend;
+- whether it copies in batches into a new table swapped in at the end (its source uses ``migrations.tablecopy``), or
+  rewrites the live table in place;
 - whether ``gpulens db upgrade`` can be undone: its ``downgrade()`` exists and does not raise; and whether undoing it
   drops what it added (tables or columns, with their data).
 
 The estimate is the rows copied divided by a rate measured on this project's benchmark machine
 (``COPY_ROWS_PER_S``): a rough size for the maintenance window in minutes or hours, never a promise. A migration that
-changes the schema only takes a brief lock; one that copies rows holds its tables' lock for the whole copy (see
-docs/upgrades.md for which can be split into batches).
+changes the schema only takes a brief lock; one that copies in batches only reads the live tables until the swap at
+its end; one that rewrites in place holds its tables' exclusive lock for the whole rewrite (docs/upgrades.md).
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from alembic.script import Script, ScriptDirectory
 from gpulens.storage.db import MIGRATIONS_DIR, Database
 
 # Rows copied per second by a whole upgrade that copies the sample table twice (bench/bench_upgrade.py: 288,000
-# rows, 0009 -> newest on SQLite 138,000 rows/s, 0006 -> newest on PostgreSQL 8,400 rows/s, the shared 2-core
-# machine); the plan divides the rows it copies by these, so its figure errs long on a quiet server.
-COPY_ROWS_PER_S: Final[Mapping[str, float]] = {"sqlite": 138_000.0, "postgresql": 8_400.0}
+# rows in batches, 0009 -> newest on SQLite 137,000 rows/s, 0006 -> newest on PostgreSQL 6,400 rows/s, the shared
+# 2-core machine); the plan divides the rows it copies by these, so its figure errs long on a quiet server.
+COPY_ROWS_PER_S: Final[Mapping[str, float]] = {"sqlite": 137_000.0, "postgresql": 6_400.0}
 
 _COPY_PATTERNS: Final = (
     re.compile(r"INSERT\s+INTO\b[^;]*?\bSELECT\b", re.IGNORECASE | re.DOTALL),
@@ -52,6 +54,7 @@ class PlannedStep:
     copies: tuple[str, ...]  # of those, the ones whose rows it copies or rewrites on this backend
     reversible: bool
     downgrade_drops: bool  # undoing it drops tables or columns it added, with their data
+    batched: bool = False  # copies in batches into a new table, swapped in at the end (migrations.tablecopy)
 
     @property
     def rows_copied(self) -> int:
@@ -67,7 +70,10 @@ class PlannedStep:
             return "schema only: a brief lock"
         held = ", ".join(self.copies)
         if dialect == "sqlite":
-            return f"the database's write lock for the copy of {held} (readers go on reading the old rows)"
+            how = "in batches, " if self.batched else ""
+            return f"the database's write lock while it copies {held} {how}(readers go on reading the old rows)"
+        if self.batched:
+            return f"ACCESS SHARE on {held} while copied in batches (readers go on), ACCESS EXCLUSIVE for the swap"
         return f"ACCESS EXCLUSIVE on {held} (readers and writers wait) for the copy"
 
 
@@ -109,6 +115,7 @@ def _step(script: Script, counts: Mapping[str, int], dialect: str) -> PlannedSte
         copies=copies,
         reversible=reversible,
         downgrade_drops=bool(_DROPS.search(body)),
+        batched=bool(copies) and "tablecopy." in source,
     )
 
 

@@ -5,13 +5,15 @@ one stored when it ended, or one computed now for a job still running. A group a
 allocated, the GPU-hours used (allocated less the idle share), the idle share weighted by GPU-hours, energy, cost,
 and the jobs that hung (a ``CommunicationStall`` firing) with how long. Users come from the allocations (the
 exporter serves them only with ``--user-names``), accounts and partitions from Slurm's job metadata (``job_info``);
-a job without one is grouped under ``(unknown)``. Over SQL only: a Prometheus store keeps no job summaries.
-``usage`` is the one computation of the report: ``gpulens report`` and the dashboard's Reports page both call it.
+a job without one is grouped under ``(unknown)``. ``rows`` is the one computation of the report from the jobs'
+accounts, over SQL (``usage``) and over Prometheus (``storage.prometheus.usageread``, which reads the accounts from
+the exporters' series): ``gpulens report`` and the dashboard's Reports page both call the store's ``usage``.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 import sqlalchemy as sa
@@ -46,12 +48,17 @@ def usage(db: Database, by: str, start: float, end: float, prices: Prices) -> li
     if by not in GROUPINGS:
         raise ValueError(f"by: expected one of {', '.join(GROUPINGS)}")
     accounts = [a for a in (_account(db, job, prices, end) for job in jobs_in(db, start, end)) if a is not None]
-    groups = _groups(db, by, accounts)
+    return rows(accounts, _groups(db, by, accounts), prices.currency)
+
+
+def rows(accounts: Sequence[JobAccount], groups: Mapping[str, str | None], currency: str) -> list[UsageRow]:
+    """The jobs' accounts added up per group (``groups``: job id -> its group; ``(unknown)`` where it has none),
+    most GPU-hours first: the report's rows over either backend."""
     by_group: dict[str, list[JobAccount]] = defaultdict(list)
     for account in accounts:
         by_group[groups.get(account.job_id) or UNKNOWN].append(account)
-    rows = [_row(group, jobs, prices.currency) for group, jobs in by_group.items()]
-    return sorted(rows, key=lambda r: (-r.gpu_hours, r.group))
+    out = [_row(group, jobs, currency) for group, jobs in by_group.items()]
+    return sorted(out, key=lambda r: (-r.gpu_hours, r.group))
 
 
 def _account(db: Database, job_id: str, prices: Prices, now: float) -> JobAccount | None:

@@ -10,7 +10,6 @@ import sys
 from typing import Any
 
 from gpulens.cli.base import (
-    CliError,
     Formatter,
     UsageError,
     add_db_flags,
@@ -26,6 +25,7 @@ examples:
   gpulens report --by user --since 30d                 # who held GPU-hours this month, and how much sat idle
   gpulens report --by account --since 7d --csv > week.csv
   gpulens report --by partition --since 1d --json
+  gpulens report --by user --since 1d --db prometheus+http://prometheus:9090
 """
 
 COLUMNS = (
@@ -49,7 +49,8 @@ def register(sub: Any) -> None:
         description="Adds up the accounting summaries of the jobs that held a GPU in the period (each job whole: "
         "the summary stored when it ended, or one computed now for a running job), per user, account or partition: "
         "GPU-hours allocated and used, the idle share of the allocated time, energy, cost, and the jobs that hung "
-        "(a CommunicationStall alert) with how long. Prices from the config's [accounting]. SQL stores only.",
+        "(a CommunicationStall alert) with how long. Prices from the config's [accounting]. Over a SQL store or "
+        "Prometheus (prometheus+http://...: the same sums from the exporters' series).",
         epilog=REPORT_EXAMPLES,
         formatter_class=Formatter,
     )
@@ -68,24 +69,19 @@ def register(sub: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from gpulens.clock import SystemClock
     from gpulens.storage import usagereport
-    from gpulens.storage.connect import is_prometheus_url, open_existing_database
+    from gpulens.storage.connect import open_reader
 
     settings = settings_from(args)
-    if is_prometheus_url(settings.db_url):
-        raise CliError(
-            "gpulens report reads the jobs' accounting summaries, which only a SQL store keeps: give the collector's "
-            "--db (sqlite:///FILE or postgresql+psycopg://...)"
-        )
     if args.since <= 0:
         raise UsageError("--since: expected a positive duration like 30d")
     now = SystemClock().now()
     with database_errors(database_origin(args, settings)):
-        db = open_existing_database(settings.db_url)
+        store = open_reader(settings.db_url, settings)
         try:
-            jobs = len(usagereport.jobs_in(db, now - args.since, now))
-            rows = usagereport.usage(db, args.by, now - args.since, now, settings.prices)
+            rows = store.usage(args.by, now - args.since, now, settings.prices)
         finally:
-            db.close()
+            store.close()
+    jobs = sum(r.jobs for r in rows)
     docs = [{c: getattr(r, c) for c in COLUMNS} for r in rows]
     if args.json:
         sys.stdout.write(json.dumps(docs, indent=2) + "\n")

@@ -46,6 +46,7 @@ from gpulens.storage.prometheus.client import (
 )
 from gpulens.storage.prometheus.inspectorread import InspectorReads
 from gpulens.storage.prometheus.unserved import BACKEND_NAME, Unserved
+from gpulens.storage.prometheus.usageread import UsageReads
 from gpulens.storage.reading import NotAvailableOnBackend
 from gpulens.storage.records import (
     FIELD_KINDS,
@@ -72,7 +73,7 @@ def _tag(expr: str, value: str, label: str = "gl") -> str:
     return f'label_replace({expr}, {quote(label)}, {quote(value)}, "", "")'
 
 
-class PromReader(Unserved, InspectorReads):
+class PromReader(UsageReads, Unserved, InspectorReads):
     """Reads gpulens and dcgm-exporter series from ``url`` (``prometheus+http(s)://host:port[/path]``)."""
 
     backend = "prometheus"
@@ -199,8 +200,7 @@ class PromReader(Unserved, InspectorReads):
         return [", ".join(m for m in (base, alternative) if m) for alternative in (*named, host)]
 
     def _instant(self, names: Sequence[str], matchers: str | list[str], now: float, *, chunk: int) -> list[PromSeries]:
-        """The series of ``names`` now (``matchers``: one set, or alternatives or'd): in one query, or ``chunk``
-        names per query."""
+        """The series of ``names`` now (``matchers``: one set, or alternatives or'd), ``chunk`` names a query."""
         alternatives = [matchers] if isinstance(matchers, str) else matchers
         groups = [names] if chunk <= 0 else [names[i : i + chunk] for i in range(0, len(names), chunk)]
         if len(groups) == 1:

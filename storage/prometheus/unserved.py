@@ -4,8 +4,6 @@ line (``gpulens.dashboard.components.not_available``) rather than showing nothin
 
 * **Job accounting**: the summary the collector computes and stores when a job ends (``storage.jobsummary``);
   nothing computes it over Prometheus.
-* **Usage reports**: GPU-hours, idle share, energy and cost per user, account or partition add up the job summaries
-  above (``storage.usagereport``), and the idle share over time reads the raw samples of the allocated GPUs.
 * **NCCL communicator history**: the ranks NCCL RAS found behind or unreachable, with the collective and count of
   each, round by round, as the collector stores them (``storage.ncclstore``). Prometheus holds the exporters'
   ``gpulens_nccl_*`` series, but this reader does not rebuild the job page's stuck-rank history from them.
@@ -18,12 +16,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from gpulens.settings import Prices
 from gpulens.storage.reading import NotAvailableOnBackend
-from gpulens.storage.records import IdlePoint, JobAccount, StuckRank, UsageRow
+from gpulens.storage.records import JobAccount, StuckRank
 
 BACKEND_NAME: Final = "Prometheus"  # how messages name the store (Thanos, Mimir and VictoriaMetrics answer the same)
-_USAGE_WHY: Final = "they add up the jobs' accounting summaries, which only the collector's SQL store keeps"
 
 
 class Unserved:
@@ -31,12 +27,6 @@ class Unserved:
 
     def job_account(self, job_id: str) -> JobAccount | None:
         raise NotAvailableOnBackend("Job accounting", BACKEND_NAME)
-
-    def usage(self, by: str, start: float, end: float, prices: Prices) -> list[UsageRow]:
-        raise NotAvailableOnBackend("Usage reports", BACKEND_NAME, _USAGE_WHY)
-
-    def idle_trend(self, by: str, start: float, end: float, step_s: float, prices: Prices) -> list[IdlePoint]:
-        raise NotAvailableOnBackend("Usage reports", BACKEND_NAME, _USAGE_WHY)
 
     def stuck_ranks(self, job_id: str, start: float, end: float) -> list[StuckRank]:
         raise NotAvailableOnBackend("NCCL communicator history", BACKEND_NAME)

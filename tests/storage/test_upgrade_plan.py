@@ -1,4 +1,5 @@
-"""Upgrading a store from the oldest revision, with data, on SQLite and PostgreSQL: the plan, the upgrade, the alerts.
+"""Upgrading a store from the oldest revision, with data, on SQLite and PostgreSQL: the plan, the upgrade, the alerts,
+the copies in batches.
 
 A store at revision 0001 holds GPU samples and an alert that is firing. ``gpulens db upgrade --plan`` lists every
 migration after it (read from the Alembic scripts, whatever they are), with the rows of the tables each touches and
@@ -20,6 +21,7 @@ from gpulens.cli import main
 from gpulens.storage import alertstore, latest, partitions
 from gpulens.storage.connect import SchemaBehindError, ensure_schema
 from gpulens.storage.db import Database
+from gpulens.storage.migrations import tablecopy
 from gpulens.storage.upgradeplan import plan, scripts
 from tests.storage.conftest import T0
 
@@ -32,7 +34,7 @@ LABELS = {"alertname": "GpuHot", "severity": "warning", "node": "old-node", "gpu
 FIRED_AT = MINUTE0 / 1000 + 60
 
 
-def _write_at_the_oldest_revision(db: Database) -> None:
+def _write_at_the_oldest_revision(db: Database, samples: int = SAMPLES, step_ms: int = 10_000) -> None:
     db.upgrade("0001")
     with db.engine.begin() as conn:
         if db.dialect == "postgresql":
@@ -45,13 +47,13 @@ def _write_at_the_oldest_revision(db: Database) -> None:
             {"t": MINUTE0},
         )
         gpu_id = conn.execute(sa.text("SELECT id FROM gpu")).scalar_one()
-        for i in range(SAMPLES):
+        for i in range(samples):
             conn.execute(
                 sa.text(
                     "INSERT INTO gpu_sample (gpu_id, ts_ms, up, utilization_ratio, power_watts, temperature_celsius) "
                     "VALUES (:g, :t, 1, 7500, 3125, 455)"
                 ),
-                {"g": gpu_id, "t": MINUTE0 + 10_000 * i},
+                {"g": gpu_id, "t": MINUTE0 + step_ms * i},
             )
         state = sa.table(
             "alert_state",
@@ -97,6 +99,11 @@ def test_the_plan_lists_every_migration_and_changes_nothing(
     assert by_revision["0003"].copies == ()  # renames in place
     copying = {s.revision for s in steps if "gpu_sample" in s.copies}
     assert copying == ({"0004", "0007", "0008"} if db.dialect == "postgresql" else {"0008", "0010", "0011"})
+    batched = {s.revision for s in steps if s.batched}  # copied into a new table in batches, swapped in at the end
+    assert batched == ({"0007", "0008"} if db.dialect == "postgresql" else {"0008", "0010", "0011"})
+    if db.dialect == "postgresql":
+        assert by_revision["0004"].lock(db.dialect).startswith("ACCESS EXCLUSIVE on gpu_sample")  # in place
+        assert by_revision["0008"].lock(db.dialect).startswith("ACCESS SHARE on gpu_sample while copied in batches")
     assert all(s.changes and "\n" not in s.changes for s in steps)
     assert all(s.reversible for s in steps)
 
@@ -169,3 +176,63 @@ def test_db_downgrade_takes_the_schema_back_and_keeps_the_samples(
     )
     assert main(["db", "upgrade", "--db", db_url]) == 0
     assert old.schema_revision() == head
+
+
+def test_the_copies_run_in_batches_and_touch_the_live_table_only_at_the_swap(db_url: str) -> None:
+    """Seven samples a minute apart, three rows a batch: each migration that copies gpu_sample copies it in three
+    statements into a new table, and drops or renames the live table only after its last batch."""
+    db = Database(db_url)
+    statements: list[str] = []
+
+    def record(conn: object, cursor: object, statement: str, *args: object) -> None:
+        statements.append(" ".join(statement.split()))
+
+    try:
+        _write_at_the_oldest_revision(db, samples=7, step_ms=60_000)
+        sa.event.listen(db.engine, "before_cursor_execute", record)
+        before = tablecopy.BATCH_ROWS
+        tablecopy.BATCH_ROWS = 3  # type: ignore[misc]
+        try:
+            db.upgrade()
+        finally:
+            tablecopy.BATCH_ROWS = before  # type: ignore[misc]
+            sa.event.remove(db.engine, "before_cursor_execute", record)
+        with db.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM gpu_sample")).scalar_one() == 7
+    finally:
+        db.close()
+    new_tables = ("gpu_sample_rebuild", "gpu_sample_0008", "gpu_sample_0010", "gpu_sample_0011")
+    batches = [i for i, s in enumerate(statements) if s.startswith("INSERT INTO gpu_sample_") and "SELECT" in s]
+    by_table: dict[str, int] = {}
+    for i in batches:
+        table = statements[i].split()[2]
+        assert table in new_tables
+        by_table[table] = by_table.get(table, 0) + 1
+    expected = {"gpu_sample_rebuild": 6} if db.dialect == "postgresql" else {t: 3 for t in new_tables[1:]}
+    assert by_table == expected  # PostgreSQL: 0007 and 0008, three batches each
+    # The live table is dropped or renamed only after the last batch of the copy that replaces it.
+    swaps = [i for i, s in enumerate(statements) if s.startswith(("DROP TABLE gpu_sample", "ALTER TABLE gpu_sample "))]
+    assert len(swaps) >= len(expected)
+    for first, last in zip(batches[::3], batches[2::3], strict=True):
+        assert not [i for i in swaps if first <= i <= last]
+
+
+def test_an_empty_database_gets_its_schema_in_one_commit(db_url: str) -> None:
+    """No reader sees half of a new schema."""
+    db = Database(db_url)
+    commits: list[object] = []
+    try:
+        sa.event.listen(db.engine, "commit", commits.append)
+        db.upgrade()
+    finally:
+        db.close()
+    assert len(commits) == 1
+
+
+def test_an_older_store_commits_after_each_migration(old: Database) -> None:
+    """The locks of one migration's swap end with it, not with the whole upgrade."""
+    commits: list[object] = []
+    sa.event.listen(old.engine, "commit", commits.append)
+    pending = len(plan(old))
+    old.upgrade()
+    assert len(commits) == pending

@@ -130,20 +130,10 @@ def test_the_idle_trend_adds_up_to_the_reports_idle_share(store: str) -> None:
         db.close()
 
 
-def test_over_prometheus_the_report_is_refused_in_one_line() -> None:
-    from gpulens.storage.prometheus.unserved import Unserved
-    from gpulens.storage.reading import NotAvailableOnBackend
-
-    with pytest.raises(NotAvailableOnBackend, match="Usage reports: not available on Prometheus"):
-        Unserved().usage("user", 0.0, 1.0, PRICES)
-    with pytest.raises(NotAvailableOnBackend, match="Usage reports"):
-        Unserved().idle_trend("user", 0.0, 1.0, 300.0, PRICES)
-
-
-def test_the_command_over_prometheus_says_in_one_line_that_it_needs_a_sql_store(
+def test_the_command_over_a_prometheus_that_does_not_answer_says_so_in_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["report", "--by", "user", "--db", "prometheus+http://127.0.0.1:9"]) != 0
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert "only a SQL store keeps" in err
+    assert "127.0.0.1:9" in err

@@ -7,10 +7,10 @@ padded, as the fabric tables of revision 0006 already are. Measured on the bench
 indexes goes from 246 to 228 bytes; a rollup row's data from 656 to 528 bytes (its smallint min and max columns sat
 between double precision means).
 
-PostgreSQL cannot reorder columns in place: each table is renamed and created again in the new order, with the same
-columns, types, primary key and indexes, then its partitions are moved one at a time (detached, renamed with their
-indexes, copied into a new partition of the same name and bounds, dropped). The SI views depend on the tables: they
-are dropped first and created again with the same fields. The order is read from the catalogue, so every column and
+PostgreSQL cannot reorder columns in place: each table is created again beside the live one in the new order, with
+the same columns, types, primary key, indexes and partitions, filled from it in batches while it is only read, then
+swapped in (``migrations.tablecopy``). The SI views depend on the tables: they are dropped just before the swap and
+created again with the same fields. The order is read from the catalogue, so every column and
 value is kept as it is.
 
 SQLite sizes each value by itself, has no alignment, and stores NULLs in no bytes wherever the column is: its tables
@@ -27,8 +27,8 @@ from alembic import op
 from sqlalchemy.engine import Connection
 
 from gpulens.storage import views
+from gpulens.storage.migrations import tablecopy
 from gpulens.storage.migrations.fields import fields_at
-from gpulens.storage.partitions import create_partition, existing_partitions
 
 revision = "0007"
 down_revision: str | None = "0006"
@@ -62,46 +62,25 @@ def _columns(conn: Connection, table: str) -> list[tuple[str, str, bool]]:
     return [(str(name), str(kind), nullable == "YES") for name, kind, nullable in rows]
 
 
-def _rename_indexes(conn: Connection, table: str) -> None:
-    """Give ``table``'s indexes (and so its primary key) the suffix ``_0006``: the new table's take their names."""
-    for (index,) in conn.exec_driver_sql(
-        "SELECT indexname FROM pg_indexes WHERE tablename = %(table)s AND schemaname = current_schema()",
-        {"table": table},
-    ).all():
-        conn.exec_driver_sql(f'ALTER INDEX "{index}" RENAME TO "{index}_0006"')
-
-
-def _reorder(conn: Connection, table: str) -> None:
+def _fill(conn: Connection, table: str) -> None:
     key, indexes = _TABLES[table]
-    columns = _columns(conn, table)
-    ordered = sorted(columns, key=lambda c: -_WIDTHS.get(c[1], 0))  # stable: ties keep their order
-    partitions = existing_partitions(conn, table)
-    old_parent = f"{table}_0006"
-    conn.exec_driver_sql(f"ALTER TABLE {table} RENAME TO {old_parent}")
-    _rename_indexes(conn, old_parent)
+    ordered = sorted(_columns(conn, table), key=lambda c: -_WIDTHS.get(c[1], 0))  # stable: ties keep their order
     definitions = ", ".join(f"{name} {kind}{'' if nullable else ' NOT NULL'}" for name, kind, nullable in ordered)
-    conn.exec_driver_sql(f"CREATE TABLE {table} ({definitions}{key}) PARTITION BY RANGE (ts_ms)")
-    for index in indexes:
-        conn.exec_driver_sql(index)
     names = ", ".join(name for name, _, _ in ordered)
-    for name, start in sorted(partitions.items(), key=lambda item: item[1]):
-        old = f"{name}_0006"
-        conn.exec_driver_sql(f'ALTER TABLE {old_parent} DETACH PARTITION "{name}"')
-        conn.exec_driver_sql(f'ALTER TABLE "{name}" RENAME TO "{old}"')
-        _rename_indexes(conn, old)
-        create_partition(conn, table, start)
-        conn.exec_driver_sql(f'INSERT INTO {table} ({names}) SELECT {names} FROM "{old}"')  # noqa: S608
-        conn.exec_driver_sql(f'DROP TABLE "{old}"')
-    conn.exec_driver_sql(f"DROP TABLE {old_parent}")
+    tablecopy.fill_partitioned(
+        conn, table, definitions=f"{definitions}{key}", indexes=indexes, names=names, select=names
+    )
 
 
 def upgrade() -> None:
     conn = op.get_bind()
     if conn.dialect.name != "postgresql":
         return
+    for table in _TABLES:  # the live tables are only read until the swap
+        _fill(conn, table)
     views.drop_views(conn)
     for table in _TABLES:
-        _reorder(conn, table)
+        tablecopy.swap_partitioned(conn, table)
     views.create_views(conn, fields_at(revision))  # the fields of 0005: unchanged here
 
 

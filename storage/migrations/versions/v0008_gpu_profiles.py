@@ -10,9 +10,10 @@ Every value is kept as it was stored.
 
 The upgrade creates ``gpu_profile`` from the distinct combinations in ``gpu_sample`` (keyed ``stored:<values>``; the
 writer keys the combinations it adds by their SI values), then copies the samples into a new table without the 15
-columns, in batches of rows (SQLite) or one day partition at a time (PostgreSQL, which keeps the partitions' names,
-bounds and indexes, as revision 0007 did), and drops the old one. The SI views are dropped first and created again
-with the same columns. The downgrade copies the values back into the rows and drops ``gpu_profile``.
+columns, in batches of rows (``migrations.tablecopy``: on PostgreSQL partition by partition, keeping their names,
+bounds and indexes, as revision 0007 does) while the old one is only read, then drops the old one and renames the
+new one into its place. The SI views are dropped just before and created again with the same columns. The
+downgrade copies the values back into the rows the same way and drops ``gpu_profile``.
 
 Revision ID: 0008
 Revises: 0007
@@ -27,8 +28,8 @@ from alembic import op
 from sqlalchemy.engine import Connection
 
 from gpulens.storage import views
+from gpulens.storage.migrations import tablecopy
 from gpulens.storage.migrations.fields import fields_at
-from gpulens.storage.partitions import create_partition, existing_partitions
 from gpulens.storage.schema import StoredField
 
 revision = "0008"
@@ -46,7 +47,10 @@ _PROFILE = (
     "nvlink_links_active",
     *("remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failure"),
 )
-_SQLITE_BATCH_ROWS = 50_000  # rows copied per statement on SQLite
+_PG_INDEXES = (
+    "CREATE UNIQUE INDEX ux_gpu_sample_gpu_ts ON gpu_sample (gpu_id, ts_ms)",
+    "CREATE INDEX ix_gpu_sample_ts_brin ON gpu_sample USING brin (ts_ms) WITH (autosummarize = on)",
+)
 _WIDTHS = {"bigint": 8, "double precision": 8, "integer": 4, "smallint": 2}  # PostgreSQL; the text goes last
 
 
@@ -81,7 +85,6 @@ def _key(dialect: str, alias: str, columns: list[str]) -> str:
 
 def upgrade() -> None:
     conn = op.get_bind()
-    views.drop_views(conn)
     old = _columns(conn, "gpu_sample")
     profile = set(_profile_columns())
     types = {name: kind for name, kind, _ in old}
@@ -90,26 +93,19 @@ def upgrade() -> None:
     new = [*kept[:at], ("profile_id", "INTEGER" if conn.dialect.name == "sqlite" else "integer", False), *kept[at:]]
     _create_profiles(conn, types)
     join = f"JOIN gpu_profile AS p ON p.key = {_key(conn.dialect.name, 's', _profile_columns())}"
-    if conn.dialect.name == "sqlite":
-        _sqlite_copy(conn, new, join)
-    else:
-        _pg_copy(conn, new, join)
+    _copy(conn, new, join)
     views.create_views(conn, fields_at(revision), profiles=True)
 
 
 def downgrade() -> None:
     conn = op.get_bind()
-    views.drop_views(conn)
     old = _columns(conn, "gpu_sample")
     profile = {name: kind for name, kind, _ in _columns(conn, "gpu_profile")}
     kept = [c for c in old if c[0] != "profile_id"]
     at = next(i for i, c in enumerate(kept) if c[0] == "xid_errors")
     new = [*kept[:at], *((c, profile[c], True) for c in _profile_columns()), *kept[at:]]
     join = "JOIN gpu_profile AS p ON p.profile_id = s.profile_id"
-    if conn.dialect.name == "sqlite":
-        _sqlite_copy(conn, new, join)
-    else:
-        _pg_copy(conn, new, join)
+    _copy(conn, new, join)
     conn.exec_driver_sql("DROP TABLE gpu_profile")
     assert down_revision is not None
     views.create_views(conn, fields_at(down_revision))
@@ -121,22 +117,42 @@ def _select_list(new: list[tuple[str, str, bool]]) -> str:
     return ", ".join(f"{'p' if name in profile else 's'}.{name}" for name, _, _ in new)
 
 
-def _sqlite_copy(conn: Connection, new: list[tuple[str, str, bool]], join: str) -> None:
-    """Copy gpu_sample into a table of the columns ``new`` in batches of rowids, then put it in its place."""
-    definitions = ", ".join(f"{name} {kind}{'' if nullable else ' NOT NULL'}" for name, kind, nullable in new)
-    conn.exec_driver_sql(f"CREATE TABLE gpu_sample_0008 ({definitions})")
-    names = ", ".join(name for name, _, _ in new)
-    first, last = conn.exec_driver_sql("SELECT min(rowid), max(rowid) FROM gpu_sample").one()
-    if first is not None:
-        for lo in range(first, last + 1, _SQLITE_BATCH_ROWS):
-            conn.exec_driver_sql(
-                f"INSERT INTO gpu_sample_0008 ({names}) SELECT {_select_list(new)} "  # noqa: S608
-                f"FROM gpu_sample AS s {join} WHERE s.rowid >= ? AND s.rowid < ? ORDER BY s.rowid",
-                (lo, lo + _SQLITE_BATCH_ROWS),
-            )
-    conn.exec_driver_sql("DROP TABLE gpu_sample")
-    conn.exec_driver_sql("ALTER TABLE gpu_sample_0008 RENAME TO gpu_sample")
-    conn.exec_driver_sql("CREATE UNIQUE INDEX ux_gpu_sample_minute_gpu_ts ON gpu_sample (ts_ms / 60000, gpu_id, ts_ms)")
+def _copy(conn: Connection, new: list[tuple[str, str, bool]], join: str) -> None:
+    """Copy gpu_sample into a new table of the columns ``new`` in batches while it is only read, then drop the views
+    that read it and swap the new table in (``migrations.tablecopy``); the caller creates the views again."""
+    if conn.dialect.name == "sqlite":
+        definitions = ", ".join(f"{name} {kind}{'' if nullable else ' NOT NULL'}" for name, kind, nullable in new)
+        conn.exec_driver_sql(f"CREATE TABLE gpu_sample_0008 ({definitions})")
+        names = ", ".join(name for name, _, _ in new)
+        tablecopy.copy_batched(
+            conn,
+            into="gpu_sample_0008",
+            names=names,
+            select=_select_list(new),
+            source="gpu_sample AS s",
+            key="s.rowid",
+            join=join,
+        )
+        views.drop_views(conn)
+        conn.exec_driver_sql("DROP TABLE gpu_sample")
+        conn.exec_driver_sql("ALTER TABLE gpu_sample_0008 RENAME TO gpu_sample")
+        conn.exec_driver_sql(
+            "CREATE UNIQUE INDEX ux_gpu_sample_minute_gpu_ts ON gpu_sample (ts_ms / 60000, gpu_id, ts_ms)"
+        )
+        return
+    ordered = sorted(new, key=lambda c: -_WIDTHS.get(c[1], 0))  # widest first, as 0007; ties keep their order
+    definitions = ", ".join(f"{name} {kind}{'' if nullable else ' NOT NULL'}" for name, kind, nullable in ordered)
+    tablecopy.fill_partitioned(
+        conn,
+        "gpu_sample",
+        definitions=definitions,
+        indexes=_PG_INDEXES,
+        names=", ".join(name for name, _, _ in ordered),
+        select=_select_list(ordered),
+        join=join,
+    )
+    views.drop_views(conn)
+    tablecopy.swap_partitioned(conn, "gpu_sample")
 
 
 def _create_profiles(conn: Connection, types: dict[str, str]) -> None:
@@ -154,38 +170,3 @@ def _create_profiles(conn: Connection, types: dict[str, str]) -> None:
         f"INSERT INTO gpu_profile (key, {names}) SELECT {_key(conn.dialect.name, 'd', columns)}, {names} "  # noqa: S608
         f"FROM (SELECT DISTINCT {names} FROM gpu_sample) AS d"
     )
-
-
-def _rename_indexes(conn: Connection, table: str) -> None:
-    """Give ``table``'s indexes the suffix ``_0007``: the new table's take their names."""
-    for (index,) in conn.exec_driver_sql(
-        "SELECT indexname FROM pg_indexes WHERE tablename = %(table)s AND schemaname = current_schema()",
-        {"table": table},
-    ).all():
-        conn.exec_driver_sql(f'ALTER INDEX "{index}" RENAME TO "{index}_0007"')
-
-
-def _pg_copy(conn: Connection, new: list[tuple[str, str, bool]], join: str) -> None:
-    """A new gpu_sample parent of the columns ``new`` (widest first), filled one day partition at a time."""
-    ordered = sorted(new, key=lambda c: -_WIDTHS.get(c[1], 0))  # stable: ties keep their order
-    partitions = existing_partitions(conn, "gpu_sample")
-    conn.exec_driver_sql("ALTER TABLE gpu_sample RENAME TO gpu_sample_0007")
-    _rename_indexes(conn, "gpu_sample_0007")
-    definitions = ", ".join(f"{name} {kind}{'' if nullable else ' NOT NULL'}" for name, kind, nullable in ordered)
-    conn.exec_driver_sql(f"CREATE TABLE gpu_sample ({definitions}) PARTITION BY RANGE (ts_ms)")
-    conn.exec_driver_sql("CREATE UNIQUE INDEX ux_gpu_sample_gpu_ts ON gpu_sample (gpu_id, ts_ms)")
-    conn.exec_driver_sql(
-        "CREATE INDEX ix_gpu_sample_ts_brin ON gpu_sample USING brin (ts_ms) WITH (autosummarize = on)"
-    )
-    names = ", ".join(name for name, _, _ in ordered)
-    for name, start in sorted(partitions.items(), key=lambda item: item[1]):
-        old = f"{name}_0007"
-        conn.exec_driver_sql(f'ALTER TABLE gpu_sample_0007 DETACH PARTITION "{name}"')
-        conn.exec_driver_sql(f'ALTER TABLE "{name}" RENAME TO "{old}"')
-        _rename_indexes(conn, old)
-        create_partition(conn, "gpu_sample", start)
-        conn.exec_driver_sql(
-            f'INSERT INTO gpu_sample ({names}) SELECT {_select_list(ordered)} FROM "{old}" AS s {join}'  # noqa: S608
-        )
-        conn.exec_driver_sql(f'DROP TABLE "{old}"')
-    conn.exec_driver_sql("DROP TABLE gpu_sample_0007")

@@ -8,8 +8,9 @@ the expression index is gone. Reads and deletes name ``minute`` where they named
 not changed.
 
 The upgrade copies each table into its new form in key order (along the old index, so nothing is sorted and the new
-pages are filled), drops the old one and renames the new one. Views that read the tables are dropped first and
-created again from their own SQL. The downgrade copies the rows back into a heap and creates the index again.
+pages are filled), in batches of minutes (``migrations.tablecopy``), drops the old one and renames the new one.
+Views that read the tables are dropped first and created again from their own SQL. The downgrade copies the rows
+back into a heap and creates the index again.
 
 Revision ID: 0010
 Revises: 0009
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 from alembic import op
 from sqlalchemy.engine import Connection
+
+from gpulens.storage.migrations import tablecopy
 
 revision = "0010"
 down_revision: str | None = "0009"
@@ -55,13 +58,16 @@ def _views(conn: Connection) -> list[tuple[str, str]]:
     return views
 
 
-def _rebuild(conn: Connection, table: str, definitions: str, select: str, order: str, options: str = "") -> None:
-    """Fill a new ``table`` (created from ``definitions`` and ``options``) from the old one in ``order``, then put it
-    in the old one's place (its index goes with it)."""
+def _rebuild(
+    conn: Connection, table: str, definitions: str, select: str, order: str, minute: str, options: str = ""
+) -> None:
+    """Fill a new ``table`` (created from ``definitions`` and ``options``) from the old one in ``order``, in batches
+    of minutes (``minute``: the old table's minute, the head of ``order``), then put it in the old one's place (its
+    index goes with it)."""
     new = f"{table}_0010"
     conn.exec_driver_sql(f"CREATE TABLE {new} ({definitions}){options}")
     names = ", ".join(name for name, _, _ in _columns(conn, new))
-    conn.exec_driver_sql(f"INSERT INTO {new} ({names}) SELECT {select} FROM {table} ORDER BY {order}")  # noqa: S608
+    tablecopy.copy_batched(conn, into=new, names=names, select=select, source=table, key=minute, order=order)
     conn.exec_driver_sql(f"DROP TABLE {table}")
     conn.exec_driver_sql(f"ALTER TABLE {new} RENAME TO {table}")
 
@@ -76,7 +82,8 @@ def upgrade() -> None:
         definitions = f"minute INTEGER NOT NULL, {_definitions(columns)}, PRIMARY KEY (minute, {key}, ts_ms)"
         names = ", ".join(name for name, _, _ in columns)
         # In the old index's order: read along it, and appended to the new table's key (its pages filled).
-        _rebuild(conn, table, definitions, f"ts_ms / 60000, {names}", f"ts_ms / 60000, {key}, ts_ms", " WITHOUT ROWID")
+        order = f"ts_ms / 60000, {key}, ts_ms"
+        _rebuild(conn, table, definitions, f"ts_ms / 60000, {names}", order, "ts_ms / 60000", " WITHOUT ROWID")
     for _, sql in views:
         conn.exec_driver_sql(sql)
 
@@ -89,7 +96,7 @@ def downgrade() -> None:
     for table, key in _TABLES.items():
         columns = [c for c in _columns(conn, table) if c[0] != "minute"]
         names = ", ".join(name for name, _, _ in columns)
-        _rebuild(conn, table, _definitions(columns), names, f"minute, {key}, ts_ms")
+        _rebuild(conn, table, _definitions(columns), names, f"minute, {key}, ts_ms", "minute")
         conn.exec_driver_sql(f"CREATE UNIQUE INDEX {_OLD_INDEX[table]} ON {table} (ts_ms / 60000, {key}, ts_ms)")
     for _, sql in views:
         conn.exec_driver_sql(sql)

@@ -7,9 +7,10 @@ Up to 0010 each SQLite sample table (``gpu_sample``, ``nic_sample``, ``host_samp
 ``(minute, key, ms)``; ``ts_ms`` is a virtual generated column over the two, so reads name it as before. Every
 value is kept exactly. PostgreSQL is not changed.
 
-The upgrade copies each table into its new form in key order (the old key's order is the new one's, so the new
-pages are filled), drops the old one and renames the new one. Views that read the tables are dropped first and
-created again from their own SQL. The downgrade copies the rows back into the 0010 form.
+The upgrade copies each table into its new form in key order (the old key's order is the new one's, so the new pages
+are filled), in batches of minutes (``migrations.tablecopy``), drops the old one and renames the new one. Views that
+read the tables are dropped first and created again from their own SQL. The downgrade copies the rows back into the
+0010 form.
 
 Revision ID: 0011
 Revises: 0010
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 from alembic import op
 from sqlalchemy.engine import Connection
+
+from gpulens.storage.migrations import tablecopy
 
 revision = "0011"
 down_revision: str | None = "0010"
@@ -56,10 +59,11 @@ def _views(conn: Connection) -> list[tuple[str, str]]:
 
 
 def _rebuild(conn: Connection, table: str, definitions: str, names: str, select: str, order: str) -> None:
-    """Fill a new ``table`` from the old one in ``order`` (its key's), then put it in the old one's place."""
+    """Fill a new ``table`` from the old one in ``order`` (its key's, led by ``minute``) in batches of minutes, then
+    put it in the old one's place."""
     new = f"{table}_0011"
     conn.exec_driver_sql(f"CREATE TABLE {new} ({definitions}) WITHOUT ROWID")
-    conn.exec_driver_sql(f"INSERT INTO {new} ({names}) SELECT {select} FROM {table} ORDER BY {order}")  # noqa: S608
+    tablecopy.copy_batched(conn, into=new, names=names, select=select, source=table, key="minute", order=order)
     conn.exec_driver_sql(f"DROP TABLE {table}")
     conn.exec_driver_sql(f"ALTER TABLE {new} RENAME TO {table}")
 

@@ -27,9 +27,9 @@ from typing import Final, Protocol
 from gpulens.clock import Clock
 from gpulens.fabricmodel import nic_id
 from gpulens.ratios import LinkLoad
-from gpulens.storage.portproblems import PORT_PROBLEMS
+from gpulens.storage.portproblems import ERROR_POINTS, PORT_PROBLEMS
 from gpulens.storage.prometheus import families as fam
-from gpulens.storage.prometheus import jobquery
+from gpulens.storage.prometheus import jobquery, problems
 from gpulens.storage.prometheus import recording as rec
 from gpulens.storage.prometheus.client import LOOKBACK_S, PromClient, PromQueryError, quote
 from gpulens.storage.prometheus.fabric import _nic_key
@@ -67,6 +67,7 @@ class PromReader(Protocol):
     client: PromClient
     clock: Clock
     recording: Usage
+    min_step_s: float
 
     def _present(self) -> frozenset[str] | None: ...
 
@@ -279,16 +280,25 @@ def link_summary(reader: PromReader, now: float, top: int) -> LinkSummary | None
 
 
 def nic_problems(reader: PromReader, start: float, end: float) -> dict[str, tuple[str, ...]] | None:
-    """Every port's problems from its recorded flags now and its errors over [start, end]; None when the recorded
-    series do not cover the range."""
+    """Every port's problems from its recorded flags now and its errors over [start, end]: recorded where the rules
+    ran, and where they began inside the range, raw before their first evaluation (``problems.rose_ports``); None
+    when the rules do not run."""
     now = reader.clock.now()
-    if not covers(reader, "interconnect ports", start, now):
+    clock, why = clock_at(reader, "interconnect ports", start, now)
+    began = clock is not None and why == BEGAN_LATE and clock[0] < end
+    if noted(reader, "interconnect ports", clock, None if began else why) is None:
         return None
-    window = f"[{max(1, round(end - start))}s]"
-    with ThreadPoolExecutor(2) as pool:
+    first = clock[0] if clock is not None and began else start
+    window = f"[{max(1, round(end - first))}s]"
+    with ThreadPoolExecutor(3) as pool:
         flags = pool.submit(reader.client.query, rec.PORT_FLAGS, now)
         errors = pool.submit(reader.client.query, f"max_over_time({rec.PORT_ERRORS}{window}) > 0", now)
+        if began:  # the span before the rules' first evaluation, raw at nic_series's steps
+            lo, _, step = reader._step(start, end, ERROR_POINTS)
+            before = pool.submit(problems.rose_ports, reader, lo, first - step, step)
         rose = {key for s in errors.result() if (key := _nic_key(s.labels)) is not None}
+        if began:
+            rose |= before.result()
         found: dict[str, tuple[str, ...]] = {}
         for s in flags.result():
             key = _nic_key(s.labels)

@@ -134,3 +134,17 @@ def test_a_range_before_the_rules_reads_raw_and_says_why(young: str, end: int) -
     fast.jobs(at - 600, at)
     assert not any(rec.JOB_UTIL_SUM in q for q in sent)
     assert "began after" in fast.recording.missing["jobs"]
+
+
+def test_port_problems_half_covered_read_recorded_flags_and_raw_errors_before_them(young: str, end: int) -> None:
+    at = end - 30  # the flags are as old as the rules' last evaluation: read where both saw the same scrape
+    fast, sent = reader(young, at)
+    got = fast.nic_problems(at - 1800, at)
+    assert "interconnect ports" not in fast.recording.missing
+    slow, _ = reader(young, at, use_recorded=False)
+    want = slow.nic_problems(at - 1800, at)
+    assert got == want
+    assert len(got) >= NODES
+    assert any("errors" in found for found in got.values())
+    assert sum(rec.PORT_ERRORS in q for q in sent) == 1  # the errors since the rules' first evaluation, recorded
+    assert sum(q.startswith("rate(") and q.endswith("> 0") for q in sent) >= 1  # before it, raw

@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from dash import Dash, Input, Output, State, dcc, html
 
-from gpulens.dashboard import ids
+from gpulens.dashboard import atonce, ids
 from gpulens.dashboard.components import (
     GRAPH_CONFIG,
     Cell,
@@ -157,9 +157,13 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
 
     def load() -> tuple[Any, ...]:
         span = resolve_range(state.range, state.start, state.end, now, history_start=context.history_start(state.range))
+        store = context.store
+        # the reads that need nothing read before begin at once where the store allows it (dashboard.atonce)
+        outages_of = atonce.start(store, lambda: context.store.link_outages(span.start, span.end))
+        problems_of = atonce.start(store, lambda: available(lambda: context.store.nic_problems(span.start, span.end)))
         # where the store keeps every GPU's link loads (Prometheus's recording rules), every GPU's up and sample time
         # are read, and the link fields only of the GPUs it names (degraded, most errors) and of the chosen node's
-        summary = context.store.link_summary(TOP)
+        summary = store.link_summary(TOP)
         readings = context.store.latest_readings(fields=LINK_FIELDS if summary is None else ())
         nodes = sorted({r.node for r in readings}, key=natural_key)
         chosen = node if node in nodes else (nodes[0] if nodes else None)
@@ -169,11 +173,11 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
             named = context.store.latest_readings(uuids=gpus, fields=LINK_FIELDS) if gpus else []
         mine = [r for r in named if r.node == chosen]
         series = context.store.series([r.uuid for r in mine], LINK_ERROR_FIELDS, span.start, span.end, 240)
-        outages = context.store.link_outages(span.start, span.end)
+        outages = outages_of()
         firing = firing_on_ports(context.alerts.active()) if context.alerts is not None else {}
         stale = stale_nodes(readings, now, context.stale_after_s)
         # every port's problems told by the store; only the ports of the rows shown (and the chosen node's) read whole
-        problems = available(lambda: context.store.nic_problems(span.start, span.end))
+        problems = problems_of()
         shown = [] if isinstance(problems, Unavailable) else ranked_ports(problems, firing, stale)[:PORT_ROWS]
         wanted = sorted({key[0] for key in map(parse_nic_id, shown) if key} | ({chosen} if chosen else set()))
         nics = (

@@ -279,6 +279,24 @@ class Summaries:
                 if peak is not None:
                     entry.stats["mem_max"] = max(entry.stats.get("mem_max", peak), peak)
 
+    def merge(self, other: Summaries) -> Summaries:
+        """This range's summaries joined with those of the range next to it (``other``, read at the same step): the
+        GPUs, nodes, sums and GPU-steps added, the peaks and first and last steps over both."""
+        for job, theirs in other.jobs.items():
+            mine = self.jobs[job]
+            mine.gpus |= theirs.gpus
+            mine.nodes |= theirs.nodes
+            mine.user = mine.user or theirs.user
+            for tag, value in theirs.stats.items():
+                peak = tag == "mem_max"
+                mine.stats[tag] = max(mine.stats.get(tag, value), value) if peak else mine.stats[tag] + value
+            mine.held += theirs.held
+            ends = [t for t in (mine.first, theirs.first) if t is not None]
+            mine.first = min(ends) if ends else None
+            ends = [t for t in (mine.last, theirs.last) if t is not None]
+            mine.last = max(ends) if ends else None
+        return self
+
     def result(self) -> list[JobSummary]:
         out = []
         for job, entry in self.jobs.items():

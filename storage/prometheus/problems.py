@@ -51,17 +51,25 @@ def _keys(answer: list[PromSeries]) -> set[tuple[str, str, int]]:
     return {key for s in answer if (key := _nic_key(s.labels)) is not None}
 
 
+def rose_ports(reader: PromReader, lo: float, hi: float, step: float) -> set[tuple[str, str, int]]:
+    """The ports whose error counters rose at a step of (``lo``, ``hi``] (``nic_series``'s rates) and stand above
+    zero now: the ports with errors in the range."""
+    client = reader.client
+    with ThreadPoolExecutor(4) as pool:
+        counted = pool.submit(client.query, counted_query(), reader.clock.now())
+        rose = [pool.submit(client.query_range, q, lo + step, hi + step, step) for q in rose_queries(reader, step)]
+        return set().union(*(_keys(r.result()) for r in rose)) & _keys(counted.result())
+
+
 def nic_problems(reader: PromReader, start: float, end: float) -> dict[str, tuple[str, ...]]:
     now = reader.clock.now()
     lo, hi, step = reader._step(start, end, ERROR_POINTS)  # the steps ``nic_series`` reads the error rates at
-    client = reader.client
-    with ThreadPoolExecutor(4) as pool:
-        busy = pool.submit(client.query, saturated_query(reader), now)
-        counted = pool.submit(client.query, counted_query(), now)
-        rose = [pool.submit(client.query_range, q, lo + step, hi + step, step) for q in rose_queries(reader, step)]
+    with ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(reader.client.query, saturated_query(reader), now)
+        rose = pool.submit(rose_ports, reader, lo, hi, step)
         nics = latest_nics(reader, node=None, max_age_s=None, fields=STATE_FIELDS)
         saturated = _keys(busy.result())
-        errors = set().union(*(_keys(r.result()) for r in rose)) & _keys(counted.result())
+        errors = rose.result()
     return problems_of(
         nics,
         lambda n: (n.node, n.device, n.port) in errors,

@@ -33,7 +33,17 @@ from gpulens.ncclmodel import NcclView
 from gpulens.nodehardware import NodeHardware
 from gpulens.nodehealth import NodeHealth
 from gpulens.settings import StoreAuth
-from gpulens.storage.prometheus import fabric, hardwareread, jobquery, ncclread, noderead, problems, recorded, targets
+from gpulens.storage.prometheus import (
+    fabric,
+    hardwareread,
+    jobquery,
+    jobread,
+    ncclread,
+    noderead,
+    problems,
+    recorded,
+    targets,
+)
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus.client import (
     LOOKBACK_S,
@@ -50,7 +60,6 @@ from gpulens.storage.prometheus.usageread import UsageReads
 from gpulens.storage.reading import NotAvailableOnBackend
 from gpulens.storage.records import (
     FIELD_KINDS,
-    JOB_POINTS,
     GpuInfo,
     JobSummary,
     LinkOutage,
@@ -381,44 +390,9 @@ class PromReader(UsageReads, Unserved, InspectorReads):
         return out
 
     def jobs(self, start: float, end: float, *, job_id: str | None = None) -> list[JobSummary]:
-        """Aggregated by job in Prometheus (``storage.prometheus.jobquery``): at once the (job, GPU) pairs, the GPUs'
-        statistics and the GPUs held per step; once the pairs are in, where jobs came or went in the range, the
-        per-step reads of those GPUs. (One job: its pairs first, then its GPUs' statistics.)"""
-        if job_id is None and self.use_recorded and (summaries := recorded.jobs(self, start, end)) is not None:
-            return summaries
-        lo, hi, step = self._step(start, end, JOB_POINTS + 1)
-        out = jobquery.Summaries(step)
-        dcgm = any(self._exists(n) for n in fam.DCGM_PRESENCE)
-
-        def per_step(gpus: set[str]) -> dict[str, Any]:
-            queries = jobquery.unsettled_queries(job_id, sorted(gpus), step, self._sources, dcgm=out.dcgm)
-            return {tag: pool.submit(self.client.query_range, q, lo + step, hi, step) for tag, q in queries.items()}
-
-        with ThreadPoolExecutor(PARALLEL) as pool:
-            held = jobquery.held_query(job_id, dcgm=dcgm, overlap=False)
-            counted = pool.submit(self.client.query_range, held, lo + step, hi, step)
-            pairs = pool.submit(self.client.query, jobquery.pairs_query(job_id, lo, hi, dcgm=dcgm), hi)
-            stats: dict[str, Any] = {}
-            if job_id is None:  # every GPU's statistics, while the pairs come
-                queries = jobquery.stats_queries(lo, hi, self._sources)
-                stats = {tag: pool.submit(self.client.query, promql, hi) for tag, promql in queries.items()}
-            out.add_pairs(pairs.result())
-            if not out.held:
-                return []
-            if out.overlap:  # one GPU's job named by both sources: counted once, at a cost
-                held = jobquery.held_query(job_id, dcgm=True, overlap=True)
-                counted = pool.submit(self.client.query_range, held, lo + step, hi, step)
-            if job_id is not None:  # one job: its GPUs' statistics only
-                gpus = sorted({uuid for _, uuid in out.held})
-                queries = jobquery.stats_queries(lo, hi, self._sources, gpus)
-                stats = {tag: pool.submit(self.client.query, promql, hi) for tag, promql in queries.items()}
-            unsettled = per_step(out.unsettled) if out.unsettled else {}
-            out.add_stats({tag: future.result() for tag, future in stats.items()})
-            late = per_step(out.late) if out.late else {}
-            for answers in (unsettled, late):
-                out.add_unsettled({tag: future.result() for tag, future in answers.items()})
-            out.add_held(counted.result())
-        return out.result()
+        """Aggregated by job in Prometheus, from the recorded series where they cover the range
+        (``storage.prometheus.jobread``)."""
+        return jobread.jobs(self, start, end, job_id)
 
     def job_info(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
         """What the scheduler says of each job (``gpulens_job_info``), as last exported within ``NAMES_LOOKBACK_S``."""

@@ -27,13 +27,13 @@ from typing import Final, Protocol
 from gpulens.clock import Clock
 from gpulens.fabricmodel import nic_id
 from gpulens.ratios import LinkLoad
-from gpulens.storage.portproblems import PORT_PROBLEMS
+from gpulens.storage.portproblems import ERROR_POINTS, PORT_PROBLEMS
 from gpulens.storage.prometheus import families as fam
-from gpulens.storage.prometheus import jobquery
+from gpulens.storage.prometheus import jobquery, problems
 from gpulens.storage.prometheus import recording as rec
 from gpulens.storage.prometheus.client import LOOKBACK_S, PromClient, PromQueryError, quote
 from gpulens.storage.prometheus.fabric import _nic_key
-from gpulens.storage.records import JOB_POINTS, LINK_ERROR_FIELDS, JobSummary, LinkSummary, NodeTotals
+from gpulens.storage.records import LINK_ERROR_FIELDS, LinkSummary, NodeTotals
 
 STALE_INTERVALS: Final = 3  # recorded series whose newest evaluation is older than this many intervals are stale
 
@@ -67,6 +67,7 @@ class PromReader(Protocol):
     client: PromClient
     clock: Clock
     recording: Usage
+    min_step_s: float
 
     def _present(self) -> frozenset[str] | None: ...
 
@@ -90,26 +91,41 @@ def _clock(client: PromClient, lo: float, hi: float) -> tuple[float, float, floa
     return got["first"].value, got["last"].value, float(interval) if interval.isdigit() else float(rec.INTERVAL_S)
 
 
+BEGAN_LATE: Final = "the recording rules began after the range's start"
+
+
+RulesClock = tuple[float, float, float]  # the rules' first and last evaluation, their interval
+
+
+def clock_at(reader: PromReader, page: str, lo: float, now: float) -> tuple[RulesClock | None, str | None]:
+    """The rules' (first, last evaluation, interval) where the recorded series ``page`` needs are there and fresh at
+    ``now`` (else None), and why they do not cover a range from ``lo`` (None: they do; ``BEGAN_LATE``: they run, but
+    began inside it)."""
+    present = reader._present()
+    if present is not None and not set(rec.PAGE_NEEDS[page]) <= present:
+        return None, "no recording rules loaded"
+    try:
+        clock = _clock(reader.client, lo, now)
+    except PromQueryError:
+        clock = None
+    if clock is None:  # the names held lately (present) but no evaluation in the window: they stopped
+        return None, "no recording rules loaded" if present is None else "the recording rules are not evaluated"
+    if now - clock[1] > STALE_INTERVALS * clock[2]:
+        return None, "the recording rules are not evaluated"
+    return clock, BEGAN_LATE if clock[0] > lo + 2 * clock[2] else None
+
+
 def covers(reader: PromReader, page: str, lo: float, now: float) -> tuple[float, float, float] | None:
     """The rules' (first, last evaluation, interval) where the recorded series ``page`` needs are there, fresh at
     ``now`` and evaluated since ``lo``; if not, None, and why in ``reader.recording``."""
-    present = reader._present()
-    clock = None
-    if present is not None and not set(rec.PAGE_NEEDS[page]) <= present:
-        why = "no recording rules loaded"
-    else:
-        try:
-            clock = _clock(reader.client, lo, now)
-        except PromQueryError:
-            clock = None
-        if clock is None:  # the names held lately (present) but no evaluation in the window: they stopped
-            why = "no recording rules loaded" if present is None else "the recording rules are not evaluated"
-        elif now - clock[1] > STALE_INTERVALS * clock[2]:
-            why = "the recording rules are not evaluated"
-        elif clock[0] > lo + 2 * clock[2]:
-            why = "the recording rules began after the range's start"
-        else:
-            why = None
+    clock, why = clock_at(reader, page, lo, now)
+    return noted(reader, page, None if why else clock, why)
+
+
+def noted(
+    reader: PromReader, page: str, clock: tuple[float, float, float] | None, why: str | None
+) -> tuple[float, float, float] | None:
+    """``clock``, with ``page`` noted in ``reader.recording`` as read raw (for ``why``) or not."""
     if why is not None or clock is None:
         reader.recording.missing[page] = why or "no recording rules loaded"
         return None
@@ -117,12 +133,15 @@ def covers(reader: PromReader, page: str, lo: float, now: float) -> tuple[float,
     return clock
 
 
-def jobs(reader: PromReader, start: float, end: float) -> list[JobSummary] | None:
-    """Every job's summary over [start, end] from recorded series; None when they do not cover it."""
-    lo, hi, step = reader._step(start, end, JOB_POINTS + 1)
-    if not covers(reader, "jobs", lo, reader.clock.now()):
-        return None
-    window = f"[{round(hi - lo)}s]"
+JOB_HELD: Final = f"sum by (job_id) ({rec.JOB_GPUS})"  # the GPUs each job holds, as of the rules' evaluation
+
+
+def job_sums(reader: PromReader, lo: float, hi: float, step: float, held_from: float) -> jobquery.Summaries:
+    """Every job's sums over (``lo``, ``hi``] from the recorded per-interval sums of the rules' evaluations in it (each
+    covers the interval before it), the GPUs held at each step from ``held_from`` (none past ``hi``; the rules
+    evaluated by then), and its (job, GPU) pairs from the raw membership series; the caller checks that the rules
+    cover it (``clock_at``)."""
+    window = f"[{max(1, round(hi - lo))}s]"
     dcgm = any(reader._exists(n) for n in fam.DCGM_PRESENCE)
     stats = {
         "util_n": f"sum by (job_id) (sum_over_time({rec.JOB_UTIL_N}{window}))",
@@ -133,19 +152,20 @@ def jobs(reader: PromReader, start: float, end: float) -> list[JobSummary] | Non
         "mem_max": f"max by (job_id) (max_over_time({rec.JOB_MEM_MAX}{window}))",
     }
     client = reader.client
+    out = jobquery.Summaries(step)
     with ThreadPoolExecutor(4) as pool:
         pairs = pool.submit(client.query, jobquery.pairs_query(None, lo, hi, dcgm=dcgm), hi)
-        held = pool.submit(client.query_range, f"sum by (job_id) ({rec.JOB_GPUS})", lo + step, hi, step)
+        held = pool.submit(client.query_range, JOB_HELD, held_from, hi, step) if held_from <= hi else None
         answers = {tag: pool.submit(client.query, q, hi) for tag, q in stats.items()}
-        out = jobquery.Summaries(step)
         out.add_pairs(pairs.result())
-        out.add_held(held.result())
+        if held is not None:
+            out.add_held(held.result())
         for tag, answer in answers.items():
             for s in answer.result():
                 entry = out.jobs.get(s.labels.get("job_id", ""))
                 if entry is not None and math.isfinite(s.value):
                     entry.stats[tag] = s.value
-    return out.result()
+    return out
 
 
 # each node's totals: NodeTotals's field -> the recorded name
@@ -260,16 +280,25 @@ def link_summary(reader: PromReader, now: float, top: int) -> LinkSummary | None
 
 
 def nic_problems(reader: PromReader, start: float, end: float) -> dict[str, tuple[str, ...]] | None:
-    """Every port's problems from its recorded flags now and its errors over [start, end]; None when the recorded
-    series do not cover the range."""
+    """Every port's problems from its recorded flags now and its errors over [start, end]: recorded where the rules
+    ran, and where they began inside the range, raw before their first evaluation (``problems.rose_ports``); None
+    when the rules do not run."""
     now = reader.clock.now()
-    if not covers(reader, "interconnect ports", start, now):
+    clock, why = clock_at(reader, "interconnect ports", start, now)
+    began = clock is not None and why == BEGAN_LATE and clock[0] < end
+    if noted(reader, "interconnect ports", clock, None if began else why) is None:
         return None
-    window = f"[{max(1, round(end - start))}s]"
-    with ThreadPoolExecutor(2) as pool:
+    first = clock[0] if clock is not None and began else start
+    window = f"[{max(1, round(end - first))}s]"
+    with ThreadPoolExecutor(3) as pool:
         flags = pool.submit(reader.client.query, rec.PORT_FLAGS, now)
         errors = pool.submit(reader.client.query, f"max_over_time({rec.PORT_ERRORS}{window}) > 0", now)
+        if began:  # the span before the rules' first evaluation, raw at nic_series's steps
+            lo, _, step = reader._step(start, end, ERROR_POINTS)
+            before = pool.submit(problems.rose_ports, reader, lo, first - step, step)
         rose = {key for s in errors.result() if (key := _nic_key(s.labels)) is not None}
+        if began:
+            rose |= before.result()
         found: dict[str, tuple[str, ...]] = {}
         for s in flags.result():
             key = _nic_key(s.labels)

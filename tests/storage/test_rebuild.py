@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 from sqlalchemy import event
 
+from gpulens.cli import main
 from gpulens.clock import ManualClock
 from gpulens.fabricmodel import HostReading, JobHostReading
 from gpulens.storage import rebuild
@@ -148,3 +149,25 @@ def test_a_chunk_that_is_not_a_divisor_or_multiple_of_an_hour_is_refused() -> No
         rebuild.chunks(0, 3_600_000, 7)
     assert rebuild.chunks(0, 3 * 3_600_000, 120) == [(0, 7_200_000), (7_200_000, 10_800_000)]
     assert rebuild.chunks(1_000, 3_600_000 + 5, 30) == [(0, 1_800_000), (1_800_000, 3_600_000)]
+
+
+def test_the_command_prints_progress_on_stderr_and_the_rows_on_stdout(
+    db: Database, db_url: str, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write(db, clock, nodes=1, minutes=65)
+    assert main(["db", "rebuild-rollups", "--since", "10000d", "--chunk-minutes", "30", "--db", db_url]) == 0
+    out, err = capsys.readouterr()
+    # Two hours (the last one ended long ago, with the samples), two chunks each; not a terminal: a line at 0 and
+    # after each chunk (every 5% of 4 chunks)
+    lines = err.splitlines()
+    assert [line.split(",")[0] for line in lines] == [f"rebuild: {n}/4 chunks ({n * 25}%)" for n in range(5)]
+    assert "left" in lines[1]
+    rows = 2 * 60 + 2  # the first whole hour's minutes and hour of 2 GPUs, and of their ports, host and job
+    assert out.strip().endswith("rollup rows rebuilt")
+    assert int(out.split(": ")[-1].split()[0].replace(",", "")) >= rows
+    assert main(["db", "rebuild-rollups", "--chunk-minutes", "7", "--db", db_url]) == 1
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("--chunk-minutes: chunk of 7 minutes: give a divisor of 60 or a multiple of 60")
+    )

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 # Every read of a range reads this much more, so it is kept to twice a slow (60 s) scrape interval.
 COUNTER_LOOKBACK_MS: Final = 2 * schema.MINUTE_MS
 PENDING: Final = ".pending"  # tier_state row "<tier>.pending": the end of the bucket being rolled up slice by slice
-_ALL_GPUS: Final = 2**31 - 1  # the end of the GPU id range of a slice that takes the rest
+ALL_IDS: Final = 2**31 - 1  # the end of the GPU id range of a slice that takes the rest
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,13 +83,13 @@ def _upsert_tail(columns: list[str]) -> str:
     return f"ON CONFLICT ({columns[0]}, ts_ms) DO UPDATE SET {updates}"
 
 
-def _from_samples_sql(dialect: str, family: Family) -> str:
+def from_samples_sql(dialect: str, family: Family) -> str:
     """1-minute buckets of the family's ids [g0, g1) (GPUs, ports, ...) from raw samples.
 
     Gauges and bitmasks are aggregated straight off the rows of the range; counters' increases need each sample's
     predecessor (a window over a narrow projection: sorting wide rows for it measured twice as slow). SQLite reads
     the range one minute at a time along its primary key, seeking the GPU range within each minute, and groups by
-    the stored minute.
+    the stored minute. ``storage.rebuild`` runs the same statement over every id of a time chunk.
     """
     minute = schema.minute_of("ts_ms")  # of the window's rows (and of every row on PostgreSQL)
     stored = schema.MINUTE if dialect == "sqlite" else minute
@@ -103,6 +103,7 @@ def _from_samples_sql(dialect: str, family: Family) -> str:
         ]
         (counters if f.kind == "counter" else gauges).extend(named)
     inner = aggregates.window_columns(family.fields, counters_only=True, key=key)
+    counted = [f for f in family.fields if f.kind == "counter"]  # the window reads no profile: no join for it
     gpus = f"{key} >= :g0 AND {key} < :g1"
     where, read_where = f"ts_ms >= :lo AND ts_ms < :hi AND {gpus}", f"ts_ms >= :read_from AND ts_ms < :hi AND {gpus}"
     cte = ""
@@ -120,7 +121,7 @@ def _from_samples_sql(dialect: str, family: Family) -> str:
     )
     increases = (
         f"SELECT {key}, {minute} AS minute, {', '.join(['sum(dt) AS elapsed_ms', *counters])} "  # noqa: S608
-        f"FROM (SELECT {', '.join(inner)} FROM {samples} WHERE {read_where} "
+        f"FROM (SELECT {', '.join(inner)} FROM {family.source(dialect, counted)} WHERE {read_where} "
         f"WINDOW w AS (PARTITION BY {key} ORDER BY ts_ms)) AS x "
         f"WHERE ts_ms >= :lo GROUP BY {key}, {minute}"
     )
@@ -140,7 +141,7 @@ def _from_samples_sql(dialect: str, family: Family) -> str:
     )
 
 
-def _from_minutes_sql(dialect: str, family: Family) -> str:
+def from_minutes_sql(dialect: str, family: Family) -> str:
     """1-hour buckets of the family's ids [g0, g1) from 1-minute ones: means weighted by sample counts."""
     key = family.key
     outer = [f"r.{key}", f"(r.ts_ms / {schema.HOUR_MS}) * {schema.HOUR_MS}", "sum(r.n)", "sum(r.elapsed_ms)"]
@@ -194,8 +195,8 @@ class Rollups:
         self._db = db
         self._timer = timer
         self._settle_ms = round(settle_s * 1000)
-        self._sql = {("1m", f.name): _from_samples_sql(db.dialect, f) for f in FAMILIES} | {
-            ("1h", f.name): _from_minutes_sql(db.dialect, f) for f in FAMILIES
+        self._sql = {("1m", f.name): from_samples_sql(db.dialect, f) for f in FAMILIES} | {
+            ("1h", f.name): from_minutes_sql(db.dialect, f) for f in FAMILIES
         }
         # An hour of a GPU is 60 minute rows to aggregate, a minute about 6 raw rows: start the hours smaller.
         self._slice = {
@@ -219,7 +220,7 @@ class Rollups:
         """Every family of the work, one transaction each; the last one finishes the work."""
         written = 0
         while not work.done:
-            written += self._roll(work, _ALL_GPUS)
+            written += self._roll(work, ALL_IDS)
         return written
 
     def step(self, now: float, *, max_seconds: float = 0.05) -> bool:
@@ -244,7 +245,7 @@ class Rollups:
         if planned > 0 and (per_id := self._per_id.get(kind)):  # planning took part of this step's budget
             slice_gpus = max(1, min(slice_gpus, int((max_seconds * AIM - planned) / per_id)))
         first, last = work.next_gpu, work.last_gpu
-        g1 = first + slice_gpus if first + slice_gpus <= last else _ALL_GPUS
+        g1 = first + slice_gpus if first + slice_gpus <= last else ALL_IDS
         rolling = self._timer()
         self._roll(work, g1)
         now_s = self._timer()

@@ -1,10 +1,12 @@
-"""``gpulens db upgrade [--plan]``: database maintenance: plan the schema upgrade, then apply it."""
+"""``gpulens db upgrade [--plan]``: database maintenance: plan the schema upgrade, then apply it (and ``gpulens db
+rebuild-rollups``: ``cmd_db_rebuild``)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+from gpulens.cli import cmd_db_rebuild
 from gpulens.cli.base import (
     CliError,
     Formatter,
@@ -22,6 +24,8 @@ examples:
   gpulens db upgrade --plan --db postgresql+psycopg://gpulens@db/gpulens
   # then, with the collector stopped and a backup taken (docs/upgrades.md)
   gpulens db upgrade --db postgresql+psycopg://gpulens@db/gpulens
+  # the last day's rollups again from the raw samples, with progress on stderr
+  gpulens db rebuild-rollups --since 24h --db postgresql+psycopg://gpulens@db/gpulens
 """
 
 
@@ -62,6 +66,7 @@ def register(sub: Any) -> None:
     add_db_flags(down)
     add_log_level(down)
     down.set_defaults(func=_run_db_downgrade)
+    cmd_db_rebuild.register(dbsub)
 
 
 def _run_db_upgrade(args: argparse.Namespace) -> int:

@@ -40,11 +40,6 @@ SW_POWER_CAP: Final = _BIT["sw_power_cap"]
 _GIB: Final = float(1 << 30)
 
 
-def _gpus(history: History) -> Sequence[tuple[GpuReading, Sequence[GpuJob]]]:
-    """The latest round's GPUs that are up, with the jobs holding each."""
-    return history.up_gpus()
-
-
 def _xid_gpus(history: History) -> Sequence[tuple[GpuReading, Sequence[GpuJob]]]:
     """The latest round's GPUs with XID counts, lost ones included (the kernel log counts a lost GPU's XID 79)."""
     latest = history.latest
@@ -275,7 +270,8 @@ def pcie_degraded(rule: AlertRule, history: History, now: float) -> list[Candida
     start = history.round_since(now - window)
     first = start.gpus if start is not None else {}  # the window's first readings (see ``counters_unchanged``)
     out = []
-    for reading, jobs in _gpus(history):
+    narrow_or_slow = ("pcie_link_width", "pcie_link_generation")  # below their maxima
+    for reading, jobs in history.columns().where_moved_or(history.gpus_moved(), (), narrow_or_slow):
         gen, gen_max = reading.pcie_link_generation, reading.pcie_link_generation_max
         width, width_max = reading.pcie_link_width, reading.pcie_link_width_max
         problems = []
@@ -326,7 +322,7 @@ def nvlink_errors(rule: AlertRule, history: History, now: float) -> list[Candida
     start = history.round_since(now - window)
     first = start.gpus if start is not None else {}  # the window's first readings (see ``counters_unchanged``)
     out = []
-    for reading, jobs in _gpus(history):
+    for reading, jobs in history.columns().where_moved_or(history.gpus_moved()):
         if not reading.nvlink_links_active:
             continue
         before = first.get(reading.uuid)
@@ -390,7 +386,7 @@ def ecc_uncorrectable(rule: AlertRule, history: History, now: float) -> list[Can
     start = history.round_since(now - window)
     first = start.gpus if start is not None else {}  # the window's first readings (see ``counters_unchanged``)
     out = []
-    for reading, jobs in _gpus(history):
+    for reading, jobs in history.columns().where_moved_or(history.gpus_moved(), ("remapped_rows_failure",)):
         if not reading.remapped_rows_failure and (
             (
                 (before := first.get(reading.uuid)) is not None

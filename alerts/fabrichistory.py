@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Final, TypeVar
@@ -93,12 +93,28 @@ class _Reference:
             values.popleft()
 
 
-def _expire_series(table: dict[K, deque[tuple[float, V]]], horizon: float) -> None:
-    for key in [k for k, series in table.items() if series[-1][0] < horizon]:
-        del table[key]
-    for series in table.values():
+def _append(table: dict[K, deque[tuple[float, V]]], key: K, entry: tuple[float, V], horizon: float) -> None:
+    """Append ``entry`` to ``key``'s series, and drop its entries older than ``horizon``."""
+    series = table.get(key)
+    if series is None:
+        series = table[key] = deque()
+    series.append(entry)
+    while series[0][0] < horizon:
+        series.popleft()
+
+
+def _expire_series(table: dict[K, deque[tuple[float, V]]], horizon: float, trimmed: Set[K] | None) -> int:
+    """Drop the entries older than ``horizon``, and the series left empty, of the series not in ``trimmed`` (those
+    already trimmed at ``horizon``; ``None``: none was); the number of series visited."""
+    keys = list(table) if trimmed is None else table.keys() - trimmed if len(table) > len(trimmed) else ()
+    for key in keys:
+        series = table[key]
+        if series[-1][0] < horizon:
+            del table[key]
+            continue
         while series[0][0] < horizon:
             series.popleft()
+    return len(keys)
 
 
 def _time(entry: tuple[float, object]) -> float:
@@ -168,10 +184,13 @@ class FabricWindow:
         self._ports: dict[PortKey, PortState] = {}
         self._hosts: dict[str, deque[tuple[float, HostReading]]] = {}
         self._job_hosts: dict[tuple[str, str], deque[tuple[float, JobHostReading]]] = {}
-        self._latest: list[NicReading] = []
+        self._latest: list[NicReading] | None = []  # nics, this round (worked out when first asked)
         self._pairs: list[tuple[NicReading, PortState]] = []  # this round's readings with their ports' states
         self._moved: list[tuple[NicReading, PortState]] = []  # ports_moved, this round
         self._trimmed: float | None = None  # the horizon ``add`` trimmed every port at, when it read them all
+        self._horizon: float | None = None  # the horizon ``add`` trimmed the hosts and job shares it read at
+        self._shares_read: Set[tuple[str, str]] = set()  # the (node, job) shares the latest round read
+        self.walked = 0  # host and job share series the latest expiry visited beyond those the round read
         self._snapshots: Sequence[NodeSnapshot] = ()
         self._by_node: dict[str, list[NicReading]] | None = {}
         self._rates: dict[tuple[str, str | None], Peers] = {}  # up ports' rates by node and link layer
@@ -187,84 +206,108 @@ class FabricWindow:
     def add(self, now: float, snapshots: Sequence[NodeSnapshot]) -> None:
         """Take one round's snapshots. The ports it reads also lose here the readings ``expire`` would drop at
         ``now - window_s``, as their references do."""
-        latest: list[NicReading] = []
         pairs: list[tuple[NicReading, PortState]] = []
         moved: list[tuple[NicReading, PortState]] = []
         read = 0  # ports read this round (a port read twice counts once)
         rates: dict[tuple[str, str | None], Peers] = {}
         latest_hosts: dict[str, HostReading] = {}
         latest_job_hosts: dict[str, list[JobHostReading]] = {}
+        shares_read: set[tuple[str, str]] = set()
         ports, hosts, job_hosts = self._ports, self._hosts, self._job_hosts
         window_s = self.window_s
         horizon = now - window_s
+        add_pair, add_moved = pairs.append, moved.append
         for snap in snapshots:
             for nic in snap.nics:
-                latest.append(nic)
                 key = (nic.node, nic.device, nic.port)
                 port = ports.get(key)
                 if port is None:
                     port = ports[key] = PortState()
                 pair = (nic, port)
-                pairs.append(pair)
+                add_pair(pair)
                 series = port.series
                 counters = MOVED_COUNTERS(nic)
                 if None in counters or (series and counters != port.counters):
                     port.moved = now
                 port.counters = counters
                 series.append((now, nic))
-                while series[0][0] < horizon:
-                    series.popleft()
-                if port.moved >= series[0][0] or len(series) < 2:
-                    moved.append(pair)  # a counter moved within the window, or the window has no two readings
+                first = series[0][0]
+                if first < horizon:
+                    while series[0][0] < horizon:
+                        series.popleft()
+                    first = series[0][0]
+                if port.moved >= first or len(series) < 2:
+                    add_moved(pair)  # a counter moved within the window, or the window has no two readings
                 # What outlives the window (``PortMemory``), and the references.
                 if port.seen != now:
                     read += 1
                     port.seen = now
-                if nic.up:
-                    port.last_up = now
-                    port.down_since = None
-                    rate, width = nic.rate_bytes_per_second, nic.link_width
-                    if rate:
-                        if port.best_rate is None or rate > port.best_rate:
-                            port.best_rate = rate
-                        group = rates.get((nic.node, nic.link_layer))
-                        if group is None:
-                            group = rates[(nic.node, nic.link_layer)] = Peers(rate)
-                        else:
-                            group.rates.append(rate)
-                        port.peers = group
-                    if width and (port.best_width is None or width > port.best_width):
-                        port.best_width = width
-                    value = nic.transmit_wait_per_second
-                    if value is not None:
-                        reference = port.wait
-                        if reference is None:
-                            reference = port.wait = _Reference()
-                        reference.note(now, value, window_s)
-                    value = nic.cnp_handled_per_second
-                    if value is not None:
-                        reference = port.cnp
-                        if reference is None:
-                            reference = port.cnp = _Reference()
-                        reference.note(now, value, window_s)
-                elif port.last_up is not None and port.down_since is None:
-                    port.down_since = now
+                if not nic.up:
+                    if port.last_up is not None and port.down_since is None:
+                        port.down_since = now
+                    continue
+                port.last_up = now
+                port.down_since = None
+                rate, width = nic.rate_bytes_per_second, nic.link_width
+                if rate:
+                    if port.best_rate is None or rate > port.best_rate:
+                        port.best_rate = rate
+                    group = rates.get((nic.node, nic.link_layer))
+                    if group is None:
+                        group = rates[(nic.node, nic.link_layer)] = Peers(rate)
+                    else:
+                        group.rates.append(rate)
+                    port.peers = group
+                if width and (port.best_width is None or width > port.best_width):
+                    port.best_width = width
+                value = nic.transmit_wait_per_second
+                if value is not None:  # ``reference.note(now, value, window_s)``, inline (8,000 ports a round)
+                    reference = port.wait
+                    if reference is None:
+                        reference = port.wait = _Reference()
+                    if value - value == 0:  # finite
+                        values = reference.values
+                        keep = True
+                        if value > 1.0 and len(values) >= REFERENCE_SETTLED_ROUNDS:
+                            usual = reference.usual
+                            if usual is None or reference.age >= REFERENCE_SETTLED_ROUNDS:
+                                usual = reference.usual = _sorted_median(sorted(values))
+                                reference.age = 0
+                            keep = usual is None or not value > REFERENCE_FIT_RATIO * usual  # else congestion
+                        if keep:
+                            reference.age += 1
+                            times = reference.times
+                            times.append(now)
+                            values.append(value)
+                            if times[0] < horizon:
+                                while times[0] < horizon:
+                                    times.popleft()
+                                    values.popleft()
+                value = nic.cnp_handled_per_second
+                if value is not None:
+                    reference = port.cnp
+                    if reference is None:
+                        reference = port.cnp = _Reference()
+                    reference.note(now, value, window_s)
             if snap.host is not None:
                 latest_hosts[snap.node] = snap.host
-                hosts.setdefault(snap.node, deque()).append((now, snap.host))
+                _append(hosts, snap.node, (now, snap.host), horizon)
             for share in snap.job_hosts:
                 latest_job_hosts.setdefault(share.job_id, []).append(share)
-                job_hosts.setdefault((share.node, share.job_id), deque()).append((now, share))
+                shares_read.add((share.node, share.job_id))
+                _append(job_hosts, (share.node, share.job_id), (now, share), horizon)
         for group in rates.values():
             group.finish()
         self._snapshots = snapshots
-        self._latest = latest
+        self._latest = None
         self._pairs = pairs
         self._moved = moved
         self._trimmed = horizon if read == len(ports) else None
+        self._horizon = horizon
         self._rates = rates
         self._latest_hosts = latest_hosts
         self._latest_job_hosts = latest_job_hosts
+        self._shares_read = shares_read
         self._peer_rates = {}
         self._port_jobs = {}
         self._by_node = self._gpu_jobs = self._job_nodes = None  # worked out when first asked
@@ -286,7 +329,7 @@ class FabricWindow:
         """This round's ports by node (worked out once a round)."""
         if self._by_node is None:
             by_node: dict[str, list[NicReading]] = {}
-            for nic in self._latest:
+            for nic in self.nics:
                 by_node.setdefault(nic.node, []).append(nic)
             self._by_node = by_node
         return self._by_node
@@ -300,14 +343,17 @@ class FabricWindow:
                 series = port.series
                 while series[0][0] < horizon:  # a port this round did not read (``add`` trims those it read)
                     series.popleft()
-        _expire_series(self._hosts, horizon)
-        _expire_series(self._job_hosts, horizon)
+        trimmed = horizon == self._horizon  # ``add`` trimmed the hosts and shares it read: the others, here
+        self.walked = _expire_series(self._hosts, horizon, self._latest_hosts.keys() if trimmed else None)
+        self.walked += _expire_series(self._job_hosts, horizon, self._shares_read if trimmed else None)
 
     # ------------------------------------------------------------------------------------------ reading
 
     @property
     def nics(self) -> Sequence[NicReading]:
         """The latest round's ports, in snapshot order."""
+        if self._latest is None:
+            self._latest = [pair[0] for pair in self._pairs]
         return self._latest
 
     def ports(self) -> Sequence[tuple[NicReading, PortState]]:

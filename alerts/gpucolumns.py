@@ -9,7 +9,7 @@ built when a rule first asks for it (``attrgetter`` mapped over the readings) an
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set
 from itertools import compress
 from operator import attrgetter
 from typing import Any
@@ -46,3 +46,15 @@ class GpuColumns:
     def where(self, keep: Iterable[object]) -> list[Pair]:
         """The pairs whose ``keep`` (one truth value per pair, in order) is true."""
         return list(compress(self.pairs, keep))
+
+    def where_moved_or(self, moved: Set[str], flags: Sequence[str] = (), below_max: Sequence[str] = ()) -> list[Pair]:
+        """The pairs an error rule could fire on: the GPUs in ``moved`` (UUIDs whose error counters moved within the
+        window: every other GPU's are the same at both ends of any window), those whose field named in ``flags`` is
+        set, and those whose field named in ``below_max`` is below its ``_max`` (both known: a narrow PCIe link)."""
+        keep = [u in moved for u in self["uuid"]] if moved else [False] * len(self.pairs)
+        for name in flags:
+            keep = [k or bool(f) for k, f in zip(keep, self[name], strict=True)]
+        for name in below_max:
+            values = self.zip(name, f"{name}_max")
+            keep = [k or (v is not None and m is not None and v < m) for k, (v, m) in zip(keep, values, strict=True)]
+        return self.where(keep)

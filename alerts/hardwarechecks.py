@@ -9,14 +9,16 @@ Each check is a pure function of a rule, the history and ``now`` (like ``alerts.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from itertools import compress
+from operator import attrgetter
 from typing import Final
 
 from gpulens.alerts.base import AlertRule, Candidate, rule_labels
 from gpulens.alerts.fabricchecks import gpus_text, port_place
 from gpulens.alerts.history import History
 from gpulens.fabricmodel import LINK_LAYER_INFINIBAND
-from gpulens.nodehardware import IB_RATE_TOLERANCE, ib_ports_active
+from gpulens.nodehardware import IB_RATE_TOLERANCE, NodeHardware, ib_ports_active
 from gpulens.xidcatalogue import sxid_action, sxid_name, sxid_severity
 
 # The settings GpuConfigDrift compares, in the order it reports them: per node, then per GPU.
@@ -203,50 +205,82 @@ def gpu_fabric_not_ready(rule: AlertRule, history: History, now: float) -> list[
 # One node or GPU holding a value of one setting: (node, GPU index or "", UUID or "", model or ""); the model's GPUs
 # are its peers. Plain tuples: the drift check builds one per GPU each round (8,000 at 1,000 nodes).
 _Unit = tuple[str, str, str, str]
+_UUID: Final = attrgetter("uuid")
+_GPU: Final = attrgetter("gpu")
+_PERSISTENCE: Final = attrgetter("persistence_mode")
+_ECC: Final = attrgetter("ecc_enabled")
 
 
-def _settings(history: History) -> Iterable[tuple[str, dict[str, dict[_Unit, str]]]]:
-    """Each setting's value per node (driver, peermem) or per GPU (persistence, ECC: compared among GPUs of one
-    model, so that a fleet's inference boards with their own defaults are not every training node's odd ones),
-    grouped by model (nodes: one group, model "")."""
+_Group = tuple[Counter[str], Mapping[_Unit, str]]  # a group's values' counts, and its units with their values
+
+
+def _settings(history: History) -> Iterable[tuple[str, list[_Group]]]:
+    """Each setting's groups: per node (driver, peermem: one group) or per GPU (persistence, ECC: a group per model,
+    so that a fleet's inference boards with their own defaults are not every training node's odd ones). A group is
+    its values' counts and its units with their values: every unit whose value is not the group's most common."""
     latest = history.latest
     if latest is None:
         return
-    yield SETTING_DRIVER, {"": {(n, "", "", ""): v for n, v in latest.drivers.items() if n in latest.hardware}}
-    peermem = {(n, "", "", ""): hw.peermem_loaded for n, hw in latest.hardware.items()}
-    yield SETTING_PEERMEM, {"": {u: _on(v) for u, v in peermem.items() if v is not None}}
-    gpus = latest.gpus
+    drivers = {(n, "", "", ""): v for n, v in latest.drivers.items() if n in latest.hardware}
+    yield SETTING_DRIVER, [(Counter(drivers.values()), drivers)]
+    peermem = {
+        (n, "", "", ""): _on(hw.peermem_loaded) for n, hw in latest.hardware.items() if hw.peermem_loaded is not None
+    }
+    yield SETTING_PEERMEM, [(Counter(peermem.values()), peermem)]
+    hardware, gpus = latest.hardware, latest.gpus
+    configs = [c for hw in hardware.values() for c in hw.gpus]
+    uuids = list(map(_UUID, configs))
+    models = [r.model if r else "" for r in map(gpus.get, uuids)]
+    if len(set(uuids)) < len(uuids):  # a GPU listed twice: one unit, its last value (``_by_unit``)
+        yield from _by_unit(hardware, models)
+        return
+    # Each GPU once (the common case, 8,000 at 1,000 nodes): counts by maps, and the units of only the GPUs apart
+    # from their model's more common value (few) built.
+    nodes: list[str] | None = None
+    for setting, read in ((SETTING_PERSISTENCE, _PERSISTENCE), (SETTING_ECC, _ECC)):
+        values = list(map(read, configs))
+        raw = Counter(zip(models, values, strict=True))  # in order of first appearance
+        counts: dict[str, Counter[str]] = {}
+        for (model, value), held in raw.items():
+            if value is not None:
+                counts.setdefault(model, Counter())[_on(value)] += held
+        apart = {}  # model -> its less common value, where it has two
+        for model, count in counts.items():
+            if len(count) == 2 and count["1"] != count["0"]:
+                apart[model] = "1" if count["1"] < count["0"] else "0"
+        groups = {model: (count, dict[_Unit, str]()) for model, count in counts.items()}
+        keys = {(m, v) for m, v in raw if v is not None and _on(v) == apart.get(m)}
+        for i in compress(range(len(configs)), map(keys.__contains__, zip(models, values, strict=True))):
+            nodes = nodes or [node for node, hw in hardware.items() for _ in hw.gpus]
+            unit = (nodes[i], str(configs[i].gpu), uuids[i], models[i])
+            groups[models[i]][1][unit] = _on(values[i])
+        yield setting, list(groups.values())
+
+
+def _by_unit(hardware: Mapping[str, NodeHardware], models: list[str]) -> Iterable[tuple[str, list[_Group]]]:
+    """The per-GPU settings' groups, each GPU a unit once (its last value where it is listed twice)."""
     persistence: dict[str, dict[_Unit, str]] = {}
     ecc: dict[str, dict[_Unit, str]] = {}
-    for node, hw in latest.hardware.items():
+    models_left = iter(models)
+    for node, hw in hardware.items():
         for c in hw.gpus:
-            on, ecc_on = c.persistence_mode, c.ecc_enabled
-            if on is None and ecc_on is None:
-                continue
-            reading = gpus.get(c.uuid)
-            model = reading.model if reading else ""
+            model = next(models_left)
             unit = (node, str(c.gpu), c.uuid, model)
-            if on is not None:
-                group = persistence.get(model)
-                if group is None:
-                    group = persistence[model] = {}
-                group[unit] = "1" if on else "0"
-            if ecc_on is not None:
-                group = ecc.get(model)
-                if group is None:
-                    group = ecc[model] = {}
-                group[unit] = "1" if ecc_on else "0"
-    yield SETTING_PERSISTENCE, persistence
-    yield SETTING_ECC, ecc
+            if c.persistence_mode is not None:
+                persistence.setdefault(model, {})[unit] = _on(c.persistence_mode)
+            if c.ecc_enabled is not None:
+                ecc.setdefault(model, {})[unit] = _on(c.ecc_enabled)
+    yield SETTING_PERSISTENCE, [(Counter(group.values()), group) for group in persistence.values()]
+    yield SETTING_ECC, [(Counter(group.values()), group) for group in ecc.values()]
 
 
 def _on(value: bool) -> str:
     return "1" if value else "0"
 
 
-def majority(values: Iterable[Hashable], min_count: float) -> Hashable | None:
-    """The value more than half of ``values`` hold, when there are at least ``min_count`` of them; else None."""
-    counts = Counter(values)
+def majority(counts: Counter[str], min_count: float) -> str | None:
+    """The value more than half of the counted values hold, when there are at least ``min_count`` of them; else
+    None."""
     total = sum(counts.values())
     if total < min_count or not counts:
         return None
@@ -258,10 +292,10 @@ def gpu_config_drift(rule: AlertRule, history: History, now: float) -> list[Cand
     min_peers = rule.threshold("min_peers")
     out = []
     for setting, groups in _settings(history):
-        for group in groups.values():
-            usual = majority(group.values(), min_peers)
+        for counts, units in groups:
+            usual = majority(counts, min_peers)
             if usual is not None:
-                out += _drifted(rule, setting, group, str(usual))
+                out += _drifted(rule, setting, units, usual)
     return out
 
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 import bisect
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from operator import attrgetter
+from itertools import compress
+from operator import attrgetter, ne
 from typing import Any, Final
 
 from gpulens.alerts.fabrichistory import FabricWindow
@@ -57,6 +58,20 @@ __all__ = [
 ]
 
 _NODE_AND_GPU: Final = attrgetter("node", "gpu")
+_UUID: Final = attrgetter("uuid")
+
+# The counters the GPU error rules compare across their window (``History.gpus_moved``): PCIe replays, NVLink
+# errors, uncorrectable ECC errors.
+ERROR_COUNTERS: Final = attrgetter(
+    "pcie_replays_total",
+    "nvlink_crc_flit_errors_total",
+    "nvlink_replay_errors_total",
+    "nvlink_recovery_errors_total",
+    "ecc_uncorrected_errors_total",
+)
+
+
+_UNKNOWN: Final = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +179,9 @@ class History:
         self.window_s = window_s
         self._rounds: deque[Round] = deque()
         self._series: dict[str, deque[tuple[float, GpuReading]]] = {}
+        self._counter_columns: tuple[list[str], list[Any]] = ([], [])  # the latest round's UUIDs, ERROR_COUNTERS
+        self._counters_moved: dict[str, float] = {}  # UUID -> the latest round its ERROR_COUNTERS changed
+        self._moved: set[str] = set()  # gpus_moved, this round
         self._tracks: dict[str, _Track] = {}
         self._node_seen: dict[str, float] = {}
         self._target_down_since: dict[str, float] = {}
@@ -178,7 +196,8 @@ class History:
         self._lost: frozenset[str] | None = None  # lost_gpus, this round
         self._memo: dict[Hashable, Any] = {}  # memo(), this round
         self._previous_memo: dict[Hashable, Any] = {}  # memo() of the round before
-        self._tracked = 0  # jobs whose track the latest round extended
+        self._extended: list[str] = []  # jobs whose track the latest round extended
+        self.walked = 0  # GPU series and job tracks the latest round's expiry visited beyond those it read
 
     # ------------------------------------------------------------------------------------------ adding
 
@@ -191,8 +210,8 @@ class History:
         node_seen = self._node_seen
         for snap in snapshots:
             node_seen[snap.node] = now
-            for reading in snap.gpus:
-                gpus[reading.uuid] = reading
+            readings = snap.gpus
+            gpus.update(zip(map(_UUID, readings), readings, strict=True))  # by UUID, the last read winning
             for job in snap.jobs:
                 held = gpu_jobs.get(job.uuid)
                 gpu_jobs[job.uuid] = (job,) if held is None else (*held, job)  # most GPUs: one job
@@ -223,6 +242,7 @@ class History:
         self._previous_memo, self._memo = self._memo, {}
         all_series = self._series
         horizon = now - self.window_s
+        self._note_counters(now, gpus)
         for uuid, reading in gpus.items():
             series = all_series.get(uuid)
             if series is None:  # not setdefault: it would build a deque for every GPU of every round
@@ -230,9 +250,35 @@ class History:
             series.append((now, reading))
             while series[0][0] < horizon:  # what ``_expire`` would drop: done here for the GPUs of the round
                 series.popleft()
+        moved = self._counters_moved
+        for uuid in [u for u, t in moved.items() if t < horizon]:  # before the window: every GPU's oldest reading
+            del moved[uuid]
+        self._moved = {u for u, t in moved.items() if u in gpus and t >= all_series[u][0][0]}
         self._summarise_jobs(round_)
         self.fabric.add(now, snapshots)
         self._expire(now)
+
+    def _note_counters(self, now: float, gpus: Mapping[str, GpuReading]) -> None:
+        """Note the GPUs whose ``ERROR_COUNTERS`` differ from their reading before (``_counters_moved``: since when),
+        before ``add`` appends the round to the series. Column-wise: a round of the same GPUs as the round before
+        (the common case) is compared with it by maps, without a step per GPU."""
+        uuids, counters = list(gpus), list(map(ERROR_COUNTERS, gpus.values()))
+        before_uuids, before = self._counter_columns
+        if uuids == before_uuids:
+            changed = [uuids[i] for i in compress(range(len(uuids)), map(ne, counters, before))]
+        else:  # GPUs came or went: each compared with its latest reading in the window
+            known = dict(zip(before_uuids, before, strict=True))
+            changed = []
+            for uuid, values in zip(uuids, counters, strict=True):
+                last = known.get(uuid, _UNKNOWN)
+                if last is _UNKNOWN:
+                    series = self._series.get(uuid)
+                    last = ERROR_COUNTERS(series[-1][1]) if series else values
+                if last != values:
+                    changed.append(uuid)
+        for uuid in changed:
+            self._counters_moved[uuid] = now
+        self._counter_columns = (uuids, counters)
 
     @staticmethod
     def _job_views(gpu_jobs: Mapping[str, Sequence[GpuJob]]) -> dict[str, JobView]:
@@ -254,13 +300,13 @@ class History:
     def _summarise_jobs(self, round_: Round) -> None:
         tracks = self._tracks
         horizon = round_.time - self.window_s
-        tracked = 0
+        extended = []
         for job_id, view in round_.jobs.items():
             readings = [r for uuid in view.gpus if (r := round_.gpus.get(uuid)) is not None and r.up]
             if not readings:
                 continue
             summary = summarise_job(round_.time, readings)
-            tracked += 1
+            extended.append(job_id)
             track = tracks.get(job_id)
             if track is None:
                 track = tracks[job_id] = _Track()
@@ -275,31 +321,38 @@ class History:
             if reference:
                 track.add_reference(summary, self.window_s)
             track.note_pause(summary, reference)
-        self._tracked = tracked
+        self._extended = extended
 
     def _expire(self, now: float) -> None:
         horizon = now - self.window_s
         while self._rounds and self._rounds[0].time < horizon:
             self._rounds.popleft()
         latest = self._rounds[-1] if self._rounds else None
-        # ``add`` trimmed the series of the latest round's GPUs and the rounds of its jobs: only when the window holds
-        # others does the horizon need a pass over all of them.
-        if latest is None or len(self._series) > len(latest.gpus) or latest.time != now:
-            gone = []
-            for uuid, series in self._series.items():
-                if series[-1][0] < horizon:
-                    gone.append(uuid)
-                    continue
-                while series[0][0] < horizon:
-                    series.popleft()
-            for uuid in gone:
+        # ``add`` trimmed the series of the latest round's GPUs and the rounds of its jobs: only the others (few: GPUs
+        # and jobs that left) need a pass here.
+        read = latest is not None and latest.time == now
+        stale: Collection[str] = list(self._series)
+        if read and latest is not None:  # every GPU of the latest round has a series: the others, when there are more
+            stale = self._series.keys() - latest.gpus.keys() if len(self._series) > len(latest.gpus) else ()
+        for uuid in stale:
+            series = self._series[uuid]
+            if series[-1][0] < horizon:
                 del self._series[uuid]
-        if latest is None or len(self._tracks) > self._tracked or latest.time != now:
-            for job_id in [j for j, t in self._tracks.items() if not t.rounds or t.rounds[-1].time < horizon]:
+                continue
+            while series[0][0] < horizon:
+                series.popleft()
+        walked = len(stale)
+        stale = list(self._tracks)
+        if read:
+            stale = self._tracks.keys() - self._extended if len(self._tracks) > len(self._extended) else ()
+        for job_id in stale:
+            rounds = self._tracks[job_id].rounds
+            if not rounds or rounds[-1].time < horizon:
                 del self._tracks[job_id]
-            for track in self._tracks.values():
-                while track.rounds[0].time < horizon:
-                    track.rounds.popleft()
+                continue
+            while rounds[0].time < horizon:
+                rounds.popleft()
+        self.walked = walked + len(stale)
         for node in [n for n, seen in self._node_seen.items() if seen < horizon]:
             del self._node_seen[node]
         self.fabric.expire(horizon)
@@ -345,6 +398,13 @@ class History:
             found = series[i] if i < len(series) else None
         self._since[key] = found
         return found
+
+    def gpus_moved(self) -> Set[str]:
+        """The latest round's GPUs whose ``ERROR_COUNTERS`` may differ between their oldest and newest reading of the
+        window (a superset): one changed from one reading to the next within the window. Every other GPU's counters
+        are the same in every reading of the window, which is where the error rules find nothing (their own first
+        test)."""
+        return self._moved
 
     def first_seen(self, uuid: str) -> float | None:
         series = self._series.get(uuid)

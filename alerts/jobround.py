@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import add, attrgetter
 from typing import Final
 
 from gpulens.model import GpuReading
@@ -20,6 +22,10 @@ REFERENCE_MIN_TRAFFIC_BYTES_PER_SECOND: Final = 500e6
 REFERENCE_MIN_CLOCK_RATIO: Final = 0.9
 REFERENCE_MIN_SHARE: Final = 0.2
 REFERENCE_SETTLED_ROUNDS: Final = 6
+
+_TRAFFIC: Final = tuple(
+    attrgetter(f"{link}_{way}_bytes_per_second") for link in ("nvlink", "pcie") for way in ("tx", "rx")
+)
 
 
 def traffic_bytes_per_second(reading: GpuReading) -> float | None:
@@ -117,7 +123,11 @@ def summarise_job(time: float, readings: Sequence[GpuReading]) -> JobRound:
     sm_active = [v for r in readings if (v := r.sm_active_ratio) is not None]
     nvlink: list[float] = []
     traffic: list[float] = []
-    for r in readings:
+    columns = [list(map(read, readings)) for read in _TRAFFIC]  # NVLink TX, RX, PCIe TX, RX
+    if not any(None in column for column in columns):  # the common case, by maps: 0 + tx + rx, as below
+        nvlink = list(map(add, map(add, repeat(0), columns[0]), columns[1]))
+        traffic = list(map(add, map(add, nvlink, columns[2]), columns[3]))
+    for r in readings if not nvlink else ():
         # ``nvlink_bytes_per_second`` and ``traffic_bytes_per_second``: the same additions, in the same order, as
         # their ``sum`` of the values present (which starts from 0)
         ntx, nrx = r.nvlink_tx_bytes_per_second, r.nvlink_rx_bytes_per_second

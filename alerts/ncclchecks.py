@@ -68,6 +68,7 @@ def _describe(p: _Placed, collective: str | None, top: int | None) -> str:
 
 
 _GRAVITY: Final = {RANK_DEAD: 3, RANK_UNRESPONSIVE: 2}  # a rank's state only grows graver through an incident
+_GONE: Final = (RANK_DEAD, RANK_UNRESPONSIVE)
 
 
 def _weight(r: NcclRank) -> tuple[bool, int, bool]:
@@ -100,11 +101,14 @@ def nccl_stall_candidates(rule: AlertRule, history: History, now: float) -> dict
     comms: dict[tuple[str, str], NcclComm] = {}
     # A rank once: standing out where any node's answer shows it so (its own node's may be older), in the gravest
     # state shown, from its own node where that shows it too (another node's agent names it before its node's turn).
+    # Only a communicator with a rank dead or unresponsive in some answer yields a candidate from its ranks (those
+    # states weigh most): no other's ranks are weighed.
+    gone_comms = {(r.job_id, r.comm) for v in latest.nccl.values() for r in v.ranks if r.state in _GONE and r.job_id}
     seen: dict[tuple[str, str, int], _Placed] = {}
     for node, view in latest.nccl.items():
-        for r in view.ranks:
+        for r in view.ranks if gone_comms else ():
             at = (r.job_id or "", r.comm, r.rank)
-            if r.job_id and (at not in seen or _weight(r) > _weight(seen[at].rank)):
+            if (r.job_id, r.comm) in gone_comms and (at not in seen or _weight(r) > _weight(seen[at].rank)):
                 seen[at] = _Placed(node, r)
         for c in view.comms:
             if not c.job_id:
@@ -117,7 +121,7 @@ def nccl_stall_candidates(rule: AlertRule, history: History, now: float) -> dict
         ranks.setdefault((job, comm_id), []).append(p)
     out: dict[str, Candidate] = {}
     for (job, comm_id), placed in sorted(ranks.items()):
-        gone = [p for p in placed if p.rank.state in (RANK_DEAD, RANK_UNRESPONSIVE)]
+        gone = [p for p in placed if p.rank.state in _GONE]
         if gone:
             dead = any(p.rank.state == RANK_DEAD for p in gone)
             out[job] = _candidate(

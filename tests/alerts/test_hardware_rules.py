@@ -3,6 +3,7 @@ their checks over a history of snapshots, and their PromQL fires the same under 
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -178,6 +179,17 @@ def test_config_drift_compares_a_gpus_settings_with_its_models_gpus() -> None:
     [odd] = _fire("GpuConfigDrift", [*_cluster(), l40s("l1", (False, False)), l40s("l2", (False, True))])
     assert (odd.labels["node"], odd.labels["gpu"], odd.labels["model"]) == ("l2", "1", "NVIDIA L40S")
     assert (odd.labels["value"], odd.labels["majority"]) == ("1", "0")
+
+
+def test_config_drift_counts_a_gpu_listed_twice_once_with_its_last_value() -> None:
+    """A node's hardware that lists a GPU twice (the per-unit path) judges as a listing of it once, with the value
+    listed last (the by-maps path)."""
+    once = _cluster(gpus={"1": {"persistence_mode": False}})
+    hw = once[3].hardware
+    assert hw is not None
+    twice = [*once[:3], once[3].replace(hardware=dataclasses.replace(hw, gpus=(*_configs("n4", 2), *hw.gpus[1:])))]
+    assert [a.labels for a in _fire("GpuConfigDrift", twice)] == [a.labels for a in _fire("GpuConfigDrift", once)]
+    assert len(_fire("GpuConfigDrift", once)) == 1
 
 
 def _series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:

@@ -1,6 +1,8 @@
 """The work of one engine round, bounded without timing it: the per-GPU rules read each GPU's fields through the
-round's columns (``alerts.gpucolumns``, each column built once a round for every rule), and the port error and
-flapping rules visit only the ports whose counters moved within the window (``FabricWindow.ports_moved``).
+round's columns (``alerts.gpucolumns``, each column built once a round for every rule), the port error and flapping
+rules visit only the ports whose counters moved within the window (``FabricWindow.ports_moved``), the GPU error rules
+only the GPUs whose error counters moved (``History.gpus_moved``), and a round's expiry walks only the GPUs, jobs,
+hosts and job shares the round did not read (``History.walked``, ``FabricWindow.walked``).
 
 A reading that counts its field reads stands in for the simulator's: the reads per GPU of a round of every builtin
 rule are the same at 10 and at 40 nodes, and below a bound of a few per field the rules weigh."""
@@ -13,8 +15,8 @@ from typing import Any, ClassVar
 from gpulens.alerts.rules import builtin_rules, evaluate
 from gpulens.model import GpuReading
 
-from .fabricsupport import fabric_snapshot, rails
-from .support import Feed, healthy_gpu, training
+from .fabricsupport import fabric_snapshot, host, rails, share
+from .support import Feed, healthy_gpu, training, uuid
 
 # Field reads per up GPU in a round of every builtin rule over a healthy, busy cluster: a read per column, and the
 # job summaries' and the error rules' own (at the time of writing 45 per GPU before the columns, 39 with them).
@@ -81,3 +83,60 @@ def test_the_port_error_rules_visit_only_the_ports_whose_counters_moved() -> Non
     assert [(nic.node, nic.device) for nic, _ in feed.history.fabric.ports_moved()] == [("node-3", "mlx5_7")]
     fired = feed.candidates(r for r in builtin_rules() if r.name == "IbErrors")
     assert [(c.labels["node"], c.labels["device"]) for c in fired] == [("node-3", "mlx5_7")]
+
+
+def _node(n: int, **fields: Any) -> Any:
+    node = f"node-{n}"
+    return fabric_snapshot(node, [training(node, 0, **fields)], rails(node, 2), {0: (f"job-{n}", "alice")})
+
+
+def _error_rule_reads(quiet_nodes: int) -> tuple[int, list[tuple[str, str]], set[str]]:
+    """Field reads of the GPU error rules over ``quiet_nodes`` quiet GPUs and one whose NVLink replays rose, what
+    they fired on, and ``gpus_moved``."""
+    feed = Feed()
+    quiet = [_node(n) for n in range(quiet_nodes)]
+    noisy = _node(quiet_nodes, nvlink_replay_errors_total=7)
+    for _ in range(3):
+        feed.add([*quiet, _node(quiet_nodes)])
+    assert feed.history.gpus_moved() == set()
+    feed.add([*quiet, noisy])
+    snaps = [dataclasses.replace(s, gpus=tuple(_counting(r) for r in s.gpus)) for s in (*quiet, noisy)]
+    feed.add(snaps)  # the same count again: still moved within the window
+    rules = [r for r in builtin_rules() if r.name in ("PcieLinkDegraded", "NvlinkErrors", "EccUncorrectable")]
+    CountingReading.reads, CountingReading.counting = 0, True
+    try:
+        fired = [(c.rule, c.labels["node"]) for c in evaluate(rules, feed.history, feed.now) if not c.hold]
+    finally:
+        CountingReading.counting = False
+    return CountingReading.reads, fired, set(feed.history.gpus_moved())
+
+
+def test_the_gpu_error_rules_visit_only_the_gpus_whose_error_counters_moved() -> None:
+    small, fired, moved = _error_rule_reads(5)
+    large, fired_large, _ = _error_rule_reads(25)
+    assert fired == [("NvlinkErrors", "node-5")]
+    assert fired_large == [("NvlinkErrors", "node-25")]
+    assert moved == {uuid("node-5", 0)}
+    # a quiet GPU is read once to know it up, and once per column the rules pick from (its UUID, its PCIe link's
+    # width and generation and their maxima, its row remapping failure): never whole
+    assert (large - small) / 20 == 7
+
+
+def test_a_rounds_expiry_walks_only_what_the_round_did_not_read() -> None:
+    feed = Feed(window_s=60.0)
+    shares = [share(f"node-{n}", f"job-{n}") for n in range(6)]
+    nodes = [dataclasses.replace(_node(n), host=host(f"node-{n}"), job_hosts=(shares[n],)) for n in range(6)]
+    for _ in range(10):
+        feed.add(nodes)
+        assert feed.history.walked == 0
+        assert feed.history.fabric.walked == 0
+    feed.add(nodes[:4])  # two nodes, their GPU, job, host and job share left: only they are walked
+    assert feed.history.walked == 2 + 2
+    assert feed.history.fabric.walked == 2 + 2
+    for _ in range(7):  # until they leave the 60 s window
+        feed.add(nodes[:4])
+    assert feed.history.walked == 0
+    assert feed.history.fabric.walked == 0
+    assert len(feed.history.fabric.host_series("node-5")) == 0
+    assert feed.history.job_rounds("job-5") == ()
+    assert feed.history.series(nodes[5].gpus[0].uuid) == ()

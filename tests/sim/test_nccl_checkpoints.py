@@ -84,3 +84,27 @@ def test_the_writer_is_busy_copying_to_the_host_and_a_deadlocked_rank_is_not() -
     [stuck] = [r for r in view.ranks if not is_remote(r) and r.rank == 0]
     assert stuck.lag == 1
     assert stuck.busy is False
+
+
+def test_a_save_stuck_in_io_never_ends() -> None:
+    """``checkpoint_stuck_at``: the first save from then on (minute 60 of the example) never ends: the writer stays
+    behind and busy writing to the job's end (minute 75); the saves before it end as usual."""
+    text = EXAMPLE.read_text().replace(
+        'checkpoint_ranks = ["node-00:0"]', 'checkpoint_ranks = ["node-00:0"]\ncheckpoint_stuck_at = "50m"'
+    )
+    scenario = parse_scenario(text, source="stuck")
+    sim = SimCluster(scenario)
+    assert _lags(sim, scenario.start + 45 * 60)[0] <= 2  # the save of minute 30 ended
+    for m in (61, 68, 74):
+        t = scenario.start + m * 60
+        assert _lags(sim, t)[0] == 1
+        view = sim.snapshot("node-00", t).nccl
+        assert view is not None
+        assert {r.rank: r.busy for r in view.ranks if not is_remote(r)}[0] is True
+
+
+def test_a_stuck_save_needs_checkpoints() -> None:
+    text = EXAMPLE.read_text().replace('checkpoint_every = "30m"\ncheckpoint_duration = "10m"\n', "")
+    text = text.replace('checkpoint_ranks = ["node-00:0"]\n', 'checkpoint_stuck_at = "50m"\n')
+    with pytest.raises(ConfigError, match="needs checkpoint_every"):
+        parse_scenario(text, source="bad")

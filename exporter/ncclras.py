@@ -37,7 +37,7 @@ from gpulens.exporter.ncclmonitor import Link, Monitor, connect_monitor, speaks_
 from gpulens.exporter.ncclproc import ProcessActivity
 from gpulens.exporter.ncclrasclient import RasAnswer, RasQueryError, query_status
 from gpulens.exporter.ncclrasparse import RasComm, RasFormatError, RasRank, RasReport, pair_numbered, parse_report
-from gpulens.exporter.ncclrasreport import MAX_OTHER_RANKS
+from gpulens.exporter.ncclrasreport import MAX_OTHER_RANKS, LocalProcesses
 from gpulens.exporter.ncclwide import MAX_REMOTE_STANDOUTS, REMOTE_FRESH_S, FollowUps, remote_standouts
 from gpulens.logutil import ErrorCounter
 from gpulens.model import NodeSnapshot
@@ -165,7 +165,7 @@ class NcclRasReader:
             # Only ranks that may be this node's are kept: on a host known to be this node's, or of a local pid.
             report = parse_report(
                 answer.text,
-                wanted=lambda host, pid: host in hosts or pid in pids,
+                wanted=LocalProcesses(frozenset(hosts), pids),
                 max_kept=max_kept,
                 max_others=MAX_OTHER_RANKS,
             )

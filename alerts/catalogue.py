@@ -233,6 +233,8 @@ DEFINITIONS: Final[tuple[Definition, ...]] = (
                 "fabric_window_s": 10 * MINUTE,
                 "ras_mismatch_for": 30.0,
                 "checkpoint_max_s": 15 * MINUTE,
+                "checkpoint_factor": 2.0,
+                "checkpoint_min_s": 3 * MINUTE,
             },
             meaning="A multi-GPU job hangs (an NCCL hang): NVLink and PCIe traffic fell below `quiet_ratio` of the "
             "job's own recent baseline on every GPU, and its GPUs show one of three signatures (the `signature` "
@@ -246,10 +248,11 @@ DEFINITIONS: Final[tuple[Definition, ...]] = (
             "`IbLinkDown` or `IbLinkFlapping` on one of the job's ports marks it as the cause. Where the job's NCCL "
             "answers RAS queries, two more signatures name the ranks: `rank_missing`, a communicator's collective "
             "counts show the same mismatch for `ras_mismatch_for` (some ranks never launched the collective the "
-            "others wait in; held back while every rank behind copies to the host, a checkpoint writer, for up to "
-            "`checkpoint_max_s`), and `rank_dead`, RAS finds a rank's process dead (at once) or unresponsive (for "
-            "`ras_mismatch_for`); either replaces the hardware signatures for that job. See 'How stall detection "
-            "works'.",
+            "others wait in; held back while every rank behind is busy, a checkpoint writer, for up to "
+            "`checkpoint_max_s`, and in gpulens's engine for `checkpoint_factor` times the longest such save the job "
+            "came back from, at least `checkpoint_min_s`), and `rank_dead`, RAS finds a "
+            "rank's process dead (at once) or unresponsive (for `ras_mismatch_for`); either replaces the hardware "
+            "signatures for that job. See 'How stall detection works'.",
             action="The job makes no progress: look at its logs for the rank that died or hangs (NCCL_DEBUG=INFO, "
             "py-spy dump), and at XidError/GpuLost alerts on its GPUs; restart it from its last checkpoint.",
         ),

@@ -9,8 +9,9 @@ Each node's agent exports its own ranks (``NcclView``); a job's view is the unio
   collective the others wait in. A transient mismatch and a straggler move from one query to the next and never
   age; a checkpoint or an evaluation phase freezes equal counts, which is no mismatch at all. A checkpoint saved
   by some ranks alone leaves them behind for the whole save: while every rank behind is busy by its own node's
-  reading (its GPU copies to the host, ``NcclRank.busy``) the signature holds back, up to ``checkpoint_max_s``
-  (docs/nccl-checkpoints.md).
+  reading (its GPU copies to the host, its process writes or uses CPU: ``NcclRank.busy``) the signature holds back,
+  for ``checkpoint_factor`` times the longest such save the job came back from (at least ``checkpoint_min_s``,
+  ``alerts.ncclsaves``), or ``checkpoint_max_s`` while it has none (docs/nccl-checkpoints.md).
 
 The summary names the communicator and the collective, and each stuck rank with its node, GPU, pid and the count it
 reached against the others' count; the ``stuck_ranks`` annotation lists them one per line and ``cause`` says what RAS
@@ -21,12 +22,13 @@ signatures.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from gpulens.alerts.base import AlertRule, Candidate, rule_labels
-from gpulens.alerts.history import History
+from gpulens.alerts.history import History, Round
+from gpulens.alerts.ncclsaves import SaveLog, ceiling_s
 from gpulens.config import format_duration
 from gpulens.ncclmodel import (
     MISMATCH_HOLD_S,
@@ -42,7 +44,9 @@ from gpulens.ncclmodel import (
 RANK_MISSING_SIGNATURE: Final = "rank_missing"
 RANK_DEAD_SIGNATURE: Final = "rank_dead"
 DEFAULT_RAS_MISMATCH_FOR_S: Final = MISMATCH_HOLD_S
-CHECKPOINT_MAX_S: Final = 900.0  # the longest save held silent while every rank behind copies to the host
+CHECKPOINT_MAX_S: Final = 900.0  # the longest save held silent while every rank behind is busy (no save learned)
+CHECKPOINT_FACTOR: Final = 2.0  # a job's busy spell behind is held silent for this times its longest save learned
+CHECKPOINT_MIN_S: Final = 180.0  # and at least this long
 BUSY_RECENT_S: Final = 60.0  # a rank its node saw busy this recently still counts as a writer (PromQL: [1m])
 MAX_NAMED: Final = 8  # stuck ranks named in the summary; the annotation lists them all
 
@@ -90,22 +94,38 @@ def _ranges(text: Iterable[str]) -> str:
     return named + (f"; and {len(items) - MAX_NAMED} more" if len(items) > MAX_NAMED else "")
 
 
-def nccl_stall_candidates(rule: AlertRule, history: History, now: float) -> dict[str, Candidate]:
-    """Job -> its NCCL-signature stall, from the latest round's NCCL views."""
-    latest = history.latest
-    if latest is None or not latest.nccl:
-        return {}
-    hold_s = rule.threshold("ras_mismatch_for") if "ras_mismatch_for" in rule.thresholds else DEFAULT_RAS_MISMATCH_FOR_S
-    ceiling_s = rule.threshold("checkpoint_max_s") if "checkpoint_max_s" in rule.thresholds else CHECKPOINT_MAX_S
-    ranks: dict[tuple[str, str], list[_Placed]] = {}
+def _thresholds(rule: AlertRule) -> tuple[float, float, float, float]:
+    """``ras_mismatch_for``, ``checkpoint_max_s``, ``checkpoint_factor`` and ``checkpoint_min_s`` (defaults where a
+    rule leaves them out)."""
+    t = rule.thresholds
+    hold_s = rule.threshold("ras_mismatch_for") if "ras_mismatch_for" in t else DEFAULT_RAS_MISMATCH_FOR_S
+    ceiling_s = rule.threshold("checkpoint_max_s") if "checkpoint_max_s" in t else CHECKPOINT_MAX_S
+    factor = rule.threshold("checkpoint_factor") if "checkpoint_factor" in t else CHECKPOINT_FACTOR
+    floor_s = rule.threshold("checkpoint_min_s") if "checkpoint_min_s" in t else CHECKPOINT_MIN_S
+    return hold_s, ceiling_s, factor, floor_s
+
+
+@dataclass(frozen=True, slots=True)
+class _RoundView:
+    """What one round's NCCL views say of each communicator."""
+
+    comms: dict[tuple[str, str], NcclComm]  # each one's answer with the oldest mismatch
+    gone: dict[tuple[str, str], list[_Placed]]  # its dead or unresponsive ranks, where any
+    stuck: dict[tuple[str, str], list[_Placed]]  # its ranks behind a mismatch held ``hold_s``
+    busy: dict[tuple[str, str], bool]  # for those: whether every rank behind was busy lately (a checkpoint writer)
+
+
+def _read_round(rounds: Sequence[Round], end: int, now: float, hold_s: float) -> _RoundView:
+    """The communicators of ``rounds[end - 1]`` (the rounds before it tell which ranks were busy lately)."""
+    views = rounds[end - 1].nccl
     comms: dict[tuple[str, str], NcclComm] = {}
     # A rank once: standing out where any node's answer shows it so (its own node's may be older), in the gravest
     # state shown, from its own node where that shows it too (another node's agent names it before its node's turn).
     # Only a communicator with a rank dead or unresponsive in some answer yields a candidate from its ranks (those
     # states weigh most): no other's ranks are weighed.
-    gone_comms = {(r.job_id, r.comm) for v in latest.nccl.values() for r in v.ranks if r.state in _GONE and r.job_id}
+    gone_comms = {(r.job_id, r.comm) for v in views.values() for r in v.ranks if r.state in _GONE and r.job_id}
     seen: dict[tuple[str, str, int], _Placed] = {}
-    for node, view in latest.nccl.items():
+    for node, view in views.items():
         for r in view.ranks if gone_comms else ():
             at = (r.job_id or "", r.comm, r.rank)
             if (r.job_id, r.comm) in gone_comms and (at not in seen or _weight(r) > _weight(seen[at].rank)):
@@ -117,24 +137,68 @@ def nccl_stall_candidates(rule: AlertRule, history: History, now: float) -> dict
             known = comms.get(key)
             if known is None or (c.mismatch_age_s or -1.0) > (known.mismatch_age_s or -1.0):
                 comms[key] = c
+    gone: dict[tuple[str, str], list[_Placed]] = {}
     for (job, comm_id, _), p in seen.items():
-        ranks.setdefault((job, comm_id), []).append(p)
-    out: dict[str, Candidate] = {}
-    for (job, comm_id), placed in sorted(ranks.items()):
-        gone = [p for p in placed if p.rank.state in _GONE]
-        if gone:
-            dead = any(p.rank.state == RANK_DEAD for p in gone)
-            out[job] = _candidate(
-                rule, history, job, comms.get((job, comm_id)), comm_id, gone, dead=dead, hold_s=hold_s, now=now
-            )
-    for (job, comm_id), comm in sorted(comms.items()):
-        if job in out or comm.mismatch_age_s is None or comm.mismatch_age_s < hold_s:
+        if p.rank.state in _GONE:
+            gone.setdefault((job, comm_id), []).append(p)
+    stuck: dict[tuple[str, str], list[_Placed]] = {}
+    busy: dict[tuple[str, str], bool] = {}
+    for key, comm in comms.items():
+        if key in gone or comm.mismatch_age_s is None or comm.mismatch_age_s < hold_s:
             continue
-        stuck = _held_behind(latest.nccl, job, comm_id, hold_s, comm.collective)
-        if stuck and comm.mismatch_age_s < ceiling_s and all(_writing(history, now, job, comm_id, p) for p in stuck):
-            continue  # every rank behind copies to the host: a checkpoint saved by those ranks, up to the ceiling
-        if stuck:
-            out[job] = _candidate(rule, history, job, comm, comm_id, stuck, dead=False, hold_s=hold_s, now=now)
+        behind = _held_behind(views, *key, hold_s, comm.collective)
+        if behind:
+            stuck[key] = behind
+            busy[key] = all(_writing(rounds, end, now, *key, p) for p in behind)
+    for key in gone:
+        busy[key] = False  # a spell that ends in a dead rank is no save
+    return _RoundView(comms, gone, stuck, busy)
+
+
+def _observe(log: SaveLog, read: _RoundView, at: float, window_s: float) -> None:
+    ages = {key: c.mismatch_age_s for key, c in read.comms.items()}
+    log.observe(at, ages, read.busy, window_s)
+
+
+def _save_log(history: History, hold_s: float, latest: _RoundView) -> SaveLog:
+    """The job's saves learned so far, carried from the round before (``history.previous_memo``), or learned again
+    from the window's rounds where nothing was carried (the first round, or a round in which the rule did not run)."""
+    rounds = history.rounds
+    key = ("nccl_saves", hold_s)
+    log: SaveLog | None = history.previous_memo().get(key)
+    if log is None or len(rounds) < 2 or log.at != rounds[-2].time:
+        log = SaveLog(hold_s)
+        for end in range(1, len(rounds)):
+            _observe(
+                log, _read_round(rounds, end, rounds[end - 1].time, hold_s), rounds[end - 1].time, history.window_s
+            )
+    _observe(log, latest, rounds[-1].time, history.window_s)
+    history.memo()[key] = log
+    return log
+
+
+def nccl_stall_candidates(rule: AlertRule, history: History, now: float) -> dict[str, Candidate]:
+    """Job -> its NCCL-signature stall, from the latest round's NCCL views."""
+    latest = history.latest
+    if latest is None:
+        return {}
+    hold_s, max_s, factor, floor_s = _thresholds(rule)
+    rounds = history.rounds
+    read = _read_round(rounds, len(rounds), now, hold_s)
+    log = _save_log(history, hold_s, read)
+    out: dict[str, Candidate] = {}
+    for (job, comm_id), gone in sorted(read.gone.items()):
+        dead = any(p.rank.state == RANK_DEAD for p in gone)
+        comm = read.comms.get((job, comm_id))
+        out[job] = _candidate(rule, history, job, comm, comm_id, gone, dead=dead, hold_s=hold_s, now=now)
+    for (job, comm_id), stuck in sorted(read.stuck.items()):
+        comm = read.comms[job, comm_id]
+        if job in out or comm.mismatch_age_s is None:
+            continue
+        allowed_s = ceiling_s(log.longest(job), factor=factor, min_s=floor_s, max_s=max_s)
+        if comm.mismatch_age_s < allowed_s and read.busy[job, comm_id]:
+            continue  # every rank behind is busy: a checkpoint saved by those ranks, up to the job's own ceiling
+        out[job] = _candidate(rule, history, job, comm, comm_id, stuck, dead=False, hold_s=hold_s, now=now)
     return out
 
 
@@ -162,12 +226,13 @@ def _held_behind(
     return [behind[k] for k in sorted(behind)]
 
 
-def _writing(history: History, now: float, job: str, comm_id: str, p: _Placed) -> bool:
-    """Whether the rank's own node saw it copy to the host while behind within the last ``BUSY_RECENT_S``
-    (``exporter.ncclbusy``; only a node's own ranks are judged, so any view that says so is its node's). The window
-    covers the last rounds of a save, when another node's older answer still shows the writer behind and its own
-    node's newer one already shows it caught up."""
-    for round_ in reversed(history.rounds):
+def _writing(rounds: Sequence[Round], end: int, now: float, job: str, comm_id: str, p: _Placed) -> bool:
+    """Whether the rank's own node saw it busy (``exporter.ncclbusy``: its GPU copies to the host, its process writes
+    or uses CPU) in one of ``rounds[:end]`` within the last ``BUSY_RECENT_S`` (only a node's own ranks are judged, so
+    any view that says so is its node's). The window covers the last rounds of a save, when another node's older
+    answer still shows the writer behind and its own node's newer one already shows it caught up."""
+    for i in range(end - 1, -1, -1):
+        round_ = rounds[i]
         if round_.time <= now - BUSY_RECENT_S:
             return False
         for view in round_.nccl.values():

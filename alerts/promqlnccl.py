@@ -4,6 +4,12 @@ A rank behind its communicator (``gpulens_nccl_rank_lag``) in a node's answer wh
 mismatch for ``ras_mismatch_for`` counts, unless its own node saw it busy copying to the host within the last minute
 (``gpulens_nccl_rank_busy``, a checkpoint writer); once the mismatch has held ``checkpoint_max_s`` the busy ones count
 too. A job fires while any such rank is left; the value counts every rank behind in the held answers.
+
+What PromQL does not say: the engine holds a busy spell for ``checkpoint_factor`` times the job's longest save, once
+it has seen one (``alerts.ncclsaves``), and ``checkpoint_max_s`` only before. A save is a spell behind that ended
+with the writer caught up; its length is the peak of ``gpulens_nccl_mismatch_age_seconds`` before a reset, and the
+spell in progress is in the same series, so a range function cannot take the ended spells apart from it without
+recording rules. Here a writer stuck in I/O fires at ``checkpoint_max_s`` (docs/prometheus-alerts.md).
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Printed: for a 2.24 text answer of "The missing ranks:" lines of 3,000 ranks eac
 parser keeps and the peak of memory it allocates (``tracemalloc``) before it refuses the answer; for a text answer
 naming 84,000 ranks on this node, the CPU of the collection that queries it (refused once it named twice the node's
 room) and of each later collection (``time.process_time`` over 50 collections); for a JSON answer of 4,000
-communicators (100 with a rank on this node),
-the CPU of reading it. The answers are handed to the reader in process (no TCP hop).
+communicators (100 with a rank on this node), the CPU of reading it; for a text answer of 8 MiB naming 86,000 ranks
+of other nodes (and the same with one rank of this node among them), the CPU of reading it line by line and skimmed
+(``ncclrasparse._Skimmer``), in the same run. The answers are handed to the reader in process (no TCP hop).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gpulens.clock import ManualClock
 from gpulens.exporter.ncclras import NcclRasReader
 from gpulens.exporter.ncclrasclient import RasAnswer
 from gpulens.exporter.ncclrasparse import RasFormatError, parse_report
+from gpulens.exporter.ncclrasreport import MAX_OTHER_RANKS
 from tests.exporter import rasanswers
 
 COLLECTIONS = 50
@@ -51,6 +53,19 @@ def main() -> None:
     later = (time.process_time() - start) / COLLECTIONS
     print(f"nccl_ras_84k_ranks_first_collection_cpu: {first * 1000:.0f} ms")
     print(f"nccl_ras_84k_ranks_later_collection_cpu: {later * 1000:.3f} ms")
+
+    # 8 MiB naming 86,000 ranks of other nodes: read line by line (a caller the reader cannot search, as every
+    # caller was before) and skimmed (the agent's LocalProcesses); then the same with one line of this node's
+    local_procs = rasanswers.local_processes()
+    for name, answer in (
+        ("other_nodes", rasanswers.other_node_ranks(86_000)),
+        ("other_nodes_one_mine", rasanswers.other_node_ranks(86_000, mine_at=60_000)),
+    ):
+        for way, wanted in (("line_by_line", lambda host, pid: local_procs(host, pid)), ("skimmed", local_procs)):
+            start = time.process_time()
+            for _ in range(5):
+                parse_report(answer, wanted=wanted, max_kept=128, max_others=MAX_OTHER_RANKS)
+            print(f"nccl_ras_8mib_{name}_{way}_cpu: {(time.process_time() - start) / 5 * 1000:.0f} ms")
 
     comms = rasanswers.new_comms(4000, 1)
     start = time.process_time()

@@ -147,7 +147,9 @@ def build_routes(options: ExporterOptions) -> tuple[Routes, Poller | None, Calla
         if options.nccl_ras:  # last: it maps ranks to the jobs the job mapper found
             from gpulens.exporter.ncclras import NcclRasReader
 
-            enrichers.append(NcclRasReader(options.nccl_ras_addr, interval_s=options.interval_s).enrich)
+            enrichers.append(
+                NcclRasReader(options.nccl_ras_addr, interval_s=options.interval_s, proc_root=options.proc_root).enrich
+            )
     if options.nccl_inspector_dir:  # after the job mapping: a rank's job and GPU come from its process
         inspector = _inspector_reader(options)
         enrichers.append(inspector.enrich)

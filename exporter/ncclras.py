@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from gpulens.clock import Clock, SystemClock
 from gpulens.exporter.ncclbusy import mark_busy
 from gpulens.exporter.ncclmonitor import Link, Monitor, connect_monitor, speaks_monitor
+from gpulens.exporter.ncclproc import ProcessActivity
 from gpulens.exporter.ncclrasclient import RasAnswer, RasQueryError, query_status
 from gpulens.exporter.ncclrasparse import RasComm, RasFormatError, RasRank, RasReport, pair_numbered, parse_report
-from gpulens.exporter.ncclrasreport import MAX_OTHER_RANKS
+from gpulens.exporter.ncclrasreport import MAX_OTHER_RANKS, LocalProcesses
 from gpulens.exporter.ncclwide import MAX_REMOTE_STANDOUTS, REMOTE_FRESH_S, FollowUps, remote_standouts
 from gpulens.logutil import ErrorCounter
 from gpulens.model import NodeSnapshot
@@ -101,8 +102,11 @@ class NcclRasReader:
         query: Query | None = None,
         background: bool = True,
         monitor: Callable[[], Link] | None = None,
+        proc_root: str | None = None,
     ) -> None:
         self._addr = addr
+        # its ranks' processes' I/O and CPU (``exporter.ncclproc``); None: not read (the simulator's pids)
+        self._activity = ProcessActivity(proc_root) if proc_root is not None else None
         self._interval = interval_s
         self._clock = clock or SystemClock()
         self._query = query or (lambda: query_status(addr))
@@ -161,7 +165,7 @@ class NcclRasReader:
             # Only ranks that may be this node's are kept: on a host known to be this node's, or of a local pid.
             report = parse_report(
                 answer.text,
-                wanted=lambda host, pid: host in hosts or pid in pids,
+                wanted=LocalProcesses(frozenset(hosts), pids),
                 max_kept=max_kept,
                 max_others=MAX_OTHER_RANKS,
             )
@@ -235,8 +239,14 @@ class NcclRasReader:
             comms=view.comms,
             ranks=ranks,
         )
-        # its own ranks behind judged from its GPUs' copies now (a checkpoint writer, exporter.ncclbusy)
-        return mark_busy(snapshot.replace(nccl=view, errors={**snapshot.errors, **self._errors.snapshot()}))
+        # its own ranks judged from its GPUs' copies and their processes' I/O and CPU now (exporter.ncclbusy)
+        errors = {**snapshot.errors, **self._errors.snapshot()}
+        activity = None
+        if self._activity is not None:
+            pids = (r.pid for r in ranks if r.pid is not None and r.state == RANK_OK and not is_remote(r))
+            activity = self._activity.read(pids, now)
+            errors.update(self._activity.errors.snapshot())
+        return mark_busy(snapshot.replace(nccl=view, errors=errors), activity)
 
     def close(self) -> None:
         """Ends the MONITOR stream (status queries hold no connection between answers)."""

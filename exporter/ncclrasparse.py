@@ -7,7 +7,8 @@ launched any operations" for a count of 0, and each missing rank with its GPU, p
 without the communicator is listed under "Communicator ranks have different status" (``NOCOMM``; ``UNKNOWN`` and by
 number only in 2.24) and read as missing, as the JSON document reads it. Text names a rank only where it stands out,
 so a text report carries fewer ranks than a JSON one. Lines that match nothing are skipped; the text is read line by
-line, so nothing of it is copied whole.
+line, so nothing of it is copied whole, except a run of other nodes' ranks past those the caller keeps, which is
+skimmed whole (``_Skimmer``).
 
 Hand-written rather than generated: NCCL publishes no grammar for the text report, only the printf formats in its
 source (``src/ras/client_support.cc``), so these patterns follow those formats.
@@ -24,6 +25,7 @@ from gpulens.exporter.ncclrasreport import (
     ALL_COLLECTIVES,
     MAX_COUNT,
     MAX_KEPT_RANKS,
+    LocalProcesses,
     RasComm,
     RasFormatError,
     RasRank,
@@ -234,8 +236,22 @@ def parse_text(
         raise RasFormatError("not a RAS status report (no NCCL version line or job summary)")
     builder = ReportBuilder("text", wanted, max_kept, max_others)
     reader = _TextReader(builder)
-    for line in _lines(text):
-        reader.line(line)
+    skim = _Skimmer(reader, wanted) if isinstance(wanted, LocalProcesses) else None
+    foreign = skim.foreign(text) if skim is not None else {}
+    start, end = 0, len(text)
+    while start < end:
+        stop = text.find("\n", start)
+        if stop < 0:
+            stop = end
+        if skim is not None and text.startswith("  Rank ", start) and skim.applies():
+            start = skim.run(text, start)
+            continue
+        reader.line(text[start:stop].rstrip("\r"))  # each line its own copy, never the whole text again
+        if start in foreign and reader.comm is not None:  # a block of none of the caller's ranks: counted, not read
+            block_end, ranks = foreign[start]
+            builder.count_read(reader.comm, ranks)
+            stop = block_end
+        start = stop + 1
     report = builder.finish()
     for c in report.comms:
         for r in c.ranks.values():
@@ -247,16 +263,87 @@ def parse_text(
     return report
 
 
-def _lines(text: str) -> Iterator[str]:
-    """The lines one at a time, each its own copy (``splitlines`` or ``io.StringIO`` would hold the whole text
-    again, the latter at four bytes a character)."""
-    start, end = 0, len(text)
-    while start < end:
-        stop = text.find("\n", start)
-        if stop < 0:
-            stop = end
-        yield text[start:stop].rstrip("\r")
-        start = stop + 1
+_BLANK = re.compile(r"\n\r?\n")  # the end of a block
+_RUN_END = re.compile(r"\n(?!  Rank )")  # the end of a run of "Rank R ..." lines
+_OPERATIONS = re.compile(r"has launched up to operation (\d{1,20})")
+
+
+class _Skimmer:
+    """Past the ranks of other nodes the caller keeps (``ReportBuilder.others_full``), a run of "Rank R ..." lines
+    holds nothing more to keep but this node's own lines, and its communicator's aggregates. A run of them (a hostile
+    answer names 86,000 in 8 MiB) is then read whole at once: this node's lines found by searching for its hosts
+    and pids and read as any line; of the others, the counts they reached (for the highest and lowest), how many
+    ranks they name (for ``MAX_RANKS_READ``) and the run's text in the fingerprint. Their hosts are not noted."""
+
+    def __init__(self, reader: _TextReader, local: LocalProcesses) -> None:
+        self.reader = reader
+        self.hosts = [f" on node {h}" for h in sorted(local.hosts)]
+        alternatives = "|".join(str(p) for p in sorted(local.pids))
+        self.pids = re.compile(rf"process (?:{alternatives}) on node ") if alternatives else None
+
+    def foreign(self, text: str) -> dict[int, tuple[int, int]]:
+        """The communicator blocks that hold none of the caller's ranks, by the offset of their first line: where the
+        block's last line ends and how many ranks it names. Such a communicator is dropped whole at the end
+        (``ReportBuilder.finish``), so nothing of it is read but its count of ranks. A block is the caller's when one
+        of its lines names one of the caller's hosts or pids, names ranks by number (2.24), or names a rank with no
+        node; a communicator of several blocks is foreign only if every one is."""
+        blocks: list[tuple[int, int, int, str]] = []
+        theirs: set[str] = set()
+        at = 0 if text.startswith("#") else text.find("\n#")
+        while at >= 0:
+            head = at if text.startswith("#", at) else at + 1
+            line_end = text.find("\n", head)
+            m = _COMM.match(text[head : len(text) if line_end < 0 else line_end].rstrip("\r"))
+            if m is None or line_end < 0:
+                at = text.find("\n#", head)
+                continue
+            blank = _BLANK.search(text, line_end)
+            block_end = blank.start() if blank is not None else len(text)
+            key = comm_hash(m.group(3))
+            mine = next(self._mine(text, line_end, block_end), None) is not None  # the cheapest test first
+            ranks = 0 if mine else text.count("\n  Rank ", line_end, block_end)
+            # ranks by number (2.24), or a rank with no node: kept whoever's they are
+            mine = mine or text.find("\n  The ", line_end, block_end) >= 0
+            if mine or text.count(" on node ", line_end, block_end) != ranks:
+                theirs.add(key)
+            else:
+                blocks.append((head, block_end, ranks, key))
+            at = text.find("\n#", block_end)
+        return {head: (block_end, ranks) for head, block_end, ranks, key in blocks if key not in theirs}
+
+    def _mine(self, text: str, start: int, end: int) -> Iterator[int]:
+        """Where the caller's hosts and pids appear in ``text[start:end]``."""
+        for needle in self.hosts:
+            at = text.find(needle, start, end)
+            while at >= 0:
+                yield at
+                at = text.find(needle, at + len(needle), end)
+        if self.pids is not None:
+            for m in self.pids.finditer(text, start, end):
+                yield m.start()
+
+    def applies(self) -> bool:
+        r = self.reader
+        return r.comm is not None and r.section in ("MISMATCH", "INCOMPLETE") and r.b.others_full
+
+    def run(self, text: str, start: int) -> int:
+        """Read the run of rank lines from ``start``; the offset past it."""
+        r, comm = self.reader, self.reader.comm
+        assert comm is not None
+        m = _RUN_END.search(text, start)
+        end = m.start() if m is not None else len(text)
+        mine = {max(start, text.rfind("\n", start, at) + 1) for at in self._mine(text, start, end)}
+        for line_start in sorted(mine):
+            line_end = text.find("\n", line_start, end)
+            r.line(text[line_start : end if line_end < 0 else line_end].rstrip("\r"))
+        r.b.count_read(comm, text.count("\n", start, end) + 1 - len(mine))
+        if r.section == "MISMATCH" and r.part == "counts":
+            for count in set(_OPERATIONS.findall(text, start, end)):
+                comm.note_count(r.collective, min(int(count), MAX_COUNT))
+            if text.find("has not launched any operations", start, end) >= 0:
+                comm.note_count(r.collective, 0)
+        comm.note((r.section, r.part, r.collective, text[start:end]))
+        return end + 1
 
 
 def pair_numbered(report: RasReport) -> None:

@@ -33,6 +33,19 @@ _MASK: Final = (1 << 64) - 1
 Wanted = Callable[[str | None, int | None], bool]
 
 
+@dataclass(frozen=True, slots=True)
+class LocalProcesses:
+    """A ``Wanted`` that says which: the ranks on one of these hosts or of one of these pids. Knowing them, the text
+    reader finds this node's lines in a long run of other nodes' ranks by searching for them, without reading each
+    line (``ncclrasparse``)."""
+
+    hosts: frozenset[str]
+    pids: frozenset[int]
+
+    def __call__(self, host: str | None, pid: int | None) -> bool:
+        return host in self.hosts or pid in self.pids
+
+
 class RasFormatError(ValueError):
     """The answer is not a RAS status report, or one beyond the bounds."""
 
@@ -143,6 +156,15 @@ class ReportBuilder:
             raise RasFormatError(f"more than {MAX_COMMS} communicators")
         comm = self._comms[key] = RasComm(hash_, secondary, size)
         return comm
+
+    @property
+    def wanted(self) -> Wanted | None:
+        return self._wanted
+
+    @property
+    def others_full(self) -> bool:
+        """No more ranks of other nodes are kept: a rank read now is kept only if the caller wants it."""
+        return self._wanted is not None and self._others >= self._max_others
 
     def known(self, hash_: str, secondary: str | None) -> bool:
         return (hash_, secondary) in self._comms

@@ -105,7 +105,8 @@ class JobBehaviour:
 
     def _checkpointing(self, k: int, t: float) -> str | None:
         """``CHECKPOINT`` while the ranks copy a checkpoint to the host, ``CHECKPOINT_WRITE`` while the host writes
-        it (only with ``checkpoint_duration``), ``None`` otherwise."""
+        it (only with ``checkpoint_duration``, or from the save that never ends, ``checkpoint_stuck_at``), ``None``
+        otherwise."""
         every = self.job.checkpoint_every_s
         if every is None:
             return None
@@ -113,6 +114,13 @@ class JobBehaviour:
         if n < 1:
             return None
         first = math.ceil((self._work_start + n * every - self._origin) / self._step - 1e-9)
+        stuck = self.job.checkpoint_stuck_s
+        if stuck is not None:  # the first save from then on never ends (its writers stuck in I/O)
+            m = max(1, math.ceil((stuck - self._work_start) / every - 1e-9))
+            first_stuck = math.ceil((self._work_start + m * every - self._origin) / self._step - 1e-9)
+            if k >= first_stuck:
+                copy = 1 + int(3 * noise.value(self._checkpoint_key, m))
+                return CHECKPOINT if k < first_stuck + copy else CHECKPOINT_WRITE
         copy = 1 + int(3 * noise.value(self._checkpoint_key, n))  # 1-3 steps, fixed per checkpoint
         duration = self.job.checkpoint_duration_s
         length = copy if duration is None else max(1, math.ceil(duration / self._step - 1e-9))

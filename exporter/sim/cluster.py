@@ -31,7 +31,6 @@ from gpulens.exporter.sim.readings import DRIVER_VERSION, gpu_reading, link_read
 from gpulens.exporter.sim.specs import FaultSpec, GpuRef, JobSpec, NodeSpec, Scenario
 from gpulens.exporter.sim.stepstate import (
     CHECKPOINT,
-    CHECKPOINT_WRITE,
     Activity,
     GpuState,
     JobPhase,
@@ -288,9 +287,9 @@ class SimCluster:
         self._phases[key] = phase
         return phase
 
-    def _saving(self, job_id: str, k: int) -> bool:
+    def _copying(self, job_id: str, k: int) -> bool:
         phase = self._phase(job_id, k)
-        return phase is not None and phase.mode in (CHECKPOINT, CHECKPOINT_WRITE)
+        return phase is not None and phase.mode == CHECKPOINT
 
     def _state(self, ctx: GpuContext, k: int) -> GpuState:
         t = self.step_time(k)
@@ -334,8 +333,8 @@ class SimCluster:
         missing: list[SimGpu] = []
         for gpu in gpus:
             state = self._state(gpu.context, k)
-            if any(gpu.ref in j.checkpoint_ranks and self._saving(j.id, k) for j in state.jobs):
-                # a writer streams its state to the host through the whole save (docs/scenarios-nccl.md)
+            if any(gpu.ref in j.checkpoint_ranks and self._copying(j.id, k) for j in state.jobs):
+                # a writer's GPU copies its state to the host in the save's first steps (docs/scenarios-nccl.md)
                 state.activity = dataclasses.replace(
                     state.activity, pcie_tx=max(state.activity.pcie_tx, CHECKPOINT_WRITER_PCIE_TX)
                 )

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 from gpulens.clock import ManualClock
-from gpulens.exporter.ncclbusy import mark_busy
+from gpulens.exporter.ncclbusy import RankActivity, mark_busy
 from gpulens.exporter.ncclmonitor import Link, connect_monitor
 from gpulens.exporter.ncclras import NcclRasReader
 from gpulens.exporter.ncclrasclient import RasAnswer, RasQueryError, query_status
@@ -47,6 +47,8 @@ from gpulens.ncclmodel import RANK_DEAD, RANK_OK, RANK_UNRESPONSIVE, NcclView
 
 OPS_PER_SECOND = 2.0
 TRANSIENT_SHARE = 0.3
+# A ``checkpoint_ranks`` writer's process through the save: it serialises its state (one core) and writes it out
+WRITER_ACTIVITY = RankActivity(io_bytes_per_second=400e6, cpu_cores=1.0)
 _HANGS = ("comm_stall", "hang_spinning", "hang_blocked", "hang_mixed", "rank_dead")
 
 
@@ -164,8 +166,26 @@ class NcclSim:
             view, errors = self._view_at(node, k)
         if view is None:
             return snapshot
-        # the reader saw the node's processes only: its ranks behind judged again from the node's GPUs
-        return mark_busy(snapshot.replace(nccl=view, errors={**snapshot.errors, **errors}))
+        # the reader saw the node's processes only: its ranks judged again from the node's GPUs and processes
+        return mark_busy(snapshot.replace(nccl=view, errors={**snapshot.errors, **errors}), self.activity(node, k, t))
+
+    def activity(self, node: str, k: int, t: float) -> dict[int, RankActivity]:
+        """pid -> what the process of each ``checkpoint_ranks`` writer on ``node`` does at step ``k``: through the
+        whole save it writes and uses a core (its GPU copies only in the save's first steps); a writer a hang stopped
+        does nothing. Other processes' I/O and CPU are not modelled (not read, as where ``/proc`` is unreadable)."""
+        out: dict[int, RankActivity] = {}
+        for job in self._jobs:
+            if not job.checkpoint_ranks or not job.running(t):
+                continue
+            phase = self._phase(job.id, k)
+            if phase is None or phase.mode not in (CHECKPOINT, CHECKPOINT_WRITE):
+                continue
+            stopped = {ref for f in self._faults[job.id] if f.kind in _HANGS and f.active(t) for ref in f.stuck}
+            for ref in job.checkpoint_ranks:
+                pid = self._pids(ref).get(job.id) if ref.node == node and ref not in stopped else None
+                if pid is not None:
+                    out[pid] = WRITER_ACTIVITY
+        return out
 
     def _reader(self, node: str) -> NcclRasReader:
         query = self._query(node)

@@ -245,6 +245,7 @@ class _Resolver:
             memory_fraction=float(fraction),
             checkpoint_every_s=self._checkpoint_every(i, job, kind),
             checkpoint_ranks=self._checkpoint_ranks(i, job),
+            checkpoint_stuck_s=self._checkpoint_stuck(i, job),
             **self._phases(i, job, kind, end - start),
             nccl_ras=job.nccl_ras,
             nccl_version=self._nccl_version(i, job.nccl_version),
@@ -280,6 +281,15 @@ class _Resolver:
         if not set(writers) <= set(gpus) or set(writers) == set(gpus):
             raise self.fail("jobs", i, "checkpoint_ranks", "expected some of the job's GPUs, not all of them")
         return writers
+
+    def _checkpoint_stuck(self, i: int, job: JobInput) -> float | None:
+        at = self.time("jobs", i, "checkpoint_stuck_at", job.checkpoint_stuck_at)
+        if at is None:
+            return None
+        if job.checkpoint_every is None:
+            raise self.fail("jobs", i, "checkpoint_stuck_at", "needs checkpoint_every")
+        self.inside("jobs", i, "checkpoint_stuck_at", at)
+        return at
 
     def _phases(self, i: int, job: JobInput, kind: str, run_s: float) -> dict[str, float | None]:
         """``checkpoint_duration``, ``eval_every``, ``eval_duration`` and ``first_step``: training only."""

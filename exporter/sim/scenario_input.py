@@ -72,6 +72,7 @@ class JobInput(InputStruct, frozen=True):
     checkpoint_every: DurationValue | None = None
     checkpoint_duration: DurationValue | None = None
     checkpoint_ranks: str | list[str] | None = None  # GPU ranges that alone write, the others waiting one op ahead
+    checkpoint_stuck_at: TimeValue | None = None  # the save from then on never ends: its writers stuck in I/O
     eval_every: DurationValue | None = None
     eval_duration: DurationValue | None = None
     first_step: DurationValue | None = None

@@ -64,6 +64,7 @@ class JobSpec:
     # The ranks that alone write each checkpoint while the others launch the next collective and wait (NCCL RAS
     # shows these one operation behind for the whole save); empty: every rank pauses at the same count.
     checkpoint_ranks: tuple[GpuRef, ...] = ()
+    checkpoint_stuck_s: float | None = None  # the first save at or after this time never ends (writers stuck in I/O)
     eval_every_s: float | None = None
     eval_duration_s: float | None = None
     first_step_s: float | None = None  # a slow first step (compilation, warm-up) from the job's start

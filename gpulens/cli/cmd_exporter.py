@@ -102,7 +102,9 @@ def register(sub: Any) -> None:
         f"default {DEFAULT_KUBELET_SOCKET}, read where it exists; '' turns it off)",
     )
     p.add_argument(
-        "--proc-root", default="/proc", help="the host's /proc: processes' cgroup, status and comm, CPU and memory"
+        "--proc-root",
+        default="/proc",
+        help="the host's /proc: processes' cgroup, status and comm, CPU and memory (NCCL ranks: io and stat)",
     )
     p.add_argument(
         "--sysfs-root",

@@ -49,17 +49,27 @@ CHECKPOINT_AT_S: Final = 20 * 60.0  # the first save: minutes 20 to 30 (one ever
 CHECKPOINT_S: Final = 10 * 60.0
 
 
-def checkpointing_job(*, deadlock_at: str | None = None, duration: str = "34m", nodes: int = 2) -> str:
+def checkpointing_job(
+    *,
+    deadlock_at: str | None = None,
+    duration: str = "34m",
+    nodes: int = 2,
+    every: str = "20m",
+    save: str = "10m",
+    stuck_at: str | None = None,
+) -> str:
     """A job over ``nodes`` nodes (two by default; 2 GPUs a node, NCCL 2.28.7) that saves a checkpoint from rank 0
     (``node-00:0``) alone for 10 minutes every 20 minutes: RAS shows rank 0 one operation behind for the whole save
     while its GPU copies to the host. ``deadlock_at``: rank 0 stops before a collective there, for 4 minutes, its GPU
-    moving nothing."""
+    moving nothing. ``every`` and ``save``: another period and length of save; ``stuck_at``: the first save from then
+    on never ends (its writer stuck in I/O, ``checkpoint_stuck_at``)."""
     fault = ""
     if deadlock_at is not None:
         fault = (
             f'\n[[faults]]\nkind = "hang_spinning"\njob = "{CHECKPOINT_JOB}"\nat = "{deadlock_at}"\nduration = "4m"\n'
             'stuck_ranks = ["node-00:0"]\n'
         )
+    stuck = "" if stuck_at is None else f'\ncheckpoint_stuck_at = "{stuck_at}"'
     return f"""[cluster]
 nodes = {nodes}
 gpus_per_node = 2
@@ -74,8 +84,8 @@ id = "{CHECKPOINT_JOB}"
 user = "alice"
 kind = "training"
 gpus = [{", ".join(f'"node-{n:02d}:0-1"' for n in range(nodes))}]
-checkpoint_every = "20m"
-checkpoint_duration = "10m"
-checkpoint_ranks = ["node-00:0"]
+checkpoint_every = "{every}"
+checkpoint_duration = "{save}"
+checkpoint_ranks = ["node-00:0"]{stuck}
 nccl_version = "2.28.7"
 {fault}"""

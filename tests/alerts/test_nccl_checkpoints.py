@@ -1,7 +1,8 @@
 """Checkpoints that look like hangs (docs/nccl-checkpoints.md): a job that saves from rank 0 alone leaves it one
 collective behind in NCCL RAS for the whole save. While its own node sees its GPU copy to the host it is a writer, and
 ``CommunicationStall`` stays silent for a 10-minute save; a rank stopped in a dead lock (its GPU moving nothing) is
-still named within 60 s; a save that outlasts ``checkpoint_max_s`` (a writer stuck in I/O) fires once past it."""
+still named within 60 s; a save that outlasts ``checkpoint_max_s`` (a writer stuck in I/O) fires once past it, and
+once the job has saved before, once past ``checkpoint_factor`` times its longest save."""
 
 from __future__ import annotations
 
@@ -75,3 +76,24 @@ def test_a_writer_stuck_in_io_fires_once_past_the_ceiling() -> None:
     since_save = alert.starts_at - (START_S + ncclscenarios.CHECKPOINT_AT_S)
     assert ceiling_s <= since_save <= ceiling_s + 60.0
     assert "rank 0 " in alert.annotations["stuck_ranks"]
+
+
+def test_a_writer_stuck_in_io_fires_after_twice_the_jobs_longest_save() -> None:
+    """A job that saves from rank 0 for 2 minutes every 10 minutes (minutes 10, 20 and 30), then, from minute 40,
+    writes a save that never ends: each 2-minute save raises nothing, and the stuck one fires once the mismatch has
+    held twice the longest save learned (about 4 minutes; the floor, ``checkpoint_min_s``, is 3), not 15."""
+    text = ncclscenarios.checkpointing_job(every="10m", save="2m", stuck_at="40m", duration="52m")
+    outcome = run(text, "checkpoint-stuck-learned")
+    [alert] = _missing(outcome)
+    since_save = alert.starts_at - (START_S + 40 * 60)
+    # each 2-minute save shows a mismatch held about 100 s (the first steps of a save are RAS's to see): 200 s
+    assert 180.0 <= since_save <= 2 * 120.0 + 60.0, since_save
+    assert "rank 0 " in alert.annotations["stuck_ranks"]
+    # the control: a job that learned nothing (a factor that lifts every ceiling to checkpoint_max_s, 15 minutes)
+    rules = [
+        dataclasses.replace(r, thresholds={**r.thresholds, "checkpoint_factor": 100.0})
+        if r.name == COMMUNICATION_STALL
+        else r
+        for r in builtin_rules()
+    ]
+    assert not _missing(run(text, "checkpoint-stuck-unlearned", rules))

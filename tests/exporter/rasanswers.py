@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from gpulens.exporter.ncclrasreport import LocalProcesses
 from gpulens.exporter.sim.rasserver import RasServer
 from gpulens.model import GpuJob, GpuReading, NodeSnapshot, ProcessReading
 
@@ -64,6 +65,26 @@ def local_ranks(n: int) -> str:
     head += "  1 ranks have launched up to operation 100\n"
     row = "  Rank {r} has launched up to operation 99 -- GPU {g} managed by process {p} on node " + LOCAL_HOST + "\n"
     return _HEAD_226 + head + "".join(row.format(r=r, g=r % 8, p=FIRST_PID + r % 8) for r in range(n))
+
+
+def other_node_ranks(n: int, *, mine_at: int | None = None, top_at: int | None = None) -> str:
+    """NCCL 2.26 text of one communicator naming ``n`` ranks of other nodes at operation 99 (8 MiB for 86,000);
+    ``mine_at``: that rank is this node's instead; ``top_at``: that rank reached operation 250."""
+    head = "#0-0 (00000000000000bb) MISMATCH\n  Communicator ranks have different AllReduce operation counts\n"
+    head += "  1 ranks have launched up to operation 100\n"
+    row = "  Rank {r} has launched up to operation {n} -- GPU {g} managed by process {p} on node {h}\n"
+    rows = []
+    for r in range(n):
+        host, pid = f"10.9.{r // 2000}.{(r // 8) % 250}", 7000 + r % 8
+        if r == mine_at:
+            host, pid = LOCAL_HOST, FIRST_PID
+        rows.append(row.format(r=r, n=250 if r == top_at else 99, g=r % 8, p=pid, h=host))
+    return _HEAD_226 + head + "".join(rows) + "\nErrors\n======\n"
+
+
+def local_processes() -> LocalProcesses:
+    """What the agent of ``node_snapshot`` wants of an answer: its host's ranks and its processes'."""
+    return LocalProcesses(frozenset({LOCAL_HOST}), frozenset(range(FIRST_PID, FIRST_PID + 8)))
 
 
 def _rank(rank: int, host: str, pid: int, gpu: int, count: int) -> dict[str, object]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpulens.config import ConfigError
+from gpulens.exporter.ncclbusy import BUSY_PCIE_TX_MIN_BYTES_PER_SECOND
 from gpulens.exporter.sim import SimCluster, load_scenario, parse_scenario
 from gpulens.ncclmodel import is_remote
 
@@ -56,14 +57,19 @@ def test_checkpoint_ranks_need_checkpoints() -> None:
 
 
 def test_the_writer_is_busy_copying_to_the_host_and_a_deadlocked_rank_is_not() -> None:
-    """Through the save node-00's agent judges its rank 0 busy (its GPU sends to the host over PCIe) and its other
-    ranks not busy. A rank stopped before a collective (``hang_spinning``) is behind with its GPU idle."""
+    """Through the save node-00's agent judges its rank 0 busy (its GPU sends to the host over PCIe in the save's
+    first steps, its process writes and uses a core throughout) and its other ranks not busy. A rank stopped before a
+    collective (``hang_spinning``) is behind with its GPU idle and its process doing nothing."""
     scenario = load_scenario(EXAMPLE)
     sim = SimCluster(scenario)
     start = scenario.start + 30 * 60
     for m in range(10):
-        view = sim.snapshot("node-00", start + 60 * m + 30).nccl
+        snap = sim.snapshot("node-00", start + 60 * m + 30)
+        view = snap.nccl
         assert view is not None
+        if m >= 1:  # the write phase: the writer's GPU no longer copies, its process's I/O tells
+            [gpu0] = [g for g in snap.gpus if g.gpu == 0]
+            assert (gpu0.pcie_tx_bytes_per_second or 0.0) < BUSY_PCIE_TX_MIN_BYTES_PER_SECOND
         busy = {r.rank: r.busy for r in view.ranks if not is_remote(r)}
         assert busy[0] is True
         assert {b for rank, b in busy.items() if rank != 0} == {False}
@@ -78,3 +84,27 @@ def test_the_writer_is_busy_copying_to_the_host_and_a_deadlocked_rank_is_not() -
     [stuck] = [r for r in view.ranks if not is_remote(r) and r.rank == 0]
     assert stuck.lag == 1
     assert stuck.busy is False
+
+
+def test_a_save_stuck_in_io_never_ends() -> None:
+    """``checkpoint_stuck_at``: the first save from then on (minute 60 of the example) never ends: the writer stays
+    behind and busy writing to the job's end (minute 75); the saves before it end as usual."""
+    text = EXAMPLE.read_text().replace(
+        'checkpoint_ranks = ["node-00:0"]', 'checkpoint_ranks = ["node-00:0"]\ncheckpoint_stuck_at = "50m"'
+    )
+    scenario = parse_scenario(text, source="stuck")
+    sim = SimCluster(scenario)
+    assert _lags(sim, scenario.start + 45 * 60)[0] <= 2  # the save of minute 30 ended
+    for m in (61, 68, 74):
+        t = scenario.start + m * 60
+        assert _lags(sim, t)[0] == 1
+        view = sim.snapshot("node-00", t).nccl
+        assert view is not None
+        assert {r.rank: r.busy for r in view.ranks if not is_remote(r)}[0] is True
+
+
+def test_a_stuck_save_needs_checkpoints() -> None:
+    text = EXAMPLE.read_text().replace('checkpoint_every = "30m"\ncheckpoint_duration = "10m"\n', "")
+    text = text.replace('checkpoint_ranks = ["node-00:0"]\n', 'checkpoint_stuck_at = "50m"\n')
+    with pytest.raises(ConfigError, match="needs checkpoint_every"):
+        parse_scenario(text, source="bad")

@@ -5,16 +5,13 @@ one stored when it ended, or one computed now for a job still running. A group a
 allocated, the GPU-hours used (allocated less the idle share), the idle share weighted by GPU-hours, energy, cost,
 and the jobs that hung (a ``CommunicationStall`` firing) with how long. Users come from the allocations (the
 exporter serves them only with ``--user-names``), accounts and partitions from Slurm's job metadata (``job_info``);
-a job without one is grouped under ``(unknown)``. ``rows`` is the one computation of the report from the jobs'
-accounts, over SQL (``usage``) and over Prometheus (``storage.prometheus.usageread``, which reads the accounts from
-the exporters' series): ``gpulens report`` and the dashboard's Reports page both call the store's ``usage``.
+a job without one is grouped under ``(unknown)``. ``rows`` (``storage.usagerows``) is the one computation of the
+report from the jobs' accounts, over SQL (``usage``) and over Prometheus (``storage.prometheus.usageread``, which
+reads the accounts from the exporters' series): ``gpulens report`` and the dashboard's Reports page both call the
+store's ``usage``.
 """
 
 from __future__ import annotations
-
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from typing import Final
 
 import sqlalchemy as sa
 
@@ -22,10 +19,9 @@ from gpulens.settings import Prices
 from gpulens.storage import jobsummary, schema, slurmtables
 from gpulens.storage.db import Database
 from gpulens.storage.records import JobAccount, UsageRow
+from gpulens.storage.usagerows import GROUPINGS, MAX_JOBS, UNKNOWN, rows
 
-GROUPINGS: Final = ("user", "account", "partition")
-UNKNOWN: Final = "(unknown)"
-MAX_JOBS: Final = 5000  # jobs read per report: a bound on the work, said in the output when reached
+__all__ = ["GROUPINGS", "MAX_JOBS", "UNKNOWN", "jobs_in", "rows", "usage"]
 
 
 def jobs_in(db: Database, start: float, end: float) -> list[str]:
@@ -51,16 +47,6 @@ def usage(db: Database, by: str, start: float, end: float, prices: Prices) -> li
     return rows(accounts, _groups(db, by, accounts), prices.currency)
 
 
-def rows(accounts: Sequence[JobAccount], groups: Mapping[str, str | None], currency: str) -> list[UsageRow]:
-    """The jobs' accounts added up per group (``groups``: job id -> its group; ``(unknown)`` where it has none),
-    most GPU-hours first: the report's rows over either backend."""
-    by_group: dict[str, list[JobAccount]] = defaultdict(list)
-    for account in accounts:
-        by_group[groups.get(account.job_id) or UNKNOWN].append(account)
-    out = [_row(group, jobs, currency) for group, jobs in by_group.items()]
-    return sorted(out, key=lambda r: (-r.gpu_hours, r.group))
-
-
 def _account(db: Database, job_id: str, prices: Prices, now: float) -> JobAccount | None:
     stored = jobsummary.stored(db, job_id) if jobsummary.has_table(db) else None
     return stored if stored is not None else jobsummary.summarise(db, job_id, prices, now=now)
@@ -75,24 +61,3 @@ def _groups(db: Database, by: str, accounts: list[JobAccount]) -> dict[str, str 
     with db.session() as session:
         rows = session.execute(sa.select(info.c.job_id, column).where(info.c.job_id.in_(ids))).all()
     return {job_id: value for job_id, value in rows}
-
-
-def _row(group: str, jobs: list[JobAccount], currency: str) -> UsageRow:
-    hours = sum(j.gpu_hours for j in jobs)
-    judged = [j for j in jobs if j.idle_ratio is not None]
-    judged_hours = sum(j.gpu_hours for j in judged)
-    idle_hours = sum(j.gpu_hours * (j.idle_ratio or 0.0) for j in judged)
-    energies = [j.energy_kwh for j in jobs if j.energy_kwh is not None]
-    hung = [j for j in jobs if j.stall_seconds > 0]
-    return UsageRow(
-        group=group,
-        jobs=len(jobs),
-        gpu_hours=hours,
-        used_gpu_hours=judged_hours - idle_hours if judged else None,
-        idle_ratio=idle_hours / judged_hours if judged_hours > 0 else None,
-        energy_kwh=sum(energies) if energies else None,
-        cost=sum(j.cost for j in jobs),
-        currency=currency,
-        hung_jobs=len(hung),
-        hung_seconds=sum(j.stall_seconds for j in hung),
-    )

@@ -26,7 +26,7 @@ from typing import Final, Protocol
 from gpulens.clock import Clock
 from gpulens.model import JobInfo
 from gpulens.settings import Prices
-from gpulens.storage import usagereport
+from gpulens.storage import usagerows as usagereport
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus import jobquery
 from gpulens.storage.prometheus.client import PromClient, PromSeries, quote

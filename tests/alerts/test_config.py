@@ -148,7 +148,7 @@ def test_defaults_are_the_builtin_catalogue() -> None:
     config = parse_alerting(None)
     # 17 GPU and job rules (JobCommunicationSlow among them), 7 fabric and host rules, 7 node and hardware rules
     # (NvswitchFatalSxid among them), Watchdog
-    assert len(config.rules) == 32
+    assert len(config.rules) == 34
     assert config.receivers == ()
 
 

@@ -52,7 +52,7 @@ import msgspec
 
 from gpulens.alerts.base import AlertRule
 from gpulens.alerts.catalogue import BUILTIN_NAMES, WATCHDOG
-from gpulens.alerts.causeconfig import CauseFile, build_causes
+from gpulens.alerts.causeconfig import CauseFile, InhibitionFile, build_causes, build_inhibitions
 from gpulens.alerts.causes import Explains
 from gpulens.alerts.commandaction import COMMAND_KIND, CommandConfig
 from gpulens.alerts.drain import DEFAULT_RULES, DRAIN_KIND, DrainConfig
@@ -64,6 +64,7 @@ from gpulens.alerts.notify.logfile import LogNotifier
 from gpulens.alerts.notify.slack import SlackNotifier
 from gpulens.alerts.notify.webhook import WebhookNotifier
 from gpulens.alerts.rules import builtin_rules
+from gpulens.alerts.state import Inhibition
 from gpulens.alerts.userrules import RuleFile, build_user_rules, parse_user_rules
 from gpulens.config import ConfigError, TomlLocator
 from gpulens.typedinput import (
@@ -115,6 +116,7 @@ class AlertingConfig:
     dashboard_url: str | None = None
     actions: tuple[DrainConfig | CommandConfig, ...] = ()  # [[alerts.actions]]: slurm-drain and command actions
     causes: tuple[Explains, ...] = ()  # [[alerts.causes]]: the site's rows of the causal table (alerts.causeconfig)
+    inhibitions: tuple[Inhibition, ...] = ()  # [[alerts.inhibitions]]: after the builtin ones (alerts.causeconfig)
 
     def destinations(self) -> dict[str, tuple[str, ...]]:
         """Each receiver's outbox destinations (one per URL), by receiver name."""
@@ -313,6 +315,7 @@ class AlertsFile(InputStruct, frozen=True):
     routes: tuple[RouteFile, ...] = ()
     actions: tuple[ActionFile, ...] = ()
     causes: tuple[CauseFile, ...] = ()
+    inhibitions: tuple[InhibitionFile, ...] = ()
 
     def __post_init__(self) -> None:
         if self.dashboard_url is not None and not self.dashboard_url.startswith(("http://", "https://")):
@@ -393,8 +396,12 @@ def parse_alerting(
         ),
         *routes,
     ]
-    causes = build_causes(file.causes, rules={r.name for r in rules}, at=[*at, "causes"], text=text, source=source)
-    return AlertingConfig(tuple(rules), tuple(receivers), tuple(routes), file.dashboard_url, tuple(actions), causes)
+    names = {r.name for r in rules}
+    causes = build_causes(file.causes, rules=names, at=[*at, "causes"], text=text, source=source)
+    muted = build_inhibitions(file.inhibitions, rules=names, at=[*at, "inhibitions"], text=text, source=source)
+    return AlertingConfig(
+        tuple(rules), tuple(receivers), tuple(routes), file.dashboard_url, tuple(actions), causes, muted
+    )
 
 
 NOT_WATCHDOG: Final = parse_matcher(f"alertname!={WATCHDOG}")

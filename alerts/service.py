@@ -30,7 +30,7 @@ from gpulens.alerts.notify import Notifier
 from gpulens.alerts.notify.delivery import Backoff, Delivery, DeliveryCounts, OutboxItem
 from gpulens.alerts.notify.slack import SlackNotifier
 from gpulens.alerts.notify.worker import DEFAULT_POLL_S, NotificationWorker
-from gpulens.alerts.state import AlertState, Silence
+from gpulens.alerts.state import DEFAULT_INHIBITIONS, AlertState, Silence
 from gpulens.clock import Clock, SystemClock
 from gpulens.model import NodeSnapshot, TargetHealth
 from gpulens.rounds import RoundResult
@@ -141,6 +141,7 @@ class AlertService:
             destinations=config.destinations(),
             gpu_addresses=gpu_addresses,
             causes=config.causes,
+            inhibitions=(*DEFAULT_INHIBITIONS, *config.inhibitions),
         )
         self._loaded = False
         self._saved: dict[str, Incident] = {}  # the incidents as last written

@@ -35,7 +35,8 @@ def _run_check_config(args: argparse.Namespace) -> int:
 
     print(
         f"{args.file}: OK ({len(settings.targets)} targets, {len(settings.file_sd)} file_sd, "
-        f"{len(alerting.rules)} alert rules, {len(alerting.causes)} causal rows, {len(alerting.receivers)} receivers, "
+        f"{len(alerting.rules)} alert rules, {len(alerting.causes)} causal rows, "
+        f"{len(alerting.inhibitions)} inhibitions, {len(alerting.receivers)} receivers, "
         f"database {redact_url(settings.db_url)})"
     )
     return 0

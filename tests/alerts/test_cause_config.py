@@ -11,6 +11,7 @@ import pytest
 
 from gpulens.alerts.config import AlertingConfig, parse_alerting
 from gpulens.alerts.engine import AlertEngine
+from gpulens.alerts.state import DEFAULT_INHIBITIONS
 from gpulens.cli import main
 from gpulens.config import ConfigError, TomlLocator
 from tests.alerts.support import STEP, T0, healthy_gpu, snapshot
@@ -101,3 +102,61 @@ def test_check_config_validates_them(tmp_path: Path, capsys: pytest.CaptureFixtu
     (line,) = capsys.readouterr().err.splitlines()
     at = (RULES + CAUSE).splitlines().index('join = "job_on_gpu"') + 1
     assert f"{bad}:{at}: alerts.causes[0].join: unknown join 'same_rack'" in line
+
+
+INHIBIT = """
+[[alerts.inhibitions]]
+source = "SiteGpuHot"
+equal = ["node"]
+targets = ["SitePowerHigh"]
+"""
+
+
+def muted_after_a_round(config: AlertingConfig) -> dict[str, str | None]:
+    """Rule -> how it is muted after a round where GPU 0 is hot and GPU 1 draws 650 W on one node."""
+    site = [r for r in config.rules if r.name.startswith("Site")]
+    engine = AlertEngine(site, inhibitions=(*DEFAULT_INHIBITIONS, *config.inhibitions))
+    readings = [
+        healthy_gpu("node-01", 0, temperature_celsius=90.0),
+        healthy_gpu("node-01", 1, power_watts=650.0),
+    ]
+    outcome = engine.process(T0 + STEP, [snapshot("node-01", readings, {})], [])
+    return {s.rule: s.muted for s in outcome.result.states.values() if s.state == "firing"}
+
+
+def test_a_config_inhibition_mutes_its_targets_sharing_the_labels() -> None:
+    assert muted_after_a_round(parse(RULES)) == {"SiteGpuHot": None, "SitePowerHigh": None}
+    config = parse(RULES + INHIBIT)
+    assert [(i.source, i.equal, i.targets) for i in config.inhibitions] == [
+        ("SiteGpuHot", ("node",), ("SitePowerHigh",))
+    ]
+    assert muted_after_a_round(config) == {"SiteGpuHot": None, "SitePowerHigh": "inhibited"}
+    other_node = parse(RULES + INHIBIT.replace('["node"]', '["gpu"]'))  # GPU 0 and GPU 1 differ: nothing muted
+    assert muted_after_a_round(other_node) == {"SiteGpuHot": None, "SitePowerHigh": None}
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "message"),
+    [
+        ('source = "Nope"', "source", "no alert rule named 'Nope'"),
+        ('targets = ["SitePowerHigh", "Gone"]', "targets", "no alert rule named 'Gone'"),
+        ("equal = []", "equal", "expected the labels"),
+    ],
+)
+def test_a_bad_inhibition_names_its_key_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, key: str, message: str
+) -> None:
+    fields = {"source": '"SiteGpuHot"', "equal": '["node"]'}
+    name = line.split(" = ")[0]
+    body = [f"{k} = {v}" for k, v in fields.items() if k != name] + [line]
+    text = RULES + "\n[[alerts.inhibitions]]\n" + "\n".join(body) + "\n"
+    with pytest.raises(ConfigError) as err:
+        parse(text)
+    assert err.value.key == f"alerts.inhibitions[0].{key}"
+    assert err.value.line == text.splitlines().index(line) + 1
+    assert message in err.value.message
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    assert main(["check-config", str(path)]) == 1
+    (out,) = capsys.readouterr().err.splitlines()
+    assert f"alerts.inhibitions[0].{key}" in out

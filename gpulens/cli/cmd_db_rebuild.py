@@ -27,8 +27,6 @@ examples:
 
 
 def register(dbsub: Any) -> None:
-    from gpulens.storage.rebuild import DEFAULT_CHUNK_MINUTES
-
     p = dbsub.add_parser(
         "rebuild-rollups",
         help="recompute the rollups of the last --since from the raw samples",
@@ -43,8 +41,8 @@ def register(dbsub: Any) -> None:
     p.add_argument(
         "--chunk-minutes",
         type=int,
-        default=DEFAULT_CHUNK_MINUTES,
-        help="minutes per transaction: a divisor or a multiple of 60",
+        default=None,  # storage.rebuild.DEFAULT_CHUNK_MINUTES: not imported here, as storage needs the server extra
+        help="minutes per transaction: a divisor or a multiple of 60 (default 10)",
     )
     add_db_flags(p)
     add_log_level(p)
@@ -87,12 +85,13 @@ def _clock(seconds: float) -> str:
 def _run(args: argparse.Namespace) -> int:
     from gpulens.cli.base import CliError
     from gpulens.storage.connect import open_existing_database, refuse_read_only
-    from gpulens.storage.rebuild import chunks, rebuild
+    from gpulens.storage.rebuild import DEFAULT_CHUNK_MINUTES, chunks, rebuild
 
+    chunk_minutes = DEFAULT_CHUNK_MINUTES if args.chunk_minutes is None else args.chunk_minutes
     settings = settings_from(args)
     refuse_read_only(settings.db_url, "gpulens db rebuild-rollups")
     try:
-        chunks(0, 0, args.chunk_minutes)
+        chunks(0, 0, chunk_minutes)
     except ValueError as exc:
         raise CliError(f"--chunk-minutes: {exc}") from None
     origin = database_origin(args, settings)
@@ -101,9 +100,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         now = time.time()
         with database_errors(origin):
-            rows = rebuild(
-                db, now - args.since, now, chunk_minutes=args.chunk_minutes, progress=ProgressPrinter(sys.stderr)
-            )
+            rows = rebuild(db, now - args.since, now, chunk_minutes=chunk_minutes, progress=ProgressPrinter(sys.stderr))
         print(f"{db.url_redacted}: {rows:,} rollup rows rebuilt")
     finally:
         db.close()

@@ -32,7 +32,7 @@ from tests.storage.conftest import PgServer
 from tests.storage.promstack import gpulens, process
 
 INTERVAL_S = 1.0
-# One message per incident: each of the GPUS hot GPUs is a fault of its own, opened and resolved once.
+# Each of the GPUS hot GPUs is a fault of its own, opened and resolved once (told in one message a round).
 FIRING = ["firing"] * GPUS
 RESOLVED = ["resolved"] * GPUS
 CONFIG = """
@@ -151,12 +151,24 @@ def test_killing_the_active_collector_loses_no_round_and_no_alert(pg_server: PgS
         assert max(gaps) < 3 * INTERVAL_S, gaps
 
 
+def told(group_key: str) -> list[str]:
+    """The incidents one message tells of: the ids of a message covering several (``incidents:<id>,<id>``), or its
+    own group (one incident's message, or an alert group's)."""
+    kind, _, ids = group_key.partition(":")
+    return ids.split(",") if kind == "incidents" else [group_key]
+
+
 def statuses(received: FlakyState) -> list[str]:
-    return [r.status for r in received.accepted()]
+    """The status each incident was told with, message by message (the GPUs that fire in one round are one)."""
+    return [r.status for r in received.accepted() for _ in told(r.group_key)]
 
 
 def outbox(db: Database) -> list[str]:
-    return [f"{item.payload['status']} {item.status}" for item in alertstore.outbox_items(db)]
+    return [
+        f"{item.payload['status']} {item.status}"
+        for item in alertstore.outbox_items(db)
+        for _ in item.payload.get("incidents") or [item.payload["group_key"]]
+    ]
 
 
 def test_killing_the_active_alerts_run_loses_no_alert(pg_server: PgServer, tmp_path: Path) -> None:

@@ -70,7 +70,7 @@ class InhibitionFile(InputStruct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         if not self.equal or not all(self.equal):
-            raise FieldError("equal", "expected the labels a muted alert shares with its source, e.g. [\"node\"]")
+            raise FieldError("equal", 'expected the labels a muted alert shares with its source, e.g. ["node"]')
 
 
 def _listed(value: str | tuple[str, ...]) -> tuple[str, ...]:

@@ -146,7 +146,7 @@ def _matrix(
     )
 
 
-def _covered(cells: list[list[str]], z: list[list[float | None]]) -> list[list[str | None]]:
+def _covered(cells: Sequence[Sequence[str]], z: Sequence[Sequence[float | None]]) -> list[list[str | None]]:
     """``cells`` where ``z`` has a value, None on its gaps: an overlay trace carries hover text and links only for
     the cells it draws (the trace under it has the rest), not a second copy of every cell's."""
     return [
@@ -361,7 +361,7 @@ def cluster_map(
                 colorscale=[[0, HUNG_COLOR], [1, HUNG_COLOR]],
                 showscale=False,
                 name="hung",
-                **cells,
+                **(cells | {"customdata": _covered(hover, overlay), "hoverongaps": False}),
                 **VALIDATE,
             )
         )

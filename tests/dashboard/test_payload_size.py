@@ -19,6 +19,8 @@ from bench.bench_dashboard import END, Cluster, build, stall_alert, timeline
 from gpulens.clock import ManualClock
 from gpulens.dashboard.components import ViewState
 from gpulens.dashboard.context import Context
+from gpulens.dashboard.figures.grids import cluster_map
+from gpulens.dashboard.heatmaps import METRICS
 from gpulens.dashboard.pages import jobs, node, overview
 from gpulens.storage.db import Database
 from gpulens.storage.rollup import Rollups
@@ -41,8 +43,8 @@ def context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Context]:
 
 # page -> (its callback, the most bytes its outputs may encode to)
 PAGES: dict[str, tuple[Callable[[Context], Any], int]] = {
-    # was 185,656 bytes: the hung overlay repeated every cell's hover text and link
-    "overview": (lambda c: overview.render(c, ViewState(range="1h"), "utilization", "name", "", 1), 125_000),
+    # was 185,656 bytes: the hung overlays (heatmap, cluster map) repeated every cell's hover text and link
+    "overview": (lambda c: overview.render(c, ViewState(range="1h"), "utilization", "name", "", 1), 118_000),
     # was 99,514: each table cell sent ``className: null``
     "jobs": (lambda c: jobs.render(c, ViewState(range="1h"), "all", "", 1), 98_500),
     # was 152,227: each line sent its evenly spaced times one by one
@@ -72,3 +74,11 @@ def test_overlay_carries_hover_only_for_its_cells(context: Context) -> None:
             assert (h, p) == ((None, None) if z is None else (bh, bp))
             covered += z is not None
     assert covered > 0
+
+
+def test_cluster_map_hung_overlay_carries_hover_only_for_hung_nodes() -> None:
+    nodes = [(f"n{i}", 0.5, f"node n{i}") for i in range(4)]
+    under, hung = json.loads(to_json_plotly(cluster_map(nodes, METRICS["utilization"], columns=2, hung={"n2"})))["data"]
+    assert under["customdata"] == [["node n0", "node n1"], ["node n2", "node n3"]]
+    assert hung["customdata"] == [[None, None], ["node n2", None]]
+    assert hung["hoverongaps"] is False

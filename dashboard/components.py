@@ -244,15 +244,15 @@ def table(
     left_out = len(rows) - limit
     rows = rows[:limit]
     num = set(numeric)
-    head = html.Thead(html.Tr([html.Th(c, className="num" if c in num else None) for c in columns]))
+    # a class only where one is set: ``className: null`` on every cell was a sixth of a 200-row table's bytes
+    right: dict[str, Any] = {"className": "num"}
+    plain: dict[str, Any] = {}
+    head = html.Thead(html.Tr([html.Th(c, **(right if c in num else plain)) for c in columns]))
     body = html.Tbody(
         [
             html.Tr(
-                [
-                    html.Td(cell, className="num" if col in num else None)
-                    for col, cell in zip(columns, row, strict=True)
-                ],
-                className=row_classes[i] if row_classes else None,
+                [html.Td(cell, **(right if col in num else plain)) for col, cell in zip(columns, row, strict=True)],
+                **(_row_class(row_classes[i]) if row_classes else plain),
             )
             for i, row in enumerate(rows)
         ]
@@ -264,6 +264,10 @@ def table(
         html.Div(f"showing the first {limit} of {limit + left_out} rows", className="gl-hint") if left_out > 0 else None
     )
     return html.Div(className="gl-table-wrap", children=[html.Table([head, body], **table_kwargs), note])
+
+
+def _row_class(name: str) -> dict[str, Any]:
+    return {"className": name} if name else {}
 
 
 def panel(title: Child | None, *children: Child | None, controls: Child | None = None, **kwargs: Any) -> html.Div:

@@ -146,14 +146,29 @@ def _matrix(
     )
 
 
-def _cell_trace(m: _Matrix, nodes: Sequence[str], columns: Sequence[int], **style: Any) -> go.Heatmap:
+def _covered(cells: Sequence[Sequence[str]], z: Sequence[Sequence[float | None]]) -> list[list[str | None]]:
+    """``cells`` where ``z`` has a value, None on its gaps: an overlay trace carries hover text and links only for
+    the cells it draws (the trace under it has the rest), not a second copy of every cell's."""
+    return [
+        [c if v is not None else None for c, v in zip(row, zrow, strict=True)]
+        for row, zrow in zip(cells, z, strict=True)
+    ]
+
+
+def _cell_trace(
+    m: _Matrix, nodes: Sequence[str], columns: Sequence[int], *, overlay: bool = False, **style: Any
+) -> go.Heatmap:
+    """One heatmap of the grid's cells; an ``overlay`` one (drawn over another) hovers and links only where it has a
+    value."""
     if isinstance(style.get("colorscale"), str):  # unvalidated traces get the stops, not the name
         style["colorscale"] = colorscale(style["colorscale"])
+    if overlay:
+        style.update(hoverongaps=False)
     return go.Heatmap(
         x=list(columns),
         y=list(nodes),
-        customdata=m.hover,
-        hovertext=m.path,
+        customdata=_covered(m.hover, style["z"]) if overlay else m.hover,
+        hovertext=_covered(m.path, style["z"]) if overlay else m.path,
         hovertemplate="%{customdata}<extra></extra>",
         xgap=2,
         ygap=2,
@@ -227,6 +242,7 @@ def gpu_heatmap(
                 m,
                 nodes,
                 columns,
+                overlay=True,
                 z=m.overlay,
                 zmin=0,
                 zmax=1,
@@ -345,7 +361,7 @@ def cluster_map(
                 colorscale=[[0, HUNG_COLOR], [1, HUNG_COLOR]],
                 showscale=False,
                 name="hung",
-                **cells,
+                **(cells | {"customdata": _covered(hover, overlay), "hoverongaps": False}),
                 **VALIDATE,
             )
         )

@@ -11,7 +11,7 @@ from typing import Any, Final
 import plotly.graph_objects as go
 
 from gpulens.dashboard.figures.periods import Period, period_label, period_shape
-from gpulens.dashboard.figures.style import PALETTE, VALIDATE, base_layout, empty_figure, epoch_ms, figure
+from gpulens.dashboard.figures.style import PALETTE, VALIDATE, base_layout, empty_figure, epoch_x, figure
 from gpulens.dashboard.formatting import plotly_text, round_sig
 
 
@@ -75,7 +75,7 @@ def time_series(
     x0 = max(start, first) if first < end else start
     traces = [
         go.Scatter(
-            x=epoch_ms(line.times),
+            **epoch_x(line.times),
             y=[round_sig(v * axis.scale) if v is not None else None for v in line.values],
             name=plotly_text(line.name),
             mode="lines",

@@ -161,7 +161,10 @@ def test_heatmap_marks_down_and_stale_gpus_apart_from_values() -> None:
     assert overlay["z"] == [[None, 1.0, 0.0]]  # 1: down (red), 0: stale (grey)
     assert "GPU down" in overlay["customdata"][0][1]
     assert "no recent reading" in overlay["customdata"][0][2]
-    assert overlay["hovertext"] == values["hovertext"]  # a click on a grey or red cell opens the GPU too
+    # a click on a grey or red cell opens the GPU too; the overlay has no hover or link on the cells it leaves bare
+    assert overlay["hovertext"] == [[None, *values["hovertext"][0][1:]]]
+    assert overlay["customdata"][0][0] is None
+    assert overlay["hoverongaps"] is False
 
 
 def test_heatmap_hover_names_jobs_and_throttling() -> None:
@@ -208,6 +211,14 @@ def test_empty_inputs_give_a_figure_that_says_so() -> None:
 # --- time series ----------------------------------------------------------------------------------------------------
 
 
+def test_uneven_times_are_sent_each() -> None:
+    data = as_data(
+        time_series([Line("GPU 0", [T0, T0 + 10, T0 + 30], [0.1, 0.2, 0.3])], PERCENT, start=T0, end=T0 + 30)
+    )
+    assert data["data"][0]["x"] == [1_767_225_600_000, 1_767_225_610_000, 1_767_225_630_000]
+    assert "x0" not in data["data"][0]
+
+
 def test_time_series_sends_millisecond_times_rounded_values_and_marks_periods() -> None:
     line = Line("GPU 0", [T0, T0 + 10, T0 + 20], [0.123456, None, 0.5])
     empty = Line("GPU 1", [T0], [None])
@@ -215,7 +226,8 @@ def test_time_series_sends_millisecond_times_rounded_values_and_marks_periods() 
     data = as_data(time_series([line, empty], PERCENT, start=T0, end=T0 + 30, periods=[period]))
     assert len(data["data"]) == 1  # a line with no value at all is left out
     trace = data["data"][0]
-    assert trace["x"] == [1_767_225_600_000, 1_767_225_610_000, 1_767_225_620_000]
+    assert (trace["x0"], trace["dx"]) == (1_767_225_600_000, 10_000)  # evenly spaced: a start and a step
+    assert "x" not in trace
     assert trace["y"] == [0.1235, None, 0.5]
     assert data["layout"]["xaxis"]["range"] == [1_767_225_600_000, 1_767_225_630_000]
     shape = data["layout"]["shapes"][0]

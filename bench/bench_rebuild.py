@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +20,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from bench import options
-from bench.bench_storage import START, _history_sql, _profiles_sql, _round, emit, log, pg_bindir, postgresql_server
+from bench.bench_storage import START, _history_sql, _profiles_sql, _round, each_backend, emit, log
 from gpulens.clock import ManualClock
 from gpulens.storage import jobminute, rebuild, schema
 from gpulens.storage.db import Database
@@ -154,22 +152,7 @@ def main() -> int:
     parser.add_argument("--backends", default="sqlite,postgresql", help="comma-separated (default: both)")
     parser.add_argument("--dir", type=Path, default=None, help="where to build the stores (default: a temp dir)")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="gpulens-bench-", dir=args.dir))
-    root.chmod(0o755)
-    try:
-        backends = args.backends.split(",")
-        if "sqlite" in backends:
-            run_backend("sqlite", f"sqlite:///{root / 'bench.db'}", args)
-        if "postgresql" in backends:
-            bindir = pg_bindir()
-            if bindir is None:
-                log("postgresql: no server binaries under /usr/lib/postgresql, skipped")
-            else:
-                (root / "pg").mkdir()
-                with postgresql_server(bindir, root / "pg") as url:
-                    run_backend("postgresql", url, args)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    each_backend(args.backends, run_backend, args, "gpulens-bench-", args.dir)
     return 0
 
 

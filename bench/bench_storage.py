@@ -404,6 +404,34 @@ def postgresql_server(bindir: Path, root: Path) -> Iterator[str]:
         subprocess.run([*pg_ctl, "-m", "fast", "-w", "stop"], **quiet)
 
 
+def each_backend(
+    backends: str,
+    run: Callable[[str, str, argparse.Namespace], None],
+    args: argparse.Namespace,
+    prefix: str,
+    directory: Path | None = None,
+) -> None:
+    """Run ``run(name, url, args)`` on a throwaway store of each of ``backends`` (``sqlite,postgresql``), in a temporary
+    directory removed afterwards; PostgreSQL is skipped, said in one line, where its server binaries are missing."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir=directory))
+    root.chmod(0o755)  # the PostgreSQL server, running as postgres, keeps its data in a subdirectory
+    try:
+        chosen = backends.split(",")
+        if "sqlite" in chosen:
+            run("sqlite", f"sqlite:///{root / 'bench.db'}", args)
+            (root / "bench.db").unlink(missing_ok=True)
+        if "postgresql" in chosen:
+            bindir = pg_bindir()
+            if bindir is None:
+                log("postgresql: no server binaries under /usr/lib/postgresql, skipped")
+            else:
+                (root / "pg").mkdir()
+                with postgresql_server(bindir, root / "pg") as url:
+                    run("postgresql", url, args)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> int:
     parser = options.parser(
         "bench.bench_storage", __doc__, "", "--nodes 100 --hours 1 --write-rounds 20 --backends sqlite"
@@ -419,23 +447,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.nodes * args.gpus < JOB_GPUS:
         parser.error(f"need at least {JOB_GPUS} GPUs")
-    root = Path(tempfile.mkdtemp(prefix="gpulens-bench-", dir=args.dir))
-    root.chmod(0o755)  # the PostgreSQL server, running as postgres, keeps its data in a subdirectory
-    try:
-        backends = args.backends.split(",")
-        if "sqlite" in backends:
-            run_backend("sqlite", f"sqlite:///{root / 'bench.db'}", args)
-            (root / "bench.db").unlink()
-        if "postgresql" in backends:
-            bindir = pg_bindir()
-            if bindir is None:
-                log("postgresql: no server binaries under /usr/lib/postgresql, skipped")
-            else:
-                (root / "pg").mkdir()
-                with postgresql_server(bindir, root / "pg") as url:
-                    run_backend("postgresql", url, args)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    each_backend(args.backends, run_backend, args, "gpulens-bench-", args.dir)
     return 0
 
 

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import argparse
 import random
-import shutil
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import sqlalchemy as sa
 
 from bench import options
-from bench.bench_storage import START, _history_sql, _profiles_sql, _round, emit, log, pg_bindir, postgresql_server
+from bench.bench_storage import START, _history_sql, _profiles_sql, _round, each_backend, emit, log
 from gpulens.clock import ManualClock
 from gpulens.storage.db import Database
 from gpulens.storage.upgradeplan import plan
@@ -70,22 +67,7 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=10, help="seconds between rounds (default 10)")
     parser.add_argument("--backends", default="sqlite,postgresql", help="comma-separated (default: both)")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="gpulens-bench-upgrade-"))
-    root.chmod(0o755)  # the PostgreSQL server, running as postgres, keeps its data in a subdirectory
-    try:
-        backends = args.backends.split(",")
-        if "sqlite" in backends:
-            run_backend("sqlite", f"sqlite:///{root / 'bench.db'}", args)
-        if "postgresql" in backends:
-            bindir = pg_bindir()
-            if bindir is None:
-                log("postgresql: no server binaries under /usr/lib/postgresql, skipped")
-            else:
-                (root / "pg").mkdir()
-                with postgresql_server(bindir, root / "pg") as url:
-                    run_backend("postgresql", url, args)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    each_backend(args.backends, run_backend, args, "gpulens-bench-upgrade-", None)
     return 0
 
 

@@ -25,6 +25,7 @@ from gpulens.cli.base import DEMO_CONFIG
 from gpulens.config import ConfigError
 
 Announce = Callable[[str], None]
+STARTUP_S = 90.0  # how long the processes may take to answer
 
 
 @dataclass
@@ -173,19 +174,22 @@ def _exited(process: _Process) -> str:
 
 
 def _wait_ready(demo: Demo, process: _Process, deadline: float) -> None:
-    if process.ready_url is None:
-        return
-    while time.monotonic() < deadline:
-        if process.popen is not None and process.popen.poll() is not None:
-            raise RuntimeError(_exited(process))
+    """Until ``process`` answers at its ready URL; raises at once when any process started exits meanwhile."""
+    while True:
+        failed = demo.failed()
+        if failed is not None:
+            raise RuntimeError(_exited(failed))
+        if process.ready_url is None:
+            return
         try:
             with urllib.request.urlopen(process.ready_url, timeout=2) as response:  # noqa: S310 - our own URL
                 if response.status == 200:
                     return
         except OSError:
             pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{process.name} did not become ready at {process.ready_url} in {STARTUP_S:g} s")
         time.sleep(0.25)
-    raise RuntimeError(f"{process.name} did not become ready at {process.ready_url}")
 
 
 def start_demo(options: DemoOptions, announce: Announce) -> Demo:
@@ -256,12 +260,9 @@ def start_demo(options: DemoOptions, announce: Announce) -> Demo:
             elif n > len(exporters):
                 announce(f"[{n}/{total}] starting the {process.name}")
         (options.workdir / "pids").write_text("".join(f"{pid}\n" for pid in demo.pids()), encoding="utf-8")
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + STARTUP_S
         for process in demo.processes:
             _wait_ready(demo, process, deadline)
-        failed = demo.failed()
-        if failed is not None:
-            raise RuntimeError(_exited(failed))
     except BaseException:
         demo.stop()
         raise

@@ -79,7 +79,7 @@ def test_demo_runs_the_whole_stack_and_stops_cleanly(receiver: str, tmp_path: Pa
             "gpulens.cli",
             "demo",
             "--speed",
-            "20",
+            "10",  # the stall begins 24 s in: time for the collector to learn the job's traffic first
             "--port",
             str(port),
             "--workdir",
@@ -95,8 +95,14 @@ def test_demo_runs_the_whole_stack_and_stops_cleanly(receiver: str, tmp_path: Pa
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
     reader.start()
+
+    def started() -> str | None:
+        text = "".join(lines)
+        assert proc.poll() is None, f"the demo exited during start-up:\n{text[-2000:]}"
+        return text if "Press Ctrl-C" in text else None
+
     try:
-        text = wait_until(lambda: "Press Ctrl-C" in "".join(lines) and "".join(lines), 120, "the demo to start")
+        text = wait_until(started, 180, "the demo to start")
         exporter = re.search(r"exporters\s+(http://\S+/metrics)", text)
         assert exporter, text
         assert f"http://127.0.0.1:{port}" in text
@@ -134,9 +140,37 @@ def test_demo_runs_the_whole_stack_and_stops_cleanly(receiver: str, tmp_path: Pa
         assert all(alive(pid) for pid in pids)
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-    reader.join(timeout=5)
-    proc.stdout.close()  # type: ignore[union-attr]
+        try:
+            proc.wait(timeout=60)
+        finally:
+            reader.join(timeout=5)
+            proc.stdout.close()  # type: ignore[union-attr]
     assert proc.returncode == 0, "".join(lines)[-2000:]
     assert "stopped." in "".join(lines)
     assert not [pid for pid in pids if alive(pid)]
+
+
+def one_node(tmp_path: Path) -> Path:
+    scenario = tmp_path / "one.toml"
+    cluster = 'nodes = ["node-00"]\ngpus_per_node = 2\ngpu_model = "H100-SXM5-80GB"\nduration = "60m"\nstep = "10s"'
+    scenario.write_text(f"[cluster]\n{cluster}\n", encoding="utf-8")
+    return scenario
+
+
+def test_a_process_that_exits_during_start_up_stops_the_demo_at_once(tmp_path: Path) -> None:
+    """The dashboard cannot listen (its port is held): the demo stops within seconds, saying why in one line."""
+    import socket
+
+    from gpulens.cli import demo_stack
+
+    scenario = one_node(tmp_path)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        options = demo_stack.DemoOptions(
+            scenario=scenario, speed=20, port=squatter.getsockname()[1], workdir=tmp_path / "demo"
+        )
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"^dashboard exited during start-up: .*cannot listen"):
+            demo_stack.start_demo(options, lambda line: None)
+        assert time.monotonic() - started < demo_stack.STARTUP_S

@@ -151,7 +151,7 @@ def test_port_problems_from_recorded_flags_equal_the_raw_ones(servers: dict[str,
 
 def check_node_totals(base: str, at: float, gpus: int) -> None:
     """The overview's headline from the recorded node totals read at ``at`` is the one summed from the readings and
-    jobs of ``gpus`` GPUs read where the rules' last evaluation saw the same scrape (just after it)."""
+    jobs of ``gpus`` GPUs read at the rules' last evaluation (the same scrapes)."""
     from gpulens.dashboard.figures.grids import GridCell
     from gpulens.dashboard.grid import grid_cells
     from gpulens.dashboard.summary import headline
@@ -164,9 +164,10 @@ def check_node_totals(base: str, at: float, gpus: int) -> None:
     assert fast.recording.missing == {}
     summed = min(t.timestamp for t in totals)
     assert at - STEP_S <= summed <= at
-    slow = reader(base, summed + 1, use_recorded=False)
+    # read raw at the evaluation's own time: what it saw (a scrape within a second after it would not have been)
+    slow = reader(base, summed, use_recorded=False)
     assert slow.node_totals() is None
-    cells: list[GridCell] = grid_cells(slow.latest_readings(), slow.current_jobs(), now=summed + 1, stale_after_s=120)
+    cells: list[GridCell] = grid_cells(slow.latest_readings(), slow.current_jobs(), now=summed, stale_after_s=120)
     assert {t.node for t in totals} == {c.reading.node for c in cells}
     assert len(cells) == gpus
     mine, theirs = headline(cells, totals), headline(cells)
@@ -193,7 +194,7 @@ def test_node_totals_from_recorded_series_equal_the_readings_sums(servers: dict[
 
 def check_link_summary(base: str, at: float) -> None:
     """The interconnect page from the recorded link loads and the GPUs the store names is the page read raw: the
-    chart's GPUs and loads, the degraded links, the GPUs with the most link errors; read just after the rules' last
+    chart's GPUs and loads, the degraded links, the GPUs with the most link errors; read at the rules' last
     evaluation (the same scrape)."""
     from gpulens.dashboard.components import ViewState
     from gpulens.dashboard.context import Context
@@ -203,7 +204,7 @@ def check_link_summary(base: str, at: float) -> None:
     summary = reader(base, at).link_summary(interconnect.TOP)
     assert summary is not None
     assert at - STEP_S <= summary.timestamp <= at
-    now = summary.timestamp + 1
+    now = summary.timestamp  # what the evaluation saw: a scrape just after it would not be in its loads
     fast, slow = reader(base, now), reader(base, now, use_recorded=False)
     assert slow.link_summary(interconnect.TOP) is None
     readings = slow.latest_readings(fields=interconnect.LINK_FIELDS)

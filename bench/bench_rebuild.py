@@ -142,11 +142,24 @@ def run_backend(prefix: str, url: str, args: argparse.Namespace) -> None:
     db.close()
 
 
+def whole_hours(text: str) -> int:
+    try:
+        hours = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number of hours (the rebuild covers whole hours)"
+        ) from None
+    if hours < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: at least 1 hour")
+    return hours
+
+
 def main() -> int:
     parser = options.parser("bench.bench_rebuild", __doc__, "", "--nodes 100 --hours 1 --backends sqlite")
     parser.add_argument("--nodes", type=int, default=1000, help="simulated nodes (default 1000)")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
-    parser.add_argument("--hours", type=float, default=24, help="hours of history (default 24)")
+    # whole hours: the rebuild covers whole hours, so a part hour's rows could not be compared with the live ones
+    parser.add_argument("--hours", type=whole_hours, default=24, help="hours of history, a whole number (default 24)")
     parser.add_argument("--interval", type=float, default=10, help="seconds between rounds (default 10)")
     parser.add_argument("--chunk-minutes", type=int, default=rebuild.DEFAULT_CHUNK_MINUTES, help="rebuild chunk")
     parser.add_argument("--backends", default="sqlite,postgresql", help="comma-separated (default: both)")

@@ -252,7 +252,7 @@ class NcclSim:
         def query() -> RasAnswer:
             state = self._node_state(node)
             if state is None:
-                raise RasQueryError(f"nothing listens at sim://{node} (no NCCL job with RAS on this node)")
+                raise RasQueryError(f"nothing listens at sim://{node} (no NCCL job with RAS on this node)", absent=True)
             self._count_query(state, node)
             if speaks_json(state.version):
                 return RasAnswer(render_json(state), "json", 0.0)

@@ -53,3 +53,13 @@ def test_the_runner_names_its_modules_and_refuses_an_unknown_one() -> None:
     done = _run("bench", "no_such_bench")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == "python -m bench: error: no benchmark module matches 'no_such_bench'"
+
+
+def test_the_rebuild_bench_refuses_a_part_of_an_hour() -> None:
+    """The rebuild covers whole hours: a part hour's rebuilt rows could not be compared with the live ones."""
+    done = _run("bench.bench_rebuild", "--hours", "0.1")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "python -m bench.bench_rebuild: error: argument --hours: '0.1' is not a whole number of hours"
+        " (the rebuild covers whole hours)"
+    )

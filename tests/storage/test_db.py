@@ -13,7 +13,20 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from gpulens.storage import latest, schema
+# fabricschema, hardwarestore, inspectorstore, jobminute, jobsummary, ncclstore and slurmtables each add their tables
+# to schema.metadata, which the comparison with the migrated database reads: imported so that the test means the same
+# alone as in the suite
+from gpulens.storage import (  # noqa: F401
+    fabricschema,
+    hardwarestore,
+    inspectorstore,
+    jobminute,
+    jobsummary,
+    latest,
+    ncclstore,
+    schema,
+    slurmtables,
+)
 from gpulens.storage.db import MIGRATIONS_DIR, Database, DatabaseUnavailableError, redact_url
 from gpulens.storage.writer import Writer
 from tests.storage.conftest import SECRET_PASSWORD, SECRET_ROLE, T0, PgServer

@@ -131,6 +131,25 @@ def test_jobs_page_flags_the_stalled_straggling_and_idle_jobs(store: Store) -> N
     assert flagged == {STALLED_JOB: "stalled", STRAGGLING_JOB: "straggling", IDLE_JOB: "idle"}
 
 
+def test_the_jobs_table_sends_its_first_rows_flagged_first_and_says_how_to_find_the_others() -> None:
+    from gpulens.storage.records import JobSummary
+
+    summaries = [
+        JobSummary(f"job-{i:03d}", "alice", ("GPU-a",), ("n1",), 0.0, 60.0, float(i), 0.5, 0.1, 1.0, 1, "raw")
+        for i in range(jobs.MAX_ROWS + 20)
+    ]
+    flags = {"job-000": {"stalled": True}}  # the fewest GPU-hours, but flagged
+    table = jobs.jobs_table(summaries, flags, "all", "", ViewState())
+    rows = table.children[1].children[0].children[1].children
+    shown = [row.children[0].children.children for row in rows]
+    assert len(shown) == jobs.MAX_ROWS
+    assert shown[:3] == ["job-000", f"job-{jobs.MAX_ROWS + 19:03d}", f"job-{jobs.MAX_ROWS + 18:03d}"]
+    order = "flagged first, then by GPU-hours: filter by job, user or flag"
+    assert text_of(table.children[0]) == f"showing {jobs.MAX_ROWS} of {jobs.MAX_ROWS + 20}, {order}"
+    narrowed = jobs.jobs_table(summaries, flags, "all", "job-01", ViewState())
+    assert text_of(narrowed.children[0]) == "10 jobs"
+
+
 def test_job_page_marks_the_stall_on_its_charts(store: Store) -> None:
     status, info, charts, _gpus, alerts_part, _fabric, _ = job.render(context_of(store), ViewState(), STALLED_JOB)
     assert "stalled" in text_of(info)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gpulens.clock import ManualClock  # now() and monotonic() both stand still
 from gpulens.model import GpuReading
 from gpulens.settings import StoreAuth
 from gpulens.storage.prometheus import PromReader
@@ -32,17 +33,6 @@ SAMPLES = 31  # half an hour
 NODES = 8
 FLAGS = ("--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h")
 ROOT = Path(__file__).parents[2]
-
-
-class FixedClock:
-    def __init__(self, at: float) -> None:
-        self.at = at
-
-    def now(self) -> float:
-        return self.at
-
-    def monotonic(self) -> float:
-        return self.at
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +64,7 @@ def servers(
 
 def reader(base: str, at: float, *, use_recorded: bool = True) -> PromReader:
     return PromReader(
-        "prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=FixedClock(at), use_recorded=use_recorded
+        "prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=ManualClock(at), use_recorded=use_recorded
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gpulens.clock import ManualClock  # now() and monotonic() both stand still
 from gpulens.settings import StoreAuth
 from gpulens.storage.prometheus import PromReader
 from gpulens.storage.records import JOB_POINTS
@@ -24,17 +25,6 @@ from tests.storage.promblocks import create_blocks, import_history, layout
 STEP_S = 60
 SAMPLES = 31  # half an hour
 FLAGS = ("--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h")
-
-
-class FixedClock:
-    def __init__(self, at: float) -> None:
-        self.at = at
-
-    def now(self) -> float:
-        return self.at
-
-    def monotonic(self) -> float:
-        return self.at  # frozen too: the reader's list of metric names is read once, not again after its TTL
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +55,7 @@ def readers(
             else:
                 base = stack.enter_context(running_victoriametrics(victoriametrics_bin, work, {}, interval_s=STEP_S))
                 import_history(base, nodes, start, STEP_S, SAMPLES)
-            out[nodes] = PromReader("prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=FixedClock(end + 30))
+            out[nodes] = PromReader("prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=ManualClock(end + 30))
         yield out
 
 

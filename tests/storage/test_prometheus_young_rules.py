@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from gpulens.clock import ManualClock  # now() and monotonic() both stand still
 from gpulens.settings import StoreAuth
 from gpulens.storage.prometheus import PromReader
 from gpulens.storage.prometheus import recording as rec
@@ -26,17 +27,6 @@ SAMPLES = 31  # half an hour
 NODES = 8
 FLAGS = ("--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h")
 RULES_FROM_S = 900  # the rules' first evaluation, after the history's start
-
-
-class FixedClock:
-    def __init__(self, at: float) -> None:
-        self.at = at
-
-    def now(self) -> float:
-        return self.at
-
-    def monotonic(self) -> float:
-        return self.at
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +53,7 @@ def young(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str, promtoo
 def reader(base: str, at: float, *, use_recorded: bool = True) -> tuple[PromReader, list[str]]:
     """A reader at ``at`` and the PromQL it sends, in order."""
     got = PromReader(
-        "prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=FixedClock(at), use_recorded=use_recorded
+        "prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=ManualClock(at), use_recorded=use_recorded
     )
     sent: list[str] = []
     query, query_range = got.client.query, got.client.query_range

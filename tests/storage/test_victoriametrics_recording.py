@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gpulens.clock import ManualClock  # now() and monotonic() both stand still
 from gpulens.settings import StoreAuth
 from gpulens.storage.prometheus import PromReader
 from gpulens.storage.prometheus import recording as rec
@@ -23,7 +24,7 @@ from gpulens.storage.prometheus.recorded import status
 from gpulens.storage.records import JOB_POINTS
 from tests.prom import replay_rules, running_victoriametrics
 from tests.storage.promblocks import import_history
-from tests.storage.test_prometheus_recording import FixedClock, check_link_summary, check_node_totals, close
+from tests.storage.test_prometheus_recording import check_link_summary, check_node_totals, close
 
 STEP_S = 60
 SAMPLES = 31  # half an hour
@@ -54,7 +55,7 @@ def store(
 
 def reader(base: str, at: float, *, use_recorded: bool = True) -> PromReader:
     return PromReader(
-        "prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=FixedClock(at), use_recorded=use_recorded
+        "prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=ManualClock(at), use_recorded=use_recorded
     )
 
 

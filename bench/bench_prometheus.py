@@ -15,7 +15,9 @@ after. With ``--engines=prometheus,victoriametrics`` the same pages are timed (r
 (``tests.storage.promblocks.import_history``), its result cache off (each load evaluated, as in Prometheus): raw,
 then with the same rules replayed over the history by ``vmalert -replay.timeFrom -replay.timeTo`` (their series
 written back by remote write; ``recorded``), the rules' cost measured the same way (VictoriaMetrics's own
-``process_cpu_seconds_total``).
+``process_cpu_seconds_total``). With ``--rules-minutes M`` the rules are backfilled over the history's last ``M``
+minutes only (``youngMmin`` instead of ``recorded``): a Prometheus whose rules were loaded ``M`` minutes before the
+end, whose pages read the recorded series for the span they cover and the raw series for the rest.
 Printed per page: milliseconds (the median of ``REPEAT`` loads), the CPU seconds of the store and of gpulens per
 load, PromQL queries and series returned. Usage: ``python -m bench.bench_prometheus [NODES] [--no-browser]
 [--dir=DIR] [--pages=NAME,...] [--engines=NAME,...]``: ``--dir`` keeps the built TSDB (with the backfilled rules, and
@@ -122,11 +124,19 @@ def main() -> int:
         "100 --no-browser",
         "--no-browser --dir=/tmp/prom-tsdb --pages=jobs,node",
         "--no-browser --engines=prometheus,victoriametrics",
+        "--dir=/tmp/prom-young --rules-minutes 5",
     )
     parser.add_argument("nodes", nargs="?", type=int, default=NODES, help=f"simulated nodes (default {NODES})")
     parser.add_argument("--no-browser", action="store_true", help="time the pages' data only, not Chromium")
     parser.add_argument("--dir", type=Path, help="keep the built TSDB here, and reuse it when built for as many nodes")
     parser.add_argument("--pages", help="time only these pages (comma-separated: " + ", ".join(PAGES) + ")")
+    parser.add_argument(
+        "--rules-minutes",
+        type=int,
+        default=None,
+        help="backfill the recording rules over the history's last MINUTES only: a Prometheus whose rules were loaded "
+        "that long ago (give it a --dir of its own; default: the whole history)",
+    )
     parser.add_argument(
         "--engines",
         default="prometheus",
@@ -141,10 +151,18 @@ def main() -> int:
     engines = args.engines.split(",")
     if not engines or not set(engines) <= set(ENGINES):
         parser.error(f"--engines: expected some of {', '.join(ENGINES)}, got {args.engines!r}")
+    if args.rules_minutes is not None and not 0 < args.rules_minutes * 60 <= HOURS * 3600:
+        parser.error(f"--rules-minutes: between 1 and {HOURS * 60} (the history's length)")
+    if args.rules_minutes is not None and engines != ["prometheus"]:
+        parser.error("--rules-minutes: Prometheus only (--engines=prometheus)")
     if args.dir is not None:
-        return measure(args.dir, args.nodes, pages, browser=not args.no_browser, engines=engines)
+        return measure(
+            args.dir, args.nodes, pages, browser=not args.no_browser, engines=engines, young=args.rules_minutes
+        )
     with tempfile.TemporaryDirectory(prefix="gpulens-bench-prom-") as temporary:
-        return measure(Path(temporary), args.nodes, pages, browser=not args.no_browser, engines=engines)
+        return measure(
+            Path(temporary), args.nodes, pages, browser=not args.no_browser, engines=engines, young=args.rules_minutes
+        )
 
 
 def history_end(work: Path, nodes: int) -> float:
@@ -240,21 +258,23 @@ def time_pages(key: str, store: Any, nodes: int, pages: list[str] | None, *, bro
                 print(f"{key}_{name}_page_browser_{gpus}_gpus: {ms:.0f} ms")
 
 
-def record(work: Path, nodes: int, end: float) -> None:
-    """Backfill the recording rules over the history under ``work / "prom"`` (once per rules file)."""
+def record(work: Path, nodes: int, end: float, minutes: int | None = None) -> None:
+    """Backfill the recording rules over the history under ``work / "prom"`` (once per rules file), or over its last
+    ``minutes`` only."""
     from gpulens.storage.prometheus.recording import INTERVAL_S, rules_yaml
     from tests.prom import running_prometheus
     from tests.storage.promblocks import backfill_rules, move_blocks
 
     rules = rules_yaml(INTERVAL_S, STEP_S)
+    marked = rules if minutes is None else f"# over the last {minutes} minutes\n{rules}"
     path = work / "recording.yml"
-    if path.exists() and path.read_text() == rules:
+    if path.exists() and path.read_text() == marked:
         return
     if path.exists():  # series of other rules would add up with these: build the history again
-        raise SystemExit(f"{work} holds the series of other recording rules: remove it and run again")
-    path.write_text(rules)
+        raise SystemExit(f"{work} holds the series of other recording rules (or spans): remove it and run again")
+    path.write_text(marked)
     began = time.perf_counter()
-    start = int(end) - (HOURS * 3600 // STEP_S) * STEP_S
+    start = int(end) - ((HOURS * 3600 if minutes is None else minutes * 60) // STEP_S) * STEP_S
     with running_prometheus("prometheus", work / "prom", {}, interval_s=STEP_S, flags=BLOCK_FLAGS) as base:
         backfill_rules("promtool", base, path, start, int(end) + STEP_S, work / "recorded")
     move_blocks(work / "recorded", work / "prom" / "tsdb")
@@ -316,6 +336,7 @@ def measure(
     *,
     browser: bool = True,
     engines: Sequence[str] = ("prometheus",),
+    young: int | None = None,
 ) -> int:
     from gpulens.settings import StoreAuth
     from gpulens.storage.prometheus import PromReader
@@ -324,7 +345,8 @@ def measure(
     end = history_end(work, nodes)
     if "prometheus" in engines:
         build(work, nodes, end)
-        record(work, nodes, end)
+        record(work, nodes, end, young)
+    recorded = "recorded" if young is None else f"young{young}min"  # rules loaded that long before the end
     for engine in engines:
         print(f"{engine}_load_average_before: {os.getloadavg()[0]:.1f} runnable", flush=True)
         if engine == "prometheus":
@@ -340,16 +362,16 @@ def measure(
                 record_vm(work, base, nodes, end)
             rule_cost(base, end, nodes * 8, engine)
             data = str(work / ("prom" if engine == "prometheus" else "vm"))
-            for mode in ("raw", "recorded"):
+            for mode in ("raw", recorded):
                 store = PromReader(
                     "prometheus+" + base,
                     StoreAuth(min_step_s=STEP_S),
                     clock=FixedClock(end + STEP_S / 2),
                     timeout_s=120,
-                    use_recorded=mode == "recorded",
+                    use_recorded=mode != "raw",
                 )
                 time_pages(f"{engine}_{mode}", store, nodes, pages, browser=browser, marker=data)
-                if mode == "recorded" and store.recording.missing:
+                if mode != "raw" and store.recording.missing:
                     print(f"{engine}_recorded_not_used: {store.recording.missing}")
         print(f"{engine}_load_average_after: {os.getloadavg()[0]:.1f} runnable", flush=True)
     return 0

@@ -31,9 +31,9 @@ from gpulens.storage.portproblems import ERROR_POINTS, PORT_PROBLEMS
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus import jobquery, problems
 from gpulens.storage.prometheus import recording as rec
-from gpulens.storage.prometheus.client import LOOKBACK_S, PromClient, PromQueryError, quote
+from gpulens.storage.prometheus.client import LOOKBACK_S, PromClient, PromQueryError
 from gpulens.storage.prometheus.fabric import _nic_key
-from gpulens.storage.records import LINK_ERROR_FIELDS, LinkSummary, NodeTotals
+from gpulens.storage.records import LinkSummary, NodeTotals
 
 STALE_INTERVALS: Final = 3  # recorded series whose newest evaluation is older than this many intervals are stale
 
@@ -244,35 +244,19 @@ def link_loads(reader: PromReader, now: float) -> tuple[float, list[LinkLoad]] |
 
 
 def link_summary(reader: PromReader, now: float, top: int) -> LinkSummary | None:
-    """The interconnect page's view of every GPU: the recorded link loads, and the GPUs to read whole now, told in
-    PromQL over the raw series (three queries at once, a series per GPU named): a PCIe generation or width below its
-    maximum, fewer NVLinks active than the most of its model, and the ``top`` GPUs by link errors counted. None where
-    the loads are not recorded, or where the store holds dcgm-exporter families (the filters are over gpulens's)."""
+    """The interconnect page's view of every GPU: the recorded link loads, and the GPUs to read whole, as of the
+    rules' last evaluation (recorded, a series per GPU named): those with degraded links (``rec.link_degraded``) and
+    the ``top`` by link errors counted; and each model's most NVLinks active now. None where the loads are not
+    recorded, or where the store holds dcgm-exporter families (the filters are over gpulens's)."""
     if any(reader._exists(n) for n in fam.DCGM_PRESENCE):
         return None
     found = link_loads(reader, now)
     if found is None:
         return None
-    below = " or ".join(
-        f"group by (uuid) ({fam.field_selector(f)} < on (uuid) {fam.field_selector(f + '_max')})"
-        for f in ("pcie_link_generation", "pcie_link_width")
-    )
-    links = fam.field_selector("nvlink_links_active")
-    best = f"max by (model) ({links})"
-    fewer = f"group by (uuid) ({links} < on (model) group_left () {best})"
-    # one selector of the counters (an `or` of one per counter cost Prometheus half as much again): their families,
-    # and each constant label's values or none (a regex that matches "" matches a series without the label)
-    counters = [s for f in LINK_ERROR_FIELDS for s in fam.sources(f) if not s.dcgm]
-    values: dict[str, set[str]] = {}
-    for source in counters:
-        for key, value in source.labels:
-            values.setdefault(key, set()).add(value)
-    matchers = ", ".join(f"{key}=~{quote('|'.join(['', *sorted(v)]))}" for key, v in sorted(values.items()))
-    errors = f"sum by (uuid) ({fam.selector({s.name for s in counters}, matchers)})"
-    worst = f"group by (uuid) (topk({top}, {errors} > 0))"
-    # at once (one `or` of the three answers in a third more time)
-    with ThreadPoolExecutor(4) as pool:
-        named = [pool.submit(reader.client.query, q, now) for q in (below, fewer, worst)]
+    best = f"max by (model) ({fam.field_selector('nvlink_links_active')})"
+    worst = f"group by (uuid) (topk({top}, {rec.GPU_LINK_ERRORS} > 0))"
+    with ThreadPoolExecutor(3) as pool:  # at once
+        named = [pool.submit(reader.client.query, q, now) for q in (f"{rec.GPU_LINK_DEGRADED} > 0", worst)]
         most = pool.submit(reader.client.query, best, now)
         uuids = sorted({u for answer in named for s in answer.result() if (u := s.labels.get("uuid"))})
         best_links = {s.labels.get("model", ""): round(s.value) for s in most.result() if math.isfinite(s.value)}

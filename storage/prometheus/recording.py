@@ -14,7 +14,10 @@ another's output), so ``promtool tsdb create-blocks-from rules`` can backfill ev
   and memory samples, sum and peak (summed over a range they give the job summaries of the jobs page exactly); the
   median and the standard deviation over its GPUs of utilization, memory, power and NVLink traffic now.
 * per GPU (``node``, ``gpu``, ``uuid``, ``link``): the busier PCIe and NVLink directions as shares of their links'
-  ceilings (the interconnect page's chart of every GPU; gpulens families).
+  ceilings (the interconnect page's chart of every GPU; gpulens families); its link errors counted, NVLink and PCIe
+  together (the page's GPUs with the most errors: a top-k over one series per GPU rather than over four); and 1
+  where its links are degraded (a PCIe generation or width below its maximum, fewer NVLinks active than the most of
+  its model), else 0 (the page's degraded GPUs, without joining every GPU's link fields at each load).
 * per port (``node``, ``device``, ``port``): the problem flags (``FLAG_BITS``: down, degraded, saturated, as
   ``gpulens.storage.portproblems`` tells them) and whether an error counter rose in the rate window.
 
@@ -33,12 +36,14 @@ from gpulens.dcgmfields import FREE
 from gpulens.hardware import NVLINK_DEFAULT_LINK_BYTES_PER_SECOND
 from gpulens.storage.portproblems import ERROR_FIELDS, SATURATED_AT
 from gpulens.storage.prometheus import families as fam
+from gpulens.storage.prometheus.client import quote
 from gpulens.storage.prometheus.fabric import NIC_FIELDS, NIC_INFO, NIC_UP
 from gpulens.storage.prometheus.families import field_selector, pcie_ceiling
 from gpulens.storage.prometheus.jobquery import dcgm_identity, pairs, per_gpu
-from gpulens.storage.records import IDLE_UTILIZATION
+from gpulens.storage.records import IDLE_UTILIZATION, LINK_ERROR_FIELDS
 
 GROUP: Final = "gpulens-recording"
+PCIE_LINK_SHAPE: Final = ("pcie_link_generation", "pcie_link_width")  # each against its ``_max``
 RULE_FILE: Final = "gpulens-recording.yml"  # under deploy/prometheus/rules/
 INTERVAL_S: Final = 180  # 8.1 CPU-s an evaluation at 8,000 GPUs: 4.4-4.5 % of a core (BENCHMARKS.md)
 SCRAPE_S: Final = 15  # the scrape interval the rate windows are made for (4 scrapes: the reader's window)
@@ -62,6 +67,8 @@ JOB_MEM_N: Final = "job:gpulens_gpu_memory_used_bytes:count_over_interval"
 JOB_MEM_SUM: Final = "job:gpulens_gpu_memory_used_bytes:sum_over_interval"
 JOB_MEM_MAX: Final = "job:gpulens_gpu_memory_used_bytes:max_over_interval"
 GPU_LINK_LOAD: Final = "gpu:gpulens_gpu_link_load:ratio"
+GPU_LINK_ERRORS: Final = "gpu:gpulens_gpu_link_errors:sum"
+GPU_LINK_DEGRADED: Final = "gpu:gpulens_gpu_link_degraded:flag"
 PORT_FLAGS: Final = "port:gpulens_nic_problems:flags"
 PORT_ERRORS: Final = "port:gpulens_nic_errors:rising"
 FLAG_BITS: Final = (("down", 1), ("degraded", 2), ("saturated", 4))
@@ -75,7 +82,7 @@ SPREAD_FIELDS: Final = {
 # what each page reads from recorded series, and which recorded names it needs
 PAGE_NEEDS: Final = {
     "jobs": (CLOCK, JOB_GPUS, JOB_UTIL_N, JOB_UTIL_SUM, JOB_UTIL_SQ, JOB_MEM_N, JOB_MEM_SUM, JOB_MEM_MAX),
-    "interconnect": (CLOCK, GPU_LINK_LOAD),
+    "interconnect": (CLOCK, GPU_LINK_LOAD, GPU_LINK_ERRORS, GPU_LINK_DEGRADED),
     "interconnect ports": (CLOCK, PORT_FLAGS, PORT_ERRORS),
     # the others may hold no series (a store without power limits): read as the readings' sums would give them, 0
     "overview": (CLOCK, NODE_UP),
@@ -209,7 +216,36 @@ def link_rules() -> list[Rule]:
         f'label_replace(({ratio}) and on (uuid) ({up}), "link", "{link}", "", "")'
         for link, ratio in (("pcie", pcie), ("nvlink", nvlink))
     )
-    return [Rule(GPU_LINK_LOAD, expr)]
+    others = f"0 * group by ({by}) ({fam.UP} == 1)"
+    return [
+        Rule(GPU_LINK_LOAD, expr),
+        Rule(GPU_LINK_ERRORS, f"sum by ({by}) ({link_error_counters()})"),
+        # 0 for every other GPU up: the name is there whenever the rules run, so a page can tell "none" from "not
+        # recorded" (``PAGE_NEEDS``)
+        Rule(GPU_LINK_DEGRADED, f"(group by ({by}) ({link_degraded()})) or on (uuid) ({others})"),
+    ]
+
+
+def link_degraded() -> str:
+    """Every GPU whose links are degraded now, one series each (gpulens families): a PCIe generation or width below
+    its maximum, or fewer NVLinks active than the most of any GPU of its model."""
+    below = [f"{field_selector(f)} < on (uuid) {field_selector(f + '_max')}" for f in PCIE_LINK_SHAPE]
+    links = field_selector("nvlink_links_active")
+    fewer = f"{links} < on (model) group_left () max by (model) ({links})"
+    return " or ".join(f"({part})" for part in [*below, fewer])
+
+
+def link_error_counters() -> str:
+    """One selector of every GPU's link error counters (gpulens families: each NVLink error type and PCIe replays):
+    their names, and each constant label's values or none (a regex that matches "" matches a series without the
+    label). One selector costs Prometheus less than an ``or`` of one per counter (by half as much again)."""
+    counters = [s for f in LINK_ERROR_FIELDS for s in fam.sources(f) if not s.dcgm]
+    values: dict[str, set[str]] = {}
+    for source in counters:
+        for key, value in source.labels:
+            values.setdefault(key, set()).add(value)
+    matchers = ", ".join(f"{key}=~{quote('|'.join(['', *sorted(v)]))}" for key, v in sorted(values.items()))
+    return fam.selector({s.name for s in counters}, matchers)
 
 
 def port_rules(scrape_s: int) -> list[Rule]:

@@ -118,6 +118,19 @@ def test_a_range_half_covered_reads_recorded_sums_for_its_covered_span(young: st
     assert not any(rec.JOB_UTIL_SUM in q for q in raw_sent)
 
 
+def test_a_range_mostly_before_the_rules_reads_raw_without_a_hint(young: str, end: int) -> None:
+    """Rules that cover less than half the range (here 16 minutes of 50) do not pay for the split:
+    the whole range is read raw, and no hint asks to load rules that are loaded."""
+    at = end + 30
+    fast, sent = reader(young, at)
+    got = {j.job_id: j for j in fast.jobs(at - 3000, at)}
+    assert not any(rec.JOB_UTIL_SUM in q or rec.JOB_GPUS in q for q in sent)
+    assert "jobs" not in fast.recording.missing
+    slow, _ = reader(young, at, use_recorded=False)
+    assert got == {j.job_id: j for j in slow.jobs(at - 3000, at)}
+    assert len(got) >= 4
+
+
 def test_a_range_before_the_rules_reads_raw_and_says_why(young: str, end: int) -> None:
     at = end - RULES_FROM_S - 300  # the rules had not begun: raw only
     fast, sent = reader(young, end + 30)

@@ -17,11 +17,14 @@ def test_a_watched_process_naming_the_runs_folder_is_a_leftover_until_it_stops(t
     program.chmod(0o755)
     process = subprocess.Popen([str(program)], start_new_session=True)
     try:
-        for _ in range(200):  # until the shell has started (its name is the script's once it runs it)
-            if leftover_processes([tmp_path]):
+        # until the shell has started (its name is the script's once it runs it) and its child has become ``sleep``
+        # (between its fork and its exec the child still bears the script's name)
+        want = [f"{process.pid} prometheus"]
+        for _ in range(200):
+            if leftover_processes([tmp_path]) == want:
                 break
             subprocess.run(["sleep", "0.05"], check=True)
-        assert leftover_processes([tmp_path]) == [f"{process.pid} prometheus"]
+        assert leftover_processes([tmp_path]) == want
         assert leftover_processes([tmp_path / "elsewhere"]) == []
     finally:
         os.killpg(process.pid, signal.SIGKILL)  # the shell and its sleep

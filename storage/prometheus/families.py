@@ -108,6 +108,12 @@ def field_selector(field: str, matchers: str = "") -> str:
     return Source(spec.family, spec.labels).selector(matchers)
 
 
+def fewer_links_active(links: str) -> str:
+    """PromQL: the GPUs (series of ``links``, a selector of the NVLinks-active count) with fewer NVLinks active than
+    the most of any GPU of their model."""
+    return f"{links} < on (model) group_left () max by (model) ({links})"
+
+
 def pcie_ceiling(state: str) -> str:
     """PromQL: each GPU's PCIe ceiling in one direction (one series per ``uuid``), of its ``current`` or ``max`` link:
     its width times the per-lane rate of its generation (``hardware.PCIE_LANE_BYTES_PER_SECOND``)."""

@@ -417,9 +417,11 @@ class PromReader(UsageReads, Unserved, InspectorReads):
             # end (a link down all along), are read link by link: one series per GPU instead of one per link (18 on
             # an H100).
             window, count = f"[{round(hi - lo)}s]", fam.LINKS_ACTIVE
-            changed = f"changes({count}{window}) > 0"  # one pass (min < max: two, and a join; 0.68 of its CPU)
-            fewer = f"{count} < on (model) group_left max by (model) ({count})"
-            gpus = {s.labels["uuid"] for s in self.client.query(f"{changed} or {fewer}", hi) if s.labels.get("uuid")}
+            # changes(): one pass over the samples, where min < max took two and a join (the whole query at 8,000
+            # GPUs: 123 against 180 CPU-ms, 2026-12-07)
+            changed = f"changes({count}{window}) > 0"
+            query = f"{changed} or {fam.fewer_links_active(count)}"
+            gpus = {s.labels["uuid"] for s in self.client.query(query, hi) if s.labels.get("uuid")}
             if not gpus:
                 return []
             selected = f"{fam.LINK_ACTIVE}{{uuid=~{regex_of(gpus)}}}"

@@ -38,7 +38,7 @@ from gpulens.storage.portproblems import ERROR_FIELDS, SATURATED_AT
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus.client import quote
 from gpulens.storage.prometheus.fabric import NIC_FIELDS, NIC_INFO, NIC_UP
-from gpulens.storage.prometheus.families import field_selector, pcie_ceiling
+from gpulens.storage.prometheus.families import fewer_links_active, field_selector, pcie_ceiling
 from gpulens.storage.prometheus.jobquery import dcgm_identity, pairs, per_gpu
 from gpulens.storage.records import IDLE_UTILIZATION, LINK_ERROR_FIELDS
 
@@ -230,15 +230,13 @@ def link_degraded() -> str:
     """Every GPU whose links are degraded now, one series each (gpulens families): a PCIe generation or width below
     its maximum, or fewer NVLinks active than the most of any GPU of its model."""
     below = [f"{field_selector(f)} < on (uuid) {field_selector(f + '_max')}" for f in PCIE_LINK_SHAPE]
-    links = field_selector("nvlink_links_active")
-    fewer = f"{links} < on (model) group_left () max by (model) ({links})"
-    return " or ".join(f"({part})" for part in [*below, fewer])
+    return " or ".join(f"({part})" for part in [*below, fewer_links_active(field_selector("nvlink_links_active"))])
 
 
 def link_error_counters() -> str:
     """One selector of every GPU's link error counters (gpulens families: each NVLink error type and PCIe replays):
     their names, and each constant label's values or none (a regex that matches "" matches a series without the
-    label). One selector costs Prometheus less than an ``or`` of one per counter (by half as much again)."""
+    label). An ``or`` of one selector per counter cost Prometheus half as much again."""
     counters = [s for f in LINK_ERROR_FIELDS for s in fam.sources(f) if not s.dcgm]
     values: dict[str, set[str]] = {}
     for source in counters:

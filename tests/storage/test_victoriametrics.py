@@ -199,6 +199,11 @@ def test_dashboard_pages_render_with_data_in_chromium(stack: Stack) -> None:
 
     gl = reader(stack.prom_gl)
     uuid = next(r.uuid for r in gl.latest_readings() if r.node == "node-00")
+    # VictoriaMetrics leaves a range query's last 30 s out (-search.latencyOffset), and the job page reads the job
+    # over its range: a stack started moments before (a fresh pytest-xdist worker's) holds nothing there yet
+    wait_until(
+        lambda: gl.jobs(time.time() - 3600, time.time(), job_id="llm-pretrain"), 90, "llm-pretrain's samples in a range"
+    )
     pages = {
         "/": "node-00",
         "/jobs": "llm-pretrain",

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from bench import options
 from bench.bench_storage import START, _round, emit, log, pg_bindir, postgresql_server
 from gpulens.clock import ManualClock
-from gpulens.storage import schema, writer
+from gpulens.storage import pgsamples, schema, writer
 from gpulens.storage.db import Database
 
 
@@ -45,18 +45,14 @@ def run(url: str, nodes: int, gpus: int, rounds: int) -> None:
     with db.session() as session:
         ids = {uuid: gpu_id for uuid, gpu_id in session.execute(sa.select(schema.gpu.c.uuid, schema.gpu.c.id))}
     readings = [r for s in _round(nodes, gpus, START, rng) for r in s.gpus]
-    statements = {"checked": writer._pg_insert(checked=True), "unchecked": writer._PG_INSERT}
+    statements = {"checked": pgsamples.insert_sql(checked=True), "unchecked": pgsamples.INSERT}
     spent: dict[str, list[float]] = {name: [] for name in statements}
     for k in range(2 * rounds):
         ts = round(START * 1000) + (k + 1) * 10_000
         rows = [(*writer._READING_VALUES(r), ids[r.uuid], ts, 1, 0, None) for r in readings]
         name = "checked" if k % 2 else "unchecked"
         with db.write_transaction() as conn:
-            conn.exec_driver_sql(writer._PG_STAGE_DDL)
-            with conn.connection.driver_connection.cursor() as cursor, cursor.copy(writer._PG_COPY) as copy:  # type: ignore[union-attr]
-                copy.set_types(writer._PG_STAGE_TYPES)
-                for row in rows:
-                    copy.write_row(row)
+            pgsamples.stage(conn, rows)
             started = time.perf_counter()
             inserted = conn.exec_driver_sql(statements[name]).rowcount
             spent[name].append(time.perf_counter() - started)

@@ -9,6 +9,7 @@ backend"), a store with no port at all is :data:`NO_PORTS`; neither is ever draw
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -179,14 +180,24 @@ def ranked_ports(
     return [nic for _, nic in keyed]
 
 
-def stale_nodes(readings: Iterable[GpuReading], now: float, stale_after_s: float) -> set[str]:
-    """The nodes none of whose GPUs has reported within ``stale_after_s`` (their exporter is down or behind)."""
-    seen, fresh = set(), set()
+def newest_by_node(readings: Iterable[GpuReading]) -> dict[str, float]:
+    """Each node's newest GPU sample time."""
+    newest: dict[str, float] = {}
     for r in readings:
-        seen.add(r.node)
-        if now - r.timestamp <= stale_after_s:
-            fresh.add(r.node)
-    return seen - fresh
+        if r.timestamp > newest.get(r.node, -math.inf):
+            newest[r.node] = r.timestamp
+    return newest
+
+
+def stale_of(newest: Mapping[str, float], now: float, stale_after_s: float) -> set[str]:
+    """The nodes none of whose GPUs has reported within ``stale_after_s`` (their exporter is down or behind), from
+    each node's newest GPU sample time."""
+    return {node for node, at in newest.items() if now - at > stale_after_s}
+
+
+def stale_nodes(readings: Iterable[GpuReading], now: float, stale_after_s: float) -> set[str]:
+    """``stale_of`` the readings' nodes."""
+    return stale_of(newest_by_node(readings), now, stale_after_s)
 
 
 def firing_on_ports(active: Iterable[AlertState]) -> dict[str, list[str]]:

@@ -136,12 +136,14 @@ class NodeTotals:
 class LinkSummary:
     """The interconnect page's view of every GPU where a store keeps it (Prometheus's recording rules): every GPU's
     link loads as of ``timestamp``, and the GPUs the page must read whole now, a superset of those whose links are
-    degraded and of the ``top`` with the most link errors counted."""
+    degraded and of the ``top`` with the most link errors counted; and each node's newest GPU sample (the page's node
+    list and stale nodes, without a read of every GPU)."""
 
     timestamp: float
     loads: list[LinkLoad]
     named: list[str]  # uuids
     best_links: dict[str, int]  # model -> the most NVLinks active on a GPU of it
+    seen: dict[str, float]  # node -> the time of its newest GPU sample, every node with a GPU in the store now
 
 
 @dataclass(frozen=True, slots=True)

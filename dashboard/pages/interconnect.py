@@ -37,9 +37,10 @@ from gpulens.dashboard.fabric import (
     available,
     error_rates,
     firing_on_ports,
+    newest_by_node,
     port_statuses,
     ranked_ports,
-    stale_nodes,
+    stale_of,
 )
 from gpulens.dashboard.fabricview import PORT_ROWS, PORT_TABLE_FIELDS, ports_table
 from gpulens.dashboard.figures.links import link_load, node_topology, pcie_degraded
@@ -161,21 +162,24 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
         # the reads that need nothing read before begin at once where the store allows it (dashboard.atonce)
         outages_of = atonce.start(store, lambda: context.store.link_outages(span.start, span.end))
         problems_of = atonce.start(store, lambda: available(lambda: context.store.nic_problems(span.start, span.end)))
-        # where the store keeps every GPU's link loads (Prometheus's recording rules), every GPU's up and sample time
-        # are read, and the link fields only of the GPUs it names (degraded, most errors) and of the chosen node's
+        # where the store keeps every GPU's link loads (Prometheus's recording rules), each node's newest sample
+        # comes with them, and the link fields are read only of the GPUs it names (degraded, most errors) and of the
+        # chosen node's
         summary = store.link_summary(TOP)
-        readings = context.store.latest_readings(fields=LINK_FIELDS if summary is None else ())
-        nodes = sorted({r.node for r in readings}, key=natural_key)
+        named = [] if summary is not None else context.store.latest_readings(fields=LINK_FIELDS)
+        seen = newest_by_node(named) if summary is None else summary.seen
+        nodes = sorted(seen, key=natural_key)
         chosen = node if node in nodes else (nodes[0] if nodes else None)
-        named = readings
         if summary is not None:
-            gpus = sorted(set(summary.named) | {r.uuid for r in readings if r.node == chosen})
-            named = context.store.latest_readings(uuids=gpus, fields=LINK_FIELDS) if gpus else []
+            of_named = atonce.start(store, lambda: _link_readings(context, uuids=summary.named))
+            of_node = _link_readings(context, node=chosen)
+            merged = {r.uuid: r for r in [*of_named(), *of_node]}
+            named = sorted(merged.values(), key=lambda r: (r.node, r.gpu))  # as ``latest_readings`` orders them
         mine = [r for r in named if r.node == chosen]
         series = context.store.series([r.uuid for r in mine], LINK_ERROR_FIELDS, span.start, span.end, 240)
         outages = outages_of()
         firing = firing_on_ports(context.alerts.active()) if context.alerts is not None else {}
-        stale = stale_nodes(readings, now, context.stale_after_s)
+        stale = stale_of(seen, now, context.stale_after_s)
         # every port's problems told by the store; only the ports of the rows shown (and the chosen node's) read whole
         problems = problems_of()
         shown = [] if isinstance(problems, Unavailable) else ranked_ports(problems, firing, stale)[:PORT_ROWS]
@@ -189,19 +193,16 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
         rows = nics if isinstance(nics, Unavailable) else [n for n in nics if n.id in listed]
         rates = _error_rates(context, rows, span.start, span.end)
         statuses = _shown(problems, shown, nics, rates, firing, stale)
-        return span, readings, named, summary, nodes, chosen, series, outages, nics, rates, statuses, problems
+        return span, nodes, stale, named, summary, chosen, series, outages, nics, rates, statuses, problems
 
-    span, readings, named, summary, nodes, chosen, series, outages, nics, rates, statuses, problems = guarded(
+    span, nodes, stale, named, summary, chosen, series, outages, nics, rates, statuses, problems = guarded(
         context, load
     )
     fresh = [r for r in named if now - r.timestamp <= context.stale_after_s]
-    if summary is None:
-        loads = link_loads(fresh)
-    else:
-        current = {r.uuid for r in readings if r.up and now - r.timestamp <= context.stale_after_s}
-        loads = [load for load in summary.loads if load.uuid in current]
+    # recorded: every GPU up at the rules' last evaluation, of the nodes reporting now
+    loads = link_loads(fresh) if summary is None else [load for load in summary.loads if load.node not in stale]
     status = None
-    if not readings:
+    if not nodes:
         status = banner("info", "No data yet.", " The collector has stored no reading in this database.")
     node_readings = [r for r in named if r.node == chosen]
     down_now: dict[str, int] = defaultdict(int)
@@ -238,6 +239,13 @@ def render(context: Context, state: ViewState, node: str | None) -> tuple[Any, .
         f"as of {minute_text(now)} · {span.label}"
         + (f" · link loads recorded {minute_text(summary.timestamp)}" if summary is not None else ""),
     )
+
+
+def _link_readings(context: Context, *, uuids: Sequence[str] = (), node: str | None = None) -> list[GpuReading]:
+    """The link fields of the GPUs ``uuids`` or of ``node``'s (none where neither is given)."""
+    if not uuids and node is None:
+        return []
+    return context.store.latest_readings(node=node, uuids=uuids or None, fields=LINK_FIELDS)
 
 
 def _error_rates(

@@ -416,12 +416,14 @@ class PromReader(UsageReads, Unserved, InspectorReads):
             # Only the GPUs whose count of active links changed in the range, or is below their model's most at its
             # end (a link down all along), are read link by link: one series per GPU instead of one per link (18 on
             # an H100).
-            window, count = f"[{round(hi - lo)}s]", fam.LINKS_ACTIVE
-            # changes(): one pass over the samples, where min < max took two and a join (the whole query at 8,000
-            # GPUs: 123 against 180 CPU-ms, 2026-12-07)
-            changed = f"changes({count}{window}) > 0"
-            query = f"{changed} or {fam.fewer_links_active(count)}"
-            gpus = {s.labels["uuid"] for s in self.client.query(query, hi) if s.labels.get("uuid")}
+            gpus = recorded.unsteady_links(self, lo, hi) if self.use_recorded else None
+            if gpus is None:
+                window, count = f"[{round(hi - lo)}s]", fam.LINKS_ACTIVE
+                # changes(): one pass over the samples, where min < max took two and a join (the whole query at 8,000
+                # GPUs: 123 against 180 CPU-ms, 2026-12-07)
+                changed = f"changes({count}{window}) > 0"
+                query = f"{changed} or {fam.fewer_links_active(count)}"
+                gpus = {s.labels["uuid"] for s in self.client.query(query, hi) if s.labels.get("uuid")}
             if not gpus:
                 return []
             selected = f"{fam.LINK_ACTIVE}{{uuid=~{regex_of(gpus)}}}"

@@ -31,7 +31,7 @@ from gpulens.storage.portproblems import ERROR_POINTS, PORT_PROBLEMS
 from gpulens.storage.prometheus import families as fam
 from gpulens.storage.prometheus import jobquery, problems
 from gpulens.storage.prometheus import recording as rec
-from gpulens.storage.prometheus.client import LOOKBACK_S, PromClient, PromQueryError
+from gpulens.storage.prometheus.client import LOOKBACK_S, PromClient, PromQueryError, PromSeries
 from gpulens.storage.prometheus.fabric import _nic_key
 from gpulens.storage.records import LinkSummary, NodeTotals
 
@@ -225,14 +225,11 @@ def node_totals(reader: PromReader, now: float) -> list[NodeTotals] | None:
     ]
 
 
-def link_loads(reader: PromReader, now: float) -> tuple[float, list[LinkLoad]] | None:
-    """Every GPU's link loads as of the rules' last evaluation, and its time (one query: a series per GPU and link);
-    None when the rules do not run. A GPU with one link's series only reads 0 of the other."""
-    clock = _now(reader, "interconnect", now)
-    if clock is None:
-        return None
+def _loads(answer: list[PromSeries]) -> list[LinkLoad]:
+    """Every GPU's link loads from the recorded series (a series per GPU and link); a GPU with one link's series only
+    reads 0 of the other."""
     found: dict[str, tuple[str, int, dict[str, float]]] = {}
-    for s in reader.client.query(rec.GPU_LINK_LOAD, now):
+    for s in answer:
         uuid, gpu = s.labels.get("uuid", ""), s.labels.get("gpu", "")
         if uuid and gpu.isdigit() and math.isfinite(s.value):
             found.setdefault(uuid, (s.labels.get("node", ""), int(gpu), {}))[2][s.labels.get("link", "")] = s.value
@@ -240,27 +237,59 @@ def link_loads(reader: PromReader, now: float) -> tuple[float, list[LinkLoad]] |
         LinkLoad(node, gpu, uuid, ratios.get("pcie", 0.0), ratios.get("nvlink", 0.0))
         for uuid, (node, gpu, ratios) in found.items()
     ]
-    return clock[1], sorted(loads, key=lambda load: (load.node, load.gpu))
+    return sorted(loads, key=lambda load: (load.node, load.gpu))
 
 
 def link_summary(reader: PromReader, now: float, top: int) -> LinkSummary | None:
     """The interconnect page's view of every GPU: the recorded link loads, and the GPUs to read whole, as of the
     rules' last evaluation (recorded, a series per GPU named): those with degraded links (``rec.link_degraded``) and
-    the ``top`` by link errors counted; and each model's most NVLinks active now. None where the loads are not
-    recorded, or where the store holds dcgm-exporter families (the filters are over gpulens's)."""
+    the ``top`` by link errors counted; each model's most NVLinks active now, and each node's newest sample of ``up``
+    (the sample times ``latest_readings`` tells; a series per node). None where the loads are not recorded, or where
+    the store holds dcgm-exporter families (the filters are over gpulens's)."""
     if any(reader._exists(n) for n in fam.DCGM_PRESENCE):
         return None
-    found = link_loads(reader, now)
-    if found is None:
+    clock = _now(reader, "interconnect", now)
+    if clock is None:
         return None
-    best = f"max by (model) ({fam.field_selector('nvlink_links_active')})"
-    worst = f"group by (uuid) (topk({top}, {rec.GPU_LINK_ERRORS} > 0))"
-    with ThreadPoolExecutor(3) as pool:  # at once
-        named = [pool.submit(reader.client.query, q, now) for q in (f"{rec.GPU_LINK_DEGRADED} > 0", worst)]
-        most = pool.submit(reader.client.query, best, now)
-        uuids = sorted({u for answer in named for s in answer.result() if (u := s.labels.get("uuid"))})
-        best_links = {s.labels.get("model", ""): round(s.value) for s in most.result() if math.isfinite(s.value)}
-    return LinkSummary(found[0], found[1], uuids, best_links)
+    queries = {
+        "loads": rec.GPU_LINK_LOAD,
+        "degraded": f"{rec.GPU_LINK_DEGRADED} > 0",
+        "worst": f"group by (uuid) (topk({top}, {rec.GPU_LINK_ERRORS} > 0))",
+        "most": f"max by (model) ({fam.field_selector('nvlink_links_active')})",
+        "newest": f"max by (node) (timestamp({fam.UP}))",
+    }
+    with ThreadPoolExecutor(len(queries)) as pool:  # at once
+        asked = {tag: pool.submit(reader.client.query, q, now) for tag, q in queries.items()}
+        answers = {tag: answer.result() for tag, answer in asked.items()}
+    named = sorted({u for tag in ("degraded", "worst") for s in answers[tag] if (u := s.labels.get("uuid"))})
+    best_links = {s.labels.get("model", ""): round(s.value) for s in answers["most"] if math.isfinite(s.value)}
+    seen = {node: s.value for s in answers["newest"] if (node := s.labels.get("node")) and math.isfinite(s.value)}
+    return LinkSummary(clock[1], _loads(answers["loads"]), named, best_links, seen)
+
+
+def unsteady_links(reader: PromReader, lo: float, hi: float) -> set[str] | None:
+    """The GPUs whose count of active NVLinks changed in (``lo``, ``hi``] or stood below their model's most (a
+    superset of those with a link down in the range: ``link_outages`` reads them link by link): recorded over the
+    rules' evaluations in the range (``rec.links_unsteady``), raw where those do not reach: the changes after the
+    last evaluation (from an interval before it on), and, where the rules began inside the range, those before the
+    first. None when the rules do not run."""
+    now = reader.clock.now()
+    clock, why = clock_at(reader, "interconnect", lo, now)
+    began = clock is not None and why == BEGAN_LATE and clock[0] < hi
+    if noted(reader, "interconnect", clock, None if began else why) is None or clock is None:
+        return None
+    first, last, interval = clock
+    since = first if began else lo
+    count = fam.LINKS_ACTIVE
+    queries = [  # (PromQL, at)
+        (f"max_over_time({rec.GPU_LINKS_UNSTEADY}[{round(max(hi - since, interval)) + 1}s]) > 0", hi),
+        (f"changes({count}[{round(max(hi - last, 0.0) + 2 * interval)}s]) > 0", hi),
+    ]
+    if began:
+        queries.append((f"changes({count}[{max(1, round(first - lo))}s]) > 0", first))
+    with ThreadPoolExecutor(len(queries)) as pool:
+        answers = [pool.submit(reader.client.query, q, at) for q, at in queries]
+        return {u for answer in answers for s in answer.result() if (u := s.labels.get("uuid"))}
 
 
 def nic_problems(reader: PromReader, start: float, end: float) -> dict[str, tuple[str, ...]] | None:

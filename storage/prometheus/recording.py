@@ -69,6 +69,7 @@ JOB_MEM_MAX: Final = "job:gpulens_gpu_memory_used_bytes:max_over_interval"
 GPU_LINK_LOAD: Final = "gpu:gpulens_gpu_link_load:ratio"
 GPU_LINK_ERRORS: Final = "gpu:gpulens_gpu_link_errors:sum"
 GPU_LINK_DEGRADED: Final = "gpu:gpulens_gpu_link_degraded:flag"
+GPU_LINKS_UNSTEADY: Final = "gpu:gpulens_gpu_nvlink_links_active:unsteady"
 PORT_FLAGS: Final = "port:gpulens_nic_problems:flags"
 PORT_ERRORS: Final = "port:gpulens_nic_errors:rising"
 FLAG_BITS: Final = (("down", 1), ("degraded", 2), ("saturated", 4))
@@ -82,7 +83,7 @@ SPREAD_FIELDS: Final = {
 # what each page reads from recorded series, and which recorded names it needs
 PAGE_NEEDS: Final = {
     "jobs": (CLOCK, JOB_GPUS, JOB_UTIL_N, JOB_UTIL_SUM, JOB_UTIL_SQ, JOB_MEM_N, JOB_MEM_SUM, JOB_MEM_MAX),
-    "interconnect": (CLOCK, GPU_LINK_LOAD, GPU_LINK_ERRORS, GPU_LINK_DEGRADED),
+    "interconnect": (CLOCK, GPU_LINK_LOAD, GPU_LINK_ERRORS, GPU_LINK_DEGRADED, GPU_LINKS_UNSTEADY),
     "interconnect ports": (CLOCK, PORT_FLAGS, PORT_ERRORS),
     # the others may hold no series (a store without power limits): read as the readings' sums would give them, 0
     "overview": (CLOCK, NODE_UP),
@@ -197,11 +198,12 @@ def job_rules(interval_s: int) -> list[Rule]:
     return rules
 
 
-def link_rules() -> list[Rule]:
+def link_rules(interval_s: int, scrape_s: int) -> list[Rule]:
     """Per GPU up (gpulens families; labels ``node``, ``gpu``, ``uuid``): the busier PCIe direction as a share of its
     current link's ceiling (``link="pcie"``), the busier NVLink direction as a share of its active links' ceiling at
     the common per-link rate (``link="nvlink"``, GPUs with links active), as ``gpulens.ratios.link_loads`` tells
-    them; a GPU without a ceiling has no series of that link."""
+    them; a GPU without a ceiling has no series of that link. Per GPU with an NVLink count: whether its links are
+    unsteady (``links_unsteady``)."""
     by = "node, gpu, uuid"
     up = f"max by (uuid) ({fam.UP} == 1)"
 
@@ -223,7 +225,19 @@ def link_rules() -> list[Rule]:
         # 0 for every other GPU up: the name is there whenever the rules run, so a page can tell "none" from "not
         # recorded" (``PAGE_NEEDS``)
         Rule(GPU_LINK_DEGRADED, f"(group by ({by}) ({link_degraded()})) or on (uuid) ({others})"),
+        Rule(GPU_LINKS_UNSTEADY, links_unsteady(interval_s + 2 * scrape_s)),
     ]
+
+
+def links_unsteady(window_s: int) -> str:
+    """1 for each GPU whose count of active NVLinks changed within the last ``window_s`` (the rules' interval and two
+    scrapes: consecutive evaluations' windows overlap, so no change between two samples falls between them, a missed
+    scrape aside) or stands below the most of any GPU of its model; 0 for every other GPU with the count (the name is
+    there whenever the rules run). ``link_outages`` reads link by link only the GPUs flagged in its range."""
+    count = fam.LINKS_ACTIVE
+    changed = f"(changes({count}[{window_s}s]) > 0) * 0 + 1"
+    low = f"({fewer_links_active(count)}) * 0 + 1"
+    return f"max by (node, gpu, uuid) (({changed}) or ({low}) or ({count} * 0))"
 
 
 def link_degraded() -> str:
@@ -286,7 +300,7 @@ def port_rules(scrape_s: int) -> list[Rule]:
 
 def rules(interval_s: int = INTERVAL_S, scrape_s: int = SCRAPE_S) -> list[Rule]:
     clock = Rule(CLOCK, "vector(time())", (("interval", f"{interval_s}s"),))
-    return [clock, *node_rules(), *job_rules(interval_s), *link_rules(), *port_rules(scrape_s)]
+    return [clock, *node_rules(), *job_rules(interval_s), *link_rules(interval_s, scrape_s), *port_rules(scrape_s)]
 
 
 def names() -> tuple[str, ...]:

@@ -385,3 +385,39 @@ def test_rules_read_every_dcgm_exporter_generation_in_gpulens_units(
     assert close(mine.utilization_ratio_mean, theirs.utilization_ratio_mean, 1e-6)
     for name in ("memory_used_bytes", "memory_total_bytes", "power_watts", "power_limit_watts"):
         assert close(getattr(mine, name), getattr(theirs, name), 1e-6), name
+
+
+def sent_queries(store: PromReader) -> list[str]:
+    """The PromQL ``store`` sends from now on, instant and range, in order."""
+    sent: list[str] = []
+    query, query_range = store.client.query, store.client.query_range
+
+    def instant(promql: str, *args: object, **kwargs: object) -> object:
+        sent.append(promql)
+        return query(promql, *args, **kwargs)  # type: ignore[arg-type]
+
+    def ranged(promql: str, *args: object, **kwargs: object) -> object:
+        sent.append(promql)
+        return query_range(promql, *args, **kwargs)  # type: ignore[arg-type]
+
+    store.client.query, store.client.query_range = instant, ranged  # type: ignore[method-assign, assignment]
+    return sent
+
+
+def test_link_outages_from_recorded_flags_equal_the_raw_ones(servers: dict[str, str], end: int) -> None:
+    """The GPUs read link by link are named by the recorded flags over the range and the raw changes since the last
+    evaluation only: the same outages as the raw read, which scans every GPU's count over the whole range."""
+    start = end - (SAMPLES - 1) * STEP_S
+    # after the last evaluation; just before it; a range that begins 10 minutes before the history and the rules
+    for at in (end + 30, end - 30, end - 600):
+        fast, slow = reader(servers["recorded"], at), reader(servers["recorded"], at, use_recorded=False)
+        sent = sent_queries(fast)
+        got = fast.link_outages(at - 1800, at)
+        assert got == slow.link_outages(at - 1800, at), at
+        assert len({(o.uuid, o.link) for o in got}) >= 2  # the history's NVLink outages
+        assert sum(rec.GPU_LINKS_UNSTEADY in q for q in sent) == 1
+        raw_windows = [int(q.split("[")[1].split("s]")[0]) for q in sent if q.startswith("changes(")]
+        assert raw_windows and min(raw_windows) <= 5 * STEP_S  # raw: the few minutes since the last evaluation
+        # and, where the range begins before the rules' first evaluation, the span before it
+        assert len(raw_windows) == (2 if at - 1800 < start - 2 * STEP_S else 1)
+        assert fast.recording.missing == {}

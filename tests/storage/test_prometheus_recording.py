@@ -417,7 +417,8 @@ def test_link_outages_from_recorded_flags_equal_the_raw_ones(servers: dict[str, 
         assert len({(o.uuid, o.link) for o in got}) >= 2  # the history's NVLink outages
         assert sum(rec.GPU_LINKS_UNSTEADY in q for q in sent) == 1
         raw_windows = [int(q.split("[")[1].split("s]")[0]) for q in sent if q.startswith("changes(")]
-        assert raw_windows and min(raw_windows) <= 5 * STEP_S  # raw: the few minutes since the last evaluation
+        assert raw_windows
+        assert min(raw_windows) <= 5 * STEP_S  # raw: the few minutes since the last evaluation
         # and, where the range begins before the rules' first evaluation, the span before it
         assert len(raw_windows) == (2 if at - 1800 < start - 2 * STEP_S else 1)
         assert fast.recording.missing == {}

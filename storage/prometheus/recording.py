@@ -233,9 +233,12 @@ def links_unsteady(window_s: int) -> str:
     """1 for each GPU whose count of active NVLinks changed within the last ``window_s`` (the rules' interval and two
     scrapes: consecutive evaluations' windows overlap, so no change between two samples falls between them, a missed
     scrape aside) or stands below the most of any GPU of its model; 0 for every other GPU with the count (the name is
-    there whenever the rules run). ``link_outages`` reads link by link only the GPUs flagged in its range."""
+    there whenever the rules run). ``link_outages`` reads link by link only the GPUs flagged in its range. A change
+    is the window's largest count above its smallest: MetricsQL's ``changes()`` also counts a window's first sample
+    where none came before it, which would flag every GPU of a new exporter (or of a replay's first evaluation) for
+    as long as the range holds that evaluation."""
     count = fam.LINKS_ACTIVE
-    changed = f"(changes({count}[{window_s}s]) > 0) * 0 + 1"
+    changed = f"(max_over_time({count}[{window_s}s]) > min_over_time({count}[{window_s}s])) * 0 + 1"
     low = f"({fewer_links_active(count)}) * 0 + 1"
     return f"max by (node, gpu, uuid) (({changed}) or ({low}) or ({count} * 0))"
 

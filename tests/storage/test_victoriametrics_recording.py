@@ -24,7 +24,7 @@ from gpulens.storage.prometheus.recorded import status
 from gpulens.storage.records import JOB_POINTS
 from tests.prom import replay_rules, running_victoriametrics
 from tests.storage.promblocks import import_history
-from tests.storage.test_prometheus_recording import check_link_summary, check_node_totals, close
+from tests.storage.test_prometheus_recording import check_link_outages, check_link_summary, check_node_totals, close
 
 STEP_S = 60
 SAMPLES = 31  # half an hour
@@ -119,6 +119,10 @@ def test_node_totals_from_recorded_series_equal_the_readings_sums(store: str, en
 
 def test_link_summary_from_recorded_loads_gives_the_raw_page(store: str, end: int) -> None:
     check_link_summary(store, end - 30)
+
+
+def test_link_outages_from_recorded_flags_equal_the_raw_ones(store: str, end: int) -> None:
+    check_link_outages(store, end)
 
 
 def test_doctor_tells_the_replayed_series_present_then_stale(store: str, end: int) -> None:

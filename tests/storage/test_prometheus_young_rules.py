@@ -21,6 +21,7 @@ from gpulens.storage.prometheus.client import LOOKBACK_S
 from gpulens.storage.records import JOB_POINTS
 from tests.prom import running_prometheus
 from tests.storage.promblocks import backfill_rules, create_blocks, move_blocks
+from tests.storage.test_prometheus_recording import sent_queries
 
 STEP_S = 60
 SAMPLES = 31  # half an hour
@@ -55,19 +56,7 @@ def reader(base: str, at: float, *, use_recorded: bool = True) -> tuple[PromRead
     got = PromReader(
         "prometheus+" + base, StoreAuth(min_step_s=STEP_S), clock=ManualClock(at), use_recorded=use_recorded
     )
-    sent: list[str] = []
-    query, query_range = got.client.query, got.client.query_range
-
-    def instant(promql: str, *args: object, **kwargs: object) -> object:
-        sent.append(promql)
-        return query(promql, *args, **kwargs)  # type: ignore[arg-type]
-
-    def ranged(promql: str, *args: object, **kwargs: object) -> object:
-        sent.append(promql)
-        return query_range(promql, *args, **kwargs)  # type: ignore[arg-type]
-
-    got.client.query, got.client.query_range = instant, ranged  # type: ignore[method-assign, assignment]
-    return got, sent
+    return got, sent_queries(got)
 
 
 def close(a: float | None, b: float | None, rel: float) -> bool:
